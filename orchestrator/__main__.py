@@ -1,0 +1,6 @@
+"""`python -m orchestrator` = the `spectune` command."""
+import sys
+
+from orchestrator.cli import main
+
+sys.exit(main())

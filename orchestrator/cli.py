@@ -1,0 +1,91 @@
+"""The `spectune` command line (also `python -m orchestrator`).
+
+    spectune decode --model smollm2-135m --tp 2 --drafter ngram --num-draft-tokens 4 --json
+
+User errors (bad flags, files, model paths, TP sizes, backends) print one line
+`spectune: error: ...` and exit 2; a failed gang exits 1 with one line naming the rank.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from orchestrator.errors import INPUT_ERRORS
+
+
+def _add_decode(sub) -> None:
+    from orchestrator.decode import DecodeOptions
+
+    d = DecodeOptions()
+    p = sub.add_parser("decode", help="run one configuration (baseline + speculative) and print its metrics")
+    p.add_argument("--model", default=d.model, help="checkpoint directory or the alias smollm2-135m")
+    p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel verifier ranks")
+    p.add_argument("--backend", default=d.backend, help="allreduce backend: gloo (CPU), nccl, symm_mem")
+    p.add_argument("--drafter", default=d.drafter, help="none | draft_model | ngram | layer_skip")
+    p.add_argument("--draft-model", default=None, help="checkpoint of the draft model (--drafter draft_model)")
+    p.add_argument("--draft-layers", type=int, default=None, help="verifier layers that draft (--drafter layer_skip; default half)")
+    p.add_argument("--ngram-max", type=int, default=d.ngram_max, help="longest n-gram the lookup drafter matches")
+    p.add_argument("--num-draft-tokens", "-k", type=int, default=d.num_draft_tokens, help="k, tokens drafted per step (0 = baseline)")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy; > 0 = sampling with rejection-sampling verification")
+    p.add_argument("--prompts", default=d.prompts, help="Spec-Bench-style JSONL (default: the bundled 240 questions)")
+    p.add_argument("--num-prompts", type=int, default=d.num_prompts)
+    p.add_argument("--category", action="append", dest="categories", help="keep prompts of this category (repeatable)")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--vocab-parallel", action="store_true", help="shard lm_head by vocabulary (logits all-gathered)")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker process")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the k=0 baseline run")
+    p.add_argument("--timeout", type=float, dest="timeout_s", default=d.timeout_s, help="seconds before a silent gang is torn down")
+    p.add_argument("--json", action="store_true", help="print only the JSON object")
+    p.set_defaults(handler=_decode)
+
+
+def _decode(ns: argparse.Namespace) -> int:
+    from orchestrator.decode import DecodeOptions, decode
+
+    fields = DecodeOptions.__dataclass_fields__
+    opts = DecodeOptions(**{k: v for k, v in vars(ns).items() if k in fields})
+    out = decode(opts)
+    if not ns.json:
+        for key in ("throughput_tok_s", "baseline_throughput_tok_s", "speedup_vs_baseline", "accept_len_mean",
+                    "outputs_match_baseline", "step_ms_p50", "comm_fraction"):
+            if key in out:
+                print(f"{key:>28}: {out[key]:.4g}" if isinstance(out[key], float) else f"{key:>28}: {out[key]}")
+    print(json.dumps(out, indent=None if ns.json else 1, sort_keys=False))
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, like every other user error
+        self.exit(2, f"spectune: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="spectune", description="Tune speculative decoding for tensor-parallel LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_decode(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.handler(ns)
+    except INPUT_ERRORS as e:
+        print(f"spectune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("spectune: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - a failed gang or worker: one line, details only on request
+        from workers.local_gang import GangError
+
+        if isinstance(e, GangError):
+            print(f"spectune: error: gang failed: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""`spectune decode`: one configuration, no study. Runs the greedy baseline (k = 0) and the
+speculative configuration on the same prompts in one gang of worker processes and prints one
+JSON object with the metric names of DESIGN.md (plus per-category acceptance).
+
+    spectune decode --model smollm2-135m --tp 2 --drafter ngram --num-draft-tokens 4 \
+        --category summarization --num-prompts 4 --max-new-tokens 64 --json
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from orchestrator.errors import UserError
+from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
+from workers.checkpoint import load_args, resolve_model_path
+from workers.comm import GangInfo, refusal
+from workers.drafters import KINDS
+from workers.link import MAX_DRAFT_TOKENS
+from workers.modelargs import check_tp
+from workers.spec import DrafterSpec, GangSpec, RunResult, Workload
+
+
+@dataclass
+class DecodeOptions:
+    model: str = "smollm2-135m"
+    tp: int = 1
+    backend: str = "gloo"
+    drafter: str = "ngram"
+    draft_model: str | None = None
+    draft_layers: int | None = None
+    ngram_max: int = 3
+    num_draft_tokens: int = 4
+    temperature: float = 0.0
+    prompts: str = str(BUNDLED_PROMPTS)
+    num_prompts: int | None = 8
+    categories: list[str] | None = None
+    max_new_tokens: int = 64
+    seed: int = 0
+    vocab_parallel: bool = False
+    threads: int = 1
+    baseline: bool = True
+    timeout_s: float = 1800.0
+
+
+@dataclass
+class DecodePlan:
+    gang: GangSpec
+    prompts: list[Prompt]
+    token_ids: tuple[tuple[int, ...], ...]
+    tokenizer: Tokenizer
+    eos_ids: tuple[int, ...]
+
+
+def log(msg: str) -> None:
+    print(f"spectune: {msg}", file=sys.stderr, flush=True)
+
+
+def plan(o: DecodeOptions) -> DecodePlan:
+    """Check every input before any process starts; raise UserError (one line) on the first problem."""
+    path = resolve_model_path(o.model)
+    args = load_args(path)
+    check_tp(args, o.tp)
+    if why := refusal(o.backend, GangInfo(world_size=o.tp, device_type="cpu")):
+        raise UserError(f"--backend {o.backend}: {why}")
+    if o.drafter not in KINDS:
+        raise UserError(f"--drafter {o.drafter!r} is not one of {', '.join(KINDS)}")
+    if not 0 <= o.num_draft_tokens <= MAX_DRAFT_TOKENS:
+        raise UserError(f"--num-draft-tokens {o.num_draft_tokens} must be between 0 and {MAX_DRAFT_TOKENS}")
+    if o.drafter == "none" and o.num_draft_tokens > 0:
+        raise UserError(f"--num-draft-tokens {o.num_draft_tokens} needs a drafter (--drafter ngram, layer_skip or draft_model)")
+    if o.temperature < 0:
+        raise UserError(f"--temperature {o.temperature} must be >= 0")
+    if o.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {o.max_new_tokens} must be at least 1")
+    drafter = DrafterSpec(kind=o.drafter, ngram_max=o.ngram_max)
+    if o.drafter == "draft_model":
+        if not o.draft_model:
+            raise UserError("--drafter draft_model needs --draft-model PATH")
+        dpath = resolve_model_path(o.draft_model)
+        dargs = load_args(dpath)
+        if dargs.vocab_size != args.vocab_size:
+            raise UserError(f"--draft-model vocabulary ({dargs.vocab_size}) differs from the model's ({args.vocab_size}); it must share the tokenizer")
+        drafter = DrafterSpec(kind="draft_model", model_path=str(dpath))
+    elif o.drafter == "layer_skip":
+        layers = o.draft_layers if o.draft_layers is not None else max(1, args.n_layers // 2)
+        if not 1 <= layers < args.n_layers:
+            raise UserError(f"--draft-layers {layers} must be between 1 and {args.n_layers - 1} (the model has {args.n_layers} layers)")
+        drafter = DrafterSpec(kind="layer_skip", layers=layers)
+    prompts = load_prompts(o.prompts, o.num_prompts, o.categories)
+    tok = Tokenizer(path)
+    ids = tuple(tuple(tok.encode_prompt(p.text)) for p in prompts)
+    if any(i >= args.vocab_size for seq in ids for i in seq):
+        raise UserError(f"the tokenizer of {path} produces ids beyond the model's vocabulary ({args.vocab_size})")
+    need = max(len(s) for s in ids) + o.max_new_tokens + o.num_draft_tokens + 1
+    if need > args.max_position_embeddings:
+        raise UserError(f"longest prompt + max_new_tokens needs {need} positions, the model has {args.max_position_embeddings}")
+    max_seq = min(args.max_position_embeddings, -(-need // 256) * 256)
+    eos = tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
+    gang = GangSpec(
+        model_path=str(path), tp=o.tp, backend=o.backend, drafter=drafter, max_seq=max_seq,
+        vocab_parallel=o.vocab_parallel, threads=o.threads,
+    )
+    return DecodePlan(gang=gang, prompts=prompts, token_ids=ids, tokenizer=tok, eos_ids=eos)
+
+
+def params(o: DecodeOptions, p: DecodePlan) -> dict:
+    """The configuration with the dotted names MLflow params use."""
+    return {
+        "model.path": o.model,
+        "parallel.tp": o.tp,
+        "comm.backend": o.backend,
+        "drafter.kind": o.drafter,
+        "drafter.layers": p.gang.drafter.layers if o.drafter == "layer_skip" else None,
+        "drafter.model_path": p.gang.drafter.model_path,
+        "spec.num_draft_tokens": o.num_draft_tokens,
+        "workload.temperature": o.temperature,
+        "workload.num_prompts": len(p.prompts),
+        "workload.max_new_tokens": o.max_new_tokens,
+        "workload.seed": o.seed,
+    }
+
+
+def per_category(prompts: list[Prompt], result: RunResult) -> dict:
+    groups = defaultdict(list)
+    for prompt, r in zip(prompts, result.prompts):
+        groups[prompt.category].append(r)
+    return {
+        cat: {
+            "prompts": len(rs),
+            "accept_len_mean": sum(r.accepted + r.steps for r in rs) / max(1, sum(r.steps for r in rs)),
+            "throughput_tok_s": sum(len(r.tokens) for r in rs) / sum(r.seconds for r in rs),
+        }
+        for cat, rs in sorted(groups.items())
+    }
+
+
+def decode(o: DecodeOptions, gang_factory=None) -> dict:
+    from workers.local_gang import LocalGang
+
+    p = plan(o)
+    make = gang_factory or (lambda spec: LocalGang(spec, timeout_s=o.timeout_s))
+    workload = Workload(
+        prompts=p.token_ids, max_new_tokens=o.max_new_tokens, num_draft_tokens=o.num_draft_tokens,
+        temperature=o.temperature, seed=o.seed, eos_ids=p.eos_ids,
+    )
+    n_tokens = sum(len(s) for s in p.token_ids)
+    log(f"{len(p.prompts)} prompts ({n_tokens} prompt tokens), model {p.gang.model_path}, tp={o.tp}, drafter={o.drafter}, k={o.num_draft_tokens}")
+    t0 = time.perf_counter()
+    with make(p.gang) as gang:
+        setup = gang.setup()
+        setup_s = time.perf_counter() - t0
+        log(f"gang of {p.gang.world_size} processes ready in {setup_s:.1f}s")
+        warm = Workload(prompts=p.token_ids[:1], max_new_tokens=4, num_draft_tokens=o.num_draft_tokens, eos_ids=())
+        gang.run(warm)
+        base = None
+        if o.baseline and o.num_draft_tokens > 0:
+            base = gang.run(Workload(**{**workload.__dict__, "num_draft_tokens": 0}))
+            log(f"baseline (k=0): {base.metrics['throughput_tok_s']:.1f} tok/s")
+        spec = gang.run(workload)
+        log(f"k={o.num_draft_tokens}: {spec.metrics['throughput_tok_s']:.1f} tok/s, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}")
+    out: dict = {"params": params(o, p), **spec.metrics, "setup_s": max(s["setup_s"] for s in setup)}
+    if base is None and o.num_draft_tokens == 0:
+        base = spec
+    if base is not None:
+        out["speedup_vs_baseline"] = spec.metrics["throughput_tok_s"] / base.metrics["throughput_tok_s"]
+        out["baseline_throughput_tok_s"] = base.metrics["throughput_tok_s"]
+        if o.temperature == 0:
+            matches = [a.tokens == b.tokens for a, b in zip(spec.prompts, base.prompts)]
+            out["outputs_match_baseline"] = int(all(matches))
+            out["prompts_matching_baseline"] = sum(matches)
+    out["per_category"] = per_category(p.prompts, spec)
+    out["median_prompt_accept_len"] = statistics.median(r.accept_len for r in spec.prompts)
+    out["sample_output"] = p.tokenizer.decode(spec.prompts[0].tokens)
+    return out

@@ -1,0 +1,106 @@
+"""The AllReduce interface every tensor-parallel backend implements, and the checks around it.
+
+A backend sums a tensor across the TP group in place (`__call__`), all-gathers vocab-parallel
+logits (`all_gather_last`), says whether it can run on a gang (`capability`, a reason string or
+None) and keeps a call counter and, where timing is cheap (CPU), the seconds spent.
+`validate(allreduce, rank, world)` checks a backend against a reference sum before a trial is
+measured.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class GangInfo:
+    """What a backend needs to know to decide whether it can run."""
+
+    world_size: int
+    device_type: str  # "cpu" or "cuda"
+    devices: tuple[int, ...] = ()  # CUDA device index of each rank
+    p2p_ok: bool = False  # every pair of ranks can reach each other's memory
+    max_message_bytes: int = 0  # the largest allreduce the trial will issue
+
+
+@dataclass
+class CommCounters:
+    calls: int = 0
+    seconds: float = 0.0
+    bytes: int = 0
+
+    def reset(self) -> None:
+        self.calls, self.seconds, self.bytes = 0, 0.0, 0
+
+
+class AllReduce:
+    """Sum over the TP group. Subclasses implement `_all_reduce` (in place) and `capability`."""
+
+    name = "base"
+    timed = True  # wall-clock timing per call (only meaningful where calls are synchronous)
+
+    def __init__(self, group: dist.ProcessGroup | None, world_size: int):
+        self.group = group
+        self.world_size = world_size
+        self.counters = CommCounters()
+
+    @classmethod
+    def capability(cls, gang: GangInfo) -> str | None:
+        """None when this backend can run on `gang`, else one line saying why not."""
+        raise NotImplementedError
+
+    def _all_reduce(self, x: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return x
+        self.counters.calls += 1
+        self.counters.bytes += x.numel() * x.element_size()
+        if self.timed:
+            t0 = time.perf_counter()
+            self._all_reduce(x)
+            self.counters.seconds += time.perf_counter() - t0
+        else:
+            self._all_reduce(x)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's `x` along the last dimension (vocab-parallel logits)."""
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+class NoOpAllReduce(AllReduce):
+    """Leaves partial sums as they are: the compute-only ablation (results are thrown away)."""
+
+    name = "noop"
+
+    @classmethod
+    def capability(cls, gang: GangInfo) -> str | None:
+        return None
+
+    def _all_reduce(self, x: torch.Tensor) -> None:
+        pass
+
+
+def validate(allreduce: AllReduce, rank: int, dtype=torch.float32, device="cpu", numel: int = 4099) -> str | None:
+    """Sum a known pattern through `allreduce`; None if every element is right, else what went wrong.
+
+    Rank r contributes (r + 1) * base, so the exact sum is world * (world + 1) / 2 * base.
+    """
+    world = allreduce.world_size
+    base = torch.arange(numel, dtype=torch.float32, device=device).remainder(17) - 8
+    x = ((rank + 1) * base).to(dtype)
+    expected = (world * (world + 1) / 2 * base).to(dtype)
+    calls = allreduce.counters.calls
+    out = allreduce(x.clone())
+    allreduce.counters.calls = calls  # validation is not part of the measured workload
+    err = (out.float() - expected.float()).abs().max().item()
+    if err > 1e-3 * max(1.0, expected.abs().max().item()):
+        return f"allreduce backend {allreduce.name!r} returned wrong sums (max error {err:.3g} on rank {rank})"
+    return None

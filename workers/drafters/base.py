@@ -1,0 +1,24 @@
+"""What every drafter does: prefill on a new prompt, then propose up to k tokens per step.
+
+`propose(committed, k)` receives the whole committed sequence (prompt + tokens the verifier has
+accepted so far) and returns a `Proposal`; a drafter with a KV cache keeps it in step with the
+committed sequence by itself (rolling back whatever drafts the verifier rejected).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from workers.link import Proposal
+
+
+class Drafter(ABC):
+    kind = "base"
+
+    def begin(self, temperature: float, seed: int) -> None:  # noqa: B027 - optional hook
+        """Called at the start of each workload run (temperature and seed may change between runs)."""
+
+    def prefill(self, prompt: list[int]) -> None:  # noqa: B027 - optional hook
+        """Called once per prompt before the first proposal."""
+
+    @abstractmethod
+    def propose(self, committed: list[int], k: int) -> Proposal: ...

@@ -1,0 +1,70 @@
+"""Drafting with a (small) autoregressive model: a separate draft checkpoint, or the verifier's
+own first L layers and head (layer-skip self-drafting). Both are a `Transformer`, unsharded.
+
+The drafter's KV cache holds the tokens it has fed so far (`fed`). Before each proposal it rolls
+back to the longest prefix of `fed` that the verifier committed, feeds the committed tokens it
+has not seen, then drafts k tokens one at a time (greedy, or sampled at the trial temperature,
+keeping q for rejection sampling).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from workers.drafters.base import Drafter
+from workers.link import Proposal
+from workers.model import Transformer
+from workers.verify import probs as softmax_t
+
+
+class ModelDrafter(Drafter):
+    kind = "draft_model"
+
+    def __init__(self, model: Transformer, kind: str | None = None):
+        self.model = model
+        self.device = model.embed_tokens.weight.device
+        self.begin(temperature=0.0, seed=0)
+        self.cache = model.new_cache(1)
+        self.fed: list[int] = []
+        if kind:
+            self.kind = kind
+
+    def begin(self, temperature: float, seed: int) -> None:
+        self.temperature = temperature
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.cache.reset()
+        self.fed = []
+
+    def _feed(self, tokens: list[int]) -> torch.Tensor:
+        x = torch.tensor([tokens], device=self.device)
+        self.fed.extend(tokens)
+        return self.model(x, self.cache)[0, -1]
+
+    @torch.inference_mode()
+    def propose(self, committed: list[int], k: int) -> Proposal:
+        t0 = time.perf_counter()
+        keep = 0
+        limit = min(len(self.fed), len(committed) - 1)  # always re-feed at least the last token
+        while keep < limit and self.fed[keep] == committed[keep]:
+            keep += 1
+        self.cache.rollback(0, keep)
+        del self.fed[keep:]
+        if len(committed) + k > self.cache.max_seq:
+            return Proposal(tokens=[], draft_s=time.perf_counter() - t0)
+        logits = self._feed(committed[keep:])
+        tokens, qs = [], []
+        for i in range(k):
+            if self.temperature > 0:
+                q = softmax_t(logits, self.temperature)
+                tok = int(torch.multinomial(q, 1, generator=self.generator).item())
+                qs.append(q)
+            else:
+                tok = int(logits.argmax().item())
+            tokens.append(tok)
+            if i + 1 < k:
+                logits = self._feed([tok])
+        q_all = torch.stack(qs).cpu() if qs else None
+        return Proposal(tokens=tokens, probs=q_all, draft_s=time.perf_counter() - t0)

@@ -1,0 +1,114 @@
+"""The SPMD decode loops that run inside the gang: verifier ranks and the drafter.
+
+Per prompt: every process resets its state; the verifier prefills the prompt and rank 0 picks
+the first token; then each step
+    drafter:   propose up to k tokens from the committed sequence  -> broadcast Proposal
+    verifiers: score [last, d_1..d_n] in one pass (TP allreduces inside), rank 0 verifies
+               -> broadcast VerifyResult (accepted count + new tokens, done flag)
+    everyone:  append the new tokens, roll the KV cache back to the accepted prefix.
+The driver is not involved per step: one call runs a whole Workload.
+With k = 0 the verifier decodes plainly (the baseline) and a drafter in the gang only listens.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from workers.comm import AllReduce
+from workers.drafters import Drafter
+from workers.link import DraftLink, Proposal, VerifyResult
+from workers.model import Transformer
+from workers.spec import PromptResult, RunResult, Workload
+from workers.stats import RunStats, StepRecord
+from workers.verify import probs, sample, verify
+
+
+def _finish(tokens: list[int], have: int, w: Workload) -> tuple[list[int], bool]:
+    """Cut new `tokens` at the first EOS or at max_new_tokens (given `have` already generated)."""
+    room = w.max_new_tokens - have
+    tokens = tokens[:room]
+    for i, t in enumerate(tokens):
+        if t in w.eos_ids:
+            return tokens[: i + 1], True
+    return tokens, have + len(tokens) >= w.max_new_tokens
+
+
+class Verifier:
+    def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int):
+        self.model, self.allreduce, self.link, self.rank = model, allreduce, link, rank
+        self.device = model.embed_tokens.weight.device
+        self.cache = model.new_cache(1)
+
+    def _first_token(self, logits: torch.Tensor, w: Workload, gen) -> VerifyResult:
+        tok = int(logits.argmax()) if w.temperature <= 0 else sample(probs(logits, w.temperature), gen)
+        tokens, done = _finish([tok], 0, w)
+        return VerifyResult(accepted=0, tokens=tokens, done=done)
+
+    def _broadcast(self, result: VerifyResult | None) -> VerifyResult:
+        if self.rank == 0:
+            self.link.send_result(result)
+            return result
+        return self.link.recv_result()
+
+    @torch.inference_mode()
+    def run(self, w: Workload) -> RunResult | None:
+        gen = torch.Generator().manual_seed(w.seed)
+        stats, prompts = RunStats(), []
+        counters = self.allreduce.counters
+        for prompt in w.prompts:
+            t_prompt = time.perf_counter()
+            self.cache.reset()
+            logits = self.model(torch.tensor([prompt], device=self.device), self.cache)[0, -1]
+            res = self._broadcast(self._first_token(logits, w, gen) if self.rank == 0 else None)
+            out, steps, accepted = list(res.tokens), 0, 0
+            while not res.done:
+                t0 = time.perf_counter()
+                proposal = self.link.recv_proposal() if w.num_draft_tokens > 0 else Proposal(tokens=[])
+                drafted = proposal.tokens
+                t1 = time.perf_counter()
+                calls0, comm0 = counters.calls, counters.seconds
+                base = self.cache.lengths[0]
+                logits = self.model(torch.tensor([[out[-1], *drafted]], device=self.device), self.cache)[0]
+                mine = None
+                if self.rank == 0:
+                    n, new = verify(drafted, proposal.probs, logits, w.temperature, gen)
+                    new, done = _finish(new, len(out), w)
+                    mine = VerifyResult(accepted=n, tokens=new, done=done)
+                t2 = time.perf_counter()
+                res = self._broadcast(mine)
+                # keep [last, d_1..d_accepted]; the correction/bonus token is fed next step
+                self.cache.rollback(0, base + 1 + res.accepted)
+                out.extend(res.tokens)
+                steps += 1
+                accepted += res.accepted
+                stats.steps.append(
+                    StepRecord(
+                        drafted=len(drafted), accepted=res.accepted, step_s=time.perf_counter() - t0,
+                        verify_s=t2 - t1, draft_s=proposal.draft_s,
+                        comm_calls=counters.calls - calls0, comm_s=counters.seconds - comm0,
+                    )
+                )
+            seconds = time.perf_counter() - t_prompt
+            stats.tokens += len(out)
+            stats.seconds += seconds
+            prompts.append(PromptResult(tokens=out, seconds=seconds, steps=steps, accepted=accepted))
+        if self.rank != 0:
+            return None
+        return RunResult(prompts=prompts, metrics=stats.metrics(w.num_draft_tokens))
+
+
+def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:
+    """The drafter's side of `Verifier.run` (same prompts, same message order)."""
+    drafter.begin(w.temperature, w.seed + 1)
+    with torch.inference_mode():
+        for prompt in w.prompts:
+            drafter.prefill(list(prompt))
+            committed = list(prompt)
+            res = link.recv_result()
+            committed.extend(res.tokens)
+            while not res.done:
+                if w.num_draft_tokens > 0:
+                    link.send_proposal(drafter.propose(committed, w.num_draft_tokens))
+                res = link.recv_result()
+                committed.extend(res.tokens)

@@ -1,0 +1,86 @@
+"""The draft link: typed per-step messages between the drafter and the verifier ranks.
+
+Every process of a gang is in one process group (the "link group": verifier ranks 0..tp-1 and,
+when there is one, the drafter as rank tp). Per step the drafter broadcasts a `Proposal` and
+verifier rank 0 broadcasts a `VerifyResult`; both travel as fixed-size int64 headers (plus the
+drafter's probabilities when stochastic verification needs them), so no one needs to know a
+message's size in advance. The tensors are small (k + a few integers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+MAX_DRAFT_TOKENS = 16  # message capacity: k per step is at most this
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]  # the drafted tokens, at most k (an n-gram miss proposes none)
+    probs: torch.Tensor | None = None  # [len(tokens), vocab] drafter distribution, stochastic only
+    draft_s: float = 0.0  # time the drafter spent proposing
+
+
+@dataclass
+class VerifyResult:
+    """What the verifier decided this step; drafters read it to roll back and continue.
+
+    `hidden` is reserved for drafters that read the verifier's hidden states (EAGLE-style heads).
+    """
+
+    accepted: int  # drafts accepted
+    tokens: list[int]  # tokens appended to the sequence: accepted drafts + correction/bonus
+    done: bool
+    hidden: torch.Tensor | None = None
+
+
+class DraftLink:
+    """Broadcasts over the link group. `drafter_rank` is None when the gang has no drafter."""
+
+    def __init__(self, group, rank: int, drafter_rank: int | None, k: int, vocab: int, device="cpu"):
+        self.group, self.rank, self.drafter_rank = group, rank, drafter_rank
+        self.k, self.vocab, self.device = k, vocab, device
+
+    def _bcast(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        dist.broadcast(t, src=src, group=self.group)
+        return t
+
+    # header layout: [n_tokens, has_probs, draft_us, tokens(k)]
+    def send_proposal(self, p: Proposal) -> None:
+        self._exchange_proposal(p)
+
+    def recv_proposal(self) -> Proposal:
+        return self._exchange_proposal(None)
+
+    def _exchange_proposal(self, p: Proposal | None) -> Proposal:
+        header = torch.zeros(3 + self.k, dtype=torch.int64)
+        if p is not None:
+            n = len(p.tokens)
+            header[0], header[1], header[2] = n, int(p.probs is not None), int(p.draft_s * 1e6)
+            header[3 : 3 + n] = torch.tensor(p.tokens, dtype=torch.int64)
+        self._bcast(header, self.drafter_rank)
+        n, has_probs, draft_us = header[:3].tolist()
+        q = None
+        if has_probs:
+            q = p.probs.float().contiguous() if p is not None else torch.empty(n, self.vocab)
+            self._bcast(q, self.drafter_rank)
+        return Proposal(tokens=header[3 : 3 + n].tolist(), probs=q, draft_s=draft_us / 1e6)
+
+    # header layout: [accepted, n_tokens, done, tokens(k + 1)]
+    def send_result(self, r: VerifyResult) -> None:
+        self._exchange_result(r)
+
+    def recv_result(self) -> VerifyResult:
+        return self._exchange_result(None)
+
+    def _exchange_result(self, r: VerifyResult | None) -> VerifyResult:
+        header = torch.zeros(3 + self.k + 1, dtype=torch.int64)
+        if r is not None:
+            n = len(r.tokens)
+            header[0], header[1], header[2] = r.accepted, n, int(r.done)
+            header[3 : 3 + n] = torch.tensor(r.tokens, dtype=torch.int64)
+        self._bcast(header, 0)
+        accepted, n, done = header[:3].tolist()
+        return VerifyResult(accepted=accepted, tokens=header[3 : 3 + n].tolist(), done=bool(done))

@@ -1,0 +1,156 @@
+"""A gang of worker processes on this machine, without Ray (tests, `spectune decode --launcher local`).
+
+    with LocalGang(spec) as gang:
+        gang.setup()
+        result = gang.run(workload)
+
+Processes are spawned fresh (no inherited threads or CUDA state) and meet through a FileStore in
+a temporary directory, so no port is ever chosen. Each serves typed commands from a pipe. Any
+failure, a process that dies, or a deadline that passes tears the whole gang down (a rank that
+lost its peers would otherwise wait in a collective forever) and raises `GangError`.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+
+from workers.spec import GangSpec, RunResult, Workload
+
+
+class GangError(RuntimeError):
+    """The gang failed: a worker raised, died or missed its deadline. The message names the rank."""
+
+
+@dataclass
+class _Setup:
+    init_method: str
+    timeout_s: float
+
+
+@dataclass
+class _Run:
+    workload: Workload
+
+
+@dataclass
+class _Stop:
+    pass
+
+
+@dataclass
+class _Failure:
+    rank: int
+    message: str
+    trace: str
+
+
+def _serve(rank: int, spec: GangSpec, conn) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
+    from workers.worker import Worker
+
+    worker = Worker(rank, spec)
+    handlers = {_Setup: lambda c: worker.setup(c.init_method, c.timeout_s), _Run: lambda c: worker.run(c.workload)}
+    while True:
+        cmd = conn.recv()
+        if isinstance(cmd, _Stop):
+            worker.shutdown()
+            conn.send(None)
+            return
+        try:
+            conn.send(handlers[type(cmd)](cmd))
+        except BaseException as e:  # noqa: BLE001 - reported to the driver, which tears the gang down
+            conn.send(_Failure(rank, f"{type(e).__name__}: {e}", traceback.format_exc()))
+            return
+
+
+class LocalGang:
+    def __init__(self, spec: GangSpec, timeout_s: float = 600.0):
+        self.spec, self.timeout_s = spec, timeout_s
+        self._tmp = tempfile.TemporaryDirectory(prefix="spectune-gang-")
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        self._closed = False
+        for rank in range(spec.world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(rank, spec, child), daemon=True, name=f"spectune-rank{rank}")
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def _call_all(self, cmd, timeout_s: float) -> list:
+        for conn in self.conns:
+            conn.send(cmd)
+        results: dict[int, object] = {}
+        deadline = time.monotonic() + timeout_s
+        pending = dict(enumerate(self.conns))
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close(force=True)
+                raise GangError(f"ranks {sorted(pending)} did not answer within {timeout_s:.0f}s")
+            ready = wait(list(pending.values()) + [self.procs[r].sentinel for r in pending], timeout=min(left, 1.0))
+            for rank, conn in list(pending.items()):
+                if conn in ready or conn.poll():
+                    try:
+                        out = conn.recv()
+                    except (EOFError, OSError):
+                        out = _Failure(rank, "process exited", "")
+                elif self.procs[rank].sentinel in ready:
+                    out = _Failure(rank, f"process exited with code {self.procs[rank].exitcode}", "")
+                else:
+                    continue
+                if isinstance(out, _Failure):
+                    self.close(force=True)
+                    raise GangError(f"rank {rank}: {out.message}") from _RemoteTrace(out.trace)
+                results[rank] = out
+                del pending[rank]
+        return [results[r] for r in range(len(self.conns))]
+
+    def setup(self) -> list[dict]:
+        init = f"file://{os.path.join(self._tmp.name, 'rendezvous')}"
+        return self._call_all(_Setup(init, self.timeout_s), self.timeout_s)
+
+    def run(self, workload: Workload) -> RunResult:
+        return self._call_all(_Run(workload), self.timeout_s)[0]
+
+    def close(self, force: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not force:
+            try:
+                for conn in self.conns:
+                    conn.send(_Stop())
+                for conn in self.conns:
+                    if conn.poll(10):
+                        conn.recv()
+            except (BrokenPipeError, EOFError, OSError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=0 if force else 5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        for conn in self.conns:
+            conn.close()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "LocalGang":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(force=exc[0] is not None)
+
+
+class _RemoteTrace(Exception):
+    """The worker's traceback, chained under GangError for debugging."""

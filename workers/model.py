@@ -1,0 +1,184 @@
+"""A plain Llama-family decoder (Llama / Qwen2 / Mistral): GQA, RoPE, RMSNorm, SwiGLU.
+
+No distributed code lives here. Module names match Hugging Face checkpoints (`embed_tokens`,
+`layers.N.self_attn.q_proj`, ...), so `load_state_dict` takes a checkpoint's tensors as they are.
+Tensor parallelism is a separate pass (`workers/tp.py`) that slices the weights in place and
+sets the two hooks this file leaves open: `reduce` on every row-parallel output (attention
+`o_proj`, MLP `down_proj`) and `gather_vocab` on a vocab-parallel `lm_head`.
+
+Attention heads: each rank holds some query heads and the KV heads they read; `kv_map[h]` is
+the local KV head of local query head h, so uneven head splits and GQA share one code path.
+
+The KV cache keeps one position per sequence and can be rolled back to any earlier position:
+entries past a sequence's length are masked out and overwritten later, never read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.modelargs import ModelArgs
+from workers.rope import apply_rope, rope_tables
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+@dataclass
+class KVCache:
+    """Per-layer K/V buffers [batch, local_kv_heads, max_seq, head_dim] and each sequence's length."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    lengths: list[int]
+
+    @property
+    def max_seq(self) -> int:
+        return self.k[0].shape[2] if self.k else 0
+
+    def rollback(self, seq: int, length: int) -> None:
+        """Forget everything of sequence `seq` from position `length` on."""
+        if not 0 <= length <= self.lengths[seq]:
+            raise ValueError(f"cannot roll sequence {seq} back to {length} (it holds {self.lengths[seq]})")
+        self.lengths[seq] = length
+
+    def reset(self) -> None:
+        self.lengths = [0] * len(self.lengths)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        d, hd = args.dim, args.head_dim
+        self.head_dim = hd
+        self.q_proj = nn.Linear(d, args.n_heads * hd, bias=args.attention_bias)
+        self.k_proj = nn.Linear(d, args.n_kv_heads * hd, bias=args.attention_bias)
+        self.v_proj = nn.Linear(d, args.n_kv_heads * hd, bias=args.attention_bias)
+        self.o_proj = nn.Linear(args.n_heads * hd, d, bias=False)
+        group = args.n_heads // args.n_kv_heads
+        self.register_buffer("kv_map", torch.arange(args.n_heads) // group, persistent=False)
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
+
+    @property
+    def n_heads(self) -> int:
+        return self.q_proj.out_features // self.head_dim
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.k_proj.out_features // self.head_dim
+
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, starts: list[int]):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        for b, s in enumerate(starts):
+            k_cache[b, :, s : s + T] = k[b]
+            v_cache[b, :, s : s + T] = v[b]
+        kv_len = mask.shape[-1]
+        keys = k_cache[:, :, :kv_len].index_select(1, self.kv_map)
+        values = v_cache[:, :, :kv_len].index_select(1, self.kv_map)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        return self.reduce(self.o_proj(out))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=False)
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
+
+    def forward(self, x):
+        return self.reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.self_attn = Attention(args)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, starts):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, starts)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, max_seq: int = 2048):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.gather_vocab: Callable[[torch.Tensor], torch.Tensor] = _identity
+        cos, sin = rope_tables(args, max_seq)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def max_seq(self) -> int:
+        return self.rope_cos.shape[0]
+
+    def new_cache(self, batch: int = 1, max_seq: int | None = None) -> KVCache:
+        max_seq = max_seq or self.max_seq
+        attn = self.layers[0].self_attn if len(self.layers) else None
+        n_kv = attn.n_kv_heads if attn else 0
+        p = self.embed_tokens.weight
+        shape = (batch, n_kv, max_seq, self.args.head_dim)
+        return KVCache(
+            k=[torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.layers],
+            v=[torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.layers],
+            lengths=[0] * batch,
+        )
+
+    def hidden(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run the layers on `tokens` [B, T] appended at each sequence's cache length; advance the cache."""
+        B, T = tokens.shape
+        starts = list(cache.lengths)
+        kv_len = max(starts) + T
+        if kv_len > min(cache.max_seq, self.max_seq):
+            raise ValueError(f"sequence length {kv_len} exceeds the cache ({min(cache.max_seq, self.max_seq)})")
+        device = tokens.device
+        pos = torch.tensor(starts, device=device)[:, None] + torch.arange(T, device=device)  # [B, T]
+        cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]  # [B, 1, T, D]
+        # key j is visible to the query at position p iff j <= p (causal, and hides rolled-back entries)
+        mask = (torch.arange(kv_len, device=device)[None, None, :] <= pos[:, :, None])[:, None]
+        x = self.embed_tokens(tokens)
+        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+            x = layer(x, cos, sin, mask, k_cache, v_cache, starts)
+        cache.lengths = [s + T for s in starts]
+        return self.norm(x)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.gather_vocab(self.lm_head(h)).float()
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits [B, T, vocab] (float32) for every position of `tokens`."""
+        return self.logits(self.hidden(tokens, cache))

@@ -1,0 +1,69 @@
+"""Plain data passed from the driver to the workers and back (picklable; no Ray, no Optuna)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    kind: str = "none"  # none | draft_model | ngram | layer_skip
+    model_path: str | None = None  # draft_model: a checkpoint with the verifier's tokenizer
+    layers: int = 0  # layer_skip: how many of the verifier's first layers draft
+    ngram_max: int = 3
+    ngram_min: int = 1
+
+
+@dataclass(frozen=True)
+class GangSpec:
+    """Everything the processes of one gang need to load their part (fixed for the gang's life)."""
+
+    model_path: str
+    tp: int = 1
+    backend: str = "gloo"
+    drafter: DrafterSpec = field(default_factory=DrafterSpec)
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_seq: int = 2048
+    vocab_parallel: bool = False
+    threads: int = 1  # torch intra-op threads per process
+
+    @property
+    def has_drafter(self) -> bool:
+        return self.drafter.kind != "none"
+
+    @property
+    def world_size(self) -> int:
+        return self.tp + int(self.has_drafter)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One decoding run: the same prompts, one speculation setting."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    max_new_tokens: int = 64
+    num_draft_tokens: int = 0  # k; 0 = plain decoding (the baseline)
+    temperature: float = 0.0
+    seed: int = 0
+    eos_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class PromptResult:
+    tokens: list[int]  # generated tokens (prompt excluded)
+    seconds: float  # wall time for this prompt, prefill included
+    steps: int  # verifier decode steps after the prefill
+    accepted: int  # drafts accepted over all steps
+
+    @property
+    def accept_len(self) -> float:
+        """Tokens emitted per decode step (accepted drafts + 1); 1.0 for plain decoding."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 1.0
+
+
+@dataclass
+class RunResult:
+    """What verifier rank 0 returns for one Workload."""
+
+    prompts: list[PromptResult]
+    metrics: dict[str, float]

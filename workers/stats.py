@@ -1,0 +1,60 @@
+"""Per-step statistics of a decoding run and the metrics they reduce to (names from DESIGN.md).
+
+One `StepRecord` per verifier decode step (the prefill is not a step). Acceptance length is
+tokens emitted per step = accepted drafts + 1, so plain decoding scores exactly 1.0.
+`accept_rate_pos_<i>` is, among steps that drafted a token at position i (1-based), the share
+in which it was accepted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class StepRecord:
+    drafted: int
+    accepted: int
+    step_s: float  # proposal received -> result sent, on verifier rank 0
+    verify_s: float  # forward pass + verification
+    draft_s: float  # as reported by the drafter
+    comm_calls: int
+    comm_s: float
+
+
+@dataclass
+class RunStats:
+    steps: list[StepRecord] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def metrics(self, k: int) -> dict[str, float]:
+        m: dict[str, float] = {
+            "throughput_tok_s": self.tokens / self.seconds if self.seconds > 0 else 0.0,
+            "tokens_generated": float(self.tokens),
+            "decode_s": self.seconds,
+            "num_steps": float(len(self.steps)),
+        }
+        if not self.steps:
+            return m
+        step_ms = np.array([s.step_s for s in self.steps]) * 1e3
+        verify_ms = np.array([s.verify_s for s in self.steps]) * 1e3
+        draft_ms = np.array([s.draft_s for s in self.steps]) * 1e3
+        comm_s = sum(s.comm_s for s in self.steps)
+        m.update(
+            accept_len_mean=float(np.mean([s.accepted + 1 for s in self.steps])),
+            drafted_mean=float(np.mean([s.drafted for s in self.steps])),
+            step_ms_p50=float(np.percentile(step_ms, 50)),
+            step_ms_p90=float(np.percentile(step_ms, 90)),
+            verify_ms_p50=float(np.percentile(verify_ms, 50)),
+            draft_ms_p50=float(np.percentile(draft_ms, 50)),
+            allreduce_per_step=float(np.mean([s.comm_calls for s in self.steps])),
+            comm_ms_per_step=comm_s * 1e3 / len(self.steps),
+            comm_fraction=comm_s / max(1e-12, float(step_ms.sum()) / 1e3),
+        )
+        for i in range(1, k + 1):
+            drafted = [s for s in self.steps if s.drafted >= i]
+            if drafted:
+                m[f"accept_rate_pos_{i}"] = sum(s.accepted >= i for s in drafted) / len(drafted)
+        return m

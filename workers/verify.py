@@ -1,0 +1,69 @@
+"""Verification rules of speculative decoding: which drafted tokens the verifier keeps.
+
+The verifier scores `[last, d_1 .. d_k]` in one pass; row i of its logits is the distribution of
+the token after position i, so row i-1 judges draft d_i and row k gives the bonus token.
+
+Greedy: keep d_i while d_i == argmax(row i-1); the first mismatch is replaced by that argmax
+(the "correction"), and if all k survive the argmax of row k is the bonus token. The output is
+token-for-token the greedy baseline's.
+
+Stochastic (Leviathan et al. / Chen et al. rejection sampling): with p = verifier and q = drafter
+distributions at the same temperature, keep d_i with probability min(1, p(d_i) / q(d_i)); on the
+first rejection sample from the residual norm(max(0, p - q)) and stop; if all survive, sample the
+bonus from p. Every emitted token is then distributed exactly as p. A deterministic drafter
+(n-gram lookup) has q = one-hot(d_i): keep with probability p(d_i), residual = p with d_i removed.
+
+Each call returns (number of drafts accepted, the new tokens: accepted drafts + one more).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(p, 1, generator=generator).item())
+
+
+def greedy_verify(draft: list[int], logits: torch.Tensor) -> tuple[int, list[int]]:
+    target = logits.argmax(dim=-1).tolist()  # [k + 1]
+    n = 0
+    while n < len(draft) and draft[n] == target[n]:
+        n += 1
+    return n, draft[:n] + [target[n]]
+
+
+def rejection_verify(
+    draft: list[int],
+    draft_probs: torch.Tensor | None,
+    logits: torch.Tensor,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> tuple[int, list[int]]:
+    """`draft_probs` [k, V] is q for each draft position, or None for a deterministic (one-hot) drafter."""
+    p = probs(logits, temperature)  # [k + 1, V]
+    uniforms = torch.rand(len(draft), generator=generator).tolist()
+    for i, x in enumerate(draft):
+        px = p[i, x].item()
+        qx = 1.0 if draft_probs is None else draft_probs[i, x].item()
+        # accept with probability min(1, px / qx); written without the division so qx = 0 is safe
+        if uniforms[i] * qx < px:
+            continue
+        if draft_probs is None:
+            residual = p[i].clone()
+            residual[x] = 0.0
+        else:
+            residual = (p[i] - draft_probs[i].to(p.device)).clamp_min(0.0)
+        total = residual.sum()
+        residual = residual / total if total > 0 else p[i]
+        return i, draft[:i] + [sample(residual, generator)]
+    return len(draft), draft + [sample(p[len(draft)], generator)]
+
+
+def verify(draft, draft_probs, logits, temperature, generator) -> tuple[int, list[int]]:
+    if temperature <= 0:
+        return greedy_verify(draft, logits)
+    return rejection_verify(draft, draft_probs, logits, temperature, generator)

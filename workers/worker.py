@@ -1,0 +1,90 @@
+"""One process of a gang: a verifier rank (0..tp-1) or the drafter (rank tp).
+
+The same class runs as a local process (`workers/local_gang.py`) or as a Ray actor
+(orchestrator/cluster.py): `setup` joins the process groups, loads this rank's part and checks
+the allreduce backend against a reference sum; `run` decodes one Workload; `shutdown` leaves
+the process groups. Verifier rank 0 returns the RunResult, everyone else returns None.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from workers.checkpoint import load_args, load_model
+from workers.comm import GangInfo, make_allreduce, validate
+from workers.drafters import Drafter, ModelDrafter, NgramDrafter
+from workers.engine import Verifier, run_drafter
+from workers.link import MAX_DRAFT_TOKENS, DraftLink
+from workers.spec import GangSpec, RunResult, Workload
+from workers.tp import shard
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class WorkerError(RuntimeError):
+    """Raised inside a worker for a problem of the trial (bad backend, wrong sums, ...)."""
+
+
+def build_drafter(spec: GangSpec, device) -> Drafter:
+    d = spec.drafter
+    dtype = DTYPES[spec.dtype]
+    if d.kind == "ngram":
+        return NgramDrafter(d.ngram_max, d.ngram_min)
+    if d.kind == "draft_model":
+        model = load_model(d.model_path, dtype=dtype, device=device, max_seq=spec.max_seq)
+        return ModelDrafter(model, kind="draft_model")
+    if d.kind == "layer_skip":
+        model = load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, n_layers=d.layers)
+        return ModelDrafter(model, kind="layer_skip")
+    raise WorkerError(f"unknown drafter kind {d.kind!r}")
+
+
+class Worker:
+    def __init__(self, rank: int, spec: GangSpec):
+        self.rank, self.spec = rank, spec
+        self.is_drafter = spec.has_drafter and rank == spec.tp
+        self.verifier: Verifier | None = None
+        self.drafter: Drafter | None = None
+        self.link: DraftLink | None = None
+
+    def setup(self, init_method: str, timeout_s: float = 600.0) -> dict:
+        t0 = time.perf_counter()
+        spec = self.spec
+        torch.set_num_threads(spec.threads)
+        dist.init_process_group(
+            "gloo", init_method=init_method, rank=self.rank, world_size=spec.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        # every process joins every new_group call, members or not
+        tp_group = dist.new_group(list(range(spec.tp)), backend="gloo") if spec.has_drafter else dist.group.WORLD
+        device = torch.device(spec.device)
+        vocab = load_args(spec.model_path).vocab_size
+        drafter_rank = spec.tp if spec.has_drafter else None
+        self.link = DraftLink(dist.group.WORLD, self.rank, drafter_rank, MAX_DRAFT_TOKENS, vocab)
+        if self.is_drafter:
+            self.drafter = build_drafter(spec, device)
+        else:
+            gang = GangInfo(world_size=spec.tp, device_type=device.type)
+            allreduce = make_allreduce(spec.backend, tp_group, spec.tp, gang)
+            if spec.tp > 1 and (err := validate(allreduce, self.rank, device=device)):
+                raise WorkerError(err)
+            model = load_model(spec.model_path, dtype=DTYPES[spec.dtype], device=device, max_seq=spec.max_seq)
+            model = shard(model, self.rank, spec.tp, allreduce, spec.vocab_parallel)
+            self.verifier = Verifier(model, allreduce, self.link, self.rank)
+        return {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0, "pid": os.getpid()}
+
+    def run(self, workload: Workload) -> RunResult | None:
+        if workload.num_draft_tokens > self.link.k:
+            raise WorkerError(f"num_draft_tokens={workload.num_draft_tokens} exceeds the maximum of {self.link.k}")
+        if self.is_drafter:
+            run_drafter(self.drafter, self.link, workload)
+            return None
+        return self.verifier.run(workload)
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
