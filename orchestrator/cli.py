@@ -31,6 +31,7 @@ def _add_decode(sub) -> None:
     p.add_argument("--prompts", default=d.prompts, help="Spec-Bench-style JSONL (default: the bundled 240 questions)")
     p.add_argument("--num-prompts", type=int, default=d.num_prompts)
     p.add_argument("--category", action="append", dest="categories", help="keep prompts of this category (repeatable)")
+    p.add_argument("--per-category", type=int, default=None, help="the first N prompts of each category")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--vocab-parallel", action="store_true", help="shard lm_head by vocabulary (logits all-gathered)")

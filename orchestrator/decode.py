@@ -37,6 +37,7 @@ class DecodeOptions:
     prompts: str = str(BUNDLED_PROMPTS)
     num_prompts: int | None = 8
     categories: list[str] | None = None
+    per_category: int | None = None
     max_new_tokens: int = 64
     seed: int = 0
     vocab_parallel: bool = False
@@ -89,7 +90,7 @@ def plan(o: DecodeOptions) -> DecodePlan:
         if not 1 <= layers < args.n_layers:
             raise UserError(f"--draft-layers {layers} must be between 1 and {args.n_layers - 1} (the model has {args.n_layers} layers)")
         drafter = DrafterSpec(kind="layer_skip", layers=layers)
-    prompts = load_prompts(o.prompts, o.num_prompts, o.categories)
+    prompts = load_prompts(o.prompts, o.num_prompts, o.categories, o.per_category)
     tok = Tokenizer(path)
     ids = tuple(tuple(tok.encode_prompt(p.text)) for p in prompts)
     if any(i >= args.vocab_size for seq in ids for i in seq):

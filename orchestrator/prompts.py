@@ -10,6 +10,7 @@ The bundled file `orchestrator/data/spec_bench_public.jsonl` holds 240 Spec-Benc
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,10 @@ class Prompt:
     question_id: str
 
 
-def load_prompts(path: str | Path, num_prompts: int | None = None, categories: list[str] | None = None) -> list[Prompt]:
+def load_prompts(
+    path: str | Path, num_prompts: int | None = None, categories: list[str] | None = None, per_category: int | None = None
+) -> list[Prompt]:
+    """Prompts of `path`, filtered by category, then the first `per_category` of each, then the first `num_prompts`."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"prompts file {str(path)!r} does not exist")
@@ -49,6 +53,15 @@ def load_prompts(path: str | Path, num_prompts: int | None = None, categories: l
         if unknown:
             raise UserError(f"category {unknown[0]!r} is not in {path} (it has: {', '.join(known)})")
         prompts = [p for p in prompts if p.category in categories]
+    if per_category is not None:
+        if per_category < 1:
+            raise UserError(f"per_category must be at least 1, not {per_category}")
+        kept, seen = [], Counter()
+        for p in prompts:
+            seen[p.category] += 1
+            if seen[p.category] <= per_category:
+                kept.append(p)
+        prompts = kept
     if num_prompts is not None:
         if num_prompts < 1:
             raise UserError(f"num_prompts must be at least 1, not {num_prompts}")

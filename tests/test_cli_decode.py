@@ -1,0 +1,76 @@
+"""`spectune decode` as a user runs it: a JSON object with the contract's metric names, and one
+clear line with exit code 2 for every kind of bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workers.checkpoint import tiny_config
+
+REQUIRED = ["throughput_tok_s", "accept_len_mean", "accept_rate_pos_1", "step_ms_p50", "step_ms_p90", "verify_ms_p50",
+            "draft_ms_p50", "comm_ms_per_step", "comm_fraction", "speedup_vs_baseline", "outputs_match_baseline", "setup_s"]
+
+
+def spectune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_decode_json_on_tiny_model(tiny_ckpt):
+    r = spectune("decode", "--model", str(tiny_ckpt), "--tp", "2", "--drafter", "ngram", "-k", "3",
+                 "--num-prompts", "2", "--max-new-tokens", "24", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in REQUIRED:
+        assert key in out, key
+    assert out["outputs_match_baseline"] == 1
+    assert out["params"]["parallel.tp"] == 2 and out["params"]["drafter.kind"] == "ngram"
+    assert out["tokens_generated"] == 2 * 24
+    assert out["allreduce_per_step"] == 4 and out["comm_ms_per_step"] > 0
+
+
+@pytest.fixture
+def bad_inputs(tmp_path, tiny_ckpt):
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({**tiny_config(), "model_type": "gpt2"}))
+    (gpt2 / "model.safetensors").write_bytes(b"")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"turns": ["fine"]}\n{"turns": [\n')
+    no_turns = tmp_path / "no_turns.jsonl"
+    no_turns.write_text('{"question": "where are the turns?"}\n')
+    m = ["--model", str(tiny_ckpt)]
+    return {
+        "missing model": (["--model", str(tmp_path / "nope")], "does not exist"),
+        "unsupported architecture": (["--model", str(gpt2)], "model_type 'gpt2' is not supported"),
+        "tp the heads do not divide": ([*m, "--tp", "8"], "tp=8 does not divide the model's 4 attention heads"),
+        "empty prompts": ([*m, "--prompts", str(empty)], "holds no prompts"),
+        "malformed prompts": ([*m, "--prompts", str(broken)], "broken.jsonl:2 is not valid JSON"),
+        "prompts without turns": ([*m, "--prompts", str(no_turns)], "needs a non-empty 'turns' list"),
+        "missing prompts": ([*m, "--prompts", str(tmp_path / "none.jsonl")], "does not exist"),
+        "backend that cannot run here": ([*m, "--tp", "2", "--backend", "nccl"], "nccl needs CUDA"),
+        "unknown drafter": ([*m, "--drafter", "medusa"], "--drafter 'medusa' is not one of"),
+        "draft model without path": ([*m, "--drafter", "draft_model"], "needs --draft-model"),
+        "bad flag type": ([*m, "--tp", "two"], "invalid int value"),
+    }
+
+
+CASES = ["missing model", "unsupported architecture", "tp the heads do not divide", "empty prompts", "malformed prompts",
+         "prompts without turns", "missing prompts", "backend that cannot run here", "unknown drafter",
+         "draft model without path", "bad flag type"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_exit_2(bad_inputs, case):
+    args, needle = bad_inputs[case]
+    r = spectune("decode", *args, "--num-prompts", "1", "--max-new-tokens", "4", timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("spectune: error:") and needle in lines[0], lines[0]
+    assert "Traceback" not in r.stderr and r.stdout == ""

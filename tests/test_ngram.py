@@ -1,0 +1,20 @@
+"""The n-gram prompt-lookup drafter."""
+from workers.drafters.ngram import NgramDrafter, lookup
+
+
+def test_longest_most_recent_match_wins():
+    seq = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    # suffix (5, 2, 3)? no earlier match; (2, 3) last occurred at index 6 -> continues 7, 8, 5
+    assert lookup(seq, 3, max_ngram=3) == [7, 8, 5]
+
+
+def test_no_match_and_limits():
+    assert lookup([1, 2, 3, 4], 4) == []
+    assert lookup([5], 2) == []
+    assert lookup([4, 5, 4], 5) == [5, 4]  # continuation runs up to the end of the sequence
+    assert lookup([1, 2, 1, 2, 1, 2], 8, max_ngram=2) == [1, 2]
+
+
+def test_drafter_proposes_without_probs():
+    p = NgramDrafter(max_ngram=2).propose([1, 2, 3, 1, 2], 2)
+    assert p.tokens == [3, 1] and p.probs is None
