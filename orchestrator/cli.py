@@ -1,6 +1,9 @@
 """The `spectune` command line (also `python -m orchestrator`).
 
     spectune decode --model smollm2-135m --tp 2 --drafter ngram --num-draft-tokens 4 --json
+    spectune run experiments/smoke-cpu.yaml [--set study.n_trials=8]
+    spectune validate experiments/tp8-pcie.yaml
+    spectune schema --out experiments/spectune.schema.json
 
 User errors (bad flags, files, model paths, TP sizes, backends) print one line
 `spectune: error: ...` and exit 2; a failed gang exits 1 with one line naming the rank.
@@ -29,7 +32,7 @@ def _add_decode(sub) -> None:
     p.add_argument("--num-draft-tokens", "-k", type=int, default=d.num_draft_tokens, help="k, tokens drafted per step (0 = baseline)")
     p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy; > 0 = sampling with rejection-sampling verification")
     p.add_argument("--prompts", default=d.prompts, help="Spec-Bench-style JSONL (default: the bundled 240 questions)")
-    p.add_argument("--num-prompts", type=int, default=d.num_prompts)
+    p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default 8)")
     p.add_argument("--category", action="append", dest="categories", help="keep prompts of this category (repeatable)")
     p.add_argument("--per-category", type=int, default=None, help="the first N prompts of each category")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
@@ -57,6 +60,51 @@ def _decode(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _add_experiment_commands(sub) -> None:
+    for name, help_, handler in (
+        ("run", "run (or resume) the study of an experiment YAML", _run),
+        ("validate", "check an experiment YAML against the model, the prompts and the backends", _validate),
+    ):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("experiment", help="experiment YAML (see experiments/)")
+        p.add_argument("--set", action="append", default=[], metavar="dotted.key=value", help="override a YAML field (repeatable)")
+        p.set_defaults(handler=handler)
+    p = sub.add_parser("schema", help="print (or write) the JSON schema of experiment YAMLs")
+    p.add_argument("--out", default=None)
+    p.set_defaults(handler=_schema)
+
+
+def _validate(ns: argparse.Namespace) -> int:
+    from orchestrator.config import load_config
+    from orchestrator.validate import check_experiment
+
+    cfg = load_config(ns.experiment, ns.set)
+    prepared = check_experiment(cfg)
+    print(f"{ns.experiment}: ok: study {cfg.study_name!r}, {cfg.study.n_trials} trials, model {prepared.model_path}, "
+          f"{len(prepared.prompts)} prompts, space: {', '.join(cfg.search.space)}")
+    return 0
+
+
+def _run(ns: argparse.Namespace) -> int:
+    from orchestrator.config import load_config
+    from orchestrator.study import run_study
+
+    summary = run_study(load_config(ns.experiment, ns.set))
+    print(json.dumps(summary, default=str))
+    return 0 if summary["complete"] >= summary["n_trials"] else 1
+
+
+def _schema(ns: argparse.Namespace) -> int:
+    from orchestrator.config import json_schema
+
+    text = json.dumps(json_schema(), indent=1) + "\n"
+    if ns.out:
+        open(ns.out, "w").write(text)
+    else:
+        print(text, end="")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, like every other user error
         self.exit(2, f"spectune: error: {message}\n")
@@ -66,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="spectune", description="Tune speculative decoding for tensor-parallel LLMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_decode(sub)
+    _add_experiment_commands(sub)
     return parser
 
 

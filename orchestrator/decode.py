@@ -35,7 +35,7 @@ class DecodeOptions:
     num_draft_tokens: int = 4
     temperature: float = 0.0
     prompts: str = str(BUNDLED_PROMPTS)
-    num_prompts: int | None = 8
+    num_prompts: int | None = None  # default: 8, unless per_category picks them
     categories: list[str] | None = None
     per_category: int | None = None
     max_new_tokens: int = 64
@@ -90,7 +90,8 @@ def plan(o: DecodeOptions) -> DecodePlan:
         if not 1 <= layers < args.n_layers:
             raise UserError(f"--draft-layers {layers} must be between 1 and {args.n_layers - 1} (the model has {args.n_layers} layers)")
         drafter = DrafterSpec(kind="layer_skip", layers=layers)
-    prompts = load_prompts(o.prompts, o.num_prompts, o.categories, o.per_category)
+    num_prompts = o.num_prompts if o.num_prompts is not None or o.per_category else 8
+    prompts = load_prompts(o.prompts, num_prompts, o.categories, o.per_category)
     tok = Tokenizer(path)
     ids = tuple(tuple(tok.encode_prompt(p.text)) for p in prompts)
     if any(i >= args.vocab_size for seq in ids for i in seq):

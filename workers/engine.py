@@ -95,7 +95,7 @@ class Verifier:
             prompts.append(PromptResult(tokens=out, seconds=seconds, steps=steps, accepted=accepted))
         if self.rank != 0:
             return None
-        return RunResult(prompts=prompts, metrics=stats.metrics(w.num_draft_tokens))
+        return RunResult(prompts=prompts, stats=stats, num_draft_tokens=w.num_draft_tokens)
 
 
 def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from workers.spec import GangSpec, RunResult, Workload
+from workers.worker import Rendezvous
 
 
 class GangError(RuntimeError):
@@ -28,7 +29,7 @@ class GangError(RuntimeError):
 
 @dataclass
 class _Setup:
-    init_method: str
+    rendezvous: Rendezvous
     timeout_s: float
 
 
@@ -54,18 +55,22 @@ def _serve(rank: int, spec: GangSpec, conn) -> None:
     from workers.worker import Worker
 
     worker = Worker(rank, spec)
-    handlers = {_Setup: lambda c: worker.setup(c.init_method, c.timeout_s), _Run: lambda c: worker.run(c.workload)}
-    while True:
-        cmd = conn.recv()
-        if isinstance(cmd, _Stop):
-            worker.shutdown()
-            conn.send(None)
-            return
-        try:
-            conn.send(handlers[type(cmd)](cmd))
-        except BaseException as e:  # noqa: BLE001 - reported to the driver, which tears the gang down
-            conn.send(_Failure(rank, f"{type(e).__name__}: {e}", traceback.format_exc()))
-            return
+    handlers = {_Setup: lambda c: worker.setup(c.rendezvous, c.timeout_s), _Run: lambda c: worker.run(c.workload)}
+    try:
+        while True:
+            cmd = conn.recv()  # EOFError when the driver is gone: exit quietly
+            if isinstance(cmd, _Stop):
+                worker.shutdown()
+                conn.send(None)
+                return
+            try:
+                reply = handlers[type(cmd)](cmd)
+            except BaseException as e:  # noqa: BLE001 - reported to the driver, which tears the gang down
+                conn.send(_Failure(rank, f"{type(e).__name__}: {e}", traceback.format_exc()))
+                return
+            conn.send(reply)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
 
 
 class LocalGang:
@@ -117,8 +122,8 @@ class LocalGang:
         return [results[r] for r in range(len(self.conns))]
 
     def setup(self) -> list[dict]:
-        init = f"file://{os.path.join(self._tmp.name, 'rendezvous')}"
-        return self._call_all(_Setup(init, self.timeout_s), self.timeout_s)
+        rdv = Rendezvous(file=os.path.join(self._tmp.name, "rendezvous"))
+        return self._call_all(_Setup(rdv, self.timeout_s), self.timeout_s)
 
     def run(self, workload: Workload) -> RunResult:
         return self._call_all(_Run(workload), self.timeout_s)[0]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workers.stats import RunStats
+
 
 @dataclass(frozen=True)
 class DrafterSpec:
@@ -63,7 +65,22 @@ class PromptResult:
 
 @dataclass
 class RunResult:
-    """What verifier rank 0 returns for one Workload."""
+    """What verifier rank 0 returns for one Workload (raw per-step records, so the driver can
+    merge runs over prompt chunks and recompute the metrics)."""
 
     prompts: list[PromptResult]
-    metrics: dict[str, float]
+    stats: RunStats
+    num_draft_tokens: int
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return self.stats.metrics(self.num_draft_tokens)
+
+    @classmethod
+    def merge(cls, parts: list["RunResult"]) -> "RunResult":
+        stats = RunStats()
+        for p in parts:
+            stats.steps.extend(p.stats.steps)
+            stats.tokens += p.stats.tokens
+            stats.seconds += p.stats.seconds
+        return cls(prompts=[r for p in parts for r in p.prompts], stats=stats, num_draft_tokens=parts[0].num_draft_tokens)

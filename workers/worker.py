@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,16 @@ from workers.spec import GangSpec, RunResult, Workload
 from workers.tp import shard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How the gang's processes meet: a FileStore path (one machine), or the TCPStore that
+    rank 0 serves on a port the OS picked (`Worker.open_store`), so no port is ever fixed."""
+
+    file: str | None = None
+    host: str | None = None
+    port: int = 0
 
 
 class WorkerError(RuntimeError):
@@ -51,14 +62,24 @@ class Worker:
         self.drafter: Drafter | None = None
         self.link: DraftLink | None = None
 
-    def setup(self, init_method: str, timeout_s: float = 600.0) -> dict:
+    def open_store(self, timeout_s: float = 600.0) -> int:
+        """Rank 0 only: serve the rendezvous TCPStore on a free port and return the port."""
+        self._store = dist.TCPStore(
+            "0.0.0.0", 0, self.spec.world_size, is_master=True,
+            timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+        )
+        return self._store.port
+
+    def setup(self, rdv: Rendezvous, timeout_s: float = 600.0) -> dict:
         t0 = time.perf_counter()
         spec = self.spec
         torch.set_num_threads(spec.threads)
-        dist.init_process_group(
-            "gloo", init_method=init_method, rank=self.rank, world_size=spec.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if rdv.file:
+            dist.init_process_group("gloo", init_method=f"file://{rdv.file}", rank=self.rank, world_size=spec.world_size, timeout=timeout)
+        else:
+            store = getattr(self, "_store", None) or dist.TCPStore(rdv.host, rdv.port, spec.world_size, is_master=False, timeout=timeout)
+            dist.init_process_group("gloo", store=store, rank=self.rank, world_size=spec.world_size, timeout=timeout)
         # every process joins every new_group call, members or not
         tp_group = dist.new_group(list(range(spec.tp)), backend="gloo") if spec.has_drafter else dist.group.WORLD
         device = torch.device(spec.device)
@@ -84,6 +105,9 @@ class Worker:
             run_drafter(self.drafter, self.link, workload)
             return None
         return self.verifier.run(workload)
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -1,0 +1,210 @@
+"""Ray side of a trial: connect to a cluster, place and launch a gang of worker actors, run, tear down.
+
+    connect()                                   # RAY_ADDRESS (e.g. under `ray job submit`) or an embedded local Ray
+    with RayGang(spec, env, resources) as gang: # placement group (STRICT_PACK) + one actor per rank
+        gang.setup(); result = gang.run(workload)
+
+A gang is TP verifier actors (ranks 0..tp-1, one GPU each on CUDA) plus the drafter actor, all
+in one STRICT_PACK placement group so they share a node; each actor's runtime_env carries the
+trial's NCCL variables (and NVLink multicast off). Rank 0 serves the rendezvous TCPStore on a
+port the OS picks. Every call has a deadline; a rank that fails, dies or misses it tears the
+whole gang down (the others would wait in a collective forever) and raises `GangError`.
+`GangPool` keeps the current gang while the next trial needs the same env and placement.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+
+from orchestrator.config import NVLS_OFF_ENV
+from orchestrator.errors import UserError
+from workers.local_gang import GangError
+from workers.spec import GangSpec, RunResult, Workload
+from workers.worker import Rendezvous, Worker
+
+
+class PlacementError(UserError):
+    """The gang cannot be placed on this cluster (one line: what was asked, what there is)."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus_per_worker: float = 0.25
+    placement_timeout_s: float = 60.0
+    call_timeout_s: float = 900.0
+    setup_timeout_s: float = 600.0
+
+
+def connect(num_cpus: int | None = None) -> str:
+    """Join the cluster in RAY_ADDRESS, or start an embedded local one. Returns a description."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 turns token auth on unless told
+    if ray.is_initialized():
+        return "ray (already connected)"
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=True)
+        return f"ray cluster at {address}"
+    ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+             logging_level="ERROR", log_to_driver=True)
+    return f"embedded local ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
+
+
+def check_capacity(spec: GangSpec, res: Resources) -> None:
+    """Fail fast, before anything launches, when no node can hold the gang."""
+    import ray
+
+    need_cpu = spec.world_size * res.cpus_per_worker
+    need_gpu = spec.tp if spec.device == "cuda" else 0
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if any(n.get("CPU", 0) >= need_cpu - 1e-9 and n.get("GPU", 0) >= need_gpu for n in nodes):
+        return
+    have = ", ".join(f"{n.get('CPU', 0):g} CPU/{n.get('GPU', 0):g} GPU" for n in nodes) or "no live nodes"
+    what = f"{need_gpu} GPUs and " if need_gpu else ""
+    raise PlacementError(
+        f"a gang of tp={spec.tp}{' + drafter' if spec.has_drafter else ''} needs {what}{need_cpu:g} CPUs on one node; "
+        f"the cluster's nodes have {have}"
+    )
+
+
+class RayGang:
+    def __init__(self, spec: GangSpec, env: dict[str, str], res: Resources):
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.spec, self.env, self.res = spec, dict(env), res
+        self._ray, self._remove_pg = ray, remove_placement_group
+        self.actors: list = []
+        self._closed = False
+        check_capacity(spec, res)
+        gpu = 1 if spec.device == "cuda" else 0
+        bundles = [{"CPU": res.cpus_per_worker, **({"GPU": gpu} if gpu else {})} for _ in range(spec.tp)]
+        if spec.has_drafter:
+            bundles.append({"CPU": res.cpus_per_worker})
+        self.pg = placement_group(bundles, strategy="STRICT_PACK", name="")
+        try:
+            ray.get(self.pg.ready(), timeout=res.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.close()
+            raise PlacementError(
+                f"placement group {bundles} (STRICT_PACK) was not satisfied within {res.placement_timeout_s:g}s; "
+                f"cluster has {ray.cluster_resources()}, free {ray.available_resources()}"
+            ) from None
+        runtime_env = {"env_vars": {**self.env, **NVLS_OFF_ENV, "OMP_NUM_THREADS": str(spec.threads)}}
+        actor_cls = ray.remote(Worker)
+        for rank in range(spec.world_size):
+            on_gpu = gpu if rank < spec.tp else 0
+            self.actors.append(
+                actor_cls.options(
+                    num_cpus=res.cpus_per_worker, num_gpus=on_gpu, max_restarts=0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
+                    runtime_env=runtime_env,
+                ).remote(rank, spec)
+            )
+
+    def _gather(self, refs: list, timeout_s: float, what: str) -> list:
+        """ray.get on every rank, failing fast on the first error and tearing down on any."""
+        ray = self._ray
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: dict[int, object] = {}
+        pending = list(refs)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            left = deadline - time.monotonic()
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, left))
+            if not ready:
+                ranks = sorted(index[r] for r in pending)
+                self.close()
+                raise GangError(f"{what}: ranks {ranks} did not answer within {timeout_s:g}s")
+            ref = ready[0]
+            try:
+                results[index[ref]] = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                self.close()
+                raise GangError(f"{what}: rank {index[ref]} died ({type(e).__name__})") from None
+            except ray.exceptions.RayTaskError as e:
+                self.close()
+                cause = e.cause if getattr(e, "cause", None) is not None else e
+                raise GangError(f"{what}: rank {index[ref]}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from None
+        return [results[i] for i in range(len(refs))]
+
+    def setup(self) -> list[dict]:
+        port = self._gather([self.actors[0].open_store.remote(self.res.setup_timeout_s)], self.res.setup_timeout_s, "rendezvous")[0]
+        rdv = Rendezvous(host="127.0.0.1", port=port)  # STRICT_PACK: every rank is on rank 0's node
+        return self._gather([a.setup.remote(rdv, self.res.setup_timeout_s) for a in self.actors], self.res.setup_timeout_s, "setup")
+
+    def run(self, workload: Workload) -> RunResult:
+        return self._gather([a.run.remote(workload) for a in self.actors], self.res.call_timeout_s, "run")[0]
+
+    def pids(self) -> list[int]:
+        return self._gather([a.pid.remote() for a in self.actors], 60, "pid")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for actor in self.actors:
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        try:
+            self._remove_pg(self.pg)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __enter__(self) -> "RayGang":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class GangPool:
+    """Holds at most one live gang and reuses it while trials need the same env and placement.
+
+    A plain-decoding trial (k = 0) can run on any gang with the same verifier setup: its drafter
+    only listens. NCCL reads its env when a communicator is created, so another env means new actors.
+    """
+
+    def __init__(self, res: Resources, log=None):
+        self.res = res
+        self.gang: RayGang | None = None
+        self.key: tuple | None = None
+        self.launched = 0
+        self.setup_s = 0.0
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    def get(self, spec: GangSpec, env: dict[str, str], plain: bool) -> RayGang:
+        key = (spec, tuple(sorted(env.items())))
+        if self.gang is not None and not self.gang._closed:
+            if key == self.key:
+                return self.gang
+            same_verifier = replace(spec, drafter=self.key[0].drafter) == self.key[0] and key[1] == self.key[1]
+            if plain and same_verifier:
+                return self.gang
+        self.close()
+        t0 = time.perf_counter()
+        gang = RayGang(spec, env, self.res)
+        try:
+            gang.setup()
+            # warm-up: first calls pay for lazy initialisation, which no trial should be charged for
+            warm = Workload(prompts=((1, 2, 3, 4),), max_new_tokens=2, num_draft_tokens=1 if spec.has_drafter else 0)
+            gang.run(warm)
+        except BaseException:
+            gang.close()
+            raise
+        self.gang, self.key = gang, key
+        self.launched += 1
+        self.setup_s = time.perf_counter() - t0
+        self.log(f"spectune: launched gang #{self.launched} (tp={spec.tp}, drafter={spec.drafter.kind}, {len(env)} NCCL vars) in {self.setup_s:.1f}s")
+        return gang
+
+    def close(self) -> None:
+        if self.gang is not None:
+            self.gang.close()
+        self.gang, self.key = None, None

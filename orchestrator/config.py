@@ -1,0 +1,251 @@
+"""Experiment YAML -> validated, typed `ExperimentConfig` (pydantic; unknown keys are errors).
+
+    spectune validate experiments/smoke-cpu.yaml --set parallel.tp=4
+
+Sections: name, model, drafter, parallel, workload, search, study, tracking, limits. Values left
+out take the defaults below; `--set dotted.key=value` overrides any field before validation
+(the value is parsed as YAML, so numbers, booleans and lists work). Errors become one line
+naming the field: `search.space.nccl.NCCL_ALGO: NVLS ... is refused`.
+`spectune schema` writes the JSON schema editors use (experiments/spectune.schema.json).
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrator.errors import UserError
+
+NCCL_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")
+# NVLink multicast (NVLS) must stay off on the machines this runs on: never searchable
+NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+SEARCHABLE = ("spec.num_draft_tokens", "drafter.kind", "drafter.layers", "drafter.ngram_max", "drafter.model_path",
+              "comm.backend", "parallel.tp")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Section):
+    path: str = "smollm2-135m"  # checkpoint directory or alias
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class DrafterSection(_Section):
+    """Defaults for the drafter; the search space can override each field."""
+
+    kind: Literal["none", "draft_model", "ngram", "layer_skip"] = "ngram"
+    num_draft_tokens: int = Field(4, ge=0, le=16)
+    model_path: str | None = None
+    layers: int | None = Field(None, ge=1)
+    ngram_max: int = Field(3, ge=1, le=8)
+
+
+class ParallelSection(_Section):
+    tp: int = Field(1, ge=1, le=64)
+    device: Literal["cpu", "cuda"] = "cpu"
+    backend: str = "gloo"
+    nccl_env: dict[str, str] = Field(default_factory=dict)  # NCCL_* variables every trial gets
+    threads: int = Field(1, ge=1)  # torch threads per worker (CPU)
+    cpus_per_worker: float = Field(0.25, gt=0)  # Ray CPU resource per actor
+    vocab_parallel: bool = False
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _nccl_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for k, v in env.items():
+            if not NCCL_VAR.match(k):
+                raise ValueError(f"{k!r} is not an NCCL_* variable")
+            _refuse_nvls(k, v)
+        return env
+
+
+class WorkloadSection(_Section):
+    prompts: str = "bundled"  # a Spec-Bench-style JSONL file, or "bundled"
+    num_prompts: int | None = Field(4, ge=1)
+    per_category: int | None = Field(None, ge=1)
+    categories: list[str] | None = None
+    max_new_tokens: int = Field(32, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    seed: int = 0
+
+
+class IntParam(_Section):
+    low: int
+    high: int
+    step: int = 1
+    log: bool = False
+    when: dict[str, Any] | None = None
+
+
+class FloatParam(_Section):
+    low: float
+    high: float
+    log: bool = False
+    when: dict[str, Any] | None = None
+
+
+class CategoricalParam(_Section):
+    choices: list[Union[int, float, str, bool, None]] = Field(min_length=1)
+    when: dict[str, Any] | None = None
+
+
+Param = Union[CategoricalParam, IntParam, FloatParam]
+
+
+class SearchSection(_Section):
+    """`space` maps a parameter's dotted name to {choices: [...]}, {low, high[, step|log]} or a fixed value.
+    Implicit conditions: nccl.* only when comm.backend is nccl; drafter.* only when spec.num_draft_tokens > 0.
+    An explicit `when: {other.param: value-or-list}` adds one."""
+
+    space: dict[str, Union[Param, int, float, str, bool]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> "SearchSection":
+        if not self.space:
+            raise ValueError("space: is empty (give at least one parameter, e.g. spec.num_draft_tokens: {choices: [0, 2, 4]})")
+        for name, p in self.space.items():
+            if name.startswith("nccl."):
+                var = name.removeprefix("nccl.")
+                if not NCCL_VAR.match(var):
+                    raise ValueError(f"space.{name}: {var!r} is not an NCCL_* variable")
+                for v in _values(p):
+                    _refuse_nvls(var, v)
+            elif name not in SEARCHABLE:
+                raise ValueError(f"space.{name}: unknown parameter (searchable: {', '.join(SEARCHABLE)}, nccl.NCCL_*)")
+            if isinstance(p, (IntParam, FloatParam)) and p.low > p.high:
+                raise ValueError(f"space.{name}: low {p.low} is above high {p.high}")
+            cond = getattr(p, "when", None) or {}
+            for other in cond:
+                if other not in self.space:
+                    raise ValueError(f"space.{name}.when: {other!r} is not a parameter of the space")
+        return self
+
+
+class StudySection(_Section):
+    name: str | None = None  # default: the experiment name
+    n_trials: int = Field(6, ge=1)  # total COMPLETE trials; rerunning resumes up to this
+    storage: str | None = None  # Optuna storage URL; default sqlite in $SPECTUNE_HOME
+    sampler: Literal["tpe", "random", "grid", "gp"] = "tpe"
+    seed: int | None = 0
+    pruner: Literal["percentile", "median", "none"] = "percentile"
+    baseline: bool = True  # enqueue k = 0 first
+    max_failed_trials: int | None = Field(None, ge=0)  # default: n_trials
+
+
+class TrackingSection(_Section):
+    uri: str | None = None  # default: MLFLOW_TRACKING_URI, else sqlite in $SPECTUNE_HOME
+    experiment: str | None = None  # default: the experiment name
+
+
+class LimitsSection(_Section):
+    trial_timeout_s: float = Field(900, gt=0)
+    setup_timeout_s: float = Field(600, gt=0)
+    placement_timeout_s: float = Field(60, gt=0)
+
+
+class ExperimentConfig(_Section):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    model: ModelSection = Field(default_factory=ModelSection)
+    drafter: DrafterSection = Field(default_factory=DrafterSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
+    search: SearchSection
+    study: StudySection = Field(default_factory=StudySection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+    limits: LimitsSection = Field(default_factory=LimitsSection)
+
+    @property
+    def study_name(self) -> str:
+        return self.study.name or self.name
+
+    @property
+    def experiment_name(self) -> str:
+        return self.tracking.experiment or self.name
+
+
+def _values(p) -> list:
+    if isinstance(p, CategoricalParam):
+        return p.choices
+    if isinstance(p, (IntParam, FloatParam)):
+        return [p.low, p.high]
+    return [p]
+
+
+def _refuse_nvls(var: str, value: Any) -> None:
+    if "NVLS" in var.upper():
+        raise ValueError(f"{var}: NVLS / NVLink multicast must stay off and is refused in any space")
+    if "NVLS" in str(value).upper():
+        raise ValueError(f"{var}={value}: NVLS / NVLink multicast must stay off and is refused in any space")
+
+
+# ------------------------------------------------------------------------------- loading
+def spectune_home() -> Path:
+    return Path(os.environ.get("SPECTUNE_HOME", Path.home() / ".spectune"))
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """`a.b.c=value` -> raw["a"]["b"]["c"] = yaml(value). Keys of `search.space` contain dots
+    themselves, so everything after `search.space.` up to the last known field is one key."""
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: expected dotted.key=value")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise UserError(f"--set {item!r}: empty key segment")
+        if parts[:2] == ["search", "space"] and len(parts) > 2:
+            parts = ["search", "space", ".".join(parts[2:])]
+        node = raw
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise UserError(f"--set {key}: {part!r} is not a section")
+            node = nxt
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    return raw
+
+
+def _one_line(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith(("function-", "union[", "tagged-union")))
+    # pydantic names union branches (CategoricalParam, int, ...) in loc: drop them for the user
+    loc = re.sub(r"\.(CategoricalParam|IntParam|FloatParam|int|float|str|bool)(?=\.|$)", "", loc)
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"experiment file {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise UserError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: the top level must be a mapping of sections, not {type(raw).__name__}")
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as e:
+        raise UserError(f"{path}: {_one_line(e)}") from None
+
+
+def json_schema() -> dict:
+    schema = ExperimentConfig.model_json_schema()
+    schema["title"] = "spectune experiment"
+    return schema

@@ -1,0 +1,62 @@
+"""Everything `spectune validate` checks, and `spectune run` checks before launching anything:
+the YAML against the model (TP sizes, drafter layers, draft-model vocabulary), the backends
+against the device, the search space's values and conditions, and the prompts."""
+from __future__ import annotations
+
+from orchestrator.config import ExperimentConfig
+from orchestrator.errors import UserError
+from orchestrator.space import candidates, check_conditions
+from orchestrator.workload import PreparedWorkload, prepare
+from workers.checkpoint import load_args, resolve_model_path
+from workers.comm import GangInfo, refusal
+from workers.drafters import KINDS
+from workers.modelargs import ModelConfigError, check_tp
+
+
+def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
+    check_conditions(cfg)
+    space = cfg.search.space
+    where = lambda name: f"search.space.{name}" if name in space else {  # noqa: E731
+        "parallel.tp": "parallel.tp", "comm.backend": "parallel.backend", "spec.num_draft_tokens": "drafter.num_draft_tokens",
+        "drafter.kind": "drafter.kind", "drafter.layers": "drafter.layers", "drafter.model_path": "drafter.model_path",
+    }[name]
+    prepared = prepare(cfg)
+    args = prepared.args
+    for tp in candidates(cfg, "parallel.tp"):
+        if not isinstance(tp, int):
+            raise UserError(f"{where('parallel.tp')}: {tp!r} is not an integer")
+        try:
+            check_tp(args, tp)
+        except ModelConfigError as e:
+            raise UserError(f"{where('parallel.tp')}: {e}") from None
+        for backend in candidates(cfg, "comm.backend"):
+            why = refusal(str(backend), GangInfo(world_size=tp, device_type=cfg.parallel.device))
+            if why and tp > 1:
+                raise UserError(f"{where('comm.backend')}: {why}")
+    ks = candidates(cfg, "spec.num_draft_tokens")
+    for k in ks:
+        if not isinstance(k, int) or not 0 <= k <= 16:
+            raise UserError(f"{where('spec.num_draft_tokens')}: {k!r} must be an integer between 0 and 16")
+    if cfg.study.baseline and 0 not in ks:
+        raise UserError(f"{where('spec.num_draft_tokens')}: must allow 0, the baseline every speedup is measured against (or set study.baseline: false)")
+    kinds = candidates(cfg, "drafter.kind")
+    for kind in kinds:
+        if kind not in KINDS:
+            raise UserError(f"{where('drafter.kind')}: {kind!r} is not one of {', '.join(KINDS)}")
+    if any(k > 0 for k in ks) and kinds == ["none"]:
+        raise UserError(f"{where('drafter.kind')}: spec.num_draft_tokens > 0 needs a drafter")
+    if "layer_skip" in kinds:
+        for layers in candidates(cfg, "drafter.layers"):
+            if layers is None or not isinstance(layers, int) or not 1 <= layers < args.n_layers:
+                raise UserError(f"{where('drafter.layers')}: {layers!r} must be between 1 and {args.n_layers - 1} for layer_skip (the model has {args.n_layers} layers)")
+    if "draft_model" in kinds:
+        for path in candidates(cfg, "drafter.model_path"):
+            if not path:
+                raise UserError(f"{where('drafter.model_path')}: drafter.kind draft_model needs a checkpoint path")
+            try:
+                dargs = load_args(resolve_model_path(path))
+            except (ValueError, OSError) as e:
+                raise UserError(f"{where('drafter.model_path')}: {e}") from None
+            if dargs.vocab_size != args.vocab_size:
+                raise UserError(f"{where('drafter.model_path')}: vocabulary {dargs.vocab_size} differs from the model's {args.vocab_size}")
+    return prepared

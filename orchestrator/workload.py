@@ -1,0 +1,55 @@
+"""The study's workload, prepared once on the driver: prompts tokenized, gang specs per trial."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.config import ExperimentConfig
+from orchestrator.errors import UserError
+from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
+from orchestrator.space import TrialConfig
+from workers.checkpoint import load_args, resolve_model_path
+from workers.modelargs import ModelArgs
+from workers.spec import GangSpec, Workload
+
+
+@dataclass
+class PreparedWorkload:
+    model_path: str
+    args: ModelArgs
+    prompts: list[Prompt]
+    token_ids: tuple[tuple[int, ...], ...]
+    eos_ids: tuple[int, ...]
+    max_seq: int
+
+    def workload(self, cfg: ExperimentConfig, tc: TrialConfig, prompts: tuple[tuple[int, ...], ...] | None = None) -> Workload:
+        w = cfg.workload
+        return Workload(
+            prompts=prompts if prompts is not None else self.token_ids, max_new_tokens=w.max_new_tokens,
+            num_draft_tokens=tc.num_draft_tokens, temperature=w.temperature, seed=w.seed, eos_ids=self.eos_ids,
+        )
+
+    def gang_spec(self, cfg: ExperimentConfig, tc: TrialConfig) -> GangSpec:
+        drafter = tc.drafter
+        if drafter.kind == "draft_model" and drafter.model_path:
+            drafter = type(drafter)(**{**drafter.__dict__, "model_path": str(resolve_model_path(drafter.model_path))})
+        return GangSpec(
+            model_path=self.model_path, tp=tc.tp, backend=tc.backend, drafter=drafter, dtype=cfg.model.dtype,
+            device=cfg.parallel.device, max_seq=self.max_seq, vocab_parallel=cfg.parallel.vocab_parallel,
+            threads=cfg.parallel.threads,
+        )
+
+
+def prepare(cfg: ExperimentConfig, k_max: int = 16) -> PreparedWorkload:
+    path = resolve_model_path(cfg.model.path)
+    args = load_args(path)
+    w = cfg.workload
+    prompts = load_prompts(BUNDLED_PROMPTS if w.prompts == "bundled" else w.prompts, w.num_prompts, w.categories, w.per_category)
+    tok = Tokenizer(path)
+    ids = tuple(tuple(tok.encode_prompt(p.text)) for p in prompts)
+    if any(i >= args.vocab_size for seq in ids for i in seq):
+        raise UserError(f"workload.prompts: the tokenizer of {path} produces ids beyond the model's vocabulary ({args.vocab_size})")
+    need = max(len(s) for s in ids) + w.max_new_tokens + k_max + 1
+    if need > args.max_position_embeddings:
+        raise UserError(f"workload: longest prompt + max_new_tokens needs {need} positions, the model has {args.max_position_embeddings}")
+    eos = tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
+    return PreparedWorkload(str(path), args, prompts, ids, eos, min(args.max_position_embeddings, -(-need // 256) * 256))
