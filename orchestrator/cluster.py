@@ -48,8 +48,9 @@ def connect(num_cpus: int | None = None) -> str:
     if address:
         ray.init(address=address, logging_level="ERROR", log_to_driver=True)
         return f"ray cluster at {address}"
+    extra = {"_temp_dir": os.environ["SPECTUNE_RAY_TMPDIR"]} if os.environ.get("SPECTUNE_RAY_TMPDIR") else {}
     ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-             logging_level="ERROR", log_to_driver=True)
+             logging_level="ERROR", log_to_driver=True, **extra)
     return f"embedded local ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
 
 

@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import time
+import warnings
 
 from orchestrator.cluster import GangPool, Resources, connect
 from orchestrator.config import ExperimentConfig, spectune_home
@@ -130,6 +131,8 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Some regimes for parameter")
     prepared = check_experiment(cfg)  # every input checked before anything launches
     home = spectune_home()
     storage = make_storage(cfg)

@@ -37,6 +37,7 @@ class Tracker:
 
         from mlflow.tracking import MlflowClient
 
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # our stdout is the summary JSON
         logging.getLogger("mlflow").setLevel(logging.ERROR)
         logging.getLogger("alembic").setLevel(logging.ERROR)
         self.uri, self.study_name = uri, study_name

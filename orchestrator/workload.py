@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from orchestrator.config import ExperimentConfig
 from orchestrator.errors import UserError
 from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
-from orchestrator.space import TrialConfig
+from orchestrator.space import TrialConfig, resolve
 from workers.checkpoint import load_args, resolve_model_path
 from workers.modelargs import ModelArgs
 from workers.spec import GangSpec, Workload
@@ -30,6 +30,10 @@ class PreparedWorkload:
 
     def gang_spec(self, cfg: ExperimentConfig, tc: TrialConfig) -> GangSpec:
         drafter = tc.drafter
+        if tc.num_draft_tokens == 0 and cfg.drafter.kind != "none":
+            # a plain-decoding trial still launches the YAML's default drafter (it only listens), so the
+            # speculative trials after it can reuse the gang instead of launching a new one
+            drafter = resolve({"spec.num_draft_tokens": 1}, cfg).drafter
         if drafter.kind == "draft_model" and drafter.model_path:
             drafter = type(drafter)(**{**drafter.__dict__, "model_path": str(resolve_model_path(drafter.model_path))})
         return GangSpec(

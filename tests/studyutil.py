@@ -1,0 +1,88 @@
+"""Helpers for the study tests: a tiny experiment on disk, `spectune` in a subprocess, the stores."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+PROMPTS = [
+    "Summarize: the cat sat on the mat. The cat sat on the mat again, and again the cat sat.",
+    "Translate to French: good morning, good morning, good night, good night.",
+    "Write a haiku about a river, a river bank and the river's bend.",
+]
+
+
+def write_prompts(path: Path, texts=PROMPTS) -> Path:
+    path.write_text("".join(json.dumps({"question_id": i, "category": "test", "turns": [t]}) + "\n" for i, t in enumerate(texts)))
+    return path
+
+
+def tiny_experiment(tmp: Path, ckpt: Path, **sections) -> Path:
+    """An experiment YAML on the tiny model at TP 2 with a drafter actor; `sections` override whole sections."""
+    cfg = {
+        "name": "tiny-study",
+        "model": {"path": str(ckpt)},
+        "drafter": {"kind": "ngram", "layers": 1},
+        "parallel": {"tp": 2, "cpus_per_worker": 0.1},
+        "workload": {"prompts": str(write_prompts(tmp / "prompts.jsonl")), "num_prompts": 3, "max_new_tokens": 12},
+        "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}, "drafter.kind": {"choices": ["ngram", "layer_skip"]}}},
+        "study": {"n_trials": 4, "sampler": "random", "seed": 1, "pruner": "none"},
+        "limits": {"trial_timeout_s": 300},
+    }
+    cfg.update(sections)
+    path = tmp / "experiment.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def spectune(args: list[str], home: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    ray_tmp = tempfile.mkdtemp(prefix="st-ray-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
+    full_env = {**os.environ, "SPECTUNE_HOME": str(home), "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled",
+                **(env or {})}
+    if "RAY_ADDRESS" not in (env or {}):
+        full_env.pop("RAY_ADDRESS", None)  # an embedded local Ray, never a cluster someone else runs
+    r = subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=timeout, env=full_env)
+    r.ray_tmp = ray_tmp
+    return r
+
+
+def processes_mentioning(needle: str) -> list[str]:
+    """Command lines of live processes that mention `needle` (e.g. a Ray temp dir): leak check."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmd:
+            out.append(f"{pid}: {cmd[:200]}")
+    return out
+
+
+def summary(r: subprocess.CompletedProcess) -> dict:
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def optuna_study(storage: str, name: str):
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def mlflow_runs(uri: str, experiment: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if r.data.tags.get("spectune.role") == "study"]
+    trials = [r for r in runs if "spectune.trial" in r.data.tags]
+    return parents, trials

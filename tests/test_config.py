@@ -1,0 +1,123 @@
+"""Experiment YAML validation (`spectune validate`), --set overrides, the search space's conditions."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from studyutil import tiny_experiment
+
+from orchestrator.config import json_schema, load_config
+from orchestrator.errors import UserError
+from orchestrator.space import suggest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def validate(path: Path, *sets: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "orchestrator", "validate", str(path)]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+MALFORMED = {
+    "unknown key": ({"parallel": {"tp": 2, "tpp": 3}}, "parallel.tpp: unknown key"),
+    "unknown section": ({"tracker": {}}, "tracker: unknown key"),
+    "wrong type": ({"study": {"n_trials": "many"}}, "study.n_trials: Input should be a valid integer"),
+    "empty space": ({"search": {"space": {}}}, "space: is empty"),
+    "tp the model cannot take": ({"parallel": {"tp": 8}}, "parallel.tp: tp=8 does not divide the model's 4 attention heads"),
+    "tp in the space the model cannot take": (
+        {"search": {"space": {"parallel.tp": {"choices": [2, 6]}, "spec.num_draft_tokens": {"choices": [0, 2]}}}},
+        "search.space.parallel.tp: tp=6"),
+    "NVLS in the space": (
+        {"parallel": {"tp": 2, "backend": "gloo"},
+         "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}, "nccl.NCCL_ALGO": {"choices": ["Ring", "NVLS"]}}}},
+        "NCCL_ALGO=NVLS: NVLS / NVLink multicast must stay off"),
+    "NVLS variable": (
+        {"search": {"space": {"spec.num_draft_tokens": {"choices": [0]}, "nccl.NCCL_NVLS_ENABLE": {"choices": [0, 1]}}}},
+        "NCCL_NVLS_ENABLE: NVLS / NVLink multicast must stay off"),
+    "unknown parameter": ({"search": {"space": {"spec.depth": {"choices": [1]}}}}, "space.spec.depth: unknown parameter"),
+    "backend that cannot run here": (
+        {"search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}, "comm.backend": {"choices": ["gloo", "nccl"]}}}},
+        "search.space.comm.backend: nccl needs CUDA"),
+    "no baseline in the space": ({"search": {"space": {"spec.num_draft_tokens": {"choices": [2, 4]}}}}, "must allow 0, the baseline"),
+    "layer_skip deeper than the model": ({"drafter": {"kind": "layer_skip", "layers": 9}}, "drafter.layers: 9 must be between 1 and 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_yaml_exits_2_with_one_line(tmp_path, tiny_ckpt, case):
+    sections, needle = MALFORMED[case]
+    path = tiny_experiment(tmp_path, tiny_ckpt)
+    raw = yaml.safe_load(path.read_text())
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) and key != "search" else value
+    path.write_text(yaml.safe_dump(raw))
+    r = validate(path)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsearch: [unclosed\n")
+    r = validate(bad)
+    assert r.returncode == 2 and "not valid YAML" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = validate(tmp_path / "missing.yaml")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_valid_experiment_and_overrides(tmp_path, tiny_ckpt):
+    path = tiny_experiment(tmp_path, tiny_ckpt)
+    r = validate(path, "study.n_trials=9", "workload.max_new_tokens=5")
+    assert r.returncode == 0, r.stderr
+    assert "9 trials" in r.stdout
+    cfg = load_config(path, ["study.n_trials=9", "search.space.nccl.NCCL_PROTO={choices: [LL, Simple]}", "parallel.nccl_env={NCCL_DEBUG: WARN}"])
+    assert cfg.study.n_trials == 9 and cfg.parallel.nccl_env == {"NCCL_DEBUG": "WARN"}
+    assert cfg.search.space["nccl.NCCL_PROTO"].choices == ["LL", "Simple"]
+    with pytest.raises(UserError, match="parallel.tpx: unknown key"):
+        load_config(path, ["parallel.tpx=2"])
+    with pytest.raises(UserError, match="expected dotted.key=value"):
+        load_config(path, ["parallel.tp"])
+
+
+def test_conditional_parameters(tmp_path, tiny_ckpt):
+    """NCCL knobs only with nccl; drafter knobs only when drafting; layers only for layer_skip."""
+    path = tiny_experiment(tmp_path, tiny_ckpt)
+    cfg = load_config(path, [
+        "search.space.comm.backend={choices: [gloo, nccl]}", "search.space.nccl.NCCL_PROTO={choices: [LL, Simple]}",
+        "search.space.drafter.layers={choices: [1]}", "search.space.spec.num_draft_tokens={choices: [0, 3]}",
+    ])
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(40):
+        trial = study.ask()
+        tc = suggest(trial, cfg)
+        p = trial.params
+        assert ("nccl.NCCL_PROTO" in p) == (p["comm.backend"] == "nccl")
+        assert ("drafter.kind" in p) == (p["spec.num_draft_tokens"] > 0)
+        assert ("drafter.layers" in p) == (p.get("drafter.kind") == "layer_skip")
+        assert (dict(tc.nccl_env).get("NCCL_PROTO") is not None) == (tc.backend == "nccl")
+        assert tc.drafter.kind == (p.get("drafter.kind") or "none")
+        seen.add((p["comm.backend"], p["spec.num_draft_tokens"], p.get("drafter.kind")))
+        study.tell(trial, 1.0)
+    assert len(seen) >= 5
+
+
+def test_schema_file_is_current():
+    """experiments/spectune.schema.json (what editors read) matches the code."""
+    on_disk = json.loads((ROOT / "experiments" / "spectune.schema.json").read_text())
+    assert on_disk == json.loads(json.dumps(json_schema()))
+
+
+@pytest.mark.parametrize("name", ["smoke-cpu.yaml", "tp2-gpu.yaml", "tp8-pcie.yaml"])
+def test_shipped_experiments_parse(name):
+    cfg = load_config(ROOT / "experiments" / name)
+    assert cfg.search.space

@@ -1,0 +1,114 @@
+"""The main job end to end: real Ray (embedded local cluster), real SQLite Optuna storage, real
+MLflow (a `mlflow server` process, and a SQLite store), a drafter actor beside the TP 2 gang."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from studyutil import mlflow_runs, optuna_study, processes_mentioning, spectune, summary, tiny_experiment
+
+CONTRACT_PARAMS = ("spec.num_draft_tokens", "comm.backend", "parallel.tp", "drafter.kind")
+CONTRACT_METRICS = ("throughput_tok_s", "accept_len_mean", "step_ms_p50", "step_ms_p90", "verify_ms_p50", "draft_ms_p50",
+                    "comm_ms_per_step", "comm_fraction", "speedup_vs_baseline", "outputs_match_baseline", "setup_s")
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = _free_port()
+    bin_dir = Path(sys.executable).parent
+    proc = subprocess.Popen(
+        [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow-server.db'}", "--artifacts-destination", str(tmp_path / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("mlflow server did not start")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
+    exp = tiny_experiment(tmp_path, tiny_ckpt)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    r = spectune(["run", str(exp), "--set", f"tracking.uri={mlflow_server}", "--set", f"study.storage={storage}"], tmp_path / "home")
+    out = summary(r)
+    assert out["complete"] == 4
+    assert "[4/4]" in r.stderr and "rank trial" in r.stderr  # progress lines and the final table
+    assert processes_mentioning(r.ray_tmp) == []  # the embedded Ray and every actor are gone
+
+    study = optuna_study(storage, "tiny-study")
+    trials = study.trials
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(complete) == 4
+    assert complete[0].params["spec.num_draft_tokens"] == 0  # the baseline runs first
+
+    parents, runs = mlflow_runs(mlflow_server, "tiny-study")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert parents[0].data.metrics["throughput_tok_s"] == pytest.approx(study.best_value)
+    assert len(runs) == len(trials)
+    by_id = {run.info.run_id: run for run in runs}
+    for t in trials:
+        run = by_id[t.user_attrs["mlflow_run_id"]]
+        assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert run.data.tags["spectune.study"] == "tiny-study" and run.data.tags["spectune.trial"] == str(t.number)
+        assert run.data.tags["spectune.state"] == t.state.name
+        for p in CONTRACT_PARAMS:
+            assert p in run.data.params
+        assert run.data.params["parallel.tp"] == "2"
+    for t in complete:
+        run = by_id[t.user_attrs["mlflow_run_id"]]
+        for m in CONTRACT_METRICS:
+            assert m in run.data.metrics, m
+            assert t.user_attrs[m] == pytest.approx(run.data.metrics[m])
+        assert run.data.metrics["throughput_tok_s"] == pytest.approx(t.value)
+        assert run.data.metrics["outputs_match_baseline"] == 1
+        if t.params["spec.num_draft_tokens"] > 0:
+            assert "accept_rate_pos_1" in run.data.metrics
+
+
+def test_resume_reaches_the_total_without_duplicates(tmp_path, tiny_ckpt):
+    """n_trials=3, then the same command with n_trials=5: 5 complete trials, one parent run,
+    one MLflow run per Optuna trial. All trials share one env: the gang is reused."""
+    space = {"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3, 4]}}}
+    exp = tiny_experiment(tmp_path, tiny_ckpt, search=space)
+    home = tmp_path / "home"
+    first = summary(spectune(["run", str(exp), "--set", "study.n_trials=3"], home))
+    assert first["complete"] == 3
+    assert first["gangs_launched"] == 1  # 3+ trials, one gang: the same env and placement throughout
+    second_run = spectune(["run", str(exp), "--set", "study.n_trials=5"], home)
+    second = summary(second_run)
+    assert second["complete"] == 5 and second["parent_run_id"] == first["parent_run_id"]
+    assert "3/5 complete" in second_run.stderr
+    study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
+    assert len([t for t in study.trials if t.state.name == "COMPLETE"]) == 5
+    parents, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
+    assert len(parents) == 1
+    ids = [t.user_attrs["mlflow_run_id"] for t in study.trials]
+    assert len(set(ids)) == len(ids) == len(runs)
+    third = summary(spectune(["run", str(exp), "--set", "study.n_trials=5"], home))  # already done: runs nothing
+    assert third["complete"] == 5 and len(optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study").trials) == len(study.trials)
