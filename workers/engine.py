@@ -19,6 +19,7 @@ from workers.comm import AllReduce
 from workers.drafters import Drafter
 from workers.link import DraftLink, Proposal, VerifyResult
 from workers.model import Transformer
+from workers.steps import StepRunner
 from workers.spec import PromptResult, RunResult, Workload
 from workers.stats import RunStats, StepRecord
 from workers.verify import probs, sample, verify
@@ -35,10 +36,29 @@ def _finish(tokens: list[int], have: int, w: Workload) -> tuple[list[int], bool]
 
 
 class Verifier:
-    def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int):
+    def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int, graphs: bool = True):
         self.model, self.allreduce, self.link, self.rank = model, allreduce, link, rank
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
+        self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce)
+
+    def _simulated(self, drafted: list[int], w: Workload, logits: torch.Tensor, credit: float) -> tuple[int, list[int], float]:
+        """Accept tau - 1 drafts per step on average (error diffusion keeps the running mean exact)."""
+        credit += w.simulate_accept_len - 1
+        n = min(len(drafted), int(credit))
+        credit -= n
+        return n, drafted[:n] + [int(logits[n].argmax())], credit
+
+    def comm_split(self, width: int, iters: int) -> dict[str, float]:
+        """Step time of `width` tokens with the allreduce and with it replaced by a no-op."""
+        with_comm = self.steps.time_step(width, iters)
+        self.allreduce.enabled = False
+        try:
+            without = self.steps.time_step(width, iters)
+        finally:
+            self.allreduce.enabled = True
+        return {"ablation_step_ms": with_comm * 1e3, "compute_ms_per_step": without * 1e3,
+                "comm_ms_per_step": max(0.0, with_comm - without) * 1e3}
 
     def _first_token(self, logits: torch.Tensor, w: Workload, gen) -> VerifyResult:
         tok = int(logits.argmax()) if w.temperature <= 0 else sample(probs(logits, w.temperature), gen)
@@ -56,23 +76,29 @@ class Verifier:
         gen = torch.Generator().manual_seed(w.seed)
         stats, prompts = RunStats(), []
         counters = self.allreduce.counters
+        credit = 0.0
         for prompt in w.prompts:
             t_prompt = time.perf_counter()
             self.cache.reset()
-            logits = self.model(torch.tensor([prompt], device=self.device), self.cache)[0, -1]
+            logits = self.steps.prefill(list(prompt))
             res = self._broadcast(self._first_token(logits, w, gen) if self.rank == 0 else None)
             out, steps, accepted = list(res.tokens), 0, 0
             while not res.done:
                 t0 = time.perf_counter()
                 proposal = self.link.recv_proposal() if w.num_draft_tokens > 0 else Proposal(tokens=[])
                 drafted = proposal.tokens
+                if w.simulate_accept_len is not None:  # fixed step width: pad a short proposal
+                    drafted = drafted + [drafted[-1] if drafted else out[-1]] * (w.num_draft_tokens - len(drafted))
                 t1 = time.perf_counter()
                 calls0, comm0 = counters.calls, counters.seconds
                 base = self.cache.lengths[0]
-                logits = self.model(torch.tensor([[out[-1], *drafted]], device=self.device), self.cache)[0]
+                logits = self.steps.step([out[-1], *drafted])
                 mine = None
                 if self.rank == 0:
-                    n, new = verify(drafted, proposal.probs, logits, w.temperature, gen)
+                    if w.simulate_accept_len is not None:
+                        n, new, credit = self._simulated(drafted, w, logits, credit)
+                    else:
+                        n, new = verify(drafted, proposal.probs, logits, w.temperature, gen)
                     new, done = _finish(new, len(out), w)
                     mine = VerifyResult(accepted=n, tokens=new, done=done)
                 t2 = time.perf_counter()
@@ -93,9 +119,10 @@ class Verifier:
             stats.tokens += len(out)
             stats.seconds += seconds
             prompts.append(PromptResult(tokens=out, seconds=seconds, steps=steps, accepted=accepted))
+        split = self.comm_split(w.num_draft_tokens + 1, w.comm_ablation_iters) if w.comm_ablation_iters and self.allreduce.world_size > 1 else {}
         if self.rank != 0:
             return None
-        return RunResult(prompts=prompts, stats=stats, num_draft_tokens=w.num_draft_tokens)
+        return RunResult(prompts=prompts, stats=stats, num_draft_tokens=w.num_draft_tokens, ablation=split)
 
 
 def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:

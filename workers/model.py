@@ -85,15 +85,16 @@ class Attention(nn.Module):
     def n_kv_heads(self) -> int:
         return self.k_proj.out_features // self.head_dim
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, starts: list[int]):
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, pos):
+        """pos [B, T]: each token's position; keys/values are written there (index_copy_: graph-safe)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        for b, s in enumerate(starts):
-            k_cache[b, :, s : s + T] = k[b]
-            v_cache[b, :, s : s + T] = v[b]
+        for b in range(B):
+            k_cache[b].index_copy_(1, pos[b], k[b])
+            v_cache[b].index_copy_(1, pos[b], v[b])
         kv_len = mask.shape[-1]
         keys = k_cache[:, :, :kv_len].index_select(1, self.kv_map)
         values = v_cache[:, :, :kv_len].index_select(1, self.kv_map)
@@ -122,8 +123,8 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, starts):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, starts)
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, pos):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, pos)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -159,7 +160,8 @@ class Transformer(nn.Module):
         )
 
     def hidden(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Run the layers on `tokens` [B, T] appended at each sequence's cache length; advance the cache."""
+        """Run the layers on `tokens` [B, T] appended at each sequence's cache length; advance the cache.
+        Attention reads only the filled part of the cache (dynamic shapes: the eager path)."""
         B, T = tokens.shape
         starts = list(cache.lengths)
         kv_len = max(starts) + T
@@ -167,13 +169,21 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence length {kv_len} exceeds the cache ({min(cache.max_seq, self.max_seq)})")
         device = tokens.device
         pos = torch.tensor(starts, device=device)[:, None] + torch.arange(T, device=device)  # [B, T]
-        cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]  # [B, 1, T, D]
+        h = self.hidden_at(tokens, pos, cache, kv_len)
+        cache.lengths = [s + T for s in starts]
+        return h
+
+    def hidden_at(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int) -> torch.Tensor:
+        """The layers at explicit positions `pos` [B, T], attending to the first `kv_len` cache slots.
+        With kv_len = cache.max_seq every shape is static (what a CUDA graph captures); the caller
+        keeps `cache.lengths`."""
+        dtype = self.embed_tokens.weight.dtype  # tables are float32; applied in the model dtype, as HF does
+        cos, sin = self.rope_cos[pos][:, None].to(dtype), self.rope_sin[pos][:, None].to(dtype)  # [B, 1, T, D]
         # key j is visible to the query at position p iff j <= p (causal, and hides rolled-back entries)
-        mask = (torch.arange(kv_len, device=device)[None, None, :] <= pos[:, :, None])[:, None]
+        mask = (torch.arange(kv_len, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
         x = self.embed_tokens(tokens)
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            x = layer(x, cos, sin, mask, k_cache, v_cache, starts)
-        cache.lengths = [s + T for s in starts]
+            x = layer(x, cos, sin, mask, k_cache, v_cache, pos)
         return self.norm(x)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ class GangSpec:
     max_seq: int = 2048
     vocab_parallel: bool = False
     threads: int = 1  # torch intra-op threads per process
+    cuda_graphs: bool = True  # capture decode/verify steps as CUDA graphs (CUDA only)
 
     @property
     def has_drafter(self) -> bool:
@@ -48,6 +49,11 @@ class Workload:
     temperature: float = 0.0
     seed: int = 0
     eos_ids: tuple[int, ...] = ()
+    # engine speed apart from drafter quality: the verifier accepts exactly tau - 1 drafts per step
+    # (on average, for a fractional tau); the tokens are then meaningless, the timing is real
+    simulate_accept_len: float | None = None
+    # time one step with and without the allreduce at the end (compute vs communication split)
+    comm_ablation_iters: int = 0
 
 
 @dataclass
@@ -71,10 +77,17 @@ class RunResult:
     prompts: list[PromptResult]
     stats: RunStats
     num_draft_tokens: int
+    ablation: dict[str, float] = field(default_factory=dict)  # Verifier.comm_split of the step width
 
     @property
     def metrics(self) -> dict[str, float]:
-        return self.stats.metrics(self.num_draft_tokens)
+        m = self.stats.metrics(self.num_draft_tokens)
+        if self.ablation and m.get("step_ms_p50"):
+            # communication per step from the no-op ablation; its share of the measured step
+            m["comm_ms_counted"] = m.get("comm_ms_per_step", 0.0)
+            m.update(self.ablation)
+            m["comm_fraction"] = min(1.0, self.ablation["comm_ms_per_step"] / m["step_ms_p50"])
+        return m
 
     @classmethod
     def merge(cls, parts: list["RunResult"]) -> "RunResult":
@@ -83,4 +96,5 @@ class RunResult:
             stats.steps.extend(p.stats.steps)
             stats.tokens += p.stats.tokens
             stats.seconds += p.stats.seconds
-        return cls(prompts=[r for p in parts for r in p.prompts], stats=stats, num_draft_tokens=parts[0].num_draft_tokens)
+        return cls(prompts=[r for p in parts for r in p.prompts], stats=stats, num_draft_tokens=parts[0].num_draft_tokens,
+                   ablation=parts[-1].ablation)

@@ -80,23 +80,56 @@ class Worker:
         else:
             store = getattr(self, "_store", None) or dist.TCPStore(rdv.host, rdv.port, spec.world_size, is_master=False, timeout=timeout)
             dist.init_process_group("gloo", store=store, rank=self.rank, world_size=spec.world_size, timeout=timeout)
-        # every process joins every new_group call, members or not
-        tp_group = dist.new_group(list(range(spec.tp)), backend="gloo") if spec.has_drafter else dist.group.WORLD
-        device = torch.device(spec.device)
-        vocab = load_args(spec.model_path).vocab_size
+        device = self._device()
+        # every process joins every new_group call, members or not; the TP group carries the
+        # allreduces (NCCL on GPUs), the default group (gloo, CPU) the draft-link messages
+        tp_backend = "nccl" if device.type == "cuda" and spec.backend in ("nccl", "symm_mem") else "gloo"
+        tp_group = dist.new_group(list(range(spec.tp)), backend=tp_backend)
+        args = load_args(spec.model_path)
         drafter_rank = spec.tp if spec.has_drafter else None
-        self.link = DraftLink(dist.group.WORLD, self.rank, drafter_rank, MAX_DRAFT_TOKENS, vocab)
+        self.link = DraftLink(dist.group.WORLD, self.rank, drafter_rank, MAX_DRAFT_TOKENS, args.vocab_size)
+        dtype = DTYPES[spec.dtype]
         if self.is_drafter:
             self.drafter = build_drafter(spec, device)
         else:
-            gang = GangInfo(world_size=spec.tp, device_type=device.type)
-            allreduce = make_allreduce(spec.backend, tp_group, spec.tp, gang)
-            if spec.tp > 1 and (err := validate(allreduce, self.rank, device=device)):
-                raise WorkerError(err)
-            model = load_model(spec.model_path, dtype=DTYPES[spec.dtype], device=device, max_seq=spec.max_seq)
+            max_numel = (MAX_DRAFT_TOKENS + 1) * args.dim
+            gang = GangInfo(world_size=spec.tp, device_type=device.type, devices=self._tp_devices(),
+                            p2p_ok=self._p2p_ok(), max_message_bytes=max_numel * dtype.itemsize)
+            allreduce = make_allreduce(spec.backend, tp_group, spec.tp, gang if spec.tp > 1 else None)
+            if spec.tp > 1:
+                allreduce.setup(device, dtype, max_numel)
+                if err := validate(allreduce, self.rank, dtype=dtype, device=device):
+                    raise WorkerError(err)
+            model = load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq)
             model = shard(model, self.rank, spec.tp, allreduce, spec.vocab_parallel)
-            self.verifier = Verifier(model, allreduce, self.link, self.rank)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()  # the unsharded copy is gone
+            self.verifier = Verifier(model, allreduce, self.link, self.rank, graphs=spec.cuda_graphs)
         return {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0, "pid": os.getpid()}
+
+    def _device(self) -> torch.device:
+        if self.spec.device == "cpu":
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise WorkerError("parallel.device is cuda but this process sees no CUDA device")
+        # all GPUs visible (local gang): rank r takes GPU r; the drafter shares GPU 0 with rank 0.
+        # One visible GPU (Ray masks CUDA_VISIBLE_DEVICES per actor): that one.
+        n = torch.cuda.device_count()
+        index = 0 if self.is_drafter or n < self.spec.tp else self.rank
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+
+    def _tp_devices(self) -> tuple[int, ...]:
+        # one GPU per verifier rank by construction (local gang: GPU r; Ray: one GPU per bundle)
+        return tuple(range(self.spec.tp)) if self.spec.device == "cuda" else ()
+
+    def _p2p_ok(self) -> bool:
+        if self.spec.device == "cpu":
+            return False
+        n = torch.cuda.device_count()
+        if n < self.spec.tp:
+            return True  # one GPU visible: peers unknown here; symm_mem's rendezvous reports a failure
+        return all(torch.cuda.can_device_access_peer(i, j) for i in range(self.spec.tp) for j in range(self.spec.tp) if i != j)
 
     def run(self, workload: Workload) -> RunResult | None:
         if workload.num_draft_tokens > self.link.k:

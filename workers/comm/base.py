@@ -46,17 +46,21 @@ class AllReduce:
         self.group = group
         self.world_size = world_size
         self.counters = CommCounters()
+        self.enabled = True  # False: the compute-only ablation (partial sums pass through, results are thrown away)
 
     @classmethod
     def capability(cls, gang: GangInfo) -> str | None:
         """None when this backend can run on `gang`, else one line saying why not."""
         raise NotImplementedError
 
+    def setup(self, device: torch.device, dtype: torch.dtype, max_numel: int) -> None:
+        """Allocate what the backend needs for messages up to `max_numel` (collective where it must be)."""
+
     def _all_reduce(self, x: torch.Tensor) -> None:
         raise NotImplementedError
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world_size == 1:
+        if self.world_size == 1 or not self.enabled:
             return x
         self.counters.calls += 1
         self.counters.bytes += x.numel() * x.element_size()

@@ -15,17 +15,19 @@ import torch
 from workers.drafters.base import Drafter
 from workers.link import Proposal
 from workers.model import Transformer
+from workers.steps import StepRunner
 from workers.verify import probs as softmax_t
 
 
 class ModelDrafter(Drafter):
     kind = "draft_model"
 
-    def __init__(self, model: Transformer, kind: str | None = None):
+    def __init__(self, model: Transformer, kind: str | None = None, max_width: int = 17):
         self.model = model
         self.device = model.embed_tokens.weight.device
         self.begin(temperature=0.0, seed=0)
         self.cache = model.new_cache(1)
+        self.steps = StepRunner(model, self.cache, max_width, graphs=self.device.type == "cuda")
         self.fed: list[int] = []
         if kind:
             self.kind = kind
@@ -39,9 +41,8 @@ class ModelDrafter(Drafter):
         self.fed = []
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
-        x = torch.tensor([tokens], device=self.device)
         self.fed.extend(tokens)
-        return self.model(x, self.cache)[0, -1]
+        return self.steps.step(tokens)[-1]
 
     @torch.inference_mode()
     def propose(self, committed: list[int], k: int) -> Proposal:

@@ -1,0 +1,95 @@
+"""Decode / verify steps of one sequence on a model + KV cache, eager or as CUDA graphs.
+
+    runner = StepRunner(model, cache, max_width=k + 1, graphs=device.type == "cuda")
+    logits = runner.step([last, d1, d2])      # [T, vocab] float32; advances cache.lengths[0] by T
+    runner.prefill(prompt)                      # eager, any length
+
+On CUDA each step width T (1 .. max_width) is captured once as a CUDA graph over static buffers:
+token ids and positions are copied in, K/V are written at those positions (index_copy_), and
+attention reads the whole static cache under a position mask, so no shape depends on the
+sequence length. The graphs share one memory pool. A graph's allreduces (NCCL or symmetric
+memory) are captured with it; the allreduce object's `enabled` flag is part of the graph key, so
+the compute-only ablation replays its own graphs. The returned logits live in the graph's output
+buffer: consume them before the next step.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from workers.model import KVCache, Transformer
+
+
+class StepRunner:
+    def __init__(self, model: Transformer, cache: KVCache, max_width: int, graphs: bool, allreduce=None):
+        self.model, self.cache, self.max_width = model, cache, max_width
+        self.allreduce = allreduce
+        self.device = model.embed_tokens.weight.device
+        self.use_graphs = graphs and self.device.type == "cuda"
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+        if self.use_graphs:
+            self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory()
+            self._inputs = torch.zeros(2, max_width, dtype=torch.long, device=self.device)  # tokens, positions
+
+    def prefill(self, tokens: list[int]) -> torch.Tensor:
+        """Eager pass over a prompt (or anything longer than max_width): logits of the last token."""
+        return self.model(torch.tensor([tokens], device=self.device), self.cache)[0, -1]
+
+    def _comm_on(self) -> bool:
+        return bool(getattr(self.allreduce, "enabled", True))
+
+    def step(self, tokens: list[int]) -> torch.Tensor:
+        T = len(tokens)
+        if not self.use_graphs or T > self.max_width:
+            return self.model(torch.tensor([tokens], device=self.device), self.cache)[0]
+        start = self.cache.lengths[0]
+        if start + T > self.cache.max_seq:
+            raise ValueError(f"sequence length {start + T} exceeds the cache ({self.cache.max_seq})")
+        self._staging[0, :T] = torch.tensor(tokens)
+        self._staging[1, :T] = torch.arange(start, start + T)
+        self._inputs.copy_(self._staging, non_blocking=True)
+        key = (T, self._comm_on())
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(T)
+        graph, out = self.graphs[key]
+        graph.replay()
+        self.cache.lengths[0] = start + T
+        return out[0]
+
+    def _run_static(self, T: int) -> torch.Tensor:
+        tok, pos = self._inputs[0:1, :T], self._inputs[1:2, :T]
+        return self.model.logits(self.model.hidden_at(tok, pos, self.cache, self.cache.max_seq))
+
+    def _capture(self, T: int):
+        # Warm up on a side stream (lazy kernels, allocator), then capture. Every TP rank captures
+        # the same width at the same step (SPMD), so the collectives inside line up.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._run_static(T)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._run_static(T)
+        self._pool = graph.pool()
+        return graph, out
+
+    def time_step(self, width: int, iters: int) -> float:
+        """Median seconds of one step of `width` tokens at position 0 (scratch: the cache is reset
+        before the next prompt anyway). All TP ranks must call it together."""
+        times = []
+        for _ in range(iters + 2):
+            self.cache.lengths[0] = 0
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter()
+            self.step([1] * width)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - t0)
+        self.cache.lengths[0] = 0
+        times = sorted(times[2:])
+        return times[len(times) // 2]
