@@ -41,6 +41,12 @@ def _add_decode(sub) -> None:
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker process")
     p.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the k=0 baseline run")
     p.add_argument("--timeout", type=float, dest="timeout_s", default=d.timeout_s, help="seconds before a silent gang is torn down")
+    p.add_argument("--device", default=d.device, help="cpu or cuda (one GPU per TP rank)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bfloat16 on cuda)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run CUDA steps eagerly")
+    p.add_argument("--simulate-accept-len", type=float, default=None, help="accept exactly tau - 1 drafts per step (engine speed apart from drafter quality)")
+    p.add_argument("--ablation-iters", type=int, default=None, help="steps timed with and without the allreduce (comm_fraction)")
+    p.add_argument("--peer-baseline", action="store_true", help="also time transformers' generate (and assisted generation)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
     p.set_defaults(handler=_decode)
 
@@ -57,6 +63,40 @@ def _decode(ns: argparse.Namespace) -> int:
             if key in out:
                 print(f"{key:>28}: {out[key]:.4g}" if isinstance(out[key], float) else f"{key:>28}: {out[key]}")
     print(json.dumps(out, indent=None if ns.json else 1, sort_keys=False))
+    return 0
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench-allreduce", help="allreduce latency table per backend and NCCL environment")
+    p.add_argument("--backend", nargs="+", default=None, help="gloo | nccl | symm_mem (default: gloo on cpu, nccl symm_mem on cuda)")
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--sizes", default=None, help="comma list (8K,64K,1M); default: verify-step sizes for --hidden + 4K..8M")
+    p.add_argument("--hidden", type=int, default=4096, help="model width for the verify-step sizes")
+    p.add_argument("--dtype", default=None, help="default bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--iters", type=int, default=None, help="timed iterations per size (default 200 cuda, 20 cpu)")
+    p.add_argument("--nccl-env", action="append", default=[], help="one NCCL environment, e.g. NCCL_PROTO=LL,NCCL_ALGO=Ring (repeatable)")
+    p.add_argument("--plot", default=None, help="write a latency-vs-size PNG here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_bench)
+
+
+def _bench(ns: argparse.Namespace) -> int:
+    from orchestrator.bench import bench, latency_plot, parse_env, parse_size, step_sizes, table
+
+    dtype = ns.dtype or ("bfloat16" if ns.device == "cuda" else "float32")
+    itemsize = 2 if dtype in ("bfloat16", "float16") else 4
+    if ns.sizes:
+        sizes = [parse_size(x) for x in ns.sizes.split(",")]
+    else:
+        sizes = sorted(set(step_sizes(ns.hidden, itemsize=itemsize)) | {1 << p for p in range(12, 24)})
+    backends = ns.backend or (["nccl", "symm_mem"] if ns.device == "cuda" else ["gloo"])
+    iters = ns.iters or (200 if ns.device == "cuda" else 20)
+    rows = bench(backends, ns.tp, ns.device, sizes, dtype, iters, parse_env(ns.nccl_env),
+                 log=lambda m: print(m, file=sys.stderr, flush=True))
+    if ns.plot:
+        latency_plot(rows, ns.plot)
+    print(json.dumps(rows) if ns.json else table(rows))
     return 0
 
 
@@ -115,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_decode(sub)
     _add_experiment_commands(sub)
+    _add_bench(sub)
     return parser
 
 

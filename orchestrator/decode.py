@@ -20,6 +20,7 @@ from workers.comm import GangInfo, refusal
 from workers.drafters import KINDS
 from workers.link import MAX_DRAFT_TOKENS
 from workers.modelargs import check_tp
+from workers.random_models import is_random
 from workers.spec import DrafterSpec, GangSpec, RunResult, Workload
 
 
@@ -44,6 +45,12 @@ class DecodeOptions:
     threads: int = 1
     baseline: bool = True
     timeout_s: float = 1800.0
+    device: str = "cpu"
+    dtype: str | None = None  # default: bfloat16 on cuda, float32 on cpu
+    cuda_graphs: bool = True
+    simulate_accept_len: float | None = None
+    ablation_iters: int | None = None  # comm/compute split; default 10 on cpu, 50 on cuda (tp > 1)
+    peer_baseline: bool = False  # also time transformers' generate (and assisted generation with --draft-model)
 
 
 @dataclass
@@ -64,8 +71,17 @@ def plan(o: DecodeOptions) -> DecodePlan:
     path = resolve_model_path(o.model)
     args = load_args(path)
     check_tp(args, o.tp)
-    if why := refusal(o.backend, GangInfo(world_size=o.tp, device_type="cpu")):
+    if o.device not in ("cpu", "cuda"):
+        raise UserError(f"--device {o.device!r} must be cpu or cuda")
+    if o.tp > 1 and (why := refusal(o.backend, GangInfo(world_size=o.tp, device_type=o.device, p2p_ok=True))):
         raise UserError(f"--backend {o.backend}: {why}")
+    if o.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < 1:
+            raise UserError("--device cuda: this machine has no CUDA device")
+    if o.simulate_accept_len is not None and not 1 <= o.simulate_accept_len <= o.num_draft_tokens + 1:
+        raise UserError(f"--simulate-accept-len {o.simulate_accept_len} must be between 1 and k + 1 = {o.num_draft_tokens + 1}")
     if o.drafter not in KINDS:
         raise UserError(f"--drafter {o.drafter!r} is not one of {', '.join(KINDS)}")
     if not 0 <= o.num_draft_tokens <= MAX_DRAFT_TOKENS:
@@ -100,10 +116,11 @@ def plan(o: DecodeOptions) -> DecodePlan:
     if need > args.max_position_embeddings:
         raise UserError(f"longest prompt + max_new_tokens needs {need} positions, the model has {args.max_position_embeddings}")
     max_seq = min(args.max_position_embeddings, -(-need // 256) * 256)
-    eos = tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
+    eos = () if is_random(path) else tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
     gang = GangSpec(
         model_path=str(path), tp=o.tp, backend=o.backend, drafter=drafter, max_seq=max_seq,
-        vocab_parallel=o.vocab_parallel, threads=o.threads,
+        vocab_parallel=o.vocab_parallel, threads=o.threads, device=o.device, cuda_graphs=o.cuda_graphs,
+        dtype=o.dtype or ("bfloat16" if o.device == "cuda" else "float32"),
     )
     return DecodePlan(gang=gang, prompts=prompts, token_ids=ids, tokenizer=tok, eos_ids=eos)
 
@@ -139,14 +156,34 @@ def per_category(prompts: list[Prompt], result: RunResult) -> dict:
     }
 
 
+def peer(o: DecodeOptions, p: DecodePlan, base: RunResult) -> dict:
+    """transformers' generate on the same prompts (and assisted generation with the draft model)."""
+    import torch
+
+    from workers.peer import generate_throughput
+
+    dtype = getattr(torch, p.gang.dtype)
+    device = "cuda:0" if o.device == "cuda" else "cpu"
+    prompts = [list(s) for s in p.token_ids]
+    log("peer baseline: transformers generate ...")
+    out = generate_throughput(p.gang.model_path, prompts, o.max_new_tokens, dtype, device)
+    out["baseline_vs_hf_generate"] = base.metrics["throughput_tok_s"] / out["hf_generate_tok_s"]
+    if p.gang.drafter.kind == "draft_model":
+        log("peer baseline: transformers assisted generation ...")
+        out.update(generate_throughput(p.gang.model_path, prompts, o.max_new_tokens, dtype, device, p.gang.drafter.model_path))
+    return out
+
+
 def decode(o: DecodeOptions, gang_factory=None) -> dict:
     from workers.local_gang import LocalGang
 
     p = plan(o)
     make = gang_factory or (lambda spec: LocalGang(spec, timeout_s=o.timeout_s))
+    ablation = o.ablation_iters if o.ablation_iters is not None else (50 if o.device == "cuda" else 5)
     workload = Workload(
         prompts=p.token_ids, max_new_tokens=o.max_new_tokens, num_draft_tokens=o.num_draft_tokens,
-        temperature=o.temperature, seed=o.seed, eos_ids=p.eos_ids,
+        temperature=o.temperature, seed=o.seed, eos_ids=p.eos_ids, simulate_accept_len=o.simulate_accept_len,
+        comm_ablation_iters=ablation if o.tp > 1 else 0,
     )
     n_tokens = sum(len(s) for s in p.token_ids)
     log(f"{len(p.prompts)} prompts ({n_tokens} prompt tokens), model {p.gang.model_path}, tp={o.tp}, drafter={o.drafter}, k={o.num_draft_tokens}")
@@ -159,7 +196,7 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
         gang.run(warm)
         base = None
         if o.baseline and o.num_draft_tokens > 0:
-            base = gang.run(Workload(**{**workload.__dict__, "num_draft_tokens": 0}))
+            base = gang.run(Workload(**{**workload.__dict__, "num_draft_tokens": 0, "simulate_accept_len": None}))
             log(f"baseline (k=0): {base.metrics['throughput_tok_s']:.1f} tok/s")
         spec = gang.run(workload)
         log(f"k={o.num_draft_tokens}: {spec.metrics['throughput_tok_s']:.1f} tok/s, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}")
@@ -169,10 +206,12 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
     if base is not None:
         out["speedup_vs_baseline"] = spec.metrics["throughput_tok_s"] / base.metrics["throughput_tok_s"]
         out["baseline_throughput_tok_s"] = base.metrics["throughput_tok_s"]
-        if o.temperature == 0:
+        if o.temperature == 0 and o.simulate_accept_len is None:
             matches = [a.tokens == b.tokens for a, b in zip(spec.prompts, base.prompts)]
             out["outputs_match_baseline"] = int(all(matches))
             out["prompts_matching_baseline"] = sum(matches)
+    if o.peer_baseline:
+        out.update(peer(o, p, base or spec))
     out["per_category"] = per_category(p.prompts, spec)
     out["median_prompt_accept_len"] = statistics.median(r.accept_len for r in spec.prompts)
     out["sample_output"] = p.tokenizer.decode(spec.prompts[0].tokens)
