@@ -50,10 +50,11 @@ case "$cmd" in
   start)
     mkdir -p "$STATE/mlartifacts"
     [ -f "$STATE/pids" ] && stop_all
-    ray_port=$(free_port); dash_port=$(free_port); mlflow_port=$(free_port); optuna_port=$(free_port)
+    ray_port=$(free_port); dash_port=$(free_port); agent_port=$(free_port); mlflow_port=$(free_port); optuna_port=$(free_port)
     ray_tmp=$(mktemp -d /tmp/spectune-ray-XXXX)  # short: Ray's unix socket paths must stay < 108 bytes
     start_group ray "$BIN/ray" start --head --block --node-ip-address 127.0.0.1 --port "$ray_port" \
       --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port "$dash_port" \
+      --dashboard-agent-listen-port "$agent_port" \
       --num-cpus "${SPECTUNE_RAY_CPUS:-$(nproc)}" --disable-usage-stats --temp-dir "$ray_tmp"
     start_group mlflow "$BIN/mlflow" server --host 127.0.0.1 --port "$mlflow_port" --workers 1 \
       --backend-store-uri "sqlite:///$STATE/mlflow.db" --artifacts-destination "$STATE/mlartifacts"
@@ -68,6 +69,8 @@ export SPECTUNE_STORAGE=sqlite:///$STATE/optuna.db
 export OPTUNA_DASHBOARD_URL=http://127.0.0.1:$optuna_port
 ENV
     wait_http "http://127.0.0.1:$dash_port/api/version" 120 ray
+    # jobs are handed to the head node's dashboard agent: a submit before it listens is refused
+    wait_http "http://127.0.0.1:$agent_port/api/local_raylet_healthz" 120 ray
     wait_http "http://127.0.0.1:$mlflow_port/health" 120 mlflow
     wait_http "http://127.0.0.1:$optuna_port/" 60 optuna-dashboard
     echo "spectune: services up (state in $STATE):"

@@ -15,7 +15,7 @@ import multiprocessing as mp
 import os
 import tempfile
 
-from orchestrator.config import NVLS_OFF_ENV, _refuse_nvls
+from orchestrator.envpolicy import NVLS_OFF_ENV, refuse_nvls
 from orchestrator.errors import UserError
 from workers.comm import BACKENDS, GangInfo, refusal
 
@@ -44,7 +44,7 @@ def parse_env(items: list[str]) -> list[dict[str, str]]:
             if not sep or not key.startswith("NCCL_"):
                 raise UserError(f"--nccl-env {item!r}: expected NCCL_NAME=value[,NCCL_OTHER=value]")
             try:
-                _refuse_nvls(key, value)
+                refuse_nvls(key, value)
             except ValueError as e:
                 raise UserError(f"--nccl-env {e}") from None
             env[key] = value

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from orchestrator.config import NVLS_OFF_ENV
+from orchestrator.envpolicy import NVLS_OFF_ENV
 from orchestrator.errors import UserError
 from workers.local_gang import GangError
 from workers.spec import GangSpec, RunResult, Workload
@@ -54,13 +54,15 @@ def connect(num_cpus: int | None = None) -> str:
     return f"embedded local ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
 
 
-def check_capacity(spec: GangSpec, res: Resources) -> None:
-    """Fail fast, before anything launches, when no node can hold the gang."""
-    import ray
-
+def check_capacity(spec: GangSpec, res: Resources, nodes: list[dict] | None = None) -> None:
+    """Fail fast, before anything launches, when no node can hold the gang. `nodes`: each node's
+    resources (default: the live nodes of the connected Ray cluster)."""
     need_cpu = spec.world_size * res.cpus_per_worker
     need_gpu = spec.tp if spec.device == "cuda" else 0
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if nodes is None:
+        import ray
+
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     if any(n.get("CPU", 0) >= need_cpu - 1e-9 and n.get("GPU", 0) >= need_gpu for n in nodes):
         return
     have = ", ".join(f"{n.get('CPU', 0):g} CPU/{n.get('GPU', 0):g} GPU" for n in nodes) or "no live nodes"
@@ -138,8 +140,10 @@ class RayGang:
         rdv = Rendezvous(host="127.0.0.1", port=port)  # STRICT_PACK: every rank is on rank 0's node
         return self._gather([a.setup.remote(rdv, self.res.setup_timeout_s) for a in self.actors], self.res.setup_timeout_s, "setup")
 
-    def run(self, workload: Workload) -> RunResult:
-        return self._gather([a.run.remote(workload) for a in self.actors], self.res.call_timeout_s, "run")[0]
+    def run(self, workload: Workload, timeout_s: float | None = None) -> RunResult:
+        """Decode `workload` on every rank; `timeout_s` (default: the per-call limit) bounds the call."""
+        limit = self.res.call_timeout_s if timeout_s is None else max(0.0, timeout_s)
+        return self._gather([a.run.remote(workload) for a in self.actors], limit, "run")[0]
 
     def pids(self) -> list[int]:
         return self._gather([a.pid.remote() for a in self.actors], 60, "pid")

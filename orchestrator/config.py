@@ -18,11 +18,10 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from orchestrator.envpolicy import NVLS_OFF_ENV, refuse_nvls  # noqa: F401 - NVLS_OFF_ENV re-exported
 from orchestrator.errors import UserError
 
 NCCL_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")
-# NVLink multicast (NVLS) must stay off on the machines this runs on: never searchable
-NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SEARCHABLE = ("spec.num_draft_tokens", "drafter.kind", "drafter.layers", "drafter.ngram_max", "drafter.model_path",
               "comm.backend", "parallel.tp")
 
@@ -61,7 +60,7 @@ class ParallelSection(_Section):
         for k, v in env.items():
             if not NCCL_VAR.match(k):
                 raise ValueError(f"{k!r} is not an NCCL_* variable")
-            _refuse_nvls(k, v)
+            refuse_nvls(k, v)
         return env
 
 
@@ -115,7 +114,7 @@ class SearchSection(_Section):
                 if not NCCL_VAR.match(var):
                     raise ValueError(f"space.{name}: {var!r} is not an NCCL_* variable")
                 for v in _values(p):
-                    _refuse_nvls(var, v)
+                    refuse_nvls(var, v)
             elif name not in SEARCHABLE:
                 raise ValueError(f"space.{name}: unknown parameter (searchable: {', '.join(SEARCHABLE)}, nccl.NCCL_*)")
             if isinstance(p, (IntParam, FloatParam)) and p.low > p.high:
@@ -177,13 +176,6 @@ def _values(p) -> list:
     return [p]
 
 
-def _refuse_nvls(var: str, value: Any) -> None:
-    if "NVLS" in var.upper():
-        raise ValueError(f"{var}: NVLS / NVLink multicast must stay off and is refused in any space")
-    if "NVLS" in str(value).upper():
-        raise ValueError(f"{var}={value}: NVLS / NVLink multicast must stay off and is refused in any space")
-
-
 # ------------------------------------------------------------------------------- loading
 def spectune_home() -> Path:
     return Path(os.environ.get("SPECTUNE_HOME", Path.home() / ".spectune"))
@@ -213,6 +205,12 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+def _flat(msg: str, limit: int = 500) -> str:
+    """One line, whatever the YAML held (keys and values can contain newlines)."""
+    msg = " ".join(msg.split())
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
 def _one_line(e: ValidationError) -> str:
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith(("function-", "union[", "tagged-union")))
@@ -233,7 +231,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        raise UserError(_flat(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})")) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -242,7 +240,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as e:
-        raise UserError(f"{path}: {_one_line(e)}") from None
+        raise UserError(_flat(f"{path}: {_one_line(e)}")) from None
 
 
 def json_schema() -> dict:

@@ -7,6 +7,9 @@ crashes never lose a finished trial, and the interrupted one is retried with the
 """
 from __future__ import annotations
 
+import contextlib
+import datetime
+import hashlib
 import os
 import signal
 import socket
@@ -14,37 +17,60 @@ import sys
 import time
 import warnings
 
-from orchestrator.cluster import GangPool, Resources, connect
+from orchestrator.cluster import GangPool, PlacementError, Resources, check_capacity, connect
 from orchestrator.config import ExperimentConfig, spectune_home
+from orchestrator.drivers import DriverRecord, reap_dead
 from orchestrator.errors import UserError
 from orchestrator.progress import Progress
-from orchestrator.space import baseline_params, grid_space, suggest
+from orchestrator.space import baseline_params, candidates, grid_space
 from orchestrator.tracking import Tracker, resolve_uri
 from orchestrator.trial import TrialOutcome, run_trial
 from orchestrator.validate import check_experiment
+from workers.spec import DrafterSpec, GangSpec
 
 DRIVER_ATTR = "spectune.driver"  # host:pid of the driver running the trial
 HEARTBEAT_ATTR = "spectune.heartbeat"  # unix time, refreshed after every prompt
 
 
 def make_storage(cfg: ExperimentConfig):
+    """The Optuna storage, opened (and its tables created) before anything else is written:
+    a storage that cannot be used is one line and exit 2, with no MLflow run, no Ray, no files elsewhere."""
     import optuna
 
     url = cfg.study.storage or f"sqlite:///{spectune_home() / 'optuna.db'}"
+    kwargs: dict = {"pool_pre_ping": True}
     if url.startswith("sqlite:///"):
-        path = url.removeprefix("sqlite:///")
+        path = os.path.expanduser(url.removeprefix("sqlite:///"))
+        url = f"sqlite:///{path}"
         folder = os.path.dirname(os.path.abspath(path)) or "."
         try:
             os.makedirs(folder, exist_ok=True)
+        except FileExistsError:
+            raise UserError(f"study.storage: {folder} is not a directory") from None
         except OSError as e:
             raise UserError(f"study.storage: cannot create {folder} ({e.strerror})") from None
         if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
             raise UserError(f"study.storage: {path} is not writable")
+        kwargs = {"connect_args": {"timeout": 60}}
+    elif url.startswith(("postgresql", "mysql")):
+        kwargs["connect_args"] = {"connect_timeout": 10}  # an unreachable host fails in seconds, not minutes
     try:
-        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs), url
+    except ImportError as e:  # optuna wraps the driver's ModuleNotFoundError
+        missing = next((x.name for x in (e, e.__cause__, e.__context__) if isinstance(x, ModuleNotFoundError)), None)
+        hint = {"psycopg": "pip install 'psycopg[binary]'", "psycopg2": "pip install psycopg2-binary", "pymysql": "pip install pymysql"}
+        raise UserError(f"study.storage: {_redact(url)} needs the database driver {missing or 'module'!r}, which is not installed "
+                        f"({hint.get(missing or '', 'install the driver SQLAlchemy names for this URL')})") from None
     except Exception as e:  # noqa: BLE001 - any driver error: one line naming the storage
-        raise UserError(f"study.storage: cannot open {url!r} ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        msg = " ".join(str(e).split())[:200]
+        raise UserError(f"study.storage: cannot open {_redact(url)} ({type(e).__name__}: {msg})") from None
+
+
+def _redact(url: str) -> str:
+    """The URL without its password."""
+    import re
+
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
 def make_sampler(cfg: ExperimentConfig):
@@ -86,28 +112,38 @@ def _alive_here(driver: str) -> bool:
 
 def recover_stale(study, tracker: Tracker, stale_after_s: float, log) -> int:
     """Fail trials left RUNNING by a dead driver, mark their MLflow runs FAILED, retry their params."""
-    import optuna
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     recovered = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         driver = t.system_attrs.get(DRIVER_ATTR) or t.user_attrs.get(DRIVER_ATTR, "")
-        beat = float(t.user_attrs.get(HEARTBEAT_ATTR, 0) or 0)
-        if driver and _alive_here(driver) and time.time() - beat < stale_after_s:
+        if not _stale(t, stale_after_s):
             continue  # a live driver (another `spectune run`) is still on it
+        reason = f"driver {driver or 'unknown'} died mid-trial"
         try:
+            study._storage.set_trial_user_attr(t._trial_id, "spectune.fail_reason", reason)
             study.tell(t.number, state=TrialState.FAIL)
-        except (RuntimeError, ValueError):
+        except (RuntimeError, ValueError, UpdateFinishedTrialError):
             continue  # someone else finished or recovered it first
         study.set_user_attr(f"recovered.{t.number}", f"driver {driver or '?'} died; params retried")
-        storage = study._storage
-        storage.set_trial_user_attr(t._trial_id, "spectune.fail_reason", f"driver {driver or 'unknown'} died mid-trial")
         if run_id := t.user_attrs.get("mlflow_run_id"):
-            tracker.finish_trial(run_id, "FAIL", f"driver {driver or 'unknown'} died mid-trial")
-        study.enqueue_trial(t.params, user_attrs={"spectune.retry_of": t.number}, skip_if_exists=False)
+            tracker.finish_trial(run_id, "FAIL", reason)
+        params = t.system_attrs.get("fixed_params") or t.params
+        study.enqueue_trial(params, user_attrs={"spectune.retry_of": t.number}, skip_if_exists=False)
         recovered += 1
         log(f"spectune: trial {t.number} was left RUNNING by dead driver {driver or '?'}: marked FAIL, params re-enqueued")
     return recovered
+
+
+def _stale(t, stale_after_s: float) -> bool:
+    """A RUNNING trial whose driver is dead (same host: its pid is gone) or silent for too long."""
+    driver = t.system_attrs.get(DRIVER_ATTR) or t.user_attrs.get(DRIVER_ATTR, "")
+    if not driver:  # just asked by a driver that has not tagged it yet, or one killed right then
+        started = t.datetime_start or datetime.datetime.now()
+        return (datetime.datetime.now() - started).total_seconds() > stale_after_s
+    beat = float(t.user_attrs.get(HEARTBEAT_ATTR, 0) or 0)
+    return not (_alive_here(driver) and time.time() - beat < stale_after_s)
 
 
 def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
@@ -125,56 +161,151 @@ def count(study, *states) -> int:
     return len(study.get_trials(deepcopy=False, states=states))
 
 
+@contextlib.contextmanager
+def study_lock(home, cfg: ExperimentConfig, storage_url: str):
+    """Drivers of one study on this host take turns at start-up (parent run, recovery, baseline)."""
+    import fcntl
+
+    folder = home / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(f"{storage_url}\0{cfg.study_name}".encode()).hexdigest()[:16]
+    with open(folder / f"{key}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _live_running(study, stale_after_s: float, below: int | None = None) -> list:
+    from optuna.trial import TrialState
+
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if (below is None or t.number < below) and not _stale(t, stale_after_s)]
+
+
+def _release_surplus(study, trial) -> None:
+    """Another driver took the last open slot between our count and our ask: give the trial back
+    (FAIL, never run, no MLflow run) and put enqueued params (a baseline, a retry) back in the queue."""
+    from optuna.trial import TrialState
+
+    frozen = study._storage.get_trial(trial._trial_id)
+    trial.set_user_attr("spectune.fail_reason", "surplus: other drivers already hold the last open slots; not run")
+    study.tell(trial, state=TrialState.FAIL)
+    if fixed := frozen.system_attrs.get("fixed_params"):
+        attrs = {k: v for k, v in frozen.user_attrs.items() if k in ("spectune.baseline", "spectune.retry_of")}
+        study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)
+
+
+def check_gang_fits(cfg: ExperimentConfig, nodes: list[dict]) -> None:
+    """The largest gang the space can ask for against the nodes on offer, before anything launches."""
+    tps = [t for t in candidates(cfg, "parallel.tp") if isinstance(t, int)] or [cfg.parallel.tp]
+    kinds = candidates(cfg, "drafter.kind")
+    drafter = cfg.drafter.kind != "none" or any(k and k != "none" for k in kinds)
+    for tp in sorted(set(tps), reverse=True):
+        spec = GangSpec(model_path="", tp=tp, device=cfg.parallel.device, drafter=DrafterSpec(kind="ngram" if drafter else "none"))
+        try:
+            check_capacity(spec, Resources(cfg.parallel.cpus_per_worker), nodes)
+        except PlacementError as e:
+            field = "search.space.parallel.tp" if "parallel.tp" in cfg.search.space else "parallel.tp"
+            raise PlacementError(f"{field}: {e}") from None
+
+
+def _local_nodes() -> list[dict]:
+    """What an embedded local Ray will offer: this machine's CPUs and CUDA devices."""
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001
+        pass
+    return [{"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}]
+
+
 def run_study(cfg: ExperimentConfig, log=None) -> dict:
     import optuna
+    import ray
     from optuna.trial import TrialState
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Some regimes for parameter")
-    prepared = check_experiment(cfg)  # every input checked before anything launches
+    # every input is checked before anything launches or is written: YAML, model, prompts, storage, resources
+    prepared = check_experiment(cfg)
     home = spectune_home()
-    storage = make_storage(cfg)
-    tracker = Tracker(resolve_uri(cfg.tracking.uri, home), cfg.experiment_name, cfg.study_name, home)
-    study = optuna.create_study(
-        study_name=cfg.study_name, storage=storage, direction="maximize", sampler=make_sampler(cfg),
-        pruner=make_pruner(cfg), load_if_exists=True,
-    )
-    study.set_user_attr("mlflow_parent_run_id", tracker.parent_run_id)
-    recover_stale(study, tracker, cfg.limits.trial_timeout_s + 120, log)
-    _ensure_baseline(study, cfg)
-    n_goal, max_failed = cfg.study.n_trials, cfg.study.max_failed_trials if cfg.study.max_failed_trials is not None else cfg.study.n_trials
-    progress = Progress(study, n_goal, log)
-    where = connect()
-    log(f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
-        f"MLflow {tracker.uri} run {tracker.parent_run_id}")
-    res = Resources(cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s)
-    pool = GangPool(res, log)
-    failed_here = 0
-    me = f"{socket.gethostname()}:{os.getpid()}"
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    status = "FINISHED"
+    embedded = not os.environ.get("RAY_ADDRESS") and not ray.is_initialized()
+    if embedded:
+        check_gang_fits(cfg, _local_nodes())
+    storage, storage_url = make_storage(cfg)
+    record = DriverRecord(home) if embedded else None
+    stale_after = cfg.limits.trial_timeout_s + 120
+    pool, tracker, progress, status = None, None, None, "KILLED"
     try:
-        while count(study, TrialState.COMPLETE) < n_goal:
-            if failed_here > max_failed:
-                raise UserError(f"study: {failed_here} trials failed in this run (limit study.max_failed_trials={max_failed}); see the MLflow runs' spectune.reason")
-            trial = study.ask()
-            trial.set_user_attr(DRIVER_ATTR, me)
-            trial.set_user_attr(HEARTBEAT_ATTR, time.time())
-            outcome: TrialOutcome = run_trial(study, trial, cfg, prepared, pool, tracker, HEARTBEAT_ATTR)
-            failed_here += outcome.state == "FAIL"
-            progress.trial_done(trial.number, outcome)
-    except KeyboardInterrupt:
-        status = "KILLED"
-        log("spectune: interrupted; finished trials are saved, run the same command to resume")
-        raise
+        if record is not None:
+            reap_dead(home, log)
+            record.start(os.environ.get("SPECTUNE_RAY_TMPDIR"))
+        where = connect()
+        check_gang_fits(cfg, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        study = optuna.create_study(
+            study_name=cfg.study_name, storage=storage, direction="maximize", sampler=make_sampler(cfg),
+            pruner=make_pruner(cfg), load_if_exists=True,
+        )
+        with study_lock(home, cfg, storage_url):
+            tracker = Tracker(resolve_uri(cfg.tracking.uri, home), cfg.experiment_name, cfg.study_name, home, study=study)
+            recover_stale(study, tracker, stale_after, log)
+            _ensure_baseline(study, cfg)
+        n_goal = cfg.study.n_trials
+        max_failed = cfg.study.max_failed_trials if cfg.study.max_failed_trials is not None else n_goal
+        progress = Progress(study, n_goal, log)
+        log(f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
+            f"MLflow {tracker.uri} run {tracker.parent_run_id}")
+        res = Resources(cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s)
+        pool = GangPool(res, log)
+        failed_here, waiting = 0, False
+        me = f"{socket.gethostname()}:{os.getpid()}"
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            while (done := count(study, TrialState.COMPLETE)) < n_goal:
+                if failed_here > max_failed:
+                    raise UserError(f"study: {failed_here} trials failed in this run (limit study.max_failed_trials={max_failed}); see the MLflow runs' spectune.reason")
+                if done + len(_live_running(study, stale_after)) >= n_goal:
+                    # other drivers hold the open slots: wait; one of their trials may still fail
+                    if not waiting:
+                        log("spectune: the remaining trials are running in other drivers; waiting for them")
+                    waiting = True
+                    pool.close()
+                    time.sleep(1.0)
+                    recover_stale(study, tracker, stale_after, log)
+                    continue
+                waiting = False
+                trial = study.ask()
+                trial.set_user_attr(DRIVER_ATTR, me)
+                trial.set_user_attr(HEARTBEAT_ATTR, time.time())
+                if count(study, TrialState.COMPLETE) + len(_live_running(study, stale_after, below=trial.number)) >= n_goal:
+                    _release_surplus(study, trial)
+                    continue
+                outcome: TrialOutcome = run_trial(study, trial, cfg, prepared, pool, tracker, HEARTBEAT_ATTR)
+                failed_here += outcome.state == "FAIL"
+                progress.trial_done(trial.number, outcome)
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            log("spectune: interrupted; finished trials are saved, run the same command to resume")
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        pool.close()
-        tracker.log_metrics(tracker.parent_run_id, {"gangs_launched_last_run": pool.launched})
-        summary = progress.finish(tracker, status)
-        summary["gangs_launched"] = pool.launched
+        launched = pool.launched if pool is not None else 0
+        if pool is not None:
+            pool.close()
+        if record is not None:
+            ray.shutdown()
+            record.close()
+        if tracker is not None and progress is not None:
+            tracker.log_metrics(tracker.parent_run_id, {"gangs_launched_last_run": launched})
+            summary = progress.finish(tracker, status)
+            summary["gangs_launched"] = launched
     return summary
 
 

@@ -20,6 +20,7 @@ STUDY_TAG = "spectune.study"
 TRIAL_TAG = "spectune.trial"
 STATE_TAG = "spectune.state"
 PARENT_TAG = "mlflow.parentRunId"
+PARENT_ATTR = "mlflow_parent_run_id"  # the Optuna study's user attr naming the parent run
 
 
 def resolve_uri(configured: str | None, home: Path) -> str:
@@ -32,7 +33,7 @@ def resolve_uri(configured: str | None, home: Path) -> str:
 
 
 class Tracker:
-    def __init__(self, uri: str, experiment: str, study_name: str, home: Path):
+    def __init__(self, uri: str, experiment: str, study_name: str, home: Path, study=None):
         import logging
 
         from mlflow.tracking import MlflowClient
@@ -52,24 +53,44 @@ class Tracker:
                 self.experiment_id = self.client.get_experiment_by_name(experiment).experiment_id
         else:
             self.experiment_id = exp.experiment_id
-        self.parent_run_id = self._parent()
+        self.parent_run_id = self._parent(study)
+        if study is not None:
+            study.set_user_attr(PARENT_ATTR, self.parent_run_id)
 
-    def _parent(self) -> str:
-        """The study's parent run: found by tag (a resumed study continues under it) or created."""
+    def _parents(self) -> list:
         runs = self.client.search_runs(
             [self.experiment_id],
             filter_string=f"tags.`{STUDY_TAG}` = '{self.study_name}' and tags.`spectune.role` = 'study'",
-            order_by=["attributes.start_time ASC"],
+            max_results=100,
         )
-        if runs:
-            run_id = runs[0].info.run_id
-            self.client.update_run(run_id, status="RUNNING")
-            return run_id
-        run = self.client.create_run(
+        return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+
+    def _parent(self, study) -> str:
+        """The study's one parent run. The Optuna study records its id (user attr
+        `mlflow_parent_run_id`), so every driver of the study, on any host, continues under the same
+        run. Without a record: the earliest run tagged for the study, else a new one. A new run is
+        checked after creation: if another driver created one first, ours is deleted and theirs used.
+        (Drivers on one host also take a lock around this, see study.study_lock.)"""
+        known = study.user_attrs.get(PARENT_ATTR) if study is not None else None
+        if known:
+            try:
+                run = self.client.get_run(known)
+                if run.info.lifecycle_stage == "active" and run.info.experiment_id == self.experiment_id:
+                    self.client.update_run(known, status="RUNNING")
+                    return known
+            except Exception:  # noqa: BLE001 - deleted, or another tracking store: find or create below
+                pass
+        if runs := self._parents():
+            self.client.update_run(runs[0].info.run_id, status="RUNNING")
+            return runs[0].info.run_id
+        mine = self.client.create_run(
             self.experiment_id, run_name=self.study_name,
             tags={STUDY_TAG: self.study_name, "spectune.role": "study"},
-        )
-        return run.info.run_id
+        ).info.run_id
+        first = self._parents()[0].info.run_id
+        if first != mine:
+            self.client.delete_run(mine)
+        return first
 
     def trial_runs(self) -> list:
         return self.client.search_runs(

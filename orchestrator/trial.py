@@ -69,10 +69,14 @@ def _acceptance_plot(metrics: dict, k: int, out: Path) -> Path | None:
 
 
 def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr) -> tuple[RunResult | None, bool]:
-    """Run prompt by prompt; returns (merged result, pruned?)."""
+    """Run prompt by prompt within limits.trial_timeout_s in all; returns (merged result, pruned?)."""
     parts: list[RunResult] = []
+    deadline = time.monotonic() + cfg.limits.trial_timeout_s
     for i, prompt in enumerate(prepared.token_ids):
-        parts.append(gang.run(prepared.workload(cfg, tc, (prompt,))))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GangError(f"run: the trial's decode did not finish within limits.trial_timeout_s={cfg.limits.trial_timeout_s:g}s")
+        parts.append(gang.run(prepared.workload(cfg, tc, (prompt,)), timeout_s=left))
         trial.report(RunResult.merge(parts).metrics["throughput_tok_s"], i)
         trial.set_user_attr(heartbeat_attr, time.time())
         if trial.should_prune():

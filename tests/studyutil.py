@@ -86,3 +86,71 @@ def mlflow_runs(uri: str, experiment: str):
     parents = [r for r in runs if r.data.tags.get("spectune.role") == "study"]
     trials = [r for r in runs if "spectune.trial" in r.data.tags]
     return parents, trials
+
+
+def processes_with_env(var: str, value: str) -> list[str]:
+    """Live processes (zombies excluded) whose environment has var=value: catches Ray workers and
+    agents too, which rename themselves (`ray::Worker`) and no longer mention the Ray temp dir."""
+    out, needle = [], f"{var}={value}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if needle not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                continue
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        out.append(f"{pid}: {cmd[:160]}")
+    return out
+
+
+TAG_VAR = "SPECTUNE_TEST_TAG"  # every process a test's driver starts inherits it: the leak check's handle
+
+
+def start_spectune(args: list[str], home: Path, tag: str, env: dict | None = None) -> subprocess.Popen:
+    """`spectune` in the background (embedded local Ray), its processes tagged with `tag`."""
+    ray_tmp = tempfile.mkdtemp(prefix="st-ray-", dir="/tmp")
+    full_env = {**os.environ, "SPECTUNE_HOME": str(home), "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled",
+                TAG_VAR: tag, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("RAY_ADDRESS", None)
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=full_env)
+    p.ray_tmp = ray_tmp
+    return p
+
+
+def wait_until_gone(tag: str, timeout: float = 60.0) -> tuple[float, list[str]]:
+    """Seconds until no process carries the tag (or the timeout), and what is left then."""
+    import time
+
+    t0 = time.monotonic()
+    while (left := processes_with_env(TAG_VAR, tag)) and time.monotonic() - t0 < timeout:
+        time.sleep(0.1)
+    return time.monotonic() - t0, left
+
+
+def ray_workers(tag: str) -> list[int]:
+    """PIDs of the live gang actors (`ray::Worker...`) a tagged driver started."""
+    return [int(line.split(":")[0]) for line in processes_with_env(TAG_VAR, tag) if "ray::Worker" in line]
+
+
+def sql(db: Path, query: str, *args) -> list[tuple]:
+    """A read-only look into the Optuna SQLite file while a driver writes to it; [] while the
+    driver has not created its tables yet (callers poll)."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    except sqlite3.OperationalError:
+        return []
+    try:
+        return con.execute(query, args).fetchall()
+    except sqlite3.OperationalError as e:
+        if "no such table" in str(e):
+            return []
+        raise
+    finally:
+        con.close()

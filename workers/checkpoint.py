@@ -90,9 +90,9 @@ def load_model(
             raise ModelConfigError(f"draft layers {n_layers} must be between 1 and the model's {args.n_layers} layers")
         args = args.with_layers(n_layers)
     with torch.device("meta"):
-        model = Transformer(args, max_seq=max_seq)
+        model = Transformer(args, max_seq=max_seq).to(dtype)  # on meta: allocate once, in the target dtype
     if is_random(path):
-        model = model.to_empty(device=device).to(dtype)
+        model = model.to_empty(device=device)
         if args.tie_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
         init_random_(model)

@@ -75,6 +75,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(args.n_heads * hd, d, bias=False)
         group = args.n_heads // args.n_kv_heads
         self.register_buffer("kv_map", torch.arange(args.n_heads) // group, persistent=False)
+        # > 0 when local query head h reads local KV head h // gqa_group (contiguous, equal groups):
+        # SDPA then reads K/V unexpanded (enable_gqa); 0 = an uneven split, expand with kv_map
+        self.gqa_group = group
         self.reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
 
     @property
@@ -96,9 +99,13 @@ class Attention(nn.Module):
             k_cache[b].index_copy_(1, pos[b], k[b])
             v_cache[b].index_copy_(1, pos[b], v[b])
         kv_len = mask.shape[-1]
-        keys = k_cache[:, :, :kv_len].index_select(1, self.kv_map)
-        values = v_cache[:, :, :kv_len].index_select(1, self.kv_map)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
+        if self.gqa_group == 1:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        elif self.gqa_group > 1:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, keys.index_select(1, self.kv_map), values.index_select(1, self.kv_map), attn_mask=mask)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.reduce(self.o_proj(out))
 

@@ -57,6 +57,8 @@ def shard(model: Transformer, rank: int, world: int, allreduce, vocab_parallel: 
         _slice_linear(attn.v_proj, 0, kv0 * hd, kv1 * hd)
         _slice_linear(attn.o_proj, 1, q0 * hd, q1 * hd)
         attn.kv_map = torch.arange(q0, q1, device=attn.kv_map.device) // group - kv0
+        regular = q0 % group == 0 and q1 % group == 0  # whole KV groups: local head h reads KV h // group
+        attn.gqa_group = group if regular else 0
         attn.reduce = allreduce
         mlp = layer.mlp
         _slice_linear(mlp.gate_proj, 0, rank * inter, (rank + 1) * inter)

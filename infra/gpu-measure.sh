@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The README's GPU figures, on a machine with 2 NVIDIA GPUs and PyTorch (no Ray/Optuna/MLflow
+# needed: this drives workers/ directly through `python -m orchestrator`). Writes JSON to $OUT.
+#
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh smoke   # a minute: every code path on a 2-layer model
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # the figures (Llama-3-8B shape, random bf16 weights)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-full}
+OUT=${OUT:-/tmp/spectune-gpu}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+S="$PY -m orchestrator"
+run() {  # name, command...: JSON to $OUT/name.json, log to $OUT/log.txt
+  local name=$1; shift
+  echo "=== $name: $*" | tee -a "$OUT/log.txt"
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.json" 2>> "$OUT/log.txt" || echo "!!! $name failed (rc=$?)" | tee -a "$OUT/log.txt"
+  echo "--- $name took $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
+$PY - <<'PY' 2>&1 | tee "$OUT/env.txt"
+import torch, time
+print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())
+if torch.cuda.device_count() > 1:
+    print("p2p 0<->1:", torch.cuda.can_device_access_peer(0, 1))
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+torch.cuda.synchronize(); t = time.perf_counter()
+for _ in range(10): y.copy_(x)
+torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 10
+print(f"copy bandwidth (read+write): {2 * x.numel() / dt / 1e12:.2f} TB/s")
+PY
+
+common="--drafter none -k 0 --device cuda --category writing --json"
+if [ "$mode" = smoke ]; then
+  M=random:llama-3-8b:layers=2
+  run bench_smoke $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem --sizes 16K,256K --iters 50 --json
+  run smoke_tp1 $S decode --model $M --tp 1 $common --num-prompts 1 --max-new-tokens 16 --peer-baseline
+  run smoke_tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common --num-prompts 1 --max-new-tokens 16
+  run smoke_tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
+  run smoke_draft $S decode --model $M --tp 2 --backend symm_mem --drafter draft_model --draft-model random:llama-3.2-1b:layers=2 -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
+else
+  M=random:llama-3-8b
+  P="--num-prompts 4 --max-new-tokens 128"
+  run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem --nccl-env "" --nccl-env NCCL_PROTO=LL \
+      --nccl-env NCCL_P2P_DISABLE=1 --sizes 8K,16K,32K,64K,128K,256K,512K,1M,4M --json
+  run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline
+  run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
+  run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P
+  run sim_ngram $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
+  run sim_draft $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter draft_model --draft-model random:llama-3.2-1b -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
+fi
+$PY - "$OUT" <<'PY'
+import json, sys, pathlib
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    try:
+        d = json.loads(f.read_text().strip().splitlines()[-1])
+    except Exception as e:
+        print(f.name, "unreadable", e); continue
+    if isinstance(d, list):
+        for r in d:
+            print(f"{f.stem:>12} {r['backend']:>9} {r['env'][:22]:>22} {r['mode']:>5} {r['size_bytes']:>8} {r['time_us']:8.2f} us")
+    else:
+        keys = ["throughput_tok_s", "baseline_throughput_tok_s", "speedup_vs_baseline", "accept_len_mean", "step_ms_p50",
+                "compute_ms_per_step", "comm_ms_per_step", "comm_fraction", "hf_generate_tok_s", "baseline_vs_hf_generate", "hf_assisted_tok_s"]
+        print(f.stem, {k: round(d[k], 3) for k in keys if k in d})
+PY

@@ -1,0 +1,146 @@
+"""Drivers that die or compete: a `spectune run` killed with SIGKILL mid-trial and resumed, two
+`spectune run`s on one study at once, and the clean-up of what a dead driver left behind. Real
+studies (embedded local Ray, SQLite Optuna storage, SQLite MLflow store) on the tiny model; every
+process a driver starts is tagged through its environment and the process table is checked."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+from studyutil import (TAG_VAR, mlflow_runs, optuna_study, processes_with_env, spectune, sql, start_spectune, summary,
+                       tiny_experiment, wait_until_gone)
+
+from orchestrator.drivers import TOKEN_VAR, reap_dead, start_time
+
+SPACE = {"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}, "drafter.kind": {"choices": ["ngram", "layer_skip"]}}}
+
+
+def _stop_mid_trial(p: subprocess.Popen, db, deadline_s: float = 240) -> int:
+    """Freeze the driver (SIGSTOP) at a random moment while a trial after the baseline is RUNNING
+    with its MLflow run open; returns that trial's number. The caller SIGKILLs it."""
+    rng = random.Random()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        assert p.poll() is None, p.stderr.read()[-3000:]
+        running = sql(db, "select t.number from trials t join trial_user_attributes a on a.trial_id = t.trial_id "
+                          "where t.state = 'RUNNING' and a.key = 'mlflow_run_id' and t.number >= 1") if db.exists() else []
+        if running:
+            time.sleep(rng.uniform(0.0, 0.3))
+            os.kill(p.pid, signal.SIGSTOP)
+            now = sql(db, "select number from trials where state = 'RUNNING'")
+            if now:
+                return now[0][0]
+            os.kill(p.pid, signal.SIGCONT)  # it finished in between: try the next trial
+        time.sleep(0.05)
+    raise AssertionError("no trial was ever seen running")
+
+
+def test_sigkilled_driver_resumes_without_loss_or_leak(tmp_path, tiny_ckpt):
+    """SIGKILL the driver mid-trial: its Ray processes and actors are gone within seconds (the
+    watchdog), the next run fails the interrupted trial (reason in Optuna, MLflow run FAILED),
+    retries its params and stops at exactly n_trials COMPLETE, one MLflow run per trial."""
+    exp = tiny_experiment(tmp_path, tiny_ckpt, search=SPACE,
+                          workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 40})
+    home, tag = tmp_path / "home", uuid.uuid4().hex
+    db = home / "optuna.db"
+    p = start_spectune(["run", str(exp)], home, tag)
+    try:
+        killed = _stop_mid_trial(p, db)
+        assert any("ray::Worker" in line for line in processes_with_env(TAG_VAR, tag))  # its actors are up
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    gone_s, left = wait_until_gone(tag, timeout=30)
+    assert left == [], left  # GCS, raylet, agents, idle workers and the gang's actors: all gone
+    print(f"driver SIGKILLed in trial {killed}: its processes were gone {gone_s:.1f}s later")
+    params_of_killed = optuna_study(f"sqlite:///{db}", "tiny-study").trials[killed].params
+
+    tag2 = uuid.uuid4().hex
+    r = spectune(["run", str(exp)], home, env={TAG_VAR: tag2})
+    out = summary(r)
+    assert f"trial {killed} was left RUNNING by dead driver" in r.stderr
+    assert out["complete"] == 4
+    assert wait_until_gone(tag2, timeout=10)[1] == []
+
+    study = optuna_study(f"sqlite:///{db}", "tiny-study")
+    states = [t.state.name for t in study.trials]
+    assert states.count("COMPLETE") == 4 and "RUNNING" not in states and "WAITING" not in states, states
+    dead = study.trials[killed]
+    assert dead.state.name == "FAIL" and "died mid-trial" in dead.user_attrs["spectune.fail_reason"]
+    retries = [t for t in study.trials if t.user_attrs.get("spectune.retry_of") == killed]
+    assert len(retries) == 1 and retries[0].params == params_of_killed and retries[0].state.name == "COMPLETE"
+    parents, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    by_id = {run.info.run_id: run for run in runs}
+    ids = [t.user_attrs["mlflow_run_id"] for t in study.trials]
+    assert len(set(ids)) == len(ids) == len(runs)  # every trial one run: none lost, none twice
+    assert by_id[dead.user_attrs["mlflow_run_id"]].info.status == "FAILED"
+    assert by_id[dead.user_attrs["mlflow_run_id"]].data.tags["spectune.state"] == "FAIL"
+    for t in study.trials:
+        assert by_id[t.user_attrs["mlflow_run_id"]].data.tags["spectune.state"] == t.state.name
+    assert list((home / "drivers").glob("*.json")) == []  # no driver record left
+
+
+def test_two_drivers_on_one_study(tmp_path, tiny_ckpt):
+    """Two `spectune run` at once on the same study and storage: exactly n_trials COMPLETE, one
+    parent MLflow run, every trial its own MLflow run, no process left."""
+    exp = tiny_experiment(tmp_path, tiny_ckpt, search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3, 4]}}})
+    home, tags = tmp_path / "home", [uuid.uuid4().hex, uuid.uuid4().hex]
+    procs = [start_spectune(["run", str(exp)], home, tag) for tag in tags]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=420)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(__import__("json").loads(out.strip().splitlines()[-1]))
+    assert [o["complete"] for o in outs] == [4, 4]
+    assert outs[0]["parent_run_id"] == outs[1]["parent_run_id"]
+    for tag in tags:
+        assert wait_until_gone(tag, timeout=10)[1] == []
+    study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
+    states = [t.state.name for t in study.trials]
+    assert states.count("COMPLETE") == 4 and "RUNNING" not in states, states
+    drivers = {t.user_attrs["spectune.driver"] for t in study.trials if t.state.name == "COMPLETE"}
+    print(f"trials {states}; COMPLETE ones ran in {len(drivers)} drivers")
+    parents, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
+    assert len(parents) == 1 and parents[0].info.run_id == outs[0]["parent_run_id"]
+    ids = [t.user_attrs["mlflow_run_id"] for t in study.trials if "mlflow_run_id" in t.user_attrs]
+    assert len(set(ids)) == len(ids) == len(runs)
+    assert all(t.state.name == "FAIL" for t in study.trials if "mlflow_run_id" not in t.user_attrs)  # released surplus
+    assert study.user_attrs["mlflow_parent_run_id"] == outs[0]["parent_run_id"]
+
+
+def test_next_run_reaps_what_a_dead_driver_left(tmp_path):
+    """The watchdog itself was killed too: `reap_dead` kills by token only the processes of dead
+    drivers' records, leaves live drivers and unrelated processes alone, and drops the records."""
+    import json
+    import socket
+
+    home = tmp_path / "home"
+    (home / "drivers").mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    tokens = {"dead": uuid.uuid4().hex, "live": uuid.uuid4().hex, "other": uuid.uuid4().hex}
+    host = socket.gethostname()
+    for name, pid in (("dead", dead.pid), ("live", os.getpid())):
+        (home / "drivers" / f"{host}-{pid}.json").write_text(json.dumps(
+            {"host": host, "pid": pid, "start_time": start_time(pid) if name == "live" else 1, "token": tokens[name]}))
+    sleepers = {name: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={**os.environ, TOKEN_VAR: tok})
+                for name, tok in tokens.items()}
+    try:
+        messages = []
+        assert reap_dead(home, messages.append) == 1
+        assert sleepers["dead"].wait(timeout=10) == -signal.SIGKILL
+        assert sleepers["live"].poll() is None and sleepers["other"].poll() is None
+        assert [p.name for p in (home / "drivers").glob("*.json")] == [f"{host}-{os.getpid()}.json"]
+        assert "left 1 Ray processes behind" in messages[0]
+    finally:
+        for s in sleepers.values():
+            s.kill()
+            s.wait()

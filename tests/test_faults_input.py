@@ -1,0 +1,242 @@
+"""Faults that must end before anything launches (bad YAML, resources, storage) and results that
+must never win (wrong allreduce sums, greedy output that differs from the baseline). In-process
+and fast: no Ray cluster is started here (a guard fails the test if one would be)."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from studyutil import tiny_experiment
+
+from orchestrator import cli
+from orchestrator.cluster import PlacementError
+from orchestrator.config import load_config
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """`spectune run` must fail before connecting to (or starting) Ray."""
+    import orchestrator.study as study
+
+    def refuse(*a, **k):
+        raise AssertionError("Ray was started although the input was bad")
+
+    monkeypatch.setattr(study, "connect", refuse)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("spectune: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ------------------------------------------------------------------ bad YAML (property-based)
+VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12), st.lists(st.integers(-3, 20), max_size=4), st.dictionaries(st.text(max_size=6), st.integers(), max_size=2),
+    st.sampled_from(["gloo", "nccl", "NVLS", "layer_skip", "ngram", "none", "draft_model", "/nonexistent", "cuda", "", "~", "0"]),
+)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _paths(v, (*prefix, i))
+
+
+def _mutate(raw: dict, data) -> dict:
+    raw = copy.deepcopy(raw)
+    paths = [p for p in _paths(raw) if p]
+    for _ in range(data.draw(st.integers(1, 3), label="mutations")):
+        path = data.draw(st.sampled_from(paths), label="path")
+        *parent_path, last = path
+        parent = raw
+        try:
+            for p in parent_path:
+                parent = parent[p]
+            op = data.draw(st.sampled_from(["replace", "delete", "add_key", "rename"]), label="op")
+            if op == "replace":
+                parent[last] = data.draw(VALUES, label="value")
+            elif op == "delete":
+                del parent[last]
+            elif op == "add_key" and isinstance(parent, dict):
+                parent[data.draw(st.text(min_size=1, max_size=8), label="key")] = data.draw(VALUES, label="value")
+            elif op == "rename" and isinstance(parent, dict):
+                parent[str(last) + data.draw(st.sampled_from(["_", "s", "X"]))] = parent.pop(last)
+        except (KeyError, IndexError, TypeError):
+            pass  # an earlier mutation removed or replaced this path
+    return raw
+
+
+@settings(max_examples=120, deadline=10_000, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_mutated_configs_end_in_one_line(tmp_path_factory, tiny_ckpt, data, capsys):
+    """Any mutation of a valid experiment: `spectune validate` exits 0 (still valid) or 2 with one
+    line `spectune: error: ...`; never a traceback, never another exit code, never a hang."""
+    tmp = tmp_path_factory.mktemp("mut")
+    raw = yaml.safe_load(tiny_experiment(tmp, tiny_ckpt).read_text())
+    mutated = _mutate(raw, data)
+    text = yaml.safe_dump(mutated)
+    if data.draw(st.booleans(), label="garble"):
+        cut = data.draw(st.integers(0, len(text)), label="cut")
+        text = text[:cut] + data.draw(st.sampled_from(["", ":", "\t", "[", "{a: }", "- x", "\x00", "'"]), label="junk") + text[cut:]
+    path = tmp / "mutated.yaml"
+    path.write_text(text)
+    capsys.readouterr()
+    try:
+        rc = cli.main(["validate", str(path)])
+    except SystemExit as e:  # argparse: still one line, exit 2
+        rc = e.code
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), (rc, err[-2000:])
+    if rc == 2:
+        _one_error_line(err)
+    else:
+        assert err.strip() == "" and out.strip().endswith(f"{', '.join(load_config(path).search.space)}")
+
+
+# ------------------------------------------------------------------ resources
+def test_gang_larger_than_the_machine_is_one_line_before_launch(tmp_path, tiny_ckpt, capsys, no_ray, monkeypatch):
+    exp = tiny_experiment(tmp_path, tiny_ckpt)
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPECTUNE_HOME", str(home))
+    rc = cli.main(["run", str(exp), "--set", "parallel.cpus_per_worker=4", "--set", f"study.storage=sqlite:///{home}/o.db"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert rc == 2 and line.startswith("spectune: error: parallel.tp: ") and "needs 12 CPUs on one node" in line, line
+    assert not home.exists()  # nothing written: no storage, no MLflow run
+
+
+def test_gang_needs_more_gpus_than_on_offer(tmp_path, tiny_ckpt):
+    from orchestrator.study import check_gang_fits
+
+    exp = tiny_experiment(tmp_path, tiny_ckpt)
+    cfg = load_config(exp, ["parallel.device=cuda", "search.space.parallel.tp={choices: [1, 2, 4]}"])
+    check_gang_fits(load_config(exp, ["parallel.device=cuda"]), [{"CPU": 8, "GPU": 2}])  # tp 2 fits on 2 GPUs
+    with pytest.raises(PlacementError, match=r"search.space.parallel.tp: a gang of tp=4 \+ drafter needs 4 GPUs"):
+        check_gang_fits(cfg, [{"CPU": 64, "GPU": 2}, {"CPU": 64, "GPU": 2}])  # 4 GPUs, but not on one node
+
+
+# ------------------------------------------------------------------ storage
+@pytest.mark.parametrize("storage, words", [
+    ("sqlite:///{tmp}/experiment.yaml/optuna.db", "is not a directory"),
+    ("sqlite:////proc/spectune/optuna.db", "cannot create /proc/spectune"),
+    ("sqlite:////sys/optuna.db", "cannot open sqlite:////sys/optuna.db"),
+    ("postgresql://user:secret@127.0.0.1:1/spectune", "postgresql://user:***@127.0.0.1:1/spectune"),
+])
+def test_storage_problems_are_one_line_and_leave_nothing(tmp_path, tiny_ckpt, capsys, no_ray, monkeypatch, storage, words):
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPECTUNE_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    exp = tiny_experiment(tmp_path, tiny_ckpt)
+    rc = cli.main(["run", str(exp), "--set", f"study.storage={storage.format(tmp=tmp_path)}"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert rc == 2 and line.startswith("spectune: error: study.storage: ") and words in line, line
+    assert "secret" not in line
+    if storage.startswith("postgresql"):
+        import importlib.util
+
+        if any(importlib.util.find_spec(m) for m in ("psycopg", "psycopg2")):
+            assert "OperationalError" in line and "refused" in line, line
+        else:
+            assert "'psycopg" in line and "not installed" in line and "pip install" in line, line
+    assert not home.exists()  # no MLflow store, no parent run, no driver record
+
+
+# ------------------------------------------------------------------ results that must never win
+def test_wrong_allreduce_sums_are_caught_by_validation():
+    import torch
+
+    from workers.comm.base import AllReduce, validate
+
+    class Doubling(AllReduce):  # "sums" by doubling the local part: wrong for any world size > 1
+        name = "doubling"
+
+        def _all_reduce(self, x: torch.Tensor) -> None:
+            x.mul_(2)
+
+    class Exact(AllReduce):  # rank 0 of 2: the exact sum is 3x its part
+        name = "exact"
+
+        def _all_reduce(self, x: torch.Tensor) -> None:
+            x.mul_(3)
+
+    assert "returned wrong sums" in validate(Doubling(None, 2), rank=0)
+    assert validate(Exact(None, 2), rank=0) is None
+
+
+class _FakeGang:
+    """Returns fixed tokens per prompt: `outputs[k]` for a trial with k draft tokens."""
+
+    def __init__(self, outputs):
+        self.outputs, self._closed = outputs, False
+
+    def run(self, workload, timeout_s=None):
+        from workers.spec import PromptResult, RunResult
+        from workers.stats import RunStats
+
+        toks = list(self.outputs[workload.num_draft_tokens])
+        return RunResult(prompts=[PromptResult(toks, 0.01, len(toks), 0)], stats=RunStats(tokens=len(toks), seconds=0.01 if workload.num_draft_tokens else 0.02),
+                         num_draft_tokens=workload.num_draft_tokens)
+
+    def close(self):
+        self._closed = True
+
+
+class _FakePool:
+    def __init__(self, gang=None, error=None):
+        self.gang, self.error, self.launched, self.setup_s = gang, error, 0, 0.0
+
+    def get(self, spec, env, plain):
+        if self.error:
+            raise self.error
+        self.launched += 1
+        return self.gang
+
+    def close(self):
+        pass
+
+
+def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
+    """A speculative trial whose greedy output differs from the baseline is FAIL (spectune.invalid,
+    outputs_match_baseline = 0) although it is 2x faster; a trial whose gang failed validation
+    (wrong allreduce sums) is FAIL too; the best trial is the baseline."""
+    import optuna
+
+    from orchestrator.study import HEARTBEAT_ATTR
+    from orchestrator.tracking import Tracker
+    from orchestrator.trial import run_trial
+    from orchestrator.validate import check_experiment
+    from workers.local_gang import GangError
+
+    exp = tiny_experiment(tmp_path, tiny_ckpt, search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}})
+    cfg = load_config(exp)
+    prepared = check_experiment(cfg)
+    study = optuna.create_study(direction="maximize")
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "faults", "faults", tmp_path, study=study)
+    gang = _FakeGang({0: [5, 6, 7, 8], 2: [5, 6, 9, 9], 4: [5, 6, 7, 8]})
+    outcomes = []
+    for k, pool in ((0, _FakePool(gang)), (2, _FakePool(gang)),
+                    (4, _FakePool(error=GangError("setup: rank 1: WorkerError: allreduce backend 'gloo' returned wrong sums")))):
+        study.enqueue_trial({"spec.num_draft_tokens": k})
+        outcomes.append(run_trial(study, study.ask(), cfg, prepared, pool, tracker, HEARTBEAT_ATTR))
+    assert [o.state for o in outcomes] == ["COMPLETE", "FAIL", "FAIL"]
+    base, invalid, wrong = study.trials
+    assert invalid.user_attrs["outputs_match_baseline"] == 0 and "differs from the baseline" in invalid.user_attrs["spectune.invalid"]
+    assert invalid.user_attrs["throughput_tok_s"] > base.value  # faster, and still not the best
+    assert "wrong sums" in wrong.user_attrs["spectune.fail_reason"]
+    assert study.best_trial.number == base.number
+    runs = {t.number: tracker.client.get_run(t.user_attrs["mlflow_run_id"]) for t in study.trials}
+    assert runs[invalid.number].info.status == "FAILED" and runs[invalid.number].data.metrics["outputs_match_baseline"] == 0
+    assert runs[wrong.number].info.status == "FAILED" and "wrong sums" in runs[wrong.number].data.tags["spectune.reason"]
+    assert json.loads(json.dumps(study.user_attrs))["mlflow_parent_run_id"] == tracker.parent_run_id
