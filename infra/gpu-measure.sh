@@ -52,6 +52,7 @@ else
   run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
   run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P
   run sim_ngram $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
+  run sim_ngram_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
   run sim_draft $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter draft_model --draft-model random:llama-3.2-1b -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
 fi
 $PY - "$OUT" <<'PY'

@@ -92,7 +92,7 @@ class NoOpAllReduce(AllReduce):
         pass
 
 
-def validate(allreduce: AllReduce, rank: int, dtype=torch.float32, device="cpu", numel: int = 4099) -> str | None:
+def validate(allreduce: AllReduce, rank: int, dtype=torch.float32, device="cpu", numel: int = 4104) -> str | None:
     """Sum a known pattern through `allreduce`; None if every element is right, else what went wrong.
 
     Rank r contributes (r + 1) * base, so the exact sum is world * (world + 1) / 2 * base.

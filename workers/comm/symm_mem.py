@@ -50,7 +50,9 @@ class SymmMemAllReduce(AllReduce):
     def _all_reduce(self, x: torch.Tensor) -> None:
         n = x.numel()
         flat = x.view(-1)
-        if n > self.buf.numel() or x.dtype != self.buf.dtype:
+        if n > self.buf.numel() or x.dtype != self.buf.dtype or (n * x.element_size()) % 16:
+            # too big for the buffer, another dtype, or a size the one-shot kernel's vector loads
+            # cannot take: NCCL on the same group
             import torch.distributed as dist
 
             dist.all_reduce(x, group=self.group)
