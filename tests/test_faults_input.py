@@ -79,7 +79,7 @@ def _mutate(raw: dict, data) -> dict:
     return raw
 
 
-@settings(max_examples=120, deadline=10_000, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=300, deadline=10_000, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_configs_end_in_one_line(tmp_path_factory, tiny_ckpt, data, capsys):
     """Any mutation of a valid experiment: `spectune validate` exits 0 (still valid) or 2 with one
