@@ -3,7 +3,8 @@
 # needed: this drives workers/ directly through `python -m orchestrator`). Writes JSON to $OUT.
 #
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh smoke   # a minute: every code path on a 2-layer model
-#   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # the figures (Llama-3-8B shape, random bf16 weights)
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh bench   # allreduce latency: nccl (3 environments) and symm_mem
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-full}
@@ -43,16 +44,17 @@ if [ "$mode" = smoke ]; then
   run smoke_tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common --num-prompts 1 --max-new-tokens 16
   run smoke_tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
   run smoke_draft $S decode --model $M --tp 2 --backend symm_mem --drafter draft_model --draft-model random:llama-3.2-1b:layers=2 -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
+elif [ "$mode" = bench ]; then
+  run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem --nccl-env "" --nccl-env NCCL_PROTO=LL \
+      --nccl-env NCCL_P2P_DISABLE=1 --sizes 8K,16K,32K,64K,128K,256K,512K,1M,4M --json
 else
   M=random:llama-3-8b
   P="--num-prompts 4 --max-new-tokens 128"
-  run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem --nccl-env "" --nccl-env NCCL_PROTO=LL \
-      --nccl-env NCCL_P2P_DISABLE=1 --sizes 8K,16K,32K,64K,128K,256K,512K,1M,4M --json
   run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline
+  run tp1_plain $S decode --model $M --tp 1 $common $P --no-compile
   run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
   run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P
   run sim_ngram $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
-  run sim_ngram_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
   run sim_draft $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter draft_model --draft-model random:llama-3.2-1b -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
 fi
 $PY - "$OUT" <<'PY'
@@ -66,7 +68,7 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
         for r in d:
             print(f"{f.stem:>12} {r['backend']:>9} {r['env'][:22]:>22} {r['mode']:>5} {r['size_bytes']:>8} {r['time_us']:8.2f} us")
     else:
-        keys = ["throughput_tok_s", "baseline_throughput_tok_s", "speedup_vs_baseline", "accept_len_mean", "step_ms_p50",
+        keys = ["throughput_tok_s", "baseline_throughput_tok_s", "speedup_vs_baseline", "accept_len_mean", "step_ms_p50", "prefill_ms_mean",
                 "compute_ms_per_step", "comm_ms_per_step", "comm_fraction", "hf_generate_tok_s", "baseline_vs_hf_generate", "hf_assisted_tok_s"]
         print(f.stem, {k: round(d[k], 3) for k in keys if k in d})
 PY

@@ -48,6 +48,7 @@ class DecodeOptions:
     device: str = "cpu"
     dtype: str | None = None  # default: bfloat16 on cuda, float32 on cpu
     cuda_graphs: bool = True
+    compile: bool = True
     simulate_accept_len: float | None = None
     ablation_iters: int | None = None  # comm/compute split; default 10 on cpu, 50 on cuda (tp > 1)
     peer_baseline: bool = False  # also time transformers' generate (and assisted generation with --draft-model)
@@ -119,7 +120,7 @@ def plan(o: DecodeOptions) -> DecodePlan:
     eos = () if is_random(path) else tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
     gang = GangSpec(
         model_path=str(path), tp=o.tp, backend=o.backend, drafter=drafter, max_seq=max_seq,
-        vocab_parallel=o.vocab_parallel, threads=o.threads, device=o.device, cuda_graphs=o.cuda_graphs,
+        vocab_parallel=o.vocab_parallel, threads=o.threads, device=o.device, cuda_graphs=o.cuda_graphs, compile=o.compile,
         dtype=o.dtype or ("bfloat16" if o.device == "cuda" else "float32"),
     )
     return DecodePlan(gang=gang, prompts=prompts, token_ids=ids, tokenizer=tok, eos_ids=eos)

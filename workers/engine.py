@@ -36,11 +36,11 @@ def _finish(tokens: list[int], have: int, w: Workload) -> tuple[list[int], bool]
 
 
 class Verifier:
-    def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int, graphs: bool = True):
+    def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int, graphs: bool = True, fused: bool = False):
         self.model, self.allreduce, self.link, self.rank = model, allreduce, link, rank
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
-        self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce)
+        self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce, fused=fused)
 
     def _simulated(self, drafted: list[int], w: Workload, logits: torch.Tensor, credit: float) -> tuple[int, list[int], float]:
         """Accept tau - 1 drafts per step on average (error diffusion keeps the running mean exact)."""
@@ -82,6 +82,7 @@ class Verifier:
             self.cache.reset()
             logits = self.steps.prefill(list(prompt))
             res = self._broadcast(self._first_token(logits, w, gen) if self.rank == 0 else None)
+            prefill_s = time.perf_counter() - t_prompt
             out, steps, accepted = list(res.tokens), 0, 0
             while not res.done:
                 t0 = time.perf_counter()
@@ -118,7 +119,7 @@ class Verifier:
             seconds = time.perf_counter() - t_prompt
             stats.tokens += len(out)
             stats.seconds += seconds
-            prompts.append(PromptResult(tokens=out, seconds=seconds, steps=steps, accepted=accepted))
+            prompts.append(PromptResult(tokens=out, seconds=seconds, steps=steps, accepted=accepted, prefill_s=prefill_s))
         split = self.comm_split(w.num_draft_tokens + 1, w.comm_ablation_iters) if w.comm_ablation_iters and self.allreduce.world_size > 1 else {}
         if self.rank != 0:
             return None

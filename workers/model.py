@@ -95,19 +95,28 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        for b in range(B):
-            k_cache[b].index_copy_(1, pos[b], k[b])
-            v_cache[b].index_copy_(1, pos[b], v[b])
-        kv_len = mask.shape[-1]
-        keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
-        if self.gqa_group == 1:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        elif self.gqa_group > 1:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        else:
-            out = F.scaled_dot_product_attention(q, keys.index_select(1, self.kv_map), values.index_select(1, self.kv_map), attn_mask=mask)
-        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
-        return self.reduce(self.o_proj(out))
+        return self.reduce(self.o_proj(self.attend(q, k, v, mask, k_cache, v_cache, pos)))
+
+    def attend(self, q, k, v, mask, k_cache, v_cache, pos):
+        return attend(q, k, v, mask, k_cache, v_cache, pos, self.gqa_group, self.kv_map)
+
+
+def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
+    """Write k/v [B, Hkv, T, D] at `pos`, attend q [B, H, T, D] to the first mask.shape[-1] cache
+    slots; returns [B, T, H * D] (before o_proj). A pure function, so compiled callers share it."""
+    B, H, T, D = q.shape
+    for b in range(B):
+        k_cache[b].index_copy_(1, pos[b], k[b])
+        v_cache[b].index_copy_(1, pos[b], v[b])
+    kv_len = mask.shape[-1]
+    keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
+    if gqa_group == 1:
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    elif gqa_group > 1:
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    else:
+        out = F.scaled_dot_product_attention(q, keys.index_select(1, kv_map), values.index_select(1, kv_map), attn_mask=mask)
+    return out.transpose(1, 2).reshape(B, T, H * D)
 
 
 class MLP(nn.Module):
@@ -184,14 +193,18 @@ class Transformer(nn.Module):
         """The layers at explicit positions `pos` [B, T], attending to the first `kv_len` cache slots.
         With kv_len = cache.max_seq every shape is static (what a CUDA graph captures); the caller
         keeps `cache.lengths`."""
-        dtype = self.embed_tokens.weight.dtype  # tables are float32; applied in the model dtype, as HF does
-        cos, sin = self.rope_cos[pos][:, None].to(dtype), self.rope_sin[pos][:, None].to(dtype)  # [B, 1, T, D]
-        # key j is visible to the query at position p iff j <= p (causal, and hides rolled-back entries)
-        mask = (torch.arange(kv_len, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
+        cos, sin, mask = self.rope_and_mask(pos, kv_len)
         x = self.embed_tokens(tokens)
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
             x = layer(x, cos, sin, mask, k_cache, v_cache, pos)
         return self.norm(x)
+
+    def rope_and_mask(self, pos: torch.Tensor, kv_len: int):
+        dtype = self.embed_tokens.weight.dtype  # tables are float32; applied in the model dtype, as HF does
+        cos, sin = self.rope_cos[pos][:, None].to(dtype), self.rope_sin[pos][:, None].to(dtype)  # [B, 1, T, D]
+        # key j is visible to the query at position p iff j <= p (causal, and hides rolled-back entries)
+        mask = (torch.arange(kv_len, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
+        return cos, sin, mask
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.gather_vocab(self.lm_head(h)).float()

@@ -29,6 +29,7 @@ class GangSpec:
     vocab_parallel: bool = False
     threads: int = 1  # torch intra-op threads per process
     cuda_graphs: bool = True  # capture decode/verify steps as CUDA graphs (CUDA only)
+    compile: bool = True  # merged weights + torch.compile'd layer bodies inside the graphs (CUDA only)
 
     @property
     def has_drafter(self) -> bool:
@@ -62,6 +63,7 @@ class PromptResult:
     seconds: float  # wall time for this prompt, prefill included
     steps: int  # verifier decode steps after the prefill
     accepted: int  # drafts accepted over all steps
+    prefill_s: float = 0.0  # prompt forward + first token
 
     @property
     def accept_len(self) -> float:
@@ -82,6 +84,8 @@ class RunResult:
     @property
     def metrics(self) -> dict[str, float]:
         m = self.stats.metrics(self.num_draft_tokens)
+        if self.prompts:
+            m["prefill_ms_mean"] = 1e3 * sum(p.prefill_s for p in self.prompts) / len(self.prompts)
         if self.ablation and m.get("step_ms_p50"):
             # communication per step from the no-op ablation; its share of the measured step
             m["comm_ms_counted"] = m.get("comm_ms_per_step", 0.0)

@@ -18,15 +18,18 @@ import time
 
 import torch
 
+from workers.fused import try_fused
 from workers.model import KVCache, Transformer
 
 
 class StepRunner:
-    def __init__(self, model: Transformer, cache: KVCache, max_width: int, graphs: bool, allreduce=None):
+    def __init__(self, model: Transformer, cache: KVCache, max_width: int, graphs: bool, allreduce=None, fused: bool = False):
         self.model, self.cache, self.max_width = model, cache, max_width
         self.allreduce = allreduce
         self.device = model.embed_tokens.weight.device
         self.use_graphs = graphs and self.device.type == "cuda"
+        # merged weights + compiled layer bodies (workers/fused.py) for the graphed steps
+        self.fast = try_fused(model) if fused and self.use_graphs else None
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         if self.use_graphs:
@@ -60,7 +63,8 @@ class StepRunner:
 
     def _run_static(self, T: int) -> torch.Tensor:
         tok, pos = self._inputs[0:1, :T], self._inputs[1:2, :T]
-        return self.model.logits(self.model.hidden_at(tok, pos, self.cache, self.cache.max_seq))
+        body = self.fast.hidden_at if self.fast is not None else self.model.hidden_at
+        return self.model.logits(body(tok, pos, self.cache, self.cache.max_seq))
 
     def _capture(self, T: int):
         # Warm up on a side stream (lazy kernels, allocator), then capture. Every TP rank captures

@@ -1,0 +1,101 @@
+"""The CUDA fast path of a decode / verify step: merged projections and torch.compile'd layer bodies.
+
+A step of a few tokens streams every weight once, so its time is the weight bytes over memory
+bandwidth plus a floor of ~2-3 us per kernel, even inside a CUDA graph. The plain model launches
+~45 small kernels per layer (norms, rope, SiLU, casts); here each layer is two compiled regions
+(attention: norm + one QKV GEMM + rope + cache write + attention + o_proj; MLP: residual + norm +
+one gate/up GEMM + SiLU*up + down), with the allreduces between them left to the backend, so
+CUDA graphs capture ~12 kernels per layer. Weights are shared with the plain model (views of the
+merged tensors), so the prefill and the CPU path are unchanged.
+
+    fast = FusedStep(model)             # merges weights once
+    h = fast.hidden_at(tokens, pos, cache, kv_len)
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from workers.model import Transformer, attend
+from workers.rope import apply_rope
+
+
+def _rms_norm(x, w, eps: float):
+    dtype = x.dtype
+    x = x.float()
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
+def _attn_body(x, norm_w, eps: float, wqkv, bqkv, cos, sin, mask, k_cache, v_cache, pos, wo,
+               nq: int, nkv: int, hd: int, gqa_group: int, kv_map):
+    # no module in the arguments: every layer shares one compiled graph per step width
+    B, T, _ = x.shape
+    qkv = F.linear(_rms_norm(x, norm_w, eps), wqkv, bqkv)
+    q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+    q = apply_rope(q.view(B, T, nq, hd).transpose(1, 2), cos, sin)
+    k = apply_rope(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)
+    v = v.view(B, T, nkv, hd).transpose(1, 2)
+    return F.linear(attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group, kv_map), wo)
+
+
+def _mlp_body(x, delta, norm_w, eps: float, w_gate_up, w_down):
+    x = x + delta
+    gate, up = F.linear(_rms_norm(x, norm_w, eps), w_gate_up).chunk(2, dim=-1)
+    return x, F.linear(F.silu(gate) * up, w_down)
+
+
+def _merge(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several Linears with the same input; the Linears become views of it."""
+    w = torch.cat([m.weight.detach() for m in linears], dim=0)
+    b = torch.cat([m.bias.detach() for m in linears], dim=0) if linears[0].bias is not None else None
+    start = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(w[start : start + n], requires_grad=False)
+        if b is not None:
+            m.bias = torch.nn.Parameter(b[start : start + n], requires_grad=False)
+        start += n
+    return w, b
+
+
+class FusedStep:
+    def __init__(self, model: Transformer, compile: bool = True):
+        self.model = model
+        self.merged = []
+        for layer in model.layers:
+            a, m = layer.self_attn, layer.mlp
+            wqkv, bqkv = _merge([a.q_proj, a.k_proj, a.v_proj])
+            wgu, _ = _merge([m.gate_proj, m.up_proj])
+            self.merged.append((wqkv, bqkv, wgu))
+        self.attn_body, self.mlp_body = _attn_body, _mlp_body
+        if compile:
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self.attn_body = torch.compile(_attn_body, dynamic=False)
+            self.mlp_body = torch.compile(_mlp_body, dynamic=False)
+
+    def hidden_at(self, tokens, pos, cache, kv_len: int) -> torch.Tensor:
+        model = self.model
+        cos, sin, mask = model.rope_and_mask(pos, kv_len)
+        x = model.embed_tokens(tokens)
+        for layer, (wqkv, bqkv, wgu), k_cache, v_cache in zip(model.layers, self.merged, cache.k, cache.v):
+            a, m = layer.self_attn, layer.mlp
+            eps = layer.input_layernorm.eps
+            attn_out = a.reduce(self.attn_body(x, layer.input_layernorm.weight, eps, wqkv, bqkv, cos, sin, mask,
+                                               k_cache, v_cache, pos, a.o_proj.weight,
+                                               a.n_heads, a.n_kv_heads, a.head_dim, a.gqa_group, a.kv_map))
+            x, mlp_out = self.mlp_body(x, attn_out, layer.post_attention_layernorm.weight, eps, wgu, m.down_proj.weight)
+            x = x + m.reduce(mlp_out)
+        return model.norm(x)
+
+
+def try_fused(model: Transformer, compile: bool = True) -> FusedStep | None:
+    """FusedStep, or None (with one line on stderr) if this torch cannot build it."""
+    try:
+        return FusedStep(model, compile=compile)
+    except Exception as e:  # noqa: BLE001 - the plain path still works
+        print(f"spectune: fused step unavailable ({type(e).__name__}: {e}); using the plain model", file=sys.stderr)
+        return None
