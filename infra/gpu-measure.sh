@@ -51,7 +51,6 @@ else
   M=random:llama-3-8b
   P="--num-prompts 4 --max-new-tokens 128"
   run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline
-  run tp1_plain $S decode --model $M --tp 1 $common $P --no-compile
   run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
   run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P
   run sim_ngram $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
@@ -68,7 +67,7 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
         for r in d:
             print(f"{f.stem:>12} {r['backend']:>9} {r['env'][:22]:>22} {r['mode']:>5} {r['size_bytes']:>8} {r['time_us']:8.2f} us")
     else:
-        keys = ["throughput_tok_s", "baseline_throughput_tok_s", "speedup_vs_baseline", "accept_len_mean", "step_ms_p50", "prefill_ms_mean",
+        keys = ["throughput_tok_s", "decode_tok_s", "baseline_throughput_tok_s", "baseline_decode_tok_s", "speedup_vs_baseline", "decode_speedup_vs_baseline", "prefill_ms", "accept_len_mean", "step_ms_p50", "prefill_ms_mean",
                 "compute_ms_per_step", "comm_ms_per_step", "comm_fraction", "hf_generate_tok_s", "baseline_vs_hf_generate", "hf_assisted_tok_s"]
-        print(f.stem, {k: round(d[k], 3) for k in keys if k in d})
+        print(f.stem, {k: (round(d[k], 3) if isinstance(d[k], float) else d[k]) for k in keys if k in d})
 PY

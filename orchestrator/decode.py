@@ -168,7 +168,7 @@ def peer(o: DecodeOptions, p: DecodePlan, base: RunResult) -> dict:
     prompts = [list(s) for s in p.token_ids]
     log("peer baseline: transformers generate ...")
     out = generate_throughput(p.gang.model_path, prompts, o.max_new_tokens, dtype, device)
-    out["baseline_vs_hf_generate"] = base.metrics["throughput_tok_s"] / out["hf_generate_tok_s"]
+    out["baseline_vs_hf_generate"] = base.metrics["throughput_tok_s"] / out["hf_generate_tok_s"]  # both include prefill
     if p.gang.drafter.kind == "draft_model":
         log("peer baseline: transformers assisted generation ...")
         out.update(generate_throughput(p.gang.model_path, prompts, o.max_new_tokens, dtype, device, p.gang.drafter.model_path))
@@ -207,6 +207,9 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
     if base is not None:
         out["speedup_vs_baseline"] = spec.metrics["throughput_tok_s"] / base.metrics["throughput_tok_s"]
         out["baseline_throughput_tok_s"] = base.metrics["throughput_tok_s"]
+        if "decode_tok_s" in base.metrics and "decode_tok_s" in spec.metrics:
+            out["baseline_decode_tok_s"] = base.metrics["decode_tok_s"]
+            out["decode_speedup_vs_baseline"] = spec.metrics["decode_tok_s"] / base.metrics["decode_tok_s"]
         if o.temperature == 0 and o.simulate_accept_len is None:
             matches = [a.tokens == b.tokens for a, b in zip(spec.prompts, base.prompts)]
             out["outputs_match_baseline"] = int(all(matches))
@@ -215,5 +218,6 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
         out.update(peer(o, p, base or spec))
     out["per_category"] = per_category(p.prompts, spec)
     out["median_prompt_accept_len"] = statistics.median(r.accept_len for r in spec.prompts)
+    out["prefill_ms"] = [round(r.prefill_s * 1e3, 2) for r in spec.prompts]
     out["sample_output"] = p.tokenizer.decode(spec.prompts[0].tokens)
     return out

@@ -18,3 +18,19 @@ def test_no_match_and_limits():
 def test_drafter_proposes_without_probs():
     p = NgramDrafter(max_ngram=2).propose([1, 2, 3, 1, 2], 2)
     assert p.tokens == [3, 1] and p.probs is None
+
+
+def test_index_agrees_with_scan_as_the_sequence_grows():
+    import random
+
+    from workers.drafters.ngram import NgramIndex
+
+    rng = random.Random(0)
+    for trial in range(30):
+        index = NgramIndex(max_ngram=3, min_ngram=1)
+        seq = [rng.randrange(6) for _ in range(3)]
+        for _ in range(60):
+            assert index.propose(seq, 4) == lookup(seq, 4, 3, 1), (trial, seq)
+            seq = seq + [rng.randrange(6) for _ in range(rng.randrange(1, 4))]
+        # a sequence that is not a continuation starts the index over
+        assert index.propose([9, 1, 9], 2) == lookup([9, 1, 9], 2, 3, 1)

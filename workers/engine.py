@@ -77,6 +77,7 @@ class Verifier:
         stats, prompts = RunStats(), []
         counters = self.allreduce.counters
         credit = 0.0
+        self.steps.warm(range(1, w.num_draft_tokens + 2))  # every width this run can use, before timing
         for prompt in w.prompts:
             t_prompt = time.perf_counter()
             self.cache.reset()
@@ -129,6 +130,7 @@ class Verifier:
 def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:
     """The drafter's side of `Verifier.run` (same prompts, same message order)."""
     drafter.begin(w.temperature, w.seed + 1)
+    drafter.warm(w.num_draft_tokens)
     with torch.inference_mode():
         for prompt in w.prompts:
             drafter.prefill(list(prompt))

@@ -43,6 +43,9 @@ class RunStats:
         draft_ms = np.array([s.draft_s for s in self.steps]) * 1e3
         comm_s = sum(s.comm_s for s in self.steps)
         m.update(
+            # steady-state decode speed: tokens emitted by decode steps over the time of those steps
+            # (throughput_tok_s also charges each prompt's prefill)
+            decode_tok_s=sum(s.accepted + 1 for s in self.steps) / max(1e-12, sum(s.step_s for s in self.steps)),
             accept_len_mean=float(np.mean([s.accepted + 1 for s in self.steps])),
             drafted_mean=float(np.mean([s.drafted for s in self.steps])),
             step_ms_p50=float(np.percentile(step_ms, 50)),

@@ -61,6 +61,18 @@ class StepRunner:
         self.cache.lengths[0] = start + T
         return out[0]
 
+    def warm(self, widths) -> None:
+        """Capture the graphs of these step widths now (compiling their bodies), outside any timing.
+        Writes scratch K/V at positions 0.. (the cache is reset before the next prompt). TP ranks
+        must warm the same widths together."""
+        if not self.use_graphs:
+            return
+        for T in widths:
+            if T <= self.max_width and (T, self._comm_on()) not in self.graphs:
+                self.cache.lengths[0] = 0
+                self.step([1] * T)
+        self.cache.lengths[0] = 0
+
     def _run_static(self, T: int) -> torch.Tensor:
         tok, pos = self._inputs[0:1, :T], self._inputs[1:2, :T]
         body = self.fast.hidden_at if self.fast is not None else self.model.hidden_at

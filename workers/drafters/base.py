@@ -17,6 +17,9 @@ class Drafter(ABC):
     def begin(self, temperature: float, seed: int) -> None:  # noqa: B027 - optional hook
         """Called at the start of each workload run (temperature and seed may change between runs)."""
 
+    def warm(self, k: int) -> None:  # noqa: B027 - optional hook
+        """Prepare for proposals of up to k tokens (e.g. capture CUDA graphs) before timing starts."""
+
     def prefill(self, prompt: list[int]) -> None:  # noqa: B027 - optional hook
         """Called once per prompt before the first proposal."""
 

@@ -36,6 +36,10 @@ class ModelDrafter(Drafter):
         self.temperature = temperature
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
+    def warm(self, k: int) -> None:
+        self.steps.warm(range(1, k + 2))
+        self.fed = []
+
     def prefill(self, prompt: list[int]) -> None:
         self.cache.reset()
         self.fed = []

@@ -7,6 +7,8 @@ one-hot (see workers/verify.py).
 """
 from __future__ import annotations
 
+import time
+
 from workers.drafters.base import Drafter
 from workers.link import Proposal
 
@@ -22,6 +24,40 @@ def lookup(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) ->
     return []
 
 
+class NgramIndex:
+    """Where each n-gram (n = min..max) last started, kept up to date as the sequence grows, so a
+    proposal costs O(max_ngram) instead of a scan. Same answers as `lookup` (tested)."""
+
+    def __init__(self, max_ngram: int, min_ngram: int):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.tokens: list[int] = []
+        self.last: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # n-grams starting before this position... see _extend
+
+    def reset(self) -> None:
+        self.tokens, self.last, self.indexed = [], {}, 0
+
+    def _extend(self, seq: list[int]) -> None:
+        if seq[: len(self.tokens)] != self.tokens:  # not a continuation: start over
+            self.reset()
+        self.tokens = list(seq)
+        # an n-gram is indexed once a token follows it (a match must leave a continuation)
+        for end in range(max(self.indexed, 1), len(seq)):
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                if end - n >= 0:
+                    self.last[tuple(seq[end - n : end])] = end - n
+        self.indexed = max(self.indexed, len(seq))
+
+    def propose(self, seq: list[int], k: int) -> list[int]:
+        self._extend(seq)
+        n_tok = len(seq)
+        for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
+            start = self.last.get(tuple(seq[n_tok - n :]))
+            if start is not None and start + n < n_tok:
+                return seq[start + n : start + n + k]
+        return []
+
+
 class NgramDrafter(Drafter):
     kind = "ngram"
 
@@ -29,6 +65,12 @@ class NgramDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"ngram sizes must satisfy 1 <= min ({min_ngram}) <= max ({max_ngram})")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.index = NgramIndex(max_ngram, min_ngram)
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.index.reset()
 
     def propose(self, committed: list[int], k: int) -> Proposal:
-        return Proposal(tokens=lookup(committed, k, self.max_ngram, self.min_ngram))
+        t0 = time.perf_counter()
+        tokens = self.index.propose(committed, k)
+        return Proposal(tokens=tokens, draft_s=time.perf_counter() - t0)
