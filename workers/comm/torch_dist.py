@@ -32,10 +32,10 @@ class NcclAllReduce(AllReduce):
     def capability(cls, gang: GangInfo) -> str | None:
         if gang.device_type != "cuda":
             return "nccl needs CUDA devices; this gang runs on CPU (use gloo)"
-        if not dist.is_nccl_available():
-            return "this torch build has no NCCL"
         if len(set(gang.devices)) != len(gang.devices):
             return "nccl refuses two ranks of one communicator on the same GPU"
+        if not dist.is_nccl_available():
+            return "this torch build has no NCCL"
         return None
 
     def _all_reduce(self, x: torch.Tensor) -> None:

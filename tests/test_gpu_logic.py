@@ -1,0 +1,139 @@
+"""The GPU issue's logic, on CPU: backend capability checks and their refusals, the no-op
+allreduce ablation, simulated acceptance, the step runner's device check, random-weight models,
+bench-allreduce and the transformers peer baseline. (The GPU figures are in README's results.)"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from workers.checkpoint import CheckpointError, load_args, load_model, resolve_model_path, tiny_config
+from workers.comm import GangInfo, refusal
+from workers.local_gang import LocalGang
+from workers.spec import DrafterSpec, GangSpec, Workload
+from workers.steps import StepRunner
+
+CUDA2 = dict(world_size=2, device_type="cuda", devices=(0, 1), p2p_ok=True, max_message_bytes=1 << 16)
+
+
+@pytest.mark.parametrize("backend, gang, needle", [
+    ("nccl", GangInfo(world_size=2, device_type="cpu"), "nccl needs CUDA devices"),
+    ("symm_mem", GangInfo(world_size=2, device_type="cpu"), "symm_mem needs CUDA devices"),
+    ("symm_mem", GangInfo(**{**CUDA2, "p2p_ok": False}), "peer-to-peer access"),
+    ("symm_mem", GangInfo(**{**CUDA2, "world_size": 16, "devices": tuple(range(16))}), "at most 8 ranks"),
+    ("symm_mem", GangInfo(**{**CUDA2, "max_message_bytes": 64 << 20}), "MiB messages"),
+    ("nccl", GangInfo(**{**CUDA2, "devices": (0, 0)}), "same GPU"),
+    ("gloo", GangInfo(**CUDA2), "gloo allreduce runs on CPU tensors only"),
+    ("mpi", GangInfo(world_size=2, device_type="cpu"), "unknown allreduce backend 'mpi'"),
+])
+def test_capability_refusals(backend, gang, needle):
+    why = refusal(backend, gang)
+    assert why is not None and needle in why and "\n" not in why
+
+
+def test_capabilities_that_can_run():
+    assert refusal("gloo", GangInfo(world_size=2, device_type="cpu")) is None
+    assert refusal("noop", GangInfo(world_size=2, device_type="cpu")) is None
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(3)
+    return tuple(tuple(torch.randint(3, 512, (16,), generator=g).tolist()) for _ in range(2))
+
+
+def test_simulated_acceptance_and_comm_ablation(tiny_ckpt):
+    spec = GangSpec(model_path=str(tiny_ckpt), tp=2, drafter=DrafterSpec(kind="ngram"), max_seq=256)
+    with LocalGang(spec, timeout_s=300) as gang:
+        gang.setup()
+        base = gang.run(Workload(prompts=_prompts(), max_new_tokens=30, comm_ablation_iters=3))
+        sim = gang.run(Workload(prompts=_prompts(), max_new_tokens=30, num_draft_tokens=4, simulate_accept_len=2.5))
+        after = gang.run(Workload(prompts=_prompts(), max_new_tokens=30))
+    m = base.metrics
+    # the ablation: the same step with the allreduce and with a no-op; its difference is communication
+    assert m["compute_ms_per_step"] > 0 and m["ablation_step_ms"] >= m["compute_ms_per_step"]
+    assert m["comm_ms_per_step"] == pytest.approx(m["ablation_step_ms"] - m["compute_ms_per_step"])
+    assert 0 <= m["comm_fraction"] <= 1
+    # the allreduce is switched back on: outputs are the baseline's again
+    assert [p.tokens for p in after.prompts] == [p.tokens for p in base.prompts]
+    # simulated acceptance: every step verifies k + 1 = 5 tokens and keeps 2.5 on average
+    s = sim.metrics
+    assert s["drafted_mean"] == 4.0
+    steps = sim.stats.steps
+    full = [st for st in steps if st.accepted + 1 <= 4]  # the last step of a prompt may be cut at max_new_tokens
+    assert abs(sum(st.accepted + 1 for st in full) / len(full) - 2.5) < 0.1
+    assert {st.accepted for st in steps} <= {1, 2}
+
+
+def test_step_runner_stays_eager_on_cpu(tiny_ckpt):
+    model = load_model(tiny_ckpt, max_seq=64)
+    runner = StepRunner(model, model.new_cache(1), max_width=5, graphs=True, fused=True)
+    assert not runner.use_graphs and runner.fast is None  # graphs and compile need CUDA
+    runner.warm(range(1, 6))
+    assert runner.graphs == {}
+    with torch.inference_mode():
+        runner.prefill([5, 6, 7])
+        got = runner.step([8, 9])
+        ref_model = load_model(tiny_ckpt, max_seq=64)
+        want = ref_model(torch.tensor([[5, 6, 7, 8, 9]]), ref_model.new_cache(1))[0, 3:]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_random_model_references(tmp_path):
+    args = load_args("random:llama-3-8b")
+    assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.vocab_size) == (4096, 32, 32, 8, 128256)
+    assert load_args("random:llama-3-70b:layers=8").n_layers == 8
+    with pytest.raises(CheckpointError, match="neither a preset"):
+        resolve_model_path("random:llama-9")
+    with pytest.raises(CheckpointError, match="layers must be a positive integer"):
+        resolve_model_path("random:llama-3-8b:layers=x")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(tiny_config()))
+    ref = f"random:{cfg}"
+    a, b = load_model(ref, max_seq=32), load_model(ref, max_seq=32)
+    torch.testing.assert_close(a.layers[0].mlp.up_proj.weight, b.layers[0].mlp.up_proj.weight)  # one seed: ranks agree
+    with torch.inference_mode():
+        logits = a(torch.tensor([[1, 2, 3]]), a.new_cache(1))
+    assert torch.isfinite(logits).all() and logits.std() > 0.1
+
+
+def _spectune(*args):
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_bench_allreduce_gloo_table():
+    r = _spectune("bench-allreduce", "--tp", "2", "--sizes", "4K,64K", "--iters", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["size_bytes"] for row in rows] == [4096, 65536]
+    for row in rows:
+        assert row["backend"] == "gloo" and row["mode"] == "eager" and row["time_us"] > 0
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * 1 / 2)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--backend", "nccl"], "nccl needs CUDA"),
+    (["--nccl-env", "NCCL_NVLS_ENABLE=1"], "NVLS / NVLink multicast must stay off"),
+    (["--nccl-env", "PROTO=LL"], "expected NCCL_NAME=value"),
+    (["--tp", "1"], "needs at least 2 ranks"),
+    (["--sizes", "lots"], "is not a size"),
+])
+def test_bench_allreduce_refusals(args, needle):
+    r = _spectune("bench-allreduce", *args)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_decode_with_simulation_and_peer_baseline(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(tiny_config()))
+    r = _spectune("decode", "--model", f"random:{cfg}", "--tp", "2", "--drafter", "ngram", "-k", "3",
+                  "--simulate-accept-len", "3", "--num-prompts", "1", "--max-new-tokens", "12", "--peer-baseline", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["accept_len_mean"] == pytest.approx(3.0, abs=0.5)
+    assert out["hf_generate_tok_s"] > 0 and out["baseline_vs_hf_generate"] > 0
+    assert "outputs_match_baseline" not in out  # simulated tokens are not the model's output
+    bad = _spectune("decode", "--model", f"random:{cfg}", "-k", "2", "--simulate-accept-len", "5")
+    assert bad.returncode == 2 and "must be between 1 and k + 1" in bad.stderr
