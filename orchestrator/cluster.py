@@ -85,9 +85,12 @@ class RayGang:
         self._closed = False
         check_capacity(spec, res)
         gpu = 1 if spec.device == "cuda" else 0
-        bundles = [{"CPU": res.cpus_per_worker, **({"GPU": gpu} if gpu else {})} for _ in range(spec.tp)]
+        # a model drafter on GPUs shares rank 0's GPU: 0.9 + 0.1 of one device in the same pack
+        share = 0.1 if gpu and spec.drafter.kind in ("draft_model", "layer_skip") else 0.0
+        gpus = [gpu - (share if r == 0 else 0.0) for r in range(spec.tp)] + ([share] if spec.has_drafter else [])
+        bundles = [{"CPU": res.cpus_per_worker, **({"GPU": g} if g else {})} for g in gpus[: spec.tp]]
         if spec.has_drafter:
-            bundles.append({"CPU": res.cpus_per_worker})
+            bundles.append({"CPU": res.cpus_per_worker, **({"GPU": share} if share else {})})
         self.pg = placement_group(bundles, strategy="STRICT_PACK", name="")
         try:
             ray.get(self.pg.ready(), timeout=res.placement_timeout_s)
@@ -100,7 +103,7 @@ class RayGang:
         runtime_env = {"env_vars": {**self.env, **NVLS_OFF_ENV, "OMP_NUM_THREADS": str(spec.threads)}}
         actor_cls = ray.remote(Worker)
         for rank in range(spec.world_size):
-            on_gpu = gpu if rank < spec.tp else 0
+            on_gpu = gpus[rank]
             self.actors.append(
                 actor_cls.options(
                     num_cpus=res.cpus_per_worker, num_gpus=on_gpu, max_restarts=0,

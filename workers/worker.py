@@ -111,6 +111,8 @@ class Worker:
         if self.spec.device == "cpu":
             return torch.device("cpu")
         if not torch.cuda.is_available():
+            if self.is_drafter:  # e.g. an n-gram drafter in a Ray bundle without a GPU: it needs none
+                return torch.device("cpu")
             raise WorkerError("parallel.device is cuda but this process sees no CUDA device")
         # all GPUs visible (local gang): rank r takes GPU r; the drafter shares GPU 0 with rank 0.
         # One visible GPU (Ray masks CUDA_VISIBLE_DEVICES per actor): that one.
