@@ -3,6 +3,7 @@
     spectune decode --model smollm2-135m --tp 2 --drafter ngram --num-draft-tokens 4 --json
     spectune run experiments/smoke-cpu.yaml [--set study.n_trials=8]
     spectune validate experiments/tp8-pcie.yaml
+    spectune report experiments/smoke-cpu.yaml
     spectune schema --out experiments/spectune.schema.json
 
 User errors (bad flags, files, model paths, TP sizes, backends) print one line
@@ -110,6 +111,11 @@ def _add_experiment_commands(sub) -> None:
         p.add_argument("experiment", help="experiment YAML (see experiments/)")
         p.add_argument("--set", action="append", default=[], metavar="dotted.key=value", help="override a YAML field (repeatable)")
         p.set_defaults(handler=handler)
+    p = sub.add_parser("report", help="explain the winner: summary, performance model, breakeven, HTML report")
+    p.add_argument("experiment")
+    p.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
+    p.add_argument("--out", default=None, help="folder for report.html, best_config.yaml, summary.json")
+    p.set_defaults(handler=_report)
     p = sub.add_parser("schema", help="print (or write) the JSON schema of experiment YAMLs")
     p.add_argument("--out", default=None)
     p.set_defaults(handler=_schema)
@@ -133,6 +139,14 @@ def _run(ns: argparse.Namespace) -> int:
     summary = run_study(load_config(ns.experiment, ns.set))
     print(json.dumps(summary, default=str))
     return 0 if summary["complete"] >= summary["n_trials"] else 1
+
+
+def _report(ns: argparse.Namespace) -> int:
+    from orchestrator.config import load_config
+    from orchestrator.report import report
+
+    report(load_config(ns.experiment, ns.set), ns.out)
+    return 0
 
 
 def _schema(ns: argparse.Namespace) -> int:

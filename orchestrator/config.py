@@ -72,6 +72,7 @@ class WorkloadSection(_Section):
     max_new_tokens: int = Field(32, ge=1)
     temperature: float = Field(0.0, ge=0)
     seed: int = 0
+    repeats: int = Field(1, ge=1, le=20)  # measure each trial this many times; objective = median - penalty x MAD
 
 
 class IntParam(_Section):
@@ -134,6 +135,7 @@ class StudySection(_Section):
     seed: int | None = 0
     pruner: Literal["percentile", "median", "none"] = "percentile"
     baseline: bool = True  # enqueue k = 0 first
+    mad_penalty: float = Field(1.0, ge=0)  # objective = median throughput - mad_penalty x MAD over repeats
     max_failed_trials: int | None = Field(None, ge=0)  # default: n_trials
 
 
@@ -146,6 +148,7 @@ class LimitsSection(_Section):
     trial_timeout_s: float = Field(900, gt=0)
     setup_timeout_s: float = Field(600, gt=0)
     placement_timeout_s: float = Field(60, gt=0)
+    max_rel_spread: float = Field(0.1, gt=0)  # MAD / median above this: the trial is measured again (once)
 
 
 class ExperimentConfig(_Section):

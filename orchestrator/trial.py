@@ -11,8 +11,11 @@ import hashlib
 import json
 import tempfile
 import time
+from dataclasses import replace
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from orchestrator.cluster import GangPool
 from orchestrator.config import ExperimentConfig
@@ -23,9 +26,7 @@ from orchestrator.workload import PreparedWorkload
 from workers.local_gang import GangError
 from workers.spec import RunResult
 
-# metrics copied into the Optuna trial's user attrs (the contract's list)
-CONTRACT_METRICS = ("throughput_tok_s", "accept_len_mean", "step_ms_p50", "step_ms_p90", "verify_ms_p50", "draft_ms_p50",
-                    "comm_ms_per_step", "comm_fraction", "speedup_vs_baseline", "outputs_match_baseline", "setup_s")
+ABLATION_ITERS = {"cpu": 3, "cuda": 50}  # steps timed with and without the allreduce, once per trial
 
 
 @dataclass
@@ -68,20 +69,50 @@ def _acceptance_plot(metrics: dict, k: int, out: Path) -> Path | None:
     return path
 
 
-def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr) -> tuple[RunResult | None, bool]:
-    """Run prompt by prompt within limits.trial_timeout_s in all; returns (merged result, pruned?)."""
+def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr) -> tuple[RunResult | None, bool, list[float]]:
+    """Run prompt by prompt, `workload.repeats` times, within limits.trial_timeout_s in all.
+    Returns (merged result, pruned?, throughput of each repeat). The last prompt of the last repeat
+    also times the step with and without its allreduces (the comm/compute split)."""
     parts: list[RunResult] = []
+    per_repeat: list[float] = []
     deadline = time.monotonic() + cfg.limits.trial_timeout_s
-    for i, prompt in enumerate(prepared.token_ids):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise GangError(f"run: the trial's decode did not finish within limits.trial_timeout_s={cfg.limits.trial_timeout_s:g}s")
-        parts.append(gang.run(prepared.workload(cfg, tc, (prompt,)), timeout_s=left))
-        trial.report(RunResult.merge(parts).metrics["throughput_tok_s"], i)
-        trial.set_user_attr(heartbeat_attr, time.time())
-        if trial.should_prune():
-            return RunResult.merge(parts), True
-    return RunResult.merge(parts), False
+    n = len(prepared.token_ids)
+    repeats = cfg.workload.repeats
+    r = 0
+    while r < repeats:
+        mine: list[RunResult] = []
+        for i, prompt in enumerate(prepared.token_ids):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise GangError(f"run: the trial's decode did not finish within limits.trial_timeout_s={cfg.limits.trial_timeout_s:g}s")
+            w = prepared.workload(cfg, tc, (prompt,))
+            if r == repeats - 1 and i == n - 1 and tc.tp > 1:
+                w = replace(w, comm_ablation_iters=ABLATION_ITERS[cfg.parallel.device])
+            mine.append(gang.run(w, timeout_s=left))
+            trial.report(RunResult.merge(parts + mine).metrics["throughput_tok_s"], r * n + i)
+            trial.set_user_attr(heartbeat_attr, time.time())
+            if trial.should_prune():
+                return RunResult.merge(parts + mine), True, per_repeat
+        parts += mine
+        per_repeat.append(RunResult.merge(mine).metrics["throughput_tok_s"])
+        r += 1
+        # noisy: measure again once, as many repeats more (the spread decides, not the value)
+        if r == repeats and repeats == cfg.workload.repeats and repeats > 1 and _rel_spread(per_repeat) > cfg.limits.max_rel_spread:
+            repeats *= 2
+    return RunResult.merge(parts), False, per_repeat
+
+
+def _rel_spread(values: list[float]) -> float:
+    med = float(np.median(values))
+    return float(np.median(np.abs(np.array(values) - med))) / med if med > 0 else 0.0
+
+
+def noise_aware(per_repeat: list[float], penalty: float) -> dict[str, float]:
+    """Objective = median - penalty x MAD of the per-repeat throughputs (one repeat: the value)."""
+    med = float(np.median(per_repeat))
+    mad = float(np.median(np.abs(np.array(per_repeat) - med)))
+    return {"throughput_median": med, "throughput_mad": mad, "repeats": float(len(per_repeat)),
+            "objective": med - penalty * mad}
 
 
 def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker,
@@ -97,8 +128,10 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         tracker.log_json(run_id, {"experiment": cfg.model_dump(mode="json"), "trial": tc.params()}, "trial_config.json")
         before = pool.launched
         gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=tc.num_draft_tokens == 0)
-        result, pruned = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr)
+        result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr)
         metrics = {**result.metrics, "setup_s": pool.setup_s if pool.launched > before else 0.0}
+        if per_repeat:
+            metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
         digest = outputs_digest(result)
         base = find_baseline(study, tc.tp)
         if base is not None and base.user_attrs.get("throughput_tok_s"):
@@ -117,9 +150,9 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         with tempfile.TemporaryDirectory() as tmp:
             if plot := _acceptance_plot(metrics, tc.num_draft_tokens, Path(tmp)):
                 tracker.log_file(run_id, plot)
-        for key in CONTRACT_METRICS:
-            if key in metrics:
-                trial.set_user_attr(key, metrics[key])
+        for key, value in metrics.items():  # every metric: the report's performance model reads them
+            if isinstance(value, (int, float)):
+                trial.set_user_attr(key, value)
         trial.set_user_attr("outputs_sha", digest)
         if pruned:
             state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt"
@@ -130,7 +163,7 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
             study.tell(trial, state=TrialState.FAIL)
         else:
             state = "COMPLETE"
-            study.tell(trial, metrics["throughput_tok_s"])
+            study.tell(trial, metrics.get("objective", metrics["throughput_tok_s"]))
     except (GangError, *INPUT_ERRORS) as e:
         reason = f"{type(e).__name__}: {e}"
         pool.close()
