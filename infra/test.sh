@@ -4,5 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/setup.sh
+# headless Chromium renders the HTML report in tests/test_report.py (Debian's package; root on CI)
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "spectune: install chromium (e.g. apt-get install chromium) for the HTML report test" >&2
+  fi
+fi
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 exec .venv/bin/python -m pytest -q "$@"

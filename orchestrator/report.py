@@ -62,7 +62,8 @@ def best_yaml(cfg: ExperimentConfig, params: dict) -> str:
     if nccl:
         raw["parallel"]["nccl_env"] = {**raw["parallel"].get("nccl_env", {}), **nccl}
     raw["search"] = {"space": {"spec.num_draft_tokens": k}}
-    for key in ("study", "tracking", "limits"):
+    raw["study"] = {"n_trials": 1, "baseline": k == 0}  # one trial of the winner (plus nothing to compare)
+    for key in ("tracking", "limits"):
         raw.pop(key, None)
     return yaml.safe_dump(raw, sort_keys=False)
 

@@ -73,10 +73,12 @@ def _redact(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
-def make_sampler(cfg: ExperimentConfig):
+def make_sampler(cfg: ExperimentConfig, offset: int = 0):
+    """The configured sampler. `offset` (the number of trials already in the study) shifts the seed,
+    so a resumed study does not replay the proposals of its first run."""
     import optuna
 
-    s, seed = cfg.study.sampler, cfg.study.seed
+    s, seed = cfg.study.sampler, (None if cfg.study.seed is None else cfg.study.seed + offset)
     if s == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if s == "grid":
@@ -142,8 +144,11 @@ def _stale(t, stale_after_s: float) -> bool:
     if not driver:  # just asked by a driver that has not tagged it yet, or one killed right then
         started = t.datetime_start or datetime.datetime.now()
         return (datetime.datetime.now() - started).total_seconds() > stale_after_s
+    host = driver.rpartition(":")[0]
+    if host == socket.gethostname():
+        return not _alive_here(driver)  # same host: the pid decides (a long model load is not death)
     beat = float(t.user_attrs.get(HEARTBEAT_ATTR, 0) or 0)
-    return not (_alive_here(driver) and time.time() - beat < stale_after_s)
+    return time.time() - beat >= stale_after_s
 
 
 def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
@@ -152,8 +157,10 @@ def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
     if not cfg.study.baseline:
         return
     live = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
-    if any(t.params.get("spec.num_draft_tokens") == 0 for t in study.get_trials(deepcopy=False, states=live)):
-        return
+    for t in study.get_trials(deepcopy=False, states=live):
+        params = t.params or t.system_attrs.get("fixed_params", {})  # a WAITING trial keeps its params there
+        if params.get("spec.num_draft_tokens") == 0:
+            return
     study.enqueue_trial(baseline_params(cfg), user_attrs={"spectune.baseline": True})
 
 
@@ -252,6 +259,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             study_name=cfg.study_name, storage=storage, direction="maximize", sampler=make_sampler(cfg),
             pruner=make_pruner(cfg), load_if_exists=True,
         )
+        study.sampler = make_sampler(cfg, offset=len(study.trials))
         with study_lock(home, cfg, storage_url):
             tracker = Tracker(resolve_uri(cfg.tracking.uri, home), cfg.experiment_name, cfg.study_name, home, study=study)
             recover_stale(study, tracker, stale_after, log)

@@ -128,11 +128,12 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         tracker.log_json(run_id, {"experiment": cfg.model_dump(mode="json"), "trial": tc.params()}, "trial_config.json")
         before = pool.launched
         gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=tc.num_draft_tokens == 0)
+        trial.set_user_attr(heartbeat_attr, time.time())  # a gang launch can take minutes
         result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr)
         metrics = {**result.metrics, "setup_s": pool.setup_s if pool.launched > before else 0.0}
         if per_repeat:
             metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
-        digest = outputs_digest(result)
+        digest = outputs_digest(result)[: len(prepared.token_ids)]  # one repeat: every repeat decodes the same prompts
         base = find_baseline(study, tc.tp)
         if base is not None and base.user_attrs.get("throughput_tok_s"):
             metrics["speedup_vs_baseline"] = metrics["throughput_tok_s"] / base.user_attrs["throughput_tok_s"]

@@ -30,7 +30,9 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
         except ModelConfigError as e:
             raise UserError(f"{where('parallel.tp')}: {e}") from None
         for backend in candidates(cfg, "comm.backend"):
-            why = refusal(str(backend), GangInfo(world_size=tp, device_type=cfg.parallel.device))
+            # peer access and message sizes are checked by the workers, which can see the GPUs
+            gang = GangInfo(world_size=tp, device_type=cfg.parallel.device, devices=tuple(range(tp)), p2p_ok=True)
+            why = refusal(str(backend), gang)
             if why and tp > 1:
                 raise UserError(f"{where('comm.backend')}: {why}")
     ks = candidates(cfg, "spec.num_draft_tokens")

@@ -109,10 +109,10 @@ class Verifier:
                 self.cache.rollback(0, base + 1 + res.accepted)
                 out.extend(res.tokens)
                 steps += 1
-                accepted += res.accepted
+                accepted += len(res.tokens) - 1
                 stats.steps.append(
                     StepRecord(
-                        drafted=len(drafted), accepted=res.accepted, step_s=time.perf_counter() - t0,
+                        drafted=len(drafted), accepted=res.accepted, emitted=len(res.tokens), step_s=time.perf_counter() - t0,
                         verify_s=t2 - t1, draft_s=proposal.draft_s,
                         comm_calls=counters.calls - calls0, comm_s=counters.seconds - comm0,
                     )

@@ -1,7 +1,8 @@
 """Per-step statistics of a decoding run and the metrics they reduce to (names from DESIGN.md).
 
 One `StepRecord` per verifier decode step (the prefill is not a step). Acceptance length is
-tokens emitted per step = accepted drafts + 1, so plain decoding scores exactly 1.0.
+tokens emitted per step = accepted drafts + 1 (less where EOS or max_new_tokens cut the step),
+so plain decoding scores exactly 1.0.
 `accept_rate_pos_<i>` is, among steps that drafted a token at position i (1-based), the share
 in which it was accepted.
 """
@@ -15,7 +16,8 @@ import numpy as np
 @dataclass
 class StepRecord:
     drafted: int
-    accepted: int
+    accepted: int  # drafts the verifier accepted (drafter quality)
+    emitted: int  # tokens this step added: accepted + 1, fewer where EOS / max_new_tokens cut it
     step_s: float  # proposal received -> result sent, on verifier rank 0
     verify_s: float  # forward pass + verification
     draft_s: float  # as reported by the drafter
@@ -45,8 +47,8 @@ class RunStats:
         m.update(
             # steady-state decode speed: tokens emitted by decode steps over the time of those steps
             # (throughput_tok_s also charges each prompt's prefill)
-            decode_tok_s=sum(s.accepted + 1 for s in self.steps) / max(1e-12, sum(s.step_s for s in self.steps)),
-            accept_len_mean=float(np.mean([s.accepted + 1 for s in self.steps])),
+            decode_tok_s=sum(s.emitted for s in self.steps) / max(1e-12, sum(s.step_s for s in self.steps)),
+            accept_len_mean=float(np.mean([s.emitted for s in self.steps])),
             drafted_mean=float(np.mean([s.drafted for s in self.steps])),
             step_ms_p50=float(np.percentile(step_ms, 50)),
             step_ms_p90=float(np.percentile(step_ms, 90)),

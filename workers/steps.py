@@ -14,6 +14,7 @@ buffer: consume them before the next step.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -30,7 +31,7 @@ class StepRunner:
         self.use_graphs = graphs and self.device.type == "cuda"
         # merged weights + compiled layer bodies (workers/fused.py) for the graphed steps
         self.fast = try_fused(model) if fused and self.use_graphs else None
-        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
         self._pool = None
         if self.use_graphs:
             self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory()
@@ -55,11 +56,24 @@ class StepRunner:
         self._inputs.copy_(self._staging, non_blocking=True)
         key = (T, self._comm_on())
         if key not in self.graphs:
-            self.graphs[key] = self._capture(T)
-        graph, out = self.graphs[key]
+            self.graphs[key] = self._capture_or_fall_back(T)
+        graph, out, calls = self.graphs[key]
         graph.replay()
+        if calls and self.allreduce is not None:  # a replay issues the allreduces its capture recorded
+            self.allreduce.counters.calls += calls
         self.cache.lengths[0] = start + T
         return out[0]
+
+    def _capture_or_fall_back(self, T: int):
+        try:
+            return self._capture(T)
+        except Exception as e:  # noqa: BLE001 - torch.compile fails lazily, here; the plain model still works
+            if self.fast is None:
+                raise
+            print(f"spectune: compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                  "using the plain model", file=sys.stderr, flush=True)
+            self.fast = None
+            return self._capture(T)
 
     def warm(self, widths) -> None:
         """Capture the graphs of these step widths now (compiling their bodies), outside any timing.
@@ -88,10 +102,15 @@ class StepRunner:
                 self._run_static(T)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
+        counters = getattr(self.allreduce, "counters", None)
+        before = counters.calls if counters is not None else 0
         with torch.cuda.graph(graph, pool=self._pool):
             out = self._run_static(T)
+        calls = (counters.calls - before) if counters is not None else 0
+        if counters is not None:
+            counters.calls = before  # the capture itself ran nothing
         self._pool = graph.pool()
-        return graph, out
+        return graph, out, calls
 
     def time_step(self, width: int, iters: int) -> float:
         """Median seconds of one step of `width` tokens at position 0 (scratch: the cache is reset

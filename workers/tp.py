@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
@@ -65,6 +67,9 @@ def shard(model: Transformer, rank: int, world: int, allreduce, vocab_parallel: 
         _slice_linear(mlp.up_proj, 0, rank * inter, (rank + 1) * inter)
         _slice_linear(mlp.down_proj, 1, rank * inter, (rank + 1) * inter)
         mlp.reduce = allreduce
+    if vocab_parallel and args.vocab_size % world:
+        print(f"spectune: vocab_parallel ignored: vocabulary {args.vocab_size} does not divide by tp={world}; lm_head stays replicated",
+              file=sys.stderr, flush=True)
     if vocab_parallel and args.vocab_size % world == 0:
         v = args.vocab_size // world
         if args.tie_embeddings:  # untie first: the embedding stays whole

@@ -25,7 +25,8 @@ def probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(p, 1, generator=generator).item())
+    """One draw from `p` with the (CPU) generator, wherever p lives."""
+    return int(torch.multinomial(p.float().cpu(), 1, generator=generator).item())
 
 
 def greedy_verify(draft: list[int], logits: torch.Tensor) -> tuple[int, list[int]]:

@@ -17,6 +17,7 @@ from workers.link import Proposal
 from workers.model import Transformer
 from workers.steps import StepRunner
 from workers.verify import probs as softmax_t
+from workers.verify import sample
 
 
 class ModelDrafter(Drafter):
@@ -34,7 +35,7 @@ class ModelDrafter(Drafter):
 
     def begin(self, temperature: float, seed: int) -> None:
         self.temperature = temperature
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)  # CPU: `sample` draws on the CPU
 
     def warm(self, k: int) -> None:
         self.steps.warm(range(1, k + 2))
@@ -64,7 +65,7 @@ class ModelDrafter(Drafter):
         for i in range(k):
             if self.temperature > 0:
                 q = softmax_t(logits, self.temperature)
-                tok = int(torch.multinomial(q, 1, generator=self.generator).item())
+                tok = sample(q, self.generator)
                 qs.append(q)
             else:
                 tok = int(logits.argmax().item())

@@ -1,0 +1,81 @@
+"""`spectune report` on a real (tiny) study: terminal summary, performance model, breakeven, the
+best config as a YAML that validates, an HTML report that headless Chromium renders with its plots,
+and the same files on the study's parent MLflow run. Also the noise-aware objective."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from studyutil import mlflow_runs, optuna_study, spectune, summary, tiny_experiment
+
+from orchestrator.trial import noise_aware
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_noise_aware_objective():
+    m = noise_aware([10.0, 12.0, 11.0, 30.0], penalty=1.0)
+    assert m["throughput_median"] == pytest.approx(11.5)
+    assert m["throughput_mad"] == pytest.approx(1.0)  # |10-11.5|, |12-11.5|, |11-11.5|, |30-11.5| -> median 1.0
+    assert m["objective"] == pytest.approx(10.5) and m["repeats"] == 4
+    assert noise_aware([7.0], penalty=2.0)["objective"] == 7.0
+
+
+def test_report_end_to_end(tmp_path, tiny_ckpt):
+    exp = tiny_experiment(tmp_path, tiny_ckpt, study={"n_trials": 4, "sampler": "random", "seed": 3, "pruner": "none"})
+    raw = yaml.safe_load(exp.read_text())
+    raw["workload"]["repeats"] = 2
+    exp.write_text(yaml.safe_dump(raw))
+    home = tmp_path / "home"
+    assert summary(spectune(["run", str(exp)], home))["complete"] == 4
+    study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
+    for t in study.trials:
+        if t.state.name == "COMPLETE":
+            assert t.user_attrs["repeats"] >= 2 and "throughput_mad" in t.user_attrs
+            assert t.value == pytest.approx(t.user_attrs["throughput_median"] - t.user_attrs["throughput_mad"])
+
+    out = tmp_path / "report"
+    r = spectune(["report", str(exp), "--out", str(out)], home)
+    assert r.returncode == 0, r.stderr[-2000:]
+    best = max((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert f"best: trial {best.number}" in r.stdout
+    assert "performance model: median |error| predicting left-out trials" in r.stdout
+    assert "breakeven accepted length" in r.stdout and "comm_fraction: baseline" in r.stdout
+    facts = json.loads((out / "summary.json").read_text())
+    assert facts["best_trial"] == best.number and facts["complete_trials"] == 4
+
+    # the YAML snippet is a valid experiment pinned to the winner
+    snippet = out / "best_config.yaml"
+    check = subprocess.run([sys.executable, "-m", "orchestrator", "validate", str(snippet)], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stderr
+    pinned = yaml.safe_load(snippet.read_text())
+    assert pinned["drafter"]["num_draft_tokens"] == best.params["spec.num_draft_tokens"]
+
+    page = out / "report.html"
+    chromium = _chromium()
+    assert chromium, "headless Chromium is needed (infra/test.sh installs Debian's chromium)"
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chrome'}",
+                          "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-1000:]
+    assert dom.stdout.count('src="data:image/png;base64,') >= 2  # the plots, embedded
+    assert 'id="best-config"' in dom.stdout and "num_draft_tokens" in dom.stdout
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--no-first-run", f"--user-data-dir={tmp_path / 'chrome2'}", f"--screenshot={shot}",
+                    "--window-size=1000,1400", page.as_uri()], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+    parents, _ = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    names = {a.path for a in client.list_artifacts(parents[0].info.run_id, "report")}
+    assert {"report/report.html", "report/best_config.yaml", "report/summary.json"} <= names
