@@ -136,3 +136,17 @@ def what_if_tp(step_ms: float, comm_ms: float, tp_from: int, tp_to: int, comm_ms
     (e.g. rounds x a measured latency over another interconnect), or stays as it was."""
     compute = max(0.0, step_ms - comm_ms)
     return compute * tp_from / tp_to + (comm_ms if comm_ms_to is None else comm_ms_to)
+
+
+def latency_us(rows: list[dict], backend: str, env: str, size_bytes: int, mode: str = "graph") -> float | None:
+    """Allreduce latency at `size_bytes` from a bench-allreduce table (log-log interpolation)."""
+    pts = sorted((r["size_bytes"], r["time_us"]) for r in rows if r["backend"] == backend and r["env"] == env and r["mode"] == mode)
+    if not pts:
+        return None
+    xs, ys = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+    return float(np.exp(np.interp(np.log(size_bytes), xs, ys)))
+
+
+def what_if_interconnect(step_ms: float, comm_ms: float, rounds: float, latency: float) -> float:
+    """ESTIMATE of a step whose `rounds` allreduces take `latency` us each instead of the measured comm_ms."""
+    return max(0.0, step_ms - comm_ms) + rounds * latency / 1e3

@@ -7,7 +7,7 @@ with its leave-one-out prediction error and the breakeven accepted length of eac
 what-if estimates at other TP sizes (labelled as estimates), and the best configuration as a
 ready-to-use YAML snippet.
 
-    spectune report experiments/smoke-cpu.yaml [--set study.storage=...] [--out DIR]
+    spectune report experiments/smoke-cpu.yaml [--set study.storage=...] [--out DIR] [--bench bench.json]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import yaml
 
 from orchestrator.config import ExperimentConfig, spectune_home
 from orchestrator.errors import UserError
-from orchestrator.perfmodel import TrialPoint, fit, loo_error, what_if_tp
+from orchestrator.perfmodel import TrialPoint, fit, latency_us, loo_error, what_if_interconnect, what_if_tp
 
 
 def _env_label(params: dict) -> str:
@@ -118,7 +118,26 @@ def _plots(done, best, base, model, preds) -> dict[str, str]:
     return out
 
 
-def build_report(cfg: ExperimentConfig, study, out_dir: Path) -> tuple[str, Path, dict]:
+def interconnect_what_ifs(trial, bench_rows: list[dict], hidden: int, itemsize: int) -> dict[str, str]:
+    """ESTIMATES of `trial`'s step under every (backend, env) of a bench-allreduce table, e.g. a
+    PCIe stand-in (NCCL_P2P_DISABLE=1): measured compute + rounds x that setup's graphed latency."""
+    u = trial.user_attrs
+    rounds, comm, step = u.get("allreduce_per_step", 0.0), u.get("comm_ms_per_step"), u.get("step_ms_p50")
+    if not rounds or comm is None or not step:
+        return {}
+    k = int(trial.params.get("spec.num_draft_tokens", 0))
+    size = (k + 1) * hidden * itemsize
+    out = {}
+    for backend, env in sorted({(r["backend"], r["env"]) for r in bench_rows}):
+        lat = latency_us(bench_rows, backend, env, size)
+        if lat is not None:
+            est = what_if_interconnect(step, comm, rounds, lat)
+            out[f"ESTIMATE trial {trial.number} step over {backend} {env} ({lat:.1f} us x {rounds:g} allreduces of {size} B)"] = \
+                f"{est:.2f} ms, {u.get('accept_len_mean', 1.0) * 1000 / est:.1f} tok/s"
+    return out
+
+
+def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[dict] | None = None) -> tuple[str, Path, dict]:
     from optuna.trial import TrialState
 
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
@@ -158,6 +177,16 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path) -> tuple[str, Path
                 rounds_scale = 0.0 if tp_to == 1 else 1.0
                 est = what_if_tp(u["step_ms_p50"], u["comm_ms_per_step"], tp, tp_to, u["comm_ms_per_step"] * rounds_scale)
                 summary["what_if"][f"ESTIMATE plain step at tp={tp_to} (same interconnect)"] = f"{est:.2f} ms"
+    if bench_rows and model is not None:
+        from workers.checkpoint import load_args, resolve_model_path
+
+        try:
+            hidden = load_args(resolve_model_path(cfg.model.path)).dim
+            itemsize = 4 if cfg.model.dtype == "float32" else 2
+            for t in ([base] if base is not None else []) + [best]:
+                summary["what_if"].update(interconnect_what_ifs(t, bench_rows, hidden, itemsize))
+        except (ValueError, OSError) as e:
+            summary["what_if"]["interconnect estimates skipped"] = str(e)
     text = _text(summary, best, runners)
     snippet = best_yaml(cfg, best.params)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -202,7 +231,7 @@ figure{{display:inline-block;margin:0.5em}}</style></head>
 """
 
 
-def report(cfg: ExperimentConfig, out: str | None, log=None) -> dict:
+def report(cfg: ExperimentConfig, out: str | None, log=None, bench: str | None = None) -> dict:
     import optuna
 
     from orchestrator.study import make_storage
@@ -215,7 +244,13 @@ def report(cfg: ExperimentConfig, out: str | None, log=None) -> dict:
     except KeyError:
         raise UserError(f"study.name: no study {cfg.study_name!r} in {cfg.study.storage or 'the default storage'}") from None
     out_dir = Path(out) if out else spectune_home() / "reports" / cfg.study_name
-    text, path, summary = build_report(cfg, study, out_dir)
+    rows = None
+    if bench:
+        try:
+            rows = json.loads(Path(bench).read_text().strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError) as e:
+            raise UserError(f"--bench {bench!r}: not a `spectune bench-allreduce --json` output ({type(e).__name__})") from None
+    text, path, summary = build_report(cfg, study, out_dir, rows)
     print(text)
     log(f"spectune: report written to {path}")
     run_id = study.user_attrs.get("mlflow_parent_run_id")

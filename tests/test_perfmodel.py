@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.perfmodel import PerfModel, TrialPoint, fit, loo_error, what_if_tp
+from orchestrator.perfmodel import PerfModel, TrialPoint, fit, latency_us, loo_error, what_if_interconnect, what_if_tp
 
 A = {"nccl": 10.0, "nccl NCCL_PROTO=LL": 8.0, "symm_mem": 7.0}
 B, C = 0.5, {"ngram": 0.05, "layer_skip": 1.5}
@@ -76,3 +76,13 @@ def test_what_if_tp():
     # 10 ms step of which 4 ms allreduce, TP 2 -> TP 4 over a link with 6 ms of allreduce per step
     assert what_if_tp(10.0, 4.0, 2, 4, comm_ms_to=6.0) == pytest.approx(3.0 + 6.0)
     assert what_if_tp(10.0, 4.0, 2, 1) == pytest.approx(12.0 + 4.0)
+
+
+def test_interconnect_what_if_from_a_bench_table():
+    rows = [{"backend": "nccl", "env": "NCCL_P2P_DISABLE=1", "mode": "graph", "size_bytes": s, "time_us": t}
+            for s, t in ((8192, 10.0), (32768, 40.0))]
+    assert latency_us(rows, "nccl", "NCCL_P2P_DISABLE=1", 8192) == pytest.approx(10.0)
+    assert latency_us(rows, "nccl", "NCCL_P2P_DISABLE=1", 16384) == pytest.approx(20.0)  # log-log: a power law
+    assert latency_us(rows, "symm_mem", "default", 8192) is None
+    # 4.5 ms step of which 0.5 ms allreduce; 64 allreduces at 20 us instead -> 4.0 + 1.28 ms
+    assert what_if_interconnect(4.5, 0.5, 64, 20.0) == pytest.approx(5.28)
