@@ -92,13 +92,6 @@ class Tracker:
             self.client.delete_run(mine)
         return first
 
-    def trial_runs(self) -> list:
-        return self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.`{PARENT_TAG}` = '{self.parent_run_id}'",
-            max_results=5000,
-        )
-
     def start_trial(self, number: int, params: dict[str, Any], tags: dict[str, str] | None = None) -> str:
         run = self.client.create_run(
             self.experiment_id, run_name=f"trial-{number}",
