@@ -55,7 +55,7 @@ def make_storage(cfg: ExperimentConfig):
     elif url.startswith(("postgresql", "mysql")):
         kwargs["connect_args"] = {"connect_timeout": 10}  # an unreachable host fails in seconds, not minutes
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs), url
+        return _open_rdb(optuna, url, kwargs), url
     except ImportError as e:  # optuna wraps the driver's ModuleNotFoundError
         missing = next((x.name for x in (e, e.__cause__, e.__context__) if isinstance(x, ModuleNotFoundError)), None)
         hint = {"psycopg": "pip install 'psycopg[binary]'", "psycopg2": "pip install psycopg2-binary", "pymysql": "pip install pymysql"}
@@ -64,6 +64,18 @@ def make_storage(cfg: ExperimentConfig):
     except Exception as e:  # noqa: BLE001 - any driver error: one line naming the storage
         msg = " ".join(str(e).split())[:200]
         raise UserError(f"study.storage: cannot open {_redact(url)} ({type(e).__name__}: {msg})") from None
+
+
+def _open_rdb(optuna, url: str, kwargs: dict, attempts: int = 5):
+    """RDBStorage, retried when a concurrent driver is creating the same schema at the same moment
+    ("table ... already exists" from the loser of that race); the second try finds the tables."""
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except Exception as e:  # noqa: BLE001 - only the schema race is retried
+            if "already exists" not in str(e) or attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def _redact(url: str) -> str:
