@@ -136,6 +136,10 @@ class RayGang:
                 self.close()
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 raise GangError(f"{what}: rank {index[ref]}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from None
+            except ray.exceptions.RayError as e:  # e.g. the runtime env could not be set up: this trial fails, not the study
+                self.close()
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise GangError(f"{what}: rank {index[ref]}: {type(e).__name__}: {first[:300]}") from None
         return [results[i] for i in range(len(refs))]
 
     def setup(self) -> list[dict]:

@@ -137,3 +137,14 @@ def test_decode_with_simulation_and_peer_baseline(tmp_path):
     assert "outputs_match_baseline" not in out  # simulated tokens are not the model's output
     bad = _spectune("decode", "--model", f"random:{cfg}", "-k", "2", "--simulate-accept-len", "5")
     assert bad.returncode == 2 and "must be between 1 and k + 1" in bad.stderr
+
+
+def test_ablation_skips_the_vocab_gather_too():
+    """With the allreduce switched off, the vocab-parallel gather moves nothing but keeps the shape."""
+    from workers.comm.torch_dist import GlooAllReduce
+
+    ar = GlooAllReduce(group=None, world_size=2)
+    ar.enabled = False
+    x = torch.randn(1, 3, 8)
+    assert ar(x) is x and ar.counters.calls == 0
+    assert ar.all_gather_last(x).shape == (1, 3, 16)

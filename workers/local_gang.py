@@ -93,8 +93,12 @@ class LocalGang:
         return [p.pid for p in self.procs]
 
     def _call_all(self, cmd, timeout_s: float) -> list:
-        for conn in self.conns:
-            conn.send(cmd)
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send(cmd)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                self.close(force=True)
+                raise GangError(f"rank {rank}: process is gone (exit code {self.procs[rank].exitcode})") from None
         results: dict[int, object] = {}
         deadline = time.monotonic() + timeout_s
         pending = dict(enumerate(self.conns))

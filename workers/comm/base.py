@@ -74,6 +74,8 @@ class AllReduce:
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's `x` along the last dimension (vocab-parallel logits)."""
+        if not self.enabled:  # the compute-only ablation: right shape, no communication
+            return x.repeat(*([1] * (x.dim() - 1)), self.world_size)
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
