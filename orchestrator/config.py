@@ -136,6 +136,7 @@ class StudySection(_Section):
     pruner: Literal["percentile", "median", "none"] = "percentile"
     baseline: bool = True  # enqueue k = 0 first
     mad_penalty: float = Field(1.0, ge=0)  # objective = median throughput - mad_penalty x MAD over repeats
+    bench_allreduce: bool = False  # before the trials: time the allreduce backends, log table + plot to the parent run
     max_failed_trials: int | None = Field(None, ge=0)  # default: n_trials
 
 

@@ -78,6 +78,41 @@ def _open_rdb(optuna, url: str, kwargs: dict, attempts: int = 5):
             time.sleep(0.5 * (attempt + 1))
 
 
+def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> None:
+    """`study.bench_allreduce`: the allreduce table of the study's backends at its verify-step sizes,
+    logged to the parent run as an MLflow table, JSON and a latency-vs-size plot. Runs on the
+    driver's machine (which must hold the devices); a failure is logged and the study goes on."""
+    import tempfile
+    from pathlib import Path
+
+    from orchestrator.bench import bench, latency_plot, step_sizes
+    from orchestrator.space import candidates
+
+    tps = [t for t in candidates(cfg, "parallel.tp") if isinstance(t, int) and t > 1]
+    if not tps:
+        log("spectune: study.bench_allreduce: no TP size above 1 in this study, nothing to time")
+        return
+    cuda = cfg.parallel.device == "cuda"
+    itemsize = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
+    ks = sorted({k for k in candidates(cfg, "spec.num_draft_tokens") if isinstance(k, int)})
+    sizes = sorted(set(step_sizes(prepared.args.dim, ks=ks, itemsize=itemsize)))
+    backends = sorted({str(b) for b in candidates(cfg, "comm.backend")})
+    try:
+        rows = bench(backends, max(tps), cfg.parallel.device, sizes, cfg.model.dtype, 100 if cuda else 10,
+                     [dict(cfg.parallel.nccl_env)], log)
+    except Exception as e:  # noqa: BLE001 - a measurement that could not run here must not stop the study
+        log(f"spectune: study.bench_allreduce skipped: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        return
+    columns = {key: [r[key] for r in rows] for key in rows[0]}
+    tracker.client.log_table(tracker.parent_run_id, data=columns, artifact_file="bench_allreduce_table.json")
+    tracker.log_json(tracker.parent_run_id, rows, "bench_allreduce.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        plot = Path(tmp) / "bench_allreduce_latency.png"
+        latency_plot(rows, plot)
+        tracker.log_file(tracker.parent_run_id, plot)
+    log(f"spectune: bench-allreduce: {len(rows)} rows logged to the parent run")
+
+
 def _redact(url: str) -> str:
     """The URL without its password."""
     import re
@@ -278,6 +313,9 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             _ensure_baseline(study, cfg)
         n_goal = cfg.study.n_trials
         max_failed = cfg.study.max_failed_trials if cfg.study.max_failed_trials is not None else n_goal
+        if cfg.study.bench_allreduce and not study.user_attrs.get("bench_allreduce_logged"):
+            bench_into_study(cfg, prepared, tracker, log)
+            study.set_user_attr("bench_allreduce_logged", True)
         progress = Progress(study, n_goal, log)
         log(f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
             f"MLflow {tracker.uri} run {tracker.parent_run_id}")

@@ -55,7 +55,8 @@ def mlflow_server(tmp_path):
 def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
     exp = tiny_experiment(tmp_path, tiny_ckpt)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    r = spectune(["run", str(exp), "--set", f"tracking.uri={mlflow_server}", "--set", f"study.storage={storage}"], tmp_path / "home")
+    r = spectune(["run", str(exp), "--set", f"tracking.uri={mlflow_server}", "--set", f"study.storage={storage}",
+                  "--set", "study.bench_allreduce=true"], tmp_path / "home")
     out = summary(r)
     assert out["complete"] == 4
     assert "[4/4]" in r.stderr and "rank trial" in r.stderr  # progress lines and the final table
@@ -69,6 +70,10 @@ def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
 
     parents, runs = mlflow_runs(mlflow_server, "tiny-study")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    from mlflow.tracking import MlflowClient
+
+    logged = {a.path for a in MlflowClient(tracking_uri=mlflow_server).list_artifacts(parents[0].info.run_id)}
+    assert {"bench_allreduce_table.json", "bench_allreduce.json", "bench_allreduce_latency.png"} <= logged
     assert parents[0].data.metrics["throughput_tok_s"] == pytest.approx(study.best_value)
     assert len(runs) == len(trials)
     by_id = {run.info.run_id: run for run in runs}
