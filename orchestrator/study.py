@@ -66,16 +66,30 @@ def make_storage(cfg: ExperimentConfig):
         raise UserError(f"study.storage: cannot open {_redact(url)} ({type(e).__name__}: {msg})") from None
 
 
+SCHEMA_RACE = ("already exists", "UNIQUE constraint", "duplicate key", "IntegrityError")
+
+
 def _open_rdb(optuna, url: str, kwargs: dict, attempts: int = 5):
-    """RDBStorage, retried when a concurrent driver is creating the same schema at the same moment
-    ("table ... already exists" from the loser of that race); the second try finds the tables."""
-    for attempt in range(attempts):
-        try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-        except Exception as e:  # noqa: BLE001 - only the schema race is retried
-            if "already exists" not in str(e) or attempt == attempts - 1:
-                raise
-            time.sleep(0.5 * (attempt + 1))
+    """RDBStorage. Two drivers starting together would both create the schema: on SQLite a file
+    lock beside the database makes them take turns; elsewhere the loser of that race (a "table
+    already exists" or a duplicate alembic version) tries again and finds the tables."""
+    lock = None
+    if url.startswith("sqlite:///"):
+        import fcntl
+
+        lock = open(url.removeprefix("sqlite:///") + ".lock", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        for attempt in range(attempts):
+            try:
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            except Exception as e:  # noqa: BLE001 - only the schema race is retried
+                if not any(m in f"{type(e).__name__} {e}" for m in SCHEMA_RACE) or attempt == attempts - 1:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+    finally:
+        if lock is not None:
+            lock.close()  # releases the flock
 
 
 def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> None:
