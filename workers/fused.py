@@ -18,21 +18,15 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from workers.model import Transformer, attend
+from workers.model import Transformer, attend, rms_norm
 from workers.rope import apply_rope
-
-
-def _rms_norm(x, w, eps: float):
-    dtype = x.dtype
-    x = x.float()
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
 
 
 def _attn_body(x, norm_w, eps: float, wqkv, bqkv, cos, sin, mask, k_cache, v_cache, pos, wo,
                nq: int, nkv: int, hd: int, gqa_group: int, kv_map):
     # no module in the arguments: every layer shares one compiled graph per step width
     B, T, _ = x.shape
-    qkv = F.linear(_rms_norm(x, norm_w, eps), wqkv, bqkv)
+    qkv = F.linear(rms_norm(x, norm_w, eps), wqkv, bqkv)
     q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
     q = apply_rope(q.view(B, T, nq, hd).transpose(1, 2), cos, sin)
     k = apply_rope(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)
@@ -42,7 +36,7 @@ def _attn_body(x, norm_w, eps: float, wqkv, bqkv, cos, sin, mask, k_cache, v_cac
 
 def _mlp_body(x, delta, norm_w, eps: float, w_gate_up, w_down):
     x = x + delta
-    gate, up = F.linear(_rms_norm(x, norm_w, eps), w_gate_up).chunk(2, dim=-1)
+    gate, up = F.linear(rms_norm(x, norm_w, eps), w_gate_up).chunk(2, dim=-1)
     return x, F.linear(F.silu(gate) * up, w_down)
 
 
