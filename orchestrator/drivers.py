@@ -8,7 +8,10 @@ read end of a pipe from the driver. When the driver ends in any way, SIGKILL inc
 closes and the watchdog kills every process that still carries the token, then removes the record.
 If the watchdog was killed too, the next `spectune run` does the same for every record whose
 driver is gone (`reap_dead`). Processes are only ever matched by that token in /proc/PID/environ,
-re-checked right before the kill: never by name, never `ray stop`.
+or by a file open for writing inside this driver's Ray session directory (also in the record), re-checked
+right before the kill: never by name, never `ray stop`. The second handle is needed because Ray
+renames its processes with setproctitle, which overwrites the start of the environment block
+(the agents' environment comes in hash order, so any variable may be among those lost).
 
 Under `ray job submit` (RAY_ADDRESS set) Ray owns the actors' lifetime (they die with their owner,
 the job's driver) and nothing here runs. Linux only (/proc); elsewhere it does nothing.
@@ -38,20 +41,54 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-def _has_token(pid: int, token: str) -> bool:
+def _writes_under(pid: int, folder: str) -> bool:
+    """The process holds a file inside `folder` open for writing (Ray processes write their logs
+    there; a reader such as `tail -f` does not count)."""
+    prefix = folder.rstrip("/") + "/"
     try:
-        return f"{TOKEN_VAR}={token}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                continue
+            flags = next(line for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines() if line.startswith("flags:"))
+            if int(flags.split()[1], 8) & (os.O_WRONLY | os.O_RDWR):
+                return True
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+    return False
 
 
-def processes_with_token(token: str) -> list[int]:
-    """Live processes (zombies excluded) started with this driver token in their environment."""
+def _has_token(pid: int, token: str, session_dir: str | None = None) -> bool:
+    """The process carries this driver's token, or writes a file in its Ray session dir."""
+    try:
+        if f"{TOKEN_VAR}={token}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            return True
+    except OSError:
+        return False
+    return bool(session_dir) and _writes_under(pid, session_dir)
+
+
+def ray_session_dir() -> str | None:
+    """The connected Ray node's session directory (unique per `ray.init` of a local cluster)."""
+    try:
+        import ray._private.worker as ray_worker
+
+        return ray_worker._global_node.get_session_dir_path()
+    except Exception:  # noqa: BLE001 - private API: without it only the token identifies processes
+        return None
+
+
+def processes_with_token(token: str, session_dir: str | None = None) -> list[int]:
+    """Live processes (zombies excluded) started with this driver token in their environment
+    (or, with `session_dir`, writing a file in that Ray session directory)."""
     me, out = os.getpid(), []
     if not os.path.isdir("/proc"):
         return out
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me and _has_token(int(name), token):
+        if name.isdigit() and int(name) != me and _has_token(int(name), token, session_dir):
             try:
                 state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
             except (OSError, IndexError):
@@ -61,17 +98,17 @@ def processes_with_token(token: str) -> list[int]:
     return out
 
 
-def kill_token(token: str, rounds: int = 20) -> int:
+def kill_token(token: str, session_dir: str | None = None, rounds: int = 20) -> int:
     """SIGKILL every process carrying the token (a raylet may start workers meanwhile: repeat
     until none is left). Returns how many were killed."""
     killed: set[int] = set()
     for _ in range(rounds):
-        pids = processes_with_token(token)
+        pids = processes_with_token(token, session_dir)
         if not pids:
             break
         for pid in pids:
             born = start_time(pid)
-            if born is None or not _has_token(pid, token):
+            if born is None or not _has_token(pid, token, session_dir):
                 continue  # gone, or the pid now belongs to someone else
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -95,15 +132,14 @@ class DriverRecord:
         self.token = uuid.uuid4().hex
         self.path = self.dir / f"{socket.gethostname()}-{os.getpid()}.json"
         self.watchdog: subprocess.Popen | None = None
+        self.record: dict = {}
 
     def start(self, ray_temp_dir: str | None) -> None:
         os.environ[TOKEN_VAR] = self.token  # inherited by every process Ray starts from here on
         self.dir.mkdir(parents=True, exist_ok=True)
         record = {"host": socket.gethostname(), "pid": os.getpid(), "start_time": start_time(os.getpid()),
                   "token": self.token, "ray_temp_dir": ray_temp_dir, "started": time.time()}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(self.path)
+        self._write(record)
         env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
         self.watchdog = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.drivers", "watch", self.token, str(self.path)],
@@ -111,9 +147,20 @@ class DriverRecord:
             start_new_session=True, env=env, cwd=str(Path(__file__).resolve().parents[1]),
         )
 
+    def _write(self, record: dict) -> None:
+        self.record = record
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(self.path)
+
+    def note_session(self, session_dir: str | None) -> None:
+        """Once Ray is up: its session directory, the second handle on its processes."""
+        if session_dir:
+            self._write({**self.record, "session_dir": session_dir})
+
     def close(self) -> int:
         """After Ray shut down: kill stragglers, drop the record, let the watchdog go."""
-        killed = kill_token(self.token)
+        killed = kill_token(self.token, self.record.get("session_dir"))
         self.path.unlink(missing_ok=True)
         if self.watchdog is not None:
             try:
@@ -135,7 +182,7 @@ def reap_dead(home: Path, log) -> int:
             continue
         if rec.get("host") != host or _alive(int(rec["pid"]), rec.get("start_time")):
             continue
-        killed = kill_token(str(rec["token"]))
+        killed = kill_token(str(rec["token"]), rec.get("session_dir"))
         path.unlink(missing_ok=True)
         total += killed
         if killed:
@@ -150,7 +197,11 @@ def _watch(token: str, record: str) -> None:
             pass
     except OSError:
         pass
-    kill_token(token)
+    try:
+        session_dir = json.loads(Path(record).read_text()).get("session_dir")
+    except (OSError, ValueError):
+        session_dir = None
+    kill_token(token, session_dir)
     Path(record).unlink(missing_ok=True)
 
 

@@ -19,7 +19,7 @@ import warnings
 
 from orchestrator.cluster import GangPool, PlacementError, Resources, check_capacity, connect
 from orchestrator.config import ExperimentConfig, spectune_home
-from orchestrator.drivers import DriverRecord, reap_dead
+from orchestrator.drivers import DriverRecord, ray_session_dir, reap_dead
 from orchestrator.errors import UserError
 from orchestrator.progress import Progress
 from orchestrator.space import baseline_params, candidates, grid_space
@@ -315,6 +315,8 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             reap_dead(home, log)
             record.start(os.environ.get("SPECTUNE_RAY_TMPDIR"))
         where = connect()
+        if record is not None:
+            record.note_session(ray_session_dir())
         check_gang_fits(cfg, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
         study = optuna.create_study(
             study_name=cfg.study_name, storage=storage, direction="maximize", sampler=make_sampler(cfg),

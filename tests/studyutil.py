@@ -88,15 +88,19 @@ def mlflow_runs(uri: str, experiment: str):
     return parents, trials
 
 
-def processes_with_env(var: str, value: str) -> list[str]:
-    """Live processes (zombies excluded) whose environment has var=value: catches Ray workers and
-    agents too, which rename themselves (`ray::Worker`) and no longer mention the Ray temp dir."""
+def processes_with_env(var: str, value: str, folder: str | None = None) -> list[str]:
+    """Live processes (zombies excluded) whose environment has var=value, or (given `folder`, a
+    test's Ray temp dir) that write a file there: catches Ray workers and agents too, which rename
+    themselves (`ray::Worker`) and whose setproctitle may overwrite part of their environment."""
+    from orchestrator.drivers import _writes_under
+
     out, needle = [], f"{var}={value}".encode()
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
-            if needle not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if needle not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and not (
+                    folder and _writes_under(int(pid), folder)):
                 continue
             if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 continue
@@ -122,12 +126,12 @@ def start_spectune(args: list[str], home: Path, tag: str, env: dict | None = Non
     return p
 
 
-def wait_until_gone(tag: str, timeout: float = 60.0) -> tuple[float, list[str]]:
-    """Seconds until no process carries the tag (or the timeout), and what is left then."""
+def wait_until_gone(tag: str, timeout: float = 60.0, folder: str | None = None) -> tuple[float, list[str]]:
+    """Seconds until no process carries the tag or writes in `folder` (or the timeout), and what is left then."""
     import time
 
     t0 = time.monotonic()
-    while (left := processes_with_env(TAG_VAR, tag)) and time.monotonic() - t0 < timeout:
+    while (left := processes_with_env(TAG_VAR, tag, folder)) and time.monotonic() - t0 < timeout:
         time.sleep(0.1)
     return time.monotonic() - t0, left
 

@@ -85,7 +85,7 @@ def test_chaos_random_actor_kills_and_a_hang(tmp_path, tiny_ckpt):
             p.kill()
     inj.join(timeout=10)
     end = time.monotonic()
-    gone_s, left = wait_until_gone(tag, timeout=15)
+    gone_s, left = wait_until_gone(tag, timeout=15, folder=p.ray_tmp)
     assert p.returncode == 0, err[-4000:]
     assert json.loads(out.strip().splitlines()[-1])["complete"] == 6
 

@@ -57,7 +57,7 @@ def test_sigkilled_driver_resumes_without_loss_or_leak(tmp_path, tiny_ckpt):
     finally:
         if p.poll() is None:
             p.kill()
-    gone_s, left = wait_until_gone(tag, timeout=30)
+    gone_s, left = wait_until_gone(tag, timeout=30, folder=p.ray_tmp)
     assert left == [], left  # GCS, raylet, agents, idle workers and the gang's actors: all gone
     print(f"driver SIGKILLed in trial {killed}: its processes were gone {gone_s:.1f}s later")
     params_of_killed = optuna_study(f"sqlite:///{db}", "tiny-study").trials[killed].params
@@ -67,7 +67,7 @@ def test_sigkilled_driver_resumes_without_loss_or_leak(tmp_path, tiny_ckpt):
     out = summary(r)
     assert f"trial {killed} was left RUNNING by dead driver" in r.stderr
     assert out["complete"] == 4
-    assert wait_until_gone(tag2, timeout=10)[1] == []
+    assert wait_until_gone(tag2, timeout=10, folder=r.ray_tmp)[1] == []
 
     study = optuna_study(f"sqlite:///{db}", "tiny-study")
     states = [t.state.name for t in study.trials]
@@ -101,8 +101,8 @@ def test_two_drivers_on_one_study(tmp_path, tiny_ckpt):
         outs.append(__import__("json").loads(out.strip().splitlines()[-1]))
     assert [o["complete"] for o in outs] == [4, 4]
     assert outs[0]["parent_run_id"] == outs[1]["parent_run_id"]
-    for tag in tags:
-        assert wait_until_gone(tag, timeout=10)[1] == []
+    for tag, p in zip(tags, procs):
+        assert wait_until_gone(tag, timeout=10, folder=p.ray_tmp)[1] == []
     study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
     states = [t.state.name for t in study.trials]
     assert states.count("COMPLETE") == 4 and "RUNNING" not in states, states
@@ -117,8 +117,10 @@ def test_two_drivers_on_one_study(tmp_path, tiny_ckpt):
 
 
 def test_next_run_reaps_what_a_dead_driver_left(tmp_path):
-    """The watchdog itself was killed too: `reap_dead` kills by token only the processes of dead
-    drivers' records, leaves live drivers and unrelated processes alone, and drops the records."""
+    """The watchdog itself was killed too: `reap_dead` kills the processes of dead drivers' records
+    (by token, or by a file they write in the dead driver's Ray session dir: Ray's setproctitle
+    can overwrite the token), leaves live drivers, readers of that dir and unrelated processes
+    alone, and drops the records."""
     import json
     import socket
 
@@ -127,19 +129,28 @@ def test_next_run_reaps_what_a_dead_driver_left(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
     tokens = {"dead": uuid.uuid4().hex, "live": uuid.uuid4().hex, "other": uuid.uuid4().hex}
-    host = socket.gethostname()
+    host, session = socket.gethostname(), tmp_path / "session"
+    (session / "logs").mkdir(parents=True)
+    log = session / "logs" / "agent.log"
+    log.write_text("")
     for name, pid in (("dead", dead.pid), ("live", os.getpid())):
         (home / "drivers" / f"{host}-{pid}.json").write_text(json.dumps(
-            {"host": host, "pid": pid, "start_time": start_time(pid) if name == "live" else 1, "token": tokens[name]}))
-    sleepers = {name: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={**os.environ, TOKEN_VAR: tok})
+            {"host": host, "pid": pid, "start_time": start_time(pid) if name == "live" else 1, "token": tokens[name],
+             "session_dir": str(session) if name == "dead" else None}))
+    sleep = "import time; time.sleep(120)"
+    sleepers = {name: subprocess.Popen([sys.executable, "-c", sleep], env={**os.environ, TOKEN_VAR: tok})
                 for name, tok in tokens.items()}
+    sleepers["writer"] = subprocess.Popen([sys.executable, "-c", f"f = open({str(log)!r}, 'a'); {sleep}"])
+    sleepers["reader"] = subprocess.Popen([sys.executable, "-c", f"f = open({str(log)!r}); {sleep}"])
+    time.sleep(1.0)  # both have opened the log
     try:
         messages = []
-        assert reap_dead(home, messages.append) == 1
+        assert reap_dead(home, messages.append) == 2
         assert sleepers["dead"].wait(timeout=10) == -signal.SIGKILL
-        assert sleepers["live"].poll() is None and sleepers["other"].poll() is None
+        assert sleepers["writer"].wait(timeout=10) == -signal.SIGKILL
+        assert all(sleepers[n].poll() is None for n in ("live", "other", "reader"))
         assert [p.name for p in (home / "drivers").glob("*.json")] == [f"{host}-{os.getpid()}.json"]
-        assert "left 1 Ray processes behind" in messages[0]
+        assert "left 2 Ray processes behind" in messages[0]
     finally:
         for s in sleepers.values():
             s.kill()
