@@ -5,6 +5,7 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh smoke   # a minute: every code path on a 2-layer model
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh bench   # allreduce latency: nccl (3 environments) and symm_mem
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights)
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one TP 1 step: replay times and kernel table, Triton vs SDPA attention
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-full}
@@ -39,11 +40,15 @@ PY
 common="--drafter none -k 0 --device cuda --category writing --json"
 if [ "$mode" = smoke ]; then
   M=random:llama-3-8b:layers=2
+  echo "=== decode_attention selftest" | tee -a "$OUT/log.txt"
+  $PY -m workers.decode_attention --selftest 2>&1 | tee -a "$OUT/log.txt"
   run bench_smoke $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem --sizes 16K,256K --iters 50 --json
   run smoke_tp1 $S decode --model $M --tp 1 $common --num-prompts 1 --max-new-tokens 16 --peer-baseline
   run smoke_tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common --num-prompts 1 --max-new-tokens 16
   run smoke_tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
   run smoke_draft $S decode --model $M --tp 2 --backend symm_mem --drafter draft_model --draft-model random:llama-3.2-1b:layers=2 -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
+elif [ "$mode" = profile ]; then
+  $PY -m workers.profile_step --model random:llama-3-8b --widths 1 5 --max-seq 512 --json "$OUT/profile.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
 elif [ "$mode" = bench ]; then
   run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem --nccl-env "" --nccl-env NCCL_PROTO=LL \
       --nccl-env NCCL_P2P_DISABLE=1 --sizes 8K,16K,32K,64K,128K,256K,512K,1M,4M --json
@@ -51,6 +56,7 @@ else
   M=random:llama-3-8b
   P="--num-prompts 4 --max-new-tokens 128"
   run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline
+  run tp1_sdpa $S decode --model $M --tp 1 $common $P --attention sdpa
   run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
   run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P
   run sim_ngram $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P

@@ -46,6 +46,8 @@ def _add_decode(sub) -> None:
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bfloat16 on cuda)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run CUDA steps eagerly")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="CUDA graphs of the plain model (no merged weights, no torch.compile)")
+    p.add_argument("--attention", choices=["auto", "triton", "sdpa"], default="auto",
+                   help="attention of the compiled CUDA steps: split-KV Triton kernel, SDPA, or Triton where it runs (default)")
     p.add_argument("--simulate-accept-len", type=float, default=None, help="accept exactly tau - 1 drafts per step (engine speed apart from drafter quality)")
     p.add_argument("--ablation-iters", type=int, default=None, help="steps timed with and without the allreduce (comm_fraction)")
     p.add_argument("--peer-baseline", action="store_true", help="also time transformers' generate (and assisted generation)")

@@ -49,6 +49,7 @@ class DecodeOptions:
     dtype: str | None = None  # default: bfloat16 on cuda, float32 on cpu
     cuda_graphs: bool = True
     compile: bool = True
+    attention: str = "auto"
     simulate_accept_len: float | None = None
     ablation_iters: int | None = None  # comm/compute split; default 10 on cpu, 50 on cuda (tp > 1)
     peer_baseline: bool = False  # also time transformers' generate (and assisted generation with --draft-model)
@@ -117,10 +118,13 @@ def plan(o: DecodeOptions) -> DecodePlan:
     if need > args.max_position_embeddings:
         raise UserError(f"longest prompt + max_new_tokens needs {need} positions, the model has {args.max_position_embeddings}")
     max_seq = min(args.max_position_embeddings, -(-need // 256) * 256)
+    if o.attention == "triton" and o.device != "cuda":
+        raise UserError("--attention triton runs the CUDA graphs' attention kernel; this run is on CPU (use auto or sdpa)")
     eos = () if is_random(path) else tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
     gang = GangSpec(
         model_path=str(path), tp=o.tp, backend=o.backend, drafter=drafter, max_seq=max_seq,
         vocab_parallel=o.vocab_parallel, threads=o.threads, device=o.device, cuda_graphs=o.cuda_graphs, compile=o.compile,
+        attention=o.attention,
         dtype=o.dtype or ("bfloat16" if o.device == "cuda" else "float32"),
     )
     return DecodePlan(gang=gang, prompts=prompts, token_ids=ids, tokenizer=tok, eos_ids=eos)
@@ -192,7 +196,8 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
     with make(p.gang) as gang:
         setup = gang.setup()
         setup_s = time.perf_counter() - t0
-        log(f"gang of {p.gang.world_size} processes ready in {setup_s:.1f}s")
+        attention = next((s["attention"] for s in setup if s.get("attention")), "sdpa")
+        log(f"gang of {p.gang.world_size} processes ready in {setup_s:.1f}s (step attention: {attention})")
         warm = Workload(prompts=p.token_ids[:1], max_new_tokens=4, num_draft_tokens=o.num_draft_tokens, eos_ids=())
         gang.run(warm)
         base = None
@@ -201,7 +206,7 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
             log(f"baseline (k=0): {base.metrics['throughput_tok_s']:.1f} tok/s")
         spec = gang.run(workload)
         log(f"k={o.num_draft_tokens}: {spec.metrics['throughput_tok_s']:.1f} tok/s, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}")
-    out: dict = {"params": params(o, p), **spec.metrics, "setup_s": max(s["setup_s"] for s in setup)}
+    out: dict = {"params": params(o, p), **spec.metrics, "setup_s": max(s["setup_s"] for s in setup), "attention": attention}
     if base is None and o.num_draft_tokens == 0:
         base = spec
     if base is not None:

@@ -36,11 +36,12 @@ def _finish(tokens: list[int], have: int, w: Workload) -> tuple[list[int], bool]
 
 
 class Verifier:
-    def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int, graphs: bool = True, fused: bool = False):
+    def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int, graphs: bool = True, fused: bool = False,
+                 attention: str = "auto"):
         self.model, self.allreduce, self.link, self.rank = model, allreduce, link, rank
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
-        self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce, fused=fused)
+        self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce, fused=fused, attention=attention)
 
     def _simulated(self, drafted: list[int], w: Workload, logits: torch.Tensor, credit: float) -> tuple[int, list[int], float]:
         """Accept tau - 1 drafts per step on average (error diffusion keeps the running mean exact)."""

@@ -3,10 +3,20 @@
 A step of a few tokens streams every weight once, so its time is the weight bytes over memory
 bandwidth plus a floor of ~2-3 us per kernel, even inside a CUDA graph. The plain model launches
 ~45 small kernels per layer (norms, rope, SiLU, casts); here each layer is two compiled regions
-(attention: norm + one QKV GEMM + rope + cache write + attention + o_proj; MLP: residual + norm +
-one gate/up GEMM + SiLU*up + down), with the allreduces between them left to the backend, so
-CUDA graphs capture ~12 kernels per layer. Weights are shared with the plain model (views of the
-merged tensors), so the prefill and the CPU path are unchanged.
+around an eager attention core:
+
+    qkv body (compiled):  x += previous layer's MLP output; norm; one QKV GEMM; rope
+    attention (eager):    K/V written into the cache in place (index_copy_), attention, o_proj
+    mlp body (compiled):  x += attention output; norm; one gate/up GEMM; SiLU * up; down
+
+with the allreduces between them left to the backend. The cache write stays outside the compiled
+regions on purpose: an in-place write to a graph input is functionalised by Inductor into a copy
+of the whole per-layer cache (profiled on H200: two cache-sized copies per layer per step, 0.2 ms
+of a 5.2 ms Llama-3-8B step at 512 positions, growing with the cache). The residual add of each
+MLP output is folded into the next layer's qkv body (the last one into the final norm), saving a
+kernel per layer. Attention is `workers.model.attend` (SDPA over the masked static cache) or a
+faster drop-in given as `attend_fn` (workers/decode_attention.py). Weights are shared with the
+plain model (views of the merged tensors), so the prefill and the CPU path are unchanged.
 
     fast = FusedStep(model)             # merges weights once
     h = fast.hidden_at(tokens, pos, cache, kv_len)
@@ -22,22 +32,26 @@ from workers.model import Transformer, attend, rms_norm
 from workers.rope import apply_rope
 
 
-def _attn_body(x, norm_w, eps: float, wqkv, bqkv, cos, sin, mask, k_cache, v_cache, pos, wo,
-               nq: int, nkv: int, hd: int, gqa_group: int, kv_map):
+def _qkv_body(x, delta, norm_w, eps: float, wqkv, bqkv, cos, sin, nq: int, nkv: int, hd: int):
     # no module in the arguments: every layer shares one compiled graph per step width
+    if delta is not None:
+        x = x + delta
     B, T, _ = x.shape
     qkv = F.linear(rms_norm(x, norm_w, eps), wqkv, bqkv)
     q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
     q = apply_rope(q.view(B, T, nq, hd).transpose(1, 2), cos, sin)
     k = apply_rope(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)
-    v = v.view(B, T, nkv, hd).transpose(1, 2)
-    return F.linear(attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group, kv_map), wo)
+    return x, q, k, v.view(B, T, nkv, hd).transpose(1, 2)
 
 
 def _mlp_body(x, delta, norm_w, eps: float, w_gate_up, w_down):
     x = x + delta
     gate, up = F.linear(rms_norm(x, norm_w, eps), w_gate_up).chunk(2, dim=-1)
     return x, F.linear(F.silu(gate) * up, w_down)
+
+
+def _final_norm(x, delta, norm_w, eps: float):
+    return rms_norm(x + delta, norm_w, eps)
 
 
 def _merge(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -55,41 +69,47 @@ def _merge(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class FusedStep:
-    def __init__(self, model: Transformer, compile: bool = True):
+    def __init__(self, model: Transformer, compile: bool = True, attend_fn=None):
         self.model = model
+        # attend_fn(q, k, v, mask, k_cache, v_cache, pos, gqa_group, kv_map) -> [B, T, H * D]
+        self.attend_fn = attend_fn or attend
         self.merged = []
         for layer in model.layers:
             a, m = layer.self_attn, layer.mlp
             wqkv, bqkv = _merge([a.q_proj, a.k_proj, a.v_proj])
             wgu, _ = _merge([m.gate_proj, m.up_proj])
             self.merged.append((wqkv, bqkv, wgu))
-        self.attn_body, self.mlp_body = _attn_body, _mlp_body
+        self.qkv_body, self.mlp_body, self.final_norm = _qkv_body, _mlp_body, _final_norm
         if compile:
             import torch._dynamo
 
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self.attn_body = torch.compile(_attn_body, dynamic=False)
+            self.qkv_body = torch.compile(_qkv_body, dynamic=False)
             self.mlp_body = torch.compile(_mlp_body, dynamic=False)
+            self.final_norm = torch.compile(_final_norm, dynamic=False)
 
     def hidden_at(self, tokens, pos, cache, kv_len: int) -> torch.Tensor:
         model = self.model
         cos, sin, mask = model.rope_and_mask(pos, kv_len)
-        x = model.embed_tokens(tokens)
+        x, delta = model.embed_tokens(tokens), None  # the residual stream is x + delta
         for layer, (wqkv, bqkv, wgu), k_cache, v_cache in zip(model.layers, self.merged, cache.k, cache.v):
             a, m = layer.self_attn, layer.mlp
             eps = layer.input_layernorm.eps
-            attn_out = a.reduce(self.attn_body(x, layer.input_layernorm.weight, eps, wqkv, bqkv, cos, sin, mask,
-                                               k_cache, v_cache, pos, a.o_proj.weight,
-                                               a.n_heads, a.n_kv_heads, a.head_dim, a.gqa_group, a.kv_map))
+            x, q, k, v = self.qkv_body(x, delta, layer.input_layernorm.weight, eps, wqkv, bqkv, cos, sin,
+                                       a.n_heads, a.n_kv_heads, a.head_dim)
+            core = self.attend_fn(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
+            attn_out = a.reduce(F.linear(core, a.o_proj.weight))
             x, mlp_out = self.mlp_body(x, attn_out, layer.post_attention_layernorm.weight, eps, wgu, m.down_proj.weight)
-            x = x + m.reduce(mlp_out)
-        return model.norm(x)
+            delta = m.reduce(mlp_out)
+        if delta is None:  # a model without layers
+            return model.norm(x)
+        return self.final_norm(x, delta, model.norm.weight, model.norm.eps)
 
 
-def try_fused(model: Transformer, compile: bool = True) -> FusedStep | None:
+def try_fused(model: Transformer, compile: bool = True, attend_fn=None) -> FusedStep | None:
     """FusedStep, or None (with one line on stderr) if this torch cannot build it."""
     try:
-        return FusedStep(model, compile=compile)
+        return FusedStep(model, compile=compile, attend_fn=attend_fn)
     except Exception as e:  # noqa: BLE001 - the plain path still works
         print(f"spectune: fused step unavailable ({type(e).__name__}: {e}); using the plain model", file=sys.stderr)
         return None

@@ -30,6 +30,7 @@ class GangSpec:
     threads: int = 1  # torch intra-op threads per process
     cuda_graphs: bool = True  # capture decode/verify steps as CUDA graphs (CUDA only)
     compile: bool = True  # merged weights + torch.compile'd layer bodies inside the graphs (CUDA only)
+    attention: str = "auto"  # graphed steps: triton (workers/decode_attention.py) | sdpa | auto (triton where it runs)
 
     @property
     def has_drafter(self) -> bool:

@@ -22,15 +22,37 @@ import torch
 from workers.fused import try_fused
 from workers.model import KVCache, Transformer
 
+ATTENTION_CHOICES = ("auto", "triton", "sdpa")
+
+
+def pick_attention(choice: str, head_dim: int, device: torch.device):
+    """The attention core of the graphed steps: (attend_fn or None for SDPA, a note for the log)."""
+    if choice not in ATTENTION_CHOICES:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, not {choice!r}")
+    if choice == "sdpa":
+        return None, "sdpa"
+    from workers import decode_attention
+
+    why_not = decode_attention.available(head_dim, device)
+    if why_not is None:
+        return decode_attention.decode_attend, "triton"
+    if choice == "triton":
+        raise ValueError(f"attention 'triton' cannot run here: {why_not}")
+    return None, f"sdpa ({why_not})"
+
 
 class StepRunner:
-    def __init__(self, model: Transformer, cache: KVCache, max_width: int, graphs: bool, allreduce=None, fused: bool = False):
+    def __init__(self, model: Transformer, cache: KVCache, max_width: int, graphs: bool, allreduce=None, fused: bool = False,
+                 attention: str = "auto"):
         self.model, self.cache, self.max_width = model, cache, max_width
         self.allreduce = allreduce
         self.device = model.embed_tokens.weight.device
         self.use_graphs = graphs and self.device.type == "cuda"
-        # merged weights + compiled layer bodies (workers/fused.py) for the graphed steps
-        self.fast = try_fused(model) if fused and self.use_graphs else None
+        # merged weights + compiled layer bodies (workers/fused.py) for the graphed steps, with the
+        # split-KV Triton attention where it runs (workers/decode_attention.py)
+        attend_fn, self.attention = pick_attention(attention, model.args.head_dim, self.device) if fused and self.use_graphs \
+            else (None, "sdpa")
+        self.fast = try_fused(model, attend_fn=attend_fn) if fused and self.use_graphs else None
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
         self._pool = None
         if self.use_graphs:

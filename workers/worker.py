@@ -47,10 +47,10 @@ def build_drafter(spec: GangSpec, device) -> Drafter:
         return NgramDrafter(d.ngram_max, d.ngram_min)
     if d.kind == "draft_model":
         model = load_model(d.model_path, dtype=dtype, device=device, max_seq=spec.max_seq)
-        return ModelDrafter(model, kind="draft_model", fused=spec.compile)
+        return ModelDrafter(model, kind="draft_model", fused=spec.compile, attention=spec.attention)
     if d.kind == "layer_skip":
         model = load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, n_layers=d.layers)
-        return ModelDrafter(model, kind="layer_skip", fused=spec.compile)
+        return ModelDrafter(model, kind="layer_skip", fused=spec.compile, attention=spec.attention)
     raise WorkerError(f"unknown drafter kind {d.kind!r}")
 
 
@@ -104,8 +104,12 @@ class Worker:
             model = shard(model, self.rank, spec.tp, allreduce, spec.vocab_parallel)
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the unsharded copy is gone
-            self.verifier = Verifier(model, allreduce, self.link, self.rank, graphs=spec.cuda_graphs, fused=spec.compile)
-        return {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0, "pid": os.getpid()}
+            self.verifier = Verifier(model, allreduce, self.link, self.rank, graphs=spec.cuda_graphs, fused=spec.compile,
+                                     attention=spec.attention)
+        info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0, "pid": os.getpid()}
+        if self.verifier is not None:
+            info["attention"] = self.verifier.steps.attention
+        return info
 
     def _device(self) -> torch.device:
         if self.spec.device == "cpu":

@@ -23,12 +23,13 @@ from workers.verify import sample
 class ModelDrafter(Drafter):
     kind = "draft_model"
 
-    def __init__(self, model: Transformer, kind: str | None = None, max_width: int = 17, fused: bool = False):
+    def __init__(self, model: Transformer, kind: str | None = None, max_width: int = 17, fused: bool = False,
+                 attention: str = "auto"):
         self.model = model
         self.device = model.embed_tokens.weight.device
         self.begin(temperature=0.0, seed=0)
         self.cache = model.new_cache(1)
-        self.steps = StepRunner(model, self.cache, max_width, graphs=self.device.type == "cuda", fused=fused)
+        self.steps = StepRunner(model, self.cache, max_width, graphs=self.device.type == "cuda", fused=fused, attention=attention)
         self.fed: list[int] = []
         if kind:
             self.kind = kind

@@ -1,0 +1,45 @@
+"""The split-KV Triton attention of the graphed steps (workers/decode_attention.py): its kernels
+run under Triton's CPU interpreter against the model's SDPA attention (GQA, uneven head maps,
+several query tokens, caches of several splits, junk past each sequence), and the choice between
+it and SDPA is made, or refused, with a reason."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from workers.decode_attention import available
+from workers.steps import pick_attention
+
+
+def test_kernels_match_sdpa_under_the_interpreter():
+    pytest.importorskip("triton")
+    r = subprocess.run([sys.executable, "-m", "workers.decode_attention", "--selftest", "--device", "cpu"],
+                       env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout.count("max |diff|") == 6 and "worst |diff|" in r.stdout
+
+
+def test_attention_choice_and_refusals():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert pick_attention("sdpa", 128, cuda) == (None, "sdpa")
+    fn, note = pick_attention("auto", 128, cpu)
+    assert fn is None and note.startswith("sdpa (") and "CUDA" in note
+    with pytest.raises(ValueError, match="cannot run here"):
+        pick_attention("triton", 128, cpu)
+    with pytest.raises(ValueError, match="one of auto, triton, sdpa"):
+        pick_attention("flash", 128, cpu)
+    if available(128, cuda) != "Triton is not installed":
+        assert "power of two" in available(96, cuda)  # no GPU needed to say so
+        assert available(128, cuda) is None
+
+
+def test_decode_refuses_triton_attention_on_cpu():
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "decode", "--model", "random:llama-3.2-1b:layers=1",
+                        "--num-prompts", "1", "--max-new-tokens", "2", "--attention", "triton"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "--attention triton" in r.stderr

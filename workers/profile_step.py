@@ -1,0 +1,142 @@
+"""Where the time of one decode / verify step goes on a GPU: replay times and a kernel table.
+
+    python -m workers.profile_step --model random:llama-3-8b --widths 1 5 --max-seq 512 [--json OUT.json]
+
+TP 1 in this process (no Ray, no gang). For each step width it times CUDA-graph replays of the
+step (CUDA events, median of many) for the compiled fused path with each attention core
+(`--attention triton sdpa`), optionally the plain model (`--plain`), and the full
+`StepRunner.step` call (host work included); then it profiles the compiled step's kernels with
+torch.profiler and prints the top kernels by total time, with their count per step. The weight
+bytes over the measured copy bandwidth give the roofline each time is compared with.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes per second of a device-to-device copy (read + write counted), 2 GiB buffers."""
+    x = torch.empty(1 << 31, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize(device)
+    bw = 2 * x.numel() * 10 / (time.perf_counter() - t0)
+    del x, y
+    torch.cuda.empty_cache()
+    return bw
+
+
+def streamed_bytes(model) -> int:
+    """Bytes a step reads from weights: every parameter but the embedding table (one row is read),
+    unless the head shares it."""
+    seen, total = set(), 0
+    for name, p in model.named_parameters():
+        if p.data_ptr() in seen or (name == "embed_tokens.weight" and not model.args.tie_embeddings):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def replay_ms(graph, device, iters: int = 200) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def step_call_ms(runner, width: int, iters: int = 200) -> float:
+    """The whole `StepRunner.step` (token staging, graph replay, argmax sync), as the engine calls it."""
+    times = []
+    for _ in range(iters):
+        runner.cache.lengths[0] = 0
+        t0 = time.perf_counter()
+        int(runner.step([1] * width)[-1].argmax())
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def kernel_table(runner, width: int, top: int) -> tuple[list[dict], float, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner._run_static(width)
+        torch.cuda.synchronize()
+    rows = []
+    for evt in prof.key_averages():
+        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+        if t <= 0:
+            continue
+        rows.append({"kernel": evt.key[:90], "us_per_step": t / steps, "count_per_step": evt.count / steps})
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return rows[:top], sum(r["us_per_step"] for r in rows), sum(r["count_per_step"] for r in rows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="random:llama-3-8b")
+    ap.add_argument("--widths", type=int, nargs="+", default=[1, 5])
+    ap.add_argument("--max-seq", type=int, default=512)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--attention", nargs="+", default=["triton", "sdpa"], choices=["triton", "sdpa"])
+    ap.add_argument("--plain", action="store_true", help="also time the plain (uncompiled) graphed step")
+    ap.add_argument("--json", help="write the figures here too")
+    a = ap.parse_args(argv)
+
+    from workers.checkpoint import load_model, resolve_model_path
+    from workers.steps import StepRunner
+
+    device = torch.device("cuda")
+    bw = copy_bandwidth(device)
+    model = load_model(resolve_model_path(a.model), dtype=torch.bfloat16, device=device, max_seq=a.max_seq)
+    nbytes = streamed_bytes(model)
+    roof_ms = nbytes / bw * 1e3
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; weights streamed per step {nbytes / 1e9:.2f} GB; roofline {roof_ms:.3f} ms")
+    out = {"copy_bw_tb_s": bw / 1e12, "weight_gb": nbytes / 1e9, "roofline_ms": roof_ms, "widths": {}}
+    variants = [(f"fused+{att}", True, att) for att in a.attention] + ([("plain", False, "sdpa")] if a.plain else [])
+    for name, fused, attention in variants:
+        cache = model.new_cache(1, a.max_seq)
+        runner = StepRunner(model, cache, max_width=max(a.widths), graphs=True, fused=fused, attention=attention)
+        runner.warm(a.widths)
+        for w in a.widths:
+            graph = runner.graphs[(w, True)][0]
+            r = {"replay_ms": replay_ms(graph, device), "step_call_ms": step_call_ms(runner, w)}
+            r["roofline_fraction"] = roof_ms / r["replay_ms"]
+            if fused:
+                rows, total_us, kernels = kernel_table(runner, w, a.top)
+                r.update(kernel_us_sum=total_us, kernels_per_step=kernels, top=rows)
+            out["widths"].setdefault(str(w), {})[name] = r
+            print(f"\n[{name}] width {w}: replay {r['replay_ms']:.3f} ms ({r['roofline_fraction']:.0%} of roofline), "
+                  f"step call {r['step_call_ms']:.3f} ms")
+            if fused:
+                print(f"  kernels: {kernels:.0f} per step, {total_us / 1e3:.3f} ms of kernel time")
+                for row in rows:
+                    print(f"  {row['us_per_step']:9.1f} us  x{row['count_per_step']:6.1f}  {row['kernel']}")
+        del runner, cache
+        torch._dynamo.reset()  # the next variant compiles its own bodies
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
