@@ -42,15 +42,16 @@ if [ "$mode" = smoke ]; then
   M=random:llama-3-8b:layers=2
   echo "=== decode_attention selftest" | tee -a "$OUT/log.txt"
   $PY -m workers.decode_attention --selftest 2>&1 | tee -a "$OUT/log.txt"
-  run bench_smoke $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem --sizes 16K,256K --iters 50 --json
+  run bench_smoke $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem symm_mem_ll --sizes 16K,256K --iters 50 --json
   run smoke_tp1 $S decode --model $M --tp 1 $common --num-prompts 1 --max-new-tokens 16 --peer-baseline
   run smoke_tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common --num-prompts 1 --max-new-tokens 16
+  run smoke_tp2_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common --num-prompts 1 --max-new-tokens 16
   run smoke_tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
   run smoke_draft $S decode --model $M --tp 2 --backend symm_mem --drafter draft_model --draft-model random:llama-3.2-1b:layers=2 -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
 elif [ "$mode" = profile ]; then
   $PY -m workers.profile_step --model random:llama-3-8b --widths 1 5 --max-seq 512 --json "$OUT/profile.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
 elif [ "$mode" = bench ]; then
-  run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem --nccl-env "" --nccl-env NCCL_PROTO=LL \
+  run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem symm_mem_ll --nccl-env "" --nccl-env NCCL_PROTO=LL \
       --nccl-env NCCL_P2P_DISABLE=1 --sizes 8K,16K,32K,64K,128K,256K,512K,1M,4M --json
 else
   M=random:llama-3-8b
@@ -59,6 +60,7 @@ else
   run tp1_sdpa $S decode --model $M --tp 1 $common $P --attention sdpa
   run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
   run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P
+  run tp2_symm_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P
   run sim_ngram $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
   run sim_draft $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter draft_model --draft-model random:llama-3.2-1b -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
 fi

@@ -25,7 +25,7 @@ def _add_decode(sub) -> None:
     p = sub.add_parser("decode", help="run one configuration (baseline + speculative) and print its metrics")
     p.add_argument("--model", default=d.model, help="checkpoint directory or the alias smollm2-135m")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel verifier ranks")
-    p.add_argument("--backend", default=d.backend, help="allreduce backend: gloo (CPU), nccl, symm_mem")
+    p.add_argument("--backend", default=d.backend, help="allreduce backend: gloo (CPU), nccl, symm_mem, symm_mem_ll")
     p.add_argument("--drafter", default=d.drafter, help="none | draft_model | ngram | layer_skip")
     p.add_argument("--draft-model", default=None, help="checkpoint of the draft model (--drafter draft_model)")
     p.add_argument("--draft-layers", type=int, default=None, help="verifier layers that draft (--drafter layer_skip; default half)")
@@ -72,7 +72,7 @@ def _decode(ns: argparse.Namespace) -> int:
 
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench-allreduce", help="allreduce latency table per backend and NCCL environment")
-    p.add_argument("--backend", nargs="+", default=None, help="gloo | nccl | symm_mem (default: gloo on cpu, nccl symm_mem on cuda)")
+    p.add_argument("--backend", nargs="+", default=None, help="gloo | nccl | symm_mem | symm_mem_ll (default: gloo on cpu, nccl symm_mem symm_mem_ll on cuda)")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--sizes", default=None, help="comma list (8K,64K,1M); default: verify-step sizes for --hidden + 4K..8M")
@@ -94,7 +94,7 @@ def _bench(ns: argparse.Namespace) -> int:
         sizes = [parse_size(x) for x in ns.sizes.split(",")]
     else:
         sizes = sorted(set(step_sizes(ns.hidden, itemsize=itemsize)) | {1 << p for p in range(12, 24)})
-    backends = ns.backend or (["nccl", "symm_mem"] if ns.device == "cuda" else ["gloo"])
+    backends = ns.backend or (["nccl", "symm_mem", "symm_mem_ll"] if ns.device == "cuda" else ["gloo"])
     iters = ns.iters or (200 if ns.device == "cuda" else 20)
     rows = bench(backends, ns.tp, ns.device, sizes, dtype, iters, parse_env(ns.nccl_env),
                  log=lambda m: print(m, file=sys.stderr, flush=True))

@@ -25,6 +25,8 @@ CUDA2 = dict(world_size=2, device_type="cuda", devices=(0, 1), p2p_ok=True, max_
     ("symm_mem", GangInfo(**{**CUDA2, "p2p_ok": False}), "peer-to-peer access"),
     ("symm_mem", GangInfo(**{**CUDA2, "world_size": 16, "devices": tuple(range(16))}), "at most 8 ranks"),
     ("symm_mem", GangInfo(**{**CUDA2, "max_message_bytes": 64 << 20}), "MiB messages"),
+    ("symm_mem_ll", GangInfo(world_size=2, device_type="cpu"), "symm_mem_ll needs CUDA devices"),
+    ("symm_mem_ll", GangInfo(**{**CUDA2, "p2p_ok": False}), "peer-to-peer access"),
     ("nccl", GangInfo(**{**CUDA2, "devices": (0, 0)}), "same GPU"),
     ("gloo", GangInfo(**CUDA2), "gloo allreduce runs on CPU tensors only"),
     ("mpi", GangInfo(world_size=2, device_type="cpu"), "unknown allreduce backend 'mpi'"),

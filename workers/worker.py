@@ -83,7 +83,7 @@ class Worker:
         device = self._device()
         # every process joins every new_group call, members or not; the TP group carries the
         # allreduces (NCCL on GPUs), the default group (gloo, CPU) the draft-link messages
-        tp_backend = "nccl" if device.type == "cuda" and spec.backend in ("nccl", "symm_mem") else "gloo"
+        tp_backend = "nccl" if device.type == "cuda" and spec.backend in ("nccl", "symm_mem", "symm_mem_ll") else "gloo"
         tp_group = dist.new_group(list(range(spec.tp)), backend=tp_backend)
         args = load_args(spec.model_path)
         drafter_rank = spec.tp if spec.has_drafter else None

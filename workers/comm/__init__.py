@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from workers.comm.base import AllReduce, GangInfo, NoOpAllReduce, validate
 from workers.comm.symm_mem import SymmMemAllReduce
+from workers.comm.symm_mem_ll import SymmMemLLAllReduce
 from workers.comm.torch_dist import GlooAllReduce, NcclAllReduce
 
 BACKENDS: dict[str, type[AllReduce]] = {
-    cls.name: cls for cls in (GlooAllReduce, NcclAllReduce, SymmMemAllReduce, NoOpAllReduce)
+    cls.name: cls for cls in (GlooAllReduce, NcclAllReduce, SymmMemAllReduce, SymmMemLLAllReduce, NoOpAllReduce)
 }
 
 

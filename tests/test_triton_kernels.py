@@ -1,7 +1,7 @@
-"""The split-KV Triton attention of the graphed steps (workers/decode_attention.py): its kernels
-run under Triton's CPU interpreter against the model's SDPA attention (GQA, uneven head maps,
-several query tokens, caches of several splits, junk past each sequence), and the choice between
-it and SDPA is made, or refused, with a reason."""
+"""The Triton kernels of the GPU path, run on CPU under Triton's interpreter: the split-KV attention
+of the graphed steps (workers/decode_attention.py) against the model's SDPA attention (GQA, uneven
+head maps, several query tokens, caches of several splits, junk past each sequence) and the choice
+between it and SDPA, made or refused with a reason; and the low-latency allreduce's protocol."""
 from __future__ import annotations
 
 import os
@@ -43,3 +43,13 @@ def test_decode_refuses_triton_attention_on_cpu():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "--attention triton" in r.stderr
+
+
+def test_low_latency_allreduce_protocol_under_the_interpreter():
+    """symm_mem_ll's Triton kernel (workers/comm/symm_mem_ll.py) on simulated ranks: exact sums for
+    2-4 ranks over several calls, -0.0 inputs, slots back to the sentinel, phases cycling."""
+    pytest.importorskip("triton")
+    r = subprocess.run([sys.executable, "-m", "workers.comm.symm_mem_ll", "--selftest"],
+                       env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert [line.split(":")[0] for line in r.stdout.splitlines()] == ["world 2", "world 3", "world 4"]

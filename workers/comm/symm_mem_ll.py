@@ -1,0 +1,183 @@
+"""`symm_mem_ll`: a low-latency one-shot allreduce (Lamport-style push) over torch symmetric memory, in Triton.
+
+torch's one-shot kernel (`symm_mem`) copies the input into the symmetric buffer, runs a barrier
+(a signal to and a wait on every peer), reads every peer's buffer over NVLink and runs a second
+barrier before the buffer may be reused: two round trips per call. Here no barrier is needed:
+
+    every rank's buffer = NPHASE phases x world slots x max_numel elements, all initialised to the
+    sentinel -0.0 (a real -0.0 is sent as +0.0, which sums the same);
+    call c uses phase c % NPHASE (a counter on the device, so CUDA graph replays advance it):
+      push:   rank r stores its partial sum into slot r of that phase on every rank (remote stores);
+      reduce: rank r polls its own slots until no element is the sentinel (each element is its own
+              ready flag: a 2- or 4-byte store is never torn), sums them in float32, writes the
+              result and puts the sentinel back into those slots.
+
+Why the slots are free again when the next call of the same phase writes them: a rank pushes call
+c + NPHASE only after its call c + NPHASE - 1 has read every peer's push of that call, which each
+peer made after its own call c had finished, clean-up included (kernels on one stream run in
+order). NPHASE = 3 leaves a call of slack over that argument. The last program of each call to
+finish (a device-side counter) advances the phase; every program has read it by then.
+
+    ar = SymmMemLLAllReduce(group, world); ar.setup(device, torch.bfloat16, max_numel); ar(x)
+    TRITON_INTERPRET=1 python -m workers.comm.symm_mem_ll --selftest   # CPU: the protocol on simulated ranks
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from workers.comm.base import AllReduce, GangInfo
+from workers.comm.symm_mem import SymmMemAllReduce
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+NPHASE = 3
+MAX_PROGRAMS = 128  # every program must be resident at once (programs wait on peers' programs)
+BOTH, PUSH, REDUCE = 0, 1, 2  # kernel modes: one call on GPU; the halves separately in the CPU test
+
+_SENTINEL_BITS = {torch.bfloat16: -32768, torch.float16: -32768, torch.float32: -2147483648}
+
+if triton is not None:
+
+    @triton.jit
+    def _ll_allreduce(X, PTRS, STATE, n, max_numel, rank,
+                      WORLD: tl.constexpr, NPH: tl.constexpr, BLOCK: tl.constexpr, INT: tl.constexpr,
+                      SENT: tl.constexpr, MODE: tl.constexpr):
+        pid = tl.program_id(0)
+        phase = tl.load(STATE)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        ty = X.dtype.element_ty
+        if MODE != REDUCE:
+            x = tl.load(X + offs, mask=m, other=0.0)
+            x = tl.where(x == 0.0, 0.0, x)  # -0.0 is the sentinel: send +0.0
+            for peer in tl.static_range(WORLD):
+                dst = tl.load(PTRS + peer).to(tl.pointer_type(ty))
+                tl.store(dst + (phase * WORLD + rank) * max_numel + offs, x, mask=m)
+        if MODE != PUSH:
+            local = tl.load(PTRS + rank).to(tl.pointer_type(ty))
+            acc = tl.zeros([BLOCK], tl.float32)
+            for src in tl.static_range(WORLD):
+                slot = local + (phase * WORLD + src) * max_numel + offs
+                v = tl.load(slot, mask=m, other=0.0, volatile=True)
+                pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
+                while pending > 0:
+                    v = tl.load(slot, mask=m, other=0.0, volatile=True)
+                    pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
+                acc += v.to(tl.float32)
+                tl.store(slot, tl.full([BLOCK], SENT, INT).to(ty, bitcast=True), mask=m)
+            tl.store(X + offs, acc.to(ty), mask=m)
+            # the last program of this call to finish moves every later call to the next phase
+            done = tl.atomic_add(STATE + 1, 1)
+            if done == tl.num_programs(0) - 1:
+                tl.store(STATE, (phase + 1) % NPH)
+                tl.store(STATE + 1, 0)
+
+
+def _block(n: int) -> int:
+    return max(512, triton.next_power_of_2(triton.cdiv(n, MAX_PROGRAMS)))
+
+
+def launch(x: torch.Tensor, ptrs: torch.Tensor, state: torch.Tensor, max_numel: int, rank: int, world: int, mode: int = BOTH) -> None:
+    """One allreduce of the contiguous tensor `x` in place (or, for tests, its push / reduce half)."""
+    n = x.numel()
+    block = _block(n)
+    _ll_allreduce[(triton.cdiv(n, block),)](
+        x, ptrs, state, n, max_numel, rank, WORLD=world, NPH=NPHASE, BLOCK=block,
+        INT=tl.int16 if x.element_size() == 2 else tl.int32, SENT=_SENTINEL_BITS[x.dtype], MODE=mode)
+
+
+def sentinel_fill_(buf: torch.Tensor) -> torch.Tensor:
+    """Every element of `buf` := -0.0 (by its bits), "not arrived yet"."""
+    buf.view(torch.int16 if buf.element_size() == 2 else torch.int32).fill_(_SENTINEL_BITS[buf.dtype])
+    return buf
+
+
+class SymmMemLLAllReduce(AllReduce):
+    name = "symm_mem_ll"
+    timed = False
+
+    @classmethod
+    def capability(cls, gang: GangInfo) -> str | None:
+        if why := SymmMemAllReduce.capability(gang):
+            return why.replace("symm_mem", "symm_mem_ll", 1)
+        if triton is None:
+            return "symm_mem_ll needs Triton, which this torch install lacks"
+        return None
+
+    def setup(self, device: torch.device, dtype: torch.dtype, max_numel: int) -> None:
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if dtype not in _SENTINEL_BITS:
+            raise ValueError(f"symm_mem_ll sums bfloat16, float16 or float32, not {dtype}")
+        self.max_numel = max_numel
+        self.buf = symm_mem.empty(NPHASE * self.world_size * max_numel, dtype=dtype, device=device)
+        handle = symm_mem.rendezvous(self.buf, self.group)  # collective over the TP group
+        self.rank = handle.rank
+        self.ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
+        self.state = torch.zeros(2, dtype=torch.int32, device=device)  # phase, finished programs
+        sentinel_fill_(self.buf)
+        torch.cuda.synchronize(device)
+        dist.barrier(group=self.group)  # nobody pushes before every buffer holds the sentinel
+
+    def _all_reduce(self, x: torch.Tensor) -> None:
+        if x.numel() > self.max_numel or x.dtype != self.buf.dtype or not x.is_contiguous():
+            import torch.distributed as dist
+
+            dist.all_reduce(x, group=self.group)  # outside what the buffer was sized for: NCCL
+            return
+        launch(x, self.ptrs, self.state, self.max_numel, self.rank, self.world_size)
+
+
+def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int = 2048) -> None:
+    """Simulated ranks in one process (CPU, Triton's interpreter): every call pushes all ranks,
+    then reduces all ranks; checks the sums, -0.0 handling, that each phase's slots are back to the
+    sentinel after its reduce, and that the phase counter cycles."""
+    gen = torch.Generator().manual_seed(0)
+    for world in worlds:
+        bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
+        ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+        states = [torch.zeros(2, dtype=torch.int32) for _ in range(world)]
+        for call in range(calls):
+            n = numel - 97 * call
+            xs = [torch.randn(n, generator=gen) for _ in range(world)]
+            xs[0][:5] = -0.0  # a real negative zero must not read as "not arrived"
+            want = torch.stack(xs).sum(0)
+            for r in range(world):
+                launch(xs[r], ptrs, states[r], max_numel, r, world, mode=PUSH)
+            for r in range(world):
+                launch(xs[r], ptrs, states[r], max_numel, r, world, mode=REDUCE)
+            for r in range(world):
+                torch.testing.assert_close(xs[r], want, rtol=1e-5, atol=1e-5)
+                assert int(states[r][0]) == (call + 1) % NPHASE and int(states[r][1]) == 0, states[r]
+                bits = bufs[r].view(torch.int32)
+                assert bool((bits == _SENTINEL_BITS[torch.float32]).all()), f"rank {r}: slots not cleared after call {call}"
+        print(f"world {world}: {calls} calls summed exactly, slots cleared, phase cycling")
+
+
+def _interpreter_numpy_fix() -> None:
+    from workers.decode_attention import _interpreter_numpy_fix as fix
+
+    fix()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--selftest", action="store_true")
+    a = ap.parse_args(argv)
+    if triton is None:
+        sys.exit("symm_mem_ll: Triton is not installed")
+    if a.selftest:
+        _interpreter_numpy_fix()
+        selftest()
+
+
+if __name__ == "__main__":
+    main()
