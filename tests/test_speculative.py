@@ -90,3 +90,37 @@ def test_eos_stops_generation(tiny_ckpt):
     first = base.prompts[0].tokens
     assert first[-1] == eos and first.count(eos) == 1 and len(first) <= 11
     assert [p.tokens for p in spec_run.prompts] == [p.tokens for p in base.prompts]
+
+
+
+_AGREEMENT_RANK = """
+import sys, types, torch, torch.distributed as dist
+from workers.comm.torch_dist import GlooAllReduce
+from workers.engine import Verifier
+rank, init, tokens = int(sys.argv[1]), sys.argv[2], [int(t) for t in sys.argv[3].split(",")]
+dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+me = types.SimpleNamespace(allreduce=GlooAllReduce(dist.group.WORLD, 2), rank=rank, device=torch.device("cpu"))
+try:
+    Verifier._check_agreement(me, tokens)
+    print("agree")
+except RuntimeError as e:
+    print(e)
+"""
+
+
+@pytest.mark.parametrize("differ", [False, True])
+def test_ranks_deciding_alone_must_agree(tmp_path, differ):
+    """Without a drafter every verifier rank decides for itself; a rank whose tokens differ makes
+    the prompt fail with a clear error (on some rank) rather than desynchronising the gang."""
+    import subprocess
+    import sys
+
+    tokens = ["5,9,2,7", "5,9,2,8" if differ else "5,9,2,7"]
+    procs = [subprocess.Popen([sys.executable, "-c", _AGREEMENT_RANK, str(r), str(tmp_path / "init"), tokens[r]],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    if differ:
+        assert any("decided different tokens" in o for o in outs), outs
+    else:
+        assert outs == ["agree", "agree"]

@@ -8,6 +8,12 @@ the first token; then each step
     everyone:  append the new tokens, roll the KV cache back to the accepted prefix.
 The driver is not involved per step: one call runs a whole Workload.
 With k = 0 the verifier decodes plainly (the baseline) and a drafter in the gang only listens.
+
+Without a drafter in the gang nobody needs the broadcast: every verifier rank holds the same full
+logits (the allreduce hands every rank the same sums, the head is replicated or gathered) and the
+same seeded generator, so each rank verifies for itself and the per-step CPU broadcast (a gloo
+round trip, ~0.1 ms between two processes) is skipped. A checksum of each prompt's tokens across
+the TP group turns any disagreement into a clear error instead of a hang.
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ class Verifier:
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
         self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce, fused=fused, attention=attention)
+        self.replicated = link.drafter_rank is None  # every rank decides itself: no per-step broadcast
 
     def _simulated(self, drafted: list[int], w: Workload, logits: torch.Tensor, credit: float) -> tuple[int, list[int], float]:
         """Accept tau - 1 drafts per step on average (error diffusion keeps the running mean exact)."""
@@ -66,11 +73,30 @@ class Verifier:
         tokens, done = _finish([tok], 0, w)
         return VerifyResult(accepted=0, tokens=tokens, done=done)
 
+    def _decides(self) -> bool:
+        return self.rank == 0 or self.replicated
+
     def _broadcast(self, result: VerifyResult | None) -> VerifyResult:
+        if self.replicated:
+            return result
         if self.rank == 0:
             self.link.send_result(result)
             return result
         return self.link.recv_result()
+
+    def _check_agreement(self, tokens: list[int]) -> None:
+        """Ranks that decided for themselves must have produced the same tokens."""
+        if self.allreduce.world_size == 1:
+            return
+        import torch.distributed as dist
+
+        mine = sum((i + 1) * t for i, t in enumerate(tokens)) % (1 << 31)
+        total = torch.tensor([mine, len(tokens)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(total, group=self.allreduce.group)
+        world = self.allreduce.world_size
+        if int(total[0]) != world * mine or int(total[1]) != world * len(tokens):
+            raise RuntimeError(f"verifier rank {self.rank}: the TP ranks decided different tokens for a prompt "
+                               "(their logits differ); rerun with a drafter in the gang to broadcast rank 0's decisions")
 
     @torch.inference_mode()
     def run(self, w: Workload) -> RunResult | None:
@@ -83,7 +109,7 @@ class Verifier:
             t_prompt = time.perf_counter()
             self.cache.reset()
             logits = self.steps.prefill(list(prompt))
-            res = self._broadcast(self._first_token(logits, w, gen) if self.rank == 0 else None)
+            res = self._broadcast(self._first_token(logits, w, gen) if self._decides() else None)
             prefill_s = time.perf_counter() - t_prompt
             out, steps, accepted = list(res.tokens), 0, 0
             while not res.done:
@@ -97,7 +123,7 @@ class Verifier:
                 base = self.cache.lengths[0]
                 logits = self.steps.step([out[-1], *drafted])
                 mine = None
-                if self.rank == 0:
+                if self._decides():
                     if w.simulate_accept_len is not None:
                         n, new, credit = self._simulated(drafted, w, logits, credit)
                     else:
@@ -119,6 +145,8 @@ class Verifier:
                     )
                 )
             seconds = time.perf_counter() - t_prompt
+            if self.replicated:
+                self._check_agreement(out)
             stats.tokens += len(out)
             stats.seconds += seconds
             prompts.append(PromptResult(tokens=out, seconds=seconds, steps=steps, accepted=accepted, prefill_s=prefill_s))
