@@ -107,19 +107,22 @@ class Attention(nn.Module):
 
 def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
     """Write k/v [B, Hkv, T, D] at `pos`, attend q [B, H, T, D] to the first mask.shape[-1] cache
-    slots; returns [B, T, H * D] (before o_proj). A pure function, so compiled callers share it."""
+    slots; returns [B, T, H * D] (before o_proj). A pure function, so compiled callers share it.
+    mask=None: every sequence starts at position 0 (a fresh prefill), plain causal attention over
+    the T new slots, which SDPA runs without a mask (flash attention on GPUs)."""
     B, H, T, D = q.shape
     for b in range(B):
         k_cache[b].index_copy_(1, pos[b], k[b])
         v_cache[b].index_copy_(1, pos[b], v[b])
-    kv_len = mask.shape[-1]
+    kv_len = T if mask is None else mask.shape[-1]
     keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
+    how = {"is_causal": True} if mask is None else {"attn_mask": mask}
     if gqa_group == 1:
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, keys, values, **how)
     elif gqa_group > 1:
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True, **how)
     else:
-        out = F.scaled_dot_product_attention(q, keys.index_select(1, kv_map), values.index_select(1, kv_map), attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, keys.index_select(1, kv_map), values.index_select(1, kv_map), **how)
     return out.transpose(1, 2).reshape(B, T, H * D)
 
 
@@ -189,15 +192,17 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence length {kv_len} exceeds the cache ({min(cache.max_seq, self.max_seq)})")
         device = tokens.device
         pos = torch.tensor(starts, device=device)[:, None] + torch.arange(T, device=device)  # [B, T]
-        h = self.hidden_at(tokens, pos, cache, kv_len)
+        h = self.hidden_at(tokens, pos, cache, kv_len, fresh=not any(starts))
         cache.lengths = [s + T for s in starts]
         return h
 
-    def hidden_at(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int) -> torch.Tensor:
+    def hidden_at(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int, fresh: bool = False) -> torch.Tensor:
         """The layers at explicit positions `pos` [B, T], attending to the first `kv_len` cache slots.
         With kv_len = cache.max_seq every shape is static (what a CUDA graph captures); the caller
-        keeps `cache.lengths`."""
+        keeps `cache.lengths`. fresh: every sequence starts at 0 (causal attention, no mask)."""
         cos, sin, mask = self.rope_and_mask(pos, kv_len)
+        if fresh:
+            mask = None
         x = self.embed_tokens(tokens)
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
             x = layer(x, cos, sin, mask, k_cache, v_cache, pos)

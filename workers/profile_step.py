@@ -102,9 +102,10 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
 
     from workers.checkpoint import load_model, resolve_model_path
-    from workers.steps import StepRunner
+    from workers.steps import StepRunner, no_cudnn_attention
 
     device = torch.device("cuda")
+    no_cudnn_attention()  # as the workers do
     bw = copy_bandwidth(device)
     model = load_model(resolve_model_path(a.model), dtype=torch.bfloat16, device=device, max_seq=a.max_seq)
     nbytes = streamed_bytes(model)

@@ -25,6 +25,14 @@ from workers.model import KVCache, Transformer
 ATTENTION_CHOICES = ("auto", "triton", "sdpa")
 
 
+def no_cudnn_attention() -> None:
+    """Keep SDPA off cuDNN in this process. torch 2.11 sends masked SDPA to cuDNN first, which
+    builds an execution plan for every new shape (~0.4 s each): every prompt length of the eager
+    prefill paid it (H200, Llama-3-8B: 615 ms to prefill ~220 tokens). Flash and memory-efficient
+    attention need no plan."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def pick_attention(choice: str, head_dim: int, device: torch.device):
     """The attention core of the graphed steps: (attend_fn or None for SDPA, a note for the log)."""
     if choice not in ATTENTION_CHOICES:

@@ -21,6 +21,7 @@ from workers.drafters import Drafter, ModelDrafter, NgramDrafter
 from workers.engine import Verifier, run_drafter
 from workers.link import MAX_DRAFT_TOKENS, DraftLink
 from workers.spec import GangSpec, RunResult, Workload
+from workers.steps import no_cudnn_attention
 from workers.tp import shard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -123,6 +124,7 @@ class Worker:
         n = torch.cuda.device_count()
         index = 0 if self.is_drafter or n < self.spec.tp else self.rank
         torch.cuda.set_device(index)
+        no_cudnn_attention()
         return torch.device("cuda", index)
 
     def _tp_devices(self) -> tuple[int, ...]:
