@@ -67,7 +67,7 @@ if triton is not None:
         t = tl.arange(0, T_PAD)
         d = tl.arange(0, D)
         tmask = t < T
-        pos = tl.load(POS + b * T + t, mask=tmask, other=-1)
+        pos = tl.load(POS + b * T + t, mask=tmask, other=-1).to(tl.int32)  # loop bounds below stay int32
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, tl.max(pos, axis=0) + 1)  # nothing past the last query's position
         q = tl.load(Q + b * sqb + h * sqh + t[:, None] * sqt + d[None, :], mask=tmask[:, None], other=0.0)
