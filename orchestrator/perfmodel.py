@@ -1,15 +1,30 @@
-"""Performance model of a speculative decoding step, fitted from a study's trials.
+"""Performance model of a speculative decoding step, fitted from a study's trials and, where one
+exists, the allreduce latency table of `spectune bench-allreduce` (or `study.bench_allreduce`).
 
-    step_ms(env, kind, k) = a[env] + b * (k + 1)      verify pass (fitted on verify_ms)
-                          + c[kind] * k               drafting   (fitted on draft_ms)
-                          + o[k > 0]                  the rest: link messages, verification logic
+    step_ms(env, kind, k) = draft     c[kind] * k                        (fitted on draft_ms)
+                          + verify    compute(tp, k) + comm(env, k)      (fitted on verify_ms)
+                          + the rest  o[k > 0] (o[k == 0] for plain steps): link messages, verification logic
+    compute(tp, k) = a0[tp] + b * (k + 1)
+    comm(env, k)   = rounds * latency_env(batch * (k + 1) * hidden * itemsize) / 1000   "bench"
+                   or a fitted constant folded into a[env]: verify = a[env] + b (k+1)  "fitted"
     throughput(env, kind, k) = accept_len(kind, k) * 1000 / step_ms(env, kind, k)
 
-`a[env]` is the fixed cost of one verify pass under an allreduce setup (backend + NCCL variables):
-streaming the weights plus `rounds x latency` of the allreduces; `b` the extra cost of each token
-the verifier scores; `c[kind]` what each drafted token costs the drafter (~0 for n-gram lookup).
-The parts are fitted on their own measurements (verify and draft times are recorded separately),
-which keeps them identifiable: a single fit on step time alone confounds a with b and b with c.
+`env` is one allreduce setup: TP size, backend and NCCL variables (`env_label`). A verify pass of
+width k + 1 runs `rounds` allreduces (2 per layer: the attention and the MLP row-parallel outputs),
+each of batch x (k + 1) x hidden x itemsize bytes. With a bench table ("bench" term), the latency
+of one allreduce at that size is interpolated from the table (log-log, clamped at its ends) and only
+the compute part is fitted: one constant a0 per TP size, shared by every allreduce setup at that
+size (compute does not depend on how the sums travel), and one slope b per scored token. So the
+model also predicts setups no trial tried, as long as the table timed them at a tried TP size.
+Without a table for a setup ("fitted" term, e.g. a CPU study with study.bench_allreduce off), that
+setup gets its own fitted constant a[env], which holds its allreduces and its compute together.
+The table must describe the trials: a setup where some trial measured an allreduce time per step
+(comm_ms_per_step, the step timed with and without its allreduces) more than `max_comm_ratio` (2x)
+away from the table's gets the fitted term too (`PerfModel.rejected` keeps the measured / table
+range; e.g. gloo timed 10 times on 2 shared CPU cores, where the table is mostly noise).
+Draft and verify times are recorded separately and fitted separately, which keeps the parts
+identifiable: a single fit on step time alone confounds a with b and b with c.
+
 Accepted length comes from the measured per-position acceptance: the verifier keeps a prefix, so
 P(accepted >= i) = accept_rate_pos_i and accept_len(k) = 1 + sum_{i<=k} P(accepted >= i); past the
 longest measured k the last ratio P(>= i) / P(>= i-1) continues geometrically.
@@ -17,8 +32,10 @@ longest measured k the last ratio P(>= i) / P(>= i-1) continues geometrically.
 Speculation with k drafts beats plain decoding under the same env iff
     accept_len / step_ms(k) > 1 / step_ms(0)  <=>  accept_len > breakeven(k) = step_ms(k) / step_ms(0).
 
-Pure numpy: fit on `TrialPoint`s, `loo_error` reports the median relative error of predicting each
-trial from a fit on the others.
+Pure numpy: `fit` on `TrialPoint`s (plus an optional `BenchComm`); `loo_error` predicts each trial
+from a fit on the others; `comm_check` compares the bench-derived allreduce time with the one the
+trials measured themselves (comm_ms_per_step, from the step timed with the allreduce disabled).
+`python -m orchestrator.perfcheck EXP.yaml` prints the leave-one-out figures of a study.
 """
 from __future__ import annotations
 
@@ -27,9 +44,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def env_label(tp: int, backend: str, nccl: str = "default") -> str:
+    """One allreduce setup, e.g. "tp2 nccl NCCL_PROTO=LL"; `nccl` as bench-allreduce labels it
+    ("A=1,B=2" sorted by name, "default" for none)."""
+    return f"tp{tp} {backend}" + ("" if nccl in ("", "default") else f" {nccl}")
+
+
 @dataclass(frozen=True)
 class TrialPoint:
-    env: str  # backend + NCCL variables, e.g. "nccl NCCL_PROTO=LL"
+    env: str  # env_label(...)
     kind: str  # drafter kind ("none" for k = 0)
     k: int
     step_ms: float
@@ -38,21 +61,99 @@ class TrialPoint:
     accept_rates: tuple[float, ...] = ()  # accept_rate_pos_1..k
     verify_ms: float | None = None  # default: step_ms - draft_ms
     draft_ms: float = 0.0
+    tp: int = 0  # TP size of `env` (groups the compute constant)
+    comm_ms: float | None = None  # allreduce time per step the trial measured (comm_ms_per_step)
+    trial: int | None = None  # Optuna trial number, for reports
+
+
+def latency_us(rows: list[dict], backend: str, env: str, size_bytes: int, mode: str = "graph", tp: int | None = None) -> float | None:
+    """Allreduce latency at `size_bytes` from a bench-allreduce table: piecewise linear in
+    (log size, log time), i.e. a power law between measured sizes, and the end value past either
+    end (clamped: no extrapolation). Sizes timed twice are averaged. None: no such rows."""
+    by_size: dict[int, list[float]] = {}
+    for r in rows:
+        if r["backend"] == backend and r["env"] == env and r["mode"] == mode and (tp is None or r.get("tp") == tp):
+            by_size.setdefault(int(r["size_bytes"]), []).append(float(r["time_us"]))
+    if not by_size:
+        return None
+    sizes = sorted(by_size)
+    xs = np.log(sizes)
+    ys = np.log([np.mean(by_size[s]) for s in sizes])
+    return float(np.exp(np.interp(np.log(size_bytes), xs, ys)))  # np.interp holds the end values outside
+
+
+@dataclass
+class BenchComm:
+    """The "bench" allreduce term: per verify pass, `rounds` allreduces of (k + 1) x `token_bytes`
+    bytes (token_bytes = batch x hidden x itemsize), each taking the table's latency at that size.
+    `mode` is the table's mode the trials ran in: "graph" (CUDA steps are graphed) or "eager" (CPU);
+    a setup timed only in the other mode uses that one."""
+
+    rows: list[dict]
+    rounds: float  # allreduces per verify pass: 2 x n_layers
+    token_bytes: int
+    mode: str = "graph"
+    setups: dict[str, tuple[int, str, str]] = field(init=False)  # env label -> (tp, backend, nccl)
+
+    def __post_init__(self):
+        self.setups = {env_label(r["tp"], r["backend"], r["env"]): (r["tp"], r["backend"], r["env"])
+                       for r in self.rows if r.get("tp") is not None}
+
+    def size(self, k: int) -> int:
+        return (k + 1) * self.token_bytes
+
+    def latency_us(self, env: str, k: int) -> float | None:
+        if env not in self.setups:
+            return None
+        tp, backend, nccl = self.setups[env]
+        for mode in (self.mode, "eager" if self.mode == "graph" else "graph"):
+            lat = latency_us(self.rows, backend, nccl, self.size(k), mode, tp)
+            if lat is not None:
+                return lat
+        return None
+
+    def ms(self, env: str, k: int) -> float | None:
+        """Allreduce time of one verify pass of width k + 1 under `env`, in ms."""
+        lat = self.latency_us(env, k)
+        return None if lat is None else self.rounds * lat / 1e3
 
 
 @dataclass
 class PerfModel:
     envs: list[str]
     kinds: list[str]
-    a: dict[str, float]
-    b: float
-    c: dict[str, float]
+    a: dict[str, float]  # "fitted" envs: fixed verify cost (compute and allreduces together)
+    b: float  # ms per scored token
+    c: dict[str, float]  # ms per drafted token, per drafter kind
     rates: dict[str, list[float]] = field(default_factory=dict)  # per kind: P(accepted >= i), i = 1..
     overhead: tuple[float, float] = (0.0, 0.0)  # o[k == 0], o[k > 0]
+    a0: dict[int, float] = field(default_factory=dict)  # "bench" envs: fixed compute per TP size
+    comm: BenchComm | None = None
+    rejected: dict[str, tuple[float, float]] = field(default_factory=dict)  # table disagrees: measured / table range
+
+    def source(self, env: str) -> str:
+        """Which allreduce term `env` uses: "bench" (the table's latency) or "fitted" (in a[env])."""
+        if env in self.a:
+            return "fitted"
+        if self.comm is not None and env in self.comm.setups and self.comm.setups[env][0] in self.a0 and env not in self.rejected:
+            return "bench"
+        return "unknown"
+
+    def comm_ms(self, env: str, k: int) -> float | None:
+        """The bench-derived allreduce time per step (None for a fitted env: it is inside a[env])."""
+        return self.comm.ms(env, k) if self.source(env) == "bench" else None
+
+    def verify_ms(self, env: str, k: int) -> float:
+        src = self.source(env)
+        if src == "bench":
+            return self.a0[self.comm.setups[env][0]] + self.b * (k + 1) + self.comm.ms(env, k)
+        if src == "fitted":
+            return self.a[env] + self.b * (k + 1)
+        return float(np.mean([self.verify_ms(e, k) for e in self.envs]))  # never seen: the average setup
 
     def step_ms(self, env: str, kind: str, k: int) -> float:
-        a = self.a.get(env, float(np.mean(list(self.a.values()))))
-        return a + self.b * (k + 1) + (self.c.get(kind, 0.0) * k + self.overhead[1] if k > 0 else self.overhead[0])
+        rest = self.c.get(kind, 0.0) * k + self.overhead[1] if k > 0 else self.overhead[0]
+        return self.verify_ms(env, k) + rest
 
     def accept_len(self, kind: str, k: int) -> float:
         if k == 0:
@@ -79,21 +180,46 @@ def _verify_ms(p: TrialPoint) -> float:
     return p.verify_ms if p.verify_ms is not None else p.step_ms - p.draft_ms
 
 
-def fit(points: list[TrialPoint]) -> PerfModel:
-    """Verify pass: least squares over one-hot env intercepts and the per-verified-token slope.
+def comm_ratios(points: list[TrialPoint], comm: BenchComm | None) -> dict[str, list[float]]:
+    """Per env of the table: measured / bench-derived allreduce time per step of each trial that measured one."""
+    out: dict[str, list[float]] = {}
+    for p in points:
+        bench = comm.ms(p.env, p.k) if comm is not None else None
+        if bench and p.comm_ms is not None and p.comm_ms > 0:
+            out.setdefault(p.env, []).append(p.comm_ms / bench)
+    return out
+
+
+def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio: float = 2.0) -> PerfModel:
+    """Verify pass: least squares of (verify_ms - bench allreduce time) on one intercept per group
+    and the per-scored-token slope b. A group is a TP size for envs the table covers (a0[tp]: their
+    allreduces are the table's) or the env itself otherwise (a[env]: allreduces fitted in).
     Drafting: per kind, least squares through the origin of draft_ms on k. Overheads: the mean rest."""
     if not points:
         raise ValueError("no trials to fit")
-    envs = sorted({p.env for p in points})
     kinds = sorted({p.kind for p in points if p.k > 0})
-    X = np.zeros((len(points), len(envs) + 1))
-    y = np.array([_verify_ms(p) for p in points])
+    rejected = {e: (min(r), max(r)) for e, r in comm_ratios(points, comm).items()
+                if min(r) < 1 / max_comm_ratio or max(r) > max_comm_ratio}
+    covered = {p.env for p in points if comm is not None and p.env in comm.setups and p.env not in rejected}
+    group = {p.env: (p.tp if p.env in covered else p.env) for p in points}
+    groups = sorted(set(group.values()), key=str)
+    X = np.zeros((len(points), len(groups) + 1))
+    y = np.zeros(len(points))
     for i, p in enumerate(points):
-        X[i, envs.index(p.env)] = 1.0
-        X[i, len(envs)] = p.k + 1
-    # a small ridge keeps an unidentifiable slope (every trial at one k) near zero instead of wild
-    lam = 1e-6 * max(1.0, float(np.trace(X.T @ X)) / X.shape[1])
-    coef = np.linalg.solve(X.T @ X + lam * np.eye(X.shape[1]), X.T @ y)
+        X[i, groups.index(group[p.env])] = 1.0
+        X[i, -1] = p.k + 1
+        y[i] = _verify_ms(p) - (comm.ms(p.env, p.k) if p.env in covered else 0.0)
+    if np.linalg.matrix_rank(X) == X.shape[1]:
+        coef = np.linalg.lstsq(X, y, rcond=None)[0]
+    else:  # a group's trials all at one k: the slope is not identified; a tiny penalty on b alone picks
+        # the least-squares solution with the smallest |b| (decode is memory-bound: extra scored
+        # tokens cost little), the intercepts take what the trials measured
+        lam = 1e-6 * max(1.0, float(np.trace(X.T @ X)) / X.shape[1])
+        penalty = np.zeros((X.shape[1], X.shape[1]))
+        penalty[-1, -1] = lam
+        coef = np.linalg.solve(X.T @ X + penalty, X.T @ y)
+    a = {g: float(coef[j]) for j, g in enumerate(groups) if isinstance(g, str)}
+    a0 = {g: float(coef[j]) for j, g in enumerate(groups) if isinstance(g, int)}
     c = {}
     for kind in kinds:
         ks = np.array([p.k for p in points if p.kind == kind], dtype=float)
@@ -108,26 +234,40 @@ def fit(points: list[TrialPoint]) -> PerfModel:
         longest = max((p for p in points if p.kind == kind and p.accept_rates), key=lambda p: len(p.accept_rates), default=None)
         if longest is not None:
             rates[kind] = list(longest.accept_rates)
-    return PerfModel(
-        envs=envs, kinds=kinds, a={e: float(coef[i]) for i, e in enumerate(envs)}, b=float(coef[len(envs)]),
-        c=c, rates=rates, overhead=overhead,
-    )
+    # every setup the model can speak for: the trials' and the table's at a TP size with a fitted a0
+    untried = {e for e, (tp, _, _) in comm.setups.items() if tp in a0 and e not in rejected} if comm is not None else set()
+    return PerfModel(envs=sorted({p.env for p in points} | untried), kinds=kinds, a=a, b=float(coef[-1]), c=c,
+                     rates=rates, overhead=overhead, a0=a0, comm=comm if a0 else None, rejected=rejected)
 
 
-def loo_error(points: list[TrialPoint]) -> tuple[float, list[tuple[TrialPoint, float]]]:
+def loo_error(points: list[TrialPoint], comm: BenchComm | None = None,
+              max_comm_ratio: float = 2.0) -> tuple[float, list[tuple[TrialPoint, float, str]]]:
     """Median |predicted - measured| / measured throughput, each trial predicted by a fit on the others
-    (its own measured accepted length is used: the model predicts speed, acceptance is the drafter's)."""
+    (its own measured accepted length is used: the model predicts speed, acceptance is the drafter's).
+    A trial whose setup the others cannot speak for (no other trial under it, no table row) is skipped;
+    one whose drafter kind no other trial used is kept, its draft time predicted as 0 (the fit knows
+    nothing of that drafter's cost): usually the worst prediction, left in to keep the figure honest.
+    Returns the median and (trial, predicted throughput, allreduce term its fit used) per trial."""
     preds = []
     for i, p in enumerate(points):
         rest = points[:i] + points[i + 1 :]
-        if not rest or p.env not in {q.env for q in rest}:
+        if not rest:
             continue
-        model = fit(rest)
-        preds.append((p, model.throughput(p.env, p.kind, p.k, accept_len=p.accept_len)))
+        model = fit(rest, comm, max_comm_ratio)
+        if model.source(p.env) == "unknown":
+            continue
+        preds.append((p, model.throughput(p.env, p.kind, p.k, accept_len=p.accept_len), model.source(p.env)))
     if not preds:
         return float("nan"), []
-    errs = [abs(pred - p.throughput) / p.throughput for p, pred in preds]
+    errs = [abs(pred - p.throughput) / p.throughput for p, pred, _ in preds]
     return float(np.median(errs)), preds
+
+
+def comm_check(points: list[TrialPoint], comm: BenchComm | None) -> dict[str, tuple[float, float, float]]:
+    """Per env of the table: (min, median, max) over its trials of measured / bench-derived allreduce
+    time per step. ~1 = the table describes the trials' allreduces; far from 1: contention, another
+    message size or mode than the table's, or a noisy table."""
+    return {env: (min(r), float(np.median(r)), max(r)) for env, r in sorted(comm_ratios(points, comm).items())}
 
 
 def what_if_tp(step_ms: float, comm_ms: float, tp_from: int, tp_to: int, comm_ms_to: float | None = None) -> float:
@@ -136,15 +276,6 @@ def what_if_tp(step_ms: float, comm_ms: float, tp_from: int, tp_to: int, comm_ms
     (e.g. rounds x a measured latency over another interconnect), or stays as it was."""
     compute = max(0.0, step_ms - comm_ms)
     return compute * tp_from / tp_to + (comm_ms if comm_ms_to is None else comm_ms_to)
-
-
-def latency_us(rows: list[dict], backend: str, env: str, size_bytes: int, mode: str = "graph") -> float | None:
-    """Allreduce latency at `size_bytes` from a bench-allreduce table (log-log interpolation)."""
-    pts = sorted((r["size_bytes"], r["time_us"]) for r in rows if r["backend"] == backend and r["env"] == env and r["mode"] == mode)
-    if not pts:
-        return None
-    xs, ys = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
-    return float(np.exp(np.interp(np.log(size_bytes), xs, ys)))
 
 
 def what_if_interconnect(step_ms: float, comm_ms: float, rounds: float, latency: float) -> float:

@@ -2,12 +2,16 @@
 
 Prints and saves (a self-contained HTML file, its path printed; both also logged to the study's
 parent MLflow run): the best configuration, the runners-up within noise, parameter importances,
-the comm_fraction of the baseline and of the best, the performance model (orchestrator/perfmodel.py)
-with its leave-one-out prediction error and the breakeven accepted length of each allreduce setup,
-what-if estimates at other TP sizes (labelled as estimates), and the best configuration as a
-ready-to-use YAML snippet.
+the comm_fraction of the baseline and of the best, the performance model (orchestrator/perfmodel.py):
+which allreduce term it used per setup (bench-derived from an allreduce table, or fitted), its
+prediction of every trial left out of the fit and the median error, the breakeven accepted length of
+each allreduce setup (untried ones of the table too), what-if estimates at other TP sizes and
+interconnects (labelled as estimates), and the best configuration as a ready-to-use YAML snippet.
 
     spectune report experiments/smoke-cpu.yaml [--set study.storage=...] [--out DIR] [--bench bench.json]
+
+The allreduce table is `--bench FILE` (a `spectune bench-allreduce --json` output), else the one
+`study.bench_allreduce` logged to the study's parent MLflow run, else none (every term fitted).
 """
 from __future__ import annotations
 
@@ -22,30 +26,8 @@ import yaml
 
 from orchestrator.config import ExperimentConfig, spectune_home
 from orchestrator.errors import UserError
-from orchestrator.perfmodel import TrialPoint, fit, latency_us, loo_error, what_if_interconnect, what_if_tp
-
-
-def _env_label(params: dict) -> str:
-    nccl = ",".join(f"{k.removeprefix('nccl.')}={v}" for k, v in sorted(params.items()) if k.startswith("nccl."))
-    return f"tp{params.get('parallel.tp', '?')} {params.get('comm.backend', '?')}" + (f" {nccl}" if nccl else "")
-
-
-def trial_points(trials, cfg: ExperimentConfig) -> list[TrialPoint]:
-    points = []
-    for t in trials:
-        u, p = t.user_attrs, t.params
-        if "step_ms_p50" not in u:
-            continue
-        k = int(p.get("spec.num_draft_tokens", cfg.drafter.num_draft_tokens))
-        full = {"parallel.tp": cfg.parallel.tp, "comm.backend": cfg.parallel.backend, **p}
-        rates = tuple(u[f"accept_rate_pos_{i}"] for i in range(1, k + 1) if f"accept_rate_pos_{i}" in u)
-        points.append(TrialPoint(
-            env=_env_label(full), kind=p.get("drafter.kind", cfg.drafter.kind) if k else "none", k=k,
-            step_ms=u["step_ms_p50"], accept_len=u.get("accept_len_mean", 1.0),
-            throughput=u.get("decode_tok_s", u.get("throughput_tok_s", t.value)), accept_rates=rates,
-            verify_ms=u.get("verify_ms_p50"), draft_ms=u.get("draft_ms_p50", 0.0),
-        ))
-    return points
+from orchestrator.perfcheck import bench_comm, load_bench_rows, model_summary, open_study, trial_points
+from orchestrator.perfmodel import BenchComm, latency_us, what_if_interconnect, what_if_tp
 
 
 def best_yaml(cfg: ExperimentConfig, params: dict) -> str:
@@ -109,7 +91,7 @@ def _plots(done, best, base, model, preds) -> dict[str, str]:
     out["step_split"] = _png(fig)
     if preds:
         fig, ax = plt.subplots(figsize=(4.5, 4))
-        xs, ys = [p.throughput for p, _ in preds], [v for _, v in preds]
+        xs, ys = [p.throughput for p, _, _ in preds], [v for _, v, _ in preds]
         ax.scatter(xs, ys)
         lim = [0, max(xs + ys) * 1.1]
         ax.plot(lim, lim, "k--", lw=1)
@@ -118,20 +100,23 @@ def _plots(done, best, base, model, preds) -> dict[str, str]:
     return out
 
 
-def interconnect_what_ifs(trial, bench_rows: list[dict], hidden: int, itemsize: int) -> dict[str, str]:
+def interconnect_what_ifs(trial, comm: BenchComm) -> dict[str, str]:
     """ESTIMATES of `trial`'s step under every (backend, env) of a bench-allreduce table, e.g. a
-    PCIe stand-in (NCCL_P2P_DISABLE=1): measured compute + rounds x that setup's graphed latency."""
+    PCIe stand-in (NCCL_P2P_DISABLE=1): measured compute + rounds x that setup's latency."""
     u = trial.user_attrs
-    rounds, comm, step = u.get("allreduce_per_step", 0.0), u.get("comm_ms_per_step"), u.get("step_ms_p50")
-    if not rounds or comm is None or not step:
+    comm_ms, step = u.get("comm_ms_per_step"), u.get("step_ms_p50")
+    rounds = u.get("allreduce_per_step") or comm.rounds  # graphed steps count no calls
+    if comm_ms is None or not step:
         return {}
     k = int(trial.params.get("spec.num_draft_tokens", 0))
-    size = (k + 1) * hidden * itemsize
+    size = comm.size(k)
     out = {}
-    for backend, env in sorted({(r["backend"], r["env"]) for r in bench_rows}):
-        lat = latency_us(bench_rows, backend, env, size)
+    for backend, env in sorted({(r["backend"], r["env"]) for r in comm.rows}):
+        lat = latency_us(comm.rows, backend, env, size, comm.mode)
+        if lat is None:
+            lat = latency_us(comm.rows, backend, env, size, "eager" if comm.mode == "graph" else "graph")
         if lat is not None:
-            est = what_if_interconnect(step, comm, rounds, lat)
+            est = what_if_interconnect(step, comm_ms, rounds, lat)
             out[f"ESTIMATE trial {trial.number} step over {backend} {env} ({lat:.1f} us x {rounds:g} allreduces of {size} B)"] = \
                 f"{est:.2f} ms, {u.get('accept_len_mean', 1.0) * 1000 / est:.1f} tok/s"
     return out
@@ -155,15 +140,15 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
     except Exception:  # noqa: BLE001 - needs varied params
         importances = {}
     points = trial_points(done, cfg)
-    model = fit(points) if points else None
-    err, preds = loo_error(points) if len(points) > 2 else (float("nan"), [])
+    comm, note = bench_comm(cfg, bench_rows)
+    model, preds, facts = model_summary(points, comm, note)
     summary = {
         "study": cfg.study_name, "complete_trials": len(done), "best_trial": best.number, "best_value": best.value,
         "best_params": best.params, "runners_up_within_noise": [t.number for t in runners],
         "importances": importances,
         "comm_fraction_baseline": base.user_attrs.get("comm_fraction") if base else None,
         "comm_fraction_best": best.user_attrs.get("comm_fraction"),
-        "model_loo_median_rel_error": err, "breakeven": {}, "what_if": {},
+        **facts, "breakeven": {}, "what_if": {},
     }
     if model is not None:
         ks = sorted({p.k for p in points if p.k > 0}) or [4]
@@ -177,16 +162,9 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
                 rounds_scale = 0.0 if tp_to == 1 else 1.0
                 est = what_if_tp(u["step_ms_p50"], u["comm_ms_per_step"], tp, tp_to, u["comm_ms_per_step"] * rounds_scale)
                 summary["what_if"][f"ESTIMATE plain step at tp={tp_to} (same interconnect)"] = f"{est:.2f} ms"
-    if bench_rows and model is not None:
-        from workers.checkpoint import load_args, resolve_model_path
-
-        try:
-            hidden = load_args(resolve_model_path(cfg.model.path)).dim
-            itemsize = 4 if cfg.model.dtype == "float32" else 2
-            for t in ([base] if base is not None else []) + [best]:
-                summary["what_if"].update(interconnect_what_ifs(t, bench_rows, hidden, itemsize))
-        except (ValueError, OSError) as e:
-            summary["what_if"]["interconnect estimates skipped"] = str(e)
+    if comm is not None:
+        for t in ([base] if base is not None else []) + [best]:
+            summary["what_if"].update(interconnect_what_ifs(t, comm))
     text = _text(summary, best, runners)
     snippet = best_yaml(cfg, best.params)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -208,12 +186,42 @@ def _text(s: dict, best, runners) -> str:
         lines.append("parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in s["importances"].items()))
     fb, fbest = s["comm_fraction_baseline"], s["comm_fraction_best"]
     lines.append(f"comm_fraction: baseline {fb if fb is None else round(fb, 3)}, best {fbest if fbest is None else round(fbest, 3)}")
-    lines.append(f"performance model: median |error| predicting left-out trials = {s['model_loo_median_rel_error']:.1%}")
+    lines.append(f"performance model: median |error| predicting left-out trials = {s['model_loo_median_rel_error']:.1%} "
+                 f"({s['model_loo_trials']} trials, each predicted by a fit on the others)")
+    terms: dict[tuple[str, str], list[str]] = {}
+    for env, term in s["allreduce_term"].items():
+        terms.setdefault((term, s["allreduce_term_why"][env]), []).append(env)
+    for (term, why), envs in terms.items():
+        lines.append(f"allreduce term {term} for {', '.join(envs)}: {why}")
+    if "model_loo_median_rel_error_fitted_term" in s:
+        lines.append(f"  (with every allreduce term fitted instead: {s['model_loo_median_rel_error_fitted_term']:.1%})")
+    if s["comm_check"]:
+        lines.append("measured / bench-derived allreduce time per step (min, median, max over trials): "
+                     + ", ".join(f"{env} x{lo:.2f}, x{med:.2f}, x{hi:.2f}" for env, (lo, med, hi) in s["comm_check"].items()))
+    if s["model_loo_predictions"]:
+        mixed = any(r["allreduce_term"] != "fitted" for r in s["model_loo_predictions"])
+        lines.append("held-out trials (measured -> predicted decode tok/s): " + "; ".join(
+            f"#{r['trial']} {r['kind']} k={r['k']} {r['measured_tok_s']:.2f} -> {r['predicted_tok_s']:.2f} ({r['rel_error']:+.1%}"
+            + (f", {r['allreduce_term']})" if mixed else ")")
+            + ("" if r["drafter_in_fit"] else " [drafter in no other trial: draft time taken as 0]")
+            for r in s["model_loo_predictions"]))
     for key, table in s["breakeven"].items():
         lines.append(f"breakeven accepted length ({key}): " + ", ".join(f"k={k}: {v}" for k, v in table.items()))
     for key, value in s["what_if"].items():
         lines.append(f"{key}: {value}")
     return "\n".join(lines)
+
+
+def _predictions_table(s: dict) -> str:
+    head = "<tr><th>trial</th><th>setup</th><th>allreduce term</th><th>drafter</th><th>k</th><th>measured tok/s</th>" \
+           "<th>predicted tok/s</th><th>error</th><th>note</th></tr>"
+    rows = "".join(f"<tr><td>{r['trial']}</td><td>{html.escape(r['env'])}</td><td>{r['allreduce_term']}</td>"
+                   f"<td>{html.escape(r['kind'])}</td><td>{r['k']}</td><td>{r['measured_tok_s']:.2f}</td>"
+                   f"<td>{r['predicted_tok_s']:.2f}</td><td>{r['rel_error']:+.1%}</td>"
+                   f"<td>{'' if r['drafter_in_fit'] else 'drafter in no other trial: draft time taken as 0'}</td></tr>"
+                   for r in s["model_loo_predictions"])
+    return f'<table id="model-predictions" border="1" cellpadding="4">{head}{rows}</table>' \
+           f"<p>median |error| {s['model_loo_median_rel_error']:.1%}</p>"
 
 
 def _html(summary: dict, text: str, snippet: str, plots: dict[str, str]) -> str:
@@ -225,6 +233,7 @@ figure{{display:inline-block;margin:0.5em}}</style></head>
 <body><h1>spectune report: {html.escape(summary['study'])}</h1>
 <h2>Summary</h2><pre id="summary">{html.escape(text)}</pre>
 <h2>Plots</h2>{imgs}
+<h2>Performance model: trials left out of the fit</h2>{_predictions_table(summary)}
 <h2>Best configuration</h2><pre id="best-config">{html.escape(snippet)}</pre>
 <p>Estimates are labelled ESTIMATE: they extrapolate measured compute and allreduce times.</p>
 </body></html>
@@ -232,24 +241,10 @@ figure{{display:inline-block;margin:0.5em}}</style></head>
 
 
 def report(cfg: ExperimentConfig, out: str | None, log=None, bench: str | None = None) -> dict:
-    import optuna
-
-    from orchestrator.study import make_storage
-
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage, _ = make_storage(cfg)
-    try:
-        study = optuna.load_study(study_name=cfg.study_name, storage=storage)
-    except KeyError:
-        raise UserError(f"study.name: no study {cfg.study_name!r} in {cfg.study.storage or 'the default storage'}") from None
+    study = open_study(cfg)
     out_dir = Path(out) if out else spectune_home() / "reports" / cfg.study_name
-    rows = None
-    if bench:
-        try:
-            rows = json.loads(Path(bench).read_text().strip().splitlines()[-1])
-        except (OSError, ValueError, IndexError) as e:
-            raise UserError(f"--bench {bench!r}: not a `spectune bench-allreduce --json` output ({type(e).__name__})") from None
+    rows = load_bench_rows(cfg, study, bench)
     text, path, summary = build_report(cfg, study, out_dir, rows)
     print(text)
     log(f"spectune: report written to {path}")

@@ -1,10 +1,13 @@
-"""The performance model's fit and breakeven math on synthetic data with known answers."""
+"""The performance model's fit and breakeven math on synthetic data with known answers: the
+per-env fitted allreduce term (no table), and the bench-derived one (latency interpolated from a
+synthetic bench-allreduce table, only the compute part fitted)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from orchestrator.perfmodel import PerfModel, TrialPoint, fit, latency_us, loo_error, what_if_interconnect, what_if_tp
+from orchestrator.perfmodel import (BenchComm, PerfModel, TrialPoint, comm_check, env_label, fit, latency_us, loo_error,
+                                    what_if_interconnect, what_if_tp)
 
 A = {"nccl": 10.0, "nccl NCCL_PROTO=LL": 8.0, "symm_mem": 7.0}
 B, C = 0.5, {"ngram": 0.05, "layer_skip": 1.5}
@@ -72,6 +75,16 @@ def test_leave_one_out_error_small_with_small_noise_large_with_wrong_model():
     assert loo_error(shuffled)[0] > 0.1
 
 
+def test_an_unidentified_slope_stays_near_zero():
+    # env "x": only k = 4 trials; env "y": one k = 0 trial. b cannot be told apart from a["x"]: the
+    # fit keeps b ~ 0 and lets each intercept hold its own measurement, instead of splitting 50 / 50
+    pts = [TrialPoint("x", "ngram", 4, 10.0, 2.0, 200.0, verify_ms=10.0), TrialPoint("x", "ngram", 4, 10.2, 2.0, 196.0, verify_ms=10.2),
+           TrialPoint("y", "none", 0, 7.0, 1.0, 142.9, verify_ms=7.0)]
+    m = fit(pts)
+    assert abs(m.b) < 1e-3 and m.a["x"] == pytest.approx(10.1, abs=1e-2) and m.a["y"] == pytest.approx(7.0, abs=1e-2)
+    assert m.verify_ms("x", 0) == pytest.approx(10.1, abs=1e-2)
+
+
 def test_what_if_tp():
     # 10 ms step of which 4 ms allreduce, TP 2 -> TP 4 over a link with 6 ms of allreduce per step
     assert what_if_tp(10.0, 4.0, 2, 4, comm_ms_to=6.0) == pytest.approx(3.0 + 6.0)
@@ -86,3 +99,150 @@ def test_interconnect_what_if_from_a_bench_table():
     assert latency_us(rows, "symm_mem", "default", 8192) is None
     # 4.5 ms step of which 0.5 ms allreduce; 64 allreduces at 20 us instead -> 4.0 + 1.28 ms
     assert what_if_interconnect(4.5, 0.5, 64, 20.0) == pytest.approx(5.28)
+
+
+# ---- the bench-derived allreduce term -------------------------------------------------------------
+# A verify pass of width k + 1 runs ROUNDS allreduces of (k + 1) x TOKEN_BYTES bytes. Latencies
+# follow a power law per setup, lat(s) = L * (s / 1024) ** P, so log-log interpolation between the
+# table's sizes is exact and the true allreduce time of any step is known.
+ROUNDS, TOKEN_BYTES, A0, B0 = 64, 1024, 3.0, 0.2  # comm ~ 30-60% of a verify pass
+LAT = {"default": (20.0, 0.5), "NCCL_PROTO=LL": (12.0, 0.7), "NCCL_P2P_DISABLE=1": (40.0, 0.9)}  # nccl, (L us, P)
+SYMM = (15.0, 0.0)  # symm_mem: flat, so a fitted constant can hold it exactly
+SIZES = [1024 * 2**i for i in range(0, 8, 2)]  # 1 KiB .. 64 KiB
+
+
+def lat(setup, size):
+    L, P = setup
+    return L * (size / 1024) ** P
+
+
+def table(scale=1.0, mode="eager", envs=LAT, symm=True):
+    rows = [{"backend": "nccl", "env": e, "mode": mode, "size_bytes": s, "time_us": scale * lat(v, s), "tp": 2}
+            for e, v in envs.items() for s in SIZES]
+    # graph rows of the same setups, 10x faster: picking the wrong mode would be visible
+    rows += [{**r, "mode": "graph" if mode == "eager" else "eager", "time_us": r["time_us"] / 10} for r in rows]
+    if symm:
+        rows += [{"backend": "symm_mem", "env": "default", "mode": mode, "size_bytes": s, "time_us": scale * lat(SYMM, s), "tp": 2}
+                 for s in SIZES]
+    return rows
+
+
+def true_comm(env, k):
+    setup = SYMM if env == "tp2 symm_mem" else LAT["default" if env == "tp2 nccl" else env.split()[-1]]
+    return ROUNDS * lat(setup, (k + 1) * TOKEN_BYTES) / 1e3
+
+
+TRIED = ["tp2 nccl", "tp2 nccl NCCL_PROTO=LL", "tp2 symm_mem"]  # NCCL_P2P_DISABLE=1 only in the table
+
+
+def bench_points(envs=TRIED, ks=(0, 1, 3, 5), noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for env in envs:
+        for k in ks:
+            kind = "ngram" if k else "none"
+            comm = true_comm(env, k)
+            verify = (A0 + B0 * (k + 1) + comm) * (1 + noise * rng.standard_normal())
+            draft, tau = 0.05 * k, 1.0 + 0.3 * k
+            step = verify + draft + (0.3 if k else 0.1)
+            out.append(TrialPoint(env, kind, k, step, tau, tau * 1000 / step, verify_ms=verify, draft_ms=draft,
+                                  tp=2, comm_ms=comm, trial=len(out)))
+    return out
+
+
+def comm_of(rows, mode="eager"):
+    return BenchComm(rows, rounds=ROUNDS, token_bytes=TOKEN_BYTES, mode=mode)
+
+
+def test_latency_interpolation_is_log_log_and_clamped():
+    rows = table(symm=False)
+    for s in SIZES:  # the table's own sizes come back
+        assert latency_us(rows, "nccl", "default", s, "eager", tp=2) == pytest.approx(lat(LAT["default"], s))
+    # between sizes: a power law through the neighbours (not a straight line in linear space)
+    assert latency_us(rows, "nccl", "NCCL_PROTO=LL", 3000, "eager") == pytest.approx(lat(LAT["NCCL_PROTO=LL"], 3000))
+    linear = np.interp(3000, [1024, 4096], [lat(LAT["NCCL_PROTO=LL"], 1024), lat(LAT["NCCL_PROTO=LL"], 4096)])
+    assert abs(latency_us(rows, "nccl", "NCCL_PROTO=LL", 3000, "eager") - linear) > 0.5
+    # outside the table: its end values, no extrapolation
+    assert latency_us(rows, "nccl", "default", 10, "eager") == pytest.approx(lat(LAT["default"], SIZES[0]))
+    assert latency_us(rows, "nccl", "default", 10**8, "eager") == pytest.approx(lat(LAT["default"], SIZES[-1]))
+    # the mode, the TP size and the setup select rows; sizes timed twice are averaged
+    assert latency_us(rows, "nccl", "default", 1024, "graph") == pytest.approx(2.0)
+    assert latency_us(rows, "nccl", "default", 1024, "eager", tp=4) is None
+    assert latency_us(rows, "gloo", "default", 1024, "eager") is None
+    twice = rows + [{**rows[0], "time_us": 3 * rows[0]["time_us"]}]
+    assert latency_us(twice, "nccl", "default", 1024, "eager") == pytest.approx(2 * rows[0]["time_us"])
+
+
+def test_bench_comm_sizes_labels_and_mode_fallback():
+    comm = comm_of(table())
+    assert set(comm.setups) == {"tp2 nccl", "tp2 nccl NCCL_PROTO=LL", "tp2 nccl NCCL_P2P_DISABLE=1", "tp2 symm_mem"}
+    assert env_label(2, "nccl", "default") == "tp2 nccl" and env_label(8, "nccl", "NCCL_PROTO=LL") == "tp8 nccl NCCL_PROTO=LL"
+    assert comm.size(3) == 4 * TOKEN_BYTES
+    assert comm.ms("tp2 nccl", 3) == pytest.approx(true_comm("tp2 nccl", 3))
+    assert comm.ms("tp4 nccl", 3) is None
+    eager_only = [r for r in table() if r["mode"] == "eager"]  # a CPU table, asked for graphed latencies
+    assert comm_of(eager_only, mode="graph").ms("tp2 nccl", 3) == pytest.approx(true_comm("tp2 nccl", 3))
+
+
+def test_fit_with_a_bench_table_recovers_the_compute_and_predicts_untried_setups():
+    m = fit(bench_points(), comm_of(table()))
+    assert m.a0[2] == pytest.approx(A0, abs=1e-4) and m.b == pytest.approx(B0, abs=1e-4)
+    assert m.c["ngram"] == pytest.approx(0.05) and m.overhead == pytest.approx((0.1, 0.3))
+    assert all(m.source(e) == "bench" for e in TRIED) and not m.a
+    # a setup only the table timed: its verify pass is the same compute plus its own allreduces
+    p2p = "tp2 nccl NCCL_P2P_DISABLE=1"
+    assert p2p in m.envs and m.source(p2p) == "bench"
+    for k in (0, 4, 7):
+        assert m.verify_ms(p2p, k) == pytest.approx(A0 + B0 * (k + 1) + true_comm(p2p, k), rel=1e-5)
+    assert comm_check(bench_points(), comm_of(table()))["tp2 nccl"] == pytest.approx((1.0, 1.0, 1.0))
+    # the same trials with the wrong mode's latencies (10x too fast): wrong compute, wrong untried setup
+    wrong = fit(bench_points(), comm_of(table(), mode="graph"), max_comm_ratio=float("inf"))
+    assert abs(wrong.a0[2] - A0) > 0.2 and abs(wrong.b - B0) > 0.2
+    assert abs(wrong.verify_ms(p2p, 7) / (A0 + B0 * 8 + true_comm(p2p, 7)) - 1) > 0.2
+
+
+def test_breakeven_with_the_bench_term():
+    m = fit(bench_points(), comm_of(table()))
+    for env in ("tp2 nccl", "tp2 nccl NCCL_P2P_DISABLE=1"):
+        for k in (2, 4):
+            step_k = A0 + B0 * (k + 1) + true_comm(env, k) + 0.05 * k + 0.3
+            step_0 = A0 + B0 + true_comm(env, 0) + 0.1
+            assert m.breakeven(env, "ngram", k) == pytest.approx(step_k / step_0, rel=1e-5)
+            wins = m.throughput(env, "ngram", k, accept_len=1.3) > m.throughput(env, "none", 0)
+            assert wins == (1.3 > m.breakeven(env, "ngram", k))
+
+
+def test_setups_missing_from_the_table_get_the_fitted_term():
+    # symm_mem not in the table: its flat allreduce time is fitted into a[env], the rest stays bench-derived
+    m = fit(bench_points(), comm_of(table(symm=False)))
+    assert m.source("tp2 symm_mem") == "fitted" and m.source("tp2 nccl") == "bench"
+    assert m.a0[2] == pytest.approx(A0, abs=1e-4) and m.b == pytest.approx(B0, abs=1e-4)
+    assert m.a["tp2 symm_mem"] - m.a0[2] == pytest.approx(ROUNDS * SYMM[0] / 1e3, abs=1e-4)  # the fitted allreduce constant
+    # no table at all: every setup fitted, nothing untried predicted
+    none = fit(bench_points())
+    assert {none.source(e) for e in TRIED} == {"fitted"} and none.envs == sorted(TRIED) and none.comm is None
+    assert none.source("tp2 nccl NCCL_P2P_DISABLE=1") == "unknown"
+
+
+def test_a_table_that_disagrees_with_the_measured_allreduces_is_not_used():
+    pts = bench_points()
+    ok = fit(pts, comm_of(table(scale=1.5)))  # within 2x of what the trials measured: used
+    assert ok.source("tp2 nccl") == "bench" and not ok.rejected
+    bad = fit(pts, comm_of(table(scale=3.0)))  # 3x off: every tried setup falls back to its fitted term
+    assert {bad.source(e) for e in TRIED} == {"fitted"}
+    assert bad.rejected["tp2 nccl"] == pytest.approx((1 / 3, 1 / 3))
+    assert "tp2 nccl NCCL_P2P_DISABLE=1" not in bad.envs  # no compute fitted for the table's setups
+
+
+def test_leave_one_out_with_the_bench_term():
+    pts = bench_points(noise=0.01, seed=3)
+    err, preds = loo_error(pts, comm_of(table()))
+    assert len(preds) == len(pts) and err < 0.02 and {t for _, _, t in preds} == {"bench"}
+    # a setup with one trial: without a table nothing else speaks for it; with one, it is predicted
+    lone = pts + bench_points(envs=["tp2 nccl NCCL_P2P_DISABLE=1"], ks=(3,))
+    assert len(loo_error(lone)[1]) == len(pts)
+    err_b, preds_b = loo_error(lone, comm_of(table()))
+    assert len(preds_b) == len(lone) and abs(preds_b[-1][1] / lone[-1].throughput - 1) < 0.03
+    # a table with the wrong shape (latency flat in size) predicts worse than the right one
+    flat = {e: (L * 4, 0.0) for e, (L, _) in LAT.items()}
+    assert loo_error(pts, comm_of(table(envs=flat)), max_comm_ratio=float("inf"))[0] > 2 * err

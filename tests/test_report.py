@@ -8,11 +8,20 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 from studyutil import mlflow_runs, optuna_study, spectune, summary, tiny_experiment
 
 from orchestrator.trial import noise_aware
+
+
+def spectune_module(args: list[str], home) -> subprocess.CompletedProcess:
+    """`python -m <module> ...` against the study's stores (SPECTUNE_HOME = home)."""
+    import os
+
+    env = {**os.environ, "SPECTUNE_HOME": str(home), "RAY_AUTH_MODE": "disabled"}
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, env=env)
 
 
 def _chromium() -> str | None:
@@ -49,6 +58,12 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     assert "breakeven accepted length" in r.stdout and "comm_fraction: baseline" in r.stdout
     facts = json.loads((out / "summary.json").read_text())
     assert facts["best_trial"] == best.number and facts["complete_trials"] == 4
+    # no allreduce table in this study: the allreduce term is fitted, and the report says so
+    assert facts["allreduce_term"] == {"tp2 gloo": "fitted"} and "allreduce term fitted for tp2 gloo: no allreduce table" in r.stdout
+    held_out = facts["model_loo_predictions"]
+    assert len(held_out) == facts["model_loo_trials"] >= 3 and "held-out trials (measured -> predicted" in r.stdout
+    errs = sorted(abs(h["predicted_tok_s"] / h["measured_tok_s"] - 1) for h in held_out)
+    assert facts["model_loo_median_rel_error"] == pytest.approx(float(np.median(errs)), abs=1e-3)
 
     # the YAML snippet is a valid experiment pinned to the winner
     snippet = out / "best_config.yaml"
@@ -66,11 +81,14 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     assert dom.returncode == 0, dom.stderr[-1000:]
     assert dom.stdout.count('src="data:image/png;base64,') >= 2  # the plots, embedded
     assert 'id="best-config"' in dom.stdout and "num_draft_tokens" in dom.stdout
+    assert 'id="model-predictions"' in dom.stdout and dom.stdout.count("<tr>") >= 1 + len(held_out)
     shot = tmp_path / "report.png"
     subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                     "--no-first-run", f"--user-data-dir={tmp_path / 'chrome2'}", f"--screenshot={shot}",
                     "--window-size=1000,1400", page.as_uri()], capture_output=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+    _check_bench_term(tmp_path, exp, home, tiny_ckpt, study)
 
     parents, _ = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
     from mlflow.tracking import MlflowClient
@@ -78,3 +96,39 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     names = {a.path for a in client.list_artifacts(parents[0].info.run_id, "report")}
     assert {"report/report.html", "report/best_config.yaml", "report/summary.json"} <= names
+
+
+def _check_bench_term(tmp_path, exp, home, ckpt, study):
+    """The bench-derived allreduce term end to end: a gloo table at the trials' message sizes,
+    (k + 1) x hidden x 4 bytes, used by the benchmark command; one 1000x off is refused by the report."""
+    from workers.checkpoint import load_args
+
+    args = load_args(ckpt)
+    rounds = 2 * args.n_layers
+    done = [t for t in study.trials if t.state.name == "COMPLETE" and t.user_attrs.get("comm_ms_per_step")]
+    per_allreduce_us = float(np.median([t.user_attrs["comm_ms_per_step"] * 1e3 / rounds for t in done]))
+
+    def write(name, scale):
+        rows = [{"backend": "gloo", "env": "default", "mode": "eager", "size_bytes": (k + 1) * args.dim * 4,
+                 "time_us": scale * per_allreduce_us, "tp": 2} for k in range(6)]
+        path = tmp_path / name
+        path.write_text(json.dumps(rows))
+        return path
+
+    check = spectune_module(["orchestrator.perfcheck", str(exp), "--bench", str(write("bench.json", 1.0)), "--allreduce", "bench"], home)
+    assert check.returncode == 0, check.stderr[-2000:]
+    assert f"allreduce term bench-derived for tp2 gloo: {rounds} allreduces per step" in check.stdout
+    assert "median |error| predicting decode tok/s of trials left out of the fit:" in check.stdout
+    assert check.stdout.count(" bench-derived ") >= 3  # one line per held-out trial, each fit used the table
+    # --max-error: the benchmark command fails when the model misses by more than that
+    strict = spectune_module(["orchestrator.perfcheck", str(exp), "--allreduce", "fitted", "--max-error", "0"], home)
+    assert strict.returncode == 1 and "allreduce term fitted" in strict.stdout
+
+    out = tmp_path / "report-bench"
+    r = spectune(["report", str(exp), "--out", str(out), "--bench", str(write("bench-off.json", 1000.0))], home)
+    assert r.returncode == 0, r.stderr[-2000:]
+    facts = json.loads((out / "summary.json").read_text())
+    assert facts["allreduce_term"]["tp2 gloo"] == "fitted"
+    assert "the allreduce table disagrees with the allreduce time its trials measured" in facts["allreduce_term_why"]["tp2 gloo"]
+    lo, med, hi = facts["comm_check"]["tp2 gloo"]
+    assert lo <= med <= hi < 0.5
