@@ -6,6 +6,8 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh bench   # allreduce latency: nccl (3 environments) and symm_mem
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights)
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one TP 1 step: replay times and kernel table, Triton vs SDPA attention
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh ray     # the gang as Ray GPU actors (`decode --ray`); needs Ray: pack it with
+#       ../shared/tools/ray-for-device.sh .devcarry here and carry .devcarry (this script unpacks it)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-full}
@@ -48,6 +50,19 @@ if [ "$mode" = smoke ]; then
   run smoke_tp2_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common --num-prompts 1 --max-new-tokens 16
   run smoke_tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
   run smoke_draft $S decode --model $M --tp 2 --backend symm_mem --drafter draft_model --draft-model random:llama-3.2-1b:layers=2 -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
+elif [ "$mode" = ray ]; then
+  if ! $PY -c 'import ray' 2>/dev/null; then
+    mkdir -p /tmp/site && tar -C /tmp/site -xJf .devcarry/ray.tar.xz &&
+      $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/*.whl
+    export PYTHONPATH=/tmp/site:$PYTHONPATH
+  fi
+  export RAY_AUTH_MODE=disabled
+  M=random:llama-3-8b
+  run ray_tp2_nccl $S decode --ray --model $M --tp 2 --backend nccl --vocab-parallel $common --num-prompts 2 --max-new-tokens 64
+  run ray_tp2_ll_ngram $S decode --ray --model $M --tp 2 --backend symm_mem_ll --vocab-parallel --drafter ngram -k 4 \
+      --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 2 --max-new-tokens 64
+  run ray_tp2_draft $S decode --ray --model $M --tp 2 --backend nccl --vocab-parallel --drafter draft_model \
+      --draft-model random:llama-3.2-1b -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 2 --max-new-tokens 64
 elif [ "$mode" = profile ]; then
   $PY -m workers.profile_step --model random:llama-3-8b --widths 1 5 --max-seq 512 --json "$OUT/profile.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
 elif [ "$mode" = bench ]; then

@@ -46,6 +46,8 @@ def _add_decode(sub) -> None:
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bfloat16 on cuda)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run CUDA steps eagerly")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="CUDA graphs of the plain model (no merged weights, no torch.compile)")
+    p.add_argument("--ray", action="store_true",
+                   help="run the gang as Ray actors (the cluster in RAY_ADDRESS, else an embedded local Ray) instead of local processes")
     p.add_argument("--attention", choices=["auto", "triton", "sdpa"], default="auto",
                    help="attention of the compiled CUDA steps: split-KV Triton kernel, SDPA, or Triton where it runs (default)")
     p.add_argument("--simulate-accept-len", type=float, default=None, help="accept exactly tau - 1 drafts per step (engine speed apart from drafter quality)")

@@ -53,6 +53,7 @@ class DecodeOptions:
     simulate_accept_len: float | None = None
     ablation_iters: int | None = None  # comm/compute split; default 10 on cpu, 50 on cuda (tp > 1)
     peer_baseline: bool = False  # also time transformers' generate (and assisted generation with --draft-model)
+    ray: bool = False  # the gang as Ray actors (RAY_ADDRESS or an embedded local Ray) instead of local processes
 
 
 @dataclass
@@ -179,9 +180,32 @@ def peer(o: DecodeOptions, p: DecodePlan, base: RunResult) -> dict:
     return out
 
 
+def _decode_on_ray(o: DecodeOptions) -> dict:
+    """`decode` with the gang as Ray actors, placed as a study's trial places them (placement group,
+    one GPU per verifier rank, NVLink multicast off in every actor)."""
+    import os
+    from dataclasses import replace
+
+    import ray
+
+    from orchestrator.cluster import RayGang, Resources, connect
+
+    plan(o)  # bad input fails before Ray starts
+    embedded = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
+    log(f"gang as Ray actors: {connect()}")
+    res = Resources(call_timeout_s=o.timeout_s, setup_timeout_s=o.timeout_s)
+    try:
+        return {**decode(replace(o, ray=False), gang_factory=lambda spec: RayGang(spec, {}, res)), "gang": "ray"}
+    finally:
+        if embedded:
+            ray.shutdown()
+
+
 def decode(o: DecodeOptions, gang_factory=None) -> dict:
     from workers.local_gang import LocalGang
 
+    if o.ray and gang_factory is None:
+        return _decode_on_ray(o)
     p = plan(o)
     make = gang_factory or (lambda spec: LocalGang(spec, timeout_s=o.timeout_s))
     ablation = o.ablation_iters if o.ablation_iters is not None else (50 if o.device == "cuda" else 5)

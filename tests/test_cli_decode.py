@@ -73,3 +73,25 @@ def test_bad_input_is_one_line_exit_2(bad_inputs, case):
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("spectune: error:") and needle in lines[0], lines[0]
     assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_decode_as_ray_actors(tmp_path, tiny_ckpt):
+    """`--ray`: the same run with the gang as actors of an embedded local Ray (as a study places
+    them); the same metrics, the outputs still match the baseline, and Ray is gone afterwards."""
+    import os
+    import tempfile
+
+    from orchestrator.drivers import _writes_under
+
+    ray_tmp = tempfile.mkdtemp(prefix="st-ray-", dir="/tmp")
+    env = {**os.environ, "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "decode", "--ray", "--model", str(tiny_ckpt), "--tp", "2",
+                        "--drafter", "ngram", "-k", "3", "--num-prompts", "2", "--max-new-tokens", "16", "--json"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["gang"] == "ray" and out["outputs_match_baseline"] == 1 and out["tokens_generated"] == 2 * 16
+    assert "gang as Ray actors: embedded local ray" in r.stderr
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _writes_under(int(pid), ray_tmp)]
+    assert left == []
