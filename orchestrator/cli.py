@@ -119,7 +119,7 @@ def _add_experiment_commands(sub) -> None:
     p.add_argument("experiment")
     p.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
     p.add_argument("--out", default=None, help="folder for report.html, best_config.yaml, summary.json")
-    p.add_argument("--bench", default=None, help="a `bench-allreduce --json` output: what-if estimates over its setups")
+    p.add_argument("--bench", default=None, help="a `bench-allreduce --json` output: the performance model's allreduce term (rounds x latency) and what-if estimates over its setups")
     p.set_defaults(handler=_report)
     p = sub.add_parser("schema", help="print (or write) the JSON schema of experiment YAMLs")
     p.add_argument("--out", default=None)
