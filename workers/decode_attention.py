@@ -207,7 +207,7 @@ def main(argv=None) -> None:
         if a.device == "cpu":
             _interpreter_numpy_fix()
         worst = selftest(a.device)
-        tol = 2e-2 if a.device == "cuda" else 1e-4
+        tol = 5e-2 if a.device == "cuda" else 1e-4  # bf16 on GPU: both sides round; a wrong kernel is off by O(1)
         print(f"worst |diff| {worst:.2e} (tolerance {tol:g})")
         sys.exit(0 if worst <= tol else 1)
 
