@@ -73,6 +73,9 @@ class WorkloadSection(_Section):
     temperature: float = Field(0.0, ge=0)
     seed: int = 0
     repeats: int = Field(1, ge=1, le=20)  # measure each trial this many times; objective = median - penalty x MAD
+    # engine speed apart from drafter quality: trials with k > 0 accept exactly tau - 1 drafts per step
+    # (on average); their tokens are not the model's output (no baseline comparison), their timing is real
+    simulate_accept_len: float | None = Field(None, ge=1, le=17)
 
 
 class IntParam(_Section):

@@ -39,6 +39,11 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     for k in ks:
         if not isinstance(k, int) or not 0 <= k <= 16:
             raise UserError(f"{where('spec.num_draft_tokens')}: {k!r} must be an integer between 0 and 16")
+    tau = cfg.workload.simulate_accept_len
+    if tau is not None and any(0 < k < tau - 1 for k in ks):
+        k_min = min(k for k in ks if k > 0)
+        raise UserError(f"workload.simulate_accept_len: {tau:g} needs at least {tau - 1:g} drafts per step, but "
+                        f"{where('spec.num_draft_tokens')} allows k = {k_min}")
     if cfg.study.baseline and 0 not in ks:
         raise UserError(f"{where('spec.num_draft_tokens')}: must allow 0, the baseline every speedup is measured against (or set study.baseline: false)")
     kinds = candidates(cfg, "drafter.kind")
