@@ -2,9 +2,10 @@
 
 Every process of a gang is in one process group (the "link group": verifier ranks 0..tp-1 and,
 when there is one, the drafter as rank tp). Per step the drafter broadcasts a `Proposal` and
-verifier rank 0 broadcasts a `VerifyResult`; both travel as fixed-size int64 headers (plus the
-drafter's probabilities when stochastic verification needs them), so no one needs to know a
-message's size in advance. The tensors are small (k + a few integers).
+verifier rank 0 broadcasts a `VerifyResult`; both travel as fixed-size int64 headers, so no one
+needs to know a message's size in advance (k + a few integers). The drafter's probabilities, which
+stochastic verification needs ([n, vocab] float32: 2 MB for 4 drafts of a 128K vocabulary), go
+point to point to rank 0 alone, the one rank that verifies when a drafter is in the gang.
 """
 from __future__ import annotations
 
@@ -63,9 +64,12 @@ class DraftLink:
         self._bcast(header, self.drafter_rank)
         n, has_probs, draft_us = header[:3].tolist()
         q = None
-        if has_probs:
-            q = p.probs.float().contiguous() if p is not None else torch.empty(n, self.vocab)
-            self._bcast(q, self.drafter_rank)
+        if has_probs and p is not None:
+            q = p.probs.float().contiguous()
+            dist.send(q, dst=0, group=self.group)
+        elif has_probs and self.rank == 0:
+            q = torch.empty(n, self.vocab)
+            dist.recv(q, src=self.drafter_rank, group=self.group)
         return Proposal(tokens=header[3 : 3 + n].tolist(), probs=q, draft_s=draft_us / 1e6)
 
     # header layout: [accepted, n_tokens, done, tokens(k + 1)]
