@@ -92,3 +92,17 @@ def test_greedy_accepts_the_matching_prefix():
     assert greedy_verify([3, 1, 4], logits) == (3, [3, 1, 4, 2])  # all accepted + bonus
     assert greedy_verify([3, 0, 4], logits) == (1, [3, 1])  # corrected at position 2
     assert greedy_verify([], logits[:1]) == (0, [3])  # plain decoding
+
+
+def test_inverse_cdf_sampler_never_draws_a_zero_probability_token():
+    """`sample` on an unnormalised row with zeros at both ends and in the middle, u = 0 included
+    (side="right" of the cumulative sum): only positive tokens, in proportion."""
+    from workers.verify import sample
+
+    p = torch.tensor([0.0, 0.0, 2.0, 0.0, 6.0, 0.0])
+    gen = torch.Generator().manual_seed(5)
+    counts = torch.bincount(torch.tensor([sample(p, gen) for _ in range(4000)]), minlength=6)
+    assert counts[[0, 1, 3, 5]].sum() == 0
+    assert abs(counts[4].item() / 4000 - 0.75) < 0.03
+    c = torch.cumsum(p.double(), 0)  # the edge u = 0, which the generator rarely draws
+    assert int(torch.searchsorted(c, torch.zeros(1, dtype=torch.float64) * c[-1], right=True)) == 2

@@ -25,8 +25,14 @@ def probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from `p` with the (CPU) generator, wherever p lives."""
-    return int(torch.multinomial(p.float().cpu(), 1, generator=generator).item())
+    """One draw from `p` (unnormalised is fine) wherever it lives, by inverse CDF: a uniform u from
+    the CPU generator, then the first index whose cumulative sum exceeds u x total. Only that index
+    crosses to the host (a GPU row of 128K probabilities stays put). The cumsum is float64, and
+    side="right" never lands on a zero-probability token, u = 0 included."""
+    u = torch.rand(1, generator=generator, dtype=torch.float64)
+    c = torch.cumsum(p.double(), dim=0)
+    idx = torch.searchsorted(c, u.to(c.device) * c[-1], right=True)
+    return int(idx.clamp_max(p.numel() - 1).item())
 
 
 def greedy_verify(draft: list[int], logits: torch.Tensor) -> tuple[int, list[int]]:
@@ -47,9 +53,12 @@ def rejection_verify(
     """`draft_probs` [k, V] is q for each draft position, or None for a deterministic (one-hot) drafter."""
     p = probs(logits, temperature)  # [k + 1, V]
     uniforms = torch.rand(len(draft), generator=generator).tolist()
+    k = len(draft)
+    rows, cols = torch.arange(k), torch.tensor(draft, dtype=torch.long)
+    p_drafts = p[rows.to(p.device), cols.to(p.device)].tolist()  # one host sync for all k, not one each
+    q_drafts = [1.0] * k if draft_probs is None else draft_probs[rows.to(draft_probs.device), cols.to(draft_probs.device)].tolist()
     for i, x in enumerate(draft):
-        px = p[i, x].item()
-        qx = 1.0 if draft_probs is None else draft_probs[i, x].item()
+        px, qx = p_drafts[i], q_drafts[i]
         # accept with probability min(1, px / qx); written without the division so qx = 0 is safe
         if uniforms[i] * qx < px:
             continue
