@@ -5,7 +5,7 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh smoke   # a minute: every code path on a 2-layer model
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh bench   # allreduce latency: nccl (3 environments) and symm_mem
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights)
-#   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one TP 1 step: replay times and kernel table, Triton vs SDPA attention
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one step: replay times and kernel tables, TP 1 (Triton vs SDPA attention) and TP 2
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh ray     # the gang as Ray GPU actors (`decode --ray`); needs Ray: pack it with
 #       ../shared/tools/ray-for-device.sh .devcarry here and carry .devcarry (this script unpacks it)
 set -uo pipefail
@@ -65,6 +65,8 @@ elif [ "$mode" = ray ]; then
       --draft-model random:llama-3.2-1b -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 2 --max-new-tokens 64
 elif [ "$mode" = profile ]; then
   $PY -m workers.profile_step --model random:llama-3-8b --widths 1 5 --max-seq 512 --json "$OUT/profile.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
+  $PY -m workers.profile_step --model random:llama-3-8b --tp 2 --backend nccl symm_mem_ll --widths 1 5 --max-seq 512 --top 15 \
+      --json "$OUT/profile_tp2.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
 elif [ "$mode" = bench ]; then
   run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem symm_mem_ll --nccl-env "" --nccl-env NCCL_PROTO=LL \
       --nccl-env NCCL_P2P_DISABLE=1 --sizes 8K,16K,32K,64K,128K,256K,512K,1M,4M --json

@@ -1,8 +1,12 @@
 """Where the time of one decode / verify step goes on a GPU: replay times and a kernel table.
 
     python -m workers.profile_step --model random:llama-3-8b --widths 1 5 --max-seq 512 [--json OUT.json]
+    python -m workers.profile_step --model random:llama-3-8b --tp 2 --backend nccl symm_mem symm_mem_ll
 
-TP 1 in this process (no Ray, no gang). For each step width it times CUDA-graph replays of the
+TP 1 runs in this process (no Ray, no gang). With --tp N each rank is a process built as a gang's
+verifier rank (workers.worker.Worker, vocab-parallel head), per backend: the ranks replay the same
+graphs in lockstep (their collectives pair up), time them with the allreduce and as compute-only
+graphs (the no-op ablation), and rank 0 reports its kernel table. For each step width it times CUDA-graph replays of the
 step (CUDA events, median of many) for the compiled fused path with each attention core
 (`--attention triton sdpa`), optionally the plain model (`--plain`), and the full
 `StepRunner.step` call (host work included); then it profiles the compiled step's kernels with
@@ -90,6 +94,56 @@ def kernel_table(runner, width: int, top: int) -> tuple[list[dict], float, float
     return rows[:top], sum(r["us_per_step"] for r in rows), sum(r["count_per_step"] for r in rows)
 
 
+def _tp_rank(rank: int, tp: int, init_file: str, spec_kwargs: dict, widths: list[int], top: int, queue) -> None:
+    """One verifier rank of a TP profile (spawned): graph replays with and without the allreduce."""
+    try:
+        from workers.spec import GangSpec
+        from workers.worker import Rendezvous, Worker
+
+        worker = Worker(rank, GangSpec(**spec_kwargs))
+        info = worker.setup(Rendezvous(file=init_file))
+        runner = worker.verifier.steps
+        device = runner.device
+        out = {"attention": info.get("attention"), "widths": {}}
+        runner.warm(widths)
+        runner.allreduce.enabled = False
+        runner.warm(widths)  # the compute-only graphs (allreduce replaced by a no-op)
+        runner.allreduce.enabled = True
+        for w in widths:
+            r = {"replay_ms": replay_ms(runner.graphs[(w, True)][0], device),
+                 "compute_only_ms": replay_ms(runner.graphs[(w, False)][0], device)}
+            r["comm_ms"] = r["replay_ms"] - r["compute_only_ms"]
+            rows, total_us, kernels = kernel_table(runner, w, top)  # every rank runs it: collectives pair up
+            r.update(kernel_us_sum=total_us, kernels_per_step=kernels, top=rows)
+            out["widths"][str(w)] = r
+        worker.shutdown()
+        queue.put((rank, out, None))
+    except BaseException as e:  # noqa: BLE001 - reported by the parent
+        import traceback
+
+        queue.put((rank, None, f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"))
+
+
+def profile_tp(model: str, tp: int, backend: str, widths: list[int], max_seq: int, top: int) -> dict:
+    import multiprocessing as mp
+    import tempfile
+
+    spec = dict(model_path=model, tp=tp, backend=backend, dtype="bfloat16", device="cuda", max_seq=max_seq, vocab_parallel=True)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=_tp_rank, args=(r, tp, f"{tmp}/init", spec, widths, top, queue)) for r in range(tp)]
+        for p in procs:
+            p.start()
+        results = dict((rank, (res, err)) for rank, res, err in (queue.get(timeout=900) for _ in procs))
+        for p in procs:
+            p.join(timeout=60)
+    errors = [err for _, err in results.values() if err]
+    if errors:
+        raise RuntimeError(errors[0])
+    return results[0][0]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="random:llama-3-8b")
@@ -98,8 +152,26 @@ def main(argv=None) -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--attention", nargs="+", default=["triton", "sdpa"], choices=["triton", "sdpa"])
     ap.add_argument("--plain", action="store_true", help="also time the plain (uncompiled) graphed step")
+    ap.add_argument("--tp", type=int, default=1, help="> 1: one process per rank on as many GPUs")
+    ap.add_argument("--backend", nargs="+", default=["nccl"], help="with --tp: the allreduce backends to profile")
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args(argv)
+    if a.tp > 1:
+        from workers.checkpoint import resolve_model_path
+
+        out = {}
+        for backend in a.backend:
+            res = out[backend] = profile_tp(str(resolve_model_path(a.model)), a.tp, backend, a.widths, a.max_seq, a.top)
+            for w, r in res["widths"].items():
+                print(f"\n[tp={a.tp} {backend}, attention {res['attention']}] width {w}: replay {r['replay_ms']:.3f} ms, "
+                      f"compute-only {r['compute_only_ms']:.3f} ms, comm {r['comm_ms']:.3f} ms; "
+                      f"{r['kernels_per_step']:.0f} kernels, {r['kernel_us_sum'] / 1e3:.3f} ms of kernel time (rank 0)")
+                for row in r["top"]:
+                    print(f"  {row['us_per_step']:9.1f} us  x{row['count_per_step']:6.1f}  {row['kernel']}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return
 
     from workers.checkpoint import load_model, resolve_model_path
     from workers.steps import StepRunner, no_cudnn_attention
