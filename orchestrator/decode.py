@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import UserError
 from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
 from workers.checkpoint import load_args, resolve_model_path
@@ -226,7 +227,8 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
         gang.run(warm)
         base = None
         if o.baseline and o.num_draft_tokens > 0:
-            base = gang.run(Workload(**{**workload.__dict__, "num_draft_tokens": 0, "simulate_accept_len": None}))
+            base = gang.run(Workload(**{**workload.__dict__, "num_draft_tokens": 0, "simulate_accept_len": None,
+                                        "record_margins": o.temperature == 0}))
             log(f"baseline (k=0): {base.metrics['throughput_tok_s']:.1f} tok/s")
         spec = gang.run(workload)
         log(f"k={o.num_draft_tokens}: {spec.metrics['throughput_tok_s']:.1f} tok/s, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}")
@@ -240,9 +242,8 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
             out["baseline_decode_tok_s"] = base.metrics["decode_tok_s"]
             out["decode_speedup_vs_baseline"] = spec.metrics["decode_tok_s"] / base.metrics["decode_tok_s"]
         if o.temperature == 0 and o.simulate_accept_len is None:
-            matches = [a.tokens == b.tokens for a, b in zip(spec.prompts, base.prompts)]
-            out["outputs_match_baseline"] = int(all(matches))
-            out["prompts_matching_baseline"] = sum(matches)
+            out.update(outputs_verdict([b.tokens for b in base.prompts], [b.margins for b in base.prompts],
+                                       [s.tokens for s in spec.prompts], p.gang.dtype))
     if o.peer_baseline:
         out.update(peer(o, p, base or spec))
     out["per_category"] = per_category(p.prompts, spec)

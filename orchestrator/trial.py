@@ -19,6 +19,7 @@ import numpy as np
 
 from orchestrator.cluster import GangPool
 from orchestrator.config import ExperimentConfig
+from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.space import TrialConfig, suggest
 from orchestrator.tracking import Tracker
@@ -26,6 +27,9 @@ from orchestrator.workload import PreparedWorkload
 from workers.local_gang import GangError
 from workers.spec import RunResult
 
+# the baseline trial's tokens and per-token logit margins (JSON), for telling a near-tie divergence
+# of a later trial's greedy output from a wrong one (orchestrator/equivalence.py)
+BASELINE_OUTPUTS_ATTR = "spectune.baseline_outputs"
 ABLATION_ITERS = {"cpu": 3, "cuda": 50}  # steps timed with and without the allreduce, once per trial
 
 
@@ -142,10 +146,14 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
             metrics["speedup_vs_baseline"] = metrics["throughput_tok_s"] / base.user_attrs["throughput_tok_s"]
         elif tc.num_draft_tokens == 0:
             metrics["speedup_vs_baseline"] = 1.0
+        first = result.prompts[: len(prepared.token_ids)]
         if cfg.workload.temperature == 0 and not pruned and not simulated:
             want = base.user_attrs.get("outputs_sha") if base is not None else (digest if tc.num_draft_tokens == 0 else None)
             if want is not None:
                 metrics["outputs_match_baseline"] = int(want == digest)
+            recorded = json.loads(base.user_attrs.get(BASELINE_OUTPUTS_ATTR, "null")) if base is not None else None
+            if want is not None and want != digest and recorded:  # parted ways: at a numerical near tie only?
+                metrics.update(outputs_verdict(recorded["tokens"], recorded["margins"], [p.tokens for p in first], cfg.model.dtype))
         tracker.log_metrics(run_id, metrics)
         tracker.log_step_series(run_id, {
             "prompt_throughput_tok_s": [len(p.tokens) / p.seconds for p in result.prompts],
@@ -158,6 +166,9 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
             if isinstance(value, (int, float)):
                 trial.set_user_attr(key, value)
         trial.set_user_attr("outputs_sha", digest)
+        if tc.num_draft_tokens == 0 and cfg.workload.temperature == 0 and first and first[0].margins:
+            trial.set_user_attr(BASELINE_OUTPUTS_ATTR, json.dumps(
+                {"tokens": [p.tokens for p in first], "margins": [[round(m, 6) for m in p.margins] for p in first]}))
         if pruned:
             state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt"
             study.tell(trial, state=TrialState.PRUNED)

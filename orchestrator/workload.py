@@ -27,6 +27,7 @@ class PreparedWorkload:
             prompts=prompts if prompts is not None else self.token_ids, max_new_tokens=w.max_new_tokens,
             num_draft_tokens=tc.num_draft_tokens, temperature=w.temperature, seed=w.seed, eos_ids=self.eos_ids,
             simulate_accept_len=w.simulate_accept_len if tc.num_draft_tokens > 0 else None,
+            record_margins=tc.num_draft_tokens == 0 and w.temperature == 0,  # the baseline other trials are checked against
         )
 
     def gang_spec(self, cfg: ExperimentConfig, tc: TrialConfig) -> GangSpec:

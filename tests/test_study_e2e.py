@@ -67,6 +67,8 @@ def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
     complete = [t for t in trials if t.state.name == "COMPLETE"]
     assert len(complete) == 4
     assert complete[0].params["spec.num_draft_tokens"] == 0  # the baseline runs first
+    recorded = __import__("json").loads(complete[0].user_attrs["spectune.baseline_outputs"])  # for near-tie verdicts
+    assert [len(m) for m in recorded["margins"]] == [len(t) for t in recorded["tokens"]] and recorded["tokens"]
 
     parents, runs = mlflow_runs(mlflow_server, "tiny-study")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"

@@ -31,6 +31,14 @@ from workers.stats import RunStats, StepRecord
 from workers.verify import probs, sample, verify
 
 
+def relative_margins(top2: list[torch.Tensor]) -> list[float]:
+    """Per token (top-1 - top-2 logit) / max(|top-1|, 1): how far each greedy choice was from a tie.
+    `top2` are the steps' `topk(2).values`, left on the device until now (one host sync per prompt)."""
+    if not top2:
+        return []
+    return [(a - b) / max(abs(a), 1.0) for a, b in torch.stack(top2).tolist()]
+
+
 def _finish(tokens: list[int], have: int, w: Workload) -> tuple[list[int], bool]:
     """Cut new `tokens` at the first EOS or at max_new_tokens (given `have` already generated)."""
     room = w.max_new_tokens - have
@@ -111,6 +119,8 @@ class Verifier:
             logits = self.steps.prefill(list(prompt))
             res = self._broadcast(self._first_token(logits, w, gen) if self._decides() else None)
             prefill_s = time.perf_counter() - t_prompt
+            record = w.record_margins and w.num_draft_tokens == 0 and w.temperature <= 0 and self._decides()
+            top2 = [logits.float().topk(2).values] if record else []
             out, steps, accepted = list(res.tokens), 0, 0
             while not res.done:
                 t0 = time.perf_counter()
@@ -130,6 +140,8 @@ class Verifier:
                         n, new = verify(drafted, proposal.probs, logits, w.temperature, gen)
                     new, done = _finish(new, len(out), w)
                     mine = VerifyResult(accepted=n, tokens=new, done=done)
+                    if record:  # k = 0: one token per step, from row 0 (no sync: read at the prompt's end)
+                        top2.append(logits[0].float().topk(2).values)
                 t2 = time.perf_counter()
                 res = self._broadcast(mine)
                 # keep [last, d_1..d_accepted]; the correction/bonus token is fed next step
@@ -149,7 +161,8 @@ class Verifier:
                 self._check_agreement(out)
             stats.tokens += len(out)
             stats.seconds += seconds
-            prompts.append(PromptResult(tokens=out, seconds=seconds, steps=steps, accepted=accepted, prefill_s=prefill_s))
+            prompts.append(PromptResult(tokens=out, seconds=seconds, steps=steps, accepted=accepted, prefill_s=prefill_s,
+                                        margins=relative_margins(top2)))
         split = self.comm_split(w.num_draft_tokens + 1, w.comm_ablation_iters) if w.comm_ablation_iters and self.allreduce.world_size > 1 else {}
         if self.rank != 0:
             return None

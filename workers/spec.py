@@ -56,6 +56,10 @@ class Workload:
     simulate_accept_len: float | None = None
     # time one step with and without the allreduce at the end (compute vs communication split)
     comm_ablation_iters: int = 0
+    # plain greedy decoding: also record each token's top-1 / top-2 logit margin (relative to the top
+    # logit), so a speculative run that leaves this output at a numerical near tie can be told apart
+    # from a wrong one (orchestrator/equivalence.py)
+    record_margins: bool = False
 
 
 @dataclass
@@ -65,6 +69,7 @@ class PromptResult:
     steps: int  # verifier decode steps after the prefill
     accepted: int  # drafts accepted over all steps
     prefill_s: float = 0.0  # prompt forward + first token
+    margins: list[float] = field(default_factory=list)  # Workload.record_margins: one per token
 
     @property
     def accept_len(self) -> float:

@@ -1,0 +1,48 @@
+"""Greedy outputs against the baseline: exact, parted at a numerical near tie (valid), or wrong
+(invalid); the engine records the baseline's per-token logit margins that tell them apart."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.equivalence import TOLERANCE, compare, first_difference, outputs_verdict
+from workers.local_gang import LocalGang
+from workers.spec import GangSpec, Workload
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # one stopped early (EOS or length)
+
+
+@pytest.mark.parametrize("margin, verdict", [(0.001, "near_tie"), (0.5, "differs")])
+def test_divergence_at_a_near_tie_or_not(margin, verdict):
+    base, margins = [4, 8, 15, 16], [0.3, 0.2, margin, 0.4]
+    assert compare(base, margins, [4, 8, 15, 16], TOLERANCE["bfloat16"]) == ("same", None)
+    assert compare(base, margins, [4, 8, 99, 7], TOLERANCE["bfloat16"]) == (verdict, 2)
+
+
+def test_verdict_over_prompts_and_dtypes():
+    base, margins = [[1, 2, 3], [4, 5, 6]], [[0.5, 0.01, 0.5], [0.5, 0.5, 0.5]]
+    near = outputs_verdict(base, margins, [[1, 9, 9], [4, 5, 6]], "bfloat16")
+    assert near == {"outputs_match_baseline": 1, "prompts_matching_baseline": 1, "prompts_near_tie": 1}
+    strict = outputs_verdict(base, margins, [[1, 9, 9], [4, 5, 6]], "float32")  # 0.01 is no tie in fp32
+    assert strict["outputs_match_baseline"] == 0 and strict["prompts_near_tie"] == 0
+    wrong = outputs_verdict(base, margins, [[1, 2, 3], [7, 5, 6]], "bfloat16")
+    assert wrong["outputs_match_baseline"] == 0 and wrong["prompts_matching_baseline"] == 1
+
+
+def test_engine_records_the_baselines_margins(tiny_ckpt):
+    """k = 0 with record_margins: one margin per emitted token, each in [0, 2] (relative), and the
+    tokens are the argmax ones (greedy run without recording gives the same)."""
+    spec = GangSpec(model_path=str(tiny_ckpt), tp=2, max_seq=256)
+    prompts = ((1, 2, 3, 4, 5), (9, 8, 7))
+    with LocalGang(spec, timeout_s=300) as gang:
+        gang.setup()
+        rec = gang.run(Workload(prompts=prompts, max_new_tokens=12, record_margins=True))
+        plain = gang.run(Workload(prompts=prompts, max_new_tokens=12))
+    for r, p in zip(rec.prompts, plain.prompts):
+        assert r.tokens == p.tokens and p.margins == []
+        assert len(r.margins) == len(r.tokens) == 12
+        assert all(0.0 <= m <= 2.0 for m in r.margins)
+    assert any(m > 0 for r in rec.prompts for m in r.margins)
