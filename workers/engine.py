@@ -9,11 +9,14 @@ the first token; then each step
 The driver is not involved per step: one call runs a whole Workload.
 With k = 0 the verifier decodes plainly (the baseline) and a drafter in the gang only listens.
 
-Without a drafter in the gang nobody needs the broadcast: every verifier rank holds the same full
-logits (the allreduce hands every rank the same sums, the head is replicated or gathered) and the
-same seeded generator, so each rank verifies for itself and the per-step CPU broadcast (a gloo
-round trip, ~0.1 ms between two processes) is skipped. A checksum of each prompt's tokens across
-the TP group turns any disagreement into a clear error instead of a hang.
+Every verifier rank holds the same full logits (the allreduce hands every rank the same sums, the
+head is replicated or gathered) and the same seeded generator. So where verification needs nothing
+only rank 0 has (greedy, simulated acceptance, or no drafter at all; stochastic verification needs
+the drafter's probabilities, which go to rank 0 alone), every rank verifies for itself: the
+per-step result broadcast (a gloo round trip on the CPU link) becomes one message from rank 0 to
+the drafter, or nothing without a drafter. `decides_locally` is the rule both sides apply. A
+checksum of each prompt's tokens across the TP group turns any disagreement into a clear error
+instead of a hang.
 """
 from __future__ import annotations
 
@@ -39,6 +42,11 @@ def relative_margins(top2: list[torch.Tensor]) -> list[float]:
     return [(a - b) / max(abs(a), 1.0) for a, b in torch.stack(top2).tolist()]
 
 
+def decides_locally(w: Workload, has_drafter: bool) -> bool:
+    """Every verifier rank can verify by itself: nothing it needs lives on rank 0 alone."""
+    return not has_drafter or w.temperature <= 0 or w.simulate_accept_len is not None
+
+
 def _finish(tokens: list[int], have: int, w: Workload) -> tuple[list[int], bool]:
     """Cut new `tokens` at the first EOS or at max_new_tokens (given `have` already generated)."""
     room = w.max_new_tokens - have
@@ -56,7 +64,7 @@ class Verifier:
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
         self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce, fused=fused, attention=attention)
-        self.replicated = link.drafter_rank is None  # every rank decides itself: no per-step broadcast
+        self.local = link.drafter_rank is None  # per run: decides_locally (every rank verifies itself)
 
     def _simulated(self, drafted: list[int], w: Workload, logits: torch.Tensor, credit: float) -> tuple[int, list[int], float]:
         """Accept tau - 1 drafts per step on average (error diffusion keeps the running mean exact)."""
@@ -82,10 +90,12 @@ class Verifier:
         return VerifyResult(accepted=0, tokens=tokens, done=done)
 
     def _decides(self) -> bool:
-        return self.rank == 0 or self.replicated
+        return self.rank == 0 or self.local
 
     def _broadcast(self, result: VerifyResult | None) -> VerifyResult:
-        if self.replicated:
+        if self.local:
+            if self.rank == 0 and self.link.drafter_rank is not None:
+                self.link.send_result_to_drafter(result)
             return result
         if self.rank == 0:
             self.link.send_result(result)
@@ -112,6 +122,7 @@ class Verifier:
         stats, prompts = RunStats(), []
         counters = self.allreduce.counters
         credit = 0.0
+        self.local = decides_locally(w, self.link.drafter_rank is not None)
         self.steps.warm(range(1, w.num_draft_tokens + 2))  # every width this run can use, before timing
         for prompt in w.prompts:
             t_prompt = time.perf_counter()
@@ -157,7 +168,7 @@ class Verifier:
                     )
                 )
             seconds = time.perf_counter() - t_prompt
-            if self.replicated:
+            if self.local:
                 self._check_agreement(out)
             stats.tokens += len(out)
             stats.seconds += seconds
@@ -173,14 +184,15 @@ def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:
     """The drafter's side of `Verifier.run` (same prompts, same message order)."""
     drafter.begin(w.temperature, w.seed + 1)
     drafter.warm(w.num_draft_tokens)
+    recv_result = link.recv_result_from_verifier if decides_locally(w, True) else link.recv_result
     with torch.inference_mode():
         for prompt in w.prompts:
             drafter.prefill(list(prompt))
             committed = list(prompt)
-            res = link.recv_result()
+            res = recv_result()
             committed.extend(res.tokens)
             while not res.done:
                 if w.num_draft_tokens > 0:
                     link.send_proposal(drafter.propose(committed, w.num_draft_tokens))
-                res = link.recv_result()
+                res = recv_result()
                 committed.extend(res.tokens)

@@ -74,17 +74,30 @@ class DraftLink:
 
     # header layout: [accepted, n_tokens, done, tokens(k + 1)]
     def send_result(self, r: VerifyResult) -> None:
-        self._exchange_result(r)
+        self._bcast(self._result_header(r), 0)
 
     def recv_result(self) -> VerifyResult:
-        return self._exchange_result(None)
+        return self._parse_result(self._bcast(self._result_header(None), 0))
 
-    def _exchange_result(self, r: VerifyResult | None) -> VerifyResult:
+    # when every verifier rank decides for itself (deterministic verification), only the drafter
+    # needs rank 0's result: one point-to-point message instead of a broadcast to the whole gang
+    def send_result_to_drafter(self, r: VerifyResult) -> None:
+        dist.send(self._result_header(r), dst=self.drafter_rank, group=self.group)
+
+    def recv_result_from_verifier(self) -> VerifyResult:
+        header = self._result_header(None)
+        dist.recv(header, src=0, group=self.group)
+        return self._parse_result(header)
+
+    def _result_header(self, r: VerifyResult | None) -> torch.Tensor:
         header = torch.zeros(3 + self.k + 1, dtype=torch.int64)
         if r is not None:
             n = len(r.tokens)
             header[0], header[1], header[2] = r.accepted, n, int(r.done)
             header[3 : 3 + n] = torch.tensor(r.tokens, dtype=torch.int64)
-        self._bcast(header, 0)
+        return header
+
+    @staticmethod
+    def _parse_result(header: torch.Tensor) -> VerifyResult:
         accepted, n, done = header[:3].tolist()
         return VerifyResult(accepted=accepted, tokens=header[3 : 3 + n].tolist(), done=bool(done))
