@@ -114,7 +114,7 @@ class Verifier:
         world = self.allreduce.world_size
         if int(total[0]) != world * mine or int(total[1]) != world * len(tokens):
             raise RuntimeError(f"verifier rank {self.rank}: the TP ranks decided different tokens for a prompt "
-                               "(their logits differ); rerun with a drafter in the gang to broadcast rank 0's decisions")
+                               "(their logits differ, so the allreduce did not hand every rank the same sums)")
 
     @torch.inference_mode()
     def run(self, w: Workload) -> RunResult | None:
