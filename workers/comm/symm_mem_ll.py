@@ -160,6 +160,16 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
                 bits = bufs[r].view(torch.int32)
                 assert bool((bits == _SENTINEL_BITS[torch.float32]).all()), f"rank {r}: slots not cleared after call {call}"
         print(f"world {world}: {calls} calls summed exactly, slots cleared, phase cycling")
+    # the one-kernel mode the GPU runs (push, then poll), on a world of one: nothing to wait for
+    buf = sentinel_fill_(torch.empty(NPHASE * max_numel))
+    state = torch.zeros(2, dtype=torch.int32)
+    for call in range(NPHASE + 1):
+        x = torch.randn(numel, generator=gen)
+        want = x.clone()
+        launch(x, torch.tensor([buf.data_ptr()], dtype=torch.int64), state, max_numel, 0, 1, mode=BOTH)
+        torch.testing.assert_close(x, want)
+        assert int(state[0]) == (call + 1) % NPHASE and bool((buf.view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
+    print("world 1, one kernel: push + reduce in place")
 
 
 def _interpreter_numpy_fix() -> None:
