@@ -22,6 +22,17 @@ def write_prompts(path: Path, texts=PROMPTS) -> Path:
     return path
 
 
+def ray_temp_dir() -> str:
+    """A fresh Ray temp dir under /tmp (short: Ray's socket paths must stay < 108 bytes), removed
+    when the test session ends (each holds a Ray session's logs)."""
+    import atexit
+    import shutil
+
+    path = tempfile.mkdtemp(prefix="st-ray-", dir="/tmp")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def tiny_experiment(tmp: Path, ckpt: Path, **sections) -> Path:
     """An experiment YAML on the tiny model at TP 2 with a drafter actor; `sections` override whole sections."""
     cfg = {
@@ -41,7 +52,7 @@ def tiny_experiment(tmp: Path, ckpt: Path, **sections) -> Path:
 
 
 def spectune(args: list[str], home: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    ray_tmp = tempfile.mkdtemp(prefix="st-ray-", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
+    ray_tmp = ray_temp_dir()
     full_env = {**os.environ, "SPECTUNE_HOME": str(home), "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled",
                 **(env or {})}
     if "RAY_ADDRESS" not in (env or {}):
@@ -116,7 +127,7 @@ TAG_VAR = "SPECTUNE_TEST_TAG"  # every process a test's driver starts inherits i
 
 def start_spectune(args: list[str], home: Path, tag: str, env: dict | None = None) -> subprocess.Popen:
     """`spectune` in the background (embedded local Ray), its processes tagged with `tag`."""
-    ray_tmp = tempfile.mkdtemp(prefix="st-ray-", dir="/tmp")
+    ray_tmp = ray_temp_dir()
     full_env = {**os.environ, "SPECTUNE_HOME": str(home), "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled",
                 TAG_VAR: tag, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("RAY_ADDRESS", None)

@@ -79,11 +79,12 @@ def test_decode_as_ray_actors(tmp_path, tiny_ckpt):
     """`--ray`: the same run with the gang as actors of an embedded local Ray (as a study places
     them); the same metrics, the outputs still match the baseline, and Ray is gone afterwards."""
     import os
-    import tempfile
+
+    from studyutil import ray_temp_dir
 
     from orchestrator.drivers import _writes_under
 
-    ray_tmp = tempfile.mkdtemp(prefix="st-ray-", dir="/tmp")
+    ray_tmp = ray_temp_dir()
     env = {**os.environ, "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     r = subprocess.run([sys.executable, "-m", "orchestrator", "decode", "--ray", "--model", str(tiny_ckpt), "--tp", "2",
