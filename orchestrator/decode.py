@@ -181,22 +181,20 @@ def peer(o: DecodeOptions, p: DecodePlan, base: RunResult) -> dict:
     return out
 
 
-def _decode_on_ray(o: DecodeOptions) -> dict:
+def _decode_on_ray(o: DecodeOptions, p: DecodePlan) -> dict:
     """`decode` with the gang as Ray actors, placed as a study's trial places them (placement group,
     one GPU per verifier rank, NVLink multicast off in every actor)."""
     import os
-    from dataclasses import replace
 
     import ray
 
     from orchestrator.cluster import RayGang, Resources, connect
 
-    plan(o)  # bad input fails before Ray starts
     embedded = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
     log(f"gang as Ray actors: {connect()}")
     res = Resources(call_timeout_s=o.timeout_s, setup_timeout_s=o.timeout_s)
     try:
-        return {**decode(replace(o, ray=False), gang_factory=lambda spec: RayGang(spec, {}, res)), "gang": "ray"}
+        return {**_decode(o, p, lambda spec: RayGang(spec, {}, res)), "gang": "ray"}
     finally:
         if embedded:
             ray.shutdown()
@@ -205,10 +203,13 @@ def _decode_on_ray(o: DecodeOptions) -> dict:
 def decode(o: DecodeOptions, gang_factory=None) -> dict:
     from workers.local_gang import LocalGang
 
+    p = plan(o)  # bad input fails here, before any process or Ray starts
     if o.ray and gang_factory is None:
-        return _decode_on_ray(o)
-    p = plan(o)
-    make = gang_factory or (lambda spec: LocalGang(spec, timeout_s=o.timeout_s))
+        return _decode_on_ray(o, p)
+    return _decode(o, p, gang_factory or (lambda spec: LocalGang(spec, timeout_s=o.timeout_s)))
+
+
+def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
     ablation = o.ablation_iters if o.ablation_iters is not None else (50 if o.device == "cuda" else 5)
     workload = Workload(
         prompts=p.token_ids, max_new_tokens=o.max_new_tokens, num_draft_tokens=o.num_draft_tokens,

@@ -11,8 +11,7 @@ import hashlib
 import json
 import tempfile
 import time
-from dataclasses import replace
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -106,15 +105,20 @@ def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr) -> tuple[RunResult |
     return RunResult.merge(parts), False, per_repeat
 
 
-def _rel_spread(values: list[float]) -> float:
+def _median_mad(values: list[float]) -> tuple[float, float]:
+    """Median and median absolute deviation from it."""
     med = float(np.median(values))
-    return float(np.median(np.abs(np.array(values) - med))) / med if med > 0 else 0.0
+    return med, float(np.median(np.abs(np.array(values) - med)))
+
+
+def _rel_spread(values: list[float]) -> float:
+    med, mad = _median_mad(values)
+    return mad / med if med > 0 else 0.0
 
 
 def noise_aware(per_repeat: list[float], penalty: float) -> dict[str, float]:
     """Objective = median - penalty x MAD of the per-repeat throughputs (one repeat: the value)."""
-    med = float(np.median(per_repeat))
-    mad = float(np.median(np.abs(np.array(per_repeat) - med)))
+    med, mad = _median_mad(per_repeat)
     return {"throughput_median": med, "throughput_mad": mad, "repeats": float(len(per_repeat)),
             "objective": med - penalty * mad}
 

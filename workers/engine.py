@@ -64,7 +64,7 @@ class Verifier:
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
         self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce, fused=fused, attention=attention)
-        self.local = link.drafter_rank is None  # per run: decides_locally (every rank verifies itself)
+        self.local = False  # set per run: decides_locally (every rank verifies itself)
 
     def _simulated(self, drafted: list[int], w: Workload, logits: torch.Tensor, credit: float) -> tuple[int, list[int], float]:
         """Accept tau - 1 drafts per step on average (error diffusion keeps the running mean exact)."""

@@ -73,6 +73,7 @@ class FusedStep:
         self.model = model
         # attend_fn(q, k, v, mask, k_cache, v_cache, pos, gqa_group, kv_map) -> [B, T, H * D]
         self.attend_fn = attend_fn or attend
+        self.needs_mask = attend_fn is None  # the Triton attention reads positions, not a mask
         self.merged = []
         for layer in model.layers:
             a, m = layer.self_attn, layer.mlp
@@ -90,7 +91,7 @@ class FusedStep:
 
     def hidden_at(self, tokens, pos, cache, kv_len: int) -> torch.Tensor:
         model = self.model
-        cos, sin, mask = model.rope_and_mask(pos, kv_len)
+        cos, sin, mask = model.rope_and_mask(pos, kv_len, masked=self.needs_mask)
         x, delta = model.embed_tokens(tokens), None  # the residual stream is x + delta
         for layer, (wqkv, bqkv, wgu), k_cache, v_cache in zip(model.layers, self.merged, cache.k, cache.v):
             a, m = layer.self_attn, layer.mlp

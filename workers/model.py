@@ -200,17 +200,18 @@ class Transformer(nn.Module):
         """The layers at explicit positions `pos` [B, T], attending to the first `kv_len` cache slots.
         With kv_len = cache.max_seq every shape is static (what a CUDA graph captures); the caller
         keeps `cache.lengths`. fresh: every sequence starts at 0 (causal attention, no mask)."""
-        cos, sin, mask = self.rope_and_mask(pos, kv_len)
-        if fresh:
-            mask = None
+        cos, sin, mask = self.rope_and_mask(pos, kv_len, masked=not fresh)
         x = self.embed_tokens(tokens)
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
             x = layer(x, cos, sin, mask, k_cache, v_cache, pos)
         return self.norm(x)
 
-    def rope_and_mask(self, pos: torch.Tensor, kv_len: int):
+    def rope_and_mask(self, pos: torch.Tensor, kv_len: int, masked: bool = True):
+        """Rope tables at `pos` and the attention mask (None when not `masked`: plain causal)."""
         dtype = self.embed_tokens.weight.dtype  # tables are float32; applied in the model dtype, as HF does
         cos, sin = self.rope_cos[pos][:, None].to(dtype), self.rope_sin[pos][:, None].to(dtype)  # [B, 1, T, D]
+        if not masked:
+            return cos, sin, None
         # key j is visible to the query at position p iff j <= p (causal, and hides rolled-back entries)
         mask = (torch.arange(kv_len, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
         return cos, sin, mask

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from workers.checkpoint import load_args, load_model
-from workers.comm import GangInfo, make_allreduce, validate
+from workers.comm import BACKENDS, GangInfo, make_allreduce, validate
 from workers.drafters import Drafter, ModelDrafter, NgramDrafter
 from workers.engine import Verifier, run_drafter
 from workers.link import MAX_DRAFT_TOKENS, DraftLink
@@ -84,7 +84,8 @@ class Worker:
         device = self._device()
         # every process joins every new_group call, members or not; the TP group carries the
         # allreduces (NCCL on GPUs), the default group (gloo, CPU) the draft-link messages
-        tp_backend = "nccl" if device.type == "cuda" and spec.backend in ("nccl", "symm_mem", "symm_mem_ll") else "gloo"
+        backend_cls = BACKENDS.get(spec.backend)
+        tp_backend = backend_cls.cuda_group if device.type == "cuda" and backend_cls is not None else "gloo"
         tp_group = dist.new_group(list(range(spec.tp)), backend=tp_backend)
         args = load_args(spec.model_path)
         drafter_rank = spec.tp if spec.has_drafter else None

@@ -41,6 +41,8 @@ class AllReduce:
 
     name = "base"
     timed = True  # wall-clock timing per call (only meaningful where calls are synchronous)
+    cuda_group = "gloo"  # torch.distributed backend of the TP group on GPUs (nccl where the backend
+                         # issues NCCL calls or needs an NCCL group for its rendezvous / fallback)
 
     def __init__(self, group: dist.ProcessGroup | None, world_size: int):
         self.group = group

@@ -19,6 +19,7 @@ MAX_MESSAGE_BYTES = 8 << 20  # one-shot pays world x message reads; past a few M
 
 class SymmMemAllReduce(AllReduce):
     name = "symm_mem"
+    cuda_group = "nccl"
     timed = False
 
     @classmethod

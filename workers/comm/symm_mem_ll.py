@@ -101,6 +101,7 @@ def sentinel_fill_(buf: torch.Tensor) -> torch.Tensor:
 
 class SymmMemLLAllReduce(AllReduce):
     name = "symm_mem_ll"
+    cuda_group = "nccl"
     timed = False
 
     @classmethod

@@ -26,6 +26,7 @@ class GlooAllReduce(AllReduce):
 
 class NcclAllReduce(AllReduce):
     name = "nccl"
+    cuda_group = "nccl"
     timed = False  # asynchronous on a CUDA stream; per-step comm time comes from the no-op ablation
 
     @classmethod
