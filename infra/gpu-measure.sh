@@ -4,13 +4,18 @@
 #
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh smoke   # a minute: every code path on a 2-layer model
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh bench   # allreduce latency: nccl (3 environments) and symm_mem
-#   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights)
-#   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one step: replay times and kernel tables, TP 1 (Triton vs SDPA attention) and TP 2
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights) = tp1 tp2 sim
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh tp1     # TP 1 (Triton and SDPA attention) and transformers' generate
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh tp2     # TP 2, one run per allreduce backend
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh sim     # TP 2, simulated tau = 3, k = 4: n-gram and draft-model drafters
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one step: replay times and kernel tables, TP 1 and TP 2
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh ray     # the gang as Ray GPU actors (`decode --ray`); needs Ray: pack it with
 #       ../shared/tools/ray-for-device.sh .devcarry here and carry .devcarry (this script unpacks it)
+# Several modes run in order: `bash infra/gpu-measure.sh smoke profile bench`. Each run is cut off
+# after $LIMIT seconds (default 240), so a hang costs minutes, not the whole lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-mode=${1:-full}
+modes=("${@:-full}")
 OUT=${OUT:-/tmp/spectune-gpu}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -21,7 +26,7 @@ run() {  # name, command...: JSON to $OUT/name.json, log to $OUT/log.txt
   local name=$1; shift
   echo "=== $name: $*" | tee -a "$OUT/log.txt"
   local t0=$SECONDS
-  "$@" > "$OUT/$name.json" 2>> "$OUT/log.txt" || echo "!!! $name failed (rc=$?)" | tee -a "$OUT/log.txt"
+  timeout -k 10 "${LIMIT:-240}" "$@" > "$OUT/$name.json" 2>> "$OUT/log.txt" || echo "!!! $name failed (rc=$?)" | tee -a "$OUT/log.txt"
   echo "--- $name took $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
 }
 
@@ -40,47 +45,64 @@ print(f"copy bandwidth (read+write): {2 * x.numel() / dt / 1e12:.2f} TB/s")
 PY
 
 common="--drafter none -k 0 --device cuda --category writing --json"
-if [ "$mode" = smoke ]; then
-  M=random:llama-3-8b:layers=2
+sim="--drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json"
+M=random:llama-3-8b
+P="--num-prompts 4 --max-new-tokens 128"
+smoke() {
+  local M=random:llama-3-8b:layers=2 P="--num-prompts 1 --max-new-tokens 16"
   echo "=== decode_attention selftest" | tee -a "$OUT/log.txt"
-  $PY -m workers.decode_attention --selftest 2>&1 | tee -a "$OUT/log.txt"
+  timeout 120 $PY -m workers.decode_attention --selftest 2>&1 | tee -a "$OUT/log.txt"
   run bench_smoke $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem symm_mem_ll --sizes 16K,256K --iters 50 --json
-  run smoke_tp1 $S decode --model $M --tp 1 $common --num-prompts 1 --max-new-tokens 16 --peer-baseline
-  run smoke_tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common --num-prompts 1 --max-new-tokens 16
-  run smoke_tp2_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common --num-prompts 1 --max-new-tokens 16
-  run smoke_tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
-  run smoke_draft $S decode --model $M --tp 2 --backend symm_mem --drafter draft_model --draft-model random:llama-3.2-1b:layers=2 -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 1 --max-new-tokens 16
-elif [ "$mode" = ray ]; then
+  run smoke_tp1 $S decode --model $M --tp 1 $common $P --peer-baseline
+  run smoke_tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
+  run smoke_tp2_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P
+  run smoke_tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $sim $P
+  run smoke_draft $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $sim $P --drafter draft_model \
+      --draft-model random:llama-3.2-1b:layers=2
+}
+ray_mode() {
   if ! $PY -c 'import ray' 2>/dev/null; then
     mkdir -p /tmp/site && tar -C /tmp/site -xJf .devcarry/ray.tar.xz &&
       $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/*.whl
     export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
   export RAY_AUTH_MODE=disabled
-  M=random:llama-3-8b
-  run ray_tp2_nccl $S decode --ray --model $M --tp 2 --backend nccl --vocab-parallel $common --num-prompts 2 --max-new-tokens 64
-  run ray_tp2_ll_ngram $S decode --ray --model $M --tp 2 --backend symm_mem_ll --vocab-parallel --drafter ngram -k 4 \
-      --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 2 --max-new-tokens 64
-  run ray_tp2_draft $S decode --ray --model $M --tp 2 --backend nccl --vocab-parallel --drafter draft_model \
-      --draft-model random:llama-3.2-1b -k 4 --simulate-accept-len 3 --device cuda --category writing --json --num-prompts 2 --max-new-tokens 64
-elif [ "$mode" = profile ]; then
-  $PY -m workers.profile_step --model random:llama-3-8b --widths 1 5 --max-seq 512 --json "$OUT/profile.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
-  $PY -m workers.profile_step --model random:llama-3-8b --tp 2 --backend nccl symm_mem_ll --widths 1 5 --max-seq 512 --top 15 \
+  local P="--num-prompts 2 --max-new-tokens 64"
+  run ray_tp2_nccl $S decode --ray --model $M --tp 2 --backend nccl --vocab-parallel $common $P
+  run ray_tp2_ll_ngram $S decode --ray --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P
+  run ray_tp2_draft $S decode --ray --model $M --tp 2 --backend nccl --vocab-parallel $sim $P --drafter draft_model \
+      --draft-model random:llama-3.2-1b
+}
+profile() {
+  timeout 300 $PY -m workers.profile_step --model $M --widths 1 5 --max-seq 512 --json "$OUT/profile.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
+  timeout 300 $PY -m workers.profile_step --model $M --tp 2 --backend nccl symm_mem_ll --widths 1 5 --max-seq 512 --top 15 \
       --json "$OUT/profile_tp2.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
-elif [ "$mode" = bench ]; then
+}
+bench() {
   run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem symm_mem_ll --nccl-env "" --nccl-env NCCL_PROTO=LL \
       --nccl-env NCCL_P2P_DISABLE=1 --sizes 8K,16K,32K,64K,128K,256K,512K,1M,4M --json
-else
-  M=random:llama-3-8b
-  P="--num-prompts 4 --max-new-tokens 128"
+}
+tp1() {
   run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline
   run tp1_sdpa $S decode --model $M --tp 1 $common $P --attention sdpa
+}
+tp2() {
   run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
   run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P
   run tp2_symm_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P
-  run sim_ngram $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
-  run sim_draft $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel --drafter draft_model --draft-model random:llama-3.2-1b -k 4 --simulate-accept-len 3 --device cuda --category writing --json $P
-fi
+}
+sim() {
+  run sim_ngram $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $sim $P
+  run sim_draft $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $sim $P --drafter draft_model --draft-model random:llama-3.2-1b
+}
+for mode in "${modes[@]}"; do
+  case $mode in
+    smoke|profile|bench|tp1|tp2|sim) $mode ;;
+    ray) ray_mode ;;
+    full) tp1; tp2; sim ;;
+    *) echo "unknown mode $mode (smoke profile bench tp1 tp2 sim full ray)"; exit 2 ;;
+  esac
+done
 $PY - "$OUT" <<'PY'
 import json, sys, pathlib
 for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):

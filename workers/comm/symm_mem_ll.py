@@ -38,6 +38,7 @@ except ImportError:
     triton = None
 
 NPHASE = 3
+MAX_SPINS = 1 << 24  # polls before a reader gives up on a peer (seconds): a bug fails validation, not hangs
 MAX_PROGRAMS = 128  # every program must be resident at once (programs wait on peers' programs)
 BOTH, PUSH, REDUCE = 0, 1, 2  # kernel modes: one call on GPU; the halves separately in the CPU test
 
@@ -48,7 +49,7 @@ if triton is not None:
     @triton.jit
     def _ll_allreduce(X, PTRS, STATE, n, max_numel, rank,
                       WORLD: tl.constexpr, NPH: tl.constexpr, BLOCK: tl.constexpr, INT: tl.constexpr,
-                      SENT: tl.constexpr, MODE: tl.constexpr):
+                      SENT: tl.constexpr, MODE: tl.constexpr, MAX_SPINS: tl.constexpr):
         pid = tl.program_id(0)
         phase = tl.load(STATE)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -67,9 +68,13 @@ if triton is not None:
                 slot = local + (phase * WORLD + src) * max_numel + offs
                 v = tl.load(slot, mask=m, other=0.0, volatile=True)
                 pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
-                while pending > 0:
+                spins = 0
+                while (pending > 0) & (spins < MAX_SPINS):
                     v = tl.load(slot, mask=m, other=0.0, volatile=True)
                     pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
+                    spins += 1
+                if pending > 0:  # a peer never pushed: give up (the sums are wrong) rather than hang the GPU
+                    tl.store(STATE + 2, 1)
                 acc += v.to(tl.float32)
                 tl.store(slot, tl.full([BLOCK], SENT, INT).to(ty, bitcast=True), mask=m)
             tl.store(X + offs, acc.to(ty), mask=m)
@@ -84,13 +89,15 @@ def _block(n: int) -> int:
     return max(512, triton.next_power_of_2(triton.cdiv(n, MAX_PROGRAMS)))
 
 
-def launch(x: torch.Tensor, ptrs: torch.Tensor, state: torch.Tensor, max_numel: int, rank: int, world: int, mode: int = BOTH) -> None:
+def launch(x: torch.Tensor, ptrs: torch.Tensor, state: torch.Tensor, max_numel: int, rank: int, world: int, mode: int = BOTH,
+           max_spins: int = MAX_SPINS) -> None:
     """One allreduce of the contiguous tensor `x` in place (or, for tests, its push / reduce half)."""
     n = x.numel()
     block = _block(n)
     _ll_allreduce[(triton.cdiv(n, block),)](
         x, ptrs, state, n, max_numel, rank, WORLD=world, NPH=NPHASE, BLOCK=block,
-        INT=tl.int16 if x.element_size() == 2 else tl.int32, SENT=_SENTINEL_BITS[x.dtype], MODE=mode)
+        INT=tl.int16 if x.element_size() == 2 else tl.int32, SENT=_SENTINEL_BITS[x.dtype], MODE=mode,
+        MAX_SPINS=max_spins)
 
 
 def sentinel_fill_(buf: torch.Tensor) -> torch.Tensor:
@@ -123,7 +130,7 @@ class SymmMemLLAllReduce(AllReduce):
         handle = symm_mem.rendezvous(self.buf, self.group)  # collective over the TP group
         self.rank = handle.rank
         self.ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
-        self.state = torch.zeros(2, dtype=torch.int32, device=device)  # phase, finished programs
+        self.state = torch.zeros(3, dtype=torch.int32, device=device)  # phase, finished programs, timed out
         sentinel_fill_(self.buf)
         torch.cuda.synchronize(device)
         dist.barrier(group=self.group)  # nobody pushes before every buffer holds the sentinel
@@ -145,7 +152,7 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
     for world in worlds:
         bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
         ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
-        states = [torch.zeros(2, dtype=torch.int32) for _ in range(world)]
+        states = [torch.zeros(3, dtype=torch.int32) for _ in range(world)]
         for call in range(calls):
             n = numel - 97 * call
             xs = [torch.randn(n, generator=gen) for _ in range(world)]
@@ -163,7 +170,7 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
         print(f"world {world}: {calls} calls summed exactly, slots cleared, phase cycling")
     # the one-kernel mode the GPU runs (push, then poll), on a world of one: nothing to wait for
     buf = sentinel_fill_(torch.empty(NPHASE * max_numel))
-    state = torch.zeros(2, dtype=torch.int32)
+    state = torch.zeros(3, dtype=torch.int32)
     for call in range(NPHASE + 1):
         x = torch.randn(numel, generator=gen)
         want = x.clone()
@@ -171,6 +178,13 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
         torch.testing.assert_close(x, want)
         assert int(state[0]) == (call + 1) % NPHASE and bool((buf.view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
     print("world 1, one kernel: push + reduce in place")
+    # a peer that never pushes: the reader gives up after max_spins polls and flags it
+    bufs = [sentinel_fill_(torch.empty(NPHASE * 2 * max_numel)) for _ in range(2)]
+    state = torch.zeros(3, dtype=torch.int32)
+    launch(torch.ones(numel), torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64), state, max_numel, 0, 2,
+           mode=BOTH, max_spins=3)
+    assert int(state[2]) == 1, state
+    print("missing peer: gave up and flagged, no hang")
 
 
 def _interpreter_numpy_fix() -> None:
