@@ -8,7 +8,7 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh tp1     # TP 1 (Triton and SDPA attention) and transformers' generate
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh tp2     # TP 2, one run per allreduce backend
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh sim     # TP 2, simulated tau = 3, k = 4: n-gram and draft-model drafters
-#   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one step: replay times and kernel tables, TP 1 and TP 2
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one step: replay times and kernel tables, TP 1 and TP 2 (profile2: TP 2 only)
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh ray     # the gang as Ray GPU actors (`decode --ray`); needs Ray: pack it with
 #       ../shared/tools/ray-for-device.sh .devcarry here and carry .devcarry (this script unpacks it)
 # Several modes run in order: `bash infra/gpu-measure.sh smoke profile bench`. Each run is cut off
@@ -74,7 +74,11 @@ ray_mode() {
       --draft-model random:llama-3.2-1b
 }
 profile() {
-  timeout 300 $PY -m workers.profile_step --model $M --widths 1 5 --max-seq 512 --json "$OUT/profile.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
+  timeout 300 $PY -m workers.profile_step --model $M --widths 1 5 --max-seq 512 --attention triton --top 15 \
+      --json "$OUT/profile.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
+  profile2
+}
+profile2() {
   timeout 300 $PY -m workers.profile_step --model $M --tp 2 --backend nccl symm_mem_ll --widths 1 5 --max-seq 512 --top 15 \
       --json "$OUT/profile_tp2.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
 }
@@ -97,10 +101,10 @@ sim() {
 }
 for mode in "${modes[@]}"; do
   case $mode in
-    smoke|profile|bench|tp1|tp2|sim) $mode ;;
+    smoke|profile|profile2|bench|tp1|tp2|sim) $mode ;;
     ray) ray_mode ;;
     full) tp1; tp2; sim ;;
-    *) echo "unknown mode $mode (smoke profile bench tp1 tp2 sim full ray)"; exit 2 ;;
+    *) echo "unknown mode $mode (smoke profile profile2 bench tp1 tp2 sim full ray)"; exit 2 ;;
   esac
 done
 $PY - "$OUT" <<'PY'

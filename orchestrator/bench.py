@@ -80,7 +80,10 @@ def run_backend(backend: str, tp: int, device: str, sizes: list[int], dtype: str
     return [{**row, "env": label, "tp": tp} for row in rows]
 
 
-def bench(backends: list[str], tp: int, device: str, sizes: list[int], dtype: str, iters: int, envs: list[dict], log) -> list[dict]:
+def bench(backends: list[str], tp: int, device: str, sizes: list[int], dtype: str, iters: int, envs: list[dict],
+          log) -> tuple[list[dict], list[str]]:
+    """Rows of every (backend, environment) that ran, and one line per one that failed: a backend
+    that breaks on this machine must not cost the rows of the others."""
     if tp < 2:
         raise UserError(f"--tp {tp}: an allreduce needs at least 2 ranks")
     if device == "cuda":
@@ -93,12 +96,16 @@ def bench(backends: list[str], tp: int, device: str, sizes: list[int], dtype: st
             raise UserError(f"--backend {b!r} is not one of {', '.join(n for n in BACKENDS if n != 'noop')}")
         if why := refusal(b, GangInfo(world_size=tp, device_type=device, p2p_ok=True, max_message_bytes=max(sizes))):
             raise UserError(f"--backend {b}: {why}")
-    rows = []
+    rows, failures = [], []
     for b in backends:
         for env in (envs if b == "nccl" else [{}]):  # NCCL knobs only change nccl
             log(f"spectune: bench-allreduce {b} tp={tp} {env or 'default env'} ...")
-            rows += run_backend(b, tp, device, sizes, dtype, iters, env)
-    return rows
+            try:
+                rows += run_backend(b, tp, device, sizes, dtype, iters, env)
+            except UserError as e:
+                failures.append(str(e).splitlines()[0])
+                log(f"spectune: {failures[-1]}")
+    return rows, failures
 
 
 def table(rows: list[dict]) -> str:

@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from orchestrator.errors import INPUT_ERRORS
+from orchestrator.errors import INPUT_ERRORS, UserError
 
 
 def _add_decode(sub) -> None:
@@ -98,11 +98,14 @@ def _bench(ns: argparse.Namespace) -> int:
         sizes = sorted(set(step_sizes(ns.hidden, itemsize=itemsize)) | {1 << p for p in range(12, 24)})
     backends = ns.backend or (["nccl", "symm_mem", "symm_mem_ll"] if ns.device == "cuda" else ["gloo"])
     iters = ns.iters or (200 if ns.device == "cuda" else 20)
-    rows = bench(backends, ns.tp, ns.device, sizes, dtype, iters, parse_env(ns.nccl_env),
-                 log=lambda m: print(m, file=sys.stderr, flush=True))
-    if ns.plot:
-        latency_plot(rows, ns.plot)
-    print(json.dumps(rows) if ns.json else table(rows))
+    rows, failures = bench(backends, ns.tp, ns.device, sizes, dtype, iters, parse_env(ns.nccl_env),
+                           log=lambda m: print(m, file=sys.stderr, flush=True))
+    if rows:
+        if ns.plot:
+            latency_plot(rows, ns.plot)
+        print(json.dumps(rows) if ns.json else table(rows))
+    if failures:  # the rows that did run are printed above
+        raise UserError(f"{len(failures)} of the benchmarks failed; first: {failures[0]}")
     return 0
 
 

@@ -112,10 +112,14 @@ def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> 
     sizes = sorted(set(step_sizes(prepared.args.dim, ks=ks, itemsize=itemsize)))
     backends = sorted({str(b) for b in candidates(cfg, "comm.backend")})
     try:
-        rows = bench(backends, max(tps), cfg.parallel.device, sizes, cfg.model.dtype, 100 if cuda else 50,  # gloo on 2 cores: 10 iterations were mostly noise
-                     [dict(cfg.parallel.nccl_env)], log)
+        rows, failures = bench(backends, max(tps), cfg.parallel.device, sizes, cfg.model.dtype, 100 if cuda else 50,  # gloo on 2 cores: 10 iterations were mostly noise
+                               [dict(cfg.parallel.nccl_env)], log)
     except Exception as e:  # noqa: BLE001 - a measurement that could not run here must not stop the study
         log(f"spectune: study.bench_allreduce skipped: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        return
+    for failure in failures:
+        log(f"spectune: study.bench_allreduce: {failure}")
+    if not rows:
         return
     columns = {key: [r[key] for r in rows] for key in rows[0]}
     tracker.client.log_table(tracker.parent_run_id, data=columns, artifact_file="bench_allreduce_table.json")

@@ -115,6 +115,28 @@ def test_bench_allreduce_gloo_table():
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * 1 / 2)
 
 
+def test_bench_keeps_the_rows_of_backends_that_ran(monkeypatch):
+    """One (backend, environment) failing on the machine (the first H200 run lost its whole table to
+    one kernel's compile error) costs only its own rows, and is named."""
+    from orchestrator import bench as bench_mod
+    from orchestrator.errors import UserError
+
+    real, calls = bench_mod.run_backend, []
+
+    def first_breaks(backend, *args, **kwargs):
+        calls.append(backend)
+        if len(calls) == 1:
+            raise UserError("bench-allreduce gloo : CompilationError: at 9:15\nmore detail")
+        return real(backend, *args, **kwargs)
+
+    monkeypatch.setattr(bench_mod, "run_backend", first_breaks)
+    logs = []
+    rows, failures = bench_mod.bench(["gloo", "gloo"], 2, "cpu", [4096], "float32", 3, [{}], logs.append)
+    assert calls == ["gloo", "gloo"] and [r["size_bytes"] for r in rows] == [4096] and rows[0]["time_us"] > 0
+    assert failures == ["bench-allreduce gloo : CompilationError: at 9:15"]
+    assert any("CompilationError" in line for line in logs)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--backend", "nccl"], "nccl needs CUDA"),
     (["--nccl-env", "NCCL_NVLS_ENABLE=1"], "NVLS / NVLink multicast must stay off"),

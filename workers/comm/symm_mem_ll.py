@@ -55,13 +55,13 @@ if triton is not None:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         ty = X.dtype.element_ty
-        if MODE != REDUCE:
+        if MODE != 2:  # not REDUCE alone (jit code reads no plain module globals)
             x = tl.load(X + offs, mask=m, other=0.0)
             x = tl.where(x == 0.0, 0.0, x)  # -0.0 is the sentinel: send +0.0
             for peer in tl.static_range(WORLD):
                 dst = tl.load(PTRS + peer).to(tl.pointer_type(ty))
                 tl.store(dst + (phase * WORLD + rank) * max_numel + offs, x, mask=m)
-        if MODE != PUSH:
+        if MODE != 1:  # not PUSH alone
             local = tl.load(PTRS + rank).to(tl.pointer_type(ty))
             acc = tl.zeros([BLOCK], tl.float32)
             for src in tl.static_range(WORLD):
