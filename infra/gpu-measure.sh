@@ -5,7 +5,7 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh smoke   # a minute: every code path on a 2-layer model
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh bench   # allreduce latency: nccl (3 environments) and symm_mem
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights) = tp1 tp2 sim
-#   OUT=/tmp/gpu bash infra/gpu-measure.sh tp1     # TP 1 (Triton and SDPA attention) and transformers' generate
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh tp1     # TP 1 and transformers' generate
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh tp2     # TP 2, one run per allreduce backend
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh sim     # TP 2, simulated tau = 3, k = 4: n-gram and draft-model drafters
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one step: replay times and kernel tables, TP 1 and TP 2 (profile2: TP 2 only)
@@ -88,7 +88,6 @@ bench() {
 }
 tp1() {
   run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline
-  run tp1_sdpa $S decode --model $M --tp 1 $common $P --attention sdpa
 }
 tp2() {
   run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
