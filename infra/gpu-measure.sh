@@ -75,12 +75,12 @@ ray_mode() {
 }
 profile() {
   timeout 300 $PY -m workers.profile_step --model $M --widths 1 5 --max-seq 512 --attention triton --top 15 \
-      --json "$OUT/profile.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
+      --json "$OUT/profile.json" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
   profile2
 }
 profile2() {
   timeout 300 $PY -m workers.profile_step --model $M --tp 2 --backend nccl symm_mem_ll --widths 1 5 --max-seq 512 --top 15 \
-      --json "$OUT/profile_tp2.json" 2>&1 | grep -v Warn | tee -a "$OUT/log.txt"
+      --json "$OUT/profile_tp2.json" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
 }
 bench() {
   run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem symm_mem_ll --nccl-env "" --nccl-env NCCL_PROTO=LL \

@@ -40,3 +40,46 @@ def test_compiled_fused_step(tmp_path):
     want = plain(step, c1)
     got = model.logits(fast.hidden_at(step, torch.arange(2)[None], c2, c2.max_seq))
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+_TRITON_STEP = r'''
+import sys, torch
+from workers.checkpoint import load_model, tiny_config, write_random_checkpoint
+from workers.decode_attention import _interpreter_numpy_fix, decode_attend
+from workers.fused import FusedStep
+
+_interpreter_numpy_fix()
+torch.set_grad_enabled(False)
+for i, cfg in enumerate([tiny_config(), tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)]):
+    path = write_random_checkpoint(sys.argv[1] + f"/m{i}", cfg, seed=4)
+    plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
+    fast = FusedStep(model, compile=False, attend_fn=decode_attend)
+    assert fast.rope_attend is not None
+    c1, c2 = plain.new_cache(1), model.new_cache(1)
+    prompt = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(0))
+    plain(prompt, c1)
+    model(prompt, c2)
+    for start, step in ((10, [5, 6, 7]), (13, [9])):  # a verify-width step, then a one-token step
+        pos = torch.arange(start, start + len(step))[None]
+        want = plain(torch.tensor([step]), c1)
+        got = model.logits(fast.hidden_at(torch.tensor([step]), pos, c2, c2.max_seq))
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for layer in range(len(c1.k)):
+        torch.testing.assert_close(c2.k[layer][:, :, :14], c1.k[layer][:, :, :14])
+        torch.testing.assert_close(c2.v[layer][:, :, :14], c1.v[layer][:, :, :14])
+    print("ok", i)
+'''
+
+
+def test_fused_step_with_triton_rope_and_attention(tmp_path):
+    """The GPU step's layout: rope, cache writes and split-KV attention in Triton (run by Triton's
+    CPU interpreter, which needs its own process) give the plain model's logits and cache."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    r = subprocess.run([sys.executable, "-c", _TRITON_STEP, str(tmp_path)], env={**os.environ, "TRITON_INTERPRET": "1"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.stdout.split() == ["ok", "0", "ok", "1"]

@@ -118,15 +118,76 @@ if triton is not None:
         tl.store(OUT + b * sob + t[:, None] * sot + h * D + d[None, :], out.to(OUT.dtype.element_ty), mask=(t < T)[:, None])
 
 
+    @triton.jit
+    def _rope_write(QKV, COS, SIN, POS, QOUT, KC, VC, T, NQ, NKV,
+                    sxb, sxt, scb, sct, ssb, sst, sqb, sqh, sqt, skb, skh, sks, svb, svh, svs,
+                    HALF: tl.constexpr):
+        # one program per (token, head) of the merged QKV projection [B, T, (NQ + 2 NKV) * D]:
+        # rotate q and k ("rotate half": y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2, in float32
+        # and rounded once), q to QOUT [B, NQ, T, D], k and v into the caches at the token's position
+        bt = tl.program_id(0)
+        j = tl.program_id(1)
+        b = bt // T
+        t = bt % T
+        d = tl.arange(0, HALF)
+        src = QKV + b * sxb + t * sxt + j * (2 * HALF)
+        x1 = tl.load(src + d).to(tl.float32)
+        x2 = tl.load(src + HALF + d).to(tl.float32)
+        y1, y2 = x1, x2
+        if j < NQ + NKV:
+            c = COS + b * scb + t * sct
+            sn = SIN + b * ssb + t * sst
+            y1 = x1 * tl.load(c + d).to(tl.float32) - x2 * tl.load(sn + d).to(tl.float32)
+            y2 = x2 * tl.load(c + HALF + d).to(tl.float32) + x1 * tl.load(sn + HALF + d).to(tl.float32)
+        p = tl.load(POS + b * T + t)
+        if j < NQ:
+            dst = QOUT + b * sqb + j * sqh + t * sqt
+        elif j < NQ + NKV:
+            dst = KC + b * skb + (j - NQ) * skh + p * sks
+        else:
+            dst = VC + b * svb + (j - NQ - NKV) * svh + p * svs
+        tl.store(dst + d, y1.to(QOUT.dtype.element_ty))
+        tl.store(dst + HALF + d, y2.to(QOUT.dtype.element_ty))
+
+
 def decode_attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
     """`workers.model.attend` for T <= MAX_T: write k/v [B, Hkv, T, D] at `pos` [B, T], attend
     q [B, H, T, D] to each query's visible cache slots; returns [B, T, H * D]. `mask` is unused."""
-    B, H, T, D = q.shape
-    if T > MAX_T:
-        raise ValueError(f"decode attention takes at most {MAX_T} tokens per step, not {T}")
-    for b in range(B):
+    if q.shape[2] > MAX_T:
+        raise ValueError(f"decode attention takes at most {MAX_T} tokens per step, not {q.shape[2]}")
+    for b in range(q.shape[0]):
         k_cache[b].index_copy_(1, pos[b], k[b])
         v_cache[b].index_copy_(1, pos[b], v[b])
+    return attend_cache(q, k_cache, v_cache, pos, kv_map)
+
+
+def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, kv_map):
+    """One step's attention from the merged QKV projection `qkv` [B, T, (H + 2 Hkv) * D]: rope on q
+    and k, k/v written into the caches at `pos` and q to a fresh tensor, all in one kernel (in place
+    of two rope kernels and two cache writes per layer), then the split-KV attention. cos/sin:
+    [B, 1, T, D] at each token's position (`Transformer.rope_and_mask`). Returns [B, T, H * D]."""
+    B, T, _ = qkv.shape
+    D = k_cache.shape[-1]
+    if T > MAX_T:
+        raise ValueError(f"decode attention takes at most {MAX_T} tokens per step, not {T}")
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    pos = pos.contiguous()
+    q = torch.empty(B, n_heads, T, D, dtype=qkv.dtype, device=qkv.device)
+    _rope_write[(B * T, n_heads + 2 * n_kv_heads)](
+        qkv, cos, sin, pos, q, k_cache, v_cache, T, n_heads, n_kv_heads,
+        qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(2), sin.stride(0), sin.stride(2),
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), HALF=D // 2)
+    return attend_cache(q, k_cache, v_cache, pos, kv_map)
+
+
+decode_attend.with_rope = rope_write_attend  # what workers/fused.py uses when given decode_attend
+
+
+def attend_cache(q, k_cache, v_cache, pos, kv_map):
+    """q [B, H, T, D] against the caches (already holding this step's k/v) up to each query's position."""
+    B, H, T, D = q.shape
     if q.stride(-1) != 1:
         q = q.contiguous()
     pos = pos.contiguous()
@@ -152,6 +213,7 @@ def selftest(device: str) -> float:
     """Largest |difference| to `workers.model.attend` over several shapes (GQA, uneven head maps,
     one or many query tokens, caches longer than one split, queries in the middle of the cache)."""
     from workers.model import attend
+    from workers.rope import apply_rope
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     gen = torch.Generator().manual_seed(0)
@@ -179,6 +241,18 @@ def selftest(device: str) -> float:
         err = (got - want).abs().max().item()
         print(f"B={B} H={H} Hkv={Hkv} T={T} D={D} slots={S} pos={first}: max |diff| {err:.2e}")
         worst = max(worst, err)
+        # the same step from the merged projection: rope + cache writes in one kernel
+        cos_t, sin_t = rnd(B, 1, T, D), rnd(B, 1, T, D)
+        qkv = torch.cat([x.transpose(1, 2).reshape(B, T, -1) for x in (q, k, v)], dim=-1)
+        kc3, vc3 = kc2.clone(), vc2.clone()
+        kc2.copy_(kc), vc2.copy_(vc)
+        qr, kr = apply_rope(q, cos_t, sin_t), apply_rope(k, cos_t, sin_t)
+        want = attend(qr, kr, v, mask, kc2, vc2, pos, group, kv_map).float()
+        got = rope_write_attend(qkv, cos_t, sin_t, kc3, vc3, pos, H, Hkv, kv_map).float()
+        cache_err = max((kc3.float() - kc2.float()).abs().max().item(), (vc3.float() - vc2.float()).abs().max().item())
+        err = (got - want).abs().max().item()
+        print(f"  with rope + cache write fused: max |diff| {err:.2e}, cache {cache_err:.2e}")
+        worst = max(worst, err, cache_err)
     return worst
 
 

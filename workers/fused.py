@@ -7,6 +7,9 @@ around an eager attention core:
 
     qkv body (compiled):  x += previous layer's MLP output; norm; one QKV GEMM; rope
     attention (eager):    K/V written into the cache in place (index_copy_), attention, o_proj
+
+With the Triton attention, rope moves out of the qkv body into one kernel that also writes K/V
+into the cache (`decode_attention.rope_write_attend`): four kernels per layer become one.
     mlp body (compiled):  x += attention output; norm; one gate/up GEMM; SiLU * up; down
 
 with the allreduces between them left to the backend. The cache write stays outside the compiled
@@ -42,6 +45,13 @@ def _qkv_body(x, delta, norm_w, eps: float, wqkv, bqkv, cos, sin, nq: int, nkv: 
     q = apply_rope(q.view(B, T, nq, hd).transpose(1, 2), cos, sin)
     k = apply_rope(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)
     return x, q, k, v.view(B, T, nkv, hd).transpose(1, 2)
+
+
+def _qkv_raw_body(x, delta, norm_w, eps: float, wqkv, bqkv):
+    # the qkv body for an attention that applies rope itself (decode_attention.rope_write_attend)
+    if delta is not None:
+        x = x + delta
+    return x, F.linear(rms_norm(x, norm_w, eps), wqkv, bqkv)
 
 
 def _mlp_body(x, delta, norm_w, eps: float, w_gate_up, w_down):
@@ -80,12 +90,17 @@ class FusedStep:
             wqkv, bqkv = _merge([a.q_proj, a.k_proj, a.v_proj])
             wgu, _ = _merge([m.gate_proj, m.up_proj])
             self.merged.append((wqkv, bqkv, wgu))
+        # an attention that takes the merged projection, applies rope and writes the cache itself
+        # (one kernel where the compiled rope and the eager cache writes took four per layer)
+        self.rope_attend = getattr(attend_fn, "with_rope", None)
         self.qkv_body, self.mlp_body, self.final_norm = _qkv_body, _mlp_body, _final_norm
+        self.qkv_raw_body = _qkv_raw_body
         if compile:
             import torch._dynamo
 
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             self.qkv_body = torch.compile(_qkv_body, dynamic=False)
+            self.qkv_raw_body = torch.compile(_qkv_raw_body, dynamic=False)
             self.mlp_body = torch.compile(_mlp_body, dynamic=False)
             self.final_norm = torch.compile(_final_norm, dynamic=False)
 
@@ -96,9 +111,13 @@ class FusedStep:
         for layer, (wqkv, bqkv, wgu), k_cache, v_cache in zip(model.layers, self.merged, cache.k, cache.v):
             a, m = layer.self_attn, layer.mlp
             eps = layer.input_layernorm.eps
-            x, q, k, v = self.qkv_body(x, delta, layer.input_layernorm.weight, eps, wqkv, bqkv, cos, sin,
-                                       a.n_heads, a.n_kv_heads, a.head_dim)
-            core = self.attend_fn(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
+            if self.rope_attend is not None:
+                x, qkv = self.qkv_raw_body(x, delta, layer.input_layernorm.weight, eps, wqkv, bqkv)
+                core = self.rope_attend(qkv, cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map)
+            else:
+                x, q, k, v = self.qkv_body(x, delta, layer.input_layernorm.weight, eps, wqkv, bqkv, cos, sin,
+                                           a.n_heads, a.n_kv_heads, a.head_dim)
+                core = self.attend_fn(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
             attn_out = a.reduce(F.linear(core, a.o_proj.weight))
             x, mlp_out = self.mlp_body(x, attn_out, layer.post_attention_layernorm.weight, eps, wgu, m.down_proj.weight)
             delta = m.reduce(mlp_out)
