@@ -2,6 +2,7 @@
 # The README's GPU figures, on a machine with 2 NVIDIA GPUs and PyTorch (no Ray/Optuna/MLflow
 # needed: this drives workers/ directly through `python -m orchestrator`). Writes JSON to $OUT.
 #
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh selftest # the Triton attention (and rope + cache write) against SDPA
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh smoke   # a minute: every code path on a 2-layer model
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh bench   # allreduce latency: nccl (3 environments) and symm_mem
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights) = tp1 tp2 sim
@@ -48,10 +49,13 @@ common="--drafter none -k 0 --device cuda --category writing --json"
 sim="--drafter ngram -k 4 --simulate-accept-len 3 --device cuda --category writing --json"
 M=random:llama-3-8b
 P="--num-prompts 4 --max-new-tokens 128"
-smoke() {
-  local M=random:llama-3-8b:layers=2 P="--num-prompts 1 --max-new-tokens 16"
+selftest() {
   echo "=== decode_attention selftest" | tee -a "$OUT/log.txt"
   timeout 120 $PY -m workers.decode_attention --selftest 2>&1 | tee -a "$OUT/log.txt"
+}
+smoke() {
+  local M=random:llama-3-8b:layers=2 P="--num-prompts 1 --max-new-tokens 16"
+  selftest
   run bench_smoke $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem symm_mem_ll --sizes 16K,256K --iters 50 --json
   run smoke_tp1 $S decode --model $M --tp 1 $common $P --peer-baseline
   run smoke_tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
@@ -90,20 +94,20 @@ tp1() {
   run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline
 }
 tp2() {
+  run tp2_symm_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P
   run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
   run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P
-  run tp2_symm_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P
 }
-sim() {
-  run sim_ngram $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $sim $P
-  run sim_draft $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $sim $P --drafter draft_model --draft-model random:llama-3.2-1b
+sim() {  # the fastest backend of `tp2`
+  run sim_ngram $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P
+  run sim_draft $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P --drafter draft_model --draft-model random:llama-3.2-1b
 }
 for mode in "${modes[@]}"; do
   case $mode in
-    smoke|profile|profile2|bench|tp1|tp2|sim) $mode ;;
+    selftest|smoke|profile|profile2|bench|tp1|tp2|sim) $mode ;;
     ray) ray_mode ;;
     full) tp1; tp2; sim ;;
-    *) echo "unknown mode $mode (smoke profile profile2 bench tp1 tp2 sim full ray)"; exit 2 ;;
+    *) echo "unknown mode $mode (selftest smoke profile profile2 bench tp1 tp2 sim full ray)"; exit 2 ;;
   esac
 done
 $PY - "$OUT" <<'PY'
