@@ -30,6 +30,8 @@ def _add_decode(sub) -> None:
     p.add_argument("--draft-model", default=None, help="checkpoint of the draft model (--drafter draft_model)")
     p.add_argument("--draft-layers", type=int, default=None, help="verifier layers that draft (--drafter layer_skip; default half)")
     p.add_argument("--ngram-max", type=int, default=d.ngram_max, help="longest n-gram the lookup drafter matches")
+    p.add_argument("--ngram-actor", action="store_true",
+                   help="run the n-gram drafter as its own process on the draft link (default: inside every verifier rank)")
     p.add_argument("--num-draft-tokens", "-k", type=int, default=d.num_draft_tokens, help="k, tokens drafted per step (0 = baseline)")
     p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy; > 0 = sampling with rejection-sampling verification")
     p.add_argument("--prompts", default=d.prompts, help="Spec-Bench-style JSONL (default: the bundled 240 questions)")

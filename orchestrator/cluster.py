@@ -4,7 +4,8 @@
     with RayGang(spec, env, resources) as gang: # placement group (STRICT_PACK) + one actor per rank
         gang.setup(); result = gang.run(workload)
 
-A gang is TP verifier actors (ranks 0..tp-1, one GPU each on CUDA) plus the drafter actor, all
+A gang is TP verifier actors (ranks 0..tp-1, one GPU each on CUDA) plus, for a model drafter, the
+drafter actor (the n-gram drafter runs inside every verifier rank and needs none), all
 in one STRICT_PACK placement group so they share a node; each actor's runtime_env carries the
 trial's NCCL variables (and NVLink multicast off). Rank 0 serves the rendezvous TCPStore on a
 port the OS picks. Every call has a deadline; a rank that fails, dies or misses it tears the
@@ -205,7 +206,7 @@ class GangPool:
         try:
             gang.setup()
             # warm-up: first calls pay for lazy initialisation, which no trial should be charged for
-            warm = Workload(prompts=((1, 2, 3, 4),), max_new_tokens=2, num_draft_tokens=1 if spec.has_drafter else 0)
+            warm = Workload(prompts=((1, 2, 3, 4),), max_new_tokens=2, num_draft_tokens=1 if spec.drafts else 0)
             gang.run(warm)
         except BaseException:
             gang.close()

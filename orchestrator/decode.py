@@ -34,6 +34,7 @@ class DecodeOptions:
     draft_model: str | None = None
     draft_layers: int | None = None
     ngram_max: int = 3
+    ngram_actor: bool = False
     num_draft_tokens: int = 4
     temperature: float = 0.0
     prompts: str = str(BUNDLED_PROMPTS)
@@ -96,7 +97,7 @@ def plan(o: DecodeOptions) -> DecodePlan:
         raise UserError(f"--temperature {o.temperature} must be >= 0")
     if o.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {o.max_new_tokens} must be at least 1")
-    drafter = DrafterSpec(kind=o.drafter, ngram_max=o.ngram_max)
+    drafter = DrafterSpec(kind=o.drafter, ngram_max=o.ngram_max, ngram_actor=o.ngram_actor)
     if o.drafter == "draft_model":
         if not o.draft_model:
             raise UserError("--drafter draft_model needs --draft-model PATH")

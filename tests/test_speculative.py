@@ -77,6 +77,26 @@ def test_sampling_is_reproducible_and_seeded(tiny_ckpt):
     assert all(0 <= t < 512 for seq in a for t in seq)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_ngram_inside_verifier_ranks_equals_ngram_process(tiny_ckpt, temperature):
+    """The n-gram drafter runs inside every TP rank (no drafter process, no link messages): the
+    same tokens, steps and acceptances as the same drafter as its own process on the link, under
+    greedy and seeded sampling (every rank then samples by itself, from identical logits)."""
+    prompts = _prompts(2)
+    runs = {}
+    for actor in (False, True):
+        spec = GangSpec(model_path=str(tiny_ckpt), tp=2, drafter=DrafterSpec(kind="ngram", ngram_actor=actor), max_seq=256)
+        assert spec.world_size == (3 if actor else 2)
+        with LocalGang(spec, timeout_s=300) as gang:
+            gang.setup()
+            runs[actor] = gang.run(Workload(prompts=prompts, max_new_tokens=36, num_draft_tokens=3,
+                                            temperature=temperature, seed=5))
+    inline, actor = runs[False], runs[True]
+    assert [p.tokens for p in inline.prompts] == [p.tokens for p in actor.prompts]
+    assert [(p.steps, p.accepted) for p in inline.prompts] == [(p.steps, p.accepted) for p in actor.prompts]
+    assert inline.metrics["drafted_mean"] > 0  # it did draft (a tiny random model seldom repeats, so few are accepted)
+
+
 def test_eos_stops_generation(tiny_ckpt):
     """Generation stops right after an EOS token, identically with and without speculation."""
     spec = GangSpec(model_path=str(tiny_ckpt), tp=1, drafter=DrafterSpec(kind="layer_skip", layers=1), max_seq=256)

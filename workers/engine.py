@@ -8,6 +8,8 @@ the first token; then each step
     everyone:  append the new tokens, roll the KV cache back to the accepted prefix.
 The driver is not involved per step: one call runs a whole Workload.
 With k = 0 the verifier decodes plainly (the baseline) and a drafter in the gang only listens.
+The n-gram drafter is no process of its own: every verifier rank runs a copy on the committed
+tokens it already holds (`Verifier.drafter`), so those steps exchange no link messages.
 
 Every verifier rank holds the same full logits (the allreduce hands every rank the same sums, the
 head is replicated or gathered) and the same seeded generator. So where verification needs nothing
@@ -59,8 +61,9 @@ def _finish(tokens: list[int], have: int, w: Workload) -> tuple[list[int], bool]
 
 class Verifier:
     def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int, graphs: bool = True, fused: bool = False,
-                 attention: str = "auto"):
+                 attention: str = "auto", drafter: Drafter | None = None):
         self.model, self.allreduce, self.link, self.rank = model, allreduce, link, rank
+        self.drafter = drafter  # a drafter run inside this rank (n-gram), else proposals come over the link
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
         self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce, fused=fused, attention=attention)
@@ -124,18 +127,29 @@ class Verifier:
         credit = 0.0
         self.local = decides_locally(w, self.link.drafter_rank is not None)
         self.steps.warm(range(1, w.num_draft_tokens + 2))  # every width this run can use, before timing
+        if self.drafter is not None:
+            self.drafter.begin(w.temperature, w.seed + 1)
+            self.drafter.warm(w.num_draft_tokens)
         for prompt in w.prompts:
             t_prompt = time.perf_counter()
             self.cache.reset()
+            if self.drafter is not None:
+                self.drafter.prefill(list(prompt))
             logits = self.steps.prefill(list(prompt))
             res = self._broadcast(self._first_token(logits, w, gen) if self._decides() else None)
             prefill_s = time.perf_counter() - t_prompt
             record = w.record_margins and w.num_draft_tokens == 0 and w.temperature <= 0 and self._decides()
             top2 = [logits.float().topk(2).values] if record else []
             out, steps, accepted = list(res.tokens), 0, 0
+            committed = list(prompt) + out  # what the in-rank drafter sees (the drafter process keeps its own)
             while not res.done:
                 t0 = time.perf_counter()
-                proposal = self.link.recv_proposal() if w.num_draft_tokens > 0 else Proposal(tokens=[])
+                if w.num_draft_tokens == 0:
+                    proposal = Proposal(tokens=[])
+                elif self.drafter is not None:
+                    proposal = self.drafter.propose(committed, w.num_draft_tokens)
+                else:
+                    proposal = self.link.recv_proposal()
                 drafted = proposal.tokens
                 if w.simulate_accept_len is not None:  # fixed step width: pad a short proposal
                     drafted = drafted + [drafted[-1] if drafted else out[-1]] * (w.num_draft_tokens - len(drafted))
@@ -158,6 +172,7 @@ class Verifier:
                 # keep [last, d_1..d_accepted]; the correction/bonus token is fed next step
                 self.cache.rollback(0, base + 1 + res.accepted)
                 out.extend(res.tokens)
+                committed.extend(res.tokens)
                 steps += 1
                 accepted += len(res.tokens) - 1
                 stats.steps.append(

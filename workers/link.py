@@ -1,7 +1,9 @@
 """The draft link: typed per-step messages between the drafter and the verifier ranks.
 
 Every process of a gang is in one process group (the "link group": verifier ranks 0..tp-1 and,
-when there is one, the drafter as rank tp). Per step the drafter broadcasts a `Proposal` and
+when there is one, the drafter as rank tp). Only model drafters are processes of their own: the
+n-gram drafter runs inside every verifier rank (`DrafterSpec.in_verifier`), so its gangs send no
+link messages at all. Per step the drafter broadcasts a `Proposal` and
 verifier rank 0 broadcasts a `VerifyResult`; both travel as fixed-size int64 headers, so no one
 needs to know a message's size in advance (k + a few integers). The drafter's probabilities, which
 stochastic verification needs ([n, vocab] float32: 2 MB for 4 drafts of a 128K vocabulary), go

@@ -108,7 +108,8 @@ class Worker:
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the unsharded copy is gone
             self.verifier = Verifier(model, allreduce, self.link, self.rank, graphs=spec.cuda_graphs, fused=spec.compile,
-                                     attention=spec.attention)
+                                     attention=spec.attention,
+                                     drafter=build_drafter(spec, device) if spec.drafter.in_verifier else None)
         info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0, "pid": os.getpid()}
         if self.verifier is not None:
             info["attention"] = self.verifier.steps.attention
