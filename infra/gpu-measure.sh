@@ -8,7 +8,8 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights) = tp1 tp2 sim
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh tp1     # TP 1 and transformers' generate
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh tp2     # TP 2, one run per allreduce backend
-#   OUT=/tmp/gpu bash infra/gpu-measure.sh sim     # TP 2, simulated tau = 3, k = 4: n-gram and draft-model drafters
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh sim     # TP 2, simulated tau = 3, k = 4: n-gram (in the ranks, and as
+#                                                  # its own process) and draft-model drafters
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one step: replay times and kernel tables, TP 1 and TP 2 (profile2: TP 2 only)
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh ray     # the gang as Ray GPU actors (`decode --ray`); needs Ray: pack it with
 #       ../shared/tools/ray-for-device.sh .devcarry here and carry .devcarry (this script unpacks it)
@@ -90,24 +91,26 @@ bench() {
   run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem symm_mem_ll --nccl-env "" --nccl-env NCCL_PROTO=LL \
       --nccl-env NCCL_P2P_DISABLE=1 --sizes 8K,16K,32K,64K,128K,256K,512K,1M,4M --json
 }
-tp1() {
-  run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline
-}
-tp2() {
-  run tp2_symm_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P
-  run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P
-  run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P
-}
-sim() {  # the fastest backend of `tp2`
-  run sim_ngram $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P
-  run sim_draft $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P --drafter draft_model --draft-model random:llama-3.2-1b
-}
+# single runs (each is also a mode of its own: `bash infra/gpu-measure.sh tp1 sim_ngram`)
+r_tp1() { run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline; }
+r_tp2_symm_ll() { run tp2_symm_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
+r_tp2_nccl() { run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P; }
+r_tp2_symm() { run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P; }
+# simulated acceptance on the fastest backend of `tp2`
+r_sim_ngram() { run sim_ngram $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P; }
+r_sim_ngram_actor() { run sim_ngram_actor $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P --ngram-actor; }
+r_sim_draft() { run sim_draft $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P --drafter draft_model \
+    --draft-model random:llama-3.2-1b; }
+tp1() { r_tp1; }
+tp2() { r_tp2_symm_ll; r_tp2_nccl; r_tp2_symm; }
+sim() { r_sim_ngram; r_sim_ngram_actor; r_sim_draft; }
 for mode in "${modes[@]}"; do
   case $mode in
     selftest|smoke|profile|profile2|bench|tp1|tp2|sim) $mode ;;
     ray) ray_mode ;;
     full) tp1; tp2; sim ;;
-    *) echo "unknown mode $mode (selftest smoke profile profile2 bench tp1 tp2 sim full ray)"; exit 2 ;;
+    *) if declare -F "r_$mode" >/dev/null; then "r_$mode"; continue; fi
+       echo "unknown mode $mode (selftest smoke profile profile2 bench tp1 tp2 sim full ray)"; exit 2 ;;
   esac
 done
 $PY - "$OUT" <<'PY'
@@ -122,6 +125,6 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
             print(f"{f.stem:>12} {r['backend']:>9} {r['env'][:22]:>22} {r['mode']:>5} {r['size_bytes']:>8} {r['time_us']:8.2f} us")
     else:
         keys = ["throughput_tok_s", "decode_tok_s", "baseline_throughput_tok_s", "baseline_decode_tok_s", "speedup_vs_baseline", "decode_speedup_vs_baseline", "prefill_ms", "accept_len_mean", "step_ms_p50", "prefill_ms_mean",
-                "compute_ms_per_step", "comm_ms_per_step", "comm_fraction", "hf_generate_tok_s", "baseline_vs_hf_generate", "hf_assisted_tok_s"]
+                "verify_ms_p50", "draft_ms_p50", "compute_ms_per_step", "comm_ms_per_step", "comm_fraction", "hf_generate_tok_s", "baseline_vs_hf_generate", "hf_assisted_tok_s"]
         print(f.stem, {k: (round(d[k], 3) if isinstance(d[k], float) else d[k]) for k in keys if k in d})
 PY
