@@ -99,7 +99,7 @@ r_tp2_symm() { run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --voc
 # simulated acceptance on the fastest backend of `tp2`
 r_sim_ngram() { run sim_ngram $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P; }
 r_sim_ngram_actor() { run sim_ngram_actor $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P --ngram-actor; }
-r_sim_draft() { run sim_draft $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P --drafter draft_model \
+r_sim_draft() { run sim_draft $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P --peer-baseline --drafter draft_model \
     --draft-model random:llama-3.2-1b; }
 tp1() { r_tp1; }
 tp2() { r_tp2_symm_ll; r_tp2_nccl; r_tp2_symm; }
