@@ -242,16 +242,20 @@ def selftest(device: str) -> float:
         print(f"B={B} H={H} Hkv={Hkv} T={T} D={D} slots={S} pos={first}: max |diff| {err:.2e}")
         worst = max(worst, err)
         # the same step from the merged projection: rope + cache writes in one kernel
-        cos_t, sin_t = rnd(B, 1, T, D), rnd(B, 1, T, D)
+        angle = rnd(B, 1, T, D // 2).float().repeat(1, 1, 1, 2) * 3  # real rotations, "rotate half" layout
+        cos_t, sin_t = angle.cos().to(dtype), angle.sin().to(dtype)
         qkv = torch.cat([x.transpose(1, 2).reshape(B, T, -1) for x in (q, k, v)], dim=-1)
         kc3, vc3 = kc2.clone(), vc2.clone()
         kc2.copy_(kc), vc2.copy_(vc)
         qr, kr = apply_rope(q, cos_t, sin_t), apply_rope(k, cos_t, sin_t)
         want = attend(qr, kr, v, mask, kc2, vc2, pos, group, kv_map).float()
         got = rope_write_attend(qkv, cos_t, sin_t, kc3, vc3, pos, H, Hkv, kv_map).float()
-        cache_err = max((kc3.float() - kc2.float()).abs().max().item(), (vc3.float() - vc2.float()).abs().max().item())
+        # relative to each value's size: bf16 rounds the reference's three products and sums where the
+        # kernel rounds once, one ulp apart at most (a 6e-2 absolute gap at |k| ~ 10 on the H200)
+        cache_err = max(((a.float() - b.float()).abs() / b.float().abs().clamp(min=1.0)).max().item()
+                        for a, b in ((kc3, kc2), (vc3, vc2)))
         err = (got - want).abs().max().item()
-        print(f"  with rope + cache write fused: max |diff| {err:.2e}, cache {cache_err:.2e}")
+        print(f"  with rope + cache write fused: max |diff| {err:.2e}, cache (relative) {cache_err:.2e}")
         worst = max(worst, err, cache_err)
     return worst
 
