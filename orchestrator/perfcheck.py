@@ -238,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median |error| predicting decode tok/s of trials left out of the fit: {err:.1%} "
           f"({facts['model_loo_trials']} trials)")
     if "model_loo_median_rel_error_fitted_term" in facts:
-        print(f"  with every allreduce term fitted instead: {facts['model_loo_median_rel_error_fitted_term']:.1%}")
+        fitted = facts["model_loo_median_rel_error_fitted_term"]
+        print("  with every allreduce term fitted instead: " + (f"{fitted:.1%}" if fitted == fitted else  # NaN: no fit
+              "no prediction (a left-out setup's constant is fitted only from other trials of the same setup)"))
     return 1 if ns.max_error is not None and not err <= ns.max_error else 0
 
 
