@@ -28,6 +28,36 @@ def test_fused_matches_plain(tmp_path, cfg):
     torch.testing.assert_close(c2.k[0][:, :, :13], c1.k[0][:, :, :13])
 
 
+@torch.inference_mode()
+def test_fused_norm_layout_matches_plain(tmp_path):
+    """With an allreduce that adds the residual and applies the next norm itself (symm_mem_ll's
+    `add_norm` on GPUs), the step moves every norm out of the compiled bodies: same logits and cache.
+    A world of one runs the base class's add + norm, which is what the fused kernel must equal."""
+    from workers.comm.base import NoOpAllReduce
+
+    class AddNormWorldOfOne(NoOpAllReduce):
+        fuses_add_norm = True
+
+    cfg = tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)
+    path = write_random_checkpoint(tmp_path, cfg, seed=4)
+    plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
+    ar = AddNormWorldOfOne(None, 1)
+    for layer in model.layers:
+        layer.self_attn.reduce = layer.mlp.reduce = ar
+    fast = FusedStep(model, compile=False)
+    assert fast._add_norm_allreduce() is ar
+    c1, c2 = plain.new_cache(1), model.new_cache(1)
+    prompt = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(0))
+    plain(prompt, c1)
+    model(prompt, c2)
+    for start, step in ((10, [5, 6, 7]), (13, [9])):
+        pos = torch.arange(start, start + len(step))[None]
+        want = plain(torch.tensor([step]), c1)
+        got = model.logits(fast.hidden_at(torch.tensor([step]), pos, c2, c2.max_seq))
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(c2.v[-1][:, :, :14], c1.v[-1][:, :, :14])
+
+
 @pytest.mark.slow
 @torch.inference_mode()
 def test_compiled_fused_step(tmp_path):
@@ -47,12 +77,21 @@ import sys, torch
 from workers.checkpoint import load_model, tiny_config, write_random_checkpoint
 from workers.decode_attention import _interpreter_numpy_fix, decode_attend
 from workers.fused import FusedStep
+from workers.comm.base import NoOpAllReduce
+
+class AddNormWorldOfOne(NoOpAllReduce):
+    fuses_add_norm = True
 
 _interpreter_numpy_fix()
 torch.set_grad_enabled(False)
-for i, cfg in enumerate([tiny_config(), tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)]):
+cases = [tiny_config(), tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)]
+for i, (cfg, norms_in_allreduce) in enumerate([(cases[0], False), (cases[1], False), (cases[1], True)]):
     path = write_random_checkpoint(sys.argv[1] + f"/m{i}", cfg, seed=4)
     plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
+    if norms_in_allreduce:
+        ar = AddNormWorldOfOne(None, 1)
+        for layer in model.layers:
+            layer.self_attn.reduce = layer.mlp.reduce = ar
     fast = FusedStep(model, compile=False, attend_fn=decode_attend)
     assert fast.rope_attend is not None
     c1, c2 = plain.new_cache(1), model.new_cache(1)
@@ -82,4 +121,4 @@ def test_fused_step_with_triton_rope_and_attention(tmp_path):
     r = subprocess.run([sys.executable, "-c", _TRITON_STEP, str(tmp_path)], env={**os.environ, "TRITON_INTERPRET": "1"},
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert r.stdout.split() == ["ok", "0", "ok", "1"]
+    assert r.stdout.split() == ["ok", "0", "ok", "1", "ok", "2"]

@@ -9,7 +9,9 @@ around an eager attention core:
     attention (eager):    K/V written into the cache in place (index_copy_), attention, o_proj
 
 With the Triton attention, rope moves out of the qkv body into one kernel that also writes K/V
-into the cache (`decode_attention.rope_write_attend`): four kernels per layer become one.
+into the cache (`decode_attention.rope_write_attend`): four kernels per layer become one. With an
+allreduce that also adds the residual and applies the next norm in its kernel (`symm_mem_ll`,
+`AllReduce.fuses_add_norm`), the norms leave the compiled bodies (`_hidden_with_fused_norms`).
     mlp body (compiled):  x += attention output; norm; one gate/up GEMM; SiLU * up; down
 
 with the allreduces between them left to the backend. The cache write stays outside the compiled
@@ -54,6 +56,23 @@ def _qkv_raw_body(x, delta, norm_w, eps: float, wqkv, bqkv):
     return x, F.linear(rms_norm(x, norm_w, eps), wqkv, bqkv)
 
 
+def _norm_body(x, norm_w, eps: float):
+    return rms_norm(x, norm_w, eps)
+
+
+def _qkv_from_normed(h, wqkv, bqkv, cos, sin, nq: int, nkv: int, hd: int):
+    B, T, _ = h.shape
+    q, k, v = F.linear(h, wqkv, bqkv).split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+    q = apply_rope(q.view(B, T, nq, hd).transpose(1, 2), cos, sin)
+    k = apply_rope(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)
+    return q, k, v.view(B, T, nkv, hd).transpose(1, 2)
+
+
+def _mlp_core(h, w_gate_up, w_down):
+    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, w_down)
+
+
 def _mlp_body(x, delta, norm_w, eps: float, w_gate_up, w_down):
     x = x + delta
     gate, up = F.linear(rms_norm(x, norm_w, eps), w_gate_up).chunk(2, dim=-1)
@@ -95,6 +114,7 @@ class FusedStep:
         self.rope_attend = getattr(attend_fn, "with_rope", None)
         self.qkv_body, self.mlp_body, self.final_norm = _qkv_body, _mlp_body, _final_norm
         self.qkv_raw_body = _qkv_raw_body
+        self.norm_body, self.qkv_from_normed, self.mlp_core = _norm_body, _qkv_from_normed, _mlp_core
         if compile:
             import torch._dynamo
 
@@ -103,10 +123,21 @@ class FusedStep:
             self.qkv_raw_body = torch.compile(_qkv_raw_body, dynamic=False)
             self.mlp_body = torch.compile(_mlp_body, dynamic=False)
             self.final_norm = torch.compile(_final_norm, dynamic=False)
+            self.norm_body = torch.compile(_norm_body, dynamic=False)
+            self.qkv_from_normed = torch.compile(_qkv_from_normed, dynamic=False)
+            self.mlp_core = torch.compile(_mlp_core, dynamic=False)
+
+    def _add_norm_allreduce(self):
+        """The TP allreduce, if it sums, adds the residual and normalises in one kernel (else None)."""
+        layers = self.model.layers
+        ar = layers[0].self_attn.reduce if len(layers) else None
+        return ar if getattr(ar, "fuses_add_norm", False) else None
 
     def hidden_at(self, tokens, pos, cache, kv_len: int) -> torch.Tensor:
         model = self.model
         cos, sin, mask = model.rope_and_mask(pos, kv_len, masked=self.needs_mask)
+        if (ar := self._add_norm_allreduce()) is not None:
+            return self._hidden_with_fused_norms(ar, tokens, pos, cache, cos, sin, mask)
         x, delta = model.embed_tokens(tokens), None  # the residual stream is x + delta
         for layer, (wqkv, bqkv, wgu), k_cache, v_cache in zip(model.layers, self.merged, cache.k, cache.v):
             a, m = layer.self_attn, layer.mlp
@@ -124,6 +155,30 @@ class FusedStep:
         if delta is None:  # a model without layers
             return model.norm(x)
         return self.final_norm(x, delta, model.norm.weight, model.norm.eps)
+
+
+    def _hidden_with_fused_norms(self, ar, tokens, pos, cache, cos, sin, mask) -> torch.Tensor:
+        """The layout for an allreduce that fuses the residual add and the next norm (symm_mem_ll):
+        per layer QKV GEMM, attention, o_proj, [allreduce + add + norm], gate/up, SiLU, down,
+        [allreduce + add + next layer's norm (the final norm after the last)]: two kernels fewer
+        per layer than allreduce, then a compiled body that adds and normalises."""
+        model = self.model
+        layers = model.layers
+        x = model.embed_tokens(tokens)
+        first = layers[0].input_layernorm
+        h = self.norm_body(x, first.weight, first.eps)
+        for i, (layer, (wqkv, bqkv, wgu), k_cache, v_cache) in enumerate(zip(layers, self.merged, cache.k, cache.v)):
+            a, m = layer.self_attn, layer.mlp
+            if self.rope_attend is not None:
+                core = self.rope_attend(F.linear(h, wqkv, bqkv), cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map)
+            else:
+                q, k, v = self.qkv_from_normed(h, wqkv, bqkv, cos, sin, a.n_heads, a.n_kv_heads, a.head_dim)
+                core = self.attend_fn(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
+            post = layer.post_attention_layernorm
+            x, h = ar.add_norm(F.linear(core, a.o_proj.weight), x, post.weight, post.eps)
+            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.norm
+            x, h = ar.add_norm(self.mlp_core(h, wgu, m.down_proj.weight), x, nxt.weight, nxt.eps)
+        return h
 
 
 def try_fused(model: Transformer, compile: bool = True, attend_fn=None) -> FusedStep | None:

@@ -43,6 +43,7 @@ class AllReduce:
     timed = True  # wall-clock timing per call (only meaningful where calls are synchronous)
     cuda_group = "gloo"  # torch.distributed backend of the TP group on GPUs (nccl where the backend
                          # issues NCCL calls or needs an NCCL group for its rendezvous / fallback)
+    fuses_add_norm = False  # add_norm is one kernel: the fused step then leaves the norms to it
 
     def __init__(self, group: dist.ProcessGroup | None, world_size: int):
         self.group = group
@@ -73,6 +74,16 @@ class AllReduce:
         else:
             self._all_reduce(x)
         return x
+
+    def add_norm(self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """s = residual + allreduce(partial) and rms_norm(s): a row-parallel output joining the
+        residual stream and the next norm reading it. Backends that can do it in one kernel
+        override this (and set `fuses_add_norm`); it counts as one allreduce call either way."""
+        from workers.model import rms_norm
+
+        s = residual + self(partial)
+        return s, rms_norm(s, weight, eps)
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's `x` along the last dimension (vocab-parallel logits)."""

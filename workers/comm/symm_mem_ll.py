@@ -47,6 +47,44 @@ _SENTINEL_BITS = {torch.bfloat16: -32768, torch.float16: -32768, torch.float32: 
 if triton is not None:
 
     @triton.jit
+    def _push(x, PTRS, phase, rank, max_numel, offs, m, WORLD: tl.constexpr):
+        # store this rank's partial sum into slot `rank` of this phase on every rank (remote stores)
+        x = tl.where(x == 0.0, 0.0, x)  # -0.0 is the sentinel: send +0.0
+        for peer in tl.static_range(WORLD):
+            dst = tl.load(PTRS + peer).to(tl.pointer_type(x.dtype))
+            tl.store(dst + (phase * WORLD + rank) * max_numel + offs, x, mask=m)
+
+    @triton.jit
+    def _collect(PTRS, STATE, phase, rank, max_numel, offs, m, ty: tl.constexpr, WORLD: tl.constexpr,
+                 BLOCK: tl.constexpr, INT: tl.constexpr, SENT: tl.constexpr, MAX_SPINS: tl.constexpr):
+        # wait for every rank's push into this rank's slots of this phase, sum them in float32 (rank
+        # order, so every rank gets the same bits) and put the sentinel back
+        local = tl.load(PTRS + rank).to(tl.pointer_type(ty))
+        acc = tl.zeros([BLOCK], tl.float32)
+        for src in tl.static_range(WORLD):
+            slot = local + (phase * WORLD + src) * max_numel + offs
+            v = tl.load(slot, mask=m, other=0.0, volatile=True)
+            pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
+            spins = 0
+            while (pending > 0) & (spins < MAX_SPINS):
+                v = tl.load(slot, mask=m, other=0.0, volatile=True)
+                pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
+                spins += 1
+            if pending > 0:  # a peer never pushed: give up (the sums are wrong) rather than hang the GPU
+                tl.store(STATE + 2, 1)
+            acc += v.to(tl.float32)
+            tl.store(slot, tl.full([BLOCK], SENT, INT).to(ty, bitcast=True), mask=m)
+        return acc
+
+    @triton.jit
+    def _finish_call(STATE, phase, NPH: tl.constexpr):
+        # the last program of this call to finish moves every later call to the next phase
+        done = tl.atomic_add(STATE + 1, 1)
+        if done == tl.num_programs(0) - 1:
+            tl.store(STATE, (phase + 1) % NPH)
+            tl.store(STATE + 1, 0)
+
+    @triton.jit
     def _ll_allreduce(X, PTRS, STATE, n, max_numel, rank,
                       WORLD: tl.constexpr, NPH: tl.constexpr, BLOCK: tl.constexpr, INT: tl.constexpr,
                       SENT: tl.constexpr, MODE: tl.constexpr, MAX_SPINS: tl.constexpr):
@@ -56,33 +94,35 @@ if triton is not None:
         m = offs < n
         ty = X.dtype.element_ty
         if MODE != 2:  # not REDUCE alone (jit code reads no plain module globals)
-            x = tl.load(X + offs, mask=m, other=0.0)
-            x = tl.where(x == 0.0, 0.0, x)  # -0.0 is the sentinel: send +0.0
-            for peer in tl.static_range(WORLD):
-                dst = tl.load(PTRS + peer).to(tl.pointer_type(ty))
-                tl.store(dst + (phase * WORLD + rank) * max_numel + offs, x, mask=m)
+            _push(tl.load(X + offs, mask=m, other=0.0), PTRS, phase, rank, max_numel, offs, m, WORLD)
         if MODE != 1:  # not PUSH alone
-            local = tl.load(PTRS + rank).to(tl.pointer_type(ty))
-            acc = tl.zeros([BLOCK], tl.float32)
-            for src in tl.static_range(WORLD):
-                slot = local + (phase * WORLD + src) * max_numel + offs
-                v = tl.load(slot, mask=m, other=0.0, volatile=True)
-                pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
-                spins = 0
-                while (pending > 0) & (spins < MAX_SPINS):
-                    v = tl.load(slot, mask=m, other=0.0, volatile=True)
-                    pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
-                    spins += 1
-                if pending > 0:  # a peer never pushed: give up (the sums are wrong) rather than hang the GPU
-                    tl.store(STATE + 2, 1)
-                acc += v.to(tl.float32)
-                tl.store(slot, tl.full([BLOCK], SENT, INT).to(ty, bitcast=True), mask=m)
+            acc = _collect(PTRS, STATE, phase, rank, max_numel, offs, m, ty, WORLD, BLOCK, INT, SENT, MAX_SPINS)
             tl.store(X + offs, acc.to(ty), mask=m)
-            # the last program of this call to finish moves every later call to the next phase
-            done = tl.atomic_add(STATE + 1, 1)
-            if done == tl.num_programs(0) - 1:
-                tl.store(STATE, (phase + 1) % NPH)
-                tl.store(STATE + 1, 0)
+            _finish_call(STATE, phase, NPH)
+
+    @triton.jit
+    def _ll_allreduce_add_norm(X, RES, W, RES_OUT, NORM_OUT, PTRS, STATE, hidden, max_numel, rank, eps,
+                               WORLD: tl.constexpr, NPH: tl.constexpr, BLOCK: tl.constexpr, INT: tl.constexpr,
+                               SENT: tl.constexpr, MODE: tl.constexpr, MAX_SPINS: tl.constexpr):
+        # one program per token row: the allreduce of the row's partial sums, then (as the unfused
+        # step does it) s = residual + round(sum); out = weight * round(s * rsqrt(mean(s^2) + eps))
+        row = tl.program_id(0)
+        phase = tl.load(STATE)
+        cols = tl.arange(0, BLOCK)
+        m = cols < hidden
+        offs = row * hidden + cols
+        ty = X.dtype.element_ty
+        if MODE != 2:
+            _push(tl.load(X + offs, mask=m, other=0.0), PTRS, phase, rank, max_numel, offs, m, WORLD)
+        if MODE != 1:
+            acc = _collect(PTRS, STATE, phase, rank, max_numel, offs, m, ty, WORLD, BLOCK, INT, SENT, MAX_SPINS)
+            s = (tl.load(RES + offs, mask=m, other=0.0).to(tl.float32) + acc.to(ty).to(tl.float32)).to(ty)
+            tl.store(RES_OUT + offs, s, mask=m)
+            sf = s.to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / hidden + eps)
+            w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+            tl.store(NORM_OUT + offs, (w * (sf * inv).to(ty).to(tl.float32)).to(ty), mask=m)
+            _finish_call(STATE, phase, NPH)
 
 
 def _block(n: int) -> int:
@@ -100,6 +140,20 @@ def launch(x: torch.Tensor, ptrs: torch.Tensor, state: torch.Tensor, max_numel: 
         MAX_SPINS=max_spins)
 
 
+def launch_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, ptrs: torch.Tensor,
+                    state: torch.Tensor, max_numel: int, rank: int, world: int, mode: int = BOTH,
+                    max_spins: int = MAX_SPINS) -> tuple[torch.Tensor, torch.Tensor]:
+    """allreduce(x) + residual and its RMS norm, each [..., hidden], in one kernel (one program per row)."""
+    hidden = x.shape[-1]
+    rows = x.numel() // hidden
+    res_out, norm_out = torch.empty_like(residual), torch.empty_like(residual)
+    _ll_allreduce_add_norm[(rows,)](
+        x, residual, weight, res_out, norm_out, ptrs, state, hidden, max_numel, rank, eps,
+        WORLD=world, NPH=NPHASE, BLOCK=triton.next_power_of_2(hidden), INT=tl.int16 if x.element_size() == 2 else tl.int32,
+        SENT=_SENTINEL_BITS[x.dtype], MODE=mode, MAX_SPINS=max_spins, num_warps=8 if hidden >= 4096 else 4)
+    return res_out, norm_out
+
+
 def sentinel_fill_(buf: torch.Tensor) -> torch.Tensor:
     """Every element of `buf` := -0.0 (by its bits), "not arrived yet"."""
     buf.view(torch.int16 if buf.element_size() == 2 else torch.int32).fill_(_SENTINEL_BITS[buf.dtype])
@@ -110,6 +164,8 @@ class SymmMemLLAllReduce(AllReduce):
     name = "symm_mem_ll"
     cuda_group = "nccl"
     timed = False
+    fuses_add_norm = True
+    MAX_HIDDEN = 16384  # add_norm: one program holds a whole row
 
     @classmethod
     def capability(cls, gang: GangInfo) -> str | None:
@@ -131,6 +187,11 @@ class SymmMemLLAllReduce(AllReduce):
         self.rank = handle.rank
         self.ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.state = torch.zeros(3, dtype=torch.int32, device=device)  # phase, finished programs, timed out
+        # the compute-only ablation runs add_norm's kernel as a world of one on a private buffer:
+        # the same add + norm work, no traffic, and the shared phase counter left alone
+        self.local_buf = sentinel_fill_(torch.empty(NPHASE * max_numel, dtype=dtype, device=device))
+        self.local_ptrs = torch.tensor([self.local_buf.data_ptr()], dtype=torch.int64, device=device)
+        self.local_state = torch.zeros(3, dtype=torch.int32, device=device)
         sentinel_fill_(self.buf)
         torch.cuda.synchronize(device)
         dist.barrier(group=self.group)  # nobody pushes before every buffer holds the sentinel
@@ -142,6 +203,18 @@ class SymmMemLLAllReduce(AllReduce):
             dist.all_reduce(x, group=self.group)  # outside what the buffer was sized for: NCCL
             return
         launch(x, self.ptrs, self.state, self.max_numel, self.rank, self.world_size)
+
+    def add_norm(self, partial, residual, weight, eps):
+        fits = (partial.numel() <= self.max_numel and partial.dtype == self.buf.dtype == residual.dtype
+                and partial.is_contiguous() and residual.is_contiguous() and partial.shape[-1] <= self.MAX_HIDDEN)
+        if self.world_size == 1 or not fits:
+            return super().add_norm(partial, residual, weight, eps)
+        if not self.enabled:  # compute-only ablation: residual + partial, normalised, by the same kernel
+            return launch_add_norm(partial, residual, weight, eps, self.local_ptrs, self.local_state, self.max_numel, 0, 1)
+        self.counters.calls += 1
+        self.counters.bytes += partial.numel() * partial.element_size()
+        return launch_add_norm(partial, residual, weight, eps, self.ptrs, self.state, self.max_numel, self.rank,
+                               self.world_size)
 
 
 def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int = 2048) -> None:
@@ -178,6 +251,30 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
         torch.testing.assert_close(x, want)
         assert int(state[0]) == (call + 1) % NPHASE and bool((buf.view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
     print("world 1, one kernel: push + reduce in place")
+    # allreduce + residual add + RMS norm in one kernel, between plain calls (they share the phases)
+    from workers.model import rms_norm
+
+    world, hidden, rows = 2, 96, 3
+    bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+    states = [torch.zeros(3, dtype=torch.int32) for _ in range(world)]
+    weight, residual = torch.randn(hidden, generator=gen), torch.randn(rows, hidden, generator=gen)
+    for call in range(2 * NPHASE):
+        parts = [torch.randn(rows, hidden, generator=gen) for _ in range(world)]
+        want_s = residual + torch.stack(parts).sum(0)
+        want_n = rms_norm(want_s, weight, 1e-5)
+        fused = call % 2 == 0
+        for mode in (PUSH, REDUCE):
+            outs = [launch_add_norm(parts[r], residual, weight, 1e-5, ptrs, states[r], max_numel, r, world, mode=mode)
+                    if fused else launch(parts[r], ptrs, states[r], max_numel, r, world, mode=mode) for r in range(world)]
+        for r in range(world):
+            if fused:
+                torch.testing.assert_close(outs[r][0], want_s, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(outs[r][1], want_n, rtol=1e-5, atol=1e-5)
+            else:
+                torch.testing.assert_close(parts[r], want_s - residual, rtol=1e-5, atol=1e-5)
+            assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
+    print(f"add + norm: {NPHASE} fused calls between plain ones, residual and norm exact")
     # a peer that never pushes: the reader gives up after max_spins polls and flags it
     bufs = [sentinel_fill_(torch.empty(NPHASE * 2 * max_numel)) for _ in range(2)]
     state = torch.zeros(3, dtype=torch.int32)
