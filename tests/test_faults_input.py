@@ -175,6 +175,35 @@ def test_wrong_allreduce_sums_are_caught_by_validation():
     assert validate(Exact(None, 2), rank=0) is None
 
 
+def test_fused_add_norm_is_checked_against_allreduce_add_norm():
+    """A backend whose one-kernel allreduce + add + norm (symm_mem_ll on GPUs) computes something
+    else than allreduce, then add, then norm is refused before any trial is measured."""
+    import torch
+
+    from workers.comm.base import AllReduce, validate_add_norm
+
+    class Exact(AllReduce):  # rank 0 of 2: the exact sum is 3x its part
+        name = "exact"
+        fuses_add_norm = True
+
+        def _all_reduce(self, x):
+            x.mul_(3)
+
+        def add_norm(self, partial, residual, weight, eps):  # the same math, in float64 and another order
+            s = (residual.double() + 3 * partial.double()).float()
+            return s, weight * (s * (s.double().square().mean(-1, keepdim=True) + eps).rsqrt().float())
+
+    class ForgetsWeight(Exact):
+        def add_norm(self, partial, residual, weight, eps):
+            s, n = super().add_norm(partial, residual, weight, eps)
+            return s, n / weight
+
+    assert validate_add_norm(Exact(None, 2), rank=0, hidden=64) is None
+    err = validate_add_norm(ForgetsWeight(None, 2), rank=0, hidden=64)
+    assert "fused add + norm differs" in err and "(norm," in err
+    assert validate_add_norm(Exact(None, 1), rank=0, hidden=64) is None  # nothing to fuse in a world of one
+
+
 class _FakeGang:
     """Returns fixed tokens per prompt: `outputs[k]` for a trial with k draft tokens."""
 

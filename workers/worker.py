@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from workers.checkpoint import load_args, load_model
 from workers.comm import BACKENDS, GangInfo, make_allreduce, validate
+from workers.comm.base import validate_add_norm
 from workers.drafters import Drafter, ModelDrafter, NgramDrafter
 from workers.engine import Verifier, run_drafter
 from workers.link import MAX_DRAFT_TOKENS, DraftLink
@@ -102,6 +103,8 @@ class Worker:
                 allreduce.setup(device, dtype, max_numel)
                 # within the buffer the backend sized (a larger message would test its NCCL fallback instead)
                 if err := validate(allreduce, self.rank, dtype=dtype, device=device, numel=min(4104, max_numel)):
+                    raise WorkerError(err)
+                if err := validate_add_norm(allreduce, self.rank, args.dim, dtype=dtype, device=device):
                     raise WorkerError(err)
             model = load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq)
             model = shard(model, self.rank, spec.tp, allreduce, spec.vocab_parallel)

@@ -123,3 +123,25 @@ def validate(allreduce: AllReduce, rank: int, dtype=torch.float32, device="cpu",
     if err > 1e-3 * max(1.0, expected.abs().max().item()):
         return f"allreduce backend {allreduce.name!r} returned wrong sums (max error {err:.3g} on rank {rank})"
     return None
+
+
+def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.float32, device="cpu", rows: int = 2) -> str | None:
+    """A backend's fused `add_norm` against the plain allreduce followed by torch's add and norm
+    (the base class's `add_norm`); None if they agree to the dtype's rounding, else what differs."""
+    if not allreduce.fuses_add_norm or allreduce.world_size == 1:
+        return None
+    gen = torch.Generator().manual_seed(11)  # the same residual and weight on every rank
+    residual = torch.randn(rows, hidden, generator=gen).to(device=device, dtype=dtype)
+    weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(device=device, dtype=dtype)
+    partial = ((rank + 1) * torch.randn(rows, hidden, generator=gen)).to(device=device, dtype=dtype)
+    calls = allreduce.counters.calls
+    got_s, got_n = allreduce.add_norm(partial.clone(), residual, weight, 1e-5)
+    want_s, want_n = AllReduce.add_norm(allreduce, partial.clone(), residual, weight, 1e-5)
+    allreduce.counters.calls = calls
+    tol = 1e-4 if dtype == torch.float32 else 2 ** -6  # relative; bf16 keeps 8 bits
+    for name, got, want in (("residual", got_s, want_s), ("norm", got_n, want_n)):
+        err = ((got.float() - want.float()).abs() / want.float().abs().clamp(min=1.0)).max().item()
+        if err > tol:
+            return (f"allreduce backend {allreduce.name!r}: its fused add + norm differs from allreduce + add + norm "
+                    f"({name}, relative error {err:.3g} on rank {rank})")
+    return None

@@ -18,7 +18,12 @@ peer made after its own call c had finished, clean-up included (kernels on one s
 order). NPHASE = 3 leaves a call of slack over that argument. The last program of each call to
 finish (a device-side counter) advances the phase; every program has read it by then.
 
+`add_norm` runs the same protocol one program per token row and, in the same kernel, adds the
+sum to the residual stream and applies the next RMS norm (workers/fused.py then drops its norm
+kernels: two kernels fewer per layer). `validate_add_norm` checks it against allreduce + add + norm.
+
     ar = SymmMemLLAllReduce(group, world); ar.setup(device, torch.bfloat16, max_numel); ar(x)
+    x_new, h = ar.add_norm(partial, x, norm_weight, eps)
     TRITON_INTERPRET=1 python -m workers.comm.symm_mem_ll --selftest   # CPU: the protocol on simulated ranks
 """
 from __future__ import annotations
