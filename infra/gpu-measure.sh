@@ -14,7 +14,8 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh ray     # the gang as Ray GPU actors (`decode --ray`); needs Ray: pack it with
 #       ../shared/tools/ray-for-device.sh .devcarry here and carry .devcarry (this script unpacks it)
 # Several modes run in order: `bash infra/gpu-measure.sh smoke profile bench`. Each run is cut off
-# after $LIMIT seconds (default 240), so a hang costs minutes, not the whole lease.
+# after $LIMIT seconds (default 240; the draft-model run gets 120 more for transformers' assisted
+# generation), so a hang costs minutes, not the whole lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 modes=("${@:-full}")
@@ -99,7 +100,7 @@ r_tp2_symm() { run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --voc
 # simulated acceptance on the fastest backend of `tp2`
 r_sim_ngram() { run sim_ngram $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P; }
 r_sim_ngram_actor() { run sim_ngram_actor $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P --ngram-actor; }
-r_sim_draft() { run sim_draft $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P --peer-baseline --drafter draft_model \
+r_sim_draft() { LIMIT=$((${LIMIT:-240} + 120)) run sim_draft $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P --peer-baseline --drafter draft_model \
     --draft-model random:llama-3.2-1b; }
 tp1() { r_tp1; }
 tp2() { r_tp2_symm_ll; r_tp2_nccl; r_tp2_symm; }

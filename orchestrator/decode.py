@@ -164,8 +164,22 @@ def per_category(prompts: list[Prompt], result: RunResult) -> dict:
     }
 
 
+class _PeerCut(Exception):
+    pass
+
+
+def _cut_peer(signum, frame):
+    raise _PeerCut()
+
+
 def peer(o: DecodeOptions, p: DecodePlan, base: RunResult) -> dict:
-    """transformers' generate on the same prompts (and assisted generation with the draft model)."""
+    """transformers' generate on the same prompts (and assisted generation with the draft model).
+
+    It runs after our own figures exist, and is the slow part (eager generate of a large model):
+    a SIGTERM (e.g. `timeout`) during it ends only it, so those figures are still printed, with
+    `peer_baseline_cut` = 1 and whatever peer figure was complete."""
+    import signal
+
     import torch
 
     from workers.peer import generate_throughput
@@ -173,12 +187,24 @@ def peer(o: DecodeOptions, p: DecodePlan, base: RunResult) -> dict:
     dtype = getattr(torch, p.gang.dtype)
     device = "cuda:0" if o.device == "cuda" else "cpu"
     prompts = [list(s) for s in p.token_ids]
-    log("peer baseline: transformers generate ...")
-    out = generate_throughput(p.gang.model_path, prompts, o.max_new_tokens, dtype, device)
-    out["baseline_vs_hf_generate"] = base.metrics["throughput_tok_s"] / out["hf_generate_tok_s"]  # both include prefill
-    if p.gang.drafter.kind == "draft_model":
-        log("peer baseline: transformers assisted generation ...")
-        out.update(generate_throughput(p.gang.model_path, prompts, o.max_new_tokens, dtype, device, p.gang.drafter.model_path))
+    out: dict = {}
+    try:
+        previous = signal.signal(signal.SIGTERM, _cut_peer)
+    except ValueError:  # not the main thread: no handler, nothing to restore
+        previous = None
+    try:
+        log("peer baseline: transformers generate ...")
+        out.update(generate_throughput(p.gang.model_path, prompts, o.max_new_tokens, dtype, device))
+        out["baseline_vs_hf_generate"] = base.metrics["throughput_tok_s"] / out["hf_generate_tok_s"]  # both include prefill
+        if p.gang.drafter.kind == "draft_model":
+            log("peer baseline: transformers assisted generation ...")
+            out.update(generate_throughput(p.gang.model_path, prompts, o.max_new_tokens, dtype, device, p.gang.drafter.model_path))
+    except _PeerCut:
+        log("peer baseline cut short by SIGTERM: our figures are printed without the peer figures it lacked")
+        out["peer_baseline_cut"] = 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return out
 
 

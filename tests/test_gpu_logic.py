@@ -163,6 +163,30 @@ def test_decode_with_simulation_and_peer_baseline(tmp_path):
     assert bad.returncode == 2 and "must be between 1 and k + 1" in bad.stderr
 
 
+def test_sigterm_during_the_peer_baseline_keeps_our_figures(tmp_path):
+    """`timeout` cutting a decode while transformers' generate runs (the slow part on a GPU, which
+    cost an H200 run its JSON) ends only the peer baseline: our figures are still printed."""
+    import signal
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(tiny_config()))
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "decode", "--model", f"random:{cfg}", "--tp", "1",
+                             "--drafter", "ngram", "-k", "2", "--num-prompts", "4", "--max-new-tokens", "400",
+                             "--peer-baseline", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if "peer baseline: transformers generate" in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    result = json.loads(out)
+    assert result["peer_baseline_cut"] == 1 and "hf_generate_tok_s" not in result
+    assert result["throughput_tok_s"] > 0 and result["speedup_vs_baseline"] > 0
+
+
 def test_ablation_skips_the_vocab_gather_too():
     """With the allreduce switched off, the vocab-parallel gather moves nothing but keeps the shape."""
     from workers.comm.torch_dist import GlooAllReduce
