@@ -7,11 +7,6 @@ around an eager attention core:
 
     qkv body (compiled):  x += previous layer's MLP output; norm; one QKV GEMM; rope
     attention (eager):    K/V written into the cache in place (index_copy_), attention, o_proj
-
-With the Triton attention, rope moves out of the qkv body into one kernel that also writes K/V
-into the cache (`decode_attention.rope_write_attend`): four kernels per layer become one. With an
-allreduce that also adds the residual and applies the next norm in its kernel (`symm_mem_ll`,
-`AllReduce.fuses_add_norm`), the norms leave the compiled bodies (`_hidden_with_fused_norms`).
     mlp body (compiled):  x += attention output; norm; one gate/up GEMM; SiLU * up; down
 
 with the allreduces between them left to the backend. The cache write stays outside the compiled
@@ -22,6 +17,11 @@ MLP output is folded into the next layer's qkv body (the last one into the final
 kernel per layer. Attention is `workers.model.attend` (SDPA over the masked static cache) or a
 faster drop-in given as `attend_fn` (workers/decode_attention.py). Weights are shared with the
 plain model (views of the merged tensors), so the prefill and the CPU path are unchanged.
+
+With the Triton attention, rope moves out of the qkv body into one kernel that also writes K/V
+into the cache (`decode_attention.rope_write_attend`): four kernels per layer become one. With an
+allreduce that also adds the residual and applies the next norm in its kernel (`symm_mem_ll`,
+`AllReduce.fuses_add_norm`), the norms leave the compiled bodies (`_hidden_with_fused_norms`).
 
     fast = FusedStep(model)             # merges weights once
     h = fast.hidden_at(tokens, pos, cache, kv_len)
@@ -41,12 +41,7 @@ def _qkv_body(x, delta, norm_w, eps: float, wqkv, bqkv, cos, sin, nq: int, nkv: 
     # no module in the arguments: every layer shares one compiled graph per step width
     if delta is not None:
         x = x + delta
-    B, T, _ = x.shape
-    qkv = F.linear(rms_norm(x, norm_w, eps), wqkv, bqkv)
-    q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
-    q = apply_rope(q.view(B, T, nq, hd).transpose(1, 2), cos, sin)
-    k = apply_rope(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)
-    return x, q, k, v.view(B, T, nkv, hd).transpose(1, 2)
+    return (x, *_qkv_from_normed(rms_norm(x, norm_w, eps), wqkv, bqkv, cos, sin, nq, nkv, hd))
 
 
 def _qkv_raw_body(x, delta, norm_w, eps: float, wqkv, bqkv):
@@ -75,8 +70,7 @@ def _mlp_core(h, w_gate_up, w_down):
 
 def _mlp_body(x, delta, norm_w, eps: float, w_gate_up, w_down):
     x = x + delta
-    gate, up = F.linear(rms_norm(x, norm_w, eps), w_gate_up).chunk(2, dim=-1)
-    return x, F.linear(F.silu(gate) * up, w_down)
+    return x, _mlp_core(rms_norm(x, norm_w, eps), w_gate_up, w_down)
 
 
 def _final_norm(x, delta, norm_w, eps: float):
@@ -155,7 +149,6 @@ class FusedStep:
         if delta is None:  # a model without layers
             return model.norm(x)
         return self.final_norm(x, delta, model.norm.weight, model.norm.eps)
-
 
     def _hidden_with_fused_norms(self, ar, tokens, pos, cache, cos, sin, mask) -> torch.Tensor:
         """The layout for an allreduce that fuses the residual add and the next norm (symm_mem_ll):
