@@ -21,7 +21,7 @@ class DrafterSpec:
     def in_verifier(self) -> bool:
         """An n-gram drafter's proposals are a pure function of the committed tokens, which every
         verifier rank holds: each rank runs its own copy and no message crosses the draft link.
-        (On H200 at TP 2 the link's two messages cost ~0.9 ms of a ~5 ms step.)"""
+        (On H200 at TP 2 the link's two messages cost 0.85 ms of a 4.3 ms step.)"""
         return self.kind == "ngram" and not self.ngram_actor
 
 

@@ -16,8 +16,7 @@ import torch
 import torch.distributed as dist
 
 from workers.checkpoint import load_args, load_model
-from workers.comm import BACKENDS, GangInfo, make_allreduce, validate
-from workers.comm.base import validate_add_norm
+from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_add_norm
 from workers.drafters import Drafter, ModelDrafter, NgramDrafter
 from workers.engine import Verifier, run_drafter
 from workers.link import MAX_DRAFT_TOKENS, DraftLink

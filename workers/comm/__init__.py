@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from workers.comm.base import AllReduce, GangInfo, NoOpAllReduce, validate
+from workers.comm.base import AllReduce, GangInfo, NoOpAllReduce, validate, validate_add_norm
 from workers.comm.symm_mem import SymmMemAllReduce
 from workers.comm.symm_mem_ll import SymmMemLLAllReduce
 from workers.comm.torch_dist import GlooAllReduce, NcclAllReduce
@@ -34,4 +34,4 @@ def make_allreduce(name: str, group, world_size: int, gang: GangInfo | None = No
     return BACKENDS[name](group, world_size)
 
 
-__all__ = ["AllReduce", "BACKENDS", "BackendError", "GangInfo", "make_allreduce", "refusal", "validate"]
+__all__ = ["AllReduce", "BACKENDS", "BackendError", "GangInfo", "make_allreduce", "refusal", "validate", "validate_add_norm"]
