@@ -225,3 +225,40 @@ def test_study_with_simulated_acceptance(tmp_path, tiny_ckpt):
     bad = spectune(["validate", str(exp), "--set", "workload.simulate_accept_len=4"], home)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
     assert "workload.simulate_accept_len: 4 needs at least 3 drafts per step" in bad.stderr and "k = 2" in bad.stderr
+
+
+_ADD_NORM_RANK = r"""
+import os, sys, torch, torch.distributed as dist
+from workers.comm.torch_dist import GlooAllReduce
+from workers.spec import GangSpec
+from workers.worker import Worker
+
+rank, init, broken_rank = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+
+class Fused(GlooAllReduce):  # a one-kernel add + norm, wrong on `broken_rank` (it forgets the residual)
+    fuses_add_norm = True
+    def add_norm(self, partial, residual, weight, eps):
+        s, n = super().add_norm(partial, residual, weight, eps)
+        return (s - residual, n) if rank == broken_rank else (s, n)
+
+ar = Fused(dist.group.WORLD, 2)
+Worker(rank, GangSpec(model_path="", tp=2))._check_add_norm(ar, dist.group.WORLD, 64, torch.float32, torch.device("cpu"))
+print("fused" if ar.fuses_add_norm else "unfused")
+sys.stdout.flush()
+dist.barrier()
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("broken_rank, want", [(-1, "fused"), (1, "unfused")])
+def test_a_wrong_fused_add_norm_is_dropped_on_every_rank(tmp_path, broken_rank, want):
+    """A fused allreduce + add + norm that disagrees with allreduce, add, norm on any rank is dropped
+    by all ranks together (their collectives must keep lining up); the rank that saw it says why."""
+    procs = [subprocess.Popen([sys.executable, "-c", _ADD_NORM_RANK, str(r), str(tmp_path / "init"), str(broken_rank)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    done = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in done]
+    assert [out.strip() for out, _ in done] == [want, want]
+    if want == "unfused":
+        assert "fused add + norm differs" in done[1][1] and "a peer rank refused" in done[0][1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -103,8 +104,7 @@ class Worker:
                 # within the buffer the backend sized (a larger message would test its NCCL fallback instead)
                 if err := validate(allreduce, self.rank, dtype=dtype, device=device, numel=min(4104, max_numel)):
                     raise WorkerError(err)
-                if err := validate_add_norm(allreduce, self.rank, args.dim, dtype=dtype, device=device):
-                    raise WorkerError(err)
+                self._check_add_norm(allreduce, tp_group, args.dim, dtype, device)
             model = load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq)
             model = shard(model, self.rank, spec.tp, allreduce, spec.vocab_parallel)
             if device.type == "cuda":
@@ -115,7 +115,22 @@ class Worker:
         info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0, "pid": os.getpid()}
         if self.verifier is not None:
             info["attention"] = self.verifier.steps.attention
+            info["fused_add_norm"] = bool(self.verifier.allreduce.fuses_add_norm and spec.tp > 1)
         return info
+
+    def _check_add_norm(self, allreduce, tp_group, hidden: int, dtype, device) -> None:
+        """A backend's fused allreduce + add + norm is an optimisation: if it disagrees with allreduce,
+        add, norm on any rank, every rank drops it (the collectives must keep lining up) and the
+        step runs the unfused layout; the backend's plain allreduce was validated already."""
+        if not allreduce.fuses_add_norm:
+            return
+        err = validate_add_norm(allreduce, self.rank, hidden, dtype=dtype, device=device)
+        ok = torch.tensor([0 if err else 1], dtype=torch.int32, device=device if device.type == "cuda" else "cpu")
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=tp_group)
+        if not int(ok.item()):
+            allreduce.fuses_add_norm = False
+            print(f"spectune: rank {self.rank}: {err or 'a peer rank refused the fused add + norm'}; "
+                  "using allreduce, then add and norm", file=sys.stderr, flush=True)
 
     def _device(self) -> torch.device:
         if self.spec.device == "cpu":
