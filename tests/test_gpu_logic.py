@@ -69,6 +69,31 @@ def test_simulated_acceptance_and_comm_ablation(tiny_ckpt):
     assert {st.accepted for st in steps} <= {1, 2}
 
 
+@torch.inference_mode()
+def test_greedy_draft_chain_equals_drafting_step_by_step(tiny_ckpt):
+    """A greedy drafter's k drafts as one graph (`StepRunner.draft_chain` on CUDA) feed each argmax
+    back on the device. Its body, run eagerly here, gives the tokens and the cache that k separate
+    steps give; on CPU the chain itself declines (no graphs) and the drafter steps one by one."""
+    model = load_model(tiny_ckpt, max_seq=64)
+    prompt, feed, k = [5, 6, 7, 11, 12], [8, 9], 4
+    step_by_step = StepRunner(model, model.new_cache(1), max_width=5, graphs=False)
+    step_by_step.prefill(prompt)
+    logits, want = step_by_step.step(feed)[-1], []
+    for i in range(k):
+        want.append(int(logits.argmax()))
+        if i + 1 < k:
+            logits = step_by_step.step([want[-1]])[-1]
+    chained = StepRunner(model, model.new_cache(1), max_width=5, graphs=False)
+    assert chained.draft_chain(feed, k) is None  # CPU: no graph, the caller drafts step by step
+    chained.prefill(prompt)
+    start = chained.cache.lengths[0]
+    chained._inputs = torch.tensor([feed + [0] * 3, list(range(start, start + 2)) + [0] * 3])  # as `_stage` fills them
+    assert chained._run_chain(len(feed), k).tolist() == want
+    end = start + len(feed) + k - 1  # the last draft is not fed
+    for got, ref in zip(chained.cache.k + chained.cache.v, step_by_step.cache.k + step_by_step.cache.v):
+        torch.testing.assert_close(got[:, :, :end], ref[:, :, :end])
+
+
 def test_step_runner_stays_eager_on_cpu(tiny_ckpt):
     model = load_model(tiny_ckpt, max_seq=64)
     runner = StepRunner(model, model.new_cache(1), max_width=5, graphs=True, fused=True)

@@ -11,6 +11,10 @@ sequence length. The graphs share one memory pool. A graph's allreduces (NCCL or
 memory) are captured with it; the allreduce object's `enabled` flag is part of the graph key, so
 the compute-only ablation replays its own graphs. The returned logits live in the graph's output
 buffer: consume them before the next step.
+
+`draft_chain(tokens, k)` is a greedy drafter's whole proposal as one graph: feed `tokens`, then
+k - 1 times its own argmax, each token fed on the device, so k drafts cost one replay and one
+host sync instead of k of each.
 """
 from __future__ import annotations
 
@@ -61,7 +65,8 @@ class StepRunner:
         attend_fn, self.attention = pick_attention(attention, model.args.head_dim, self.device) if fused and self.use_graphs \
             else (None, "sdpa")
         self.fast = try_fused(model, attend_fn=attend_fn) if fused and self.use_graphs else None
-        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
+        # (width, allreduce on) -> a step's graph; ("chain", width, k) -> a greedy draft chain's
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
         self._pool = None
         if self.use_graphs:
             self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory()
@@ -81,9 +86,7 @@ class StepRunner:
         start = self.cache.lengths[0]
         if start + T > self.cache.max_seq:
             raise ValueError(f"sequence length {start + T} exceeds the cache ({self.cache.max_seq})")
-        self._staging[0, :T] = torch.tensor(tokens)
-        self._staging[1, :T] = torch.arange(start, start + T)
-        self._inputs.copy_(self._staging, non_blocking=True)
+        self._stage(tokens, start)
         key = (T, self._comm_on())
         if key not in self.graphs:
             self.graphs[key] = self._capture_or_fall_back(T)
@@ -94,27 +97,68 @@ class StepRunner:
         self.cache.lengths[0] = start + T
         return out[0]
 
-    def _capture_or_fall_back(self, T: int):
+    def draft_chain(self, tokens: list[int], k: int) -> list[int] | None:
+        """Greedy drafting in one CUDA graph: the argmax after `tokens`, then k - 1 more, each
+        fed back on the device. Advances cache.lengths[0] by len(tokens) + k - 1 (the last draft
+        is not fed). None where no graph applies (CPU, a feed wider than max_width, a full cache):
+        the caller drafts step by step."""
+        T = len(tokens)
+        start = self.cache.lengths[0]
+        if not self.use_graphs or k < 1 or T > self.max_width or start + T + k - 1 > self.cache.max_seq:
+            return None
+        self._stage(tokens, start)
+        key = ("chain", T, k)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture_or_fall_back(T, chain=k)
+        graph, out, _ = self.graphs[key]
+        graph.replay()
+        self.cache.lengths[0] = start + T + k - 1
+        return out.tolist()
+
+    def _run_chain(self, T: int, k: int) -> torch.Tensor:
+        """The k greedy drafts after the staged `T` tokens (device ops only: graph-safe)."""
+        tok, pos = self._inputs[0:1, :T], self._inputs[1:2, :T]
+        body = self.fast.hidden_at if self.fast is not None else self.model.hidden_at
+        nxt = self.model.logits(body(tok, pos, self.cache, self.cache.max_seq))[0, -1].argmax()
+        drafts, pos = [nxt], pos[:, -1:]
+        for _ in range(k - 1):
+            pos = pos + 1
+            nxt = self.model.logits(body(nxt.view(1, 1), pos, self.cache, self.cache.max_seq))[0, -1].argmax()
+            drafts.append(nxt)
+        return torch.stack(drafts)
+
+    def _stage(self, tokens: list[int], start: int) -> None:
+        T = len(tokens)
+        self._staging[0, :T] = torch.tensor(tokens)
+        self._staging[1, :T] = torch.arange(start, start + T)
+        self._inputs.copy_(self._staging, non_blocking=True)
+
+    def _capture_or_fall_back(self, T: int, chain: int = 0):
         try:
-            return self._capture(T)
+            return self._capture(T, chain)
         except Exception as e:  # noqa: BLE001 - torch.compile fails lazily, here; the plain model still works
             if self.fast is None:
                 raise
             print(f"spectune: compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
                   "using the plain model", file=sys.stderr, flush=True)
             self.fast = None
-            return self._capture(T)
+            return self._capture(T, chain)
 
-    def warm(self, widths) -> None:
-        """Capture the graphs of these step widths now (compiling their bodies), outside any timing.
-        Writes scratch K/V at positions 0.. (the cache is reset before the next prompt). TP ranks
-        must warm the same widths together."""
+    def warm(self, widths, chain: int = 0) -> None:
+        """Capture the graphs of these step widths now (compiling their bodies), outside any timing,
+        and with `chain` = k the greedy draft chains of k drafts after each width. Writes scratch
+        K/V at positions 0.. (the cache is reset before the next prompt). TP ranks must warm the
+        same widths together."""
         if not self.use_graphs:
             return
         for T in widths:
             if T <= self.max_width and (T, self._comm_on()) not in self.graphs:
                 self.cache.lengths[0] = 0
                 self.step([1] * T)
+        for T in widths if chain else ():
+            if T <= self.max_width and ("chain", T, chain) not in self.graphs:
+                self.cache.lengths[0] = 0
+                self.draft_chain([1] * T, chain)
         self.cache.lengths[0] = 0
 
     def _run_static(self, T: int) -> torch.Tensor:
@@ -122,20 +166,23 @@ class StepRunner:
         body = self.fast.hidden_at if self.fast is not None else self.model.hidden_at
         return self.model.logits(body(tok, pos, self.cache, self.cache.max_seq))
 
-    def _capture(self, T: int):
+    def _capture(self, T: int, chain: int = 0):
         # Warm up on a side stream (lazy kernels, allocator), then capture. Every TP rank captures
         # the same width at the same step (SPMD), so the collectives inside line up.
+        def run():
+            return self._run_chain(T, chain) if chain else self._run_static(T)
+
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._run_static(T)
+                run()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         counters = getattr(self.allreduce, "counters", None)
         before = counters.calls if counters is not None else 0
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._run_static(T)
+            out = run()
         calls = (counters.calls - before) if counters is not None else 0
         if counters is not None:
             counters.calls = before  # the capture itself ran nothing

@@ -39,7 +39,8 @@ class ModelDrafter(Drafter):
         self.generator = torch.Generator().manual_seed(seed)  # CPU: `sample` draws on the CPU
 
     def warm(self, k: int) -> None:
-        self.steps.warm(range(1, k + 2))
+        # step graphs for every feed width, and the greedy chains of k drafts after each
+        self.steps.warm(range(1, k + 2), chain=k)
         self.fed = []
 
     def prefill(self, prompt: list[int]) -> None:
@@ -61,7 +62,13 @@ class ModelDrafter(Drafter):
         del self.fed[keep:]
         if len(committed) + k > self.cache.max_seq:
             return Proposal(tokens=[], draft_s=time.perf_counter() - t0)
-        logits = self._feed(committed[keep:])
+        feed = committed[keep:]
+        if self.temperature <= 0:  # greedy: all k drafts in one CUDA graph where one applies
+            chain = self.steps.draft_chain(feed, k)
+            if chain is not None:
+                self.fed.extend(feed + chain[:-1])  # the last draft is not fed
+                return Proposal(tokens=chain, draft_s=time.perf_counter() - t0)
+        logits = self._feed(feed)
         tokens, qs = [], []
         for i in range(k):
             if self.temperature > 0:
