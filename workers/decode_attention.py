@@ -153,8 +153,7 @@ if triton is not None:
 def decode_attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
     """`workers.model.attend` for T <= MAX_T: write k/v [B, Hkv, T, D] at `pos` [B, T], attend
     q [B, H, T, D] to each query's visible cache slots; returns [B, T, H * D]. `mask` is unused."""
-    if q.shape[2] > MAX_T:
-        raise ValueError(f"decode attention takes at most {MAX_T} tokens per step, not {q.shape[2]}")
+    _check_width(q.shape[2])
     for b in range(q.shape[0]):
         k_cache[b].index_copy_(1, pos[b], k[b])
         v_cache[b].index_copy_(1, pos[b], v[b])
@@ -168,8 +167,7 @@ def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_h
     [B, 1, T, D] at each token's position (`Transformer.rope_and_mask`). Returns [B, T, H * D]."""
     B, T, _ = qkv.shape
     D = k_cache.shape[-1]
-    if T > MAX_T:
-        raise ValueError(f"decode attention takes at most {MAX_T} tokens per step, not {T}")
+    _check_width(T)
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     pos = pos.contiguous()
@@ -183,6 +181,12 @@ def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_h
 
 
 decode_attend.with_rope = rope_write_attend  # what workers/fused.py uses when given decode_attend
+
+
+def _check_width(T: int) -> None:
+    # before any cache write: a step too wide for the kernels must leave the cache untouched
+    if T > MAX_T:
+        raise ValueError(f"decode attention takes at most {MAX_T} tokens per step, not {T}")
 
 
 def attend_cache(q, k_cache, v_cache, pos, kv_map):

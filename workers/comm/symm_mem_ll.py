@@ -130,6 +130,11 @@ if triton is not None:
             _finish_call(STATE, phase, NPH)
 
 
+def _bits_type(x: torch.Tensor):
+    """The integer type of x's element size: the sentinel is compared bit for bit."""
+    return tl.int16 if x.element_size() == 2 else tl.int32
+
+
 def _block(n: int) -> int:
     return max(512, triton.next_power_of_2(triton.cdiv(n, MAX_PROGRAMS)))
 
@@ -141,7 +146,7 @@ def launch(x: torch.Tensor, ptrs: torch.Tensor, state: torch.Tensor, max_numel: 
     block = _block(n)
     _ll_allreduce[(triton.cdiv(n, block),)](
         x, ptrs, state, n, max_numel, rank, WORLD=world, NPH=NPHASE, BLOCK=block,
-        INT=tl.int16 if x.element_size() == 2 else tl.int32, SENT=_SENTINEL_BITS[x.dtype], MODE=mode,
+        INT=_bits_type(x), SENT=_SENTINEL_BITS[x.dtype], MODE=mode,
         MAX_SPINS=max_spins)
 
 
@@ -154,7 +159,7 @@ def launch_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
     res_out, norm_out = torch.empty_like(residual), torch.empty_like(residual)
     _ll_allreduce_add_norm[(rows,)](
         x, residual, weight, res_out, norm_out, ptrs, state, hidden, max_numel, rank, eps,
-        WORLD=world, NPH=NPHASE, BLOCK=triton.next_power_of_2(hidden), INT=tl.int16 if x.element_size() == 2 else tl.int32,
+        WORLD=world, NPH=NPHASE, BLOCK=triton.next_power_of_2(hidden), INT=_bits_type(x),
         SENT=_SENTINEL_BITS[x.dtype], MODE=mode, MAX_SPINS=max_spins, num_warps=8 if hidden >= 4096 else 4)
     return res_out, norm_out
 
