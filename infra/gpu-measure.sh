@@ -96,6 +96,7 @@ bench() {
 r_tp1() { run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline; }
 r_tp2_symm_ll() { run tp2_symm_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
 r_tp2_nccl() { run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P; }
+r_tp2_symm_ll_unfused() { run tp2_symm_ll_unfused env SPECTUNE_FUSED_ADD_NORM=0 $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
 r_tp2_symm() { run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P; }
 # simulated acceptance on the fastest backend of `tp2`
 r_sim_ngram() { run sim_ngram $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P; }

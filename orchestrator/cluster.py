@@ -23,7 +23,7 @@ from orchestrator.envpolicy import NVLS_OFF_ENV
 from orchestrator.errors import UserError
 from workers.local_gang import GangError
 from workers.spec import GangSpec, RunResult, Workload
-from workers.worker import Rendezvous, Worker
+from workers.worker import RAY_NOSET_CUDA_ENV, Rendezvous, Worker
 
 
 class PlacementError(UserError):
@@ -101,7 +101,13 @@ class RayGang:
                 f"placement group {bundles} (STRICT_PACK) was not satisfied within {res.placement_timeout_s:g}s; "
                 f"cluster has {ray.cluster_resources()}, free {ray.available_resources()}"
             ) from None
-        runtime_env = {"env_vars": {**self.env, **NVLS_OFF_ENV, "OMP_NUM_THREADS": str(spec.threads)}}
+        env = {**self.env, **NVLS_OFF_ENV, "OMP_NUM_THREADS": str(spec.threads)}
+        if gpu:
+            # every actor sees every GPU of the node and takes the one Ray gave it (workers/worker.py
+            # `_device`): torch's symmetric memory identifies ranks on one node by device index, so
+            # two actors that each see their GPU as cuda:0 cannot rendezvous (symm_mem, symm_mem_ll)
+            env[RAY_NOSET_CUDA_ENV] = "1"
+        runtime_env = {"env_vars": env}
         actor_cls = ray.remote(Worker)
         for rank in range(spec.world_size):
             on_gpu = gpus[rank]

@@ -4,6 +4,7 @@ bench-allreduce and the transformers peer baseline. (The GPU figures are in READ
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -276,14 +277,37 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize("broken_rank, want", [(-1, "fused"), (1, "unfused")])
-def test_a_wrong_fused_add_norm_is_dropped_on_every_rank(tmp_path, broken_rank, want):
+@pytest.mark.parametrize("broken_rank, off_rank, want", [(-1, -1, "fused"), (1, -1, "unfused"), (-1, 0, "unfused")])
+def test_a_wrong_fused_add_norm_is_dropped_on_every_rank(tmp_path, broken_rank, off_rank, want):
     """A fused allreduce + add + norm that disagrees with allreduce, add, norm on any rank is dropped
-    by all ranks together (their collectives must keep lining up); the rank that saw it says why."""
+    by all ranks together (their collectives must keep lining up); the rank that saw it says why.
+    SPECTUNE_FUSED_ADD_NORM=0 turns it off the same way, even if only one rank's environment says so."""
+    env = lambda r: {**os.environ, **({"SPECTUNE_FUSED_ADD_NORM": "0"} if r == off_rank else {})}
     procs = [subprocess.Popen([sys.executable, "-c", _ADD_NORM_RANK, str(r), str(tmp_path / "init"), str(broken_rank)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(r)) for r in range(2)]
     done = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in done]
     assert [out.strip() for out, _ in done] == [want, want]
-    if want == "unfused":
+    if broken_rank == 1:
         assert "fused add + norm differs" in done[1][1] and "a peer rank refused" in done[0][1]
+    if off_rank == 0:
+        assert "turned off by SPECTUNE_FUSED_ADD_NORM=0\n" in done[0][1] and "SPECTUNE_FUSED_ADD_NORM=0 on a peer rank" in done[1][1]
+
+
+@pytest.mark.parametrize("visible, ray_ids, want", [(None, [1], 1), ("4,5", ["5"], 1), ("4,5", ["4"], 0), (None, [], None)])
+def test_a_ray_actor_takes_the_gpu_ray_assigned(monkeypatch, visible, ray_ids, want):
+    """Ray GPU actors see every GPU of their node (so torch's symmetric memory can tell the ranks'
+    devices apart) and take the one Ray assigned, named as the node's CUDA_VISIBLE_DEVICES lists it."""
+    import ray
+
+    from workers.worker import RAY_NOSET_CUDA_ENV, _ray_gpu_index
+
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: ray_ids)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.delenv(RAY_NOSET_CUDA_ENV, raising=False)
+    assert _ray_gpu_index() is None  # a local gang, or Ray masking the devices itself
+    monkeypatch.setenv(RAY_NOSET_CUDA_ENV, "1")
+    assert _ray_gpu_index() == want

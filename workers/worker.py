@@ -38,6 +38,24 @@ class Rendezvous:
     port: int = 0
 
 
+RAY_NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"  # Ray leaves CUDA_VISIBLE_DEVICES alone
+
+
+def _ray_gpu_index() -> int | None:
+    """The torch device index of the GPU Ray assigned to this actor, when Ray was asked not to mask
+    CUDA_VISIBLE_DEVICES (orchestrator/cluster.py sets RAY_NOSET_CUDA_ENV for GPU gangs); else None.
+    Ray's GPU ids name devices as the node's CUDA_VISIBLE_DEVICES lists them (or 0..n-1 without it)."""
+    if os.environ.get(RAY_NOSET_CUDA_ENV) != "1":
+        return None
+    import ray
+
+    ids = [str(i) for i in ray.get_gpu_ids()]
+    if not ids:
+        return None
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible.index(ids[0]) if ids[0] in visible else int(ids[0])
+
+
 class WorkerError(RuntimeError):
     """Raised inside a worker for a problem of the trial (bad backend, wrong sums, ...)."""
 
@@ -121,13 +139,23 @@ class Worker:
     def _check_add_norm(self, allreduce, tp_group, hidden: int, dtype, device) -> None:
         """A backend's fused allreduce + add + norm is an optimisation: if it disagrees with allreduce,
         add, norm on any rank, every rank drops it (the collectives must keep lining up) and the
-        step runs the unfused layout; the backend's plain allreduce was validated already."""
+        step runs the unfused layout; the backend's plain allreduce was validated already.
+        SPECTUNE_FUSED_ADD_NORM=0 in every rank's environment turns it off (side-by-side measurements)."""
         if not allreduce.fuses_add_norm:
             return
+        def everyone(ok: bool) -> bool:  # one collective: does every rank say yes?
+            flag = torch.tensor([int(ok)], dtype=torch.int32, device=device if device.type == "cuda" else "cpu")
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=tp_group)
+            return bool(flag.item())
+
+        # agreed before the check: validate_add_norm's own collectives run on every rank or on none
+        if not everyone(os.environ.get("SPECTUNE_FUSED_ADD_NORM", "1") != "0"):
+            allreduce.fuses_add_norm = False
+            print(f"spectune: rank {self.rank}: fused add + norm turned off by SPECTUNE_FUSED_ADD_NORM=0"
+                  f"{'' if os.environ.get('SPECTUNE_FUSED_ADD_NORM') == '0' else ' on a peer rank'}", file=sys.stderr, flush=True)
+            return
         err = validate_add_norm(allreduce, self.rank, hidden, dtype=dtype, device=device)
-        ok = torch.tensor([0 if err else 1], dtype=torch.int32, device=device if device.type == "cuda" else "cpu")
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=tp_group)
-        if not int(ok.item()):
+        if not everyone(err is None):
             allreduce.fuses_add_norm = False
             print(f"spectune: rank {self.rank}: {err or 'a peer rank refused the fused add + norm'}; "
                   "using allreduce, then add and norm", file=sys.stderr, flush=True)
@@ -139,10 +167,14 @@ class Worker:
             if self.is_drafter:  # e.g. an n-gram drafter in a Ray bundle without a GPU: it needs none
                 return torch.device("cpu")
             raise WorkerError("parallel.device is cuda but this process sees no CUDA device")
-        # all GPUs visible (local gang): rank r takes GPU r; the drafter shares GPU 0 with rank 0.
-        # One visible GPU (Ray masks CUDA_VISIBLE_DEVICES per actor): that one.
+        # Ray actor (every GPU visible, RAY_NOSET_CUDA_ENV): the GPU Ray assigned to it. Local gang:
+        # rank r takes GPU r; the drafter shares GPU 0 with rank 0. One visible GPU: that one.
         n = torch.cuda.device_count()
-        index = 0 if self.is_drafter or n < self.spec.tp else self.rank
+        assigned = _ray_gpu_index()
+        if assigned is not None:
+            index = assigned
+        else:
+            index = 0 if self.is_drafter or n < self.spec.tp else self.rank
         torch.cuda.set_device(index)
         no_cudnn_attention()
         return torch.device("cuda", index)

@@ -7,10 +7,12 @@ barrier before the buffer may be reused: two round trips per call. Here no barri
     every rank's buffer = NPHASE phases x world slots x max_numel elements, all initialised to the
     sentinel -0.0 (a real -0.0 is sent as +0.0, which sums the same);
     call c uses phase c % NPHASE (a counter on the device, so CUDA graph replays advance it):
-      push:   rank r stores its partial sum into slot r of that phase on every rank (remote stores);
-      reduce: rank r polls its own slots until no element is the sentinel (each element is its own
-              ready flag: a 2- or 4-byte store is never torn), sums them in float32, writes the
-              result and puts the sentinel back into those slots.
+      push:   rank r stores its partial sum into slot r of that phase on every other rank (remote
+              stores; its own slot stays unused);
+      reduce: rank r polls the peers' slots in its buffer until no element is the sentinel (each
+              element is its own ready flag: a 2- or 4-byte store is never torn), sums them with its
+              own partial, still in registers, in float32 and rank order, writes the result and
+              puts the sentinel back into those slots.
 
 Why the slots are free again when the next call of the same phase writes them: a rank pushes call
 c + NPHASE only after its call c + NPHASE - 1 has read every peer's push of that call, which each
@@ -53,41 +55,50 @@ if triton is not None:
 
     @triton.jit
     def _push(x, PTRS, phase, rank, max_numel, offs, m, WORLD: tl.constexpr):
-        # store this rank's partial sum into slot `rank` of this phase on every rank (remote stores)
-        x = tl.where(x == 0.0, 0.0, x)  # -0.0 is the sentinel: send +0.0
+        # store this rank's partial sum into slot `rank` of this phase on every peer (remote stores);
+        # x is already sentinel-free. A rank's own slot is never written: its reduce adds x itself.
         for peer in tl.static_range(WORLD):
-            dst = tl.load(PTRS + peer).to(tl.pointer_type(x.dtype))
-            tl.store(dst + (phase * WORLD + rank) * max_numel + offs, x, mask=m)
+            if peer != rank:
+                dst = tl.load(PTRS + peer).to(tl.pointer_type(x.dtype))
+                tl.store(dst + (phase * WORLD + rank) * max_numel + offs, x, mask=m)
 
     @triton.jit
-    def _collect(PTRS, STATE, phase, rank, max_numel, offs, m, ty: tl.constexpr, WORLD: tl.constexpr,
+    def _collect(own, PTRS, STATE, phase, rank, max_numel, offs, m, ty: tl.constexpr, WORLD: tl.constexpr,
                  BLOCK: tl.constexpr, INT: tl.constexpr, SENT: tl.constexpr, MAX_SPINS: tl.constexpr):
-        # wait for every rank's push into this rank's slots of this phase, sum them in float32 (rank
-        # order, so every rank gets the same bits) and put the sentinel back
+        # wait for every peer's push into this rank's slots of this phase, sum them with this rank's
+        # own partial `own` in float32 (rank order, so every rank gets the same bits: +0.0 + -0.0 and
+        # +0.0 + +0.0 are both +0.0) and put the sentinel back
         local = tl.load(PTRS + rank).to(tl.pointer_type(ty))
         acc = tl.zeros([BLOCK], tl.float32)
         for src in tl.static_range(WORLD):
-            slot = local + (phase * WORLD + src) * max_numel + offs
-            v = tl.load(slot, mask=m, other=0.0, volatile=True)
-            pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
-            spins = 0
-            while (pending > 0) & (spins < MAX_SPINS):
+            if src == rank:
+                acc += own.to(tl.float32)
+            else:
+                slot = local + (phase * WORLD + src) * max_numel + offs
                 v = tl.load(slot, mask=m, other=0.0, volatile=True)
                 pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
-                spins += 1
-            if pending > 0:  # a peer never pushed: give up (the sums are wrong) rather than hang the GPU
-                tl.store(STATE + 2, 1)
-            acc += v.to(tl.float32)
-            tl.store(slot, tl.full([BLOCK], SENT, INT).to(ty, bitcast=True), mask=m)
+                spins = 0
+                while (pending > 0) & (spins < MAX_SPINS):
+                    v = tl.load(slot, mask=m, other=0.0, volatile=True)
+                    pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
+                    spins += 1
+                if pending > 0:  # a peer never pushed: give up (the sums are wrong) rather than hang the GPU
+                    tl.store(STATE + 2, 1)
+                acc += v.to(tl.float32)
+                tl.store(slot, tl.full([BLOCK], SENT, INT).to(ty, bitcast=True), mask=m)
         return acc
 
     @triton.jit
     def _finish_call(STATE, phase, NPH: tl.constexpr):
-        # the last program of this call to finish moves every later call to the next phase
-        done = tl.atomic_add(STATE + 1, 1)
-        if done == tl.num_programs(0) - 1:
+        # the last program of this call to finish moves every later call to the next phase (a lone
+        # program just stores it: no atomic round trip)
+        if tl.num_programs(0) == 1:
             tl.store(STATE, (phase + 1) % NPH)
-            tl.store(STATE + 1, 0)
+        else:
+            done = tl.atomic_add(STATE + 1, 1)
+            if done == tl.num_programs(0) - 1:
+                tl.store(STATE, (phase + 1) % NPH)
+                tl.store(STATE + 1, 0)
 
     @triton.jit
     def _ll_allreduce(X, PTRS, STATE, n, max_numel, rank,
@@ -98,10 +109,12 @@ if triton is not None:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         ty = X.dtype.element_ty
+        x = tl.load(X + offs, mask=m, other=0.0)
+        x = tl.where(x == 0.0, 0.0, x)  # -0.0 is the sentinel: send +0.0 (sums the same)
         if MODE != 2:  # not REDUCE alone (jit code reads no plain module globals)
-            _push(tl.load(X + offs, mask=m, other=0.0), PTRS, phase, rank, max_numel, offs, m, WORLD)
+            _push(x, PTRS, phase, rank, max_numel, offs, m, WORLD)
         if MODE != 1:  # not PUSH alone
-            acc = _collect(PTRS, STATE, phase, rank, max_numel, offs, m, ty, WORLD, BLOCK, INT, SENT, MAX_SPINS)
+            acc = _collect(x, PTRS, STATE, phase, rank, max_numel, offs, m, ty, WORLD, BLOCK, INT, SENT, MAX_SPINS)
             tl.store(X + offs, acc.to(ty), mask=m)
             _finish_call(STATE, phase, NPH)
 
@@ -117,15 +130,19 @@ if triton is not None:
         m = cols < hidden
         offs = row * hidden + cols
         ty = X.dtype.element_ty
+        # every plain load first, so they overlap the push and the wait instead of following them
+        x = tl.load(X + offs, mask=m, other=0.0)
+        x = tl.where(x == 0.0, 0.0, x)  # -0.0 is the sentinel: send +0.0 (sums the same)
+        res = tl.load(RES + offs, mask=m, other=0.0).to(tl.float32)
+        w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
         if MODE != 2:
-            _push(tl.load(X + offs, mask=m, other=0.0), PTRS, phase, rank, max_numel, offs, m, WORLD)
+            _push(x, PTRS, phase, rank, max_numel, offs, m, WORLD)
         if MODE != 1:
-            acc = _collect(PTRS, STATE, phase, rank, max_numel, offs, m, ty, WORLD, BLOCK, INT, SENT, MAX_SPINS)
-            s = (tl.load(RES + offs, mask=m, other=0.0).to(tl.float32) + acc.to(ty).to(tl.float32)).to(ty)
+            acc = _collect(x, PTRS, STATE, phase, rank, max_numel, offs, m, ty, WORLD, BLOCK, INT, SENT, MAX_SPINS)
+            s = (res + acc.to(ty).to(tl.float32)).to(ty)
             tl.store(RES_OUT + offs, s, mask=m)
             sf = s.to(tl.float32)
             inv = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / hidden + eps)
-            w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
             tl.store(NORM_OUT + offs, (w * (sf * inv).to(ty).to(tl.float32)).to(ty), mask=m)
             _finish_call(STATE, phase, NPH)
 
