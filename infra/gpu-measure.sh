@@ -66,19 +66,20 @@ smoke() {
   run smoke_draft $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $sim $P --drafter draft_model \
       --draft-model random:llama-3.2-1b:layers=2
 }
-ray_mode() {
+ray_setup() {
   if ! $PY -c 'import ray' 2>/dev/null; then
     mkdir -p /tmp/site && tar -C /tmp/site -xJf .devcarry/ray.tar.xz &&
       $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/*.whl
     export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
   export RAY_AUTH_MODE=disabled
-  local P="--num-prompts 2 --max-new-tokens 64"
-  run ray_tp2_nccl $S decode --ray --model $M --tp 2 --backend nccl --vocab-parallel $common $P
-  run ray_tp2_ll_ngram $S decode --ray --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P
-  run ray_tp2_draft $S decode --ray --model $M --tp 2 --backend nccl --vocab-parallel $sim $P --drafter draft_model \
-      --draft-model random:llama-3.2-1b
 }
+RP="--num-prompts 2 --max-new-tokens 64"
+r_ray_tp2_nccl() { ray_setup; run ray_tp2_nccl $S decode --ray --model $M --tp 2 --backend nccl --vocab-parallel $common $RP; }
+r_ray_tp2_ll_ngram() { ray_setup; run ray_tp2_ll_ngram $S decode --ray --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $RP; }
+r_ray_tp2_draft() { ray_setup; run ray_tp2_draft $S decode --ray --model $M --tp 2 --backend nccl --vocab-parallel $sim $RP --drafter draft_model \
+      --draft-model random:llama-3.2-1b; }
+ray_mode() { r_ray_tp2_nccl; r_ray_tp2_ll_ngram; r_ray_tp2_draft; }
 profile() {
   timeout 300 $PY -m workers.profile_step --model $M --widths 1 5 --max-seq 512 --attention triton --top 15 \
       --json "$OUT/profile.json" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/log.txt"

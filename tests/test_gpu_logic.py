@@ -95,6 +95,94 @@ def test_greedy_draft_chain_equals_drafting_step_by_step(tiny_ckpt):
         torch.testing.assert_close(got[:, :, :end], ref[:, :, :end])
 
 
+@torch.inference_mode()
+def test_greedy_step_that_feeds_itself_equals_plain_greedy_steps(tiny_ckpt):
+    """Overlapped greedy decoding (`StepRunner.greedy_launch` on CUDA) replays a width-1 step whose
+    graph writes its own argmax and next position into the input buffer. That body, run eagerly
+    here, gives the tokens, top-2 logits and cache of plain one-token steps."""
+    model = load_model(tiny_ckpt, max_seq=64)
+    prompt, first, n = [5, 6, 7, 11, 12], 8, 6
+    plain = StepRunner(model, model.new_cache(1), max_width=1, graphs=False)
+    plain.prefill(prompt)
+    want, top2, tok = [], [], first
+    for _ in range(n):
+        logits = plain.step([tok])[-1]
+        tok = int(logits.argmax())
+        want.append(tok)
+        top2.append(logits.topk(2).values.tolist())
+    fed = StepRunner(model, model.new_cache(1), max_width=1, graphs=False)
+    fed.prefill(prompt)
+    start = fed.cache.lengths[0]
+    fed._inputs = torch.tensor([[first], [start]])  # as `_stage` fills them for the first step only
+    got = [fed._run_greedy().tolist() for _ in range(n)]
+    assert [int(g[0]) for g in got] == want
+    torch.testing.assert_close(torch.tensor([g[1:] for g in got], dtype=torch.float64), torch.tensor(top2, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    assert fed._inputs.tolist() == [[want[-1]], [start + n]]  # the next step's input, already in place
+    for a, b in zip(fed.cache.k + fed.cache.v, plain.cache.k + plain.cache.v):
+        torch.testing.assert_close(a[:, :, : start + n], b[:, :, : start + n])
+
+
+class _EagerFeed(StepRunner):
+    """greedy_launch / greedy_result without a GPU: the self-feeding body runs at launch, eagerly."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.use_graphs, self.launches, self._done = True, 0, {}
+
+    def warm(self, widths, chain=0, greedy=False):
+        assert greedy  # the overlapped loop asked for its graph
+
+    def greedy_launch(self, token=None):
+        start = self.cache.lengths[0]
+        if token is not None:
+            self._inputs = torch.tensor([[token], [start]])
+        slot = self.launches % 2
+        assert slot not in self._done, "a third step launched while two were unread"
+        self._done[slot] = self._run_greedy().tolist()
+        self.launches += 1
+        self.cache.lengths[0] = start + 1
+        return slot
+
+    def greedy_result(self, slot):
+        token, first, second = self._done.pop(slot)
+        return int(token), first, second
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("stop", ["max_new_tokens", "eos"])
+def test_overlapped_greedy_decoding_matches_the_plain_loop(tiny_ckpt, stop):
+    """The overlapped greedy loop (step n + 1 launched before step n is read) returns the plain
+    loop's tokens, steps and top-2 margins; at max_new_tokens it launches no step past the end,
+    at an EOS exactly one, which it waits for and drops."""
+    from workers.comm.base import AllReduce
+    from workers.engine import Verifier
+    from workers.link import DraftLink
+
+    model = load_model(tiny_ckpt, max_seq=128)
+
+    def verifier(overlap: bool):
+        v = Verifier(model, AllReduce(None, 1), DraftLink(None, 0, None, 4, model.args.vocab_size), 0, graphs=False)
+        if overlap:
+            v.steps = _EagerFeed(model, v.cache, 5, graphs=False)
+        return v
+
+    w = Workload(prompts=_prompts(), max_new_tokens=12, record_margins=True)
+    if stop == "eos":  # a token the plain loop emits mid-way in the first prompt
+        first = verifier(False).run(w).prompts[0].tokens
+        w = Workload(prompts=_prompts(), max_new_tokens=12, record_margins=True, eos_ids=(first[6],))
+    plain = verifier(False).run(Workload(**{**w.__dict__, "overlap_steps": False}))
+    fast = verifier(True)
+    got = fast.run(w)
+    assert [p.tokens for p in got.prompts] == [p.tokens for p in plain.prompts]
+    assert [p.steps for p in got.prompts] == [p.steps for p in plain.prompts]
+    for a, b in zip(got.prompts, plain.prompts):
+        assert a.margins == pytest.approx(b.margins, abs=1e-5)
+    ended_early = sum(len(p.tokens) < w.max_new_tokens for p in got.prompts)
+    assert (ended_early > 0) == (stop == "eos")
+    assert fast.steps.launches == sum(p.steps for p in got.prompts) + ended_early
+    assert len(got.stats.steps) == sum(p.steps for p in got.prompts)
+
+
 def test_step_runner_stays_eager_on_cpu(tiny_ckpt):
     model = load_model(tiny_ckpt, max_seq=64)
     runner = StepRunner(model, model.new_cache(1), max_width=5, graphs=True, fused=True)

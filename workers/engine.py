@@ -87,6 +87,43 @@ class Verifier:
         return {"ablation_step_ms": with_comm * 1e3, "compute_ms_per_step": without * 1e3,
                 "comm_ms_per_step": max(0.0, with_comm - without) * 1e3}
 
+    def _overlapped(self, w: Workload) -> bool:
+        """Plain greedy decoding that every rank decides for itself, on CUDA graphs: step n + 1 is
+        enqueued before step n's token is read (StepRunner.greedy_launch)."""
+        return (w.overlap_steps and w.num_draft_tokens == 0 and w.temperature <= 0 and self.local
+                and self.steps.use_graphs and self.steps.max_width >= 1)
+
+    def _greedy_overlapped(self, out: list[int], w: Workload, stats: RunStats, top2: list | None) -> int:
+        """Decode greedily after `out` (the first token) until EOS or max_new_tokens, keeping one
+        step in flight; appends to `out`, `stats` and `top2`; returns the steps. Whether to launch
+        the next step depends only on the tokens so far, which every rank holds alike, so all
+        ranks replay the same steps (their collectives line up), the one past an EOS included."""
+        counters = self.allreduce.counters
+        if top2:
+            top2[0] = top2[0].cpu()  # the prefill's, on the device; the steps' arrive on the host
+        steps, t_prev = 0, time.perf_counter()
+        calls0, comm0 = counters.calls, counters.seconds
+        slot = self.steps.greedy_launch(out[-1])
+        while True:
+            # this step's token is the last one max_new_tokens allows: nothing more to launch
+            nxt = self.steps.greedy_launch() if len(out) + 1 < w.max_new_tokens else None
+            token, first, second = self.steps.greedy_result(slot)
+            new, done = _finish([token], len(out), w)
+            self._broadcast(VerifyResult(accepted=0, tokens=new, done=done))  # to the drafter process, if any
+            if top2 is not None:
+                top2.append(torch.tensor([first, second]))
+            out.extend(new)
+            steps += 1
+            now = time.perf_counter()
+            stats.steps.append(StepRecord(drafted=0, accepted=0, emitted=len(new), step_s=now - t_prev, verify_s=now - t_prev,
+                                          draft_s=0.0, comm_calls=counters.calls - calls0, comm_s=counters.seconds - comm0))
+            t_prev, calls0, comm0 = now, counters.calls, counters.seconds
+            if done:
+                if nxt is not None:
+                    self.steps.greedy_result(nxt)  # the step past the EOS: finished, thrown away
+                return steps
+            slot = nxt
+
     def _first_token(self, logits: torch.Tensor, w: Workload, gen) -> VerifyResult:
         tok = int(logits.argmax()) if w.temperature <= 0 else sample(probs(logits, w.temperature), gen)
         tokens, done = _finish([tok], 0, w)
@@ -126,7 +163,8 @@ class Verifier:
         counters = self.allreduce.counters
         credit = 0.0
         self.local = decides_locally(w, self.link.drafter_rank is not None)
-        self.steps.warm(range(1, w.num_draft_tokens + 2))  # every width this run can use, before timing
+        # every width this run can use, before timing
+        self.steps.warm(range(1, w.num_draft_tokens + 2), greedy=self._overlapped(w))
         if self.drafter is not None:
             self.drafter.begin(w.temperature, w.seed + 1)
             self.drafter.warm(w.num_draft_tokens)
@@ -142,7 +180,9 @@ class Verifier:
             top2 = [logits.float().topk(2).values] if record else []
             out, steps, accepted = list(res.tokens), 0, 0
             committed = list(prompt) + out  # what the in-rank drafter sees (the drafter process keeps its own)
-            while not res.done:
+            if self._overlapped(w) and not res.done:
+                steps = self._greedy_overlapped(out, w, stats, top2 if record else None)
+            while not res.done and not self._overlapped(w):
                 t0 = time.perf_counter()
                 if w.num_draft_tokens == 0:
                     proposal = Proposal(tokens=[])

@@ -1,6 +1,7 @@
 """Plain data passed from the driver to the workers and back (picklable; no Ray, no Optuna)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from workers.stats import RunStats
@@ -75,6 +76,10 @@ class Workload:
     # logit), so a speculative run that leaves this output at a numerical near tie can be told apart
     # from a wrong one (orchestrator/equivalence.py)
     record_margins: bool = False
+    # plain greedy decoding on CUDA graphs: step n + 1 is enqueued before the host reads step n, so
+    # the GPU never waits for the host between steps (workers/steps.py `greedy_launch`).
+    # SPECTUNE_OVERLAP=0 in the driver's environment turns it off, for side-by-side measurements
+    overlap_steps: bool = field(default_factory=lambda: os.environ.get("SPECTUNE_OVERLAP", "1") != "0")
 
 
 @dataclass
