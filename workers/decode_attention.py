@@ -6,11 +6,13 @@ shape, 512 slots: 9 us of cuDNN attention + 1 us of mask conversion per layer, o
 Here each query token's last visible key is its position, read from the device tensor `pos`, so a
 CUDA graph captured once reads only the filled part of the cache at every replay.
 
-    partial kernel, grid (B * H, n_split): split s covers keys [s * CHUNK, (s + 1) * CHUNK) up to
+    one kernel, grid (B * H, n_split): split s covers keys [s * CHUNK, (s + 1) * CHUNK) up to
         max(pos) + 1; for all T queries of one head it keeps the running max m, the sum l of
         exp(score - m) and acc = sum exp(score - m) * v (online softmax), and stores (m, l, acc).
-    combine kernel, grid (B * H,): m* = max_s m_s, out = sum_s exp(m_s - m*) acc_s / sum_s exp(m_s - m*) l_s,
-        which is exactly softmax(scores) @ V over all visible keys.
+    combine, by the head's last split to finish (a per-head arrival counter, reset by that split):
+        m* = max_s m_s, out = sum_s exp(m_s - m*) acc_s / sum_s exp(m_s - m*) l_s, which is exactly
+        softmax(scores) @ V over all visible keys. (A separate combine kernel cost ~3 us a layer
+        on the H200, nearly all launch floor.)
 
 A key j is visible to the query at position p iff j <= p (causal inside the step, and rolled-back
 slots beyond the sequence are never read). Query heads map to KV heads through `kv_map` (GQA and
@@ -56,8 +58,8 @@ def _chunk(max_seq: int) -> int:
 if triton is not None:
 
     @triton.jit
-    def _partial(Q, K, V, POS, KVMAP, M, L, ACC, H, T, NSPLIT, scale,
-                 sqb, sqh, sqt, skb, skh, sks, svb, svh, svs,
+    def _partial(Q, K, V, POS, KVMAP, M, L, ACC, CNT, OUT, H, T, NSPLIT, scale,
+                 sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sob, sot,
                  CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, T_PAD: tl.constexpr, D: tl.constexpr):
         bh = tl.program_id(0)
         split = tl.program_id(1)
@@ -94,26 +96,30 @@ if triton is not None:
         tl.store(M + row, m_i)
         tl.store(L + row, l_i)
         tl.store(ACC + row[:, None] * D + d[None, :], acc)
+        # every thread's stores above, then one release/acquire arrival: the split that arrives
+        # last sees all the head's (m, l, acc) and combines them (the CUTLASS semaphore pattern)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(CNT + bh, 1, sem="acq_rel", scope="gpu")
+        if arrived == NSPLIT - 1:
+            _combine(M, L, ACC, OUT, bh, b, h, T, NSPLIT, sob, sot, T_PAD, D)
+            tl.store(CNT + bh, 0)  # ready for the next call (the next layer, the next replay)
 
     @triton.jit
-    def _combine(M, L, ACC, OUT, H, T, NSPLIT, sob, sot,
-                 T_PAD: tl.constexpr, D: tl.constexpr):
-        bh = tl.program_id(0)
-        b = bh // H
-        h = bh % H
+    def _combine(M, L, ACC, OUT, bh, b, h, T, NSPLIT, sob, sot, T_PAD: tl.constexpr, D: tl.constexpr):
+        # the other splits' partials were written by other SMs: read them from L2 (".cg"), not L1
         t = tl.arange(0, T_PAD)
         d = tl.arange(0, D)
         m_all = tl.full([T_PAD], float("-inf"), tl.float32)
         for s in range(NSPLIT):
-            m_all = tl.maximum(m_all, tl.load(M + (bh * NSPLIT + s) * T_PAD + t))
+            m_all = tl.maximum(m_all, tl.load(M + (bh * NSPLIT + s) * T_PAD + t, cache_modifier=".cg"))
         m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # padding rows only
         l_all = tl.zeros([T_PAD], tl.float32)
         acc = tl.zeros([T_PAD, D], tl.float32)
         for s in range(NSPLIT):
             row = (bh * NSPLIT + s) * T_PAD + t
-            w = tl.exp(tl.load(M + row) - m_all)  # 0 for splits past the sequence (m = -inf)
-            l_all += w * tl.load(L + row)
-            acc += w[:, None] * tl.load(ACC + row[:, None] * D + d[None, :])
+            w = tl.exp(tl.load(M + row, cache_modifier=".cg") - m_all)  # 0 for splits past the sequence (m = -inf)
+            l_all += w * tl.load(L + row, cache_modifier=".cg")
+            acc += w[:, None] * tl.load(ACC + row[:, None] * D + d[None, :], cache_modifier=".cg")
         out = acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None]
         tl.store(OUT + b * sob + t[:, None] * sot + h * D + d[None, :], out.to(OUT.dtype.element_ty), mask=(t < T)[:, None])
 
@@ -205,12 +211,28 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map):
     acc = torch.empty(B * H * nsplit * t_pad * D, **f32)
     out = torch.empty(B, T, H * D, dtype=q.dtype, device=q.device)
     _partial[(B * H, nsplit)](
-        q, k_cache, v_cache, pos, kv_map, m, lsum, acc, H, T, nsplit, 1.0 / math.sqrt(D),
+        q, k_cache, v_cache, pos, kv_map, m, lsum, acc, _arrival_counters(B * H, q.device), out, H, T, nsplit,
+        1.0 / math.sqrt(D),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         CHUNK=chunk, BLOCK_N=64, T_PAD=t_pad, D=D)
-    _combine[(B * H,)](m, lsum, acc, out, H, T, nsplit, out.stride(0), out.stride(1), T_PAD=t_pad, D=D)
     return out
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrival_counters(n: int, device: torch.device) -> torch.Tensor:
+    """n zeroed int32 arrival counters on `device`, shared by every attention call there (calls on
+    one stream run one after another, and each leaves its counters at zero). Allocated outside CUDA
+    graph capture: the first call of a width runs eagerly (StepRunner warms up before capturing)."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"decode attention: {n} arrival counters needed first inside a CUDA graph capture; "
+                               "run the step once eagerly first")
+        have = _COUNTERS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return have
 
 
 def selftest(device: str) -> float:
@@ -243,6 +265,8 @@ def selftest(device: str) -> float:
         got = decode_attend(q, k, v, mask, kc, vc, pos, group, kv_map).float()
         assert torch.equal(kc, kc2) and torch.equal(vc, vc2), "cache writes differ"
         err = (got - want).abs().max().item()
+        counters = _COUNTERS[got.device if got.device.type == "cpu" else torch.device(device, torch.cuda.current_device())]
+        assert not counters.any(), "the last split of a head left its arrival counter set"
         print(f"B={B} H={H} Hkv={Hkv} T={T} D={D} slots={S} pos={first}: max |diff| {err:.2e}")
         worst = max(worst, err)
         # the same step from the merged projection: rope + cache writes in one kernel

@@ -89,9 +89,12 @@ class AllReduce:
         """Concatenate every rank's `x` along the last dimension (vocab-parallel logits)."""
         if not self.enabled:  # the compute-only ablation: right shape, no communication
             return x.repeat(*([1] * (x.dim() - 1)), self.world_size)
-        parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)
+        # one collective into [world, ..., n] (a list all_gather adds a copy per rank, then a cat);
+        # rank-major to last-dim-major is a view when the leading dims are all 1 (a decode step)
+        out = torch.empty((self.world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)  # ranks stacked along dim 0
+        out = out.view(self.world_size, *x.shape)
+        return out.movedim(0, -2).reshape(*x.shape[:-1], self.world_size * x.shape[-1])
 
 
 class NoOpAllReduce(AllReduce):
