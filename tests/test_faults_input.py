@@ -165,14 +165,22 @@ def test_wrong_allreduce_sums_are_caught_by_validation():
         def _all_reduce(self, x: torch.Tensor) -> None:
             x.mul_(2)
 
-    class Exact(AllReduce):  # rank 0 of 2: the exact sum is 3x its part
+    class Exact(AllReduce):  # rank 0 of 2: the exact sum is 3x its part; rank 1's part is twice rank 0's
         name = "exact"
 
         def _all_reduce(self, x: torch.Tensor) -> None:
             x.mul_(3)
 
+        def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([x, 2 * x], dim=-1)
+
+    class SwapsGather(Exact):  # right sums, the gathered parts in the wrong rank order
+        def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([2 * x, x], dim=-1)
+
     assert "returned wrong sums" in validate(Doubling(None, 2), rank=0)
     assert validate(Exact(None, 2), rank=0) is None
+    assert "all-gather returned wrong parts" in validate(SwapsGather(None, 2), rank=0)
 
 
 def test_fused_add_norm_is_checked_against_allreduce_add_norm():

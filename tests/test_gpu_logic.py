@@ -114,10 +114,11 @@ def test_greedy_step_that_feeds_itself_equals_plain_greedy_steps(tiny_ckpt):
     fed.prefill(prompt)
     start = fed.cache.lengths[0]
     fed._inputs = torch.tensor([[first], [start]])  # as `_stage` fills them for the first step only
-    got = [fed._run_greedy().tolist() for _ in range(n)]
+    got = [fed._run_greedy(margins=True).tolist() for _ in range(n)]
     assert [int(g[0]) for g in got] == want
     torch.testing.assert_close(torch.tensor([g[1:] for g in got], dtype=torch.float64), torch.tensor(top2, dtype=torch.float64), rtol=1e-5, atol=1e-5)
     assert fed._inputs.tolist() == [[want[-1]], [start + n]]  # the next step's input, already in place
+    assert fed._run_greedy().tolist() == [plain.step([want[-1]])[-1].argmax().item()]  # without margins: the token alone
     for a, b in zip(fed.cache.k + fed.cache.v, plain.cache.k + plain.cache.v):
         torch.testing.assert_close(a[:, :, : start + n], b[:, :, : start + n])
 
@@ -129,16 +130,16 @@ class _EagerFeed(StepRunner):
         super().__init__(*a, **kw)
         self.use_graphs, self.launches, self._done = True, 0, {}
 
-    def warm(self, widths, chain=0, greedy=False):
+    def warm(self, widths, chain=0, greedy=False, margins=False):
         assert greedy  # the overlapped loop asked for its graph
 
-    def greedy_launch(self, token=None):
+    def greedy_launch(self, token=None, margins=False):
         start = self.cache.lengths[0]
         if token is not None:
             self._inputs = torch.tensor([[token], [start]])
         slot = self.launches % 2
         assert slot not in self._done, "a third step launched while two were unread"
-        self._done[slot] = self._run_greedy().tolist()
+        self._done[slot] = self._run_greedy(margins).tolist() if margins else self._run_greedy().tolist() + [float("nan")] * 2
         self.launches += 1
         self.cache.lengths[0] = start + 1
         return slot
@@ -149,8 +150,8 @@ class _EagerFeed(StepRunner):
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("stop", ["max_new_tokens", "eos"])
-def test_overlapped_greedy_decoding_matches_the_plain_loop(tiny_ckpt, stop):
+@pytest.mark.parametrize("stop, margins", [("max_new_tokens", True), ("eos", True), ("eos", False)])
+def test_overlapped_greedy_decoding_matches_the_plain_loop(tiny_ckpt, stop, margins):
     """The overlapped greedy loop (step n + 1 launched before step n is read) returns the plain
     loop's tokens, steps and top-2 margins; at max_new_tokens it launches no step past the end,
     at an EOS exactly one, which it waits for and drops."""
@@ -166,17 +167,17 @@ def test_overlapped_greedy_decoding_matches_the_plain_loop(tiny_ckpt, stop):
             v.steps = _EagerFeed(model, v.cache, 5, graphs=False)
         return v
 
-    w = Workload(prompts=_prompts(), max_new_tokens=12, record_margins=True)
+    w = Workload(prompts=_prompts(), max_new_tokens=12, record_margins=margins)
     if stop == "eos":  # a token the plain loop emits mid-way in the first prompt
         first = verifier(False).run(w).prompts[0].tokens
-        w = Workload(prompts=_prompts(), max_new_tokens=12, record_margins=True, eos_ids=(first[6],))
+        w = Workload(prompts=_prompts(), max_new_tokens=12, record_margins=margins, eos_ids=(first[6],))
     plain = verifier(False).run(Workload(**{**w.__dict__, "overlap_steps": False}))
     fast = verifier(True)
     got = fast.run(w)
     assert [p.tokens for p in got.prompts] == [p.tokens for p in plain.prompts]
     assert [p.steps for p in got.prompts] == [p.steps for p in plain.prompts]
     for a, b in zip(got.prompts, plain.prompts):
-        assert a.margins == pytest.approx(b.margins, abs=1e-5)
+        assert a.margins == pytest.approx(b.margins, abs=1e-5) and (len(a.margins) > 0) == margins
     ended_early = sum(len(p.tokens) < w.max_new_tokens for p in got.prompts)
     assert (ended_early > 0) == (stop == "eos")
     assert fast.steps.launches == sum(p.steps for p in got.prompts) + ended_early

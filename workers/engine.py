@@ -103,10 +103,11 @@ class Verifier:
             top2[0] = top2[0].cpu()  # the prefill's, on the device; the steps' arrive on the host
         steps, t_prev = 0, time.perf_counter()
         calls0, comm0 = counters.calls, counters.seconds
-        slot = self.steps.greedy_launch(out[-1])
+        margins = top2 is not None
+        slot = self.steps.greedy_launch(out[-1], margins)
         while True:
             # this step's token is the last one max_new_tokens allows: nothing more to launch
-            nxt = self.steps.greedy_launch() if len(out) + 1 < w.max_new_tokens else None
+            nxt = self.steps.greedy_launch(None, margins) if len(out) + 1 < w.max_new_tokens else None
             token, first, second = self.steps.greedy_result(slot)
             new, done = _finish([token], len(out), w)
             self._broadcast(VerifyResult(accepted=0, tokens=new, done=done))  # to the drafter process, if any
@@ -164,7 +165,8 @@ class Verifier:
         credit = 0.0
         self.local = decides_locally(w, self.link.drafter_rank is not None)
         # every width this run can use, before timing
-        self.steps.warm(range(1, w.num_draft_tokens + 2), greedy=self._overlapped(w))
+        self.steps.warm(range(1, w.num_draft_tokens + 2), greedy=self._overlapped(w),
+                        margins=w.record_margins and w.num_draft_tokens == 0 and w.temperature <= 0)
         if self.drafter is not None:
             self.drafter.begin(w.temperature, w.seed + 1)
             self.drafter.warm(w.num_draft_tokens)

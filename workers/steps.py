@@ -81,10 +81,13 @@ class StepRunner:
         if self.use_graphs:
             self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory()
             self._inputs = torch.zeros(2, max_width, dtype=torch.long, device=self.device)  # tokens, positions
-            # greedy_launch: two result slots (argmax, top-1 and top-2 logit), one in flight while
-            # the host reads the other; an event per slot says its copy has landed
+            # greedy_launch: two result slots, one in flight while the host reads the other: the
+            # argmax alone, or with margins (argmax, top-1 and top-2 logit); an event per slot says
+            # its copy has landed
+            self._greedy_tok = torch.zeros(2, 1, dtype=torch.long).pin_memory()
             self._greedy_out = torch.zeros(2, 3, dtype=torch.float64).pin_memory()
             self._greedy_done = [torch.cuda.Event() for _ in range(2)]
+            self._greedy_margins = [False, False]
             self._greedy_n = 0
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
@@ -130,45 +133,53 @@ class StepRunner:
         self.cache.lengths[0] = start + T + k - 1
         return out.tolist()
 
-    def greedy_launch(self, token: int | None = None) -> int:
+    def greedy_launch(self, token: int | None = None, margins: bool = False) -> int:
         """Enqueue one greedy width-1 step (`token` stages its input: the first step of a prompt;
         later steps read the previous step's argmax, fed on the device) and the copy of its
-        (argmax, top-1 logit, top-2 logit) to a pinned slot; return the slot for greedy_result.
-        Advances cache.lengths[0] by 1. At most two steps may be unread at once."""
+        argmax (with `margins`, also its top-1 and top-2 logits: a top-k over the vocabulary more
+        per step) to a pinned slot; return the slot for greedy_result. Advances
+        cache.lengths[0] by 1. At most two steps may be unread at once."""
         start = self.cache.lengths[0]
         if start + 1 > self.cache.max_seq:
             raise ValueError(f"sequence length {start + 1} exceeds the cache ({self.cache.max_seq})")
         if token is not None:
             self._stage([token], start)
-        key = ("greedy", self._comm_on())
+        key = ("greedy", self._comm_on(), margins)
         if key not in self.graphs:
-            self.graphs[key] = self._capture_or_fall_back(1, greedy=True)
+            self.graphs[key] = self._capture_or_fall_back(1, greedy=True, margins=margins)
         graph, out, calls = self.graphs[key]
         graph.replay()
         if calls and self.allreduce is not None:
             self.allreduce.counters.calls += calls
         slot = self._greedy_n % 2
         self._greedy_n += 1
-        self._greedy_out[slot].copy_(out, non_blocking=True)
+        (self._greedy_out[slot] if margins else self._greedy_tok[slot]).copy_(out, non_blocking=True)
+        self._greedy_margins[slot] = margins
         self._greedy_done[slot].record()
         self.cache.lengths[0] = start + 1
         return slot
 
     def greedy_result(self, slot: int) -> tuple[int, float, float]:
-        """The token, top-1 and top-2 logits of the step greedy_launch put in `slot` (waits for it)."""
+        """The token, top-1 and top-2 logits (NaN without margins) of the step greedy_launch put in
+        `slot` (waits for it)."""
         self._greedy_done[slot].synchronize()
+        if not self._greedy_margins[slot]:
+            return int(self._greedy_tok[slot, 0]), float("nan"), float("nan")
         token, top1, top2 = self._greedy_out[slot].tolist()
         return int(token), top1, top2
 
-    def _run_greedy(self) -> torch.Tensor:
+    def _run_greedy(self, margins: bool = False) -> torch.Tensor:
         """A width-1 step that feeds itself: its argmax becomes the next input token and the
-        position advances by one, on the device (graph-safe). Returns (argmax, top-1, top-2) as float64."""
+        position advances by one, on the device (graph-safe). Returns the argmax [1] (int64), or
+        with `margins` (argmax, top-1, top-2) as float64."""
         logits = self._run_static(1)[0, -1]
-        nxt = logits.argmax()  # the same tie-break as step() + argmax
-        top = logits.topk(2).values
-        self._inputs[0, :1].copy_(nxt.view(1))
+        nxt = logits.argmax().view(1)  # the same tie-break as step() + argmax
+        self._inputs[0, :1].copy_(nxt)
         self._inputs[1, :1].add_(1)
-        return torch.stack([nxt.double(), top[0].double(), top[1].double()])
+        if not margins:
+            return nxt
+        top = logits.topk(2).values.double()
+        return torch.cat([nxt.double(), top])
 
     def _run_chain(self, T: int, k: int) -> torch.Tensor:
         """The k greedy drafts after the staged `T` tokens (device ops only: graph-safe)."""
@@ -188,18 +199,18 @@ class StepRunner:
         self._staging[1, :T] = torch.arange(start, start + T)
         self._inputs.copy_(self._staging, non_blocking=True)
 
-    def _capture_or_fall_back(self, T: int, chain: int = 0, greedy: bool = False):
+    def _capture_or_fall_back(self, T: int, chain: int = 0, greedy: bool = False, margins: bool = False):
         try:
-            return self._capture(T, chain, greedy)
+            return self._capture(T, chain, greedy, margins)
         except Exception as e:  # noqa: BLE001 - torch.compile fails lazily, here; the plain model still works
             if self.fast is None:
                 raise
             print(f"spectune: compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
                   "using the plain model", file=sys.stderr, flush=True)
             self.fast = None
-            return self._capture(T, chain, greedy)
+            return self._capture(T, chain, greedy, margins)
 
-    def warm(self, widths, chain: int = 0, greedy: bool = False) -> None:
+    def warm(self, widths, chain: int = 0, greedy: bool = False, margins: bool = False) -> None:
         """Capture the graphs of these step widths now (compiling their bodies), outside any timing,
         and with `chain` = k the greedy draft chains of k drafts after each width. Writes scratch
         K/V at positions 0.. (the cache is reset before the next prompt). TP ranks must warm the
@@ -214,9 +225,9 @@ class StepRunner:
             if T <= self.max_width and ("chain", T, chain) not in self.graphs:
                 self.cache.lengths[0] = 0
                 self.draft_chain([1] * T, chain)
-        if greedy and ("greedy", self._comm_on()) not in self.graphs:
+        if greedy and ("greedy", self._comm_on(), margins) not in self.graphs:
             self.cache.lengths[0] = 0
-            self.greedy_result(self.greedy_launch(1))
+            self.greedy_result(self.greedy_launch(1, margins))
         self.cache.lengths[0] = 0
 
     def _run_static(self, T: int) -> torch.Tensor:
@@ -224,12 +235,12 @@ class StepRunner:
         body = self.fast.hidden_at if self.fast is not None else self.model.hidden_at
         return self.model.logits(body(tok, pos, self.cache, self.cache.max_seq))
 
-    def _capture(self, T: int, chain: int = 0, greedy: bool = False):
+    def _capture(self, T: int, chain: int = 0, greedy: bool = False, margins: bool = False):
         # Warm up on a side stream (lazy kernels, allocator), then capture. Every TP rank captures
         # the same width at the same step (SPMD), so the collectives inside line up.
         def run():
             if greedy:
-                return self._run_greedy()
+                return self._run_greedy(margins)
             return self._run_chain(T, chain) if chain else self._run_static(T)
 
         side = torch.cuda.Stream(self.device)

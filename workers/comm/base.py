@@ -125,6 +125,12 @@ def validate(allreduce: AllReduce, rank: int, dtype=torch.float32, device="cpu",
     err = (out.float() - expected.float()).abs().max().item()
     if err > 1e-3 * max(1.0, expected.abs().max().item()):
         return f"allreduce backend {allreduce.name!r} returned wrong sums (max error {err:.3g} on rank {rank})"
+    # the vocab-parallel gather (some backends have their own): rank r's part is (r + 1) * base
+    part = base[: min(numel, 257)]
+    got = allreduce.all_gather_last(((rank + 1) * part).to(dtype).view(1, 1, -1))
+    want = torch.cat([(r + 1) * part for r in range(world)]).view(1, 1, -1)
+    if got.shape != want.shape or not torch.equal(got.float(), want):
+        return f"allreduce backend {allreduce.name!r}: its all-gather returned wrong parts (rank {rank})"
     return None
 
 

@@ -20,7 +20,8 @@ peer made after its own call c had finished, clean-up included (kernels on one s
 order). NPHASE = 3 leaves a call of slack over that argument. The last program of each call to
 finish (a device-side counter) advances the phase; every program has read it by then.
 
-`add_norm` runs the same protocol one program per token row and, in the same kernel, adds the
+`all_gather_last` (vocab-parallel logits) runs the same protocol, each rank's part landing at its
+offset instead of adding up. `add_norm` runs the same protocol one program per token row and, in the same kernel, adds the
 sum to the residual stream and applies the next RMS norm (workers/fused.py then drops its norm
 kernels: two kernels fewer per layer). `validate_add_norm` checks it against allreduce + add + norm.
 
@@ -63,6 +64,21 @@ if triton is not None:
                 tl.store(dst + (phase * WORLD + rank) * max_numel + offs, x, mask=m)
 
     @triton.jit
+    def _await_slot(slot, STATE, m, INT: tl.constexpr, SENT: tl.constexpr, MAX_SPINS: tl.constexpr):
+        # poll a peer's slot until no element is the sentinel; a peer that never pushes sets the
+        # timed-out flag after MAX_SPINS polls (the values are then wrong) rather than hang the GPU
+        v = tl.load(slot, mask=m, other=0.0, volatile=True)
+        pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
+        spins = 0
+        while (pending > 0) & (spins < MAX_SPINS):
+            v = tl.load(slot, mask=m, other=0.0, volatile=True)
+            pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
+            spins += 1
+        if pending > 0:
+            tl.store(STATE + 2, 1)
+        return v
+
+    @triton.jit
     def _collect(own, PTRS, STATE, phase, rank, max_numel, offs, m, ty: tl.constexpr, WORLD: tl.constexpr,
                  BLOCK: tl.constexpr, INT: tl.constexpr, SENT: tl.constexpr, MAX_SPINS: tl.constexpr):
         # wait for every peer's push into this rank's slots of this phase, sum them with this rank's
@@ -75,16 +91,7 @@ if triton is not None:
                 acc += own.to(tl.float32)
             else:
                 slot = local + (phase * WORLD + src) * max_numel + offs
-                v = tl.load(slot, mask=m, other=0.0, volatile=True)
-                pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
-                spins = 0
-                while (pending > 0) & (spins < MAX_SPINS):
-                    v = tl.load(slot, mask=m, other=0.0, volatile=True)
-                    pending = tl.sum(((v.to(INT, bitcast=True) == SENT) & m).to(tl.int32), axis=0)
-                    spins += 1
-                if pending > 0:  # a peer never pushed: give up (the sums are wrong) rather than hang the GPU
-                    tl.store(STATE + 2, 1)
-                acc += v.to(tl.float32)
+                acc += _await_slot(slot, STATE, m, INT, SENT, MAX_SPINS).to(tl.float32)
                 tl.store(slot, tl.full([BLOCK], SENT, INT).to(ty, bitcast=True), mask=m)
         return acc
 
@@ -116,6 +123,32 @@ if triton is not None:
         if MODE != 1:  # not PUSH alone
             acc = _collect(x, PTRS, STATE, phase, rank, max_numel, offs, m, ty, WORLD, BLOCK, INT, SENT, MAX_SPINS)
             tl.store(X + offs, acc.to(ty), mask=m)
+            _finish_call(STATE, phase, NPH)
+
+    @triton.jit
+    def _ll_all_gather(X, OUT, PTRS, STATE, n, max_numel, rank,
+                       WORLD: tl.constexpr, NPH: tl.constexpr, BLOCK: tl.constexpr, INT: tl.constexpr,
+                       SENT: tl.constexpr, MODE: tl.constexpr, MAX_SPINS: tl.constexpr):
+        # the same push and wait, but rank src's elements land at OUT[src * n:] instead of adding up
+        # (vocab-parallel logits: a -0.0 arrives as +0.0, which no softmax or argmax tells apart)
+        pid = tl.program_id(0)
+        phase = tl.load(STATE)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        ty = X.dtype.element_ty
+        x = tl.load(X + offs, mask=m, other=0.0)
+        x = tl.where(x == 0.0, 0.0, x)
+        if MODE != 2:
+            _push(x, PTRS, phase, rank, max_numel, offs, m, WORLD)
+        if MODE != 1:
+            local = tl.load(PTRS + rank).to(tl.pointer_type(ty))
+            for src in tl.static_range(WORLD):
+                if src == rank:
+                    tl.store(OUT + src * n + offs, x, mask=m)
+                else:
+                    slot = local + (phase * WORLD + src) * max_numel + offs
+                    tl.store(OUT + src * n + offs, _await_slot(slot, STATE, m, INT, SENT, MAX_SPINS), mask=m)
+                    tl.store(slot, tl.full([BLOCK], SENT, INT).to(ty, bitcast=True), mask=m)
             _finish_call(STATE, phase, NPH)
 
     @triton.jit
@@ -165,6 +198,17 @@ def launch(x: torch.Tensor, ptrs: torch.Tensor, state: torch.Tensor, max_numel: 
         x, ptrs, state, n, max_numel, rank, WORLD=world, NPH=NPHASE, BLOCK=block,
         INT=_bits_type(x), SENT=_SENTINEL_BITS[x.dtype], MODE=mode,
         MAX_SPINS=max_spins)
+
+
+def launch_all_gather(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, state: torch.Tensor, max_numel: int, rank: int,
+                      world: int, mode: int = BOTH, max_spins: int = MAX_SPINS) -> torch.Tensor:
+    """Every rank's contiguous `x` (numel n) into out[src * n:(src + 1) * n], rank-major."""
+    n = x.numel()
+    block = _block(n)
+    _ll_all_gather[(triton.cdiv(n, block),)](
+        x, out, ptrs, state, n, max_numel, rank, WORLD=world, NPH=NPHASE, BLOCK=block,
+        INT=_bits_type(x), SENT=_SENTINEL_BITS[x.dtype], MODE=mode, MAX_SPINS=max_spins)
+    return out
 
 
 def launch_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, ptrs: torch.Tensor,
@@ -230,6 +274,15 @@ class SymmMemLLAllReduce(AllReduce):
             dist.all_reduce(x, group=self.group)  # outside what the buffer was sized for: NCCL
             return
         launch(x, self.ptrs, self.state, self.max_numel, self.rank, self.world_size)
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        if (not self.enabled or self.world_size == 1 or x.numel() > self.max_numel or x.dtype != self.buf.dtype
+                or not x.is_contiguous()):
+            return super().all_gather_last(x)  # the ablation's stand-in, or too big for the buffer: NCCL
+        out = torch.empty(self.world_size * x.numel(), dtype=x.dtype, device=x.device)
+        launch_all_gather(x, out, self.ptrs, self.state, self.max_numel, self.rank, self.world_size)
+        out = out.view(self.world_size, *x.shape)
+        return out.movedim(0, -2).reshape(*x.shape[:-1], self.world_size * x.shape[-1])
 
     def add_norm(self, partial, residual, weight, eps):
         fits = (partial.numel() <= self.max_numel and partial.dtype == self.buf.dtype == residual.dtype
@@ -302,6 +355,26 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
                 torch.testing.assert_close(parts[r], want_s - residual, rtol=1e-5, atol=1e-5)
             assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
     print(f"add + norm: {NPHASE} fused calls between plain ones, residual and norm exact")
+    # all-gather (vocab-parallel logits), between plain calls: every rank's part in rank order
+    world, n = 3, 700
+    bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+    states = [torch.zeros(3, dtype=torch.int32) for _ in range(world)]
+    for call in range(2 * NPHASE):
+        parts = [torch.randn(n, generator=gen) for _ in range(world)]
+        gather = call % 2 == 0
+        outs = [torch.empty(world * n) for _ in range(world)]
+        for mode in (PUSH, REDUCE):
+            for r in range(world):
+                if gather:
+                    launch_all_gather(parts[r], outs[r], ptrs, states[r], max_numel, r, world, mode=mode)
+                else:
+                    launch(parts[r], ptrs, states[r], max_numel, r, world, mode=mode)
+        for r in range(world):
+            if gather:
+                assert torch.equal(outs[r], torch.cat(parts)), f"rank {r}: gathered parts differ"
+            assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
+    print(f"all-gather: {NPHASE} calls between plain ones, parts exact and in rank order")
     # a peer that never pushes: the reader gives up after max_spins polls and flags it
     bufs = [sentinel_fill_(torch.empty(NPHASE * 2 * max_numel)) for _ in range(2)]
     state = torch.zeros(3, dtype=torch.int32)
