@@ -13,6 +13,8 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one step: replay times and kernel tables, TP 1 and TP 2 (profile2: TP 2 only)
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh ray     # the gang as Ray GPU actors (`decode --ray`); needs Ray: pack it with
 #       ../shared/tools/ray-for-device.sh .devcarry here and carry .devcarry (this script unpacks it)
+#   single runs: tp1 tp2_symm_ll tp2_symm_ll_unfused tp2_nccl tp2_symm sim_ngram sim_ngram_actor sim_draft
+#       ray_tp2_nccl ray_tp2_ll_ngram ray_tp2_draft (`bash infra/gpu-measure.sh selftest tp1 tp2_symm_ll`)
 # Several modes run in order: `bash infra/gpu-measure.sh smoke profile bench`. Each run is cut off
 # after $LIMIT seconds (default 240; the draft-model run gets 120 more for transformers' assisted
 # generation), so a hang costs minutes, not the whole lease.
@@ -86,7 +88,8 @@ profile() {
   profile2
 }
 profile2() {
-  timeout 300 $PY -m workers.profile_step --model $M --tp 2 --backend nccl symm_mem_ll --widths 1 5 --max-seq 512 --top 15 \
+  # one backend, one width: model load + compile of both graph sets per backend took > 300 s for two
+  timeout 300 $PY -m workers.profile_step --model $M --tp 2 --backend symm_mem_ll --widths 1 --max-seq 512 --top 20 \
       --json "$OUT/profile_tp2.json" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
 }
 bench() {
