@@ -13,3 +13,12 @@ class UserError(ValueError):
 
 # errors the engine raises for bad input; the CLI treats them like UserError
 INPUT_ERRORS = (UserError, CheckpointError, ModelConfigError, BackendError)
+
+
+# two drivers on one study write the same rows at once (the schema, an MLflow tag or latest metric):
+# the loser of such a race sees one of these and only has to try again
+WRITE_RACE = ("already exists", "UNIQUE constraint", "duplicate key", "IntegrityError")
+
+
+def is_write_race(e: BaseException) -> bool:
+    return any(m in f"{type(e).__name__} {e}" for m in WRITE_RACE)

@@ -54,7 +54,7 @@ class Progress:
             self.log("\n" + self.table())
             numeric = {k: v for k, v in best.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             tracker.log_metrics(tracker.parent_run_id, {**numeric, "best_trial": best.number, "complete_trials": len(done)})
-            tracker.client.set_tag(tracker.parent_run_id, "spectune.best_params", str(best.params))
+            tracker.set_tag(tracker.parent_run_id, "spectune.best_params", str(best.params))
             tracker.log_json(tracker.parent_run_id, {"trial": best.number, "params": best.params, "metrics": numeric}, "best_trial.json")
             self._plots(tracker)
         tracker.finish_study("FINISHED" if status == "FINISHED" and len(done) >= self.n_goal else "KILLED")

@@ -20,7 +20,7 @@ import warnings
 from orchestrator.cluster import GangPool, PlacementError, Resources, check_capacity, connect
 from orchestrator.config import ExperimentConfig, spectune_home
 from orchestrator.drivers import DriverRecord, ray_session_dir, reap_dead
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, is_write_race
 from orchestrator.progress import Progress
 from orchestrator.space import baseline_params, candidates, grid_space
 from orchestrator.tracking import Tracker, resolve_uri
@@ -66,9 +66,6 @@ def make_storage(cfg: ExperimentConfig):
         raise UserError(f"study.storage: cannot open {_redact(url)} ({type(e).__name__}: {msg})") from None
 
 
-SCHEMA_RACE = ("already exists", "UNIQUE constraint", "duplicate key", "IntegrityError")
-
-
 def _open_rdb(optuna, url: str, kwargs: dict, attempts: int = 5):
     """RDBStorage. Two drivers starting together would both create the schema: on SQLite a file
     lock beside the database makes them take turns; elsewhere the loser of that race (a "table
@@ -84,7 +81,7 @@ def _open_rdb(optuna, url: str, kwargs: dict, attempts: int = 5):
             try:
                 return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
             except Exception as e:  # noqa: BLE001 - only the schema race is retried
-                if not any(m in f"{type(e).__name__} {e}" for m in SCHEMA_RACE) or attempt == attempts - 1:
+                if not is_write_race(e) or attempt == attempts - 1:
                     raise
                 time.sleep(0.5 * (attempt + 1))
     finally:

@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import is_write_race
+
 STUDY_TAG = "spectune.study"
 TRIAL_TAG = "spectune.trial"
 STATE_TAG = "spectune.state"
@@ -111,7 +113,7 @@ class Tracker:
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
         for i in range(0, len(batch), 900):
-            self.client.log_batch(run_id, metrics=batch[i : i + 900])
+            self._write(self.client.log_batch, run_id, metrics=batch[i : i + 900])
 
     def log_step_series(self, run_id: str, series: dict[str, list[float]]) -> None:
         """Per-prompt values as metric histories (step = prompt index)."""
@@ -122,7 +124,7 @@ class Tracker:
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, i) for k, values in series.items() for i, v in enumerate(values)]
         for i in range(0, len(batch), 900):
-            self.client.log_batch(run_id, metrics=batch[i : i + 900])
+            self._write(self.client.log_batch, run_id, metrics=batch[i : i + 900])
 
     def log_json(self, run_id: str, obj: Any, name: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -135,10 +137,28 @@ class Tracker:
 
     def finish_trial(self, run_id: str, state: str, reason: str | None = None) -> None:
         """state: COMPLETE | PRUNED | FAIL | INVALID (the Optuna outcome, kept as a tag)."""
-        self.client.set_tag(run_id, STATE_TAG, state)
+        self.set_tag(run_id, STATE_TAG, state)
         if reason:
-            self.client.set_tag(run_id, "spectune.reason", reason[:4000])
+            self.set_tag(run_id, "spectune.reason", reason[:4000])
         self.client.set_terminated(run_id, status="FINISHED" if state in ("COMPLETE", "PRUNED") else "FAILED")
+
+    def set_tag(self, run_id: str, key: str, value: str) -> None:
+        self._write(self.client.set_tag, run_id, key, value)
+
+    @staticmethod
+    def _write(fn, *args, attempts: int = 5, **kwargs) -> None:
+        """An MLflow write that two drivers of one study may race on (both set the parent's best
+        tag and metrics when they finish together: a SQLite store raises UNIQUE constraint for the
+        loser's insert); the retry finds the row and updates it."""
+        import time
+
+        for attempt in range(attempts):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - only the write race is retried
+                if not is_write_race(e) or attempt == attempts - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
     def finish_study(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.parent_run_id, status=status)

@@ -12,6 +12,8 @@ import sys
 import time
 import uuid
 
+import pytest
+
 from studyutil import (TAG_VAR, mlflow_runs, optuna_study, processes_with_env, spectune, sql, start_spectune, summary,
                        tiny_experiment, wait_until_gone)
 
@@ -155,3 +157,28 @@ def test_next_run_reaps_what_a_dead_driver_left(tmp_path):
         for s in sleepers.values():
             s.kill()
             s.wait()
+
+
+def test_a_racing_mlflow_write_is_retried_and_other_errors_are_not():
+    """Two drivers finishing one study together both set the parent run's best-trial tag; on a
+    SQLite store the loser's insert fails with UNIQUE constraint (seen in CI). That write is
+    retried (and then updates the row); any other error surfaces at once."""
+    from orchestrator.tracking import Tracker
+
+    calls = []
+
+    def racing(run_id, key, value):
+        calls.append((run_id, key, value))
+        if len(calls) == 1:
+            raise RuntimeError("(sqlite3.IntegrityError) UNIQUE constraint failed: tags.key, tags.run_uuid")
+
+    Tracker._write(racing, "run", "spectune.best_params", "{}")
+    assert len(calls) == 2
+
+    def broken(*args):
+        calls.append(args)
+        raise RuntimeError("no such table: tags")
+
+    with pytest.raises(RuntimeError, match="no such table"):
+        Tracker._write(broken, "run")
+    assert len(calls) == 3

@@ -75,24 +75,28 @@ def test_compiled_fused_step(tmp_path):
 _TRITON_STEP = r'''
 import sys, torch
 from workers.checkpoint import load_model, tiny_config, write_random_checkpoint
-from workers.decode_attention import _interpreter_numpy_fix, decode_attend
+from workers.decode_attention import decode_attend
+from workers.triton_support import interpreter_numpy_fix
 from workers.fused import FusedStep
 from workers.comm.base import NoOpAllReduce
 
 class AddNormWorldOfOne(NoOpAllReduce):
     fuses_add_norm = True
 
-_interpreter_numpy_fix()
+interpreter_numpy_fix()
 torch.set_grad_enabled(False)
 cases = [tiny_config(), tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)]
-for i, (cfg, norms_in_allreduce) in enumerate([(cases[0], False), (cases[1], False), (cases[1], True)]):
+# the last two: every GEMM through workers/gemv.py's Triton kernel (SPECTUNE_GEMV=triton), with
+# SiLU * up folded into the down projection, in both layouts
+runs = [(cases[0], False, False), (cases[1], False, False), (cases[1], True, False), (cases[1], False, True), (cases[0], True, True)]
+for i, (cfg, norms_in_allreduce, triton_gemv) in enumerate(runs):
     path = write_random_checkpoint(sys.argv[1] + f"/m{i}", cfg, seed=4)
     plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
     if norms_in_allreduce:
         ar = AddNormWorldOfOne(None, 1)
         for layer in model.layers:
             layer.self_attn.reduce = layer.mlp.reduce = ar
-    fast = FusedStep(model, compile=False, attend_fn=decode_attend)
+    fast = FusedStep(model, compile=False, attend_fn=decode_attend, gemv=triton_gemv or None)
     assert fast.rope_attend is not None
     c1, c2 = plain.new_cache(1), model.new_cache(1)
     prompt = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(0))
@@ -106,19 +110,61 @@ for i, (cfg, norms_in_allreduce) in enumerate([(cases[0], False), (cases[1], Fal
     for layer in range(len(c1.k)):
         torch.testing.assert_close(c2.k[layer][:, :, :14], c1.k[layer][:, :, :14])
         torch.testing.assert_close(c2.v[layer][:, :, :14], c1.v[layer][:, :, :14])
+    if triton_gemv:  # every role and width ran the Triton GEMV, none fell back to F.linear
+        assert sorted(fast.gemv.choice) == sorted((r, T, r == "down") for r in ("qkv", "o", "gate_up", "down") for T in (3, 1))
+        assert all(c is not None for c in fast.gemv.choice.values()), fast.gemv.choice
     print("ok", i)
 '''
 
 
 def test_fused_step_with_triton_rope_and_attention(tmp_path):
     """The GPU step's layout: rope, cache writes and split-KV attention in Triton (run by Triton's
-    CPU interpreter, which needs its own process) give the plain model's logits and cache."""
+    CPU interpreter, which needs its own process), and then every GEMM in Triton too, give the plain
+    model's logits and cache."""
     import os
     import subprocess
     import sys
 
     pytest.importorskip("triton")
-    r = subprocess.run([sys.executable, "-c", _TRITON_STEP, str(tmp_path)], env={**os.environ, "TRITON_INTERPRET": "1"},
+    r = subprocess.run([sys.executable, "-c", _TRITON_STEP, str(tmp_path)],
+                       env={**os.environ, "TRITON_INTERPRET": "1", "SPECTUNE_GEMV": "triton"},
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert r.stdout.split() == ["ok", "0", "ok", "1", "ok", "2"]
+    assert r.stdout.split() == ["ok", "0", "ok", "1", "ok", "2", "ok", "3", "ok", "4"]
+
+
+@pytest.mark.parametrize("fuse_norms, compile", [(False, False), (True, False), (False, True)])
+@torch.inference_mode()
+def test_layout_with_picked_gemms_matches_plain(tmp_path, fuse_norms, compile):
+    """On CUDA every GEMM of the step goes through workers/gemv.py's picker (cuBLAS or a Triton GEMV
+    per shape; the down projection takes SiLU * up as its input). The layout around it, forced on
+    here where the picker can only choose F.linear, gives the plain model's logits and cache, with
+    and without an allreduce that fuses add + norm."""
+    from workers.comm.base import NoOpAllReduce
+
+    class AddNormWorldOfOne(NoOpAllReduce):
+        fuses_add_norm = True
+
+    cfg = tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)
+    path = write_random_checkpoint(tmp_path, cfg, seed=5)
+    plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
+    if fuse_norms:
+        ar = AddNormWorldOfOne(None, 1)
+        for layer in model.layers:
+            layer.self_attn.reduce = layer.mlp.reduce = ar
+    fast = FusedStep(model, compile=compile, gemv=True)
+    assert fast.gemv is not None and (fast._add_norm_allreduce() is not None) == fuse_norms
+    c1, c2 = plain.new_cache(1), model.new_cache(1)
+    prompt = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(0))
+    plain(prompt, c1)
+    model(prompt, c2)
+    for start, step in ((10, [5, 6, 7]), (13, [9])):
+        pos = torch.arange(start, start + len(step))[None]
+        want = plain(torch.tensor([step]), c1)
+        got = model.logits(fast.hidden_at(torch.tensor([step]), pos, c2, c2.max_seq))
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(c2.k[-1][:, :, :14], c1.k[-1][:, :, :14])
+    # the QKV GEMM goes through the picker with the Triton attention (rope + cache write from the
+    # merged projection); with SDPA here it stays in the compiled rope body
+    assert set(fast.gemv.choice) == {(role, T, role == "down") for role in ("o", "gate_up", "down") for T in (3, 1)}
+    assert all(c is None for c in fast.gemv.choice.values())  # CPU: F.linear everywhere

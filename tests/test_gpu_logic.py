@@ -383,7 +383,7 @@ def test_a_wrong_fused_add_norm_is_dropped_on_every_rank(tmp_path, broken_rank, 
         assert "turned off by SPECTUNE_FUSED_ADD_NORM=0\n" in done[0][1] and "SPECTUNE_FUSED_ADD_NORM=0 on a peer rank" in done[1][1]
 
 
-@pytest.mark.parametrize("visible, ray_ids, want", [(None, [1], 1), ("4,5", ["5"], 1), ("4,5", ["4"], 0), (None, [], None)])
+@pytest.mark.parametrize("visible, ray_ids, want", [(None, [1], 1), ("4,5", ["5"], 1), ("4,5", ["4"], 0), (None, [], -1)])
 def test_a_ray_actor_takes_the_gpu_ray_assigned(monkeypatch, visible, ray_ids, want):
     """Ray GPU actors see every GPU of their node (so torch's symmetric memory can tell the ranks'
     devices apart) and take the one Ray assigned, named as the node's CUDA_VISIBLE_DEVICES lists it."""
@@ -392,6 +392,7 @@ def test_a_ray_actor_takes_the_gpu_ray_assigned(monkeypatch, visible, ray_ids, w
     from workers.worker import RAY_NOSET_CUDA_ENV, _ray_gpu_index
 
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: ray_ids)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
@@ -399,4 +400,6 @@ def test_a_ray_actor_takes_the_gpu_ray_assigned(monkeypatch, visible, ray_ids, w
     monkeypatch.delenv(RAY_NOSET_CUDA_ENV, raising=False)
     assert _ray_gpu_index() is None  # a local gang, or Ray masking the devices itself
     monkeypatch.setenv(RAY_NOSET_CUDA_ENV, "1")
-    assert _ray_gpu_index() == want
+    assert _ray_gpu_index() == want  # -1: a Ray actor given no GPU (an n-gram drafter): it must touch none
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert _ray_gpu_index() is None  # the variable leaked into a process Ray did not start

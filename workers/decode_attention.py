@@ -30,6 +30,8 @@ import sys
 
 import torch
 
+from workers.triton_support import arrival_counters, counters_all_zero, interpreter_numpy_fix
+
 try:
     import triton
     import triton.language as tl
@@ -211,28 +213,12 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map):
     acc = torch.empty(B * H * nsplit * t_pad * D, **f32)
     out = torch.empty(B, T, H * D, dtype=q.dtype, device=q.device)
     _partial[(B * H, nsplit)](
-        q, k_cache, v_cache, pos, kv_map, m, lsum, acc, _arrival_counters(B * H, q.device), out, H, T, nsplit,
+        q, k_cache, v_cache, pos, kv_map, m, lsum, acc, arrival_counters(B * H, q.device), out, H, T, nsplit,
         1.0 / math.sqrt(D),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         CHUNK=chunk, BLOCK_N=64, T_PAD=t_pad, D=D)
     return out
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counters(n: int, device: torch.device) -> torch.Tensor:
-    """n zeroed int32 arrival counters on `device`, shared by every attention call there (calls on
-    one stream run one after another, and each leaves its counters at zero). Allocated outside CUDA
-    graph capture: the first call of a width runs eagerly (StepRunner warms up before capturing)."""
-    have = _COUNTERS.get(device)
-    if have is None or have.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"decode attention: {n} arrival counters needed first inside a CUDA graph capture; "
-                               "run the step once eagerly first")
-        have = _COUNTERS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return have
 
 
 def selftest(device: str) -> float:
@@ -265,8 +251,7 @@ def selftest(device: str) -> float:
         got = decode_attend(q, k, v, mask, kc, vc, pos, group, kv_map).float()
         assert torch.equal(kc, kc2) and torch.equal(vc, vc2), "cache writes differ"
         err = (got - want).abs().max().item()
-        counters = _COUNTERS[got.device if got.device.type == "cpu" else torch.device(device, torch.cuda.current_device())]
-        assert not counters.any(), "the last split of a head left its arrival counter set"
+        assert counters_all_zero(), "the last split of a head left its arrival counter set"
         print(f"B={B} H={H} Hkv={Hkv} T={T} D={D} slots={S} pos={first}: max |diff| {err:.2e}")
         worst = max(worst, err)
         # the same step from the merged projection: rope + cache writes in one kernel
@@ -288,20 +273,6 @@ def selftest(device: str) -> float:
     return worst
 
 
-def _interpreter_numpy_fix() -> None:
-    """Triton 3.6's CPU interpreter turns loop bounds into ints with int(array) on one-element
-    arrays, which NumPy >= 2.4 refuses; read the element instead (interpreter only)."""
-    import triton.runtime.interpreter as interp
-
-    original = interp._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interp._patch_lang_tensor = patched
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--selftest", action="store_true")
@@ -311,7 +282,7 @@ def main(argv=None) -> None:
         sys.exit("decode_attention: Triton is not installed")
     if a.selftest:
         if a.device == "cpu":
-            _interpreter_numpy_fix()
+            interpreter_numpy_fix()
         worst = selftest(a.device)
         tol = 5e-2 if a.device == "cuda" else 1e-4  # bf16 on GPU: both sides round; a wrong kernel is off by O(1)
         print(f"worst |diff| {worst:.2e} (tolerance {tol:g})")

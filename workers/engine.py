@@ -105,6 +105,7 @@ class Verifier:
         calls0, comm0 = counters.calls, counters.seconds
         margins = top2 is not None
         slot = self.steps.greedy_launch(out[-1], margins)
+        per_step = counters.calls - calls0  # one replay's allreduces (counted at launch, a step ahead)
         while True:
             # this step's token is the last one max_new_tokens allows: nothing more to launch
             nxt = self.steps.greedy_launch(None, margins) if len(out) + 1 < w.max_new_tokens else None
@@ -117,8 +118,8 @@ class Verifier:
             steps += 1
             now = time.perf_counter()
             stats.steps.append(StepRecord(drafted=0, accepted=0, emitted=len(new), step_s=now - t_prev, verify_s=now - t_prev,
-                                          draft_s=0.0, comm_calls=counters.calls - calls0, comm_s=counters.seconds - comm0))
-            t_prev, calls0, comm0 = now, counters.calls, counters.seconds
+                                          draft_s=0.0, comm_calls=per_step, comm_s=counters.seconds - comm0))
+            t_prev, comm0 = now, counters.seconds
             if done:
                 if nxt is not None:
                     self.steps.greedy_result(nxt)  # the step past the EOS: finished, thrown away

@@ -28,6 +28,7 @@ allreduce that also adds the residual and applies the next norm in its kernel (`
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -77,6 +78,17 @@ def _final_norm(x, delta, norm_w, eps: float):
     return rms_norm(x + delta, norm_w, eps)
 
 
+def _add_norm_body(x, delta, norm_w, eps: float):
+    # the residual add (none before the first layer) and the norm reading it, for a GEMM outside
+    x = x if delta is None else x + delta
+    return x, rms_norm(x, norm_w, eps)
+
+
+def _silu_mul(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def _merge(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) for several Linears with the same input; the Linears become views of it."""
     w = torch.cat([m.weight.detach() for m in linears], dim=0)
@@ -92,7 +104,7 @@ def _merge(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class FusedStep:
-    def __init__(self, model: Transformer, compile: bool = True, attend_fn=None):
+    def __init__(self, model: Transformer, compile: bool = True, attend_fn=None, gemv: bool | None = None):
         self.model = model
         # attend_fn(q, k, v, mask, k_cache, v_cache, pos, gqa_group, kv_map) -> [B, T, H * D]
         self.attend_fn = attend_fn or attend
@@ -109,6 +121,7 @@ class FusedStep:
         self.qkv_body, self.mlp_body, self.final_norm = _qkv_body, _mlp_body, _final_norm
         self.qkv_raw_body = _qkv_raw_body
         self.norm_body, self.qkv_from_normed, self.mlp_core = _norm_body, _qkv_from_normed, _mlp_core
+        self.add_norm_body, self.silu_mul = _add_norm_body, _silu_mul
         if compile:
             import torch._dynamo
 
@@ -120,6 +133,19 @@ class FusedStep:
             self.norm_body = torch.compile(_norm_body, dynamic=False)
             self.qkv_from_normed = torch.compile(_qkv_from_normed, dynamic=False)
             self.mlp_core = torch.compile(_mlp_core, dynamic=False)
+            self.add_norm_body = torch.compile(_add_norm_body, dynamic=False)
+            self.silu_mul = torch.compile(_silu_mul, dynamic=False)
+        # the step's GEMMs through workers/gemv.py's picker (cuBLAS or a Triton GEMV per shape, by a
+        # timed race on first use): CUDA only; `gemv=True` forces it on (CPU tests of the layout)
+        self.gemv = None
+        device = model.embed_tokens.weight.device
+        if gemv if gemv is not None else (device.type == "cuda" and os.environ.get("SPECTUNE_GEMV", "auto") != "off"):
+            from workers.gemv import GemvPicker
+
+            self.gemv = GemvPicker({"qkv": [w for w, _, _ in self.merged], "gate_up": [w for _, _, w in self.merged],
+                                    "o": [layer.self_attn.o_proj.weight for layer in model.layers],
+                                    "down": [layer.mlp.down_proj.weight for layer in model.layers]},
+                                   silu_mul=self.silu_mul)
 
     def _add_norm_allreduce(self):
         """The TP allreduce, if it sums, adds the residual and normalises in one kernel (else None)."""
@@ -127,11 +153,21 @@ class FusedStep:
         ar = layers[0].self_attn.reduce if len(layers) else None
         return ar if getattr(ar, "fuses_add_norm", False) else None
 
+    def _linear(self, role: str, x, w, b=None):
+        return F.linear(x, w, b) if self.gemv is None else self.gemv.linear(role, x, w, b)
+
+    def _mlp(self, h, w_gate_up, w_down):
+        if self.gemv is None:
+            return self.mlp_core(h, w_gate_up, w_down)
+        return self.gemv.silu_mul_linear("down", self.gemv.linear("gate_up", h, w_gate_up), w_down)
+
     def hidden_at(self, tokens, pos, cache, kv_len: int) -> torch.Tensor:
         model = self.model
         cos, sin, mask = model.rope_and_mask(pos, kv_len, masked=self.needs_mask)
         if (ar := self._add_norm_allreduce()) is not None:
             return self._hidden_with_fused_norms(ar, tokens, pos, cache, cos, sin, mask)
+        if self.gemv is not None:
+            return self._hidden_with_picked_gemms(tokens, pos, cache, cos, sin, mask)
         x, delta = model.embed_tokens(tokens), None  # the residual stream is x + delta
         for layer, (wqkv, bqkv, wgu), k_cache, v_cache in zip(model.layers, self.merged, cache.k, cache.v):
             a, m = layer.self_attn, layer.mlp
@@ -162,16 +198,39 @@ class FusedStep:
         h = self.norm_body(x, first.weight, first.eps)
         for i, (layer, (wqkv, bqkv, wgu), k_cache, v_cache) in enumerate(zip(layers, self.merged, cache.k, cache.v)):
             a, m = layer.self_attn, layer.mlp
-            if self.rope_attend is not None:
-                core = self.rope_attend(F.linear(h, wqkv, bqkv), cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map)
-            else:
-                q, k, v = self.qkv_from_normed(h, wqkv, bqkv, cos, sin, a.n_heads, a.n_kv_heads, a.head_dim)
-                core = self.attend_fn(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
+            core = self._attention(layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask)
             post = layer.post_attention_layernorm
-            x, h = ar.add_norm(F.linear(core, a.o_proj.weight), x, post.weight, post.eps)
+            x, h = ar.add_norm(self._linear("o", core, a.o_proj.weight), x, post.weight, post.eps)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.norm
-            x, h = ar.add_norm(self.mlp_core(h, wgu, m.down_proj.weight), x, nxt.weight, nxt.eps)
+            x, h = ar.add_norm(self._mlp(h, wgu, m.down_proj.weight), x, nxt.weight, nxt.eps)
         return h
+
+    def _attention(self, layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask):
+        """QKV projection of the normed `h`, rope, cache write and attention: [B, T, H * D]."""
+        a = layer.self_attn
+        if self.rope_attend is not None:
+            return self.rope_attend(self._linear("qkv", h, wqkv, bqkv), cos, sin, k_cache, v_cache, pos,
+                                    a.n_heads, a.n_kv_heads, a.kv_map)
+        q, k, v = self.qkv_from_normed(h, wqkv, bqkv, cos, sin, a.n_heads, a.n_kv_heads, a.head_dim)  # SDPA: compiled
+        return self.attend_fn(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
+
+    def _hidden_with_picked_gemms(self, tokens, pos, cache, cos, sin, mask) -> torch.Tensor:
+        """The layout with every GEMM through the GEMV picker (the allreduce, if any, sums alone):
+        per layer [add + norm], QKV, attention, o_proj, allreduce, [add + norm], gate/up,
+        down (SiLU * up in its input), allreduce; as many kernels as the compiled bodies launch,
+        with each GEMM the faster of cuBLAS and the Triton GEMV."""
+        model = self.model
+        x, delta = model.embed_tokens(tokens), None
+        for layer, (wqkv, bqkv, wgu), k_cache, v_cache in zip(model.layers, self.merged, cache.k, cache.v):
+            a, m = layer.self_attn, layer.mlp
+            x, h = self.add_norm_body(x, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
+            core = self._attention(layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask)
+            post = layer.post_attention_layernorm
+            x, h = self.add_norm_body(x, a.reduce(self._linear("o", core, a.o_proj.weight)), post.weight, post.eps)
+            delta = m.reduce(self._mlp(h, wgu, m.down_proj.weight))
+        if delta is None:  # a model without layers
+            return model.norm(x)
+        return self.final_norm(x, delta, model.norm.weight, model.norm.eps)
 
 
 def try_fused(model: Transformer, compile: bool = True, attend_fn=None) -> FusedStep | None:

@@ -243,12 +243,16 @@ class StepRunner:
                 return self._run_greedy(margins)
             return self._run_chain(T, chain) if chain else self._run_static(T)
 
+        # the greedy body feeds itself (writes the next token and position into `_inputs`): the
+        # warm-up runs must leave the staged inputs as they found them for the first replay
+        staged = self._inputs.clone()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 run()
         torch.cuda.current_stream(self.device).wait_stream(side)
+        self._inputs.copy_(staged)
         graph = torch.cuda.CUDAGraph()
         counters = getattr(self.allreduce, "counters", None)
         before = counters.calls if counters is not None else 0

@@ -41,17 +41,24 @@ class Rendezvous:
 RAY_NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"  # Ray leaves CUDA_VISIBLE_DEVICES alone
 
 
+NO_GPU_ASSIGNED = -1
+
+
 def _ray_gpu_index() -> int | None:
     """The torch device index of the GPU Ray assigned to this actor, when Ray was asked not to mask
-    CUDA_VISIBLE_DEVICES (orchestrator/cluster.py sets RAY_NOSET_CUDA_ENV for GPU gangs); else None.
-    Ray's GPU ids name devices as the node's CUDA_VISIBLE_DEVICES lists them (or 0..n-1 without it)."""
+    CUDA_VISIBLE_DEVICES (orchestrator/cluster.py sets RAY_NOSET_CUDA_ENV for GPU gangs): None
+    outside such an actor, NO_GPU_ASSIGNED for an actor Ray gave no GPU (it sees every GPU of the
+    node and must touch none). Ray's GPU ids name devices as the node's CUDA_VISIBLE_DEVICES lists
+    them (or 0..n-1 without it)."""
     if os.environ.get(RAY_NOSET_CUDA_ENV) != "1":
         return None
     import ray
 
+    if not ray.is_initialized():  # the variable leaked into a process Ray did not start
+        return None
     ids = [str(i) for i in ray.get_gpu_ids()]
     if not ids:
-        return None
+        return NO_GPU_ASSIGNED
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return visible.index(ids[0]) if ids[0] in visible else int(ids[0])
 
@@ -171,6 +178,10 @@ class Worker:
         # rank r takes GPU r; the drafter shares GPU 0 with rank 0. One visible GPU: that one.
         n = torch.cuda.device_count()
         assigned = _ray_gpu_index()
+        if assigned == NO_GPU_ASSIGNED:
+            if self.is_drafter:  # an n-gram drafter actor in a GPU gang: no GPU, none touched
+                return torch.device("cpu")
+            raise WorkerError("parallel.device is cuda but Ray assigned this verifier rank no GPU")
         if assigned is not None:
             index = assigned
         else:
@@ -187,8 +198,8 @@ class Worker:
         if self.spec.device == "cpu":
             return False
         n = torch.cuda.device_count()
-        if n < self.spec.tp:
-            return True  # one GPU visible: peers unknown here; symm_mem's rendezvous reports a failure
+        if n < self.spec.tp or _ray_gpu_index() is not None:
+            return True  # peers' GPUs unknown here (one visible, or Ray's choice): symm_mem's rendezvous reports a failure
         return all(torch.cuda.can_device_access_peer(i, j) for i in range(self.spec.tp) for j in range(self.spec.tp) if i != j)
 
     def run(self, workload: Workload) -> RunResult | None:

@@ -38,6 +38,7 @@ import torch
 
 from workers.comm.base import AllReduce, GangInfo
 from workers.comm.symm_mem import SymmMemAllReduce
+from workers.triton_support import interpreter_numpy_fix
 
 try:
     import triton
@@ -384,12 +385,6 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
     print("missing peer: gave up and flagged, no hang")
 
 
-def _interpreter_numpy_fix() -> None:
-    from workers.decode_attention import _interpreter_numpy_fix as fix
-
-    fix()
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--selftest", action="store_true")
@@ -397,7 +392,7 @@ def main(argv=None) -> None:
     if triton is None:
         sys.exit("symm_mem_ll: Triton is not installed")
     if a.selftest:
-        _interpreter_numpy_fix()
+        interpreter_numpy_fix()
         selftest()
 
 

@@ -1,0 +1,258 @@
+"""Skinny GEMMs of decode / verify steps (T <= 32 token rows) in Triton, used per weight shape only
+where they replay faster than cuBLAS in a CUDA graph.
+
+A decode step multiplies 1..k+1 rows by every weight once, so each GEMM is a matrix-vector
+product bound by streaming the weight. cuBLAS reaches 93-97% of HBM bandwidth on the large MLP
+weights of Llama-3-8B but ~75% on QKV (50 MB) and o_proj (34 MB, plus a split-K reduction
+kernel) at TP 1 (H200 profile, README), and those shrink by the TP degree. Here
+
+    y[t, n] = sum_k x[t, k] W[n, k] (+ b[n])      W: [N, K] row-major (an nn.Linear weight)
+
+one program per BLOCK_N output columns and K-split: it streams its [BLOCK_N, K / SPLIT_K] slice of
+W in BLOCK_K chunks through tensor cores (the T rows padded to 16), accumulating in float32. With
+SPLIT_K > 1 each split stores its partial sums, and the split of a column block that arrives
+last (a release/acquire counter, as in workers/decode_attention.py) adds them in split order and
+writes y: deterministic, and no reduction kernel. With SILU_MUL the input is a gate/up projection
+[T, 2K] and the kernel multiplies silu(gate) * up as it loads it (the MLP's down projection: one
+kernel fewer per layer).
+
+`GemvPicker` decides per (role, T) on the first call outside graph capture: it checks each Triton
+configuration against cuBLAS (`F.linear`) on the real weights, then times 8 calls cycling through
+three layers' weights (so L2 cannot hold them) as a CUDA graph, and keeps the fastest; cuBLAS
+wins ties. SPECTUNE_GEMV=cublas (or triton) forces the choice, for side-by-side measurements;
+SPECTUNE_GEMV=off keeps workers/fused.py's compiled layer bodies, GEMMs inside, instead.
+
+    picker = GemvPicker(weights_by_role)          # role -> [W of layer 0, W of layer 1, ...]
+    y = picker.linear("qkv", x, w, b)
+    y = picker.silu_mul_linear("down", gate_up, w)
+    TRITON_INTERPRET=1 python -m workers.gemv --selftest   # CPU: every configuration against F.linear
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from workers.triton_support import arrival_counters, counters_all_zero, interpreter_numpy_fix
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+MAX_T = 32
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages): few columns per program and split K for the
+# small weights (enough programs to cover 132 SMs), wider blocks for the big ones
+CONFIGS = ((16, 256, 1, 4, 4), (16, 256, 2, 4, 4), (32, 256, 1, 4, 4), (16, 512, 4, 4, 3), (64, 128, 1, 4, 4))
+
+if triton is not None:
+
+    @triton.jit
+    def _gemv(X, W, B, Y, PART, CNT, T, N, K, sxt, swn, syt,
+              T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+              SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        t = tl.arange(0, T_PAD)
+        nm = n < N
+        tm = t < T
+        per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+        k_lo = pid_k * per_split
+        k_hi = tl.minimum(k_lo + per_split, K)
+        acc = tl.zeros([T_PAD, BLOCK_N], tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            km = kk < k_hi
+            w = tl.load(W + n[:, None] * swn + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+            xm = tm[:, None] & km[None, :]
+            if SILU_MUL:  # x = silu(gate) * up, rounded once to the weight's type (as the unfused MLP)
+                g = tl.load(X + t[:, None] * sxt + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+                u = tl.load(X + t[:, None] * sxt + K + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+                x = (g / (1.0 + tl.exp(-g)) * u).to(w.dtype)
+            else:
+                x = tl.load(X + t[:, None] * sxt + kk[None, :], mask=xm, other=0.0)
+            acc += tl.dot(x, tl.trans(w))
+        out_mask = tm[:, None] & nm[None, :]
+        if SPLIT_K == 1:
+            if HAS_BIAS:
+                acc += tl.load(B + n, mask=nm, other=0.0).to(tl.float32)[None, :]
+            tl.store(Y + t[:, None] * syt + n[None, :], acc.to(Y.dtype.element_ty), mask=out_mask)
+        else:
+            part = PART + (pid_n * SPLIT_K + pid_k) * T_PAD * BLOCK_N + t[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            tl.store(part, acc)
+            # every thread's partials, then one release/acquire arrival per split; the last one of
+            # this column block adds all splits in split order (the same bits whichever comes last)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(CNT + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros([T_PAD, BLOCK_N], tl.float32)
+                for s in range(SPLIT_K):
+                    src = PART + (pid_n * SPLIT_K + s) * T_PAD * BLOCK_N + t[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+                    total += tl.load(src, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += tl.load(B + n, mask=nm, other=0.0).to(tl.float32)[None, :]
+                tl.store(Y + t[:, None] * syt + n[None, :], total.to(Y.dtype.element_ty), mask=out_mask)
+                tl.store(CNT + pid_n, 0)  # ready for the next call
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config=CONFIGS[0],
+         silu_mul: bool = False) -> torch.Tensor:
+    """x [..., K] (with silu_mul: [..., 2K], gate then up) @ w[N, K]^T (+ b) with one Triton config."""
+    block_n, block_k, split_k, warps, stages = config
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    T = x2.shape[0]
+    N, K = w.shape
+    if T > MAX_T or w.stride(1) != 1 or x2.shape[1] != (2 * K if silu_mul else K):
+        raise ValueError(f"gemv takes at most {MAX_T} rows of width {2 * K if silu_mul else K} and a row-major weight")
+    t_pad = max(16, triton.next_power_of_2(T))
+    y = torch.empty(T, N, dtype=x.dtype, device=x.device)
+    blocks = triton.cdiv(N, block_n)
+    part = torch.empty(blocks * split_k * t_pad * block_n if split_k > 1 else 1, dtype=torch.float32, device=x.device)
+    cnt = arrival_counters(blocks, x.device) if split_k > 1 else part
+    _gemv[(blocks, split_k)](x2, w, b if b is not None else w, y, part, cnt, T, N, K, x2.stride(0), w.stride(0), y.stride(0),
+                             T_PAD=t_pad, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, SILU_MUL=silu_mul,
+                             HAS_BIAS=b is not None, num_warps=warps, num_stages=stages)
+    return y.view(*lead, N)
+
+
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, silu_mul: bool, silu_fn=_silu_mul) -> torch.Tensor:
+    return F.linear(silu_fn(x) if silu_mul else x, w, b)
+
+
+class GemvPicker:
+    """cuBLAS or a Triton configuration per (role, T), by a checked, timed race on first use."""
+
+    def __init__(self, weights_by_role: dict[str, list[torch.Tensor]], mode: str | None = None, log=None,
+                 silu_mul=None):
+        self.weights = weights_by_role
+        self.silu_mul = silu_mul or _silu_mul  # the cuBLAS path's SiLU * up (a compiled kernel in FusedStep)
+        self.mode = (mode or os.environ.get("SPECTUNE_GEMV", "auto")).lower()
+        if self.mode not in ("auto", "cublas", "triton"):
+            raise ValueError(f"SPECTUNE_GEMV must be auto, cublas or triton, not {self.mode!r}")
+        self.choice: dict[tuple, tuple | None] = {}  # (role, T, silu) -> Triton config or None (cuBLAS)
+        self.log = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def linear(self, role: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        return self._run(role, x, w, b, False)
+
+    def silu_mul_linear(self, role: str, gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up @ w^T, gate_up = [gate | up] along the last dimension."""
+        return self._run(role, gate_up, w, None, True)
+
+    def _run(self, role, x, w, b, silu_mul):
+        T = x.numel() // x.shape[-1]
+        key = (role, T, silu_mul)
+        if key not in self.choice:
+            if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return _reference(x, w, b, silu_mul, self.silu_mul)  # no race inside a capture: cuBLAS
+            self.choice[key] = self._decide(role, x, w, b, silu_mul)
+        config = self.choice[key]
+        return _reference(x, w, b, silu_mul, self.silu_mul) if config is None else gemv(x, w, b, config, silu_mul)
+
+    def _decide(self, role, x, w, b, silu_mul) -> tuple | None:
+        if self.mode == "cublas" or triton is None or x.numel() // x.shape[-1] > MAX_T:
+            return None
+        if x.device.type != "cuda" and self.mode != "triton":  # CPU: Triton only when forced (interpreter tests)
+            return None
+        want = _reference(x, w, b, silu_mul).float()
+        ok = []
+        for config in CONFIGS:  # a configuration that is not exact to bf16 rounding is never timed
+            try:
+                got = gemv(x, w, b, config, silu_mul).float()
+            except Exception as e:  # noqa: BLE001 - a config this GPU cannot compile is skipped
+                self.log(f"spectune: gemv {role} {tuple(w.shape)}: config {config} failed ({type(e).__name__})")
+                continue
+            if ((got - want).abs() <= 2e-2 * want.abs().max().clamp(min=1.0)).all():
+                ok.append(config)
+        if not ok:
+            return None
+        if self.mode == "triton":
+            return ok[0]
+        ws = [v for v in self.weights.get(role, []) if v.shape == w.shape][:3] or [w]
+        best, best_us = None, _graph_us(lambda i: _reference(x, ws[i % len(ws)], b, silu_mul, self.silu_mul))
+        cublas_us = best_us
+        for config in ok:
+            us = _graph_us(lambda i, c=config: gemv(x, ws[i % len(ws)], b, c, silu_mul))
+            if us < best_us * 0.97:  # cuBLAS keeps ties (within 3%)
+                best, best_us = config, us
+        T = x.numel() // x.shape[-1]
+        self.log(f"spectune: gemv {role} T={T} {tuple(w.shape)}: "
+                 + (f"Triton {best} {best_us:.2f} us" if best else "cuBLAS") + f" (cuBLAS {cublas_us:.2f} us)")
+        return best
+
+
+def _graph_us(call, calls: int = 8, replays: int = 20) -> float:
+    """Microseconds per call of `call(i)` (i = 0..calls-1) replayed as one CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(2):
+            call(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(i)
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * calls)
+
+
+def selftest(device: str = "cpu") -> float:
+    """Largest relative error of every configuration against F.linear (plain, with bias, SiLU * up)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    gen = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for T, N, K in ((1, 96, 384), (5, 40, 256), (17, 64, 640), (3, 200, 1000)):
+        for silu in (False, True):
+            x = torch.randn(T, 2 * K if silu else K, generator=gen).to(device, dtype)
+            w = (torch.randn(N, K, generator=gen) / K ** 0.5).to(device, dtype)
+            b = None if silu else torch.randn(N, generator=gen).to(device, dtype)
+            want = _reference(x, w, b, silu).float()
+            for config in CONFIGS:
+                for _ in range(2):  # twice: split-K counters must be back at zero
+                    got = gemv(x, w, b, config, silu).float()
+                    err = ((got - want).abs().max() / want.abs().max().clamp(min=1.0)).item()
+                    worst = max(worst, err)
+            assert counters_all_zero(), "a split-K counter was left set"
+            print(f"T={T} N={N} K={K} silu_mul={silu}: {len(CONFIGS)} configs, worst relative error {worst:.2e}")
+    return worst
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--selftest", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args(argv)
+    if triton is None:
+        sys.exit("gemv: Triton is not installed")
+    if a.selftest:
+        if a.device == "cpu":
+            interpreter_numpy_fix()
+        worst = selftest(a.device)
+        tol = 2e-2 if a.device == "cuda" else 1e-4
+        print(f"worst relative error {worst:.2e} (tolerance {tol:g})")
+        sys.exit(0 if worst <= tol else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Shared pieces of the Triton kernels (workers/decode_attention.py, workers/gemv.py,
+workers/comm/symm_mem_ll.py): the arrival counters of "the last program to finish reduces"
+kernels, and a fix that lets Triton's CPU interpreter run them in the tests.
+
+    cnt = arrival_counters(n, device)     # n zeroed int32 counters, each kernel leaves them at zero
+    interpreter_numpy_fix()               # before running kernels with TRITON_INTERPRET=1 on CPU
+"""
+from __future__ import annotations
+
+import torch
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []  # outgrown counters stay allocated: graphs captured earlier still use them
+
+
+def arrival_counters(n: int, device: torch.device) -> torch.Tensor:
+    """At least n zeroed int32 counters on `device`, shared by every kernel there that counts
+    arrivals (kernels on one stream run one after another, and each resets what it used). Grown
+    outside CUDA graph capture only: the first call of each shape runs eagerly (StepRunner and the
+    GEMV picker warm up before capturing)."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{n} arrival counters first needed inside a CUDA graph capture; run the step once eagerly first")
+        if have is not None:
+            _RETIRED.append(have)
+        have = _COUNTERS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return have
+
+
+def counters_all_zero() -> bool:
+    """Every kernel left its counters at zero (the selftests check this after each call)."""
+    return not any(bool(c.any()) for c in _COUNTERS.values())
+
+
+def interpreter_numpy_fix() -> None:
+    """Triton 3.6's CPU interpreter turns loop bounds into ints with int(array) on one-element
+    arrays, which NumPy >= 2.4 refuses; read the element instead (interpreter only)."""
+    import triton.runtime.interpreter as interp
+
+    original = interp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interp._patch_lang_tensor = patched
