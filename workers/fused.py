@@ -136,10 +136,11 @@ class FusedStep:
             self.add_norm_body = torch.compile(_add_norm_body, dynamic=False)
             self.silu_mul = torch.compile(_silu_mul, dynamic=False)
         # the step's GEMMs through workers/gemv.py's picker (cuBLAS or a Triton GEMV per shape, by a
-        # timed race on first use): CUDA only; `gemv=True` forces it on (CPU tests of the layout)
+        # timed race on first use): CUDA only, and off until measured on a GPU (SPECTUNE_GEMV=auto
+        # turns it on); `gemv=True` forces it on (CPU tests of the layout)
         self.gemv = None
         device = model.embed_tokens.weight.device
-        if gemv if gemv is not None else (device.type == "cuda" and os.environ.get("SPECTUNE_GEMV", "auto") != "off"):
+        if gemv if gemv is not None else (device.type == "cuda" and os.environ.get("SPECTUNE_GEMV", "off") != "off"):
             from workers.gemv import GemvPicker
 
             self.gemv = GemvPicker({"qkv": [w for w, _, _ in self.merged], "gate_up": [w for _, _, w in self.merged],

@@ -19,8 +19,9 @@ kernel fewer per layer).
 `GemvPicker` decides per (role, T) on the first call outside graph capture: it checks each Triton
 configuration against cuBLAS (`F.linear`) on the real weights, then times 8 calls cycling through
 three layers' weights (so L2 cannot hold them) as a CUDA graph, and keeps the fastest; cuBLAS
-wins ties. SPECTUNE_GEMV=cublas (or triton) forces the choice, for side-by-side measurements;
-SPECTUNE_GEMV=off keeps workers/fused.py's compiled layer bodies, GEMMs inside, instead.
+wins ties. It is off by default until measured on a GPU: SPECTUNE_GEMV=auto turns it on,
+=cublas (or =triton) forces the choice inside the same layout, and =off (the default) keeps
+workers/fused.py's compiled layer bodies with their GEMMs inside.
 
     picker = GemvPicker(weights_by_role)          # role -> [W of layer 0, W of layer 1, ...]
     y = picker.linear("qkv", x, w, b)
@@ -182,12 +183,16 @@ class GemvPicker:
         if self.mode == "triton":
             return ok[0]
         ws = [v for v in self.weights.get(role, []) if v.shape == w.shape][:3] or [w]
-        best, best_us = None, _graph_us(lambda i: _reference(x, ws[i % len(ws)], b, silu_mul, self.silu_mul))
-        cublas_us = best_us
-        for config in ok:
-            us = _graph_us(lambda i, c=config: gemv(x, ws[i % len(ws)], b, c, silu_mul))
-            if us < best_us * 0.97:  # cuBLAS keeps ties (within 3%)
-                best, best_us = config, us
+        try:
+            best, best_us = None, _graph_us(lambda i: _reference(x, ws[i % len(ws)], b, silu_mul, self.silu_mul))
+            cublas_us = best_us
+            for config in ok:
+                us = _graph_us(lambda i, c=config: gemv(x, ws[i % len(ws)], b, c, silu_mul))
+                if us < best_us * 0.97:  # cuBLAS keeps ties (within 3%)
+                    best, best_us = config, us
+        except Exception as e:  # noqa: BLE001 - a race that cannot run leaves cuBLAS in place
+            self.log(f"spectune: gemv {role} {tuple(w.shape)}: timing failed ({type(e).__name__}: {e}); cuBLAS")
+            return None
         T = x.numel() // x.shape[-1]
         self.log(f"spectune: gemv {role} T={T} {tuple(w.shape)}: "
                  + (f"Triton {best} {best_us:.2f} us" if best else "cuBLAS") + f" (cuBLAS {cublas_us:.2f} us)")
