@@ -28,24 +28,29 @@ def test_fused_matches_plain(tmp_path, cfg):
     torch.testing.assert_close(c2.k[0][:, :, :13], c1.k[0][:, :, :13])
 
 
-@torch.inference_mode()
-def test_fused_norm_layout_matches_plain(tmp_path):
-    """With an allreduce that adds the residual and applies the next norm itself (symm_mem_ll's
-    `add_norm` on GPUs), the step moves every norm out of the compiled bodies: same logits and cache.
-    A world of one runs the base class's add + norm, which is what the fused kernel must equal."""
+def _add_norm_world_of_one():
+    """An allreduce that adds the residual and applies the next norm itself (symm_mem_ll's
+    `add_norm` on GPUs), as a world of one: the base class's add + norm, which the kernel must equal."""
     from workers.comm.base import NoOpAllReduce
 
     class AddNormWorldOfOne(NoOpAllReduce):
         fuses_add_norm = True
 
+    return AddNormWorldOfOne(None, 1)
+
+
+def _steps_match_plain(tmp_path, seed: int, fuse_norms: bool, **fused_kwargs) -> FusedStep:
+    """A verify-width step, then a one-token step, through FusedStep(**fused_kwargs): the plain
+    model's logits and cache. Returns the FusedStep for further checks."""
     cfg = tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)
-    path = write_random_checkpoint(tmp_path, cfg, seed=4)
+    path = write_random_checkpoint(tmp_path, cfg, seed=seed)
     plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
-    ar = AddNormWorldOfOne(None, 1)
-    for layer in model.layers:
-        layer.self_attn.reduce = layer.mlp.reduce = ar
-    fast = FusedStep(model, compile=False)
-    assert fast._add_norm_allreduce() is ar
+    if fuse_norms:
+        ar = _add_norm_world_of_one()
+        for layer in model.layers:
+            layer.self_attn.reduce = layer.mlp.reduce = ar
+    fast = FusedStep(model, **fused_kwargs)
+    assert (fast._add_norm_allreduce() is not None) == fuse_norms
     c1, c2 = plain.new_cache(1), model.new_cache(1)
     prompt = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(0))
     plain(prompt, c1)
@@ -55,7 +60,16 @@ def test_fused_norm_layout_matches_plain(tmp_path):
         want = plain(torch.tensor([step]), c1)
         got = model.logits(fast.hidden_at(torch.tensor([step]), pos, c2, c2.max_seq))
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(c2.v[-1][:, :, :14], c1.v[-1][:, :, :14])
+    for a, b in zip(c2.k + c2.v, c1.k + c1.v):
+        torch.testing.assert_close(a[:, :, :14], b[:, :, :14])
+    return fast
+
+
+@torch.inference_mode()
+def test_fused_norm_layout_matches_plain(tmp_path):
+    """With an allreduce that adds the residual and applies the next norm itself, the step moves
+    every norm out of the compiled bodies: same logits and cache."""
+    _steps_match_plain(tmp_path, 4, True, compile=False)
 
 
 @pytest.mark.slow
@@ -136,34 +150,11 @@ def test_fused_step_with_triton_rope_and_attention(tmp_path):
 @pytest.mark.parametrize("fuse_norms, compile", [(False, False), (True, False), (False, True)])
 @torch.inference_mode()
 def test_layout_with_picked_gemms_matches_plain(tmp_path, fuse_norms, compile):
-    """On CUDA every GEMM of the step goes through workers/gemv.py's picker (cuBLAS or a Triton GEMV
-    per shape; the down projection takes SiLU * up as its input). The layout around it, forced on
-    here where the picker can only choose F.linear, gives the plain model's logits and cache, with
-    and without an allreduce that fuses add + norm."""
-    from workers.comm.base import NoOpAllReduce
-
-    class AddNormWorldOfOne(NoOpAllReduce):
-        fuses_add_norm = True
-
-    cfg = tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)
-    path = write_random_checkpoint(tmp_path, cfg, seed=5)
-    plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
-    if fuse_norms:
-        ar = AddNormWorldOfOne(None, 1)
-        for layer in model.layers:
-            layer.self_attn.reduce = layer.mlp.reduce = ar
-    fast = FusedStep(model, compile=compile, gemv=True)
-    assert fast.gemv is not None and (fast._add_norm_allreduce() is not None) == fuse_norms
-    c1, c2 = plain.new_cache(1), model.new_cache(1)
-    prompt = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(0))
-    plain(prompt, c1)
-    model(prompt, c2)
-    for start, step in ((10, [5, 6, 7]), (13, [9])):
-        pos = torch.arange(start, start + len(step))[None]
-        want = plain(torch.tensor([step]), c1)
-        got = model.logits(fast.hidden_at(torch.tensor([step]), pos, c2, c2.max_seq))
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(c2.k[-1][:, :, :14], c1.k[-1][:, :, :14])
+    """On CUDA every GEMM of the step can go through workers/gemv.py's picker (cuBLAS or a Triton
+    GEMV per shape; the down projection takes SiLU * up as its input). The layout around it, forced
+    on here where the picker can only choose F.linear, gives the plain model's logits and cache,
+    with and without an allreduce that fuses add + norm."""
+    fast = _steps_match_plain(tmp_path, 5, fuse_norms, compile=compile, gemv=True)
     # the QKV GEMM goes through the picker with the Triton attention (rope + cache write from the
     # merged projection); with SDPA here it stays in the compiled rope body
     assert set(fast.gemv.choice) == {(role, T, role == "down") for role in ("o", "gate_up", "down") for T in (3, 1)}

@@ -24,13 +24,11 @@ uneven tensor-parallel head splits alike). `decode_attend` has `workers.model.at
 """
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 
 import torch
 
-from workers.triton_support import arrival_counters, counters_all_zero, interpreter_numpy_fix
+from workers.triton_support import arrival_counters, counters_all_zero, selftest_main
 
 try:
     import triton
@@ -274,19 +272,7 @@ def selftest(device: str) -> float:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--selftest", action="store_true")
-    ap.add_argument("--device", default="cuda")
-    a = ap.parse_args(argv)
-    if triton is None:
-        sys.exit("decode_attention: Triton is not installed")
-    if a.selftest:
-        if a.device == "cpu":
-            interpreter_numpy_fix()
-        worst = selftest(a.device)
-        tol = 5e-2 if a.device == "cuda" else 1e-4  # bf16 on GPU: both sides round; a wrong kernel is off by O(1)
-        print(f"worst |diff| {worst:.2e} (tolerance {tol:g})")
-        sys.exit(0 if worst <= tol else 1)
+    selftest_main(argv, __doc__, selftest, "cuda", {"cuda": 5e-2, "cpu": 1e-4}, "decode_attention")  # bf16 on GPU: both sides round; a wrong kernel is off by O(1)
 
 
 if __name__ == "__main__":

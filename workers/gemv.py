@@ -30,14 +30,13 @@ workers/fused.py's compiled layer bodies with their GEMMs inside.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from workers.triton_support import arrival_counters, counters_all_zero, interpreter_numpy_fix
+from workers.triton_support import arrival_counters, counters_all_zero, selftest_main
 
 try:
     import triton
@@ -244,19 +243,7 @@ def selftest(device: str = "cpu") -> float:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--selftest", action="store_true")
-    ap.add_argument("--device", default="cpu")
-    a = ap.parse_args(argv)
-    if triton is None:
-        sys.exit("gemv: Triton is not installed")
-    if a.selftest:
-        if a.device == "cpu":
-            interpreter_numpy_fix()
-        worst = selftest(a.device)
-        tol = 2e-2 if a.device == "cuda" else 1e-4
-        print(f"worst relative error {worst:.2e} (tolerance {tol:g})")
-        sys.exit(0 if worst <= tol else 1)
+    selftest_main(argv, __doc__, selftest, "cpu", {"cuda": 2e-2, "cpu": 1e-4}, "gemv")  # relative; bf16 on GPU
 
 
 if __name__ == "__main__":

@@ -4,8 +4,12 @@ kernels, and a fix that lets Triton's CPU interpreter run them in the tests.
 
     cnt = arrival_counters(n, device)     # n zeroed int32 counters, each kernel leaves them at zero
     interpreter_numpy_fix()               # before running kernels with TRITON_INTERPRET=1 on CPU
+    selftest_main(__doc__, selftest, "cuda", tolerances)   # a kernel module's `--selftest` command line
 """
 from __future__ import annotations
+
+import argparse
+import sys
 
 import torch
 
@@ -45,3 +49,22 @@ def interpreter_numpy_fix() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     interp._patch_lang_tensor = patched
+
+
+def selftest_main(argv, doc: str, selftest, default_device: str, tol: dict[str, float], what: str) -> None:
+    """`python -m <kernel module> --selftest [--device cpu|cuda]`: run `selftest(device)` (on CPU
+    under Triton's interpreter) and exit 1 if its worst error is over tol[device]."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--selftest", action="store_true")
+    ap.add_argument("--device", default=default_device)
+    a = ap.parse_args(argv)
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        sys.exit(f"{what}: Triton is not installed")
+    if a.selftest:
+        if a.device == "cpu":
+            interpreter_numpy_fix()
+        worst = selftest(a.device)
+        print(f"worst {what} error {worst:.2e} (tolerance {tol[a.device]:g})")
+        sys.exit(0 if worst <= tol[a.device] else 1)

@@ -109,16 +109,21 @@ if triton is not None:
                 tl.store(STATE + 1, 0)
 
     @triton.jit
+    def _start_call(X, STATE, n, BLOCK: tl.constexpr):
+        # this call's phase, this program's block of X and its elements, sentinel-free (-0.0 is the
+        # sentinel: send +0.0, which sums and compares the same)
+        phase = tl.load(STATE)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        x = tl.load(X + offs, mask=m, other=0.0)
+        return phase, offs, m, tl.where(x == 0.0, 0.0, x)
+
+    @triton.jit
     def _ll_allreduce(X, PTRS, STATE, n, max_numel, rank,
                       WORLD: tl.constexpr, NPH: tl.constexpr, BLOCK: tl.constexpr, INT: tl.constexpr,
                       SENT: tl.constexpr, MODE: tl.constexpr, MAX_SPINS: tl.constexpr):
-        pid = tl.program_id(0)
-        phase = tl.load(STATE)
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        m = offs < n
+        phase, offs, m, x = _start_call(X, STATE, n, BLOCK)
         ty = X.dtype.element_ty
-        x = tl.load(X + offs, mask=m, other=0.0)
-        x = tl.where(x == 0.0, 0.0, x)  # -0.0 is the sentinel: send +0.0 (sums the same)
         if MODE != 2:  # not REDUCE alone (jit code reads no plain module globals)
             _push(x, PTRS, phase, rank, max_numel, offs, m, WORLD)
         if MODE != 1:  # not PUSH alone
@@ -132,13 +137,8 @@ if triton is not None:
                        SENT: tl.constexpr, MODE: tl.constexpr, MAX_SPINS: tl.constexpr):
         # the same push and wait, but rank src's elements land at OUT[src * n:] instead of adding up
         # (vocab-parallel logits: a -0.0 arrives as +0.0, which no softmax or argmax tells apart)
-        pid = tl.program_id(0)
-        phase = tl.load(STATE)
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        m = offs < n
+        phase, offs, m, x = _start_call(X, STATE, n, BLOCK)
         ty = X.dtype.element_ty
-        x = tl.load(X + offs, mask=m, other=0.0)
-        x = tl.where(x == 0.0, 0.0, x)
         if MODE != 2:
             _push(x, PTRS, phase, rank, max_numel, offs, m, WORLD)
         if MODE != 1:
