@@ -89,7 +89,9 @@ def test_mutated_configs_end_in_one_line(tmp_path_factory, tiny_ckpt, data, caps
     mutated = _mutate(raw, data)
     text = yaml.safe_dump(mutated)
     if data.draw(st.booleans(), label="garble"):
-        cut = data.draw(st.integers(0, len(text)), label="cut")
+        # drawn independently of the text: its length follows the numbered temp dir's name (mut9,
+        # mut10...), and a draw whose bounds change between replays makes Hypothesis call it flaky
+        cut = data.draw(st.integers(0, 1 << 16), label="cut") % (len(text) + 1)
         text = text[:cut] + data.draw(st.sampled_from(["", ":", "\t", "[", "{a: }", "- x", "\x00", "'"]), label="junk") + text[cut:]
     path = tmp / "mutated.yaml"
     path.write_text(text)
