@@ -92,7 +92,9 @@ class AllReduce:
         # one collective into [world, ..., n] (a list all_gather adds a copy per rank, then a cat);
         # rank-major to last-dim-major is a view when the leading dims are all 1 (a decode step)
         out = torch.empty((self.world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)  # ranks stacked along dim 0
+        # ranks stacked along dim 0 (torch 2.13 renamed all_gather_into_tensor; 2.11 has only that)
+        gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+        gather(out, x.contiguous(), group=self.group)
         out = out.view(self.world_size, *x.shape)
         return out.movedim(0, -2).reshape(*x.shape[:-1], self.world_size * x.shape[-1])
 
