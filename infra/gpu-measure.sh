@@ -5,6 +5,7 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh selftest # the Triton attention (and rope + cache write) against SDPA
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh smoke   # a minute: every code path on a 2-layer model
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh bench   # allreduce latency: nccl (3 environments) and symm_mem
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh gemv    # step GEMMs: cuBLAS against the Triton GEMV configs (workers/gemv.py)
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights) = tp1 tp2 sim
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh tp1     # TP 1 and transformers' generate
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh tp2     # TP 2, one run per allreduce backend
@@ -94,6 +95,11 @@ profile2() {
   timeout 300 $PY -m workers.profile_step --model $M --tp 2 --backend symm_mem_ll --widths 1 --max-seq 512 --top 20 \
       --json "$OUT/profile_tp2.json" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
 }
+gemv() {  # cuBLAS against each Triton GEMV config on the model's step GEMMs at TP 1 and 2 (no gang needed)
+  echo "=== gemv bench" | tee -a "$OUT/log.txt"
+  timeout "${LIMIT:-240}" $PY -m workers.gemv --bench --model llama-3-8b --tp 1 2 --widths 1 5 --json "$OUT/gemv_bench.json" 2>&1 |
+    grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
+}
 bench() {
   run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem symm_mem_ll --nccl-env "" --nccl-env NCCL_PROTO=LL \
       --nccl-env NCCL_P2P_DISABLE=1 --sizes 8K,16K,32K,64K,128K,256K,512K,1M,4M --json
@@ -117,11 +123,11 @@ tp2() { r_tp2_symm_ll; r_tp2_nccl; r_tp2_symm; }
 sim() { r_sim_ngram; r_sim_ngram_actor; r_sim_draft; }
 for mode in "${modes[@]}"; do
   case $mode in
-    selftest|smoke|profile|profile2|bench|tp1|tp2|sim) $mode ;;
+    selftest|smoke|profile|profile2|bench|gemv|tp1|tp2|sim) $mode ;;
     ray) ray_mode ;;
     full) tp1; tp2; sim ;;
     *) if declare -F "r_$mode" >/dev/null; then "r_$mode"; continue; fi
-       echo "unknown mode $mode (selftest smoke profile profile2 bench tp1 tp2 sim full ray)"; exit 2 ;;
+       echo "unknown mode $mode (selftest smoke profile profile2 bench gemv tp1 tp2 sim full ray)"; exit 2 ;;
   esac
 done
 $PY - "$OUT" <<'PY'
@@ -131,6 +137,8 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
         d = json.loads(f.read_text().strip().splitlines()[-1])
     except Exception as e:
         print(f.name, "unreadable", e); continue
+    if isinstance(d, list) and d and "role" in d[0]:  # gemv_bench: the log has the summary lines
+        continue
     if isinstance(d, list):
         for r in d:
             print(f"{f.stem:>12} {r['backend']:>9} {r['env'][:22]:>22} {r['mode']:>5} {r['size_bytes']:>8} {r['time_us']:8.2f} us")

@@ -116,3 +116,29 @@ def test_kernels_compile_for_hopper():
         pytest.skip("this Triton install has no ptxas")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert r.stdout.count("built") == 16
+
+
+@pytest.mark.parametrize("tp, heads, kv_heads", [(1, 4, 2), (2, 4, 2), (4, 8, 2)])
+def test_gemv_bench_times_the_shapes_a_rank_runs(tmp_path, tp, heads, kv_heads):
+    """`python -m workers.gemv --bench` races cuBLAS and the Triton GEMV on each TP rank's step
+    GEMMs: its shapes are those of a sharded model's merged weights (KV heads replicated where
+    there are fewer than ranks). Without a GPU the bench says so in one line and exits 1."""
+    import torch
+
+    from workers.checkpoint import load_model, tiny_config, write_random_checkpoint
+    from workers.comm.base import NoOpAllReduce
+    from workers.fused import FusedStep
+    from workers.gemv import step_shapes
+    from workers.tp import shard
+
+    cfg = tiny_config(num_attention_heads=heads, num_key_value_heads=kv_heads)
+    model = shard(load_model(write_random_checkpoint(tmp_path, cfg, seed=1), max_seq=32), 0, tp, NoOpAllReduce(None, tp))
+    fast = FusedStep(model, compile=False)
+    wqkv, _, wgu = fast.merged[0]
+    layer = model.layers[0]
+    got = {"qkv": tuple(wqkv.shape), "o": tuple(layer.self_attn.o_proj.weight.shape), "gate_up": tuple(wgu.shape),
+           "down": tuple(layer.mlp.down_proj.weight.shape)}
+    assert {role: (n, k) for role, (n, k, _) in step_shapes(cfg, tp).items()} == got
+    if not torch.cuda.is_available():
+        r = subprocess.run([sys.executable, "-m", "workers.gemv", "--bench"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and r.stderr.strip() == "gemv --bench: needs a CUDA GPU and Triton (the kernels are timed as CUDA graphs)"

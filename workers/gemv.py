@@ -27,6 +27,7 @@ workers/fused.py's compiled layer bodies with their GEMMs inside.
     y = picker.linear("qkv", x, w, b)
     y = picker.silu_mul_linear("down", gate_up, w)
     TRITON_INTERPRET=1 python -m workers.gemv --selftest   # CPU: every configuration against F.linear
+    python -m workers.gemv --bench --tp 1 2                 # GPU: cuBLAS vs each config, Llama-3-8B's step GEMMs
 """
 from __future__ import annotations
 
@@ -242,7 +243,65 @@ def selftest(device: str = "cpu") -> float:
     return worst
 
 
+def step_shapes(config: dict, tp: int) -> dict[str, tuple[int, int, bool]]:
+    """role -> (N, K, silu_mul) of one TP rank's step GEMMs for an HF config dict (merged QKV and
+    gate/up column-parallel, o_proj and down row-parallel; KV heads replicated below one per rank)."""
+    dim, inter = config["hidden_size"], config["intermediate_size"]
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    hd = config.get("head_dim") or dim // heads
+    q, kv_rank = heads // tp * hd, max(1, kv // tp) * hd
+    return {"qkv": (q + 2 * kv_rank, dim, False), "o": (dim, q, False), "gate_up": (2 * inter // tp, dim, False),
+            "down": (dim, inter // tp, True)}
+
+
+def bench(model: str, tps: list[int], widths: list[int], log=print) -> list[dict]:
+    """cuBLAS against every Triton configuration on a model's step GEMMs, as CUDA graphs over three
+    copies of each weight (as the picker races them): µs per call and GB/s of weight streamed."""
+    from workers.random_models import random_config
+
+    config = random_config(model if model.startswith("random:") else "random:" + model)
+    rows = []
+    for tp in tps:
+        for role, (N, K, silu) in step_shapes(config, tp).items():
+            ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5 for _ in range(3)]
+            for T in widths:
+                x = torch.randn(T, 2 * K if silu else K, device="cuda", dtype=torch.bfloat16)
+                gb = N * K * 2 / 1e9
+                cands = [("cublas", None)] + [(str(c), c) for c in CONFIGS]
+                for name, c in cands:
+                    call = (lambda i: _reference(x, ws[i % 3], None, silu)) if c is None else \
+                        (lambda i, c=c: gemv(x, ws[i % 3], None, c, silu))
+                    us = _graph_us(call)
+                    rows.append({"tp": tp, "role": role, "N": N, "K": K, "T": T, "silu_mul": silu, "kernel": name,
+                                 "us": us, "gb_s": gb / (us * 1e-6)})
+                best = min((r for r in rows[-len(cands):]), key=lambda r: r["us"])
+                base = rows[-len(cands)]["us"]
+                log(f"tp={tp} {role:>7} [{N}x{K}] T={T}: cuBLAS {base:6.2f} us ({rows[-len(cands)]['gb_s']:5.0f} GB/s), "
+                    f"best {best['kernel']} {best['us']:6.2f} us ({best['gb_s']:5.0f} GB/s)")
+            del ws
+    return rows
+
+
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--bench" in argv:
+        import argparse
+        import json
+
+        ap = argparse.ArgumentParser(description="cuBLAS against the Triton GEMV on a model's step GEMMs (CUDA graphs)")
+        ap.add_argument("--bench", action="store_true")
+        ap.add_argument("--model", default="llama-3-8b", help="a random: preset or config.json (shapes only)")
+        ap.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+        ap.add_argument("--widths", type=int, nargs="+", default=[1, 5])
+        ap.add_argument("--json", help="write every row here")
+        a = ap.parse_args(argv)
+        if triton is None or not torch.cuda.is_available():
+            sys.exit("gemv --bench: needs a CUDA GPU and Triton (the kernels are timed as CUDA graphs)")
+        rows = bench(a.model, a.tp, a.widths)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f)  # one line: infra/gpu-measure.sh reads each JSON file's last line
+        return
     selftest_main(argv, __doc__, selftest, "cpu", {"cuda": 2e-2, "cpu": 1e-4}, "gemv")  # relative; bf16 on GPU
 
 
