@@ -91,7 +91,7 @@ class Verifier:
         """Plain greedy decoding that every rank decides for itself, on CUDA graphs: step n + 1 is
         enqueued before step n's token is read (StepRunner.greedy_launch)."""
         return (w.overlap_steps and w.num_draft_tokens == 0 and w.temperature <= 0 and self.local
-                and self.steps.use_graphs and self.steps.max_width >= 1)
+                and self.steps.use_graphs)
 
     def _greedy_overlapped(self, out: list[int], w: Workload, stats: RunStats, top2: list | None) -> int:
         """Decode greedily after `out` (the first token) until EOS or max_new_tokens, keeping one
@@ -165,9 +165,10 @@ class Verifier:
         counters = self.allreduce.counters
         credit = 0.0
         self.local = decides_locally(w, self.link.drafter_rank is not None)
+        overlapped = self._overlapped(w)  # fixed for the run: every rank decides it alike
+        margins = w.record_margins and w.num_draft_tokens == 0 and w.temperature <= 0
         # every width this run can use, before timing
-        self.steps.warm(range(1, w.num_draft_tokens + 2), greedy=self._overlapped(w),
-                        margins=w.record_margins and w.num_draft_tokens == 0 and w.temperature <= 0)
+        self.steps.warm(range(1, w.num_draft_tokens + 2), greedy=overlapped, margins=margins)
         if self.drafter is not None:
             self.drafter.begin(w.temperature, w.seed + 1)
             self.drafter.warm(w.num_draft_tokens)
@@ -179,13 +180,13 @@ class Verifier:
             logits = self.steps.prefill(list(prompt))
             res = self._broadcast(self._first_token(logits, w, gen) if self._decides() else None)
             prefill_s = time.perf_counter() - t_prompt
-            record = w.record_margins and w.num_draft_tokens == 0 and w.temperature <= 0 and self._decides()
+            record = margins and self._decides()
             top2 = [logits.float().topk(2).values] if record else []
             out, steps, accepted = list(res.tokens), 0, 0
             committed = list(prompt) + out  # what the in-rank drafter sees (the drafter process keeps its own)
-            if self._overlapped(w) and not res.done:
+            if overlapped and not res.done:
                 steps = self._greedy_overlapped(out, w, stats, top2 if record else None)
-            while not res.done and not self._overlapped(w):
+            while not res.done and not overlapped:
                 t0 = time.perf_counter()
                 if w.num_draft_tokens == 0:
                     proposal = Proposal(tokens=[])

@@ -64,9 +64,14 @@ def _qkv_from_normed(h, wqkv, bqkv, cos, sin, nq: int, nkv: int, hd: int):
     return q, k, v.view(B, T, nkv, hd).transpose(1, 2)
 
 
+def silu_mul(gate_up):
+    """SiLU(gate) * up of a merged gate/up projection [..., 2 I] (gate first)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def _mlp_core(h, w_gate_up, w_down):
-    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, w_down)
+    return F.linear(silu_mul(F.linear(h, w_gate_up)), w_down)
 
 
 def _mlp_body(x, delta, norm_w, eps: float, w_gate_up, w_down):
@@ -82,11 +87,6 @@ def _add_norm_body(x, delta, norm_w, eps: float):
     # the residual add (none before the first layer) and the norm reading it, for a GEMM outside
     x = x if delta is None else x + delta
     return x, rms_norm(x, norm_w, eps)
-
-
-def _silu_mul(gate_up):
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def _merge(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -121,7 +121,7 @@ class FusedStep:
         self.qkv_body, self.mlp_body, self.final_norm = _qkv_body, _mlp_body, _final_norm
         self.qkv_raw_body = _qkv_raw_body
         self.norm_body, self.qkv_from_normed, self.mlp_core = _norm_body, _qkv_from_normed, _mlp_core
-        self.add_norm_body, self.silu_mul = _add_norm_body, _silu_mul
+        self.add_norm_body, self.silu_mul = _add_norm_body, silu_mul
         if compile:
             import torch._dynamo
 
@@ -134,7 +134,7 @@ class FusedStep:
             self.qkv_from_normed = torch.compile(_qkv_from_normed, dynamic=False)
             self.mlp_core = torch.compile(_mlp_core, dynamic=False)
             self.add_norm_body = torch.compile(_add_norm_body, dynamic=False)
-            self.silu_mul = torch.compile(_silu_mul, dynamic=False)
+            self.silu_mul = torch.compile(silu_mul, dynamic=False)
         # the step's GEMMs through workers/gemv.py's picker (cuBLAS or a Triton GEMV per shape, by a
         # timed race on first use): CUDA only, and off until measured on a GPU (SPECTUNE_GEMV=auto
         # turns it on); `gemv=True` forces it on (CPU tests of the layout)

@@ -37,6 +37,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from workers.fused import silu_mul as fused_silu_mul
 from workers.triton_support import arrival_counters, counters_all_zero, selftest_main
 
 try:
@@ -124,12 +125,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config
     return y.view(*lead, N)
 
 
-def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, silu_mul: bool, silu_fn=_silu_mul) -> torch.Tensor:
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, silu_mul: bool, silu_fn=fused_silu_mul) -> torch.Tensor:
     return F.linear(silu_fn(x) if silu_mul else x, w, b)
 
 
@@ -139,7 +135,7 @@ class GemvPicker:
     def __init__(self, weights_by_role: dict[str, list[torch.Tensor]], mode: str | None = None, log=None,
                  silu_mul=None):
         self.weights = weights_by_role
-        self.silu_mul = silu_mul or _silu_mul  # the cuBLAS path's SiLU * up (a compiled kernel in FusedStep)
+        self.silu_mul = silu_mul or fused_silu_mul  # the cuBLAS path's SiLU * up (a compiled kernel in FusedStep)
         self.mode = (mode or os.environ.get("SPECTUNE_GEMV", "auto")).lower()
         if self.mode not in ("auto", "cublas", "triton"):
             raise ValueError(f"SPECTUNE_GEMV must be auto, cublas or triton, not {self.mode!r}")

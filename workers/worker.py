@@ -156,10 +156,11 @@ class Worker:
             return bool(flag.item())
 
         # agreed before the check: validate_add_norm's own collectives run on every rank or on none
-        if not everyone(os.environ.get("SPECTUNE_FUSED_ADD_NORM", "1") != "0"):
+        off_here = os.environ.get("SPECTUNE_FUSED_ADD_NORM") == "0"
+        if not everyone(not off_here):
             allreduce.fuses_add_norm = False
             print(f"spectune: rank {self.rank}: fused add + norm turned off by SPECTUNE_FUSED_ADD_NORM=0"
-                  f"{'' if os.environ.get('SPECTUNE_FUSED_ADD_NORM') == '0' else ' on a peer rank'}", file=sys.stderr, flush=True)
+                  f"{'' if off_here else ' on a peer rank'}", file=sys.stderr, flush=True)
             return
         err = validate_add_norm(allreduce, self.rank, hidden, dtype=dtype, device=device)
         if not everyone(err is None):
