@@ -5,7 +5,6 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh selftest # the Triton attention (and rope + cache write) against SDPA
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh smoke   # a minute: every code path on a 2-layer model
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh bench   # allreduce latency: nccl (3 environments) and symm_mem
-#   OUT=/tmp/gpu bash infra/gpu-measure.sh l2      # L2 prefetch of the next weight during a window before each GEMM
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh gemv    # step GEMMs: cuBLAS against the Triton GEMV configs (workers/gemv.py)
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights) = tp1 tp2 sim
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh tp1     # TP 1 and transformers' generate
@@ -15,7 +14,7 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one step: replay times and kernel tables, TP 1 and TP 2 (profile2: TP 2 only)
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh ray     # the gang as Ray GPU actors (`decode --ray`); needs Ray: pack it with
 #       ../shared/tools/ray-for-device.sh .devcarry here and carry .devcarry (this script unpacks it)
-#   single runs: tp1 tp2_symm_ll tp2_symm_ll_unfused tp1_gemv tp2_symm_ll_gemv tp1_pf tp2_symm_ll_pf tp2_nccl_pf (PF=MB) tp2_nccl tp2_symm sim_ngram sim_ngram_actor sim_draft
+#   single runs: tp1 tp2_symm_ll tp2_symm_ll_unfused tp1_gemv tp2_symm_ll_gemv tp2_nccl tp2_symm sim_ngram sim_ngram_actor sim_draft
 #       ray_tp2_nccl ray_tp2_ll_ngram ray_tp2_draft (`bash infra/gpu-measure.sh selftest tp1 tp2_symm_ll`)
 # Several modes run in order: `bash infra/gpu-measure.sh smoke profile bench`. Each run is cut off
 # after $LIMIT seconds (default 240; the draft-model run gets 120 more for transformers' assisted
@@ -60,8 +59,6 @@ selftest() {
   timeout 120 $PY -m workers.decode_attention --selftest 2>&1 | tee -a "$OUT/log.txt"
   echo "=== gemv selftest" | tee -a "$OUT/log.txt"
   timeout 120 $PY -m workers.gemv --selftest --device cuda 2>&1 | tee -a "$OUT/log.txt"
-  echo "=== l2_prefetch selftest (its line arithmetic, plain loads)" | tee -a "$OUT/log.txt"
-  timeout 120 $PY -m workers.l2_prefetch --selftest --device cuda 2>&1 | tee -a "$OUT/log.txt"
 }
 smoke() {
   local M=random:llama-3-8b:layers=2 P="--num-prompts 1 --max-new-tokens 16"
@@ -103,11 +100,6 @@ gemv() {  # cuBLAS against each Triton GEMV config on the model's step GEMMs at 
   timeout "${LIMIT:-240}" $PY -m workers.gemv --bench --model llama-3-8b --tp 1 2 --widths 1 5 --json "$OUT/gemv_bench.json" 2>&1 |
     grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
 }
-l2() {  # L2 prefetch during a spin "window" before each GEMM, against none (workers/l2_prefetch.py)
-  echo "=== l2 prefetch bench" | tee -a "$OUT/log.txt"
-  timeout "${LIMIT:-240}" $PY -m workers.l2_prefetch --bench --window-us 5 2 --budget-mb 8 16 24 32 --json "$OUT/l2_bench.json" 2>&1 |
-    grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
-}
 bench() {
   run bench $S bench-allreduce --device cuda --tp 2 --backend nccl symm_mem symm_mem_ll --nccl-env "" --nccl-env NCCL_PROTO=LL \
       --nccl-env NCCL_P2P_DISABLE=1 --sizes 8K,16K,32K,64K,128K,256K,512K,1M,4M --json
@@ -120,10 +112,6 @@ r_tp2_symm_ll_unfused() { run tp2_symm_ll_unfused env SPECTUNE_FUSED_ADD_NORM=0 
 # the same two with workers/gemv.py's picker on (cuBLAS or a Triton GEMV per shape): side by side
 r_tp1_gemv() { run tp1_gemv env SPECTUNE_GEMV=auto $S decode --model $M --tp 1 $common $P; }
 r_tp2_symm_ll_gemv() { run tp2_symm_ll_gemv env SPECTUNE_GEMV=auto $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
-# the same with workers/l2_prefetch.py pulling each next weight into L2 during attention and allreduces
-r_tp1_pf() { run tp1_pf${PF:-16} env SPECTUNE_L2_PREFETCH_MB=${PF:-16} $S decode --model $M --tp 1 $common $P; }
-r_tp2_symm_ll_pf() { run tp2_symm_ll_pf${PF:-16} env SPECTUNE_L2_PREFETCH_MB=${PF:-16} $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
-r_tp2_nccl_pf() { run tp2_nccl_pf${PF:-16} env SPECTUNE_L2_PREFETCH_MB=${PF:-16} $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P; }
 r_tp2_symm() { run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P; }
 # simulated acceptance on the fastest backend of `tp2`
 r_sim_ngram() { run sim_ngram $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P; }
@@ -135,7 +123,7 @@ tp2() { r_tp2_symm_ll; r_tp2_nccl; r_tp2_symm; }
 sim() { r_sim_ngram; r_sim_ngram_actor; r_sim_draft; }
 for mode in "${modes[@]}"; do
   case $mode in
-    selftest|smoke|profile|profile2|bench|gemv|l2|tp1|tp2|sim) $mode ;;
+    selftest|smoke|profile|profile2|bench|gemv|tp1|tp2|sim) $mode ;;
     ray) ray_mode ;;
     full) tp1; tp2; sim ;;
     *) if declare -F "r_$mode" >/dev/null; then "r_$mode"; continue; fi

@@ -34,7 +34,6 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from workers.l2_prefetch import L2Prefetch
 from workers.model import Transformer, attend, rms_norm
 from workers.rope import apply_rope
 
@@ -141,9 +140,6 @@ class FusedStep:
         # turns it on); `gemv=True` forces it on (CPU tests of the layout)
         self.gemv = None
         device = model.embed_tokens.weight.device
-        # the next GEMM's weight pulled into L2 while attention or an allreduce keeps HBM idle
-        # (workers/l2_prefetch.py; SPECTUNE_L2_PREFETCH_MB, off by default)
-        self.prefetch = L2Prefetch(None, device)
         if gemv if gemv is not None else (device.type == "cuda" and os.environ.get("SPECTUNE_GEMV", "off") != "off"):
             from workers.gemv import GemvPicker
 
@@ -174,33 +170,22 @@ class FusedStep:
         if self.gemv is not None:
             return self._hidden_with_picked_gemms(tokens, pos, cache, cos, sin, mask)
         x, delta = model.embed_tokens(tokens), None  # the residual stream is x + delta
-        for i, (layer, (wqkv, bqkv, wgu), k_cache, v_cache) in enumerate(zip(model.layers, self.merged, cache.k, cache.v)):
+        for layer, (wqkv, bqkv, wgu), k_cache, v_cache in zip(model.layers, self.merged, cache.k, cache.v):
             a, m = layer.self_attn, layer.mlp
             eps = layer.input_layernorm.eps
             if self.rope_attend is not None:
                 x, qkv = self.qkv_raw_body(x, delta, layer.input_layernorm.weight, eps, wqkv, bqkv)
-                self.prefetch.fork(a.o_proj.weight)
                 core = self.rope_attend(qkv, cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map)
             else:
                 x, q, k, v = self.qkv_body(x, delta, layer.input_layernorm.weight, eps, wqkv, bqkv, cos, sin,
                                            a.n_heads, a.n_kv_heads, a.head_dim)
-                self.prefetch.fork(a.o_proj.weight)
                 core = self.attend_fn(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
-            o = F.linear(core, a.o_proj.weight)
-            self.prefetch.fork(wgu)
-            attn_out = a.reduce(o)
+            attn_out = a.reduce(F.linear(core, a.o_proj.weight))
             x, mlp_out = self.mlp_body(x, attn_out, layer.post_attention_layernorm.weight, eps, wgu, m.down_proj.weight)
-            self._prefetch_next(i)
             delta = m.reduce(mlp_out)
-        self.prefetch.join()
         if delta is None:  # a model without layers
             return model.norm(x)
         return self.final_norm(x, delta, model.norm.weight, model.norm.eps)
-
-    def _prefetch_next(self, i: int) -> None:
-        """At the MLP's allreduce of layer i: the next layer's QKV weight into L2."""
-        if i + 1 < len(self.merged):
-            self.prefetch.fork(self.merged[i + 1][0])
 
     def _hidden_with_fused_norms(self, ar, tokens, pos, cache, cos, sin, mask) -> torch.Tensor:
         """The layout for an allreduce that fuses the residual add and the next norm (symm_mem_ll):
@@ -216,25 +201,18 @@ class FusedStep:
             a, m = layer.self_attn, layer.mlp
             core = self._attention(layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask)
             post = layer.post_attention_layernorm
-            o = self._linear("o", core, a.o_proj.weight)
-            self.prefetch.fork(wgu)
-            x, h = ar.add_norm(o, x, post.weight, post.eps)
+            x, h = ar.add_norm(self._linear("o", core, a.o_proj.weight), x, post.weight, post.eps)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.norm
-            mlp_out = self._mlp(h, wgu, m.down_proj.weight)
-            self._prefetch_next(i)
-            x, h = ar.add_norm(mlp_out, x, nxt.weight, nxt.eps)
-        self.prefetch.join()
+            x, h = ar.add_norm(self._mlp(h, wgu, m.down_proj.weight), x, nxt.weight, nxt.eps)
         return h
 
     def _attention(self, layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask):
         """QKV projection of the normed `h`, rope, cache write and attention: [B, T, H * D]."""
         a = layer.self_attn
         if self.rope_attend is not None:
-            qkv = self._linear("qkv", h, wqkv, bqkv)
-            self.prefetch.fork(a.o_proj.weight)
-            return self.rope_attend(qkv, cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map)
+            return self.rope_attend(self._linear("qkv", h, wqkv, bqkv), cos, sin, k_cache, v_cache, pos,
+                                    a.n_heads, a.n_kv_heads, a.kv_map)
         q, k, v = self.qkv_from_normed(h, wqkv, bqkv, cos, sin, a.n_heads, a.n_kv_heads, a.head_dim)  # SDPA: compiled
-        self.prefetch.fork(a.o_proj.weight)
         return self.attend_fn(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
 
     def _hidden_with_picked_gemms(self, tokens, pos, cache, cos, sin, mask) -> torch.Tensor:
@@ -244,18 +222,13 @@ class FusedStep:
         with each GEMM the faster of cuBLAS and the Triton GEMV."""
         model = self.model
         x, delta = model.embed_tokens(tokens), None
-        for i, (layer, (wqkv, bqkv, wgu), k_cache, v_cache) in enumerate(zip(model.layers, self.merged, cache.k, cache.v)):
+        for layer, (wqkv, bqkv, wgu), k_cache, v_cache in zip(model.layers, self.merged, cache.k, cache.v):
             a, m = layer.self_attn, layer.mlp
             x, h = self.add_norm_body(x, delta, layer.input_layernorm.weight, layer.input_layernorm.eps)
             core = self._attention(layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask)
             post = layer.post_attention_layernorm
-            o = self._linear("o", core, a.o_proj.weight)
-            self.prefetch.fork(wgu)
-            x, h = self.add_norm_body(x, a.reduce(o), post.weight, post.eps)
-            mlp_out = self._mlp(h, wgu, m.down_proj.weight)
-            self._prefetch_next(i)
-            delta = m.reduce(mlp_out)
-        self.prefetch.join()
+            x, h = self.add_norm_body(x, a.reduce(self._linear("o", core, a.o_proj.weight)), post.weight, post.eps)
+            delta = m.reduce(self._mlp(h, wgu, m.down_proj.weight))
         if delta is None:  # a model without layers
             return model.norm(x)
         return self.final_norm(x, delta, model.norm.weight, model.norm.eps)
