@@ -97,17 +97,39 @@ from workers.comm.base import NoOpAllReduce
 class AddNormWorldOfOne(NoOpAllReduce):
     fuses_add_norm = True
 
+
+class PushWorldOfOne(AddNormWorldOfOne):
+    """symm_mem_ll's kernels on a world of one: GEMM epilogues push (to no peer), add_norm reduces."""
+    def __init__(self):
+        super().__init__(None, 1)
+        from workers.comm import symm_mem_ll as ll
+        self.ll, self.max_numel, self.pushed = ll, 4096, 0
+        self.buf = ll.sentinel_fill_(torch.empty(ll.NPHASE * self.max_numel))
+        self.ptrs = torch.tensor([self.buf.data_ptr()], dtype=torch.int64)
+        self.state = torch.zeros(3, dtype=torch.int32)
+
+    def push_target(self, numel, dtype, hidden):
+        return self.ptrs, self.state, 0, 1, self.max_numel
+
+    def add_norm(self, partial, residual, weight, eps, pushed=False):
+        assert pushed, "a GEMM that could push did not"
+        self.pushed += 1
+        return self.ll.launch_add_norm(partial, residual, weight, eps, self.ptrs, self.state, self.max_numel, 0, 1,
+                                       mode=self.ll.REDUCE)
+
 interpreter_numpy_fix()
 torch.set_grad_enabled(False)
 cases = [tiny_config(), tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)]
 # the last two: every GEMM through workers/gemv.py's Triton kernel (SPECTUNE_GEMV=triton), with
-# SiLU * up folded into the down projection, in both layouts
-runs = [(cases[0], False, False), (cases[1], False, False), (cases[1], True, False), (cases[1], False, True), (cases[0], True, True)]
+# SiLU * up in the gate/up projection's epilogue, in both layouts
+# and last, o_proj and down pushing their outputs from the GEMM epilogue into symm_mem_ll's slots
+runs = [(cases[0], False, False), (cases[1], False, False), (cases[1], True, False), (cases[1], False, True), (cases[0], True, True),
+        (cases[1], "push", True)]
 for i, (cfg, norms_in_allreduce, triton_gemv) in enumerate(runs):
     path = write_random_checkpoint(sys.argv[1] + f"/m{i}", cfg, seed=4)
     plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
     if norms_in_allreduce:
-        ar = AddNormWorldOfOne(None, 1)
+        ar = PushWorldOfOne() if norms_in_allreduce == "push" else AddNormWorldOfOne(None, 1)
         for layer in model.layers:
             layer.self_attn.reduce = layer.mlp.reduce = ar
     fast = FusedStep(model, compile=False, attend_fn=decode_attend, gemv=triton_gemv or None)
@@ -125,8 +147,10 @@ for i, (cfg, norms_in_allreduce, triton_gemv) in enumerate(runs):
         torch.testing.assert_close(c2.k[layer][:, :, :14], c1.k[layer][:, :, :14])
         torch.testing.assert_close(c2.v[layer][:, :, :14], c1.v[layer][:, :, :14])
     if triton_gemv:  # every role and width ran the Triton GEMV, none fell back to F.linear
-        assert sorted(fast.gemv.choice) == sorted((r, T, r == "down") for r in ("qkv", "o", "gate_up", "down") for T in (3, 1))
+        assert sorted(fast.gemv.choice) == sorted((r, T) for r in ("qkv", "o", "gate_up", "down") for T in (3, 1))
         assert all(c is not None for c in fast.gemv.choice.values()), fast.gemv.choice
+    if norms_in_allreduce == "push":  # both row-parallel GEMMs of every layer, both steps
+        assert ar.pushed == 2 * len(model.layers) * 2, ar.pushed
     print("ok", i)
 '''
 
@@ -144,18 +168,18 @@ def test_fused_step_with_triton_rope_and_attention(tmp_path):
                        env={**os.environ, "TRITON_INTERPRET": "1", "SPECTUNE_GEMV": "triton"},
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert r.stdout.split() == ["ok", "0", "ok", "1", "ok", "2", "ok", "3", "ok", "4"]
+    assert r.stdout.split() == ["ok", "0", "ok", "1", "ok", "2", "ok", "3", "ok", "4", "ok", "5"]
 
 
 @pytest.mark.parametrize("fuse_norms, compile", [(False, False), (True, False), (False, True)])
 @torch.inference_mode()
 def test_layout_with_picked_gemms_matches_plain(tmp_path, fuse_norms, compile):
     """On CUDA every GEMM of the step can go through workers/gemv.py's picker (cuBLAS or a Triton
-    GEMV per shape; the down projection takes SiLU * up as its input). The layout around it, forced
+    GEMV per shape; the gate/up projection writes SiLU * up). The layout around it, forced
     on here where the picker can only choose F.linear, gives the plain model's logits and cache,
     with and without an allreduce that fuses add + norm."""
     fast = _steps_match_plain(tmp_path, 5, fuse_norms, compile=compile, gemv=True)
     # the QKV GEMM goes through the picker with the Triton attention (rope + cache write from the
     # merged projection); with SDPA here it stays in the compiled rope body
-    assert set(fast.gemv.choice) == {(role, T, role == "down") for role in ("o", "gate_up", "down") for T in (3, 1)}
+    assert set(fast.gemv.choice) == {(role, T) for role in ("o", "gate_up", "down") for T in (3, 1)}
     assert all(c is None for c in fast.gemv.choice.values())  # CPU: F.linear everywhere

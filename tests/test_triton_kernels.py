@@ -52,18 +52,23 @@ def test_low_latency_allreduce_protocol_under_the_interpreter():
     r = subprocess.run([sys.executable, "-m", "workers.comm.symm_mem_ll", "--selftest"],
                        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert [line.split(":")[0].split(",")[0] for line in r.stdout.splitlines()] == ["world 2", "world 3", "world 4", "world 1", "add + norm", "all-gather", "missing peer"]
+    assert [line.split(":")[0].split(",")[0] for line in r.stdout.splitlines()] == ["world 2", "world 3", "world 4", "world 1", "add + norm", "GEMM push + reduce", "all-gather", "missing peer"]
 
 
 def test_skinny_gemm_matches_f_linear_under_the_interpreter():
     """workers/gemv.py's Triton GEMV, every configuration (split-K with its last-arrival reduction,
-    the fused SiLU * up input, bias) against F.linear for 1-17 token rows, twice each (the split-K
+    the SwiGLU epilogue, bias) against F.linear for 1-17 token rows, twice each (the split-K
     counters must be back at zero)."""
     pytest.importorskip("triton")
     r = subprocess.run([sys.executable, "-m", "workers.gemv", "--selftest"],
                        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert r.stdout.count("5 configs") == 8 and "worst gemv error" in r.stdout.splitlines()[-1]
+    from workers.gemv import CONFIGS, runs_config
+
+    swiglu_configs = sum(runs_config(c, True) for c in CONFIGS)
+    assert 0 < swiglu_configs < len(CONFIGS)
+    assert r.stdout.count(f"swiglu=False: {len(CONFIGS)} configs") == 4
+    assert r.stdout.count(f"swiglu=True: {swiglu_configs} configs") == 4 and "worst gemv error" in r.stdout.splitlines()[-1]
 
 
 _HOPPER_COMPILE = r'''
@@ -95,10 +100,12 @@ build(da._partial, {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "POS": "*i64", "KV
                     **strides},
       {"CHUNK": 256, "BLOCK_N": 64, "T_PAD": 16, "D": 128})
 from workers import gemv as gv
-for split, silu, bias in ((1, False, True), (4, False, False), (1, True, False), (2, True, False)):
-    build(gv._gemv, {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "PART": "*fp32", "CNT": "*i32", "T": "i32",
-                     "N": "i32", "K": "i32", "sxt": "i32", "swn": "i32", "syt": "i32"},
-          {"T_PAD": 16, "BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": split, "SILU_MUL": silu, "HAS_BIAS": bias})
+for split, swiglu, bias, push in ((1, False, True, False), (4, False, False, True), (1, True, False, False), (2, False, False, False)):
+    build(gv._gemv, {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "PART": "*fp32", "CNT": "*i32", "PEERS": "*i64",
+                     "STATE": "*i32", "T": "i32", "N": "i32", "K": "i32", "sxt": "i32", "swn": "i32", "syt": "i32",
+                     "rank": "i32", "max_numel": "i32"},
+          {"T_PAD": 16, "BLOCK_N": 32, "BLOCK_K": 128, "SPLIT_K": split, "SWIGLU": swiglu, "HAS_BIAS": bias, "PUSH": push,
+           "WORLD": 2})
 rw_strides = {k: "i32" for k in ("sxb", "sxt", "scb", "sct", "ssb", "sst", "sqb", "sqh", "sqt", "skb", "skh", "sks", "svb", "svh", "svs")}
 build(da._rope_write, {"QKV": "*bf16", "COS": "*bf16", "SIN": "*bf16", "POS": "*i64", "QOUT": "*bf16", "KC": "*bf16", "VC": "*bf16",
                        "T": "i32", "NQ": "i32", "NKV": "i32", **rw_strides}, {"HALF": 64})

@@ -157,10 +157,21 @@ class FusedStep:
     def _linear(self, role: str, x, w, b=None):
         return F.linear(x, w, b) if self.gemv is None else self.gemv.linear(role, x, w, b)
 
-    def _mlp(self, h, w_gate_up, w_down):
+    def _mlp(self, h, w_gate_up, w_down, ar=None) -> tuple[torch.Tensor, bool]:
+        """The MLP of the normed `h`: (output, whether it was pushed into `ar`'s peers already)."""
         if self.gemv is None:
-            return self.mlp_core(h, w_gate_up, w_down)
-        return self.gemv.silu_mul_linear("down", self.gemv.linear("gate_up", h, w_gate_up), w_down)
+            return self.mlp_core(h, w_gate_up, w_down), False
+        return self._row_parallel("down", self.gemv.swiglu("gate_up", h, w_gate_up), w_down, ar)
+
+    def _row_parallel(self, role: str, x, w, ar) -> tuple[torch.Tensor, bool]:
+        """A row-parallel GEMM (o_proj, down) whose output an allreduce sums next: through the
+        picker, pushed to the peers by its epilogue where the allreduce takes that (symm_mem_ll)."""
+        if self.gemv is None:
+            return F.linear(x, w), False
+        target = None if ar is None else ar.push_target(x.numel() // x.shape[-1] * w.shape[0], x.dtype, w.shape[0])
+        if target is None:
+            return self.gemv.linear(role, x, w), False
+        return self.gemv.linear_push(role, x, w, target)
 
     def hidden_at(self, tokens, pos, cache, kv_len: int) -> torch.Tensor:
         model = self.model
@@ -201,9 +212,11 @@ class FusedStep:
             a, m = layer.self_attn, layer.mlp
             core = self._attention(layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask)
             post = layer.post_attention_layernorm
-            x, h = ar.add_norm(self._linear("o", core, a.o_proj.weight), x, post.weight, post.eps)
+            o, pushed = self._row_parallel("o", core, a.o_proj.weight, ar)
+            x, h = ar.add_norm(o, x, post.weight, post.eps, pushed=pushed)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.norm
-            x, h = ar.add_norm(self._mlp(h, wgu, m.down_proj.weight), x, nxt.weight, nxt.eps)
+            mlp_out, pushed = self._mlp(h, wgu, m.down_proj.weight, ar)
+            x, h = ar.add_norm(mlp_out, x, nxt.weight, nxt.eps, pushed=pushed)
         return h
 
     def _attention(self, layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask):
@@ -217,9 +230,9 @@ class FusedStep:
 
     def _hidden_with_picked_gemms(self, tokens, pos, cache, cos, sin, mask) -> torch.Tensor:
         """The layout with every GEMM through the GEMV picker (the allreduce, if any, sums alone):
-        per layer [add + norm], QKV, attention, o_proj, allreduce, [add + norm], gate/up,
-        down (SiLU * up in its input), allreduce; as many kernels as the compiled bodies launch,
-        with each GEMM the faster of cuBLAS and the Triton GEMV."""
+        per layer [add + norm], QKV, attention, o_proj, allreduce, [add + norm], gate/up (with
+        SiLU * up in its epilogue where Triton runs it), down, allreduce; each GEMM the faster of
+        cuBLAS and the Triton GEMV."""
         model = self.model
         x, delta = model.embed_tokens(tokens), None
         for layer, (wqkv, bqkv, wgu), k_cache, v_cache in zip(model.layers, self.merged, cache.k, cache.v):
@@ -228,7 +241,7 @@ class FusedStep:
             core = self._attention(layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask)
             post = layer.post_attention_layernorm
             x, h = self.add_norm_body(x, a.reduce(self._linear("o", core, a.o_proj.weight)), post.weight, post.eps)
-            delta = m.reduce(self._mlp(h, wgu, m.down_proj.weight))
+            delta = m.reduce(self._mlp(h, wgu, m.down_proj.weight)[0])
         if delta is None:  # a model without layers
             return model.norm(x)
         return self.final_norm(x, delta, model.norm.weight, model.norm.eps)

@@ -12,20 +12,24 @@ one program per BLOCK_N output columns and K-split: it streams its [BLOCK_N, K /
 W in BLOCK_K chunks through tensor cores (the T rows padded to 16), accumulating in float32. With
 SPLIT_K > 1 each split stores its partial sums, and the split of a column block that arrives
 last (a release/acquire counter, as in workers/decode_attention.py) adds them in split order and
-writes y: deterministic, and no reduction kernel. With SILU_MUL the input is a gate/up projection
-[T, 2K] and the kernel multiplies silu(gate) * up as it loads it (the MLP's down projection: one
-kernel fewer per layer).
+writes y: deterministic, and no reduction kernel. Two epilogues save a kernel each:
+- SWIGLU: W is the merged [gate; up] projection and each program accumulates a gate block and
+  the matching up block, writing silu(gate) * up (the MLP's SiLU kernel is gone);
+- PUSH (row-parallel o_proj and down before a `symm_mem_ll` allreduce): the output is also stored
+  into this rank's slot on every peer, so the allreduce kernel that follows only waits and sums
+  (`add_norm(..., pushed=True)`): the push leaves the allreduce's latency and overlaps the GEMM.
 
 `GemvPicker` decides per (role, T) on the first call outside graph capture: it checks each Triton
 configuration against cuBLAS (`F.linear`) on the real weights, then times 8 calls cycling through
 three layers' weights (so L2 cannot hold them) as a CUDA graph, and keeps the fastest; cuBLAS
-wins ties. It is off by default until measured on a GPU: SPECTUNE_GEMV=auto turns it on,
+wins ties. A pushing GEMM always runs the fastest Triton configuration. It is off by default until measured on a GPU: SPECTUNE_GEMV=auto turns it on,
 =cublas (or =triton) forces the choice inside the same layout, and =off (the default) keeps
 workers/fused.py's compiled layer bodies with their GEMMs inside.
 
     picker = GemvPicker(weights_by_role)          # role -> [W of layer 0, W of layer 1, ...]
     y = picker.linear("qkv", x, w, b)
-    y = picker.silu_mul_linear("down", gate_up, w)
+    act = picker.swiglu("gate_up", h, w_gate_up)
+    y, pushed = picker.linear_push("down", act, w, allreduce.push_target(numel, dtype, hidden))
     TRITON_INTERPRET=1 python -m workers.gemv --selftest   # CPU: every configuration against F.linear
     python -m workers.gemv --bench --tp 1 2                 # GPU: cuBLAS vs each config, Llama-3-8B's step GEMMs
 """
@@ -47,44 +51,67 @@ except ImportError:
     triton = None
 
 MAX_T = 32
-# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages): few columns per program and split K for the
-# small weights (enough programs to cover 132 SMs), wider blocks for the big ones
-CONFIGS = ((16, 256, 1, 4, 4), (16, 256, 2, 4, 4), (32, 256, 1, 4, 4), (16, 512, 4, 4, 3), (64, 128, 1, 4, 4))
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages): the fastest of a 72-configuration sweep on
+# Llama-3-8B's step GEMMs at TP 1 and 2, T = 1 and 5 (H200, `--bench --sweep`): split K for the
+# small weights (enough programs to cover 132 SMs), no split for the big ones
+CONFIGS = ((32, 128, 4, 2, 4), (64, 128, 4, 2, 4), (32, 128, 2, 2, 4), (32, 128, 2, 4, 5), (64, 128, 1, 2, 4),
+           (32, 128, 1, 4, 3), (32, 256, 1, 4, 5), (64, 256, 1, 4, 5))
 
 if triton is not None:
 
     @triton.jit
-    def _gemv(X, W, B, Y, PART, CNT, T, N, K, sxt, swn, syt,
+    def _epilogue(Y, y, t, n, tm, nm, syt, N, PEERS, STATE, rank, max_numel, PUSH: tl.constexpr, WORLD: tl.constexpr):
+        # y [T_PAD, BLOCK_N] in the output type: store it, and with PUSH also into this rank's slot
+        # of the current phase on every peer (workers/comm/symm_mem_ll.py's protocol: the next
+        # kernel, the allreduce's reduce half, then only waits for the peers' pushes)
+        out_mask = tm[:, None] & nm[None, :]
+        tl.store(Y + t[:, None] * syt + n[None, :], y, mask=out_mask)
+        if PUSH:
+            phase = tl.load(STATE)
+            v = tl.where(y == 0.0, 0.0, y)  # -0.0 is "not arrived yet": send +0.0 (sums the same)
+            for peer in tl.static_range(WORLD):
+                if peer != rank:
+                    dst = tl.load(PEERS + peer).to(tl.pointer_type(y.dtype))
+                    tl.store(dst + (phase * WORLD + rank) * max_numel + t[:, None] * N + n[None, :], v, mask=out_mask)
+
+    @triton.jit
+    def _swiglu(g, u, ty: tl.constexpr):
+        # silu(gate) * up as the unfused MLP rounds it: gate and up to the weight type, silu rounded, product rounded
+        g = g.to(ty).to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(ty).to(tl.float32)
+        return (s * u.to(ty).to(tl.float32)).to(ty)
+
+    @triton.jit
+    def _gemv(X, W, B, Y, PART, CNT, PEERS, STATE, T, N, K, sxt, swn, syt, rank, max_numel,
               T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-              SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr):
+              SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr, PUSH: tl.constexpr, WORLD: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         t = tl.arange(0, T_PAD)
         nm = n < N
         tm = t < T
+        ty = Y.dtype.element_ty
         per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
         k_lo = pid_k * per_split
         k_hi = tl.minimum(k_lo + per_split, K)
         acc = tl.zeros([T_PAD, BLOCK_N], tl.float32)
+        acc_up = tl.zeros([T_PAD, BLOCK_N], tl.float32)  # SWIGLU: W's rows N + n (the up half)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             km = kk < k_hi
+            x = tl.load(X + t[:, None] * sxt + kk[None, :], mask=tm[:, None] & km[None, :], other=0.0)
             w = tl.load(W + n[:, None] * swn + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
-            xm = tm[:, None] & km[None, :]
-            if SILU_MUL:  # x = silu(gate) * up, rounded once to the weight's type (as the unfused MLP)
-                g = tl.load(X + t[:, None] * sxt + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-                u = tl.load(X + t[:, None] * sxt + K + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-                x = (g / (1.0 + tl.exp(-g)) * u).to(w.dtype)
-            else:
-                x = tl.load(X + t[:, None] * sxt + kk[None, :], mask=xm, other=0.0)
             acc += tl.dot(x, tl.trans(w))
-        out_mask = tm[:, None] & nm[None, :]
+            if SWIGLU:
+                wu = tl.load(W + (N + n)[:, None] * swn + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+                acc_up += tl.dot(x, tl.trans(wu))
         if SPLIT_K == 1:
             if HAS_BIAS:
                 acc += tl.load(B + n, mask=nm, other=0.0).to(tl.float32)[None, :]
-            tl.store(Y + t[:, None] * syt + n[None, :], acc.to(Y.dtype.element_ty), mask=out_mask)
-        else:
+            y = _swiglu(acc, acc_up, ty) if SWIGLU else acc.to(ty)
+            _epilogue(Y, y, t, n, tm, nm, syt, N, PEERS, STATE, rank, max_numel, PUSH, WORLD)
+        else:  # (SWIGLU runs with SPLIT_K = 1 only)
             part = PART + (pid_n * SPLIT_K + pid_k) * T_PAD * BLOCK_N + t[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             tl.store(part, acc)
             # every thread's partials, then one release/acquire arrival per split; the last one of
@@ -98,13 +125,20 @@ if triton is not None:
                     total += tl.load(src, cache_modifier=".cg")
                 if HAS_BIAS:
                     total += tl.load(B + n, mask=nm, other=0.0).to(tl.float32)[None, :]
-                tl.store(Y + t[:, None] * syt + n[None, :], total.to(Y.dtype.element_ty), mask=out_mask)
+                _epilogue(Y, total.to(ty), t, n, tm, nm, syt, N, PEERS, STATE, rank, max_numel, PUSH, WORLD)
                 tl.store(CNT + pid_n, 0)  # ready for the next call
 
 
+def runs_config(config, swiglu: bool) -> bool:
+    """The SwiGLU epilogue needs the whole K sum in one program (no split)."""
+    return not swiglu or config[2] == 1
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config=CONFIGS[0],
-         silu_mul: bool = False) -> torch.Tensor:
-    """x [..., K] (with silu_mul: [..., 2K], gate then up) @ w[N, K]^T (+ b) with one Triton config."""
+         swiglu: bool = False, push=None) -> torch.Tensor:
+    """x [..., K] @ w[N, K]^T (+ b) with one Triton config. swiglu: w is a merged gate/up [2I, K]
+    and the result silu(x @ gate^T) * (x @ up^T) [..., I]. push: (peer pointers, state, rank,
+    world, max_numel) of a symm_mem_ll allreduce (`push_target`), which the result is also pushed into."""
     block_n, block_k, split_k, warps, stages = config
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
@@ -112,21 +146,27 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config
         x2 = x2.contiguous()
     T = x2.shape[0]
     N, K = w.shape
-    if T > MAX_T or w.stride(1) != 1 or x2.shape[1] != (2 * K if silu_mul else K):
-        raise ValueError(f"gemv takes at most {MAX_T} rows of width {2 * K if silu_mul else K} and a row-major weight")
+    if swiglu:
+        if N % 2 or not runs_config(config, swiglu):
+            raise ValueError(f"gemv: SwiGLU takes an even number of weight rows and a config without split K, not {N}, {config}")
+        N //= 2
+    if T > MAX_T or w.stride(1) != 1 or x2.shape[1] != K:
+        raise ValueError(f"gemv takes at most {MAX_T} rows of width {K} and a row-major weight")
     t_pad = max(16, triton.next_power_of_2(T))
     y = torch.empty(T, N, dtype=x.dtype, device=x.device)
     blocks = triton.cdiv(N, block_n)
     part = torch.empty(blocks * split_k * t_pad * block_n if split_k > 1 else 1, dtype=torch.float32, device=x.device)
     cnt = arrival_counters(blocks, x.device) if split_k > 1 else part
-    _gemv[(blocks, split_k)](x2, w, b if b is not None else w, y, part, cnt, T, N, K, x2.stride(0), w.stride(0), y.stride(0),
-                             T_PAD=t_pad, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, SILU_MUL=silu_mul,
-                             HAS_BIAS=b is not None, num_warps=warps, num_stages=stages)
+    peers, state, rank, world, max_numel = push if push is not None else (part, part, 0, 1, 0)
+    _gemv[(blocks, split_k)](x2, w, b if b is not None else w, y, part, cnt, peers, state, T, N, K, x2.stride(0), w.stride(0),
+                             y.stride(0), rank, max_numel, T_PAD=t_pad, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+                             SWIGLU=swiglu, HAS_BIAS=b is not None, PUSH=push is not None, WORLD=world,
+                             num_warps=warps, num_stages=stages)
     return y.view(*lead, N)
 
 
-def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, silu_mul: bool, silu_fn=fused_silu_mul) -> torch.Tensor:
-    return F.linear(silu_fn(x) if silu_mul else x, w, b)
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, swiglu: bool, silu_fn=fused_silu_mul) -> torch.Tensor:
+    return silu_fn(F.linear(x, w)) if swiglu else F.linear(x, w, b)
 
 
 class GemvPicker:
@@ -139,36 +179,52 @@ class GemvPicker:
         self.mode = (mode or os.environ.get("SPECTUNE_GEMV", "auto")).lower()
         if self.mode not in ("auto", "cublas", "triton"):
             raise ValueError(f"SPECTUNE_GEMV must be auto, cublas or triton, not {self.mode!r}")
-        self.choice: dict[tuple, tuple | None] = {}  # (role, T, silu) -> Triton config or None (cuBLAS)
+        self.choice: dict[tuple, tuple | None] = {}  # (role, T) -> Triton config or None (cuBLAS)
+        self.fastest_triton: dict[tuple, tuple | None] = {}  # (role, T) -> the fastest exact Triton config
         self.log = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
 
     def linear(self, role: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        return self._run(role, x, w, b, False)
+        config = self._config(role, x, w, b, False)
+        return _reference(x, w, b, False) if config is None else gemv(x, w, b, config)
 
-    def silu_mul_linear(self, role: str, gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up @ w^T, gate_up = [gate | up] along the last dimension."""
-        return self._run(role, gate_up, w, None, True)
+    def swiglu(self, role: str, x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(x @ gate^T) * (x @ up^T) of a merged [gate; up] weight."""
+        config = self._config(role, x, w_gate_up, None, True)
+        return _reference(x, w_gate_up, None, True, self.silu_mul) if config is None else gemv(x, w_gate_up, None, config, True)
 
-    def _run(self, role, x, w, b, silu_mul):
-        T = x.numel() // x.shape[-1]
-        key = (role, T, silu_mul)
+    def linear_push(self, role: str, x: torch.Tensor, w: torch.Tensor, push) -> tuple[torch.Tensor, bool]:
+        """x @ w^T, also pushed into a symm_mem_ll allreduce's slots on the peers (`push_target`) by
+        the fastest Triton configuration, whether or not cuBLAS won the race: pushing from the
+        GEMM's epilogue takes the push out of the allreduce's latency. (y, False) where no Triton
+        configuration runs: the caller then runs the whole allreduce."""
+        self._config(role, x, w, None, False)
+        config = self.fastest_triton.get((role, x.numel() // x.shape[-1]))
+        if config is None:
+            return _reference(x, w, None, False), False
+        return gemv(x, w, None, config, push=push), True
+
+    def _config(self, role, x, w, b, swiglu):
+        key = (role, x.numel() // x.shape[-1])
         if key not in self.choice:
             if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                return _reference(x, w, b, silu_mul, self.silu_mul)  # no race inside a capture: cuBLAS
-            self.choice[key] = self._decide(role, x, w, b, silu_mul)
-        config = self.choice[key]
-        return _reference(x, w, b, silu_mul, self.silu_mul) if config is None else gemv(x, w, b, config, silu_mul)
+                return None  # no race inside a capture: cuBLAS
+            self.choice[key] = self._decide(key, x, w, b, swiglu)
+        return self.choice[key]
 
-    def _decide(self, role, x, w, b, silu_mul) -> tuple | None:
-        if self.mode == "cublas" or triton is None or x.numel() // x.shape[-1] > MAX_T:
+    def _decide(self, key, x, w, b, swiglu) -> tuple | None:
+        role, T = key
+        self.fastest_triton[key] = None
+        if self.mode == "cublas" or triton is None or T > MAX_T:
             return None
         if x.device.type != "cuda" and self.mode != "triton":  # CPU: Triton only when forced (interpreter tests)
             return None
-        want = _reference(x, w, b, silu_mul).float()
+        want = _reference(x, w, b, swiglu).float()
         ok = []
         for config in CONFIGS:  # a configuration that is not exact to bf16 rounding is never timed
+            if not runs_config(config, swiglu):
+                continue
             try:
-                got = gemv(x, w, b, config, silu_mul).float()
+                got = gemv(x, w, b, config, swiglu).float()
             except Exception as e:  # noqa: BLE001 - a config this GPU cannot compile is skipped
                 self.log(f"spectune: gemv {role} {tuple(w.shape)}: config {config} failed ({type(e).__name__})")
                 continue
@@ -177,21 +233,20 @@ class GemvPicker:
         if not ok:
             return None
         if self.mode == "triton":
+            self.fastest_triton[key] = ok[0]
             return ok[0]
         ws = [v for v in self.weights.get(role, []) if v.shape == w.shape][:3] or [w]
         try:
-            best, best_us = None, _graph_us(lambda i: _reference(x, ws[i % len(ws)], b, silu_mul, self.silu_mul))
-            cublas_us = best_us
-            for config in ok:
-                us = _graph_us(lambda i, c=config: gemv(x, ws[i % len(ws)], b, c, silu_mul))
-                if us < best_us * 0.97:  # cuBLAS keeps ties (within 3%)
-                    best, best_us = config, us
+            cublas_us = _graph_us(lambda i: _reference(x, ws[i % len(ws)], b, swiglu, self.silu_mul))
+            timed = {c: _graph_us(lambda i, c=c: gemv(x, ws[i % len(ws)], b, c, swiglu)) for c in ok}
         except Exception as e:  # noqa: BLE001 - a race that cannot run leaves cuBLAS in place
             self.log(f"spectune: gemv {role} {tuple(w.shape)}: timing failed ({type(e).__name__}: {e}); cuBLAS")
             return None
-        T = x.numel() // x.shape[-1]
-        self.log(f"spectune: gemv {role} T={T} {tuple(w.shape)}: "
-                 + (f"Triton {best} {best_us:.2f} us" if best else "cuBLAS") + f" (cuBLAS {cublas_us:.2f} us)")
+        fastest = min(timed, key=timed.get)
+        self.fastest_triton[key] = fastest
+        best = fastest if timed[fastest] < cublas_us * 0.97 else None  # cuBLAS keeps ties (within 3%)
+        self.log(f"spectune: gemv {role} T={T} {tuple(w.shape)}: " + ("Triton" if best else "cuBLAS")
+                 + f" (cuBLAS {cublas_us:.2f} us, Triton {fastest} {timed[fastest]:.2f} us)")
         return best
 
 
@@ -219,38 +274,44 @@ def _graph_us(call, calls: int = 8, replays: int = 20) -> float:
 
 
 def selftest(device: str = "cpu") -> float:
-    """Largest relative error of every configuration against F.linear (plain, with bias, SiLU * up)."""
+    """Largest relative error of every configuration against F.linear (plain, with bias, SwiGLU)."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     gen = torch.Generator().manual_seed(0)
     worst = 0.0
     for T, N, K in ((1, 96, 384), (5, 40, 256), (17, 64, 640), (3, 200, 1000)):
-        for silu in (False, True):
-            x = torch.randn(T, 2 * K if silu else K, generator=gen).to(device, dtype)
-            w = (torch.randn(N, K, generator=gen) / K ** 0.5).to(device, dtype)
-            b = None if silu else torch.randn(N, generator=gen).to(device, dtype)
-            want = _reference(x, w, b, silu).float()
-            for config in CONFIGS:
+        for swiglu in (False, True):
+            x = torch.randn(T, K, generator=gen).to(device, dtype)
+            w = (torch.randn(2 * N if swiglu else N, K, generator=gen) / K ** 0.5).to(device, dtype)
+            b = None if swiglu else torch.randn(N, generator=gen).to(device, dtype)
+            want = _reference(x, w, b, swiglu).float()
+            configs = [c for c in CONFIGS if runs_config(c, swiglu)]
+            for config in configs:
                 for _ in range(2):  # twice: split-K counters must be back at zero
-                    got = gemv(x, w, b, config, silu).float()
+                    got = gemv(x, w, b, config, swiglu).float()
                     err = ((got - want).abs().max() / want.abs().max().clamp(min=1.0)).item()
                     worst = max(worst, err)
             assert counters_all_zero(), "a split-K counter was left set"
-            print(f"T={T} N={N} K={K} silu_mul={silu}: {len(CONFIGS)} configs, worst relative error {worst:.2e}")
+            print(f"T={T} N={N} K={K} swiglu={swiglu}: {len(configs)} configs, worst relative error {worst:.2e}")
     return worst
 
 
 def step_shapes(config: dict, tp: int) -> dict[str, tuple[int, int, bool]]:
-    """role -> (N, K, silu_mul) of one TP rank's step GEMMs for an HF config dict (merged QKV and
+    """role -> (N, K, swiglu) of one TP rank's step GEMM weights for an HF config dict (merged QKV and
     gate/up column-parallel, o_proj and down row-parallel; KV heads replicated below one per rank)."""
     dim, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
     hd = config.get("head_dim") or dim // heads
     q, kv_rank = heads // tp * hd, max(1, kv // tp) * hd
-    return {"qkv": (q + 2 * kv_rank, dim, False), "o": (dim, q, False), "gate_up": (2 * inter // tp, dim, False),
-            "down": (dim, inter // tp, True)}
+    return {"qkv": (q + 2 * kv_rank, dim, False), "o": (dim, q, False), "gate_up": (2 * inter // tp, dim, True),
+            "down": (dim, inter // tp, False)}
 
 
-def bench(model: str, tps: list[int], widths: list[int], log=print) -> list[dict]:
+# a wider net for `--bench --sweep` (which configurations are worth a place in CONFIGS)
+SWEEP = tuple((bn, bk, sk, w, st) for bn in (16, 32, 64) for bk in (128, 256) for sk in (1, 2, 4)
+              for w, st in ((2, 4), (4, 3), (4, 5), (8, 4)))
+
+
+def bench(model: str, tps: list[int], widths: list[int], log=print, configs=CONFIGS, roles=None) -> list[dict]:
     """cuBLAS against every Triton configuration on a model's step GEMMs, as CUDA graphs over three
     copies of each weight (as the picker races them): µs per call and GB/s of weight streamed."""
     from workers.random_models import random_config
@@ -258,22 +319,26 @@ def bench(model: str, tps: list[int], widths: list[int], log=print) -> list[dict
     config = random_config(model if model.startswith("random:") else "random:" + model)
     rows = []
     for tp in tps:
-        for role, (N, K, silu) in step_shapes(config, tp).items():
+        for role, (N, K, swiglu) in step_shapes(config, tp).items():
+            if role not in (roles or ("qkv", "o", "gate_up", "down")):
+                continue
             ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5 for _ in range(3)]
             for T in widths:
-                x = torch.randn(T, 2 * K if silu else K, device="cuda", dtype=torch.bfloat16)
+                x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
                 gb = N * K * 2 / 1e9
-                cands = [("cublas", None)] + [(str(c), c) for c in CONFIGS]
+                cands = [("cublas", None)] + [(str(c), c) for c in configs if runs_config(c, swiglu)]
                 for name, c in cands:
-                    call = (lambda i: _reference(x, ws[i % 3], None, silu)) if c is None else \
-                        (lambda i, c=c: gemv(x, ws[i % 3], None, c, silu))
+                    call = (lambda i: _reference(x, ws[i % 3], None, swiglu)) if c is None else \
+                        (lambda i, c=c: gemv(x, ws[i % 3], None, c, swiglu))
                     us = _graph_us(call)
-                    rows.append({"tp": tp, "role": role, "N": N, "K": K, "T": T, "silu_mul": silu, "kernel": name,
+                    rows.append({"tp": tp, "role": role, "N": N, "K": K, "T": T, "swiglu": swiglu, "kernel": name,
                                  "us": us, "gb_s": gb / (us * 1e-6)})
                 best = min((r for r in rows[-len(cands):]), key=lambda r: r["us"])
                 base = rows[-len(cands)]["us"]
+                top = sorted(rows[-len(cands) + 1:], key=lambda r: r["us"])[:4]
                 log(f"tp={tp} {role:>7} [{N}x{K}] T={T}: cuBLAS {base:6.2f} us ({rows[-len(cands)]['gb_s']:5.0f} GB/s), "
-                    f"best {best['kernel']} {best['us']:6.2f} us ({best['gb_s']:5.0f} GB/s)")
+                    f"best {best['kernel']} {best['us']:6.2f} us ({best['gb_s']:5.0f} GB/s); Triton's fastest: "
+                    + ", ".join(f"{r['kernel']} {r['us']:.2f}" for r in top))
             del ws
     return rows
 
@@ -290,10 +355,12 @@ def main(argv=None) -> None:
         ap.add_argument("--tp", type=int, nargs="+", default=[1, 2])
         ap.add_argument("--widths", type=int, nargs="+", default=[1, 5])
         ap.add_argument("--json", help="write every row here")
+        ap.add_argument("--sweep", action="store_true", help=f"time {len(SWEEP)} configurations instead of CONFIGS' {len(CONFIGS)}")
+        ap.add_argument("--roles", nargs="+", choices=["qkv", "o", "gate_up", "down"])
         a = ap.parse_args(argv)
         if triton is None or not torch.cuda.is_available():
             sys.exit("gemv --bench: needs a CUDA GPU and Triton (the kernels are timed as CUDA graphs)")
-        rows = bench(a.model, a.tp, a.widths)
+        rows = bench(a.model, a.tp, a.widths, configs=SWEEP if a.sweep else CONFIGS, roles=a.roles)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(rows, f)  # one line: infra/gpu-measure.sh reads each JSON file's last line

@@ -75,13 +75,21 @@ class AllReduce:
             self._all_reduce(x)
         return x
 
+    def push_target(self, numel: int, dtype: torch.dtype, hidden: int):
+        """Where a GEMM may push its output for `add_norm(..., pushed=True)` (symm_mem_ll's slots on
+        the peers, as workers/gemv.py takes them), or None: then it runs the whole allreduce."""
+        return None
+
     def add_norm(self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, pushed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """s = residual + allreduce(partial) and rms_norm(s): a row-parallel output joining the
         residual stream and the next norm reading it. Backends that can do it in one kernel
-        override this (and set `fuses_add_norm`); it counts as one allreduce call either way."""
+        override this (and set `fuses_add_norm`); it counts as one allreduce call either way.
+        pushed: the GEMM that made `partial` already pushed it to the peers (`push_target`)."""
         from workers.model import rms_norm
 
+        if pushed:
+            raise ValueError(f"allreduce backend {self.name!r} takes no pushed partial sums")
         s = residual + self(partial)
         return s, rms_norm(s, weight, eps)
 
@@ -146,13 +154,22 @@ def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.
     weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(device=device, dtype=dtype)
     partial = ((rank + 1) * torch.randn(rows, hidden, generator=gen)).to(device=device, dtype=dtype)
     calls = allreduce.counters.calls
-    got_s, got_n = allreduce.add_norm(partial.clone(), residual, weight, 1e-5)
     want_s, want_n = AllReduce.add_norm(allreduce, partial.clone(), residual, weight, 1e-5)
+    runs = [("", allreduce.add_norm(partial.clone(), residual, weight, 1e-5))]
+    target = allreduce.push_target(partial.numel(), dtype, hidden)
+    if target is not None:  # the partial pushed by a GEMM's epilogue (x @ I = x, exactly), then summed
+        from workers.gemv import CONFIGS, gemv
+
+        eye = torch.eye(hidden, dtype=dtype, device=device)
+        for config in (CONFIGS[0], next(c for c in CONFIGS if c[2] == 1)):  # split-K and not
+            y = gemv(partial, eye, None, config, push=target)
+            runs.append((f" after a GEMM pushed it ({config})", allreduce.add_norm(y, residual, weight, 1e-5, pushed=True)))
     allreduce.counters.calls = calls
     tol = 1e-4 if dtype == torch.float32 else 2 ** -6  # relative; bf16 keeps 8 bits
-    for name, got, want in (("residual", got_s, want_s), ("norm", got_n, want_n)):
-        err = ((got.float() - want.float()).abs() / want.float().abs().clamp(min=1.0)).max().item()
-        if err > tol:
-            return (f"allreduce backend {allreduce.name!r}: its fused add + norm differs from allreduce + add + norm "
-                    f"({name}, relative error {err:.3g} on rank {rank})")
+    for how, (got_s, got_n) in runs:
+        for name, got, want in (("residual", got_s, want_s), ("norm", got_n, want_n)):
+            err = ((got.float() - want.float()).abs() / want.float().abs().clamp(min=1.0)).max().item()
+            if err > tol:
+                return (f"allreduce backend {allreduce.name!r}: its fused add + norm{how} differs from allreduce + add + norm "
+                        f"({name}, relative error {err:.3g} on rank {rank})")
     return None

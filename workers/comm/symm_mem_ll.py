@@ -285,9 +285,21 @@ class SymmMemLLAllReduce(AllReduce):
         out = out.view(self.world_size, *x.shape)
         return out.movedim(0, -2).reshape(*x.shape[:-1], self.world_size * x.shape[-1])
 
-    def add_norm(self, partial, residual, weight, eps):
-        fits = (partial.numel() <= self.max_numel and partial.dtype == self.buf.dtype == residual.dtype
-                and partial.is_contiguous() and residual.is_contiguous() and partial.shape[-1] <= self.MAX_HIDDEN)
+    def push_target(self, numel, dtype, hidden):
+        # a GEMM's epilogue stores its [T, hidden] output into slot `rank` of the current phase on
+        # every peer (workers/gemv.py), as this kernel's push half would; add_norm(pushed=True) waits
+        if not self.enabled or self.world_size == 1 or not self._fits(numel, dtype, hidden):
+            return None
+        return self.ptrs, self.state, self.rank, self.world_size, self.max_numel
+
+    def _fits(self, numel, dtype, hidden) -> bool:
+        return numel <= self.max_numel and dtype == self.buf.dtype and hidden <= self.MAX_HIDDEN
+
+    def add_norm(self, partial, residual, weight, eps, pushed=False):
+        fits = (self._fits(partial.numel(), partial.dtype, partial.shape[-1]) and residual.dtype == partial.dtype
+                and partial.is_contiguous() and residual.is_contiguous())
+        if pushed and not (fits and self.enabled and self.world_size > 1):
+            raise ValueError("symm_mem_ll: a pushed partial sum outside what push_target offered")
         if self.world_size == 1 or not fits:
             return super().add_norm(partial, residual, weight, eps)
         if not self.enabled:  # compute-only ablation: residual + partial, normalised, by the same kernel
@@ -295,7 +307,7 @@ class SymmMemLLAllReduce(AllReduce):
         self.counters.calls += 1
         self.counters.bytes += partial.numel() * partial.element_size()
         return launch_add_norm(partial, residual, weight, eps, self.ptrs, self.state, self.max_numel, self.rank,
-                               self.world_size)
+                               self.world_size, mode=REDUCE if pushed else BOTH)
 
 
 def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int = 2048) -> None:
@@ -356,6 +368,25 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
                 torch.testing.assert_close(parts[r], want_s - residual, rtol=1e-5, atol=1e-5)
             assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
     print(f"add + norm: {NPHASE} fused calls between plain ones, residual and norm exact")
+    # the push from a GEMM's epilogue (workers/gemv.py, split K and not), then add + norm's reduce half
+    from workers.gemv import CONFIGS, gemv
+
+    for world in (2, 3):
+        bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
+        ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+        states = [torch.zeros(3, dtype=torch.int32) for _ in range(world)]
+        for call, config in enumerate(CONFIGS[:2] + CONFIGS[4:5] + CONFIGS[:1]):
+            xs = [torch.randn(rows, 80, generator=gen) for _ in range(world)]
+            ws = [torch.randn(hidden, 80, generator=gen) / 9 for _ in range(world)]
+            want_s = residual + sum(torch.nn.functional.linear(x, w) for x, w in zip(xs, ws))
+            ys = [gemv(xs[r], ws[r], None, config, push=(ptrs, states[r], r, world, max_numel)) for r in range(world)]
+            for r in range(world):
+                s_r, n_r = launch_add_norm(ys[r], residual, weight, 1e-5, ptrs, states[r], max_numel, r, world, mode=REDUCE)
+                torch.testing.assert_close(s_r, want_s, rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(n_r, rms_norm(want_s, weight, 1e-5), rtol=1e-4, atol=1e-4)
+            for r in range(world):
+                assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
+    print("GEMM push + reduce: sums, residual and norm right, slots cleared")
     # all-gather (vocab-parallel logits), between plain calls: every rank's part in rank order
     world, n = 3, 700
     bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
