@@ -129,9 +129,15 @@ if triton is not None:
                 tl.store(CNT + pid_n, 0)  # ready for the next call
 
 
-def runs_config(config, swiglu: bool) -> bool:
-    """The SwiGLU epilogue needs the whole K sum in one program (no split)."""
-    return not swiglu or config[2] == 1
+SMEM_BYTES = 232448  # shared memory per block on Hopper (sm_90)
+
+
+def runs_config(config, swiglu: bool, t_pad: int = 16) -> bool:
+    """The SwiGLU epilogue needs the whole K sum in one program (no split), and its second weight
+    tile must fit the pipeline's shared memory: (stages - 1) x (weight tiles + x tile), bf16."""
+    block_n, block_k, split_k, _, stages = config
+    tiles = (stages - 1) * ((2 if swiglu else 1) * block_n * block_k + t_pad * block_k) * 2
+    return (not swiglu or split_k == 1) and tiles <= SMEM_BYTES
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config=CONFIGS[0],
