@@ -26,7 +26,7 @@ from workers.spec import GangSpec, RunResult, Workload
 from workers.worker import RAY_NOSET_CUDA_ENV, Rendezvous, Worker
 
 
-ENGINE_SWITCHES = ("SPECTUNE_FUSED_ADD_NORM", "SPECTUNE_GEMV")  # read by the workers (SPECTUNE_OVERLAP: by the driver)
+ENGINE_SWITCHES = ("SPECTUNE_FUSED_ADD_NORM", "SPECTUNE_GEMV", "SPECTUNE_GEMV_PUSH")  # read by the workers (SPECTUNE_OVERLAP: by the driver)
 
 
 class PlacementError(UserError):

@@ -143,6 +143,7 @@ class FusedStep:
         if gemv if gemv is not None else (device.type == "cuda" and os.environ.get("SPECTUNE_GEMV", "off") != "off"):
             from workers.gemv import GemvPicker
 
+            self.gemv_push = os.environ.get("SPECTUNE_GEMV_PUSH", "1") != "0"  # off: the allreduce pushes (A/B runs)
             self.gemv = GemvPicker({"qkv": [w for w, _, _ in self.merged], "gate_up": [w for _, _, w in self.merged],
                                     "o": [layer.self_attn.o_proj.weight for layer in model.layers],
                                     "down": [layer.mlp.down_proj.weight for layer in model.layers]},
@@ -168,7 +169,7 @@ class FusedStep:
         picker, pushed to the peers by its epilogue where the allreduce takes that (symm_mem_ll)."""
         if self.gemv is None:
             return F.linear(x, w), False
-        target = None if ar is None else ar.push_target(x.numel() // x.shape[-1] * w.shape[0], x.dtype, w.shape[0])
+        target = None if ar is None or not self.gemv_push else ar.push_target(x.numel() // x.shape[-1] * w.shape[0], x.dtype, w.shape[0])
         if target is None:
             return self.gemv.linear(role, x, w), False
         return self.gemv.linear_push(role, x, w, target)

@@ -8,6 +8,7 @@ measured.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
@@ -155,21 +156,38 @@ def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.
     partial = ((rank + 1) * torch.randn(rows, hidden, generator=gen)).to(device=device, dtype=dtype)
     calls = allreduce.counters.calls
     want_s, want_n = AllReduce.add_norm(allreduce, partial.clone(), residual, weight, 1e-5)
-    runs = [("", allreduce.add_norm(partial.clone(), residual, weight, 1e-5))]
-    target = allreduce.push_target(partial.numel(), dtype, hidden)
-    if target is not None:  # the partial pushed by a GEMM's epilogue (x @ I = x, exactly), then summed
-        from workers.gemv import CONFIGS, gemv
-
-        eye = torch.eye(hidden, dtype=dtype, device=device)
-        for config in (CONFIGS[0], next(c for c in CONFIGS if c[2] == 1)):  # split-K and not
-            y = gemv(partial, eye, None, config, push=target)
-            runs.append((f" after a GEMM pushed it ({config})", allreduce.add_norm(y, residual, weight, 1e-5, pushed=True)))
-    allreduce.counters.calls = calls
     tol = 1e-4 if dtype == torch.float32 else 2 ** -6  # relative; bf16 keeps 8 bits
-    for how, (got_s, got_n) in runs:
+
+    def wrong(got_s, got_n) -> str | None:
         for name, got, want in (("residual", got_s, want_s), ("norm", got_n, want_n)):
             err = ((got.float() - want.float()).abs() / want.float().abs().clamp(min=1.0)).max().item()
             if err > tol:
-                return (f"allreduce backend {allreduce.name!r}: its fused add + norm{how} differs from allreduce + add + norm "
-                        f"({name}, relative error {err:.3g} on rank {rank})")
+                return f"{name}, relative error {err:.3g} on rank {rank}"
+        return None
+
+    why = wrong(*allreduce.add_norm(partial.clone(), residual, weight, 1e-5))
+    if why is None and allreduce.push_target(partial.numel(), dtype, hidden) is not None:
+        why_push = _check_pushed(allreduce, partial, residual, weight, wrong)
+        if why_push is not None:  # the GEMMs then leave the push to the allreduce (every rank got the same sums)
+            allreduce.takes_pushes = False
+            print(f"spectune: {allreduce.name}: GEMM epilogue pushes off ({why_push})", file=sys.stderr, flush=True)
+    allreduce.counters.calls = calls
+    if why is not None:
+        return f"allreduce backend {allreduce.name!r}: its fused add + norm differs from allreduce + add + norm ({why})"
+    return None
+
+
+def _check_pushed(allreduce: AllReduce, partial, residual, weight, wrong) -> str | None:
+    """add_norm of a partial pushed by workers/gemv.py's epilogue (x @ I = x exactly), split K and not."""
+    from workers.gemv import CONFIGS, gemv
+
+    eye = torch.eye(partial.shape[-1], dtype=partial.dtype, device=partial.device)
+    for config in (CONFIGS[0], next(c for c in CONFIGS if c[2] == 1)):
+        target = allreduce.push_target(partial.numel(), partial.dtype, partial.shape[-1])
+        try:
+            y = gemv(partial, eye, None, config, push=target)
+        except Exception as e:  # noqa: BLE001 - every rank compiles the same kernel, so all fail alike
+            return f"GEMV {config} failed: {type(e).__name__}"
+        if (why := wrong(*allreduce.add_norm(y, residual, weight, 1e-5, pushed=True))) is not None:
+            return f"wrong sums after GEMV {config}: {why}"
     return None

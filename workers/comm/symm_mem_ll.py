@@ -237,6 +237,7 @@ class SymmMemLLAllReduce(AllReduce):
     cuda_group = "nccl"
     timed = False
     fuses_add_norm = True
+    takes_pushes = True  # off when the gang-setup check of GEMM-epilogue pushes fails (comm.base)
     MAX_HIDDEN = 16384  # add_norm: one program holds a whole row
 
     @classmethod
@@ -288,7 +289,7 @@ class SymmMemLLAllReduce(AllReduce):
     def push_target(self, numel, dtype, hidden):
         # a GEMM's epilogue stores its [T, hidden] output into slot `rank` of the current phase on
         # every peer (workers/gemv.py), as this kernel's push half would; add_norm(pushed=True) waits
-        if not self.enabled or self.world_size == 1 or not self._fits(numel, dtype, hidden):
+        if not (self.enabled and self.takes_pushes) or self.world_size == 1 or not self._fits(numel, dtype, hidden):
             return None
         return self.ptrs, self.state, self.rank, self.world_size, self.max_numel
 
