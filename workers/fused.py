@@ -136,14 +136,13 @@ class FusedStep:
             self.add_norm_body = torch.compile(_add_norm_body, dynamic=False)
             self.silu_mul = torch.compile(silu_mul, dynamic=False)
         # the step's GEMMs through workers/gemv.py's picker (cuBLAS or a Triton GEMV per shape, by a
-        # timed race on first use): CUDA only, and off until measured on a GPU (SPECTUNE_GEMV=auto
-        # turns it on); `gemv=True` forces it on (CPU tests of the layout)
+        # timed race on first use): on CUDA unless SPECTUNE_GEMV=off (the compiled bodies with cuBLAS
+        # inside); `gemv=True` forces it on (CPU tests of the layout)
         self.gemv = None
         device = model.embed_tokens.weight.device
-        if gemv if gemv is not None else (device.type == "cuda" and os.environ.get("SPECTUNE_GEMV", "off") != "off"):
+        if gemv if gemv is not None else (device.type == "cuda" and os.environ.get("SPECTUNE_GEMV", "auto") != "off"):
             from workers.gemv import GemvPicker
 
-            self.gemv_push = os.environ.get("SPECTUNE_GEMV_PUSH", "1") != "0"  # off: the allreduce pushes (A/B runs)
             self.gemv = GemvPicker({"qkv": [w for w, _, _ in self.merged], "gate_up": [w for _, _, w in self.merged],
                                     "o": [layer.self_attn.o_proj.weight for layer in model.layers],
                                     "down": [layer.mlp.down_proj.weight for layer in model.layers]},
@@ -169,7 +168,7 @@ class FusedStep:
         picker, pushed to the peers by its epilogue where the allreduce takes that (symm_mem_ll)."""
         if self.gemv is None:
             return F.linear(x, w), False
-        target = None if ar is None or not self.gemv_push else ar.push_target(x.numel() // x.shape[-1] * w.shape[0], x.dtype, w.shape[0])
+        target = None if ar is None else ar.push_target(x.numel() // x.shape[-1] * w.shape[0], x.dtype, w.shape[0])
         if target is None:
             return self.gemv.linear(role, x, w), False
         return self.gemv.linear_push(role, x, w, target)
