@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from workers.checkpoint import load_model, tiny_config, write_random_checkpoint
 from workers.fused import FusedStep
@@ -147,7 +148,7 @@ for i, (cfg, norms_in_allreduce, triton_gemv) in enumerate(runs):
         torch.testing.assert_close(c2.k[layer][:, :, :14], c1.k[layer][:, :, :14])
         torch.testing.assert_close(c2.v[layer][:, :, :14], c1.v[layer][:, :, :14])
     if triton_gemv:  # every role and width ran the Triton GEMV, none fell back to F.linear
-        assert sorted(fast.gemv.choice) == sorted((r, T) for r in ("qkv", "o", "gate_up", "down") for T in (3, 1))
+        assert sorted(key[:2] for key in fast.gemv.choice) == sorted((r, T) for r in ("qkv", "o", "gate_up", "down") for T in (3, 1))
         assert all(c is not None for c in fast.gemv.choice.values()), fast.gemv.choice
     if norms_in_allreduce == "push":  # both row-parallel GEMMs of every layer, both steps
         assert ar.pushed == 2 * len(model.layers) * 2, ar.pushed
@@ -181,5 +182,41 @@ def test_layout_with_picked_gemms_matches_plain(tmp_path, fuse_norms, compile):
     fast = _steps_match_plain(tmp_path, 5, fuse_norms, compile=compile, gemv=True)
     # the QKV GEMM goes through the picker with the Triton attention (rope + cache write from the
     # merged projection); with SDPA here it stays in the compiled rope body
-    assert set(fast.gemv.choice) == {(role, T) for role in ("o", "gate_up", "down") for T in (3, 1)}
+    assert {key[:2] for key in fast.gemv.choice} == {(role, T) for role in ("o", "gate_up", "down") for T in (3, 1)}
     assert all(c is None for c in fast.gemv.choice.values())  # CPU: F.linear everywhere
+
+
+def test_gemv_switch_is_parsed_and_a_bad_value_is_an_error(tmp_path, monkeypatch):
+    """SPECTUNE_GEMV: auto by default, off also as 0 / false (as the other switches say it); a value
+    it does not know stops the run with one line instead of silently falling back to the plain model."""
+    from workers.fused import gemv_mode, try_fused
+
+    monkeypatch.delenv("SPECTUNE_GEMV", raising=False)
+    assert gemv_mode() == "auto"
+    for raw, want in (("0", "off"), ("False", "off"), (" OFF ", "off"), ("cuBLAS", "cublas"), ("triton", "triton")):
+        monkeypatch.setenv("SPECTUNE_GEMV", raw)
+        assert gemv_mode() == want
+    monkeypatch.setenv("SPECTUNE_GEMV", "fast")
+    model = load_model(write_random_checkpoint(tmp_path, tiny_config(), seed=1), max_seq=16)
+    with pytest.raises(ValueError, match="SPECTUNE_GEMV='fast': use auto, cublas, triton or off"):
+        try_fused(model, compile=False)
+
+
+def test_gemv_picker_decides_every_role_and_width_up_front(tmp_path):
+    """StepRunner.warm asks the picker to decide every (role, width) before the first collective
+    (its races take seconds, which must not fall between two ranks' allreduces): one decision per
+    role, width and weight shape, and later calls of those reuse it."""
+    from workers.gemv import GemvPicker
+
+    model = load_model(write_random_checkpoint(tmp_path, tiny_config(), seed=1), max_seq=16)
+    fast = FusedStep(model, compile=False)
+    roles = {"qkv": [w for w, _, _ in fast.merged], "gate_up": [w for _, _, w in fast.merged],
+             "o": [layer.self_attn.o_proj.weight for layer in model.layers],
+             "down": [layer.mlp.down_proj.weight for layer in model.layers]}
+    picker = GemvPicker(roles, mode="cublas", log=lambda line: None)
+    picker.prepare([1, 5])
+    assert set(picker.choice) == {(role, T, tuple(ws[0].shape)) for role, ws in roles.items() for T in (1, 5)}
+    decided = dict(picker.choice)
+    x = torch.randn(5, roles["o"][0].shape[1])
+    torch.testing.assert_close(picker.linear("o", x, roles["o"][1]), F.linear(x, roles["o"][1]))
+    assert picker.choice == decided

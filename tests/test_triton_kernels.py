@@ -149,3 +149,19 @@ def test_gemv_bench_times_the_shapes_a_rank_runs(tmp_path, tp, heads, kv_heads):
     if not torch.cuda.is_available():
         r = subprocess.run([sys.executable, "-m", "workers.gemv", "--bench"], capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and r.stderr.strip() == "gemv --bench: needs a CUDA GPU and Triton (the kernels are timed as CUDA graphs)"
+
+
+def test_symm_mem_ll_says_when_a_reader_gave_up():
+    """A reader that waited MAX_SPINS polls for a peer sets a flag instead of hanging the GPU;
+    StepRunner.warm reads it after the warm-up steps, so a rank that fell behind fails the trial
+    with one line instead of leaving wrong sums."""
+    import torch
+
+    from workers.comm.symm_mem_ll import SymmMemLLAllReduce
+
+    ar = SymmMemLLAllReduce(None, 2)
+    ar.rank, ar.state = 1, torch.zeros(3, dtype=torch.int32)
+    ar.raise_if_timed_out()  # nothing happened
+    ar.state[2] = 1
+    with pytest.raises(RuntimeError, match="symm_mem_ll: rank 1 waited more than .* polls for a peer's partial sums"):
+        ar.raise_if_timed_out()

@@ -18,6 +18,11 @@ kernel per layer. Attention is `workers.model.attend` (SDPA over the masked stat
 faster drop-in given as `attend_fn` (workers/decode_attention.py). Weights are shared with the
 plain model (views of the merged tensors), so the prefill and the CPU path are unchanged.
 
+On CUDA the GEMMs leave the compiled bodies by default: each goes through workers/gemv.py's
+picker (cuBLAS or a Triton GEMV per shape and width, by a timed race), with SiLU * up in the
+gate/up GEMM's epilogue (`_hidden_with_picked_gemms`, or `_hidden_with_fused_norms` with a
+fusing allreduce); SPECTUNE_GEMV=off keeps the compiled bodies above.
+
 With the Triton attention, rope moves out of the qkv body into one kernel that also writes K/V
 into the cache (`decode_attention.rope_write_attend`): four kernels per layer become one. With an
 allreduce that also adds the residual and applies the next norm in its kernel (`symm_mem_ll`,
@@ -140,7 +145,7 @@ class FusedStep:
         # inside); `gemv=True` forces it on (CPU tests of the layout)
         self.gemv = None
         device = model.embed_tokens.weight.device
-        if gemv if gemv is not None else (device.type == "cuda" and os.environ.get("SPECTUNE_GEMV", "auto") != "off"):
+        if gemv if gemv is not None else (device.type == "cuda" and gemv_mode() != "off"):
             from workers.gemv import GemvPicker
 
             self.gemv = GemvPicker({"qkv": [w for w, _, _ in self.merged], "gate_up": [w for _, _, w in self.merged],
@@ -200,9 +205,11 @@ class FusedStep:
 
     def _hidden_with_fused_norms(self, ar, tokens, pos, cache, cos, sin, mask) -> torch.Tensor:
         """The layout for an allreduce that fuses the residual add and the next norm (symm_mem_ll):
-        per layer QKV GEMM, attention, o_proj, [allreduce + add + norm], gate/up, SiLU, down,
+        per layer QKV GEMM, attention, o_proj, [allreduce + add + norm], gate/up with SiLU * up
+        (one kernel through the picker's Triton GEMV, else the compiled GEMM + SiLU + down), down,
         [allreduce + add + next layer's norm (the final norm after the last)]: two kernels fewer
-        per layer than allreduce, then a compiled body that adds and normalises."""
+        per layer than allreduce, then a compiled body that adds and normalises. o_proj and down
+        may push their output to the peers from the GEMM epilogue (`_row_parallel`)."""
         model = self.model
         layers = model.layers
         x = model.embed_tokens(tokens)
@@ -247,8 +254,19 @@ class FusedStep:
         return self.final_norm(x, delta, model.norm.weight, model.norm.eps)
 
 
+def gemv_mode() -> str:
+    """SPECTUNE_GEMV: auto (the default), cublas, triton, or off (also 0 / false)."""
+    raw = os.environ.get("SPECTUNE_GEMV", "auto").strip().lower()
+    mode = "off" if raw in ("off", "0", "false", "no") else raw
+    if mode not in ("auto", "cublas", "triton", "off"):
+        raise ValueError(f"SPECTUNE_GEMV={raw!r}: use auto, cublas, triton or off")
+    return mode
+
+
 def try_fused(model: Transformer, compile: bool = True, attend_fn=None) -> FusedStep | None:
-    """FusedStep, or None (with one line on stderr) if this torch cannot build it."""
+    """FusedStep, or None (with one line on stderr) if this torch cannot build it. A bad engine
+    switch in the environment is an error, not a fallback."""
+    gemv_mode()
     try:
         return FusedStep(model, compile=compile, attend_fn=attend_fn)
     except Exception as e:  # noqa: BLE001 - the plain path still works

@@ -23,8 +23,8 @@ writes y: deterministic, and no reduction kernel. Two epilogues save a kernel ea
 configuration against cuBLAS (`F.linear`) on the real weights, then times 8 calls cycling through
 three layers' weights (so L2 cannot hold them) as a CUDA graph, and keeps the fastest; cuBLAS
 wins ties. A pushing GEMM always runs the fastest Triton configuration. On CUDA the picker is on
-unless SPECTUNE_GEMV=off (H200, session 5: Llama-3-8B decode 217.0 tok/s against 213.7 at TP 1
-and 343.4 against 319.8 at TP 2 with symm_mem_ll, one lease); =cublas (or =triton) forces the
+unless SPECTUNE_GEMV=off (H200, session 5: Llama-3-8B decode 217.2 tok/s against 213.6 at TP 1
+and 346.3 against 319.7 at TP 2 with symm_mem_ll, one lease); =cublas (or =triton) forces the
 choice inside the same layout, and =off keeps workers/fused.py's compiled layer bodies with
 their GEMMs inside. Pushes are opt-in (SPECTUNE_GEMV_PUSH=1): 2.909 ms a TP 2 step against 2.882
 without, same lease.
@@ -137,7 +137,9 @@ SMEM_BYTES = 232448  # shared memory per block on Hopper (sm_90)
 
 def runs_config(config, swiglu: bool, t_pad: int = 16) -> bool:
     """The SwiGLU epilogue needs the whole K sum in one program (no split), and its second weight
-    tile must fit the pipeline's shared memory: (stages - 1) x (weight tiles + x tile), bf16."""
+    tile must fit the pipeline's shared memory: (stages - 1) x (weight tiles + x tile), bf16 (an
+    estimate that matched the one refusal seen: (64, 256, 1, 4, 5) with SwiGLU asked the H200 for
+    294912 bytes). The picker also skips any configuration that fails to compile."""
     block_n, block_k, split_k, _, stages = config
     tiles = (stages - 1) * ((2 if swiglu else 1) * block_n * block_k + t_pad * block_k) * 2
     return (not swiglu or split_k == 1) and tiles <= SMEM_BYTES
@@ -155,13 +157,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config
         x2 = x2.contiguous()
     T = x2.shape[0]
     N, K = w.shape
+    t_pad = max(16, triton.next_power_of_2(T))
     if swiglu:
-        if N % 2 or not runs_config(config, swiglu):
-            raise ValueError(f"gemv: SwiGLU takes an even number of weight rows and a config without split K, not {N}, {config}")
+        if N % 2 or b is not None or not runs_config(config, swiglu, t_pad):
+            raise ValueError(f"gemv: SwiGLU takes an even number of weight rows, no bias and a config without split K, not {N}, {config}")
         N //= 2
     if T > MAX_T or w.stride(1) != 1 or x2.shape[1] != K:
         raise ValueError(f"gemv takes at most {MAX_T} rows of width {K} and a row-major weight")
-    t_pad = max(16, triton.next_power_of_2(T))
     y = torch.empty(T, N, dtype=x.dtype, device=x.device)
     blocks = triton.cdiv(N, block_n)
     part = torch.empty(blocks * split_k * t_pad * block_n if split_k > 1 else 1, dtype=torch.float32, device=x.device)
@@ -188,8 +190,8 @@ class GemvPicker:
         self.mode = (mode or os.environ.get("SPECTUNE_GEMV", "auto")).lower()
         if self.mode not in ("auto", "cublas", "triton"):
             raise ValueError(f"SPECTUNE_GEMV must be auto, cublas or triton, not {self.mode!r}")
-        self.choice: dict[tuple, tuple | None] = {}  # (role, T) -> Triton config or None (cuBLAS)
-        self.fastest_triton: dict[tuple, tuple | None] = {}  # (role, T) -> the fastest exact Triton config
+        self.choice: dict[tuple, tuple | None] = {}  # (role, T, weight shape) -> Triton config or None (cuBLAS)
+        self.fastest_triton: dict[tuple, tuple | None] = {}  # the same key -> the fastest exact Triton config
         self.log = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
 
     def linear(self, role: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -207,13 +209,25 @@ class GemvPicker:
         GEMM's epilogue takes the push out of the allreduce's latency. (y, False) where no Triton
         configuration runs: the caller then runs the whole allreduce."""
         self._config(role, x, w, None, False)
-        config = self.fastest_triton.get((role, x.numel() // x.shape[-1]))
+        config = self.fastest_triton.get((role, x.numel() // x.shape[-1], tuple(w.shape)))
         if config is None:
             return _reference(x, w, None, False), False
         return gemv(x, w, None, config, push=push), True
 
+    def prepare(self, widths) -> None:
+        """Decide every role at these step widths now, on random inputs and the first layer's
+        weight: the races compile and time kernels for seconds, which must not happen between two
+        TP ranks' allreduces (StepRunner.warm calls this, then lines the ranks up)."""
+        for role, ws in self.weights.items():
+            if not ws:
+                continue
+            w = ws[0]
+            for T in widths:
+                x = torch.randn(T, w.shape[1], dtype=w.dtype, device=w.device) / w.shape[1] ** 0.5
+                self._config(role, x, w, None, role == "gate_up")
+
     def _config(self, role, x, w, b, swiglu):
-        key = (role, x.numel() // x.shape[-1])
+        key = (role, x.numel() // x.shape[-1], tuple(w.shape))
         if key not in self.choice:
             if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 return None  # no race inside a capture: cuBLAS
@@ -221,7 +235,7 @@ class GemvPicker:
         return self.choice[key]
 
     def _decide(self, key, x, w, b, swiglu) -> tuple | None:
-        role, T = key
+        role, T, _ = key
         self.fastest_triton[key] = None
         if self.mode == "cublas" or triton is None or T > MAX_T:
             return None
@@ -230,7 +244,7 @@ class GemvPicker:
         want = _reference(x, w, b, swiglu).float()
         ok = []
         for config in CONFIGS:  # a configuration that is not exact to bf16 rounding is never timed
-            if not runs_config(config, swiglu):
+            if not runs_config(config, swiglu, max(16, triton.next_power_of_2(T))):
                 continue
             try:
                 got = gemv(x, w, b, config, swiglu).float()
@@ -336,10 +350,15 @@ def bench(model: str, tps: list[int], widths: list[int], log=print, configs=CONF
                 x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
                 gb = N * K * 2 / 1e9
                 cands = [("cublas", None)] + [(str(c), c) for c in configs if runs_config(c, swiglu)]
-                for name, c in cands:
+                for name, c in list(cands):
                     call = (lambda i: _reference(x, ws[i % 3], None, swiglu)) if c is None else \
                         (lambda i, c=c: gemv(x, ws[i % 3], None, c, swiglu))
-                    us = _graph_us(call)
+                    try:
+                        us = _graph_us(call)
+                    except Exception as e:  # noqa: BLE001 - a config this GPU cannot build: say so, go on
+                        log(f"tp={tp} {role} T={T}: {name} failed ({type(e).__name__})")
+                        cands.remove((name, c))
+                        continue
                     rows.append({"tp": tp, "role": role, "N": N, "K": K, "T": T, "swiglu": swiglu, "kernel": name,
                                  "us": us, "gb_s": gb / (us * 1e-6)})
                 best = min((r for r in rows[-len(cands):]), key=lambda r: r["us"])

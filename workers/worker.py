@@ -162,7 +162,11 @@ class Worker:
             print(f"spectune: rank {self.rank}: fused add + norm turned off by SPECTUNE_FUSED_ADD_NORM=0"
                   f"{'' if off_here else ' on a peer rank'}", file=sys.stderr, flush=True)
             return
+        if hasattr(allreduce, "takes_pushes"):  # GEMM-epilogue pushes: checked on every rank or on none
+            allreduce.takes_pushes = everyone(allreduce.takes_pushes)
         err = validate_add_norm(allreduce, self.rank, hidden, dtype=dtype, device=device)
+        if hasattr(allreduce, "takes_pushes"):
+            allreduce.takes_pushes = everyone(allreduce.takes_pushes)
         if not everyone(err is None):
             allreduce.fuses_add_norm = False
             print(f"spectune: rank {self.rank}: {err or 'a peer rank refused the fused add + norm'}; "

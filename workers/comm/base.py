@@ -147,7 +147,10 @@ def validate(allreduce: AllReduce, rank: int, dtype=torch.float32, device="cpu",
 
 def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.float32, device="cpu", rows: int = 2) -> str | None:
     """A backend's fused `add_norm` against the plain allreduce followed by torch's add and norm
-    (the base class's `add_norm`); None if they agree to the dtype's rounding, else what differs."""
+    (the base class's `add_norm`); None if they agree to the dtype's rounding, else what differs.
+    Where the backend takes partial sums pushed by a GEMM epilogue (`push_target`), that path is
+    checked too, and turned off on this rank (`takes_pushes`) if it sums wrong: the caller then
+    agrees with the other ranks (workers/worker.py)."""
     if not allreduce.fuses_add_norm or allreduce.world_size == 1:
         return None
     gen = torch.Generator().manual_seed(11)  # the same residual and weight on every rank
@@ -178,16 +181,19 @@ def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.
 
 
 def _check_pushed(allreduce: AllReduce, partial, residual, weight, wrong) -> str | None:
-    """add_norm of a partial pushed by workers/gemv.py's epilogue (x @ I = x exactly), split K and not."""
+    """add_norm of a partial pushed by workers/gemv.py's epilogue (x @ I = x exactly), split K and
+    not. Always two allreduces, whatever fails: the peers' allreduces must keep lining up."""
     from workers.gemv import CONFIGS, gemv
 
     eye = torch.eye(partial.shape[-1], dtype=partial.dtype, device=partial.device)
+    problems = []
     for config in (CONFIGS[0], next(c for c in CONFIGS if c[2] == 1)):
         target = allreduce.push_target(partial.numel(), partial.dtype, partial.shape[-1])
         try:
-            y = gemv(partial, eye, None, config, push=target)
-        except Exception as e:  # noqa: BLE001 - every rank compiles the same kernel, so all fail alike
-            return f"GEMV {config} failed: {type(e).__name__}"
-        if (why := wrong(*allreduce.add_norm(y, residual, weight, 1e-5, pushed=True))) is not None:
-            return f"wrong sums after GEMV {config}: {why}"
-    return None
+            y, pushed = gemv(partial, eye, None, config, push=target), True
+        except Exception as e:  # noqa: BLE001 - this rank cannot push: it sums with the allreduce's own push
+            y, pushed = partial.clone(), False
+            problems.append(f"GEMV {config} failed: {type(e).__name__}")
+        if (why := wrong(*allreduce.add_norm(y, residual, weight, 1e-5, pushed=pushed))) is not None and pushed:
+            problems.append(f"wrong sums after GEMV {config}: {why}")
+    return "; ".join(problems) or None

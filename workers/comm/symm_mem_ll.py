@@ -291,6 +291,12 @@ class SymmMemLLAllReduce(AllReduce):
         out = out.view(self.world_size, *x.shape)
         return out.movedim(0, -2).reshape(*x.shape[:-1], self.world_size * x.shape[-1])
 
+    def raise_if_timed_out(self) -> None:
+        """A reader gave up on a peer (MAX_SPINS polls) since setup: its sums were wrong."""
+        if int(self.state[2]):
+            raise RuntimeError(f"symm_mem_ll: rank {self.rank} waited more than {MAX_SPINS} polls for a peer's "
+                               "partial sums (a rank fell behind or died); the sums since are wrong")
+
     def push_target(self, numel, dtype, hidden):
         # a GEMM's epilogue stores its [T, hidden] output into slot `rank` of the current phase on
         # every peer (workers/gemv.py), as this kernel's push half would; add_norm(pushed=True) waits
@@ -392,7 +398,23 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
                 torch.testing.assert_close(n_r, rms_norm(want_s, weight, 1e-5), rtol=1e-4, atol=1e-4)
             for r in range(world):
                 assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
-    print("GEMM push + reduce: sums, residual and norm right, slots cleared")
+    # ranks that disagree: rank 0 pushes from its GEMM, rank 1 lets its allreduce push
+    bufs = [sentinel_fill_(torch.empty(NPHASE * 2 * max_numel)) for _ in range(2)]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+    states = [torch.zeros(3, dtype=torch.int32) for _ in range(2)]
+    for call in range(NPHASE + 1):
+        xs = [torch.randn(rows, 80, generator=gen) for _ in range(2)]
+        ws = [torch.randn(hidden, 80, generator=gen) / 9 for _ in range(2)]
+        want_s = residual + sum(torch.nn.functional.linear(x, w) for x, w in zip(xs, ws))
+        y0 = gemv(xs[0], ws[0], None, CONFIGS[0], push=(ptrs, states[0], 0, 2, max_numel))
+        y1 = gemv(xs[1], ws[1], None, CONFIGS[0])
+        launch_add_norm(y1, residual, weight, 1e-5, ptrs, states[1], max_numel, 1, 2, mode=PUSH)
+        outs = [launch_add_norm(y, residual, weight, 1e-5, ptrs, states[r], max_numel, r, 2, mode=REDUCE)
+                for r, y in enumerate((y0, y1))]
+        for r, (s_r, _) in enumerate(outs):
+            torch.testing.assert_close(s_r, want_s, rtol=1e-4, atol=1e-4)
+            assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
+    print("GEMM push + reduce: sums, residual and norm right, slots cleared, ranks may disagree on pushing")
     # all-gather (vocab-parallel logits), between plain calls: every rank's part in rank order
     world, n = 3, 700
     bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
