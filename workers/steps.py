@@ -220,10 +220,10 @@ class StepRunner:
         gemv = getattr(self.fast, "gemv", None)
         if gemv is not None:  # the GEMV races (seconds of compiling and timing) before any collective
             gemv.prepare(sorted({T for T in widths if T <= self.max_width} | ({1} if chain or greedy else set())))
-            if getattr(self.allreduce, "world_size", 1) > 1 and getattr(self.allreduce, "group", None) is not None:
-                import torch.distributed as dist
+        if getattr(self.allreduce, "world_size", 1) > 1 and getattr(self.allreduce, "group", None) is not None:
+            import torch.distributed as dist
 
-                dist.barrier(group=self.allreduce.group)  # and the ranks start the warm-up steps together
+            dist.barrier(group=self.allreduce.group)  # every rank (picker or not) starts the warm-up steps together
         for T in widths:
             if T <= self.max_width and (T, self._comm_on()) not in self.graphs:
                 self.cache.lengths[0] = 0
