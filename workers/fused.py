@@ -148,7 +148,10 @@ class FusedStep:
         if gemv if gemv is not None else (device.type == "cuda" and gemv_mode() != "off"):
             from workers.gemv import GemvPicker
 
-            self.gemv = GemvPicker({"qkv": [w for w, _, _ in self.merged], "gate_up": [w for _, _, w in self.merged],
+            # QKV goes through the picker only into the Triton rope + attention (with SDPA it stays
+            # in the compiled rope body), so only then does it get a race
+            qkv = [w for w, _, _ in self.merged] if self.rope_attend is not None else []
+            self.gemv = GemvPicker({"qkv": qkv, "gate_up": [w for _, _, w in self.merged],
                                     "o": [layer.self_attn.o_proj.weight for layer in model.layers],
                                     "down": [layer.mlp.down_proj.weight for layer in model.layers]},
                                    silu_mul=self.silu_mul)

@@ -180,6 +180,11 @@ def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, swiglu:
     return silu_fn(F.linear(x, w)) if swiglu else F.linear(x, w, b)
 
 
+def _key(role: str, x: torch.Tensor, w: torch.Tensor) -> tuple:
+    """What a picker decision is for: the role, the step width (token rows) and the weight's shape."""
+    return role, x.numel() // x.shape[-1], tuple(w.shape)
+
+
 class GemvPicker:
     """cuBLAS or a Triton configuration per (role, T), by a checked, timed race on first use."""
 
@@ -209,7 +214,7 @@ class GemvPicker:
         GEMM's epilogue takes the push out of the allreduce's latency. (y, False) where no Triton
         configuration runs: the caller then runs the whole allreduce."""
         self._config(role, x, w, None, False)
-        config = self.fastest_triton.get((role, x.numel() // x.shape[-1], tuple(w.shape)))
+        config = self.fastest_triton.get(_key(role, x, w))
         if config is None:
             return _reference(x, w, None, False), False
         return gemv(x, w, None, config, push=push), True
@@ -227,7 +232,7 @@ class GemvPicker:
                 self._config(role, x, w, None, role == "gate_up")
 
     def _config(self, role, x, w, b, swiglu):
-        key = (role, x.numel() // x.shape[-1], tuple(w.shape))
+        key = _key(role, x, w)
         if key not in self.choice:
             if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 return None  # no race inside a capture: cuBLAS
