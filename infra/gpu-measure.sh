@@ -5,7 +5,7 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh selftest # the Triton attention (and rope + cache write) against SDPA
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh smoke   # a minute: every code path on a 2-layer model
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh bench   # allreduce latency: nccl (3 environments) and symm_mem
-#   OUT=/tmp/gpu bash infra/gpu-measure.sh gemv    # step GEMMs: cuBLAS against the Triton GEMV configs (workers/gemv.py)
+#   OUT=/tmp/gpu bash infra/gpu-measure.sh gemv    # step GEMMs: cuBLAS against the Triton GEMV configs (workers/kernels/gemv.py)
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh full    # decode figures (Llama-3-8B shape, random bf16 weights) = tp1 tp2 sim
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh tp1     # TP 1 and transformers' generate
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh tp2     # TP 2, one run per allreduce backend
@@ -56,9 +56,9 @@ M=random:llama-3-8b
 P="--num-prompts 4 --max-new-tokens 128"
 selftest() {
   echo "=== decode_attention selftest" | tee -a "$OUT/log.txt"
-  timeout 120 $PY -m workers.decode_attention --selftest 2>&1 | tee -a "$OUT/log.txt"
+  timeout 120 $PY -m workers.kernels.attention --selftest 2>&1 | tee -a "$OUT/log.txt"
   echo "=== gemv selftest" | tee -a "$OUT/log.txt"
-  timeout 120 $PY -m workers.gemv --selftest --device cuda 2>&1 | tee -a "$OUT/log.txt"
+  timeout 120 $PY -m workers.kernels.gemv --selftest --device cuda 2>&1 | tee -a "$OUT/log.txt"
 }
 smoke() {
   local M=random:llama-3-8b:layers=2 P="--num-prompts 1 --max-new-tokens 16"
@@ -86,18 +86,18 @@ r_ray_tp2_draft() { ray_setup; run ray_tp2_draft $S decode --ray --model $M --tp
       --draft-model random:llama-3.2-1b; }
 ray_mode() { r_ray_tp2_nccl; r_ray_tp2_ll_ngram; r_ray_tp2_draft; }
 profile() {
-  timeout 300 $PY -m workers.profile_step --model $M --widths 1 5 --max-seq 512 --attention triton --top 15 \
+  timeout 300 $PY -m workers.tools.profile_step --model $M --widths 1 5 --max-seq 512 --attention triton --top 15 \
       --json "$OUT/profile.json" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
   profile2
 }
 profile2() {
   # one backend, one width: model load + compile of both graph sets per backend took > 300 s for two
-  timeout 300 $PY -m workers.profile_step --model $M --tp 2 --backend symm_mem_ll --widths 1 --max-seq 512 --top 20 \
+  timeout 300 $PY -m workers.tools.profile_step --model $M --tp 2 --backend symm_mem_ll --widths 1 --max-seq 512 --top 20 \
       --json "$OUT/profile_tp2.json" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
 }
 gemv() {  # cuBLAS against each Triton GEMV config on the model's step GEMMs at TP 1 and 2 (no gang needed)
   echo "=== gemv bench" | tee -a "$OUT/log.txt"
-  timeout "${LIMIT:-240}" $PY -m workers.gemv --bench --model llama-3-8b --tp 1 2 --widths 1 5 --json "$OUT/gemv_bench.json" 2>&1 |
+  timeout "${LIMIT:-240}" $PY -m workers.kernels.gemv --bench --model llama-3-8b --tp 1 2 --widths 1 5 --json "$OUT/gemv_bench.json" 2>&1 |
     grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
 }
 bench() {
@@ -109,7 +109,7 @@ r_tp1() { run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline; }
 r_tp2_symm_ll() { run tp2_symm_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
 r_tp2_nccl() { run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P; }
 r_tp2_symm_ll_unfused() { run tp2_symm_ll_unfused env SPECTUNE_FUSED_ADD_NORM=0 $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
-# side by side: workers/gemv.py's picker off (cuBLAS inside the compiled bodies), and with its GEMM-epilogue pushes
+# side by side: workers/kernels/gemv.py's picker off (cuBLAS inside the compiled bodies), and with its GEMM-epilogue pushes
 r_tp1_cublas() { run tp1_cublas env SPECTUNE_GEMV=off $S decode --model $M --tp 1 $common $P; }
 r_tp2_symm_ll_cublas() { run tp2_symm_ll_cublas env SPECTUNE_GEMV=off $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
 r_tp2_symm_ll_push() { run tp2_symm_ll_push env SPECTUNE_GEMV_PUSH=1 $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }

@@ -54,7 +54,7 @@ def parse_env(items: list[str]) -> list[dict[str, str]]:
 
 def run_backend(backend: str, tp: int, device: str, sizes: list[int], dtype: str, iters: int, env: dict[str, str],
                 timeout_s: float = 600) -> list[dict]:
-    from workers.bench_allreduce import bench_rank
+    from workers.tools.bench_allreduce import bench_rank
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print("spectune: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a failed gang or worker: one line, details only on request
-        from workers.local_gang import GangError
+        from workers.runtime.errors import GangError
 
         if isinstance(e, GangError):
             print(f"spectune: error: gang failed: {e}", file=sys.stderr)

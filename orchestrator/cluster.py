@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 
 from orchestrator.envpolicy import NVLS_OFF_ENV
 from orchestrator.errors import UserError
-from workers.local_gang import GangError
+from workers.runtime.errors import GangError
 from workers.spec import GangSpec, RunResult, Workload
-from workers.worker import RAY_NOSET_CUDA_ENV, Rendezvous, Worker
+from workers.runtime.worker import RAY_NOSET_CUDA_ENV, Rendezvous, Worker
 
 
 ENGINE_SWITCHES = ("SPECTUNE_FUSED_ADD_NORM", "SPECTUNE_GEMV", "SPECTUNE_GEMV_PUSH")  # read by the workers (SPECTUNE_OVERLAP: by the driver)
@@ -108,7 +108,7 @@ class RayGang:
         switches = {k: os.environ[k] for k in ENGINE_SWITCHES if k in os.environ}
         env = {**switches, **self.env, **NVLS_OFF_ENV, "OMP_NUM_THREADS": str(spec.threads)}
         if gpu:
-            # every actor sees every GPU of the node and takes the one Ray gave it (workers/worker.py
+            # every actor sees every GPU of the node and takes the one Ray gave it (workers/runtime/worker.py
             # `_device`): torch's symmetric memory identifies ranks on one node by device index, so
             # two actors that each see their GPU as cuda:0 cannot rendezvous (symm_mem, symm_mem_ll)
             env[RAY_NOSET_CUDA_ENV] = "1"

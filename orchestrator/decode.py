@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import UserError
 from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
-from workers.checkpoint import load_args, resolve_model_path
+from workers.model.checkpoint import load_args, resolve_model_path
 from workers.comm import GangInfo, refusal
 from workers.drafters import KINDS
-from workers.link import MAX_DRAFT_TOKENS
-from workers.modelargs import check_tp
-from workers.random_models import is_random
+from workers.engine.link import MAX_DRAFT_TOKENS
+from workers.model.args import check_tp
+from workers.model.random_weights import is_random
 from workers.spec import DrafterSpec, GangSpec, RunResult, Workload
 
 
@@ -182,7 +182,7 @@ def peer(o: DecodeOptions, p: DecodePlan, base: RunResult) -> dict:
 
     import torch
 
-    from workers.peer import generate_throughput
+    from workers.tools.peer import generate_throughput
 
     dtype = getattr(torch, p.gang.dtype)
     device = "cuda:0" if o.device == "cuda" else "cpu"
@@ -228,7 +228,7 @@ def _decode_on_ray(o: DecodeOptions, p: DecodePlan) -> dict:
 
 
 def decode(o: DecodeOptions, gang_factory=None) -> dict:
-    from workers.local_gang import LocalGang
+    from workers.runtime.local_gang import LocalGang
 
     p = plan(o)  # bad input fails here, before any process or Ray starts
     if o.ray and gang_factory is None:

@@ -65,7 +65,7 @@ def model_comm(rows: list[dict] | None, model_path: str, dtype: str, device: str
     (k + 1) x hidden x itemsize bytes (batch 1), the table's rows of the steps' mode."""
     if not rows:
         return None, "no allreduce table (study.bench_allreduce off and no --bench)"
-    from workers.checkpoint import load_args, resolve_model_path
+    from workers.model.checkpoint import load_args, resolve_model_path
 
     try:
         args = load_args(resolve_model_path(model_path))

@@ -23,7 +23,7 @@ from orchestrator.errors import INPUT_ERRORS
 from orchestrator.space import TrialConfig, suggest
 from orchestrator.tracking import Tracker
 from orchestrator.workload import PreparedWorkload
-from workers.local_gang import GangError
+from workers.runtime.errors import GangError
 from workers.spec import RunResult
 
 # the baseline trial's tokens and per-token logit margins (JSON), for telling a near-tie divergence

@@ -7,10 +7,10 @@ from orchestrator.config import ExperimentConfig
 from orchestrator.errors import UserError
 from orchestrator.space import candidates, check_conditions
 from orchestrator.workload import PreparedWorkload, prepare
-from workers.checkpoint import load_args, resolve_model_path
+from workers.model.checkpoint import load_args, resolve_model_path
 from workers.comm import GangInfo, refusal
 from workers.drafters import KINDS
-from workers.modelargs import ModelConfigError, check_tp
+from workers.model.args import ModelConfigError, check_tp
 
 
 def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:

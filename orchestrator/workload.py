@@ -7,8 +7,8 @@ from orchestrator.config import ExperimentConfig
 from orchestrator.errors import UserError
 from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
 from orchestrator.space import TrialConfig, resolve
-from workers.checkpoint import load_args, resolve_model_path
-from workers.modelargs import ModelArgs
+from workers.model.checkpoint import load_args, resolve_model_path
+from workers.model.args import ModelArgs
 from workers.spec import GangSpec, Workload
 
 

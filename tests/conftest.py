@@ -7,7 +7,7 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from workers.checkpoint import resolve_model_path, tiny_config, write_random_checkpoint  # noqa: E402
+from workers.model.checkpoint import resolve_model_path, tiny_config, write_random_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from workers.checkpoint import tiny_config
+from workers.model.checkpoint import tiny_config
 
 REQUIRED = ["throughput_tok_s", "accept_len_mean", "accept_rate_pos_1", "step_ms_p50", "step_ms_p90", "verify_ms_p50",
             "draft_ms_p50", "comm_ms_per_step", "comm_fraction", "speedup_vs_baseline", "outputs_match_baseline", "setup_s"]

@@ -218,7 +218,7 @@ _PUSH_CHECK = r'''
 import torch
 from workers.comm.base import AllReduce, validate_add_norm
 from workers.comm import symm_mem_ll as ll
-from workers.triton_support import interpreter_numpy_fix
+from workers.kernels.support import interpreter_numpy_fix
 
 interpreter_numpy_fix()
 
@@ -279,7 +279,7 @@ class _FakeGang:
 
     def run(self, workload, timeout_s=None):
         from workers.spec import PromptResult, RunResult
-        from workers.stats import RunStats
+        from workers.engine.stats import RunStats
 
         toks = list(self.outputs[workload.num_draft_tokens])
         return RunResult(prompts=[PromptResult(toks, 0.01, len(toks), 0)], stats=RunStats(tokens=len(toks), seconds=0.01 if workload.num_draft_tokens else 0.02),
@@ -313,7 +313,7 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
     from orchestrator.tracking import Tracker
     from orchestrator.trial import run_trial
     from orchestrator.validate import check_experiment
-    from workers.local_gang import GangError
+    from workers.runtime.errors import GangError
 
     exp = tiny_experiment(tmp_path, tiny_ckpt, search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}})
     cfg = load_config(exp)

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workers.checkpoint import load_model, tiny_config, write_random_checkpoint
-from workers.fused import FusedStep
+from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
+from workers.engine.fused_step import FusedStep
 
 
 @pytest.mark.parametrize("cfg", [tiny_config(), tiny_config(model_type="qwen2", tie_word_embeddings=True),
@@ -89,10 +89,10 @@ def test_compiled_fused_step(tmp_path):
 
 _TRITON_STEP = r'''
 import sys, torch
-from workers.checkpoint import load_model, tiny_config, write_random_checkpoint
-from workers.decode_attention import decode_attend
-from workers.triton_support import interpreter_numpy_fix
-from workers.fused import FusedStep
+from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
+from workers.kernels.attention import decode_attend
+from workers.kernels.support import interpreter_numpy_fix
+from workers.engine.fused_step import FusedStep
 from workers.comm.base import NoOpAllReduce
 
 class AddNormWorldOfOne(NoOpAllReduce):
@@ -121,7 +121,7 @@ class PushWorldOfOne(AddNormWorldOfOne):
 interpreter_numpy_fix()
 torch.set_grad_enabled(False)
 cases = [tiny_config(), tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)]
-# the last two: every GEMM through workers/gemv.py's Triton kernel (SPECTUNE_GEMV=triton), with
+# the last two: every GEMM through workers/kernels/gemv.py's Triton kernel (SPECTUNE_GEMV=triton), with
 # SiLU * up in the gate/up projection's epilogue, in both layouts
 # and last, o_proj and down pushing their outputs from the GEMM epilogue into symm_mem_ll's slots
 runs = [(cases[0], False, False), (cases[1], False, False), (cases[1], True, False), (cases[1], False, True), (cases[0], True, True),
@@ -175,7 +175,7 @@ def test_fused_step_with_triton_rope_and_attention(tmp_path):
 @pytest.mark.parametrize("fuse_norms, compile", [(False, False), (True, False), (False, True)])
 @torch.inference_mode()
 def test_layout_with_picked_gemms_matches_plain(tmp_path, fuse_norms, compile):
-    """On CUDA every GEMM of the step can go through workers/gemv.py's picker (cuBLAS or a Triton
+    """On CUDA every GEMM of the step can go through workers/kernels/gemv.py's picker (cuBLAS or a Triton
     GEMV per shape; the gate/up projection writes SiLU * up). The layout around it, forced
     on here where the picker can only choose F.linear, gives the plain model's logits and cache,
     with and without an allreduce that fuses add + norm."""
@@ -189,7 +189,7 @@ def test_layout_with_picked_gemms_matches_plain(tmp_path, fuse_norms, compile):
 def test_gemv_switch_is_parsed_and_a_bad_value_is_an_error(tmp_path, monkeypatch):
     """SPECTUNE_GEMV: auto by default, off also as 0 / false (as the other switches say it); a value
     it does not know stops the run with one line instead of silently falling back to the plain model."""
-    from workers.fused import gemv_mode, try_fused
+    from workers.engine.fused_step import gemv_mode, try_fused
 
     monkeypatch.delenv("SPECTUNE_GEMV", raising=False)
     assert gemv_mode() == "auto"
@@ -206,7 +206,7 @@ def test_gemv_picker_decides_every_role_and_width_up_front(tmp_path):
     """StepRunner.warm asks the picker to decide every (role, width) before the first collective
     (its races take seconds, which must not fall between two ranks' allreduces): one decision per
     role, width and weight shape, and later calls of those reuse it."""
-    from workers.gemv import GemvPicker
+    from workers.kernels.gemv import GemvPicker
 
     model = load_model(write_random_checkpoint(tmp_path, tiny_config(), seed=1), max_seq=16)
     fast = FusedStep(model, compile=False)

@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-from workers.checkpoint import CheckpointError, load_args, load_model, resolve_model_path, tiny_config
+from workers.model.checkpoint import CheckpointError, load_args, load_model, resolve_model_path, tiny_config
 from workers.comm import GangInfo, refusal
-from workers.local_gang import LocalGang
+from workers.runtime.local_gang import LocalGang
 from workers.spec import DrafterSpec, GangSpec, Workload
-from workers.steps import StepRunner
+from workers.engine.steps import StepRunner
 
 CUDA2 = dict(world_size=2, device_type="cuda", devices=(0, 1), p2p_ok=True, max_message_bytes=1 << 16)
 
@@ -156,8 +156,8 @@ def test_overlapped_greedy_decoding_matches_the_plain_loop(tiny_ckpt, stop, marg
     loop's tokens, steps and top-2 margins; at max_new_tokens it launches no step past the end,
     at an EOS exactly one, which it waits for and drops."""
     from workers.comm.base import AllReduce
-    from workers.engine import Verifier
-    from workers.link import DraftLink
+    from workers.engine.verifier import Verifier
+    from workers.engine.link import DraftLink
 
     model = load_model(tiny_ckpt, max_seq=128)
 
@@ -346,7 +346,7 @@ _ADD_NORM_RANK = r"""
 import os, sys, torch, torch.distributed as dist
 from workers.comm.torch_dist import GlooAllReduce
 from workers.spec import GangSpec
-from workers.worker import Worker
+from workers.runtime.worker import Worker
 
 rank, init, broken_rank = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
@@ -389,7 +389,7 @@ def test_a_ray_actor_takes_the_gpu_ray_assigned(monkeypatch, visible, ray_ids, w
     devices apart) and take the one Ray assigned, named as the node's CUDA_VISIBLE_DEVICES lists it."""
     import ray
 
-    from workers.worker import RAY_NOSET_CUDA_ENV, _ray_gpu_index
+    from workers.runtime.worker import RAY_NOSET_CUDA_ENV, _ray_gpu_index
 
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: ray_ids)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)

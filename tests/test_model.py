@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.checkpoint import load_model, tiny_config, write_random_checkpoint
-from workers.modelargs import ModelArgs, ModelConfigError
-from workers.parity import reference_logits
+from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
+from workers.model.args import ModelArgs, ModelConfigError
+from workers.tools.parity import reference_logits
 
 VARIANTS = {
     "llama-gqa": tiny_config(),

@@ -101,7 +101,7 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
 def _check_bench_term(tmp_path, exp, home, ckpt, study):
     """The bench-derived allreduce term end to end: a gloo table at the trials' message sizes,
     (k + 1) x hidden x 4 bytes, used by the benchmark command; one 1000x off is refused by the report."""
-    from workers.checkpoint import load_args
+    from workers.model.checkpoint import load_args
 
     args = load_args(ckpt)
     rounds = 2 * args.n_layers

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.local_gang import LocalGang
+from workers.runtime.local_gang import LocalGang
 from workers.spec import DrafterSpec, GangSpec, Workload
 
 K_VALUES = (1, 2, 4, 8)
@@ -116,7 +116,7 @@ def test_eos_stops_generation(tiny_ckpt):
 _AGREEMENT_RANK = """
 import sys, types, torch, torch.distributed as dist
 from workers.comm.torch_dist import GlooAllReduce
-from workers.engine import Verifier
+from workers.engine.verifier import Verifier
 rank, init, tokens = int(sys.argv[1]), sys.argv[2], [int(t) for t in sys.argv[3].split(",")]
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
 me = types.SimpleNamespace(allreduce=GlooAllReduce(dist.group.WORLD, 2), rank=rank, device=torch.device("cpu"))

@@ -1,5 +1,5 @@
 """The Triton kernels of the GPU path, run on CPU under Triton's interpreter: the split-KV attention
-of the graphed steps (workers/decode_attention.py) against the model's SDPA attention (GQA, uneven
+of the graphed steps (workers/kernels/attention.py) against the model's SDPA attention (GQA, uneven
 head maps, several query tokens, caches of several splits, junk past each sequence) and the choice
 between it and SDPA, made or refused with a reason; and the low-latency allreduce's protocol."""
 from __future__ import annotations
@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
-from workers.decode_attention import available
-from workers.steps import pick_attention
+from workers.kernels.attention import available
+from workers.engine.steps import pick_attention
 
 
 def test_kernels_match_sdpa_under_the_interpreter():
     pytest.importorskip("triton")
-    r = subprocess.run([sys.executable, "-m", "workers.decode_attention", "--selftest", "--device", "cpu"],
+    r = subprocess.run([sys.executable, "-m", "workers.kernels.attention", "--selftest", "--device", "cpu"],
                        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert r.stdout.count("max |diff|") == 12 and r.stdout.count("cache write fused") == 6 and "worst decode_attention error" in r.stdout
@@ -56,14 +56,14 @@ def test_low_latency_allreduce_protocol_under_the_interpreter():
 
 
 def test_skinny_gemm_matches_f_linear_under_the_interpreter():
-    """workers/gemv.py's Triton GEMV, every configuration (split-K with its last-arrival reduction,
+    """workers/kernels/gemv.py's Triton GEMV, every configuration (split-K with its last-arrival reduction,
     the SwiGLU epilogue, bias) against F.linear for 1-17 token rows, twice each (the split-K
     counters must be back at zero)."""
     pytest.importorskip("triton")
-    r = subprocess.run([sys.executable, "-m", "workers.gemv", "--selftest"],
+    r = subprocess.run([sys.executable, "-m", "workers.kernels.gemv", "--selftest"],
                        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    from workers.gemv import CONFIGS, runs_config
+    from workers.kernels.gemv import CONFIGS, runs_config
 
     swiglu_configs = sum(runs_config(c, True) for c in CONFIGS)
     assert 0 < swiglu_configs < len(CONFIGS)
@@ -76,7 +76,7 @@ import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from workers.comm import symm_mem_ll as ll
-from workers import decode_attention as da
+from workers.kernels import attention as da
 
 def build(fn, sig, consts):
     sig = {**sig, **{k: "constexpr" for k in consts}}
@@ -99,7 +99,7 @@ build(da._partial, {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "POS": "*i64", "KV
                     "ACC": "*fp32", "CNT": "*i32", "OUT": "*bf16", "H": "i32", "T": "i32", "NSPLIT": "i32", "scale": "fp32",
                     **strides},
       {"CHUNK": 256, "BLOCK_N": 64, "T_PAD": 16, "D": 128})
-from workers import gemv as gv
+from workers.kernels import gemv as gv
 for split, swiglu, bias, push in ((1, False, True, False), (4, False, False, True), (1, True, False, False), (2, False, False, False)):
     build(gv._gemv, {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "PART": "*fp32", "CNT": "*i32", "PEERS": "*i64",
                      "STATE": "*i32", "T": "i32", "N": "i32", "K": "i32", "sxt": "i32", "swn": "i32", "syt": "i32",
@@ -127,16 +127,16 @@ def test_kernels_compile_for_hopper():
 
 @pytest.mark.parametrize("tp, heads, kv_heads", [(1, 4, 2), (2, 4, 2), (4, 8, 2)])
 def test_gemv_bench_times_the_shapes_a_rank_runs(tmp_path, tp, heads, kv_heads):
-    """`python -m workers.gemv --bench` races cuBLAS and the Triton GEMV on each TP rank's step
+    """`python -m workers.kernels.gemv --bench` races cuBLAS and the Triton GEMV on each TP rank's step
     GEMMs: its shapes are those of a sharded model's merged weights (KV heads replicated where
     there are fewer than ranks). Without a GPU the bench says so in one line and exits 1."""
     import torch
 
-    from workers.checkpoint import load_model, tiny_config, write_random_checkpoint
+    from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
     from workers.comm.base import NoOpAllReduce
-    from workers.fused import FusedStep
-    from workers.gemv import step_shapes
-    from workers.tp import shard
+    from workers.engine.fused_step import FusedStep
+    from workers.kernels.gemv import step_shapes
+    from workers.model.tp import shard
 
     cfg = tiny_config(num_attention_heads=heads, num_key_value_heads=kv_heads)
     model = shard(load_model(write_random_checkpoint(tmp_path, cfg, seed=1), max_seq=32), 0, tp, NoOpAllReduce(None, tp))
@@ -147,7 +147,7 @@ def test_gemv_bench_times_the_shapes_a_rank_runs(tmp_path, tp, heads, kv_heads):
            "down": tuple(layer.mlp.down_proj.weight.shape)}
     assert {role: (n, k) for role, (n, k, _) in step_shapes(cfg, tp).items()} == got
     if not torch.cuda.is_available():
-        r = subprocess.run([sys.executable, "-m", "workers.gemv", "--bench"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "workers.kernels.gemv", "--bench"], capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and r.stderr.strip() == "gemv --bench: needs a CUDA GPU and Triton (the kernels are timed as CUDA graphs)"
 
 

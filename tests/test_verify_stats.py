@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from workers.verify import greedy_verify, rejection_verify
+from workers.engine.verify import greedy_verify, rejection_verify
 
 V = 6
 N = 20000
@@ -97,7 +97,7 @@ def test_greedy_accepts_the_matching_prefix():
 def test_inverse_cdf_sampler_never_draws_a_zero_probability_token():
     """`sample` on an unnormalised row with zeros at both ends and in the middle, u = 0 included
     (side="right" of the cumulative sum): only positive tokens, in proportion."""
-    from workers.verify import sample
+    from workers.engine.verify import sample
 
     p = torch.tensor([0.0, 0.0, 2.0, 0.0, 6.0, 0.0])
     gen = torch.Generator().manual_seed(5)

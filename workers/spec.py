@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from workers.stats import RunStats
+from workers.engine.stats import RunStats
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class GangSpec:
     threads: int = 1  # torch intra-op threads per process
     cuda_graphs: bool = True  # capture decode/verify steps as CUDA graphs (CUDA only)
     compile: bool = True  # merged weights + torch.compile'd layer bodies inside the graphs (CUDA only)
-    attention: str = "auto"  # graphed steps: triton (workers/decode_attention.py) | sdpa | auto (triton where it runs)
+    attention: str = "auto"  # graphed steps: triton (workers/kernels/attention.py) | sdpa | auto (triton where it runs)
 
     @property
     def has_drafter(self) -> bool:
@@ -77,7 +77,7 @@ class Workload:
     # from a wrong one (orchestrator/equivalence.py)
     record_margins: bool = False
     # plain greedy decoding on CUDA graphs: step n + 1 is enqueued before the host reads step n, so
-    # the GPU never waits for the host between steps (workers/steps.py `greedy_launch`).
+    # the GPU never waits for the host between steps (workers/engine/steps.py `greedy_launch`).
     # SPECTUNE_OVERLAP=0 in the driver's environment turns it off, for side-by-side measurements
     overlap_steps: bool = field(default_factory=lambda: os.environ.get("SPECTUNE_OVERLAP", "1") != "0")
 

@@ -78,7 +78,7 @@ class AllReduce:
 
     def push_target(self, numel: int, dtype: torch.dtype, hidden: int):
         """Where a GEMM may push its output for `add_norm(..., pushed=True)` (symm_mem_ll's slots on
-        the peers, as workers/gemv.py takes them), or None: then it runs the whole allreduce."""
+        the peers, as workers/kernels/gemv.py takes them), or None: then it runs the whole allreduce."""
         return None
 
     def add_norm(self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -87,7 +87,7 @@ class AllReduce:
         residual stream and the next norm reading it. Backends that can do it in one kernel
         override this (and set `fuses_add_norm`); it counts as one allreduce call either way.
         pushed: the GEMM that made `partial` already pushed it to the peers (`push_target`)."""
-        from workers.model import rms_norm
+        from workers.model.transformer import rms_norm
 
         if pushed:
             raise ValueError(f"allreduce backend {self.name!r} takes no pushed partial sums")
@@ -150,7 +150,7 @@ def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.
     (the base class's `add_norm`); None if they agree to the dtype's rounding, else what differs.
     Where the backend takes partial sums pushed by a GEMM epilogue (`push_target`), that path is
     checked too, and turned off on this rank (`takes_pushes`) if it sums wrong: the caller then
-    agrees with the other ranks (workers/worker.py)."""
+    agrees with the other ranks (workers/runtime/worker.py)."""
     if not allreduce.fuses_add_norm or allreduce.world_size == 1:
         return None
     gen = torch.Generator().manual_seed(11)  # the same residual and weight on every rank
@@ -181,9 +181,9 @@ def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.
 
 
 def _check_pushed(allreduce: AllReduce, partial, residual, weight, wrong) -> str | None:
-    """add_norm of a partial pushed by workers/gemv.py's epilogue (x @ I = x exactly), split K and
+    """add_norm of a partial pushed by workers/kernels/gemv.py's epilogue (x @ I = x exactly), split K and
     not. Always two allreduces, whatever fails: the peers' allreduces must keep lining up."""
-    from workers.gemv import CONFIGS, gemv
+    from workers.kernels.gemv import CONFIGS, gemv
 
     eye = torch.eye(partial.shape[-1], dtype=partial.dtype, device=partial.device)
     problems = []

@@ -22,7 +22,7 @@ finish (a device-side counter) advances the phase; every program has read it by 
 
 `all_gather_last` (vocab-parallel logits) runs the same protocol, each rank's part landing at its
 offset instead of adding up. `add_norm` runs the same protocol one program per token row and, in the same kernel, adds the
-sum to the residual stream and applies the next RMS norm (workers/fused.py then drops its norm
+sum to the residual stream and applies the next RMS norm (workers/engine/fused_step.py then drops its norm
 kernels: two kernels fewer per layer). `validate_add_norm` checks it against allreduce + add + norm.
 
     ar = SymmMemLLAllReduce(group, world); ar.setup(device, torch.bfloat16, max_numel); ar(x)
@@ -39,7 +39,7 @@ import torch
 
 from workers.comm.base import AllReduce, GangInfo
 from workers.comm.symm_mem import SymmMemAllReduce
-from workers.triton_support import interpreter_numpy_fix
+from workers.kernels.support import interpreter_numpy_fix
 
 try:
     import triton
@@ -252,7 +252,7 @@ class SymmMemLLAllReduce(AllReduce):
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
 
-        # GEMM epilogues push into the slots (workers/gemv.py) only when asked: measured on the H200,
+        # GEMM epilogues push into the slots (workers/kernels/gemv.py) only when asked: measured on the H200,
         # a TP 2 step took 2.909 ms with them and 2.882 ms without (session 5); validated when on,
         # and turned off (comm.base) if that check fails
         self.takes_pushes = os.environ.get("SPECTUNE_GEMV_PUSH", "0") == "1"
@@ -299,7 +299,7 @@ class SymmMemLLAllReduce(AllReduce):
 
     def push_target(self, numel, dtype, hidden):
         # a GEMM's epilogue stores its [T, hidden] output into slot `rank` of the current phase on
-        # every peer (workers/gemv.py), as this kernel's push half would; add_norm(pushed=True) waits
+        # every peer (workers/kernels/gemv.py), as this kernel's push half would; add_norm(pushed=True) waits
         if not (self.enabled and self.takes_pushes) or self.world_size == 1 or not self._fits(numel, dtype, hidden):
             return None
         return self.ptrs, self.state, self.rank, self.world_size, self.max_numel
@@ -357,7 +357,7 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
         assert int(state[0]) == (call + 1) % NPHASE and bool((buf.view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
     print("world 1, one kernel: push + reduce in place")
     # allreduce + residual add + RMS norm in one kernel, between plain calls (they share the phases)
-    from workers.model import rms_norm
+    from workers.model.transformer import rms_norm
 
     world, hidden, rows = 2, 96, 3
     bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
@@ -380,8 +380,8 @@ def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int
                 torch.testing.assert_close(parts[r], want_s - residual, rtol=1e-5, atol=1e-5)
             assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
     print(f"add + norm: {NPHASE} fused calls between plain ones, residual and norm exact")
-    # the push from a GEMM's epilogue (workers/gemv.py, split K and not), then add + norm's reduce half
-    from workers.gemv import CONFIGS, gemv
+    # the push from a GEMM's epilogue (workers/kernels/gemv.py, split K and not), then add + norm's reduce half
+    from workers.kernels.gemv import CONFIGS, gemv
 
     for world in (2, 3):
         bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]

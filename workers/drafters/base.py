@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from workers.link import Proposal
+from workers.engine.link import Proposal
 
 
 class Drafter(ABC):

@@ -13,11 +13,11 @@ import time
 import torch
 
 from workers.drafters.base import Drafter
-from workers.link import Proposal
-from workers.model import Transformer
-from workers.steps import StepRunner
-from workers.verify import probs as softmax_t
-from workers.verify import sample
+from workers.engine.link import Proposal
+from workers.model.transformer import Transformer
+from workers.engine.steps import StepRunner
+from workers.engine.verify import probs as softmax_t
+from workers.engine.verify import sample
 
 
 class ModelDrafter(Drafter):

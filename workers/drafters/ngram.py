@@ -3,14 +3,14 @@
 Find the most recent earlier occurrence of the sequence's last n tokens (n from `max_ngram`
 down to `min_ngram`) and propose the k tokens that followed it. Summaries and rewrites copy
 long spans of their input, which is where this drafter shines. Deterministic, so its q is
-one-hot (see workers/verify.py).
+one-hot (see workers/engine/verify.py).
 """
 from __future__ import annotations
 
 import time
 
 from workers.drafters.base import Drafter
-from workers.link import Proposal
+from workers.engine.link import Proposal
 
 
 def lookup(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:

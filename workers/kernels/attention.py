@@ -16,11 +16,11 @@ CUDA graph captured once reads only the filled part of the cache at every replay
 
 A key j is visible to the query at position p iff j <= p (causal inside the step, and rolled-back
 slots beyond the sequence are never read). Query heads map to KV heads through `kv_map` (GQA and
-uneven tensor-parallel head splits alike). `decode_attend` has `workers.model.attend`'s signature
+uneven tensor-parallel head splits alike). `decode_attend` has `workers.model.transformer.attend`'s signature
 (it writes K/V into the cache the same way) and ignores the mask.
 
-    python -m workers.decode_attention --selftest             # GPU: against SDPA, several shapes
-    TRITON_INTERPRET=1 python -m workers.decode_attention --selftest --device cpu   # CPU, float32
+    python -m workers.kernels.attention --selftest             # GPU: against SDPA, several shapes
+    TRITON_INTERPRET=1 python -m workers.kernels.attention --selftest --device cpu   # CPU, float32
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from workers.triton_support import arrival_counters, counters_all_zero, selftest_main
+from workers.kernels.support import arrival_counters, counters_all_zero, selftest_main
 
 try:
     import triton
@@ -157,7 +157,7 @@ if triton is not None:
 
 
 def decode_attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
-    """`workers.model.attend` for T <= MAX_T: write k/v [B, Hkv, T, D] at `pos` [B, T], attend
+    """`workers.model.transformer.attend` for T <= MAX_T: write k/v [B, Hkv, T, D] at `pos` [B, T], attend
     q [B, H, T, D] to each query's visible cache slots; returns [B, T, H * D]. `mask` is unused."""
     _check_width(q.shape[2])
     for b in range(q.shape[0]):
@@ -186,7 +186,7 @@ def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_h
     return attend_cache(q, k_cache, v_cache, pos, kv_map)
 
 
-decode_attend.with_rope = rope_write_attend  # what workers/fused.py uses when given decode_attend
+decode_attend.with_rope = rope_write_attend  # what workers/engine/fused_step.py uses when given decode_attend
 
 
 def _check_width(T: int) -> None:
@@ -220,10 +220,10 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map):
 
 
 def selftest(device: str) -> float:
-    """Largest |difference| to `workers.model.attend` over several shapes (GQA, uneven head maps,
+    """Largest |difference| to `workers.model.transformer.attend` over several shapes (GQA, uneven head maps,
     one or many query tokens, caches longer than one split, queries in the middle of the cache)."""
-    from workers.model import attend
-    from workers.rope import apply_rope
+    from workers.model.transformer import attend
+    from workers.model.rope import apply_rope
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     gen = torch.Generator().manual_seed(0)

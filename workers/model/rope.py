@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from workers.modelargs import ModelArgs
+from workers.model.args import ModelArgs
 
 
 def _base_inv_freq(theta: float, dim: int) -> torch.Tensor:

@@ -28,12 +28,12 @@ import torch
 
 from workers.comm import AllReduce
 from workers.drafters import Drafter
-from workers.link import DraftLink, Proposal, VerifyResult
-from workers.model import Transformer
-from workers.steps import StepRunner
+from workers.engine.link import DraftLink, Proposal, VerifyResult
+from workers.model.transformer import Transformer
+from workers.engine.steps import StepRunner
 from workers.spec import PromptResult, RunResult, Workload
-from workers.stats import RunStats, StepRecord
-from workers.verify import probs, sample, verify
+from workers.engine.stats import RunStats, StepRecord
+from workers.engine.verify import probs, sample, verify
 
 
 def relative_margins(top2: list[torch.Tensor]) -> list[float]:

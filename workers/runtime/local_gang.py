@@ -20,11 +20,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from workers.spec import GangSpec, RunResult, Workload
-from workers.worker import Rendezvous
-
-
-class GangError(RuntimeError):
-    """The gang failed: a worker raised, died or missed its deadline. The message names the rank."""
+from workers.runtime.errors import GangError
+from workers.runtime.worker import Rendezvous
 
 
 @dataclass
@@ -52,7 +49,7 @@ class _Failure:
 
 def _serve(rank: int, spec: GangSpec, conn) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
-    from workers.worker import Worker
+    from workers.runtime.worker import Worker
 
     worker = Worker(rank, spec)
     handlers = {_Setup: lambda c: worker.setup(c.rendezvous, c.timeout_s), _Run: lambda c: worker.run(c.workload)}

@@ -4,7 +4,7 @@
 (``rope_theta`` + ``rope_scaling``) and new (``rope_parameters``) rotary spellings alike, and
 raises `ModelConfigError` with one line naming the problem for anything else.
 
-    python -m workers.modelargs path/to/config.json     # prints the parsed arguments
+    python -m workers.model.args path/to/config.json     # prints the parsed arguments
 """
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+class CheckpointError(ValueError):
+    """A model path that cannot be used (one line, names the path and the problem)."""
 
 
 class ModelConfigError(ValueError):

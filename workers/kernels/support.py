@@ -1,4 +1,4 @@
-"""Shared pieces of the Triton kernels (workers/decode_attention.py, workers/gemv.py,
+"""Shared pieces of the Triton kernels (workers/kernels/attention.py, workers/kernels/gemv.py,
 workers/comm/symm_mem_ll.py): the arrival counters of "the last program to finish reduces"
 kernels, and a fix that lets Triton's CPU interpreter run them in the tests.
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from workers.model.args import CheckpointError
+
 import torch
 
 PREFIX = "random:"
@@ -46,8 +48,6 @@ def is_random(path) -> bool:
 
 def random_config(ref: str) -> dict:
     """The HF config dict a `random:` reference names (layers override applied)."""
-    from workers.checkpoint import CheckpointError
-
     body = ref.removeprefix(PREFIX)
     name, _, opts = body.partition(":layers=")
     if name in PRESETS:

@@ -1,7 +1,7 @@
 """Sharded-vs-unsharded parity: logits of a checkpoint at TP n (gloo, one process per rank)
 next to the unsharded model's and transformers' own model's.
 
-    python -m workers.parity smollm2-135m --tp 2 4      # prints the max |difference| per TP size
+    python -m workers.tools.parity smollm2-135m --tp 2 4      # prints the max |difference| per TP size
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 
 def _rank_logits(rank: int, world: int, init: str, path: str, tokens: list[list[int]], vocab_parallel: bool, split: int, queue) -> None:
-    from workers.checkpoint import load_model
+    from workers.model.checkpoint import load_model
     from workers.comm import make_allreduce
-    from workers.tp import shard
+    from workers.model.tp import shard
 
     torch.set_num_threads(1)
     try:
@@ -61,7 +61,7 @@ def reference_logits(path: str, tokens: list[list[int]]) -> tuple[torch.Tensor, 
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from workers.checkpoint import load_model
+    from workers.model.checkpoint import load_model
 
     transformers.logging.set_verbosity_error()
     x = torch.tensor(tokens)
@@ -74,7 +74,7 @@ def reference_logits(path: str, tokens: list[list[int]]) -> tuple[torch.Tensor, 
 
 
 def main() -> None:
-    from workers.checkpoint import load_args, resolve_model_path
+    from workers.model.checkpoint import load_args, resolve_model_path
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")

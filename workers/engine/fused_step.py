@@ -14,11 +14,11 @@ regions on purpose: an in-place write to a graph input is functionalised by Indu
 of the whole per-layer cache (profiled on H200: two cache-sized copies per layer per step, 0.2 ms
 of a 5.2 ms Llama-3-8B step at 512 positions, growing with the cache). The residual add of each
 MLP output is folded into the next layer's qkv body (the last one into the final norm), saving a
-kernel per layer. Attention is `workers.model.attend` (SDPA over the masked static cache) or a
-faster drop-in given as `attend_fn` (workers/decode_attention.py). Weights are shared with the
+kernel per layer. Attention is `workers.model.transformer.attend` (SDPA over the masked static cache) or a
+faster drop-in given as `attend_fn` (workers/kernels/attention.py). Weights are shared with the
 plain model (views of the merged tensors), so the prefill and the CPU path are unchanged.
 
-On CUDA the GEMMs leave the compiled bodies by default: each goes through workers/gemv.py's
+On CUDA the GEMMs leave the compiled bodies by default: each goes through workers/kernels/gemv.py's
 picker (cuBLAS or a Triton GEMV per shape and width, by a timed race), with SiLU * up in the
 gate/up GEMM's epilogue (`_hidden_with_picked_gemms`, or `_hidden_with_fused_norms` with a
 fusing allreduce); SPECTUNE_GEMV=off keeps the compiled bodies above.
@@ -39,8 +39,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from workers.model import Transformer, attend, rms_norm
-from workers.rope import apply_rope
+from workers.model.transformer import Transformer, attend, rms_norm, silu_mul
+from workers.model.rope import apply_rope
 
 
 def _qkv_body(x, delta, norm_w, eps: float, wqkv, bqkv, cos, sin, nq: int, nkv: int, hd: int):
@@ -67,12 +67,6 @@ def _qkv_from_normed(h, wqkv, bqkv, cos, sin, nq: int, nkv: int, hd: int):
     q = apply_rope(q.view(B, T, nq, hd).transpose(1, 2), cos, sin)
     k = apply_rope(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)
     return q, k, v.view(B, T, nkv, hd).transpose(1, 2)
-
-
-def silu_mul(gate_up):
-    """SiLU(gate) * up of a merged gate/up projection [..., 2 I] (gate first)."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def _mlp_core(h, w_gate_up, w_down):
@@ -140,13 +134,13 @@ class FusedStep:
             self.mlp_core = torch.compile(_mlp_core, dynamic=False)
             self.add_norm_body = torch.compile(_add_norm_body, dynamic=False)
             self.silu_mul = torch.compile(silu_mul, dynamic=False)
-        # the step's GEMMs through workers/gemv.py's picker (cuBLAS or a Triton GEMV per shape, by a
+        # the step's GEMMs through workers/kernels/gemv.py's picker (cuBLAS or a Triton GEMV per shape, by a
         # timed race on first use): on CUDA unless SPECTUNE_GEMV=off (the compiled bodies with cuBLAS
         # inside); `gemv=True` forces it on (CPU tests of the layout)
         self.gemv = None
         device = model.embed_tokens.weight.device
         if gemv if gemv is not None else (device.type == "cuda" and gemv_mode() != "off"):
-            from workers.gemv import GemvPicker
+            from workers.kernels.gemv import GemvPicker
 
             # QKV goes through the picker only into the Triton rope + attention (with SDPA it stays
             # in the compiled rope body), so only then does it get a race

@@ -1,7 +1,7 @@
 """The peer baseline: the same prompts through transformers' own `generate` (plain greedy, and
 assisted generation with a draft model), timed the same way, so speedups can be quoted against it.
 
-    python -m workers.peer random:llama-3-8b --device cuda --max-new-tokens 128
+    python -m workers.tools.peer random:llama-3-8b --device cuda --max-new-tokens 128
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from workers.random_models import is_random, random_config
+from workers.model.random_weights import is_random, random_config
 
 
 def hf_model(path: str, dtype: torch.dtype, device: str):

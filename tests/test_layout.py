@@ -1,0 +1,112 @@
+"""The code's shape, as the design asks: no import cycles (any import, module or function level),
+workers/ grouped by concern, modules that fit on a few screens, and no engine switch read from
+the environment.
+
+    .venv/bin/python -m pytest tests/test_layout.py
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("orchestrator", "workers")
+MAX_LINES = 450
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            mods[name] = path
+    return mods
+
+
+def _imports(path: Path, name: str, mods: dict[str, Path]) -> set[str]:
+    """Every project module `path` imports, wherever the import statement stands."""
+    is_pkg = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = name.split(".")
+                base = base if is_pkg else base[:-1]
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for a in node.names:  # `from pkg import submodule` imports the submodule
+                sub = f"{target}.{a.name}"
+                out.add(sub if sub in mods else target)
+    return {m for m in out if m in mods and m != name}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m) :] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    mods = _modules()
+    graph = {n: _imports(p, n, mods) for n, p in mods.items()}
+    # a package's own __init__ importing its submodules is how packages work, not a cycle
+    for n in graph:
+        graph[n] = {m for m in graph[n] if not (n.startswith(m + ".") and mods[m].name == "__init__.py")}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_comm_does_not_import_kernels_or_engine():
+    mods = _modules()
+    for n, p in mods.items():
+        if n.startswith("workers.comm"):
+            bad = {m for m in _imports(p, n, mods) if m.startswith(("workers.kernels.gemv", "workers.engine"))}
+            assert not bad, f"{n} imports {bad}"
+
+
+def test_workers_grouped_by_concern():
+    top = [p.name for p in (ROOT / "workers").glob("*.py")]
+    assert len(top) <= 6, top
+    for pkg in ("model", "kernels", "comm", "engine", "drafters", "runtime"):
+        assert (ROOT / "workers" / pkg / "__init__.py").exists(), pkg
+    # workers/ is plain PyTorch: no Ray, Optuna or MLflow imported anywhere in it
+    mods = _modules()
+    for n, p in mods.items():
+        if n.startswith("workers"):
+            text = p.read_text()
+            assert not re.search(r"^\s*(import|from) (optuna|mlflow)\b", text, re.M), n
+
+
+def test_modules_fit():
+    too_long = {str(p.relative_to(ROOT)): n for p in _modules().values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not too_long, too_long
+
+
+def test_no_engine_switches_in_the_environment_and_no_diary_in_code():
+    switches = ("SPECTUNE_GEMV", "SPECTUNE_GEMV_PUSH", "SPECTUNE_FUSED_ADD_NORM", "SPECTUNE_OVERLAP")
+    for p in _modules().values():
+        text = p.read_text()
+        assert not any(s in text for s in switches), p
+        assert not re.search(r"\b(session|lease) \d", text, re.I), p
