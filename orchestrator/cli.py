@@ -20,6 +20,7 @@ from orchestrator.errors import INPUT_ERRORS, UserError
 
 def _add_decode(sub) -> None:
     from orchestrator.decode import DecodeOptions
+    from workers.engine.config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES
 
     d = DecodeOptions()
     p = sub.add_parser("decode", help="run one configuration (baseline + speculative) and print its metrics")
@@ -46,12 +47,18 @@ def _add_decode(sub) -> None:
     p.add_argument("--timeout", type=float, dest="timeout_s", default=d.timeout_s, help="seconds before a silent gang is torn down")
     p.add_argument("--device", default=d.device, help="cpu or cuda (one GPU per TP rank)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bfloat16 on cuda)")
-    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="run CUDA steps eagerly")
-    p.add_argument("--no-compile", dest="compile", action="store_false", help="CUDA graphs of the plain model (no merged weights, no torch.compile)")
+    # the engine: the flags of the YAML section `engine:` (workers/engine/config.py documents each)
+    p.add_argument("--attention", choices=ATTENTION_CHOICES, default=d.attention, help="engine.attention: " + ENGINE_FIELDS["attention"][1])
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="engine.cuda_graphs=false: run CUDA steps eagerly")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="engine.compile=false: CUDA graphs of the plain model (no merged weights, no torch.compile)")
+    p.add_argument("--gemv", choices=GEMV_CHOICES, default=d.gemv, help="engine.gemv: " + ENGINE_FIELDS["gemv"][1])
+    p.add_argument("--no-fused-add-norm", dest="fused_add_norm", action="store_false",
+                   help="engine.fused_add_norm=false: allreduce, then add and norm, even where the backend fuses them")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="engine.overlap=false: plain greedy decoding reads each step before launching the next")
     p.add_argument("--ray", action="store_true",
                    help="run the gang as Ray actors (the cluster in RAY_ADDRESS, else an embedded local Ray) instead of local processes")
-    p.add_argument("--attention", choices=["auto", "triton", "sdpa"], default="auto",
-                   help="attention of the compiled CUDA steps: split-KV Triton kernel, SDPA, or Triton where it runs (default)")
     p.add_argument("--simulate-accept-len", type=float, default=None, help="accept exactly tau - 1 drafts per step (engine speed apart from drafter quality)")
     p.add_argument("--ablation-iters", type=int, default=None, help="steps timed with and without the allreduce (comm_fraction)")
     p.add_argument("--peer-baseline", action="store_true", help="also time transformers' generate (and assisted generation)")

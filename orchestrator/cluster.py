@@ -26,9 +26,6 @@ from workers.spec import GangSpec, RunResult, Workload
 from workers.runtime.worker import RAY_NOSET_CUDA_ENV, Rendezvous, Worker
 
 
-ENGINE_SWITCHES = ("SPECTUNE_FUSED_ADD_NORM", "SPECTUNE_GEMV", "SPECTUNE_GEMV_PUSH")  # read by the workers (SPECTUNE_OVERLAP: by the driver)
-
-
 class PlacementError(UserError):
     """The gang cannot be placed on this cluster (one line: what was asked, what there is)."""
 
@@ -104,9 +101,8 @@ class RayGang:
                 f"placement group {bundles} (STRICT_PACK) was not satisfied within {res.placement_timeout_s:g}s; "
                 f"cluster has {ray.cluster_resources()}, free {ray.available_resources()}"
             ) from None
-        # the engine's documented switches reach the actors as they reach a local gang's processes
-        switches = {k: os.environ[k] for k in ENGINE_SWITCHES if k in os.environ}
-        env = {**switches, **self.env, **NVLS_OFF_ENV, "OMP_NUM_THREADS": str(spec.threads)}
+        # what the engine runs travels in `spec.engine`, not in the actors' environment
+        env = {**self.env, **NVLS_OFF_ENV, "OMP_NUM_THREADS": str(spec.threads)}
         if gpu:
             # every actor sees every GPU of the node and takes the one Ray gave it (workers/runtime/worker.py
             # `_device`): torch's symmetric memory identifies ranks on one node by device index, so

@@ -2,8 +2,9 @@
 
     spectune validate experiments/smoke-cpu.yaml --set parallel.tp=4
 
-Sections: name, model, drafter, parallel, workload, search, study, tracking, limits. Values left
-out take the defaults below; `--set dotted.key=value` overrides any field before validation
+Sections: name, model, drafter, parallel, engine, workload, search, study, tracking, limits. Values
+left out take the defaults below (a tunable parameter's default and limits come from its row in
+orchestrator/params.py, the one parameter registry); `--set dotted.key=value` overrides any field before validation
 (the value is parsed as YAML, so numbers, booleans and lists work). Errors become one line
 naming the field: `search.space.nccl.NCCL_ALGO: NVLS ... is refused`.
 `spectune schema` writes the JSON schema editors use (experiments/spectune.schema.json).
@@ -20,10 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.envpolicy import NVLS_OFF_ENV, refuse_nvls  # noqa: F401 - NVLS_OFF_ENV re-exported
 from orchestrator.errors import UserError
+from orchestrator.params import NCCL_VAR, PARAMS, lookup
+from workers.engine.config import ATTENTION_CHOICES, GEMV_CHOICES, EngineConfig
 
-NCCL_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")
-SEARCHABLE = ("spec.num_draft_tokens", "drafter.kind", "drafter.layers", "drafter.ngram_max", "drafter.model_path",
-              "comm.backend", "parallel.tp")
+SEARCHABLE = tuple(PARAMS)
+
+
+def _field(name: str):
+    """A YAML field of a registry parameter: its default, limits and one line of documentation."""
+    p = PARAMS[name]
+    return Field(p.default, ge=p.low, le=p.high, description=p.doc)
 
 
 class _Section(BaseModel):
@@ -38,17 +45,17 @@ class ModelSection(_Section):
 class DrafterSection(_Section):
     """Defaults for the drafter; the search space can override each field."""
 
-    kind: Literal["none", "draft_model", "ngram", "layer_skip"] = "ngram"
-    num_draft_tokens: int = Field(4, ge=0, le=16)
-    model_path: str | None = None
-    layers: int | None = Field(None, ge=1)
-    ngram_max: int = Field(3, ge=1, le=8)
+    kind: Literal[PARAMS["drafter.kind"].choices] = _field("drafter.kind")
+    num_draft_tokens: int = _field("spec.num_draft_tokens")
+    model_path: str | None = _field("drafter.model_path")
+    layers: int | None = _field("drafter.layers")
+    ngram_max: int = _field("drafter.ngram_max")
 
 
 class ParallelSection(_Section):
-    tp: int = Field(1, ge=1, le=64)
+    tp: int = _field("parallel.tp")
     device: Literal["cpu", "cuda"] = "cpu"
-    backend: str = "gloo"
+    backend: str = _field("comm.backend")
     nccl_env: dict[str, str] = Field(default_factory=dict)  # NCCL_* variables every trial gets
     threads: int = Field(1, ge=1)  # torch threads per worker (CPU)
     cpus_per_worker: float = Field(0.25, gt=0)  # Ray CPU resource per actor
@@ -62,6 +69,21 @@ class ParallelSection(_Section):
                 raise ValueError(f"{k!r} is not an NCCL_* variable")
             refuse_nvls(k, v)
         return env
+
+
+class EngineSection(_Section):
+    """What the decode engine runs (workers/engine/config.py `EngineConfig`); each field is also
+    searchable as `engine.<field>` and logged as that MLflow param."""
+
+    attention: Literal[ATTENTION_CHOICES] = _field("engine.attention")
+    cuda_graphs: bool = _field("engine.cuda_graphs")
+    compile: bool = _field("engine.compile")
+    gemv: Literal[GEMV_CHOICES] = _field("engine.gemv")
+    fused_add_norm: bool = _field("engine.fused_add_norm")
+    overlap: bool = _field("engine.overlap")
+
+    def config(self) -> EngineConfig:
+        return EngineConfig(**self.model_dump())
 
 
 class WorkloadSection(_Section):
@@ -113,14 +135,15 @@ class SearchSection(_Section):
         if not self.space:
             raise ValueError("space: is empty (give at least one parameter, e.g. spec.num_draft_tokens: {choices: [0, 2, 4]})")
         for name, p in self.space.items():
-            if name.startswith("nccl."):
-                var = name.removeprefix("nccl.")
-                if not NCCL_VAR.match(var):
-                    raise ValueError(f"space.{name}: {var!r} is not an NCCL_* variable")
-                for v in _values(p):
-                    refuse_nvls(var, v)
-            elif name not in SEARCHABLE:
-                raise ValueError(f"space.{name}: unknown parameter (searchable: {', '.join(SEARCHABLE)}, nccl.NCCL_*)")
+            try:
+                row = lookup(name)
+            except ValueError as e:
+                raise ValueError(f"space.{name}: {e}") from None
+            for v in _values(p):
+                if name.startswith("nccl."):
+                    refuse_nvls(name.removeprefix("nccl."), v)
+                elif why := row.problem(v):  # limits of the registry; those of the model: validate.py
+                    raise ValueError(f"space.{name}: {why}")
             if isinstance(p, (IntParam, FloatParam)) and p.low > p.high:
                 raise ValueError(f"space.{name}: low {p.low} is above high {p.high}")
             cond = getattr(p, "when", None) or {}
@@ -160,6 +183,7 @@ class ExperimentConfig(_Section):
     model: ModelSection = Field(default_factory=ModelSection)
     drafter: DrafterSection = Field(default_factory=DrafterSection)
     parallel: ParallelSection = Field(default_factory=ParallelSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
     workload: WorkloadSection = Field(default_factory=WorkloadSection)
     search: SearchSection
     study: StudySection = Field(default_factory=StudySection)
@@ -243,11 +267,15 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         raw = {}
     if not isinstance(raw, dict):
         raise UserError(f"{path}: the top level must be a mapping of sections, not {type(raw).__name__}")
-    raw = apply_overrides(raw, overrides or [])
+    return validated(apply_overrides(raw, overrides or []), f"{path}: ")
+
+
+def validated(raw: dict, where: str = "") -> ExperimentConfig:
+    """ExperimentConfig of a YAML-shaped dict, or UserError naming the first bad field (one line)."""
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as e:
-        raise UserError(_flat(f"{path}: {_one_line(e)}")) from None
+        raise UserError(_flat(f"{where}{_one_line(e)}")) from None
 
 
 def json_schema() -> dict:

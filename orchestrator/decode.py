@@ -4,6 +4,10 @@ JSON object with the metric names of DESIGN.md (plus per-category acceptance).
 
     spectune decode --model smollm2-135m --tp 2 --drafter ngram --num-draft-tokens 4 \
         --category summarization --num-prompts 4 --max-new-tokens 64 --json
+
+The flags become an experiment configuration (`experiment`), which takes the path of a study's
+trial: validation (orchestrator/validate.py), the prepared workload, the trial's resolved
+parameters (orchestrator/space.py `resolve`: engine settings included) and its GangSpec.
 """
 from __future__ import annotations
 
@@ -11,18 +15,17 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from orchestrator.config import ExperimentConfig, validated
 from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import UserError
-from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
+from orchestrator.params import PARAMS
+from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer
+from orchestrator.space import TrialConfig, resolve
+from orchestrator.validate import check_experiment
 from workers.model.checkpoint import load_args, resolve_model_path
-from workers.comm import GangInfo, refusal
-from workers.drafters import KINDS
-from workers.engine.link import MAX_DRAFT_TOKENS
-from workers.model.args import check_tp
-from workers.model.random_weights import is_random
-from workers.spec import DrafterSpec, GangSpec, RunResult, Workload
+from workers.spec import GangSpec, RunResult, Workload
 
 
 @dataclass
@@ -49,9 +52,13 @@ class DecodeOptions:
     timeout_s: float = 1800.0
     device: str = "cpu"
     dtype: str | None = None  # default: bfloat16 on cuda, float32 on cpu
+    # the engine (workers/engine/config.py): the flags of the YAML section `engine:`
     cuda_graphs: bool = True
     compile: bool = True
     attention: str = "auto"
+    gemv: str = "auto"
+    fused_add_norm: bool = True
+    overlap: bool = True
     simulate_accept_len: float | None = None
     ablation_iters: int | None = None  # comm/compute split; default 10 on cpu, 50 on cuda (tp > 1)
     peer_baseline: bool = False  # also time transformers' generate (and assisted generation with --draft-model)
@@ -60,94 +67,85 @@ class DecodeOptions:
 
 @dataclass
 class DecodePlan:
+    cfg: ExperimentConfig
+    trial: TrialConfig
     gang: GangSpec
+    workload: Workload  # the speculative run (k = 0: the baseline itself)
     prompts: list[Prompt]
     token_ids: tuple[tuple[int, ...], ...]
     tokenizer: Tokenizer
-    eos_ids: tuple[int, ...]
 
 
 def log(msg: str) -> None:
     print(f"spectune: {msg}", file=sys.stderr, flush=True)
 
 
+def experiment(o: DecodeOptions, n_layers: int) -> ExperimentConfig:
+    """The flags as an experiment configuration of one trial (no search)."""
+    k = o.num_draft_tokens
+    layers = o.draft_layers if o.draft_layers is not None else max(1, n_layers // 2)
+    drafter = {"kind": o.drafter, "num_draft_tokens": k, "ngram_max": o.ngram_max,
+               **({"model_path": o.draft_model} if o.drafter == "draft_model" else {}),
+               **({"layers": layers} if o.drafter == "layer_skip" else {})}
+    raw = {
+        "name": "decode",
+        "model": {"path": o.model, "dtype": o.dtype or ("bfloat16" if o.device == "cuda" else "float32")},
+        "drafter": drafter,
+        "parallel": {"tp": o.tp, "device": o.device, "backend": o.backend, "threads": o.threads, "vocab_parallel": o.vocab_parallel},
+        "engine": {"attention": o.attention, "cuda_graphs": o.cuda_graphs, "compile": o.compile, "gemv": o.gemv,
+                   "fused_add_norm": o.fused_add_norm, "overlap": o.overlap},
+        "workload": {"prompts": o.prompts, "num_prompts": o.num_prompts if o.num_prompts is not None or o.per_category else 8,
+                     "per_category": o.per_category, "categories": o.categories, "max_new_tokens": o.max_new_tokens,
+                     "temperature": o.temperature, "seed": o.seed, "simulate_accept_len": o.simulate_accept_len},
+        "search": {"space": {"spec.num_draft_tokens": k}},
+        "study": {"n_trials": 1, "baseline": False},
+    }
+    return validated(raw)
+
+
 def plan(o: DecodeOptions) -> DecodePlan:
-    """Check every input before any process starts; raise UserError (one line) on the first problem."""
-    path = resolve_model_path(o.model)
-    args = load_args(path)
-    check_tp(args, o.tp)
+    """Check every input before any process starts; raise UserError (one line) on the first problem.
+    The flags' own checks first (named by flag), then those of a study's trial."""
+    args = load_args(resolve_model_path(o.model))
     if o.device not in ("cpu", "cuda"):
         raise UserError(f"--device {o.device!r} must be cpu or cuda")
-    if o.tp > 1 and (why := refusal(o.backend, GangInfo(world_size=o.tp, device_type=o.device, p2p_ok=True))):
-        raise UserError(f"--backend {o.backend}: {why}")
     if o.device == "cuda":
         import torch
 
         if torch.cuda.device_count() < 1:
             raise UserError("--device cuda: this machine has no CUDA device")
+    for flag, name, v in (("--num-draft-tokens", "spec.num_draft_tokens", o.num_draft_tokens), ("--drafter", "drafter.kind", o.drafter)):
+        if why := PARAMS[name].problem(v):
+            raise UserError(f"{flag} {why}")
     if o.simulate_accept_len is not None and not 1 <= o.simulate_accept_len <= o.num_draft_tokens + 1:
         raise UserError(f"--simulate-accept-len {o.simulate_accept_len} must be between 1 and k + 1 = {o.num_draft_tokens + 1}")
-    if o.drafter not in KINDS:
-        raise UserError(f"--drafter {o.drafter!r} is not one of {', '.join(KINDS)}")
-    if not 0 <= o.num_draft_tokens <= MAX_DRAFT_TOKENS:
-        raise UserError(f"--num-draft-tokens {o.num_draft_tokens} must be between 0 and {MAX_DRAFT_TOKENS}")
     if o.drafter == "none" and o.num_draft_tokens > 0:
         raise UserError(f"--num-draft-tokens {o.num_draft_tokens} needs a drafter (--drafter ngram, layer_skip or draft_model)")
+    if o.drafter == "draft_model" and not o.draft_model:
+        raise UserError("--drafter draft_model needs --draft-model PATH")
     if o.temperature < 0:
         raise UserError(f"--temperature {o.temperature} must be >= 0")
     if o.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {o.max_new_tokens} must be at least 1")
-    drafter = DrafterSpec(kind=o.drafter, ngram_max=o.ngram_max, ngram_actor=o.ngram_actor)
-    if o.drafter == "draft_model":
-        if not o.draft_model:
-            raise UserError("--drafter draft_model needs --draft-model PATH")
-        dpath = resolve_model_path(o.draft_model)
-        dargs = load_args(dpath)
-        if dargs.vocab_size != args.vocab_size:
-            raise UserError(f"--draft-model vocabulary ({dargs.vocab_size}) differs from the model's ({args.vocab_size}); it must share the tokenizer")
-        drafter = DrafterSpec(kind="draft_model", model_path=str(dpath))
-    elif o.drafter == "layer_skip":
-        layers = o.draft_layers if o.draft_layers is not None else max(1, args.n_layers // 2)
-        if not 1 <= layers < args.n_layers:
-            raise UserError(f"--draft-layers {layers} must be between 1 and {args.n_layers - 1} (the model has {args.n_layers} layers)")
-        drafter = DrafterSpec(kind="layer_skip", layers=layers)
-    num_prompts = o.num_prompts if o.num_prompts is not None or o.per_category else 8
-    prompts = load_prompts(o.prompts, num_prompts, o.categories, o.per_category)
-    tok = Tokenizer(path)
-    ids = tuple(tuple(tok.encode_prompt(p.text)) for p in prompts)
-    if any(i >= args.vocab_size for seq in ids for i in seq):
-        raise UserError(f"the tokenizer of {path} produces ids beyond the model's vocabulary ({args.vocab_size})")
-    need = max(len(s) for s in ids) + o.max_new_tokens + o.num_draft_tokens + 1
-    if need > args.max_position_embeddings:
-        raise UserError(f"longest prompt + max_new_tokens needs {need} positions, the model has {args.max_position_embeddings}")
-    max_seq = min(args.max_position_embeddings, -(-need // 256) * 256)
     if o.attention == "triton" and o.device != "cuda":
         raise UserError("--attention triton runs the CUDA graphs' attention kernel; this run is on CPU (use auto or sdpa)")
-    eos = () if is_random(path) else tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
-    gang = GangSpec(
-        model_path=str(path), tp=o.tp, backend=o.backend, drafter=drafter, max_seq=max_seq,
-        vocab_parallel=o.vocab_parallel, threads=o.threads, device=o.device, cuda_graphs=o.cuda_graphs, compile=o.compile,
-        attention=o.attention,
-        dtype=o.dtype or ("bfloat16" if o.device == "cuda" else "float32"),
-    )
-    return DecodePlan(gang=gang, prompts=prompts, token_ids=ids, tokenizer=tok, eos_ids=eos)
+    cfg = experiment(o, args.n_layers)
+    prepared = check_experiment(cfg)  # as `spectune validate` / `run` check a study
+    tc = resolve({}, cfg)
+    gang = prepared.gang_spec(cfg, tc)
+    if o.ngram_actor and gang.drafter.kind == "ngram":  # the n-gram drafter as its own process on the draft link
+        gang = replace(gang, drafter=replace(gang.drafter, ngram_actor=True))
+    ablation = o.ablation_iters if o.ablation_iters is not None else (50 if o.device == "cuda" else 5)
+    workload = replace(prepared.workload(cfg, tc), record_margins=False, comm_ablation_iters=ablation if o.tp > 1 else 0)
+    return DecodePlan(cfg=cfg, trial=tc, gang=gang, workload=workload, prompts=prepared.prompts, token_ids=prepared.token_ids,
+                      tokenizer=prepared.tokenizer)
 
 
 def params(o: DecodeOptions, p: DecodePlan) -> dict:
-    """The configuration with the dotted names MLflow params use."""
-    return {
-        "model.path": o.model,
-        "parallel.tp": o.tp,
-        "comm.backend": o.backend,
-        "drafter.kind": o.drafter,
-        "drafter.layers": p.gang.drafter.layers if o.drafter == "layer_skip" else None,
-        "drafter.model_path": p.gang.drafter.model_path,
-        "spec.num_draft_tokens": o.num_draft_tokens,
-        "workload.temperature": o.temperature,
-        "workload.num_prompts": len(p.prompts),
-        "workload.max_new_tokens": o.max_new_tokens,
-        "workload.seed": o.seed,
-    }
+    """The configuration with the dotted names MLflow params use (a trial's, plus the workload's)."""
+    w = p.cfg.workload
+    return {"model.path": o.model, **p.trial.params(), "workload.temperature": w.temperature,
+            "workload.num_prompts": len(p.prompts), "workload.max_new_tokens": w.max_new_tokens, "workload.seed": w.seed}
 
 
 def per_category(prompts: list[Prompt], result: RunResult) -> dict:
@@ -237,12 +235,7 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
 
 
 def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
-    ablation = o.ablation_iters if o.ablation_iters is not None else (50 if o.device == "cuda" else 5)
-    workload = Workload(
-        prompts=p.token_ids, max_new_tokens=o.max_new_tokens, num_draft_tokens=o.num_draft_tokens,
-        temperature=o.temperature, seed=o.seed, eos_ids=p.eos_ids, simulate_accept_len=o.simulate_accept_len,
-        comm_ablation_iters=ablation if o.tp > 1 else 0,
-    )
+    workload = p.workload
     n_tokens = sum(len(s) for s in p.token_ids)
     log(f"{len(p.prompts)} prompts ({n_tokens} prompt tokens), model {p.gang.model_path}, tp={o.tp}, drafter={o.drafter}, k={o.num_draft_tokens}")
     t0 = time.perf_counter()
@@ -255,8 +248,7 @@ def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
         gang.run(warm)
         base = None
         if o.baseline and o.num_draft_tokens > 0:
-            base = gang.run(Workload(**{**workload.__dict__, "num_draft_tokens": 0, "simulate_accept_len": None,
-                                        "record_margins": o.temperature == 0}))
+            base = gang.run(replace(workload, num_draft_tokens=0, simulate_accept_len=None, record_margins=o.temperature == 0))
             log(f"baseline (k=0): {base.metrics['throughput_tok_s']:.1f} tok/s")
         spec = gang.run(workload)
         log(f"k={o.num_draft_tokens}: {spec.metrics['throughput_tok_s']:.1f} tok/s, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}")

@@ -26,6 +26,7 @@ import yaml
 
 from orchestrator.config import ExperimentConfig, spectune_home
 from orchestrator.errors import UserError
+from orchestrator.params import set_yaml
 from orchestrator.perfcheck import bench_comm, load_bench_rows, model_summary, open_study, trial_points
 from orchestrator.perfmodel import BenchComm, latency_us, what_if_interconnect, what_if_tp
 
@@ -33,16 +34,9 @@ from orchestrator.perfmodel import BenchComm, latency_us, what_if_interconnect, 
 def best_yaml(cfg: ExperimentConfig, params: dict) -> str:
     """The experiment with its search space replaced by the winner's values: ready for `spectune decode`-like reuse."""
     raw = cfg.model_dump(mode="json", exclude_none=True)
-    k = params.get("spec.num_draft_tokens", raw["drafter"].get("num_draft_tokens"))
-    raw["drafter"]["num_draft_tokens"] = k
-    for key, section, field in (("drafter.kind", "drafter", "kind"), ("drafter.layers", "drafter", "layers"),
-                                ("drafter.ngram_max", "drafter", "ngram_max"), ("drafter.model_path", "drafter", "model_path"),
-                                ("comm.backend", "parallel", "backend"), ("parallel.tp", "parallel", "tp")):
-        if key in params:
-            raw[section][field] = params[key]
-    nccl = {k.removeprefix("nccl."): str(v) for k, v in params.items() if k.startswith("nccl.")}
-    if nccl:
-        raw["parallel"]["nccl_env"] = {**raw["parallel"].get("nccl_env", {}), **nccl}
+    for name, value in params.items():  # each searched parameter into its YAML place (orchestrator/params.py)
+        set_yaml(raw, name, value)
+    k = raw["drafter"]["num_draft_tokens"]
     raw["search"] = {"space": {"spec.num_draft_tokens": k}}
     raw["study"] = {"n_trials": 1, "baseline": k == 0}  # one trial of the winner (plus nothing to compare)
     for key in ("tracking", "limits"):

@@ -7,18 +7,20 @@ drafter.kind, then the rest as written in the YAML). A parameter is suggested on
   drafter.layers      only for layer_skip; drafter.ngram_max only for ngram; drafter.model_path only for draft_model
   `when: {p: v}`      only when parameter p took value v (or one of a list)
 Inactive parameters are absent from the trial, so Optuna never learns from meaningless values.
+Names, defaults and those conditions come from the parameter registry (orchestrator/params.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import params as registry
 from orchestrator.config import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from orchestrator.errors import UserError
+from workers.engine.config import EngineConfig
 from workers.spec import DrafterSpec
 
 PRIORITY = ("parallel.tp", "comm.backend", "spec.num_draft_tokens", "drafter.kind")
-DRAFTER_PARAM_KIND = {"drafter.layers": "layer_skip", "drafter.ngram_max": "ngram", "drafter.model_path": "draft_model"}
 
 
 @dataclass(frozen=True)
@@ -28,21 +30,23 @@ class TrialConfig:
     num_draft_tokens: int
     drafter: DrafterSpec
     nccl_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     def params(self) -> dict[str, Any]:
-        """Flattened, dotted names: the MLflow params of the contract."""
-        p: dict[str, Any] = {
+        """Every resolved parameter by its registry name: the MLflow params of the contract. A
+        drafter's own parameter appears only with that drafter (`Param.needs`)."""
+        values: dict[str, Any] = {
             "parallel.tp": self.tp,
             "comm.backend": self.backend,
             "spec.num_draft_tokens": self.num_draft_tokens,
             "drafter.kind": self.drafter.kind,
+            "drafter.layers": self.drafter.layers,
+            "drafter.ngram_max": self.drafter.ngram_max,
+            "drafter.model_path": self.drafter.model_path,
+            **{f"engine.{k}": v for k, v in self.engine.describe().items()},
         }
-        if self.drafter.kind == "layer_skip":
-            p["drafter.layers"] = self.drafter.layers
-        if self.drafter.kind == "ngram":
-            p["drafter.ngram_max"] = self.drafter.ngram_max
-        if self.drafter.kind == "draft_model":
-            p["drafter.model_path"] = self.drafter.model_path
+        assert values.keys() == registry.PARAMS.keys(), "a registry parameter the trial does not resolve"
+        p = {n: v for n, v in values.items() if (needs := registry.PARAMS[n].needs) is None or values[needs[0]] == needs[1]}
         for k, v in self.nccl_env:
             p[f"nccl.{k}"] = v
         return p
@@ -51,7 +55,9 @@ class TrialConfig:
         d = self.drafter.kind if self.num_draft_tokens else "-"
         extra = f" L={self.drafter.layers}" if self.drafter.kind == "layer_skip" else ""
         nccl = "".join(f" {k.removeprefix('NCCL_')}={v}" for k, v in self.nccl_env)
-        return f"tp={self.tp} {self.backend}{nccl} k={self.num_draft_tokens} {d}{extra}"
+        default = EngineConfig().describe()
+        engine = "".join(f" {k}={v}" for k, v in self.engine.describe().items() if v != default[k])
+        return f"tp={self.tp} {self.backend}{nccl} k={self.num_draft_tokens} {d}{extra}{engine}"
 
 
 def ordered_names(cfg: ExperimentConfig) -> list[str]:
@@ -69,14 +75,8 @@ def check_conditions(cfg: ExperimentConfig) -> None:
 
 
 def _active(name: str, p, values: dict[str, Any], cfg: ExperimentConfig) -> bool:
-    if name.startswith("nccl.") and values.get("comm.backend", cfg.parallel.backend) != "nccl":
+    if not registry.active(name, values, lambda other: registry.value(cfg, other)):
         return False
-    if name.startswith("drafter."):
-        if values.get("spec.num_draft_tokens", cfg.drafter.num_draft_tokens) <= 0:
-            return False
-        need = DRAFTER_PARAM_KIND.get(name)
-        if need and values.get("drafter.kind", cfg.drafter.kind) != need:
-            return False
     for other, allowed in (getattr(p, "when", None) or {}).items():
         allowed = allowed if isinstance(allowed, list) else [allowed]
         if values.get(other) not in allowed:
@@ -105,27 +105,34 @@ def suggest(trial, cfg: ExperimentConfig) -> TrialConfig:
 
 
 def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:
-    """Searched values on top of the YAML defaults."""
-    d = cfg.drafter
-    k = int(values.get("spec.num_draft_tokens", d.num_draft_tokens))
-    kind = values.get("drafter.kind", d.kind) if k > 0 else "none"
+    """Searched values on top of the YAML defaults (every name through the registry)."""
+    def get(name: str) -> Any:
+        return values[name] if name in values else registry.value(cfg, name)
+
+    k = int(get("spec.num_draft_tokens"))
+    kind = get("drafter.kind") if k > 0 else "none"
     if k > 0 and kind == "none":
         raise UserError("spec.num_draft_tokens > 0 needs a drafter: set drafter.kind or search it")
     drafter = DrafterSpec(
         kind=kind,
-        model_path=values.get("drafter.model_path", d.model_path) if kind == "draft_model" else None,
-        layers=int(values.get("drafter.layers", d.layers or 0)) if kind == "layer_skip" else 0,
-        ngram_max=int(values.get("drafter.ngram_max", d.ngram_max)),
+        model_path=get("drafter.model_path") if kind == "draft_model" else None,
+        layers=int(get("drafter.layers") or 0) if kind == "layer_skip" else 0,
+        ngram_max=int(get("drafter.ngram_max")),
     )
-    backend = str(values.get("comm.backend", cfg.parallel.backend))
+    backend = str(get("comm.backend"))
     env = dict(cfg.parallel.nccl_env) if backend == "nccl" else {}
     env.update({n.removeprefix("nccl."): str(v) for n, v in values.items() if n.startswith("nccl.")})
+    try:
+        engine = registry.engine_config(values, get)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     return TrialConfig(
-        tp=int(values.get("parallel.tp", cfg.parallel.tp)),
+        tp=int(get("parallel.tp")),
         backend=backend,
         num_draft_tokens=k,
         drafter=drafter,
         nccl_env=tuple(sorted(env.items())),
+        engine=engine,
     )
 
 
@@ -140,10 +147,7 @@ def candidates(cfg: ExperimentConfig, name: str) -> list[Any]:
         return [p.low, p.high]
     if p is not None:
         return [p]
-    defaults = {"parallel.tp": cfg.parallel.tp, "comm.backend": cfg.parallel.backend,
-                "spec.num_draft_tokens": cfg.drafter.num_draft_tokens, "drafter.kind": cfg.drafter.kind,
-                "drafter.layers": cfg.drafter.layers, "drafter.model_path": cfg.drafter.model_path}
-    return [defaults.get(name)]
+    return [registry.value(cfg, name)]
 
 
 def baseline_params(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -1,30 +1,36 @@
 """Everything `spectune validate` checks, and `spectune run` checks before launching anything:
 the YAML against the model (TP sizes, drafter layers, draft-model vocabulary), the backends
-against the device, the search space's values and conditions, and the prompts."""
+against the device, the search space's values and conditions, and the prompts. A value is named by
+its `search.space` entry where the study searches it, else by its YAML path (orchestrator/params.py)."""
 from __future__ import annotations
 
+from orchestrator import params as registry
 from orchestrator.config import ExperimentConfig
 from orchestrator.errors import UserError
 from orchestrator.space import candidates, check_conditions
 from orchestrator.workload import PreparedWorkload, prepare
-from workers.model.checkpoint import load_args, resolve_model_path
 from workers.comm import GangInfo, refusal
-from workers.drafters import KINDS
 from workers.model.args import ModelConfigError, check_tp
+from workers.model.checkpoint import load_args, resolve_model_path
 
 
 def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     check_conditions(cfg)
-    space = cfg.search.space
-    where = lambda name: f"search.space.{name}" if name in space else {  # noqa: E731
-        "parallel.tp": "parallel.tp", "comm.backend": "parallel.backend", "spec.num_draft_tokens": "drafter.num_draft_tokens",
-        "drafter.kind": "drafter.kind", "drafter.layers": "drafter.layers", "drafter.model_path": "drafter.model_path",
-    }[name]
-    prepared = prepare(cfg)
+
+    def where(name: str) -> str:
+        return registry.where(cfg, name)
+
+    def check_limits(name: str) -> list:
+        values = candidates(cfg, name)
+        for v in values:
+            if why := registry.lookup(name).problem(v):
+                raise UserError(f"{where(name)}: {why}")
+        return values
+
+    ks = check_limits("spec.num_draft_tokens")
+    prepared = prepare(cfg, k_max=max(ks))  # the cache holds the longest prompt, max_new_tokens and the most drafts
     args = prepared.args
-    for tp in candidates(cfg, "parallel.tp"):
-        if not isinstance(tp, int):
-            raise UserError(f"{where('parallel.tp')}: {tp!r} is not an integer")
+    for tp in check_limits("parallel.tp"):
         try:
             check_tp(args, tp)
         except ModelConfigError as e:
@@ -35,10 +41,6 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
             why = refusal(str(backend), gang)
             if why and tp > 1:
                 raise UserError(f"{where('comm.backend')}: {why}")
-    ks = candidates(cfg, "spec.num_draft_tokens")
-    for k in ks:
-        if not isinstance(k, int) or not 0 <= k <= 16:
-            raise UserError(f"{where('spec.num_draft_tokens')}: {k!r} must be an integer between 0 and 16")
     tau = cfg.workload.simulate_accept_len
     if tau is not None and any(0 < k < tau - 1 for k in ks):
         k_min = min(k for k in ks if k > 0)
@@ -46,10 +48,7 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
                         f"{where('spec.num_draft_tokens')} allows k = {k_min}")
     if cfg.study.baseline and 0 not in ks:
         raise UserError(f"{where('spec.num_draft_tokens')}: must allow 0, the baseline every speedup is measured against (or set study.baseline: false)")
-    kinds = candidates(cfg, "drafter.kind")
-    for kind in kinds:
-        if kind not in KINDS:
-            raise UserError(f"{where('drafter.kind')}: {kind!r} is not one of {', '.join(KINDS)}")
+    kinds = check_limits("drafter.kind")
     if any(k > 0 for k in ks) and kinds == ["none"]:
         raise UserError(f"{where('drafter.kind')}: spec.num_draft_tokens > 0 needs a drafter")
     if "layer_skip" in kinds:
@@ -66,4 +65,9 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
                 raise UserError(f"{where('drafter.model_path')}: {e}") from None
             if dargs.vocab_size != args.vocab_size:
                 raise UserError(f"{where('drafter.model_path')}: vocabulary {dargs.vocab_size} differs from the model's {args.vocab_size}")
+    for name in registry.ENGINE_PARAMS:
+        check_limits(name)
+    if cfg.parallel.device != "cuda" and "triton" in candidates(cfg, "engine.attention"):
+        raise UserError(f"{where('engine.attention')}: triton runs the CUDA graphs' attention kernel; parallel.device is "
+                        f"{cfg.parallel.device} (use auto or sdpa)")
     return prepared

@@ -1,14 +1,17 @@
-"""The study's workload, prepared once on the driver: prompts tokenized, gang specs per trial."""
+"""The workload of a study (or of `spectune decode`), prepared once on the driver: prompts
+tokenized, then per trial its GangSpec (engine settings included) and its Workload."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from orchestrator.config import ExperimentConfig
 from orchestrator.errors import UserError
+from orchestrator.params import PARAMS
 from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
 from orchestrator.space import TrialConfig, resolve
-from workers.model.checkpoint import load_args, resolve_model_path
 from workers.model.args import ModelArgs
+from workers.model.checkpoint import load_args, resolve_model_path
+from workers.model.random_weights import is_random
 from workers.spec import GangSpec, Workload
 
 
@@ -20,6 +23,7 @@ class PreparedWorkload:
     token_ids: tuple[tuple[int, ...], ...]
     eos_ids: tuple[int, ...]
     max_seq: int
+    tokenizer: Tokenizer
 
     def workload(self, cfg: ExperimentConfig, tc: TrialConfig, prompts: tuple[tuple[int, ...], ...] | None = None) -> Workload:
         w = cfg.workload
@@ -41,11 +45,14 @@ class PreparedWorkload:
         return GangSpec(
             model_path=self.model_path, tp=tc.tp, backend=tc.backend, drafter=drafter, dtype=cfg.model.dtype,
             device=cfg.parallel.device, max_seq=self.max_seq, vocab_parallel=cfg.parallel.vocab_parallel,
-            threads=cfg.parallel.threads,
+            threads=cfg.parallel.threads, engine=tc.engine,
         )
 
 
-def prepare(cfg: ExperimentConfig, k_max: int = 16) -> PreparedWorkload:
+def prepare(cfg: ExperimentConfig, k_max: int | None = None) -> PreparedWorkload:
+    """Prompts tokenized and checked against the model; room in the cache for k_max drafts (default:
+    the most any trial may draft)."""
+    k_max = PARAMS["spec.num_draft_tokens"].high if k_max is None else k_max
     path = resolve_model_path(cfg.model.path)
     args = load_args(path)
     w = cfg.workload
@@ -57,5 +64,6 @@ def prepare(cfg: ExperimentConfig, k_max: int = 16) -> PreparedWorkload:
     need = max(len(s) for s in ids) + w.max_new_tokens + k_max + 1
     if need > args.max_position_embeddings:
         raise UserError(f"workload: longest prompt + max_new_tokens needs {need} positions, the model has {args.max_position_embeddings}")
-    eos = tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
-    return PreparedWorkload(str(path), args, prompts, ids, eos, min(args.max_position_embeddings, -(-need // 256) * 256))
+    # random weights' tokens mean nothing: an EOS among them would only cut the measured run short
+    eos = () if is_random(path) else tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
+    return PreparedWorkload(str(path), args, prompts, ids, eos, min(args.max_position_embeddings, -(-need // 256) * 256), tok)

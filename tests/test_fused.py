@@ -6,8 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
+from workers.engine.config import EngineConfig
 from workers.engine.fused_step import FusedStep
+from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
+
+UNCOMPILED = EngineConfig(compile=False)
 
 
 @pytest.mark.parametrize("cfg", [tiny_config(), tiny_config(model_type="qwen2", tie_word_embeddings=True),
@@ -16,7 +19,7 @@ from workers.engine.fused_step import FusedStep
 def test_fused_matches_plain(tmp_path, cfg):
     path = write_random_checkpoint(tmp_path, cfg, seed=4)
     plain, fused_model = load_model(path, max_seq=64), load_model(path, max_seq=64)
-    fast = FusedStep(fused_model, compile=False)
+    fast = FusedStep(fused_model, UNCOMPILED)
     c1, c2 = plain.new_cache(1), fused_model.new_cache(1)
     prompt = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(0))
     plain(prompt, c1)
@@ -40,18 +43,15 @@ def _add_norm_world_of_one():
     return AddNormWorldOfOne(None, 1)
 
 
-def _steps_match_plain(tmp_path, seed: int, fuse_norms: bool, **fused_kwargs) -> FusedStep:
-    """A verify-width step, then a one-token step, through FusedStep(**fused_kwargs): the plain
-    model's logits and cache. Returns the FusedStep for further checks."""
+def _steps_match_plain(tmp_path, seed: int, fuse_norms: bool, engine: EngineConfig) -> FusedStep:
+    """A verify-width step, then a one-token step, through FusedStep(model, engine, allreduce): the
+    plain model's logits and cache. Returns the FusedStep for further checks."""
     cfg = tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)
     path = write_random_checkpoint(tmp_path, cfg, seed=seed)
     plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
-    if fuse_norms:
-        ar = _add_norm_world_of_one()
-        for layer in model.layers:
-            layer.self_attn.reduce = layer.mlp.reduce = ar
-    fast = FusedStep(model, **fused_kwargs)
-    assert (fast._add_norm_allreduce() is not None) == fuse_norms
+    ar = _add_norm_world_of_one() if fuse_norms else None
+    fast = FusedStep(model, engine, ar)
+    assert fast.fuse_norms == fuse_norms
     c1, c2 = plain.new_cache(1), model.new_cache(1)
     prompt = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(0))
     plain(prompt, c1)
@@ -70,7 +70,30 @@ def _steps_match_plain(tmp_path, seed: int, fuse_norms: bool, **fused_kwargs) ->
 def test_fused_norm_layout_matches_plain(tmp_path):
     """With an allreduce that adds the residual and applies the next norm itself, the step moves
     every norm out of the compiled bodies: same logits and cache."""
-    _steps_match_plain(tmp_path, 4, True, compile=False)
+    _steps_match_plain(tmp_path, 4, True, UNCOMPILED)
+
+
+@torch.inference_mode()
+def test_fused_add_norm_is_the_engines_choice(tmp_path):
+    """engine.fused_add_norm=false keeps the join out of a backend that could fuse it (the step runs
+    allreduce, then add + norm) and leaves the backend's capability as it was built."""
+    ar = _add_norm_world_of_one()
+    joins = []
+    fused_add_norm = ar.add_norm
+    ar.add_norm = lambda *a: joins.append(1) or fused_add_norm(*a)  # counts the joins run in the allreduce
+    cfg = tiny_config()
+    path = write_random_checkpoint(tmp_path, cfg, seed=2)
+    plain = load_model(path, max_seq=32)
+    want = plain(torch.tensor([[5, 6]]), plain.new_cache(1))
+    for fuse in (True, False):
+        model = load_model(path, max_seq=32)
+        fast = FusedStep(model, EngineConfig(compile=False, fused_add_norm=fuse), ar)
+        assert fast.fuse_norms == fuse and ar.fuses_add_norm
+        cache = model.new_cache(1)
+        got = model.logits(fast.hidden_at(torch.tensor([[5, 6]]), torch.arange(2)[None], cache, cache.max_seq))
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert len(joins) == (2 * cfg["num_hidden_layers"] if fuse else 0), len(joins)
+        joins.clear()
 
 
 @pytest.mark.slow
@@ -79,7 +102,7 @@ def test_compiled_fused_step(tmp_path):
     """torch.compile (Inductor, C++ on CPU) of the same bodies: same logits, one graph for all layers."""
     path = write_random_checkpoint(tmp_path, tiny_config(), seed=4)
     plain, model = load_model(path, max_seq=32), load_model(path, max_seq=32)
-    fast = FusedStep(model, compile=True)
+    fast = FusedStep(model, EngineConfig(compile=True))
     c1, c2 = plain.new_cache(1), model.new_cache(1)
     step = torch.tensor([[5, 6]])
     want = plain(step, c1)
@@ -92,49 +115,25 @@ import sys, torch
 from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
 from workers.kernels.attention import decode_attend
 from workers.kernels.support import interpreter_numpy_fix
+from workers.engine.config import EngineConfig
 from workers.engine.fused_step import FusedStep
 from workers.comm.base import NoOpAllReduce
 
 class AddNormWorldOfOne(NoOpAllReduce):
     fuses_add_norm = True
 
-
-class PushWorldOfOne(AddNormWorldOfOne):
-    """symm_mem_ll's kernels on a world of one: GEMM epilogues push (to no peer), add_norm reduces."""
-    def __init__(self):
-        super().__init__(None, 1)
-        from workers.comm import symm_mem_ll as ll
-        self.ll, self.max_numel, self.pushed = ll, 4096, 0
-        self.buf = ll.sentinel_fill_(torch.empty(ll.NPHASE * self.max_numel))
-        self.ptrs = torch.tensor([self.buf.data_ptr()], dtype=torch.int64)
-        self.state = torch.zeros(3, dtype=torch.int32)
-
-    def push_target(self, numel, dtype, hidden):
-        return self.ptrs, self.state, 0, 1, self.max_numel
-
-    def add_norm(self, partial, residual, weight, eps, pushed=False):
-        assert pushed, "a GEMM that could push did not"
-        self.pushed += 1
-        return self.ll.launch_add_norm(partial, residual, weight, eps, self.ptrs, self.state, self.max_numel, 0, 1,
-                                       mode=self.ll.REDUCE)
-
 interpreter_numpy_fix()
 torch.set_grad_enabled(False)
 cases = [tiny_config(), tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)]
-# the last two: every GEMM through workers/kernels/gemv.py's Triton kernel (SPECTUNE_GEMV=triton), with
-# SiLU * up in the gate/up projection's epilogue, in both layouts
-# and last, o_proj and down pushing their outputs from the GEMM epilogue into symm_mem_ll's slots
-runs = [(cases[0], False, False), (cases[1], False, False), (cases[1], True, False), (cases[1], False, True), (cases[0], True, True),
-        (cases[1], "push", True)]
+# the last two: every GEMM through workers/kernels/gemv.py's Triton kernel (engine.gemv=triton), with
+# SiLU * up in the gate/up projection's epilogue, with the join in the allreduce and without
+runs = [(cases[0], False, False), (cases[1], False, False), (cases[1], True, False), (cases[1], False, True), (cases[0], True, True)]
 for i, (cfg, norms_in_allreduce, triton_gemv) in enumerate(runs):
     path = write_random_checkpoint(sys.argv[1] + f"/m{i}", cfg, seed=4)
     plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
-    if norms_in_allreduce:
-        ar = PushWorldOfOne() if norms_in_allreduce == "push" else AddNormWorldOfOne(None, 1)
-        for layer in model.layers:
-            layer.self_attn.reduce = layer.mlp.reduce = ar
-    fast = FusedStep(model, compile=False, attend_fn=decode_attend, gemv=triton_gemv or None)
-    assert fast.rope_attend is not None
+    ar = AddNormWorldOfOne(None, 1) if norms_in_allreduce else None
+    fast = FusedStep(model, EngineConfig(compile=False, gemv="triton" if triton_gemv else "off"), ar, attend_fn=decode_attend)
+    assert fast.rope_attend is not None and fast.fuse_norms == norms_in_allreduce
     c1, c2 = plain.new_cache(1), model.new_cache(1)
     prompt = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(0))
     plain(prompt, c1)
@@ -150,8 +149,6 @@ for i, (cfg, norms_in_allreduce, triton_gemv) in enumerate(runs):
     if triton_gemv:  # every role and width ran the Triton GEMV, none fell back to F.linear
         assert sorted(key[:2] for key in fast.gemv.choice) == sorted((r, T) for r in ("qkv", "o", "gate_up", "down") for T in (3, 1))
         assert all(c is not None for c in fast.gemv.choice.values()), fast.gemv.choice
-    if norms_in_allreduce == "push":  # both row-parallel GEMMs of every layer, both steps
-        assert ar.pushed == 2 * len(model.layers) * 2, ar.pushed
     print("ok", i)
 '''
 
@@ -166,10 +163,10 @@ def test_fused_step_with_triton_rope_and_attention(tmp_path):
 
     pytest.importorskip("triton")
     r = subprocess.run([sys.executable, "-c", _TRITON_STEP, str(tmp_path)],
-                       env={**os.environ, "TRITON_INTERPRET": "1", "SPECTUNE_GEMV": "triton"},
+                       env={**os.environ, "TRITON_INTERPRET": "1"},
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert r.stdout.split() == ["ok", "0", "ok", "1", "ok", "2", "ok", "3", "ok", "4", "ok", "5"]
+    assert r.stdout.split() == ["ok", "0", "ok", "1", "ok", "2", "ok", "3", "ok", "4"]
 
 
 @pytest.mark.parametrize("fuse_norms, compile", [(False, False), (True, False), (False, True)])
@@ -179,27 +176,24 @@ def test_layout_with_picked_gemms_matches_plain(tmp_path, fuse_norms, compile):
     GEMV per shape; the gate/up projection writes SiLU * up). The layout around it, forced
     on here where the picker can only choose F.linear, gives the plain model's logits and cache,
     with and without an allreduce that fuses add + norm."""
-    fast = _steps_match_plain(tmp_path, 5, fuse_norms, compile=compile, gemv=True)
+    fast = _steps_match_plain(tmp_path, 5, fuse_norms, EngineConfig(compile=compile, gemv="cublas"))
     # the QKV GEMM goes through the picker with the Triton attention (rope + cache write from the
     # merged projection); with SDPA here it stays in the compiled rope body
     assert {key[:2] for key in fast.gemv.choice} == {(role, T) for role in ("o", "gate_up", "down") for T in (3, 1)}
     assert all(c is None for c in fast.gemv.choice.values())  # CPU: F.linear everywhere
 
 
-def test_gemv_switch_is_parsed_and_a_bad_value_is_an_error(tmp_path, monkeypatch):
-    """SPECTUNE_GEMV: auto by default, off also as 0 / false (as the other switches say it); a value
-    it does not know stops the run with one line instead of silently falling back to the plain model."""
-    from workers.engine.fused_step import gemv_mode, try_fused
-
-    monkeypatch.delenv("SPECTUNE_GEMV", raising=False)
-    assert gemv_mode() == "auto"
-    for raw, want in (("0", "off"), ("False", "off"), (" OFF ", "off"), ("cuBLAS", "cublas"), ("triton", "triton")):
-        monkeypatch.setenv("SPECTUNE_GEMV", raw)
-        assert gemv_mode() == want
-    monkeypatch.setenv("SPECTUNE_GEMV", "fast")
+def test_gemv_choice_is_engine_config_and_a_bad_value_is_an_error(tmp_path):
+    """engine.gemv: auto races on CUDA only (no picker on CPU), cublas or triton force the picker's
+    choice anywhere, off builds none; a value it does not know is an error when the config is made."""
     model = load_model(write_random_checkpoint(tmp_path, tiny_config(), seed=1), max_seq=16)
-    with pytest.raises(ValueError, match="SPECTUNE_GEMV='fast': use auto, cublas, triton or off"):
-        try_fused(model, compile=False)
+    for mode, picker in (("auto", False), ("off", False), ("cublas", True), ("triton", True)):
+        fast = FusedStep(model, EngineConfig(compile=False, gemv=mode))
+        assert (fast.gemv is not None) == picker and (not picker or fast.gemv.mode == mode)
+    with pytest.raises(ValueError, match="engine.gemv: 'fast' is not one of auto, cublas, triton, off"):
+        EngineConfig(gemv="fast")
+    with pytest.raises(ValueError, match="engine.overlap: 'no' is not true or false"):
+        EngineConfig(overlap="no")
 
 
 def test_gemv_picker_decides_every_role_and_width_up_front(tmp_path):
@@ -209,7 +203,7 @@ def test_gemv_picker_decides_every_role_and_width_up_front(tmp_path):
     from workers.kernels.gemv import GemvPicker
 
     model = load_model(write_random_checkpoint(tmp_path, tiny_config(), seed=1), max_seq=16)
-    fast = FusedStep(model, compile=False)
+    fast = FusedStep(model, UNCOMPILED)
     roles = {"qkv": [w for w, _, _ in fast.merged], "gate_up": [w for _, _, w in fast.merged],
              "o": [layer.self_attn.o_proj.weight for layer in model.layers],
              "down": [layer.mlp.down_proj.weight for layer in model.layers]}

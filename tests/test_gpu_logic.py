@@ -15,7 +15,10 @@ from workers.model.checkpoint import CheckpointError, load_args, load_model, res
 from workers.comm import GangInfo, refusal
 from workers.runtime.local_gang import LocalGang
 from workers.spec import DrafterSpec, GangSpec, Workload
+from workers.engine.config import EngineConfig
 from workers.engine.steps import StepRunner
+
+EAGER = EngineConfig(cuda_graphs=False)
 
 CUDA2 = dict(world_size=2, device_type="cuda", devices=(0, 1), p2p_ok=True, max_message_bytes=1 << 16)
 
@@ -77,14 +80,14 @@ def test_greedy_draft_chain_equals_drafting_step_by_step(tiny_ckpt):
     steps give; on CPU the chain itself declines (no graphs) and the drafter steps one by one."""
     model = load_model(tiny_ckpt, max_seq=64)
     prompt, feed, k = [5, 6, 7, 11, 12], [8, 9], 4
-    step_by_step = StepRunner(model, model.new_cache(1), max_width=5, graphs=False)
+    step_by_step = StepRunner(model, model.new_cache(1), max_width=5, engine=EAGER)
     step_by_step.prefill(prompt)
     logits, want = step_by_step.step(feed)[-1], []
     for i in range(k):
         want.append(int(logits.argmax()))
         if i + 1 < k:
             logits = step_by_step.step([want[-1]])[-1]
-    chained = StepRunner(model, model.new_cache(1), max_width=5, graphs=False)
+    chained = StepRunner(model, model.new_cache(1), max_width=5, engine=EAGER)
     assert chained.draft_chain(feed, k) is None  # CPU: no graph, the caller drafts step by step
     chained.prefill(prompt)
     start = chained.cache.lengths[0]
@@ -102,7 +105,7 @@ def test_greedy_step_that_feeds_itself_equals_plain_greedy_steps(tiny_ckpt):
     here, gives the tokens, top-2 logits and cache of plain one-token steps."""
     model = load_model(tiny_ckpt, max_seq=64)
     prompt, first, n = [5, 6, 7, 11, 12], 8, 6
-    plain = StepRunner(model, model.new_cache(1), max_width=1, graphs=False)
+    plain = StepRunner(model, model.new_cache(1), max_width=1, engine=EAGER)
     plain.prefill(prompt)
     want, top2, tok = [], [], first
     for _ in range(n):
@@ -110,7 +113,7 @@ def test_greedy_step_that_feeds_itself_equals_plain_greedy_steps(tiny_ckpt):
         tok = int(logits.argmax())
         want.append(tok)
         top2.append(logits.topk(2).values.tolist())
-    fed = StepRunner(model, model.new_cache(1), max_width=1, graphs=False)
+    fed = StepRunner(model, model.new_cache(1), max_width=1, engine=EAGER)
     fed.prefill(prompt)
     start = fed.cache.lengths[0]
     fed._inputs = torch.tensor([[first], [start]])  # as `_stage` fills them for the first step only
@@ -162,16 +165,17 @@ def test_overlapped_greedy_decoding_matches_the_plain_loop(tiny_ckpt, stop, marg
     model = load_model(tiny_ckpt, max_seq=128)
 
     def verifier(overlap: bool):
-        v = Verifier(model, AllReduce(None, 1), DraftLink(None, 0, None, 4, model.args.vocab_size), 0, graphs=False)
+        engine = EngineConfig(cuda_graphs=False, overlap=overlap)
+        v = Verifier(model, AllReduce(None, 1), DraftLink(None, 0, None, 4, model.args.vocab_size), 0, engine=engine)
         if overlap:
-            v.steps = _EagerFeed(model, v.cache, 5, graphs=False)
+            v.steps = _EagerFeed(model, v.cache, 5, engine=engine)
         return v
 
     w = Workload(prompts=_prompts(), max_new_tokens=12, record_margins=margins)
     if stop == "eos":  # a token the plain loop emits mid-way in the first prompt
         first = verifier(False).run(w).prompts[0].tokens
         w = Workload(prompts=_prompts(), max_new_tokens=12, record_margins=margins, eos_ids=(first[6],))
-    plain = verifier(False).run(Workload(**{**w.__dict__, "overlap_steps": False}))
+    plain = verifier(False).run(w)
     fast = verifier(True)
     got = fast.run(w)
     assert [p.tokens for p in got.prompts] == [p.tokens for p in plain.prompts]
@@ -186,7 +190,7 @@ def test_overlapped_greedy_decoding_matches_the_plain_loop(tiny_ckpt, stop, marg
 
 def test_step_runner_stays_eager_on_cpu(tiny_ckpt):
     model = load_model(tiny_ckpt, max_seq=64)
-    runner = StepRunner(model, model.new_cache(1), max_width=5, graphs=True, fused=True)
+    runner = StepRunner(model, model.new_cache(1), max_width=5, engine=EngineConfig(cuda_graphs=True, compile=True))
     assert not runner.use_graphs and runner.fast is None  # graphs and compile need CUDA
     runner.warm(range(1, 6))
     assert runner.graphs == {}
@@ -345,10 +349,11 @@ def test_study_with_simulated_acceptance(tmp_path, tiny_ckpt):
 _ADD_NORM_RANK = r"""
 import os, sys, torch, torch.distributed as dist
 from workers.comm.torch_dist import GlooAllReduce
+from workers.engine.config import EngineConfig
 from workers.spec import GangSpec
 from workers.runtime.worker import Worker
 
-rank, init, broken_rank = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+rank, init, broken_rank, off_rank = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
 
 class Fused(GlooAllReduce):  # a one-kernel add + norm, wrong on `broken_rank` (it forgets the residual)
@@ -358,8 +363,10 @@ class Fused(GlooAllReduce):  # a one-kernel add + norm, wrong on `broken_rank` (
         return (s - residual, n) if rank == broken_rank else (s, n)
 
 ar = Fused(dist.group.WORLD, 2)
-Worker(rank, GangSpec(model_path="", tp=2))._check_add_norm(ar, dist.group.WORLD, 64, torch.float32, torch.device("cpu"))
-print("fused" if ar.fuses_add_norm else "unfused")
+engine = EngineConfig(fused_add_norm=rank != off_rank)
+use = Worker(rank, GangSpec(model_path="", tp=2, engine=engine))._check_add_norm(ar, dist.group.WORLD, 64, torch.float32, torch.device("cpu"))
+assert ar.fuses_add_norm  # the backend's capability stays as built: the decision is the engine's
+print("fused" if use else "unfused")
 sys.stdout.flush()
 dist.barrier()
 os._exit(0)
@@ -370,17 +377,16 @@ os._exit(0)
 def test_a_wrong_fused_add_norm_is_dropped_on_every_rank(tmp_path, broken_rank, off_rank, want):
     """A fused allreduce + add + norm that disagrees with allreduce, add, norm on any rank is dropped
     by all ranks together (their collectives must keep lining up); the rank that saw it says why.
-    SPECTUNE_FUSED_ADD_NORM=0 turns it off the same way, even if only one rank's environment says so."""
-    env = lambda r: {**os.environ, **({"SPECTUNE_FUSED_ADD_NORM": "0"} if r == off_rank else {})}
-    procs = [subprocess.Popen([sys.executable, "-c", _ADD_NORM_RANK, str(r), str(tmp_path / "init"), str(broken_rank)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(r)) for r in range(2)]
+    engine.fused_add_norm=false turns it off the same way, even if only one rank's engine config says so."""
+    procs = [subprocess.Popen([sys.executable, "-c", _ADD_NORM_RANK, str(r), str(tmp_path / "init"), str(broken_rank), str(off_rank)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     done = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in done]
     assert [out.strip() for out, _ in done] == [want, want]
     if broken_rank == 1:
         assert "fused add + norm differs" in done[1][1] and "a peer rank refused" in done[0][1]
     if off_rank == 0:
-        assert "turned off by SPECTUNE_FUSED_ADD_NORM=0\n" in done[0][1] and "SPECTUNE_FUSED_ADD_NORM=0 on a peer rank" in done[1][1]
+        assert "turned off by engine.fused_add_norm=false\n" in done[0][1] and "engine.fused_add_norm=false on a peer rank" in done[1][1]
 
 
 @pytest.mark.parametrize("visible, ray_ids, want", [(None, [1], 1), ("4,5", ["5"], 1), ("4,5", ["4"], 0), (None, [], -1)])

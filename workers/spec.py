@@ -1,9 +1,9 @@
 """Plain data passed from the driver to the workers and back (picklable; no Ray, no Optuna)."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
+from workers.engine.config import EngineConfig
 from workers.engine.stats import RunStats
 
 
@@ -39,9 +39,7 @@ class GangSpec:
     max_seq: int = 2048
     vocab_parallel: bool = False
     threads: int = 1  # torch intra-op threads per process
-    cuda_graphs: bool = True  # capture decode/verify steps as CUDA graphs (CUDA only)
-    compile: bool = True  # merged weights + torch.compile'd layer bodies inside the graphs (CUDA only)
-    attention: str = "auto"  # graphed steps: triton (workers/kernels/attention.py) | sdpa | auto (triton where it runs)
+    engine: EngineConfig = field(default_factory=EngineConfig)  # what the decode engine runs (workers/engine/config.py)
 
     @property
     def has_drafter(self) -> bool:
@@ -76,10 +74,6 @@ class Workload:
     # logit), so a speculative run that leaves this output at a numerical near tie can be told apart
     # from a wrong one (orchestrator/equivalence.py)
     record_margins: bool = False
-    # plain greedy decoding on CUDA graphs: step n + 1 is enqueued before the host reads step n, so
-    # the GPU never waits for the host between steps (workers/engine/steps.py `greedy_launch`).
-    # SPECTUNE_OVERLAP=0 in the driver's environment turns it off, for side-by-side measurements
-    overlap_steps: bool = field(default_factory=lambda: os.environ.get("SPECTUNE_OVERLAP", "1") != "0")
 
 
 @dataclass

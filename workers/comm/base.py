@@ -8,7 +8,6 @@ measured.
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 
@@ -44,7 +43,9 @@ class AllReduce:
     timed = True  # wall-clock timing per call (only meaningful where calls are synchronous)
     cuda_group = "gloo"  # torch.distributed backend of the TP group on GPUs (nccl where the backend
                          # issues NCCL calls or needs an NCCL group for its rendezvous / fallback)
-    fuses_add_norm = False  # add_norm is one kernel: the fused step then leaves the norms to it
+    # add_norm is one kernel (a capability of the class, never changed on an instance: whether the
+    # engine uses it is the engine's decision, workers/engine/fused_step.py)
+    fuses_add_norm = False
 
     def __init__(self, group: dist.ProcessGroup | None, world_size: int):
         self.group = group
@@ -76,21 +77,13 @@ class AllReduce:
             self._all_reduce(x)
         return x
 
-    def push_target(self, numel: int, dtype: torch.dtype, hidden: int):
-        """Where a GEMM may push its output for `add_norm(..., pushed=True)` (symm_mem_ll's slots on
-        the peers, as workers/kernels/gemv.py takes them), or None: then it runs the whole allreduce."""
-        return None
-
     def add_norm(self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float, pushed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """s = residual + allreduce(partial) and rms_norm(s): a row-parallel output joining the
         residual stream and the next norm reading it. Backends that can do it in one kernel
-        override this (and set `fuses_add_norm`); it counts as one allreduce call either way.
-        pushed: the GEMM that made `partial` already pushed it to the peers (`push_target`)."""
+        override this (and set `fuses_add_norm`); it counts as one allreduce call either way."""
         from workers.model.transformer import rms_norm
 
-        if pushed:
-            raise ValueError(f"allreduce backend {self.name!r} takes no pushed partial sums")
         s = residual + self(partial)
         return s, rms_norm(s, weight, eps)
 
@@ -148,9 +141,7 @@ def validate(allreduce: AllReduce, rank: int, dtype=torch.float32, device="cpu",
 def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.float32, device="cpu", rows: int = 2) -> str | None:
     """A backend's fused `add_norm` against the plain allreduce followed by torch's add and norm
     (the base class's `add_norm`); None if they agree to the dtype's rounding, else what differs.
-    Where the backend takes partial sums pushed by a GEMM epilogue (`push_target`), that path is
-    checked too, and turned off on this rank (`takes_pushes`) if it sums wrong: the caller then
-    agrees with the other ranks (workers/runtime/worker.py)."""
+    The caller agrees with the other ranks whether the engine uses it (workers/runtime/worker.py)."""
     if not allreduce.fuses_add_norm or allreduce.world_size == 1:
         return None
     gen = torch.Generator().manual_seed(11)  # the same residual and weight on every rank
@@ -169,31 +160,8 @@ def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.
         return None
 
     why = wrong(*allreduce.add_norm(partial.clone(), residual, weight, 1e-5))
-    if why is None and allreduce.push_target(partial.numel(), dtype, hidden) is not None:
-        why_push = _check_pushed(allreduce, partial, residual, weight, wrong)
-        if why_push is not None:  # the GEMMs then leave the push to the allreduce (every rank got the same sums)
-            allreduce.takes_pushes = False
-            print(f"spectune: {allreduce.name}: GEMM epilogue pushes off ({why_push})", file=sys.stderr, flush=True)
     allreduce.counters.calls = calls
     if why is not None:
         return f"allreduce backend {allreduce.name!r}: its fused add + norm differs from allreduce + add + norm ({why})"
     return None
 
-
-def _check_pushed(allreduce: AllReduce, partial, residual, weight, wrong) -> str | None:
-    """add_norm of a partial pushed by workers/kernels/gemv.py's epilogue (x @ I = x exactly), split K and
-    not. Always two allreduces, whatever fails: the peers' allreduces must keep lining up."""
-    from workers.kernels.gemv import CONFIGS, gemv
-
-    eye = torch.eye(partial.shape[-1], dtype=partial.dtype, device=partial.device)
-    problems = []
-    for config in (CONFIGS[0], next(c for c in CONFIGS if c[2] == 1)):
-        target = allreduce.push_target(partial.numel(), partial.dtype, partial.shape[-1])
-        try:
-            y, pushed = gemv(partial, eye, None, config, push=target), True
-        except Exception as e:  # noqa: BLE001 - this rank cannot push: it sums with the allreduce's own push
-            y, pushed = partial.clone(), False
-            problems.append(f"GEMV {config} failed: {type(e).__name__}")
-        if (why := wrong(*allreduce.add_norm(y, residual, weight, 1e-5, pushed=pushed))) is not None and pushed:
-            problems.append(f"wrong sums after GEMV {config}: {why}")
-    return "; ".join(problems) or None

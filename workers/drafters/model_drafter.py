@@ -13,6 +13,7 @@ import time
 import torch
 
 from workers.drafters.base import Drafter
+from workers.engine.config import EngineConfig
 from workers.engine.link import Proposal
 from workers.model.transformer import Transformer
 from workers.engine.steps import StepRunner
@@ -23,13 +24,12 @@ from workers.engine.verify import sample
 class ModelDrafter(Drafter):
     kind = "draft_model"
 
-    def __init__(self, model: Transformer, kind: str | None = None, max_width: int = 17, fused: bool = False,
-                 attention: str = "auto"):
+    def __init__(self, model: Transformer, kind: str | None = None, max_width: int = 17, engine: EngineConfig | None = None):
         self.model = model
         self.device = model.embed_tokens.weight.device
         self.begin(temperature=0.0, seed=0)
         self.cache = model.new_cache(1)
-        self.steps = StepRunner(model, self.cache, max_width, graphs=self.device.type == "cuda", fused=fused, attention=attention)
+        self.steps = StepRunner(model, self.cache, max_width, engine=engine)
         self.fed: list[int] = []
         if kind:
             self.kind = kind

@@ -1,6 +1,6 @@
 """Decode / verify steps of one sequence on a model + KV cache, eager or as CUDA graphs.
 
-    runner = StepRunner(model, cache, max_width=k + 1, graphs=device.type == "cuda")
+    runner = StepRunner(model, cache, max_width=k + 1, engine=EngineConfig(), allreduce=allreduce)
     logits = runner.step([last, d1, d2])      # [T, vocab] float32; advances cache.lengths[0] by T
     runner.prefill(prompt)                      # eager, any length
 
@@ -33,10 +33,9 @@ import time
 
 import torch
 
+from workers.engine.config import ATTENTION_CHOICES, EngineConfig
 from workers.engine.fused_step import try_fused
 from workers.model.transformer import KVCache, Transformer
-
-ATTENTION_CHOICES = ("auto", "triton", "sdpa")
 
 
 def no_cudnn_attention() -> None:
@@ -64,17 +63,21 @@ def pick_attention(choice: str, head_dim: int, device: torch.device):
 
 
 class StepRunner:
-    def __init__(self, model: Transformer, cache: KVCache, max_width: int, graphs: bool, allreduce=None, fused: bool = False,
-                 attention: str = "auto"):
-        self.model, self.cache, self.max_width = model, cache, max_width
+    """engine: what runs (workers/engine/config.py); allreduce: the TP allreduce of `model`'s
+    row-parallel outputs (None: one rank), handed on to the fused step."""
+
+    def __init__(self, model: Transformer, cache: KVCache, max_width: int, engine: EngineConfig | None = None, allreduce=None):
+        engine = engine or EngineConfig()
+        self.model, self.cache, self.max_width, self.engine = model, cache, max_width, engine
         self.allreduce = allreduce
         self.device = model.embed_tokens.weight.device
-        self.use_graphs = graphs and self.device.type == "cuda"
+        self.use_graphs = engine.cuda_graphs and self.device.type == "cuda"
         # merged weights + compiled layer bodies (workers/engine/fused_step.py) for the graphed steps, with the
         # split-KV Triton attention where it runs (workers/kernels/attention.py)
-        attend_fn, self.attention = pick_attention(attention, model.args.head_dim, self.device) if fused and self.use_graphs \
+        fused = engine.compile and self.use_graphs
+        attend_fn, self.attention = pick_attention(engine.attention, model.args.head_dim, self.device) if fused \
             else (None, "sdpa")
-        self.fast = try_fused(model, attend_fn=attend_fn) if fused and self.use_graphs else None
+        self.fast = try_fused(model, engine, allreduce, attend_fn) if fused else None
         # (width, allreduce on) -> a step's graph; ("chain", width, k) -> a greedy draft chain's
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
         self._pool = None

@@ -28,6 +28,7 @@ import torch
 
 from workers.comm import AllReduce
 from workers.drafters import Drafter
+from workers.engine.config import EngineConfig
 from workers.engine.link import DraftLink, Proposal, VerifyResult
 from workers.model.transformer import Transformer
 from workers.engine.steps import StepRunner
@@ -60,13 +61,13 @@ def _finish(tokens: list[int], have: int, w: Workload) -> tuple[list[int], bool]
 
 
 class Verifier:
-    def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int, graphs: bool = True, fused: bool = False,
-                 attention: str = "auto", drafter: Drafter | None = None):
+    def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int, engine: EngineConfig | None = None,
+                 drafter: Drafter | None = None):
         self.model, self.allreduce, self.link, self.rank = model, allreduce, link, rank
         self.drafter = drafter  # a drafter run inside this rank (n-gram), else proposals come over the link
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
-        self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce, fused=fused, attention=attention)
+        self.steps = StepRunner(model, self.cache, link.k + 1, engine=engine, allreduce=allreduce)
         self.local = False  # set per run: decides_locally (every rank verifies itself)
 
     def _simulated(self, drafted: list[int], w: Workload, logits: torch.Tensor, credit: float) -> tuple[int, list[int], float]:
@@ -90,7 +91,7 @@ class Verifier:
     def _overlapped(self, w: Workload) -> bool:
         """Plain greedy decoding that every rank decides for itself, on CUDA graphs: step n + 1 is
         enqueued before step n's token is read (StepRunner.greedy_launch)."""
-        return (w.overlap_steps and w.num_draft_tokens == 0 and w.temperature <= 0 and self.local
+        return (self.steps.engine.overlap and w.num_draft_tokens == 0 and w.temperature <= 0 and self.local
                 and self.steps.use_graphs)
 
     def _greedy_overlapped(self, out: list[int], w: Workload, stats: RunStats, top2: list | None) -> int:

@@ -12,33 +12,25 @@ one program per BLOCK_N output columns and K-split: it streams its [BLOCK_N, K /
 W in BLOCK_K chunks through tensor cores (the T rows padded to 16), accumulating in float32. With
 SPLIT_K > 1 each split stores its partial sums, and the split of a column block that arrives
 last (a release/acquire counter, as in workers/kernels/attention.py) adds them in split order and
-writes y: deterministic, and no reduction kernel. Two epilogues save a kernel each:
-- SWIGLU: W is the merged [gate; up] projection and each program accumulates a gate block and
-  the matching up block, writing silu(gate) * up (the MLP's SiLU kernel is gone);
-- PUSH (row-parallel o_proj and down before a `symm_mem_ll` allreduce): the output is also stored
-  into this rank's slot on every peer, so the allreduce kernel that follows only waits and sums
-  (`add_norm(..., pushed=True)`): the push leaves the allreduce's latency and overlaps the GEMM.
+writes y: deterministic, and no reduction kernel. The SWIGLU epilogue saves a kernel: W is the
+merged [gate; up] projection and each program accumulates a gate block and the matching up block,
+writing silu(gate) * up (the MLP's SiLU kernel is gone).
 
 `GemvPicker` decides per (role, T) on the first call outside graph capture: it checks each Triton
 configuration against cuBLAS (`F.linear`) on the real weights, then times 8 calls cycling through
 three layers' weights (so L2 cannot hold them) as a CUDA graph, and keeps the fastest; cuBLAS
-wins ties. A pushing GEMM always runs the fastest Triton configuration. On CUDA the picker is on
-unless SPECTUNE_GEMV=off (H200, session 5: Llama-3-8B decode 217.2 tok/s against 213.6 at TP 1
-and 346.3 against 319.7 at TP 2 with symm_mem_ll, one lease); =cublas (or =triton) forces the
-choice inside the same layout, and =off keeps workers/engine/fused_step.py's compiled layer bodies with
-their GEMMs inside. Pushes are opt-in (SPECTUNE_GEMV_PUSH=1): 2.909 ms a TP 2 step against 2.882
-without, same lease.
+wins ties. Its mode is `EngineConfig.gemv` (workers/engine/config.py): auto races, cublas or
+triton force the choice inside the same layout; off builds no picker (workers/engine/fused_step.py
+then keeps the GEMMs inside its compiled bodies).
 
-    picker = GemvPicker(weights_by_role)          # role -> [W of layer 0, W of layer 1, ...]
+    picker = GemvPicker(weights_by_role, mode="auto")   # role -> [W of layer 0, W of layer 1, ...]
     y = picker.linear("qkv", x, w, b)
     act = picker.swiglu("gate_up", h, w_gate_up)
-    y, pushed = picker.linear_push("down", act, w, allreduce.push_target(numel, dtype, hidden))
     TRITON_INTERPRET=1 python -m workers.kernels.gemv --selftest   # CPU: every configuration against F.linear
     python -m workers.kernels.gemv --bench --tp 1 2                 # GPU: cuBLAS vs each config, Llama-3-8B's step GEMMs
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -63,19 +55,9 @@ CONFIGS = ((32, 128, 4, 2, 4), (64, 128, 4, 2, 4), (32, 128, 2, 2, 4), (32, 128,
 if triton is not None:
 
     @triton.jit
-    def _epilogue(Y, y, t, n, tm, nm, syt, N, PEERS, STATE, rank, max_numel, PUSH: tl.constexpr, WORLD: tl.constexpr):
-        # y [T_PAD, BLOCK_N] in the output type: store it, and with PUSH also into this rank's slot
-        # of the current phase on every peer (workers/comm/symm_mem_ll.py's protocol: the next
-        # kernel, the allreduce's reduce half, then only waits for the peers' pushes)
-        out_mask = tm[:, None] & nm[None, :]
-        tl.store(Y + t[:, None] * syt + n[None, :], y, mask=out_mask)
-        if PUSH:
-            phase = tl.load(STATE)
-            v = tl.where(y == 0.0, 0.0, y)  # -0.0 is "not arrived yet": send +0.0 (sums the same)
-            for peer in tl.static_range(WORLD):
-                if peer != rank:
-                    dst = tl.load(PEERS + peer).to(tl.pointer_type(y.dtype))
-                    tl.store(dst + (phase * WORLD + rank) * max_numel + t[:, None] * N + n[None, :], v, mask=out_mask)
+    def _epilogue(Y, y, t, n, tm, nm, syt):
+        # y [T_PAD, BLOCK_N] in the output type, stored where the rows and columns exist
+        tl.store(Y + t[:, None] * syt + n[None, :], y, mask=tm[:, None] & nm[None, :])
 
     @triton.jit
     def _swiglu(g, u, ty: tl.constexpr):
@@ -85,9 +67,9 @@ if triton is not None:
         return (s * u.to(ty).to(tl.float32)).to(ty)
 
     @triton.jit
-    def _gemv(X, W, B, Y, PART, CNT, PEERS, STATE, T, N, K, sxt, swn, syt, rank, max_numel,
+    def _gemv(X, W, B, Y, PART, CNT, T, N, K, sxt, swn, syt,
               T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-              SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr, PUSH: tl.constexpr, WORLD: tl.constexpr):
+              SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -113,7 +95,7 @@ if triton is not None:
             if HAS_BIAS:
                 acc += tl.load(B + n, mask=nm, other=0.0).to(tl.float32)[None, :]
             y = _swiglu(acc, acc_up, ty) if SWIGLU else acc.to(ty)
-            _epilogue(Y, y, t, n, tm, nm, syt, N, PEERS, STATE, rank, max_numel, PUSH, WORLD)
+            _epilogue(Y, y, t, n, tm, nm, syt)
         else:  # (SWIGLU runs with SPLIT_K = 1 only)
             part = PART + (pid_n * SPLIT_K + pid_k) * T_PAD * BLOCK_N + t[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             tl.store(part, acc)
@@ -128,7 +110,7 @@ if triton is not None:
                     total += tl.load(src, cache_modifier=".cg")
                 if HAS_BIAS:
                     total += tl.load(B + n, mask=nm, other=0.0).to(tl.float32)[None, :]
-                _epilogue(Y, total.to(ty), t, n, tm, nm, syt, N, PEERS, STATE, rank, max_numel, PUSH, WORLD)
+                _epilogue(Y, total.to(ty), t, n, tm, nm, syt)
                 tl.store(CNT + pid_n, 0)  # ready for the next call
 
 
@@ -146,10 +128,9 @@ def runs_config(config, swiglu: bool, t_pad: int = 16) -> bool:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config=CONFIGS[0],
-         swiglu: bool = False, push=None) -> torch.Tensor:
+         swiglu: bool = False) -> torch.Tensor:
     """x [..., K] @ w[N, K]^T (+ b) with one Triton config. swiglu: w is a merged gate/up [2I, K]
-    and the result silu(x @ gate^T) * (x @ up^T) [..., I]. push: (peer pointers, state, rank,
-    world, max_numel) of a symm_mem_ll allreduce (`push_target`), which the result is also pushed into."""
+    and the result silu(x @ gate^T) * (x @ up^T) [..., I]."""
     block_n, block_k, split_k, warps, stages = config
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
@@ -168,11 +149,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config
     blocks = triton.cdiv(N, block_n)
     part = torch.empty(blocks * split_k * t_pad * block_n if split_k > 1 else 1, dtype=torch.float32, device=x.device)
     cnt = arrival_counters(blocks, x.device) if split_k > 1 else part
-    peers, state, rank, world, max_numel = push if push is not None else (part, part, 0, 1, 0)
-    _gemv[(blocks, split_k)](x2, w, b if b is not None else w, y, part, cnt, peers, state, T, N, K, x2.stride(0), w.stride(0),
-                             y.stride(0), rank, max_numel, T_PAD=t_pad, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-                             SWIGLU=swiglu, HAS_BIAS=b is not None, PUSH=push is not None, WORLD=world,
-                             num_warps=warps, num_stages=stages)
+    _gemv[(blocks, split_k)](x2, w, b if b is not None else w, y, part, cnt, T, N, K, x2.stride(0), w.stride(0),
+                             y.stride(0), T_PAD=t_pad, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+                             SWIGLU=swiglu, HAS_BIAS=b is not None, num_warps=warps, num_stages=stages)
     return y.view(*lead, N)
 
 
@@ -186,17 +165,16 @@ def _key(role: str, x: torch.Tensor, w: torch.Tensor) -> tuple:
 
 
 class GemvPicker:
-    """cuBLAS or a Triton configuration per (role, T), by a checked, timed race on first use."""
+    """cuBLAS or a Triton configuration per (role, T), by a checked, timed race on first use.
+    mode: auto (race), cublas or triton (forced): `EngineConfig.gemv` other than off."""
 
-    def __init__(self, weights_by_role: dict[str, list[torch.Tensor]], mode: str | None = None, log=None,
-                 silu_mul=None):
+    def __init__(self, weights_by_role: dict[str, list[torch.Tensor]], mode: str, log=None, silu_mul=None):
         self.weights = weights_by_role
         self.silu_mul = silu_mul or fused_silu_mul  # the cuBLAS path's SiLU * up (a compiled kernel in FusedStep)
-        self.mode = (mode or os.environ.get("SPECTUNE_GEMV", "auto")).lower()
-        if self.mode not in ("auto", "cublas", "triton"):
-            raise ValueError(f"SPECTUNE_GEMV must be auto, cublas or triton, not {self.mode!r}")
+        if mode not in ("auto", "cublas", "triton"):
+            raise ValueError(f"GEMV picker mode must be auto, cublas or triton, not {mode!r}")
+        self.mode = mode
         self.choice: dict[tuple, tuple | None] = {}  # (role, T, weight shape) -> Triton config or None (cuBLAS)
-        self.fastest_triton: dict[tuple, tuple | None] = {}  # the same key -> the fastest exact Triton config
         self.log = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
 
     def linear(self, role: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -207,17 +185,6 @@ class GemvPicker:
         """silu(x @ gate^T) * (x @ up^T) of a merged [gate; up] weight."""
         config = self._config(role, x, w_gate_up, None, True)
         return _reference(x, w_gate_up, None, True, self.silu_mul) if config is None else gemv(x, w_gate_up, None, config, True)
-
-    def linear_push(self, role: str, x: torch.Tensor, w: torch.Tensor, push) -> tuple[torch.Tensor, bool]:
-        """x @ w^T, also pushed into a symm_mem_ll allreduce's slots on the peers (`push_target`) by
-        the fastest Triton configuration, whether or not cuBLAS won the race: pushing from the
-        GEMM's epilogue takes the push out of the allreduce's latency. (y, False) where no Triton
-        configuration runs: the caller then runs the whole allreduce."""
-        self._config(role, x, w, None, False)
-        config = self.fastest_triton.get(_key(role, x, w))
-        if config is None:
-            return _reference(x, w, None, False), False
-        return gemv(x, w, None, config, push=push), True
 
     def prepare(self, widths) -> None:
         """Decide every role at these step widths now, on random inputs and the first layer's
@@ -241,7 +208,6 @@ class GemvPicker:
 
     def _decide(self, key, x, w, b, swiglu) -> tuple | None:
         role, T, _ = key
-        self.fastest_triton[key] = None
         if self.mode == "cublas" or triton is None or T > MAX_T:
             return None
         if x.device.type != "cuda" and self.mode != "triton":  # CPU: Triton only when forced (interpreter tests)
@@ -261,7 +227,6 @@ class GemvPicker:
         if not ok:
             return None
         if self.mode == "triton":
-            self.fastest_triton[key] = ok[0]
             return ok[0]
         ws = [v for v in self.weights.get(role, []) if v.shape == w.shape][:3] or [w]
         try:
@@ -271,7 +236,6 @@ class GemvPicker:
             self.log(f"spectune: gemv {role} {tuple(w.shape)}: timing failed ({type(e).__name__}: {e}); cuBLAS")
             return None
         fastest = min(timed, key=timed.get)
-        self.fastest_triton[key] = fastest
         best = fastest if timed[fastest] < cublas_us * 0.97 else None  # cuBLAS keeps ties (within 3%)
         self.log(f"spectune: gemv {role} T={T} {tuple(w.shape)}: " + ("Triton" if best else "cuBLAS")
                  + f" (cuBLAS {cublas_us:.2f} us, Triton {fastest} {timed[fastest]:.2f} us)")

@@ -11,7 +11,7 @@ import datetime
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -71,10 +71,10 @@ def build_drafter(spec: GangSpec, device) -> Drafter:
         return NgramDrafter(d.ngram_max, d.ngram_min)
     if d.kind == "draft_model":
         model = load_model(d.model_path, dtype=dtype, device=device, max_seq=spec.max_seq)
-        return ModelDrafter(model, kind="draft_model", fused=spec.compile, attention=spec.attention)
+        return ModelDrafter(model, kind="draft_model", engine=spec.engine)
     if d.kind == "layer_skip":
         model = load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, n_layers=d.layers)
-        return ModelDrafter(model, kind="layer_skip", fused=spec.compile, attention=spec.attention)
+        return ModelDrafter(model, kind="layer_skip", engine=spec.engine)
     raise WorkerError(f"unknown drafter kind {d.kind!r}")
 
 
@@ -121,53 +121,55 @@ class Worker:
             gang = GangInfo(world_size=spec.tp, device_type=device.type, devices=self._tp_devices(),
                             p2p_ok=self._p2p_ok(), max_message_bytes=max_numel * dtype.itemsize)
             allreduce = make_allreduce(spec.backend, tp_group, spec.tp, gang if spec.tp > 1 else None)
+            engine = spec.engine
             if spec.tp > 1:
                 allreduce.setup(device, dtype, max_numel)
                 # within the buffer the backend sized (a larger message would test its NCCL fallback instead)
                 if err := validate(allreduce, self.rank, dtype=dtype, device=device, numel=min(4104, max_numel)):
                     raise WorkerError(err)
-                self._check_add_norm(allreduce, tp_group, args.dim, dtype, device)
+                # the engine records whether it joins row-parallel outputs in the allreduce's kernel
+                # (the backend's capability is left as built)
+                engine = replace(engine, fused_add_norm=self._check_add_norm(allreduce, tp_group, args.dim, dtype, device))
             model = load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq)
             model = shard(model, self.rank, spec.tp, allreduce, spec.vocab_parallel)
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the unsharded copy is gone
-            self.verifier = Verifier(model, allreduce, self.link, self.rank, graphs=spec.cuda_graphs, fused=spec.compile,
-                                     attention=spec.attention,
+            self.verifier = Verifier(model, allreduce, self.link, self.rank, engine=engine,
                                      drafter=build_drafter(spec, device) if spec.drafter.in_verifier else None)
-        info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0, "pid": os.getpid()}
+        info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0,
+                "pid": os.getpid(), "engine": spec.engine.describe()}
         if self.verifier is not None:
-            info["attention"] = self.verifier.steps.attention
-            info["fused_add_norm"] = bool(self.verifier.allreduce.fuses_add_norm and spec.tp > 1)
+            steps = self.verifier.steps
+            info["engine"] = steps.engine.describe()  # as this rank runs it (fused_add_norm after the setup check)
+            info["attention"] = steps.attention
+            info["fused_add_norm"] = bool(steps.engine.fused_add_norm and allreduce.fuses_add_norm and spec.tp > 1)
         return info
 
-    def _check_add_norm(self, allreduce, tp_group, hidden: int, dtype, device) -> None:
-        """A backend's fused allreduce + add + norm is an optimisation: if it disagrees with allreduce,
-        add, norm on any rank, every rank drops it (the collectives must keep lining up) and the
-        step runs the unfused layout; the backend's plain allreduce was validated already.
-        SPECTUNE_FUSED_ADD_NORM=0 in every rank's environment turns it off (side-by-side measurements)."""
+    def _check_add_norm(self, allreduce, tp_group, hidden: int, dtype, device) -> bool:
+        """Whether this gang's steps join row-parallel outputs in the allreduce's kernel (fused add +
+        norm), agreed by every rank: the backend must fuse it, `engine.fused_add_norm` must ask for
+        it on every rank, and it must agree with allreduce, add, norm on every rank (else every rank
+        drops it: the collectives must keep lining up; the plain allreduce was validated already)."""
         if not allreduce.fuses_add_norm:
-            return
+            return False
+
         def everyone(ok: bool) -> bool:  # one collective: does every rank say yes?
             flag = torch.tensor([int(ok)], dtype=torch.int32, device=device if device.type == "cuda" else "cpu")
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=tp_group)
             return bool(flag.item())
 
         # agreed before the check: validate_add_norm's own collectives run on every rank or on none
-        off_here = os.environ.get("SPECTUNE_FUSED_ADD_NORM") == "0"
-        if not everyone(not off_here):
-            allreduce.fuses_add_norm = False
-            print(f"spectune: rank {self.rank}: fused add + norm turned off by SPECTUNE_FUSED_ADD_NORM=0"
-                  f"{'' if off_here else ' on a peer rank'}", file=sys.stderr, flush=True)
-            return
-        if hasattr(allreduce, "takes_pushes"):  # GEMM-epilogue pushes: checked on every rank or on none
-            allreduce.takes_pushes = everyone(allreduce.takes_pushes)
+        wanted = self.spec.engine.fused_add_norm
+        if not everyone(wanted):
+            print(f"spectune: rank {self.rank}: fused add + norm turned off by engine.fused_add_norm=false"
+                  f"{'' if not wanted else ' on a peer rank'}", file=sys.stderr, flush=True)
+            return False
         err = validate_add_norm(allreduce, self.rank, hidden, dtype=dtype, device=device)
-        if hasattr(allreduce, "takes_pushes"):
-            allreduce.takes_pushes = everyone(allreduce.takes_pushes)
         if not everyone(err is None):
-            allreduce.fuses_add_norm = False
             print(f"spectune: rank {self.rank}: {err or 'a peer rank refused the fused add + norm'}; "
                   "using allreduce, then add and norm", file=sys.stderr, flush=True)
+            return False
+        return True
 
     def _device(self) -> torch.device:
         if self.spec.device == "cpu":

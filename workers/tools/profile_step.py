@@ -174,6 +174,7 @@ def main(argv=None) -> None:
         return
 
     from workers.model.checkpoint import load_model, resolve_model_path
+    from workers.engine.config import EngineConfig
     from workers.engine.steps import StepRunner, no_cudnn_attention
 
     device = torch.device("cuda")
@@ -187,7 +188,7 @@ def main(argv=None) -> None:
     variants = [(f"fused+{att}", True, att) for att in a.attention] + ([("plain", False, "sdpa")] if a.plain else [])
     for name, fused, attention in variants:
         cache = model.new_cache(1, a.max_seq)
-        runner = StepRunner(model, cache, max_width=max(a.widths), graphs=True, fused=fused, attention=attention)
+        runner = StepRunner(model, cache, max_width=max(a.widths), engine=EngineConfig(compile=fused, attention=attention))
         runner.warm(a.widths)
         for w in a.widths:
             graph = runner.graphs[(w, True)][0]
