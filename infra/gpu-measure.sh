@@ -14,11 +14,12 @@
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh profile # one step: replay times and kernel tables, TP 1 and TP 2 (profile2: TP 2 only)
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh ray     # the gang as Ray GPU actors (`decode --ray`); needs Ray: pack it with
 #       ../shared/tools/ray-for-device.sh .devcarry here and carry .devcarry (this script unpacks it)
-#   single runs: tp1 tp2_symm_ll tp2_symm_ll_unfused tp1_cublas tp2_symm_ll_cublas tp2_symm_ll_push tp2_nccl tp2_symm sim_ngram sim_ngram_actor sim_draft
+#   single runs: tp1 tp2_symm_ll tp2_symm_ll_unfused tp1_cublas tp2_symm_ll_cublas tp2_nccl tp2_symm sim_ngram sim_ngram_actor sim_draft
 #       ray_tp2_nccl ray_tp2_ll_ngram ray_tp2_draft (`bash infra/gpu-measure.sh selftest tp1 tp2_symm_ll`)
 # Several modes run in order: `bash infra/gpu-measure.sh smoke profile bench`. Each run is cut off
 # after $LIMIT seconds (default 240; the draft-model run gets 120 more for transformers' assisted
-# generation), so a hang costs minutes, not the whole lease.
+# generation), so a hang costs minutes, not the whole machine time. Engine comparisons are `decode`
+# flags (the YAML section `engine:`), never environment variables.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 modes=("${@:-full}")
@@ -108,11 +109,10 @@ bench() {
 r_tp1() { run tp1 $S decode --model $M --tp 1 $common $P --peer-baseline; }
 r_tp2_symm_ll() { run tp2_symm_ll $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
 r_tp2_nccl() { run tp2_nccl $S decode --model $M --tp 2 --backend nccl --vocab-parallel $common $P; }
-r_tp2_symm_ll_unfused() { run tp2_symm_ll_unfused env SPECTUNE_FUSED_ADD_NORM=0 $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
-# side by side: workers/kernels/gemv.py's picker off (cuBLAS inside the compiled bodies), and with its GEMM-epilogue pushes
-r_tp1_cublas() { run tp1_cublas env SPECTUNE_GEMV=off $S decode --model $M --tp 1 $common $P; }
-r_tp2_symm_ll_cublas() { run tp2_symm_ll_cublas env SPECTUNE_GEMV=off $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
-r_tp2_symm_ll_push() { run tp2_symm_ll_push env SPECTUNE_GEMV_PUSH=1 $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P; }
+r_tp2_symm_ll_unfused() { run tp2_symm_ll_unfused $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P --no-fused-add-norm; }
+# side by side: workers/kernels/gemv.py's picker off (engine.gemv=off: the GEMMs inside the compiled bodies)
+r_tp1_cublas() { run tp1_cublas $S decode --model $M --tp 1 $common $P --gemv off; }
+r_tp2_symm_ll_cublas() { run tp2_symm_ll_cublas $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $common $P --gemv off; }
 r_tp2_symm() { run tp2_symm $S decode --model $M --tp 2 --backend symm_mem --vocab-parallel $common $P; }
 # simulated acceptance on the fastest backend of `tp2`
 r_sim_ngram() { run sim_ngram $S decode --model $M --tp 2 --backend symm_mem_ll --vocab-parallel $sim $P; }

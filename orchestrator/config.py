@@ -82,6 +82,11 @@ class EngineSection(_Section):
     fused_add_norm: bool = _field("engine.fused_add_norm")
     overlap: bool = _field("engine.overlap")
 
+    @field_validator("gemv", mode="before")
+    @classmethod
+    def _yaml_off(cls, v):
+        return PARAMS["engine.gemv"].coerce(v)
+
     def config(self) -> EngineConfig:
         return EngineConfig(**self.model_dump())
 
@@ -129,6 +134,22 @@ class SearchSection(_Section):
     An explicit `when: {other.param: value-or-list}` adds one."""
 
     space: dict[str, Union[Param, int, float, str, bool]] = Field(default_factory=dict)
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _yaml_words(cls, space):
+        """A choice or fixed value YAML read as a boolean (`off`) back to the word a parameter takes."""
+        if not isinstance(space, dict):
+            return space
+        out = {}
+        for name, p in space.items():
+            row = PARAMS.get(name)
+            if row is not None and isinstance(p, dict) and isinstance(p.get("choices"), list):
+                p = {**p, "choices": [row.coerce(c) for c in p["choices"]]}
+            elif row is not None:
+                p = row.coerce(p)
+            out[name] = p
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> "SearchSection":

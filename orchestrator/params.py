@@ -44,6 +44,12 @@ class Param:
     def yaml_key(self) -> str:
         return ".".join(self.path)
 
+    def coerce(self, value):
+        """YAML 1.1 reads `off` / `on` as booleans: a choice spelled so is taken back as its word."""
+        if self.kind is str and isinstance(value, bool) and self.choices and (word := "on" if value else "off") in self.choices:
+            return word
+        return value
+
     def problem(self, value) -> str | None:
         """None if `value` is one this parameter takes, else what is wrong with it (no field name)."""
         if value is None and self.default is None:

@@ -20,13 +20,16 @@ def spectune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_decode_json_on_tiny_model(tiny_ckpt):
     r = spectune("decode", "--model", str(tiny_ckpt), "--tp", "2", "--drafter", "ngram", "-k", "3",
-                 "--num-prompts", "2", "--max-new-tokens", "24", "--json")
+                 "--num-prompts", "2", "--max-new-tokens", "24", "--gemv", "off", "--no-overlap", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     for key in REQUIRED:
         assert key in out, key
     assert out["outputs_match_baseline"] == 1
     assert out["params"]["parallel.tp"] == 2 and out["params"]["drafter.kind"] == "ngram"
+    # the engine flags are the trial's engine.* params (the YAML section `engine:`)
+    assert out["params"]["engine.gemv"] == "off" and out["params"]["engine.overlap"] is False
+    assert out["params"]["engine.attention"] == "auto" and out["params"]["spec.num_draft_tokens"] == 3
     assert out["tokens_generated"] == 2 * 24
     assert out["allreduce_per_step"] == 4 and out["comm_ms_per_step"] > 0
 
@@ -56,12 +59,14 @@ def bad_inputs(tmp_path, tiny_ckpt):
         "unknown drafter": ([*m, "--drafter", "medusa"], "--drafter 'medusa' is not one of"),
         "draft model without path": ([*m, "--drafter", "draft_model"], "needs --draft-model"),
         "bad flag type": ([*m, "--tp", "two"], "invalid int value"),
+        "unknown gemv choice": ([*m, "--gemv", "fast"], "argument --gemv: invalid choice: 'fast'"),
+        "draft tokens past the limit": ([*m, "-k", "17"], "--num-draft-tokens 17 must be an integer between 0 and 16"),
     }
 
 
 CASES = ["missing model", "unsupported architecture", "tp the heads do not divide", "empty prompts", "malformed prompts",
          "prompts without turns", "missing prompts", "backend that cannot run here", "unknown drafter",
-         "draft model without path", "bad flag type"]
+         "draft model without path", "bad flag type", "unknown gemv choice", "draft tokens past the limit"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -47,6 +47,15 @@ MALFORMED = {
         "search.space.comm.backend: nccl needs CUDA"),
     "no baseline in the space": ({"search": {"space": {"spec.num_draft_tokens": {"choices": [2, 4]}}}}, "must allow 0, the baseline"),
     "layer_skip deeper than the model": ({"drafter": {"kind": "layer_skip", "layers": 9}}, "drafter.layers: 9 must be between 1 and 1"),
+    "unknown engine key": ({"engine": {"gemvv": "off"}}, "engine.gemvv: unknown key"),
+    "engine value the engine lacks": ({"engine": {"gemv": "fast"}}, "engine.gemv: Input should be 'auto', 'cublas', 'triton' or 'off'"),
+    "engine value in the space the engine lacks": (
+        {"search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}, "engine.gemv": {"choices": ["auto", "fast"]}}}},
+        "space.engine.gemv: 'fast' is not one of auto, cublas, triton, off"),
+    "draft tokens past the registry's limit": (
+        {"search": {"space": {"spec.num_draft_tokens": {"choices": [0, 17]}}}},
+        "space.spec.num_draft_tokens: 17 must be an integer between 0 and 16"),
+    "triton attention on cpu": ({"engine": {"attention": "triton"}}, "engine.attention: triton runs the CUDA graphs' attention kernel"),
 }
 
 
@@ -121,3 +130,69 @@ def test_schema_file_is_current():
 def test_shipped_experiments_parse(name):
     cfg = load_config(ROOT / "experiments" / name)
     assert cfg.search.space
+
+
+def test_engine_section_through_set_on_the_shipped_experiment():
+    """`--set engine.<field>=...` reaches the typed engine section; an unknown engine key is one line, exit 2."""
+    ok = validate(ROOT / "experiments" / "smoke-cpu.yaml", "engine.attention=sdpa")
+    assert ok.returncode == 0, ok.stderr
+    bad = validate(ROOT / "experiments" / "smoke-cpu.yaml", "engine.bogus=1")
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and bad.stdout == "" and len(lines) == 1, bad.stderr
+    assert lines[0].startswith("spectune: error: ") and lines[0].endswith("smoke-cpu.yaml: engine.bogus: unknown key"), lines[0]
+
+
+# a value other than the default for every registry parameter (nccl.* rows are made on demand)
+OTHER = {"parallel.tp": 4, "comm.backend": "nccl", "spec.num_draft_tokens": 3, "drafter.kind": "layer_skip", "drafter.layers": 1,
+         "drafter.ngram_max": 5, "drafter.model_path": "some/ckpt", "engine.attention": "sdpa", "engine.cuda_graphs": False,
+         "engine.compile": False, "engine.gemv": "off", "engine.fused_add_norm": False, "engine.overlap": False,
+         "nccl.NCCL_PROTO": "LL"}
+
+
+def test_registry_round_trip(tmp_path):
+    """Each registry parameter written into the YAML at its path (as the report writes the winner)
+    reads back as that value, resolves into the trial's configuration (engine settings in its
+    EngineConfig) and comes out under the same dotted name as an MLflow param."""
+    from orchestrator import params as registry
+    from orchestrator.space import resolve
+
+    assert set(OTHER) - {"nccl.NCCL_PROTO"} == set(registry.PARAMS)
+    base = {"name": "round-trip", "search": {"space": {"spec.num_draft_tokens": 0}}}
+    (tmp_path / "defaults.yaml").write_text(yaml.safe_dump(base))
+    defaults = load_config(tmp_path / "defaults.yaml")
+    for name, v in OTHER.items():
+        row = registry.lookup(name)
+        assert registry.value(defaults, name) == row.default and row.problem(v) is None
+    raw = yaml.safe_load(yaml.safe_dump(base))
+    for name, v in OTHER.items():
+        registry.set_yaml(raw, name, v)
+    path = tmp_path / "other.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(path)
+    assert {name: registry.value(cfg, name) for name in OTHER} == OTHER
+    tc = resolve({}, cfg)
+    assert tc.engine.describe() == {n.removeprefix("engine."): v for n, v in OTHER.items() if n.startswith("engine.")}
+    params = tc.params()
+    assert {n: params[n] for n in OTHER if n in params} == {n: v for n, v in OTHER.items() if n in params}
+    # the drafter's own parameters appear only with that drafter (layer_skip: its layers, not the others)
+    assert {"drafter.layers", "nccl.NCCL_PROTO"} | set(registry.ENGINE_PARAMS) <= params.keys()
+    assert "drafter.ngram_max" not in params and "drafter.model_path" not in params
+
+
+def test_engine_parameters_are_searchable(tmp_path, tiny_ckpt):
+    """`search.space: {engine.gemv: {choices: [auto, off]}}` is suggested like any parameter and
+    lands in the trial's EngineConfig and its MLflow params; the YAML's engine section is the default."""
+    path = tiny_experiment(tmp_path, tiny_ckpt, engine={"overlap": False})
+    cfg = load_config(path, ["search.space.engine.gemv={choices: [auto, off]}", "search.space.engine.fused_add_norm={choices: [true, false]}"])
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(20):
+        trial = study.ask()
+        tc = suggest(trial, cfg)
+        assert tc.engine.gemv == trial.params["engine.gemv"] == tc.params()["engine.gemv"]
+        assert tc.engine.fused_add_norm == trial.params["engine.fused_add_norm"]
+        assert tc.engine.overlap is False and tc.params()["engine.overlap"] is False
+        seen.add((tc.engine.gemv, tc.engine.fused_add_norm))
+        study.tell(trial, 1.0)
+    assert len(seen) == 4
+    assert load_config(path, ["engine.gemv=off"]).engine.gemv == "off"  # YAML reads a bare off as false

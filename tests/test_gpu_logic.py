@@ -50,6 +50,17 @@ def _prompts():
     return tuple(tuple(torch.randint(3, 512, (16,), generator=g).tolist()) for _ in range(2))
 
 
+def test_engine_config_reaches_every_worker(tiny_ckpt):
+    """The GangSpec carries the EngineConfig to every process of a local gang (as to Ray actors):
+    each rank reports the settings it runs in its setup info, the drafter process too."""
+    engine = EngineConfig(attention="sdpa", cuda_graphs=False, gemv="off", fused_add_norm=False, overlap=False)
+    spec = GangSpec(model_path=str(tiny_ckpt), tp=2, drafter=DrafterSpec(kind="ngram", ngram_actor=True), max_seq=64, engine=engine)
+    with LocalGang(spec, timeout_s=300) as gang:
+        infos = gang.setup()
+    assert sorted(i["role"] for i in infos) == ["drafter", "verifier", "verifier"]
+    assert all(i["engine"] == engine.describe() for i in infos), infos
+
+
 def test_simulated_acceptance_and_comm_ablation(tiny_ckpt):
     spec = GangSpec(model_path=str(tiny_ckpt), tp=2, drafter=DrafterSpec(kind="ngram"), max_seq=256)
     with LocalGang(spec, timeout_s=300) as gang:
