@@ -102,7 +102,7 @@ class WorkloadSection(_Section):
     repeats: int = Field(1, ge=1, le=20)  # measure each trial this many times; objective = median - penalty x MAD
     # engine speed apart from drafter quality: trials with k > 0 accept exactly tau - 1 drafts per step
     # (on average); their tokens are not the model's output (no baseline comparison), their timing is real
-    simulate_accept_len: float | None = Field(None, ge=1, le=17)
+    simulate_accept_len: float | None = Field(None, ge=1, le=PARAMS["spec.num_draft_tokens"].high + 1)
 
 
 class IntParam(_Section):

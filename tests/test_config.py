@@ -177,6 +177,12 @@ def test_registry_round_trip(tmp_path):
     # the drafter's own parameters appear only with that drafter (layer_skip: its layers, not the others)
     assert {"drafter.layers", "nccl.NCCL_PROTO"} | set(registry.ENGINE_PARAMS) <= params.keys()
     assert "drafter.ngram_max" not in params and "drafter.model_path" not in params
+    # the report's best configuration: the winner's searched values written back at their YAML paths
+    from orchestrator.report import best_yaml
+
+    best = yaml.safe_load(best_yaml(defaults, {"engine.gemv": "off", "spec.num_draft_tokens": 2, "nccl.NCCL_PROTO": "LL"}))
+    assert best["engine"]["gemv"] == "off" and best["engine"]["attention"] == "auto"
+    assert best["drafter"]["num_draft_tokens"] == 2 and best["parallel"]["nccl_env"] == {"NCCL_PROTO": "LL"}
 
 
 def test_engine_parameters_are_searchable(tmp_path, tiny_ckpt):

@@ -4,7 +4,6 @@ bench-allreduce and the transformers peer baseline. (The GPU figures are in READ
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -350,6 +349,8 @@ def test_study_with_simulated_acceptance(tmp_path, tiny_ckpt):
         assert "outputs_match_baseline" not in by_k[k].user_attrs
     _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
     tags = {int(r.data.tags["spectune.trial"]): r.data.tags.get("spectune.simulated_accept_len") for r in runs}
+    # every nested trial run carries the engine settings it ran with, as `engine.<field>` params
+    assert runs and all({f"engine.{k}": str(v) for k, v in EngineConfig().describe().items()}.items() <= r.data.params.items() for r in runs)
     assert tags[by_k[0].number] is None and tags[by_k[2].number] == tags[by_k[4].number] == "2.5"
 
     bad = spectune(["validate", str(exp), "--set", "workload.simulate_accept_len=4"], home)
