@@ -13,7 +13,7 @@ through `set_yaml` (orchestrator/report.py).
     set_yaml(raw, "comm.backend", "nccl") # raw["parallel"]["backend"] = "nccl"
 
 Implicit conditions (`active`): nccl.* only when comm.backend is nccl; drafter.* only when
-spec.num_draft_tokens > 0; a row with `needs` only when that other parameter has that value.
+spec.num_draft_tokens > 0; a row with `needs` only when that other parameter has one of its values.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class Param:
     choices: tuple | None = None
     low: int | None = None
     high: int | None = None
-    needs: tuple[str, Any] | None = None  # active only when that parameter has that value
+    needs: tuple[str, tuple] | None = None  # active only when that parameter has one of these values
 
     @property
     def yaml_key(self) -> str:
@@ -77,11 +77,11 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
           low=0, high=MAX_DRAFT_TOKENS),
     Param("drafter.kind", ("drafter", "kind"), "ngram", str, "drafter: " + ", ".join(KINDS), choices=KINDS),
     Param("drafter.layers", ("drafter", "layers"), None, int, "layer_skip: the verifier's first layers that draft",
-          low=1, needs=("drafter.kind", "layer_skip")),
+          low=1, needs=("drafter.kind", ("layer_skip",))),
     Param("drafter.ngram_max", ("drafter", "ngram_max"), 3, int, "ngram: the longest n-gram matched", low=1, high=8,
-          needs=("drafter.kind", "ngram")),
+          needs=("drafter.kind", ("ngram",))),
     Param("drafter.model_path", ("drafter", "model_path"), None, str, "draft_model: a checkpoint with the model's tokenizer",
-          needs=("drafter.kind", "draft_model")),
+          needs=("drafter.kind", ("draft_model",))),
     *(Param(f"engine.{f.name}", ("engine", f.name), getattr(_ENGINE_DEFAULTS, f.name), type(getattr(_ENGINE_DEFAULTS, f.name)),
             ENGINE_FIELDS[f.name][1], choices=ENGINE_FIELDS[f.name][0]) for f in fields(EngineConfig)),
 )}
@@ -131,7 +131,7 @@ def active(name: str, values: dict[str, Any], defaults) -> bool:
     if name.startswith("drafter.") and get("spec.num_draft_tokens") <= 0:
         return False
     needs = lookup(name).needs
-    return needs is None or get(needs[0]) == needs[1]
+    return needs is None or get(needs[0]) in needs[1]
 
 
 def engine_config(values: dict[str, Any], defaults) -> EngineConfig:

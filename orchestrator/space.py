@@ -46,7 +46,7 @@ class TrialConfig:
             **{f"engine.{k}": v for k, v in self.engine.describe().items()},
         }
         assert values.keys() == registry.PARAMS.keys(), "a registry parameter the trial does not resolve"
-        p = {n: v for n, v in values.items() if (needs := registry.PARAMS[n].needs) is None or values[needs[0]] == needs[1]}
+        p = {n: v for n, v in values.items() if (needs := registry.PARAMS[n].needs) is None or values[needs[0]] in needs[1]}
         for k, v in self.nccl_env:
             p[f"nccl.{k}"] = v
         return p
