@@ -1,6 +1,6 @@
 """The GPU issue's logic, on CPU: backend capability checks and their refusals, the no-op
 allreduce ablation, simulated acceptance, the step runner's device check, random-weight models,
-bench-allreduce and the transformers peer baseline. (The GPU figures are in README's results.)"""
+bench-allreduce and the transformers peer baseline. (The GPU figures are in docs/performance.md.)"""
 from __future__ import annotations
 
 import json
@@ -245,8 +245,8 @@ def test_bench_allreduce_gloo_table():
 
 
 def test_bench_keeps_the_rows_of_backends_that_ran(monkeypatch):
-    """One (backend, environment) failing on the machine (the first H200 run lost its whole table to
-    one kernel's compile error) costs only its own rows, and is named."""
+    """One (backend, environment) failing on the machine (e.g. one kernel's compile error) costs only
+    its own rows, and is named: the rest of the table is kept."""
     from orchestrator import bench as bench_mod
     from orchestrator.errors import UserError
 
@@ -293,8 +293,8 @@ def test_decode_with_simulation_and_peer_baseline(tmp_path):
 
 
 def test_sigterm_during_the_peer_baseline_keeps_our_figures(tmp_path):
-    """`timeout` cutting a decode while transformers' generate runs (the slow part on a GPU, which
-    cost an H200 run its JSON) ends only the peer baseline: our figures are still printed."""
+    """`timeout` cutting a decode while transformers' generate runs (the slow part on a GPU) ends
+    only the peer baseline: our figures are still printed, so the run keeps its JSON."""
     import signal
 
     cfg = tmp_path / "config.json"

@@ -1,4 +1,4 @@
-"""A gang of worker processes on this machine, without Ray (tests, `spectune decode --launcher local`).
+"""A gang of worker processes on this machine, without Ray (tests, `spectune decode` without `--ray`).
 
     with LocalGang(spec) as gang:
         gang.setup()
