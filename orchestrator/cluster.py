@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from orchestrator.envpolicy import NVLS_OFF_ENV
 from orchestrator.errors import UserError
 from workers.runtime.errors import GangError
-from workers.spec import GangSpec, RunResult, Workload
 from workers.runtime.worker import RAY_NOSET_CUDA_ENV, Rendezvous, Worker
+from workers.spec import GangSpec, RunResult, Workload
 
 
 class PlacementError(UserError):
@@ -177,7 +177,7 @@ class RayGang:
         except Exception:  # noqa: BLE001
             pass
 
-    def __enter__(self) -> "RayGang":
+    def __enter__(self) -> RayGang:
         return self
 
     def __exit__(self, *exc) -> None:

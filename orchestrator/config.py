@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -121,11 +121,11 @@ class FloatParam(_Section):
 
 
 class CategoricalParam(_Section):
-    choices: list[Union[int, float, str, bool, None]] = Field(min_length=1)
+    choices: list[int | float | str | bool | None] = Field(min_length=1)
     when: dict[str, Any] | None = None
 
 
-Param = Union[CategoricalParam, IntParam, FloatParam]
+Param = CategoricalParam | IntParam | FloatParam
 
 
 class SearchSection(_Section):
@@ -133,7 +133,7 @@ class SearchSection(_Section):
     Implicit conditions: nccl.* only when comm.backend is nccl; drafter.* only when spec.num_draft_tokens > 0.
     An explicit `when: {other.param: value-or-list}` adds one."""
 
-    space: dict[str, Union[Param, int, float, str, bool]] = Field(default_factory=dict)
+    space: dict[str, Param | int | float | str | bool] = Field(default_factory=dict)
 
     @field_validator("space", mode="before")
     @classmethod
@@ -152,7 +152,7 @@ class SearchSection(_Section):
         return out
 
     @model_validator(mode="after")
-    def _check(self) -> "SearchSection":
+    def _check(self) -> SearchSection:
         if not self.space:
             raise ValueError("space: is empty (give at least one parameter, e.g. spec.num_draft_tokens: {choices: [0, 2, 4]})")
         for name, p in self.space.items():

@@ -2,9 +2,9 @@
 is printed by the CLI as one line `spectune: error: ...` and exits 2, without a traceback."""
 from __future__ import annotations
 
-from workers.model.checkpoint import CheckpointError
 from workers.comm import BackendError
 from workers.model.args import ModelConfigError
+from workers.model.checkpoint import CheckpointError
 
 
 class UserError(ValueError):

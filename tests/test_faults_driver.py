@@ -13,9 +13,18 @@ import time
 import uuid
 
 import pytest
-
-from studyutil import (TAG_VAR, mlflow_runs, optuna_study, processes_with_env, spectune, sql, start_spectune, summary,
-                       tiny_experiment, wait_until_gone)
+from studyutil import (
+    TAG_VAR,
+    mlflow_runs,
+    optuna_study,
+    processes_with_env,
+    spectune,
+    sql,
+    start_spectune,
+    summary,
+    tiny_experiment,
+    wait_until_gone,
+)
 
 from orchestrator.drivers import TOKEN_VAR, reap_dead, start_time
 

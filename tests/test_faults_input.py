@@ -188,7 +188,6 @@ def test_wrong_allreduce_sums_are_caught_by_validation():
 def test_fused_add_norm_is_checked_against_allreduce_add_norm():
     """A backend whose one-kernel allreduce + add + norm (symm_mem_ll on GPUs) computes something
     else than allreduce, then add, then norm is refused before any trial is measured."""
-    import torch
 
     from workers.comm.base import AllReduce, validate_add_norm
 
@@ -221,8 +220,8 @@ class _FakeGang:
         self.outputs, self._closed = outputs, False
 
     def run(self, workload, timeout_s=None):
-        from workers.spec import PromptResult, RunResult
         from workers.engine.stats import RunStats
+        from workers.spec import PromptResult, RunResult
 
         toks = list(self.outputs[workload.num_draft_tokens])
         return RunResult(prompts=[PromptResult(toks, 0.01, len(toks), 0)], stats=RunStats(tokens=len(toks), seconds=0.01 if workload.num_draft_tokens else 0.02),

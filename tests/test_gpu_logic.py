@@ -10,12 +10,12 @@ import sys
 import pytest
 import torch
 
-from workers.model.checkpoint import CheckpointError, load_args, load_model, resolve_model_path, tiny_config
 from workers.comm import GangInfo, refusal
-from workers.runtime.local_gang import LocalGang
-from workers.spec import DrafterSpec, GangSpec, Workload
 from workers.engine.config import EngineConfig
 from workers.engine.steps import StepRunner
+from workers.model.checkpoint import CheckpointError, load_args, load_model, resolve_model_path, tiny_config
+from workers.runtime.local_gang import LocalGang
+from workers.spec import DrafterSpec, GangSpec, Workload
 
 EAGER = EngineConfig(cuda_graphs=False)
 
@@ -169,8 +169,8 @@ def test_overlapped_greedy_decoding_matches_the_plain_loop(tiny_ckpt, stop, marg
     loop's tokens, steps and top-2 margins; at max_new_tokens it launches no step past the end,
     at an EOS exactly one, which it waits for and drops."""
     from workers.comm.base import AllReduce
-    from workers.engine.verifier import Verifier
     from workers.engine.link import DraftLink
+    from workers.engine.verifier import Verifier
 
     model = load_model(tiny_ckpt, max_seq=128)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
 from workers.model.args import ModelArgs, ModelConfigError
+from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
 from workers.tools.parity import reference_logits
 
 VARIANTS = {

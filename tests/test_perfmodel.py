@@ -6,8 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.perfmodel import (BenchComm, PerfModel, TrialPoint, comm_check, env_label, fit, latency_us, loo_error,
-                                    what_if_interconnect, what_if_tp)
+from orchestrator.perfmodel import (
+    BenchComm,
+    PerfModel,
+    TrialPoint,
+    comm_check,
+    env_label,
+    fit,
+    latency_us,
+    loo_error,
+    what_if_interconnect,
+    what_if_tp,
+)
 
 A = {"nccl": 10.0, "nccl NCCL_PROTO=LL": 8.0, "symm_mem": 7.0}
 B, C = 0.5, {"ngram": 0.05, "layer_skip": 1.5}

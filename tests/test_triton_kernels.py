@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from workers.kernels.attention import available
 from workers.engine.steps import pick_attention
+from workers.kernels.attention import available
 
 
 def test_kernels_match_sdpa_under_the_interpreter():
@@ -120,11 +120,11 @@ def test_gemv_bench_times_the_shapes_a_rank_runs(tmp_path, tp, heads, kv_heads):
     there are fewer than ranks). Without a GPU the bench says so in one line and exits 1."""
     import torch
 
-    from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
     from workers.comm.base import NoOpAllReduce
     from workers.engine.config import EngineConfig
     from workers.engine.fused_step import FusedStep
     from workers.kernels.gemv import step_shapes
+    from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
     from workers.model.tp import shard
 
     cfg = tiny_config(num_attention_heads=heads, num_key_value_heads=kv_heads)

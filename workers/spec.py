@@ -114,7 +114,7 @@ class RunResult:
         return m
 
     @classmethod
-    def merge(cls, parts: list["RunResult"]) -> "RunResult":
+    def merge(cls, parts: list[RunResult]) -> RunResult:
         stats = RunStats()
         for p in parts:
             stats.steps.extend(p.stats.steps)

@@ -15,10 +15,10 @@ import torch
 from workers.drafters.base import Drafter
 from workers.engine.config import EngineConfig
 from workers.engine.link import Proposal
-from workers.model.transformer import Transformer
 from workers.engine.steps import StepRunner
 from workers.engine.verify import probs as softmax_t
 from workers.engine.verify import sample
+from workers.model.transformer import Transformer
 
 
 class ModelDrafter(Drafter):

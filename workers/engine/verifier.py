@@ -30,11 +30,11 @@ from workers.comm import AllReduce
 from workers.drafters import Drafter
 from workers.engine.config import EngineConfig
 from workers.engine.link import DraftLink, Proposal, VerifyResult
-from workers.model.transformer import Transformer
-from workers.engine.steps import StepRunner
-from workers.spec import PromptResult, RunResult, Workload
 from workers.engine.stats import RunStats, StepRecord
+from workers.engine.steps import StepRunner
 from workers.engine.verify import probs, sample, verify
+from workers.model.transformer import Transformer
+from workers.spec import PromptResult, RunResult, Workload
 
 
 def relative_margins(top2: list[torch.Tensor]) -> list[float]:

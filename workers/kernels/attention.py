@@ -221,8 +221,8 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map):
 def selftest(device: str) -> float:
     """Largest |difference| to `workers.model.transformer.attend` over several shapes (GQA, uneven head maps,
     one or many query tokens, caches longer than one split, queries in the middle of the cache)."""
-    from workers.model.transformer import attend
     from workers.model.rope import apply_rope
+    from workers.model.transformer import attend
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     gen = torch.Generator().manual_seed(0)

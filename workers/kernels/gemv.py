@@ -36,8 +36,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from workers.model.transformer import silu_mul as fused_silu_mul
 from workers.kernels.support import arrival_counters, counters_all_zero, selftest_main
+from workers.model.transformer import silu_mul as fused_silu_mul
 
 try:
     import triton
@@ -320,8 +320,9 @@ def bench(model: str, tps: list[int], widths: list[int], log=print, configs=CONF
                 gb = N * K * 2 / 1e9
                 cands = [("cublas", None)] + [(str(c), c) for c in configs if runs_config(c, swiglu)]
                 for name, c in list(cands):
-                    call = (lambda i: _reference(x, ws[i % 3], None, swiglu)) if c is None else \
-                        (lambda i, c=c: gemv(x, ws[i % 3], None, c, swiglu))
+                    # ws is bound as a default: the closure must not see the loop's later `del ws`
+                    call = (lambda i, ws=ws: _reference(x, ws[i % 3], None, swiglu)) if c is None else \
+                        (lambda i, c=c, ws=ws: gemv(x, ws[i % 3], None, c, swiglu))
                     try:
                         us = _graph_us(call)
                     except Exception as e:  # noqa: BLE001 - a config this GPU cannot build: say so, go on

@@ -49,11 +49,11 @@ class ModelArgs:
     def rope_type(self) -> str:
         return self.rope_scaling.get("rope_type", "default")
 
-    def with_layers(self, n_layers: int) -> "ModelArgs":
+    def with_layers(self, n_layers: int) -> ModelArgs:
         return dataclasses.replace(self, n_layers=n_layers)
 
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelArgs":
+    def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArgs:
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelConfigError(

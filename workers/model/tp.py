@@ -19,8 +19,8 @@ import sys
 import torch
 from torch import nn
 
-from workers.model.transformer import Transformer
 from workers.model.args import check_tp
+from workers.model.transformer import Transformer
 
 
 def head_range(n_heads: int, rank: int, world: int) -> tuple[int, int]:

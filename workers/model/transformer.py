@@ -14,8 +14,8 @@ entries past a sequence's length are masked out and overwritten later, never rea
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -19,9 +19,9 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from workers.spec import GangSpec, RunResult, Workload
 from workers.runtime.errors import GangError
 from workers.runtime.worker import Rendezvous
+from workers.spec import GangSpec, RunResult, Workload
 
 
 @dataclass
@@ -151,7 +151,7 @@ class LocalGang:
             conn.close()
         self._tmp.cleanup()
 
-    def __enter__(self) -> "LocalGang":
+    def __enter__(self) -> LocalGang:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -16,15 +16,15 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from workers.model.checkpoint import load_args, load_model
 from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_add_norm
 from workers.drafters import Drafter, ModelDrafter, NgramDrafter
-from workers.engine.verifier import Verifier, run_drafter
 from workers.engine.link import MAX_DRAFT_TOKENS, DraftLink
+from workers.engine.steps import no_cudnn_attention
+from workers.engine.verifier import Verifier, run_drafter
+from workers.model.checkpoint import load_args, load_model
+from workers.model.tp import shard
 from workers.runtime.errors import WorkerError
 from workers.spec import GangSpec, RunResult, Workload
-from workers.engine.steps import no_cudnn_attention
-from workers.model.tp import shard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

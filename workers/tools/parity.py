@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 
 def _rank_logits(rank: int, world: int, init: str, path: str, tokens: list[list[int]], vocab_parallel: bool, split: int, queue) -> None:
-    from workers.model.checkpoint import load_model
     from workers.comm import make_allreduce
+    from workers.model.checkpoint import load_model
     from workers.model.tp import shard
 
     torch.set_num_threads(1)

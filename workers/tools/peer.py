@@ -39,7 +39,7 @@ def generate_throughput(path: str, prompts: list[list[int]], max_new_tokens: int
 
     def gen(ids: list[int], n: int) -> int:
         x = torch.tensor([ids], device=device)
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,  # noqa: F821 - `del model` after the loop frees it
                              pad_token_id=0, **extra)
         return out.shape[1] - x.shape[1]
 

@@ -97,8 +97,8 @@ def kernel_table(runner, width: int, top: int) -> tuple[list[dict], float, float
 def _tp_rank(rank: int, tp: int, init_file: str, spec_kwargs: dict, widths: list[int], top: int, queue) -> None:
     """One verifier rank of a TP profile (spawned): graph replays with and without the allreduce."""
     try:
-        from workers.spec import GangSpec
         from workers.runtime.worker import Rendezvous, Worker
+        from workers.spec import GangSpec
 
         worker = Worker(rank, GangSpec(**spec_kwargs))
         info = worker.setup(Rendezvous(file=init_file))
@@ -173,9 +173,9 @@ def main(argv=None) -> None:
                 json.dump(out, f, indent=1)
         return
 
-    from workers.model.checkpoint import load_model, resolve_model_path
     from workers.engine.config import EngineConfig
     from workers.engine.steps import StepRunner, no_cudnn_attention
+    from workers.model.checkpoint import load_model, resolve_model_path
 
     device = torch.device("cuda")
     no_cudnn_attention()  # as the workers do
