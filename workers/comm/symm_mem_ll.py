@@ -27,19 +27,16 @@ kernels: two kernels fewer per layer). `validate_add_norm` checks it against all
 
     ar = SymmMemLLAllReduce(group, world); ar.setup(device, torch.bfloat16, max_numel); ar(x)
     x_new, h = ar.add_norm(partial, x, norm_weight, eps)
-    TRITON_INTERPRET=1 python -m workers.comm.symm_mem_ll --selftest   # CPU: the protocol on simulated ranks
+    python -m pytest tests/test_kernels_symm_mem_ll.py   # CPU: the protocol on simulated ranks, Triton's interpreter
 """
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
 import torch
 
 from workers.comm.base import AllReduce, GangInfo
 from workers.comm.symm_mem import SymmMemAllReduce
-from workers.kernels.support import interpreter_numpy_fix
 
 try:
     import triton
@@ -320,140 +317,3 @@ class SymmMemLLAllReduce(AllReduce):
         self.counters.bytes += partial.numel() * partial.element_size()
         return launch_add_norm(partial, residual, weight, eps, self.ptrs, self.state, self.max_numel, self.rank,
                                self.world_size, mode=REDUCE if pushed else BOTH)
-
-
-def selftest(worlds=(2, 3, 4), calls: int = 7, numel: int = 1500, max_numel: int = 2048) -> None:
-    """Simulated ranks in one process (CPU, Triton's interpreter): every call pushes all ranks,
-    then reduces all ranks; checks the sums, -0.0 handling, that each phase's slots are back to the
-    sentinel after its reduce, and that the phase counter cycles."""
-    gen = torch.Generator().manual_seed(0)
-    for world in worlds:
-        bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
-        ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
-        states = [torch.zeros(3, dtype=torch.int32) for _ in range(world)]
-        for call in range(calls):
-            n = numel - 97 * call
-            xs = [torch.randn(n, generator=gen) for _ in range(world)]
-            xs[0][:5] = -0.0  # a real negative zero must not read as "not arrived"
-            want = torch.stack(xs).sum(0)
-            for r in range(world):
-                launch(xs[r], ptrs, states[r], max_numel, r, world, mode=PUSH)
-            for r in range(world):
-                launch(xs[r], ptrs, states[r], max_numel, r, world, mode=REDUCE)
-            for r in range(world):
-                torch.testing.assert_close(xs[r], want, rtol=1e-5, atol=1e-5)
-                assert int(states[r][0]) == (call + 1) % NPHASE and int(states[r][1]) == 0, states[r]
-                bits = bufs[r].view(torch.int32)
-                assert bool((bits == _SENTINEL_BITS[torch.float32]).all()), f"rank {r}: slots not cleared after call {call}"
-        print(f"world {world}: {calls} calls summed exactly, slots cleared, phase cycling")
-    # the one-kernel mode the GPU runs (push, then poll), on a world of one: nothing to wait for
-    buf = sentinel_fill_(torch.empty(NPHASE * max_numel))
-    state = torch.zeros(3, dtype=torch.int32)
-    for call in range(NPHASE + 1):
-        x = torch.randn(numel, generator=gen)
-        want = x.clone()
-        launch(x, torch.tensor([buf.data_ptr()], dtype=torch.int64), state, max_numel, 0, 1, mode=BOTH)
-        torch.testing.assert_close(x, want)
-        assert int(state[0]) == (call + 1) % NPHASE and bool((buf.view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
-    print("world 1, one kernel: push + reduce in place")
-    # allreduce + residual add + RMS norm in one kernel, between plain calls (they share the phases)
-    from workers.model.transformer import rms_norm
-
-    world, hidden, rows = 2, 96, 3
-    bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
-    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
-    states = [torch.zeros(3, dtype=torch.int32) for _ in range(world)]
-    weight, residual = torch.randn(hidden, generator=gen), torch.randn(rows, hidden, generator=gen)
-    for call in range(2 * NPHASE):
-        parts = [torch.randn(rows, hidden, generator=gen) for _ in range(world)]
-        want_s = residual + torch.stack(parts).sum(0)
-        want_n = rms_norm(want_s, weight, 1e-5)
-        fused = call % 2 == 0
-        for mode in (PUSH, REDUCE):
-            outs = [launch_add_norm(parts[r], residual, weight, 1e-5, ptrs, states[r], max_numel, r, world, mode=mode)
-                    if fused else launch(parts[r], ptrs, states[r], max_numel, r, world, mode=mode) for r in range(world)]
-        for r in range(world):
-            if fused:
-                torch.testing.assert_close(outs[r][0], want_s, rtol=1e-5, atol=1e-5)
-                torch.testing.assert_close(outs[r][1], want_n, rtol=1e-5, atol=1e-5)
-            else:
-                torch.testing.assert_close(parts[r], want_s - residual, rtol=1e-5, atol=1e-5)
-            assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
-    print(f"add + norm: {NPHASE} fused calls between plain ones, residual and norm exact")
-    # the push from a GEMM's epilogue (workers/kernels/gemv.py, split K and not), then add + norm's reduce half
-    from workers.kernels.gemv import CONFIGS, gemv
-
-    for world in (2, 3):
-        bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
-        ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
-        states = [torch.zeros(3, dtype=torch.int32) for _ in range(world)]
-        for call, config in enumerate(CONFIGS[:2] + CONFIGS[4:5] + CONFIGS[:1]):
-            xs = [torch.randn(rows, 80, generator=gen) for _ in range(world)]
-            ws = [torch.randn(hidden, 80, generator=gen) / 9 for _ in range(world)]
-            want_s = residual + sum(torch.nn.functional.linear(x, w) for x, w in zip(xs, ws))
-            ys = [gemv(xs[r], ws[r], None, config, push=(ptrs, states[r], r, world, max_numel)) for r in range(world)]
-            for r in range(world):
-                s_r, n_r = launch_add_norm(ys[r], residual, weight, 1e-5, ptrs, states[r], max_numel, r, world, mode=REDUCE)
-                torch.testing.assert_close(s_r, want_s, rtol=1e-4, atol=1e-4)
-                torch.testing.assert_close(n_r, rms_norm(want_s, weight, 1e-5), rtol=1e-4, atol=1e-4)
-            for r in range(world):
-                assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
-    # ranks that disagree: rank 0 pushes from its GEMM, rank 1 lets its allreduce push
-    bufs = [sentinel_fill_(torch.empty(NPHASE * 2 * max_numel)) for _ in range(2)]
-    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
-    states = [torch.zeros(3, dtype=torch.int32) for _ in range(2)]
-    for call in range(NPHASE + 1):
-        xs = [torch.randn(rows, 80, generator=gen) for _ in range(2)]
-        ws = [torch.randn(hidden, 80, generator=gen) / 9 for _ in range(2)]
-        want_s = residual + sum(torch.nn.functional.linear(x, w) for x, w in zip(xs, ws))
-        y0 = gemv(xs[0], ws[0], None, CONFIGS[0], push=(ptrs, states[0], 0, 2, max_numel))
-        y1 = gemv(xs[1], ws[1], None, CONFIGS[0])
-        launch_add_norm(y1, residual, weight, 1e-5, ptrs, states[1], max_numel, 1, 2, mode=PUSH)
-        outs = [launch_add_norm(y, residual, weight, 1e-5, ptrs, states[r], max_numel, r, 2, mode=REDUCE)
-                for r, y in enumerate((y0, y1))]
-        for r, (s_r, _) in enumerate(outs):
-            torch.testing.assert_close(s_r, want_s, rtol=1e-4, atol=1e-4)
-            assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
-    print("GEMM push + reduce: sums, residual and norm right, slots cleared, ranks may disagree on pushing")
-    # all-gather (vocab-parallel logits), between plain calls: every rank's part in rank order
-    world, n = 3, 700
-    bufs = [sentinel_fill_(torch.empty(NPHASE * world * max_numel)) for _ in range(world)]
-    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
-    states = [torch.zeros(3, dtype=torch.int32) for _ in range(world)]
-    for call in range(2 * NPHASE):
-        parts = [torch.randn(n, generator=gen) for _ in range(world)]
-        gather = call % 2 == 0
-        outs = [torch.empty(world * n) for _ in range(world)]
-        for mode in (PUSH, REDUCE):
-            for r in range(world):
-                if gather:
-                    launch_all_gather(parts[r], outs[r], ptrs, states[r], max_numel, r, world, mode=mode)
-                else:
-                    launch(parts[r], ptrs, states[r], max_numel, r, world, mode=mode)
-        for r in range(world):
-            if gather:
-                assert torch.equal(outs[r], torch.cat(parts)), f"rank {r}: gathered parts differ"
-            assert int(states[r][0]) == (call + 1) % NPHASE and bool((bufs[r].view(torch.int32) == _SENTINEL_BITS[torch.float32]).all())
-    print(f"all-gather: {NPHASE} calls between plain ones, parts exact and in rank order")
-    # a peer that never pushes: the reader gives up after max_spins polls and flags it
-    bufs = [sentinel_fill_(torch.empty(NPHASE * 2 * max_numel)) for _ in range(2)]
-    state = torch.zeros(3, dtype=torch.int32)
-    launch(torch.ones(numel), torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64), state, max_numel, 0, 2,
-           mode=BOTH, max_spins=3)
-    assert int(state[2]) == 1, state
-    print("missing peer: gave up and flagged, no hang")
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--selftest", action="store_true")
-    a = ap.parse_args(argv)
-    if triton is None:
-        sys.exit("symm_mem_ll: Triton is not installed")
-    if a.selftest:
-        interpreter_numpy_fix()
-        selftest()
-
-
-if __name__ == "__main__":
-    main()
