@@ -1,11 +1,21 @@
-"""Shared fixtures: tiny random checkpoints and the real demo model (fetched once per machine)."""
+"""Shared fixtures: tiny random checkpoints, the real demo model (fetched once per machine), and
+the device the Triton kernel tests (tests/test_kernels_*.py) run on.
+
+Triton reads TRITON_INTERPRET when a kernel is decorated, that is when its module is imported, so
+it is set here, before any test module imports one: on a machine without CUDA every kernel runs
+under Triton's CPU interpreter; on a GPU machine the kernels are built for the GPU (unless the
+variable is set to 1 already: then the interpreter runs them there too).
+"""
 from __future__ import annotations
 
 import os
 
 import pytest
+import torch
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from workers.model.checkpoint import resolve_model_path, tiny_config, write_random_checkpoint  # noqa: E402
 
@@ -26,3 +36,19 @@ def tiny_draft_ckpt(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2():
     return resolve_model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def kernel_device() -> str:
+    """"cpu" where the Triton kernels run under the interpreter (float32 there), "cuda" where they
+    are built for the GPU (bf16 there); skips where Triton is missing or neither can run."""
+    pytest.importorskip("triton")
+    from workers.kernels import attention
+    from workers.kernels.support import interpreted, interpreter_numpy_fix
+
+    if interpreted(attention._partial):
+        interpreter_numpy_fix()
+        return "cpu"
+    if not torch.cuda.is_available():
+        pytest.skip("the Triton kernels need a CUDA device or TRITON_INTERPRET=1 (set before they are imported)")
+    return "cuda"

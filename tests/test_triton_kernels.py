@@ -1,7 +1,7 @@
-"""The Triton kernels of the GPU path, run on CPU under Triton's interpreter: the split-KV attention
-of the graphed steps (workers/kernels/attention.py) against the model's SDPA attention (GQA, uneven
-head maps, several query tokens, caches of several splits, junk past each sequence) and the choice
-between it and SDPA, made or refused with a reason; and the low-latency allreduce's protocol."""
+"""Around the Triton kernels of the GPU path: the choice between the split-KV attention and SDPA,
+made or refused with a reason; every kernel built for Hopper (sm_90) without a GPU; and the GEMV
+bench's shapes. The kernels' numerics are tests/test_kernels_*.py (CPU: Triton's interpreter).
+"""
 from __future__ import annotations
 
 import os
@@ -13,14 +13,6 @@ import torch
 
 from workers.engine.steps import pick_attention
 from workers.kernels.attention import available
-
-
-def test_kernels_match_sdpa_under_the_interpreter():
-    pytest.importorskip("triton")
-    r = subprocess.run([sys.executable, "-m", "workers.kernels.attention", "--selftest", "--device", "cpu"],
-                       env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert r.stdout.count("max |diff|") == 12 and r.stdout.count("cache write fused") == 6 and "worst decode_attention error" in r.stdout
 
 
 def test_attention_choice_and_refusals():
@@ -45,22 +37,6 @@ def test_decode_refuses_triton_attention_on_cpu():
     assert "--attention triton" in r.stderr
 
 
-def test_skinny_gemm_matches_f_linear_under_the_interpreter():
-    """workers/kernels/gemv.py's Triton GEMV, every configuration (split-K with its last-arrival reduction,
-    the SwiGLU epilogue, bias) against F.linear for 1-17 token rows, twice each (the split-K
-    counters must be back at zero)."""
-    pytest.importorskip("triton")
-    r = subprocess.run([sys.executable, "-m", "workers.kernels.gemv", "--selftest"],
-                       env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    from workers.kernels.gemv import CONFIGS, runs_config
-
-    swiglu_configs = sum(runs_config(c, True) for c in CONFIGS)
-    assert 0 < swiglu_configs < len(CONFIGS)
-    assert r.stdout.count(f"swiglu=False: {len(CONFIGS)} configs") == 4
-    assert r.stdout.count(f"swiglu=True: {swiglu_configs} configs") == 4 and "worst gemv error" in r.stdout.splitlines()[-1]
-
-
 _HOPPER_COMPILE = r'''
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -69,6 +45,9 @@ from workers.comm import symm_mem_ll as ll
 from workers.kernels import attention as da
 
 def build(fn, sig, consts):
+    # the parameters this kernel has (a GEMV without the push epilogue takes no PEERS, STATE, PUSH)
+    sig = {k: v for k, v in sig.items() if k in fn.arg_names}
+    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
     sig = {**sig, **{k: "constexpr" for k in consts}}
     kernel = triton.compile(ASTSource(fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
     assert "cubin" in kernel.asm, list(kernel.asm)
@@ -138,19 +117,3 @@ def test_gemv_bench_times_the_shapes_a_rank_runs(tmp_path, tp, heads, kv_heads):
     if not torch.cuda.is_available():
         r = subprocess.run([sys.executable, "-m", "workers.kernels.gemv", "--bench"], capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and r.stderr.strip() == "gemv --bench: needs a CUDA GPU and Triton (the kernels are timed as CUDA graphs)"
-
-
-def test_symm_mem_ll_says_when_a_reader_gave_up():
-    """A reader that waited MAX_SPINS polls for a peer sets a flag instead of hanging the GPU;
-    StepRunner.warm reads it after the warm-up steps, so a rank that fell behind fails the trial
-    with one line instead of leaving wrong sums."""
-    import torch
-
-    from workers.comm.symm_mem_ll import SymmMemLLAllReduce
-
-    ar = SymmMemLLAllReduce(None, 2)
-    ar.rank, ar.state = 1, torch.zeros(3, dtype=torch.int32)
-    ar.raise_if_timed_out()  # nothing happened
-    ar.state[2] = 1
-    with pytest.raises(RuntimeError, match="symm_mem_ll: rank 1 waited more than .* polls for a peer's partial sums"):
-        ar.raise_if_timed_out()

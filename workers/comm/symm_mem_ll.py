@@ -29,7 +29,7 @@ kernels: two kernels fewer per layer). `validate_add_norm` checks it against all
     x_new, h = ar.add_norm(partial, x, norm_weight, eps)
 
 The protocol is tested on simulated ranks in one process under Triton's CPU interpreter
-(tests/test_symm_mem_ll.py: `launch*` take `mode` = PUSH or REDUCE to run one half of a call).
+(tests/test_kernels_symm_mem_ll.py: `launch*` take `mode` = PUSH or REDUCE to run one half of a call).
 """
 from __future__ import annotations
 

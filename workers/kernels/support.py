@@ -4,7 +4,8 @@ kernels, and a fix that lets Triton's CPU interpreter run them in the tests.
 
     cnt = arrival_counters(n, device)     # n zeroed int32 counters, each kernel leaves them at zero
     interpreter_numpy_fix()               # before running kernels with TRITON_INTERPRET=1 on CPU
-    selftest_main(__doc__, selftest, "cuda", tolerances)   # a kernel module's `--selftest` command line
+    selftest_main(argv, __doc__, selftest, "cuda", tolerances, what)   # a kernel module's `--selftest` command line
+    interpreted(kernel)                   # does this @triton.jit kernel run under the CPU interpreter?
 """
 from __future__ import annotations
 
@@ -43,12 +44,23 @@ def interpreter_numpy_fix() -> None:
     import triton.runtime.interpreter as interp
 
     original = interp._patch_lang_tensor
+    if getattr(original, "numpy_fix", False):  # applied already (each test module asks for it)
+        return
 
     def patched(tensor, scope):
         original(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
+    patched.numpy_fix = True
     interp._patch_lang_tensor = patched
+
+
+def interpreted(kernel) -> bool:
+    """Whether a @triton.jit kernel runs under Triton's CPU interpreter. Triton reads TRITON_INTERPRET
+    when the kernel's module is imported (at decoration), so this, not the variable now, decides."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(kernel, InterpretedFunction)
 
 
 def selftest_main(argv, doc: str, selftest, default_device: str, tol: dict[str, float], what: str) -> None:

@@ -1,0 +1,34 @@
+"""The split-KV attention of the graphed steps (workers/kernels/attention.py) against the model's SDPA
+attention, one test per shape: GQA, uneven head maps, several query tokens, caches of several
+splits, junk past each sequence, a batch at two lengths; the same step from the merged QKV
+projection (rope and cache writes fused into one kernel); every head's arrival counter reset.
+
+    python -m pytest tests/test_kernels_attention.py     # CPU: Triton's interpreter (tests/conftest.py); GPU: bf16
+"""
+from __future__ import annotations
+
+import pytest
+
+from workers.kernels import attention
+
+
+@pytest.mark.parametrize("case", attention.SELFTEST_CASES, ids=lambda c: "B{}-H{}-Hkv{}-T{}-D{}-S{}-pos{}".format(*c))
+def test_split_kv_attention_matches_sdpa(kernel_device, case):
+    errs = attention.check_case(case, kernel_device, seed=attention.SELFTEST_CASES.index(case))
+    tol = attention.SELFTEST_TOL[kernel_device]
+    assert errs["attend"] <= tol, f"decode_attend differs from attend by {errs['attend']:.2e}"
+    assert errs["rope_write"] <= tol, f"rope_write_attend differs from rope + attend by {errs['rope_write']:.2e}"
+    assert errs["cache"] <= tol, f"the fused cache writes differ by {errs['cache']:.2e} (relative)"
+
+
+def test_a_wrong_answer_is_caught(kernel_device, monkeypatch):
+    """The check can fail: a kernel that drops each query's last visible key (the first query of this
+    case sees one key only, so its output is that key's value) is off by far more than the tolerance."""
+    real = attention.attend_cache
+
+    def off_by_one(q, k_cache, v_cache, pos, kv_map):
+        return real(q, k_cache, v_cache, pos - 1, kv_map)
+
+    monkeypatch.setattr(attention, "attend_cache", off_by_one)
+    errs = attention.check_case(attention.SELFTEST_CASES[1], kernel_device)
+    assert errs["attend"] > 10 * attention.SELFTEST_TOL[kernel_device]

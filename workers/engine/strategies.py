@@ -1,0 +1,315 @@
+"""Step strategies of a verifier rank's decode loop: where a step's drafts come from and how it decides.
+
+`Verifier.run` (workers/engine/verifier.py) is one prompt loop for every mode. Per prompt it resets
+the cache, calls `begin_prompt`, prefills, publishes the first token, calls `prefilled`, then
+`decode`, which runs steps until the sequence is done. Every step is the same five moves:
+
+    propose   up to k drafts for the sequence                     (per mode: `propose`)
+    score     one forward pass over [last, d_1..d_n]; TP allreduces inside
+    decide    on the ranks that decide: drafts kept + new tokens  (per mode: `decide`)
+    publish   the VerifyResult to the ranks and the drafter that need it (`Rank.publish`)
+    commit    append the new tokens, roll the KV cache back to [.., last, accepted drafts]
+
+The modes, one class each (`strategy_for` picks one per run):
+    PlainSteps            k = 0, the baseline: no drafts; greedy decoding on CUDA graphs keeps one
+                          step in flight (`StepRunner.greedy_launch`) instead of stepping
+    InRankDrafting        a drafter inside every verifier rank (n-gram) proposes from the committed
+                          tokens each rank holds: no link message per step
+    LinkedDrafting        proposals arrive over the draft link from the drafter process
+    SimulatedAcceptance   proposals from either source, padded to k, and tau - 1 of them accepted per
+                          step on average: engine speed apart from drafter quality
+
+Extension points (what changes where, and what stays):
+- A hidden-state drafter (EAGLE-3 reads the verifier's hidden states of three layers at every
+  committed position): the score move is the one call of the model (`Rank.score`); it returns
+  those layers' rows too once the step runner captures them. `prefilled` receives the prompt's
+  rows, and the decide move's rows 0..accepted (the positions whose next token is now fixed) ride
+  in `VerifyResult.hidden`, which `publish` already carries to the drafter process; an in-rank
+  drafter gets them from its strategy before its next `propose`. The loop and the other modes
+  stay as they are.
+- A batch of B sequences: all per-sequence state lives in `Sequence` (tokens, done, steps,
+  accepted, margins, its KV cache row), and `propose` / `decide` take one sequence and one row
+  of logits. A batched step proposes for each sequence, scores B x (k + 1) tokens in one pass
+  (short proposals padded, as SimulatedAcceptance pads them now), decides and rolls back each
+  row by its own acceptance, and publishes B results; `Verifier.run` then holds B sequences
+  instead of one, and only `step` and `Rank.publish` learn the batch.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from workers.comm.base import CommCounters
+from workers.drafters import Drafter
+from workers.engine.link import DraftLink, Proposal, VerifyResult
+from workers.engine.stats import RunStats, StepRecord
+from workers.engine.steps import StepRunner
+from workers.engine.verify import probs, sample, verify
+from workers.model.transformer import KVCache
+from workers.spec import Workload
+
+
+def finish(tokens: list[int], have: int, w: Workload) -> tuple[list[int], bool]:
+    """Cut new `tokens` at the first EOS or at max_new_tokens (given `have` already generated)."""
+    room = w.max_new_tokens - have
+    tokens = tokens[:room]
+    for i, t in enumerate(tokens):
+        if t in w.eos_ids:
+            return tokens[: i + 1], True
+    return tokens, have + len(tokens) >= w.max_new_tokens
+
+
+@dataclass
+class Sequence:
+    """One prompt's decoding state on a verifier rank (with a batch: one per KV cache row)."""
+
+    tokens: list[int]  # prompt + generated: what an in-rank drafter reads
+    prompt_len: int
+    row: int = 0  # its row of the KV cache
+    done: bool = False
+    steps: int = 0  # decode steps after the prefill
+    accepted: int = 0  # drafts kept over all steps (after EOS / max_new_tokens cuts)
+    top2: list[torch.Tensor] | None = None  # per token top-1 / top-2 logits, where margins are recorded
+
+    @classmethod
+    def of(cls, prompt, row: int = 0) -> Sequence:
+        return cls(tokens=list(prompt), prompt_len=len(prompt), row=row)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    def commit(self, result: VerifyResult) -> None:
+        self.tokens.extend(result.tokens)
+        self.done = result.done
+
+
+@dataclass
+class Rank:
+    """What the strategies use of one verifier rank during one run."""
+
+    steps: StepRunner
+    cache: KVCache
+    link: DraftLink
+    counters: CommCounters
+    w: Workload
+    index: int  # the TP rank
+    local: bool  # decides_locally: every rank verifies for itself
+    gen: torch.Generator = field(init=False)
+
+    def __post_init__(self):
+        self.gen = torch.Generator().manual_seed(self.w.seed)  # alike on every rank: local decisions agree
+
+    @property
+    def decides(self) -> bool:
+        return self.index == 0 or self.local
+
+    def score(self, seq: Sequence, tokens: list[int]) -> torch.Tensor:
+        """Logits [len(tokens), vocab] of `tokens` fed after the sequence's cached positions."""
+        return self.steps.step(tokens)
+
+    def first_token(self, logits: torch.Tensor) -> VerifyResult:
+        w = self.w
+        tok = int(logits.argmax()) if w.temperature <= 0 else sample(probs(logits, w.temperature), self.gen)
+        tokens, done = finish([tok], 0, w)
+        return VerifyResult(accepted=0, tokens=tokens, done=done)
+
+    def publish(self, result: VerifyResult | None) -> VerifyResult:
+        """Deciding locally, rank 0 sends its result to the drafter process alone (if any); else rank 0
+        broadcasts it to every rank and the drafter, and the other ranks return what they receive."""
+        if self.local:
+            if self.index == 0 and self.link.drafter_rank is not None:
+                self.link.send_result_to_drafter(result)
+            return result
+        if self.index == 0:
+            self.link.send_result(result)
+            return result
+        return self.link.recv_result()
+
+
+class StepStrategy:
+    """One mode of the decode loop. Subclasses say where drafts come from (`propose`) and how the
+    deciding ranks pick the new tokens (`decide`); the step around them is shared."""
+
+    margins = False  # record each token's top-2 logits (PlainSteps under greedy decoding)
+    overlapped = False  # PlainSteps: greedy steps with one in flight instead of `step`
+
+    def __init__(self, rank: Rank):
+        self.r, self.w, self.k = rank, rank.w, rank.w.num_draft_tokens
+
+    def begin_run(self) -> None:
+        """Before timing: capture every step width this mode uses (all TP ranks together)."""
+        self.r.steps.warm(range(1, self.k + 2), greedy=self.overlapped, margins=self.margins)
+
+    def begin_prompt(self, seq: Sequence) -> None:
+        """A new prompt, before its prefill (the cache is reset already)."""
+
+    def prefilled(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """After the prefill and the first token; `logits` are the prompt's last row."""
+
+    def propose(self, seq: Sequence) -> Proposal:
+        raise NotImplementedError
+
+    def decide(self, seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> tuple[int, list[int]]:
+        """Drafts kept and the new tokens (kept drafts + one more); deciding ranks only."""
+        # p: the verifier's probability of draft d_i, q: the drafter's (q = 1 for a deterministic drafter)
+        # p >= q: accept d_i; p < q: accept it with probability p / q, else sample norm(max(0, p - q)) and stop
+        # all accepted: sample a bonus token from p (greedy: accept while d_i == argmax, then take the argmax)
+        return verify(proposal.tokens, proposal.probs, logits, self.w.temperature, self.r.gen)
+
+    def decode(self, seq: Sequence, stats: RunStats) -> None:
+        while not seq.done:
+            stats.steps.append(self.step(seq))
+
+    def step(self, seq: Sequence) -> StepRecord:
+        r = self.r
+        t0 = time.perf_counter()
+        proposal = self.propose(seq)
+        t1 = time.perf_counter()
+        calls0, comm0 = r.counters.calls, r.counters.seconds
+        base = r.cache.lengths[seq.row]
+        logits = r.score(seq, [seq.tokens[-1], *proposal.tokens])
+        mine = None
+        if r.decides:
+            n, new = self.decide(seq, proposal, logits)
+            new, done = finish(new, seq.n_generated, self.w)
+            mine = VerifyResult(accepted=n, tokens=new, done=done)
+        t2 = time.perf_counter()
+        res = r.publish(mine)
+        # keep [last, d_1..d_accepted]; the correction / bonus token is fed next step
+        r.cache.rollback(seq.row, base + 1 + res.accepted)
+        seq.commit(res)
+        seq.steps += 1
+        seq.accepted += len(res.tokens) - 1
+        return StepRecord(drafted=len(proposal.tokens), accepted=res.accepted, emitted=len(res.tokens),
+                          step_s=time.perf_counter() - t0, verify_s=t2 - t1, draft_s=proposal.draft_s,
+                          comm_calls=r.counters.calls - calls0, comm_s=r.counters.seconds - comm0)
+
+
+class PlainSteps(StepStrategy):
+    """k = 0: one token per step from row 0 of the logits, no drafts (a drafter process only listens).
+    `overlap`: greedy decoding that every rank decides for itself on CUDA graphs enqueues step n + 1
+    before it reads step n's token."""
+
+    def __init__(self, rank: Rank, overlap: bool):
+        super().__init__(rank)
+        greedy = self.w.temperature <= 0
+        self.overlapped = overlap and greedy and rank.local and rank.steps.use_graphs
+        self.margins = self.w.record_margins and greedy
+
+    def prefilled(self, seq: Sequence, logits: torch.Tensor) -> None:
+        if self.margins and self.r.decides:  # left on the device: one host sync per prompt (relative_margins)
+            seq.top2 = [logits.float().topk(2).values]
+
+    def propose(self, seq: Sequence) -> Proposal:
+        return Proposal(tokens=[])
+
+    def decide(self, seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> tuple[int, list[int]]:
+        if seq.top2 is not None:
+            seq.top2.append(logits[0].float().topk(2).values)
+        return super().decide(seq, proposal, logits)
+
+    def decode(self, seq: Sequence, stats: RunStats) -> None:
+        if self.overlapped and not seq.done:
+            self._decode_overlapped(seq, stats)
+        else:
+            super().decode(seq, stats)
+
+    def _decode_overlapped(self, seq: Sequence, stats: RunStats) -> None:
+        """Greedy steps with one in flight until EOS or max_new_tokens. Whether to launch the next
+        step depends only on the tokens so far, which every rank holds alike, so all ranks replay
+        the same steps (their collectives line up), the one past an EOS included."""
+        r, w = self.r, self.w
+        if seq.top2:
+            seq.top2[0] = seq.top2[0].cpu()  # the prefill's, on the device; the steps' arrive on the host
+        margins = seq.top2 is not None
+        t_prev, calls0, comm0 = time.perf_counter(), r.counters.calls, r.counters.seconds
+        slot = r.steps.greedy_launch(seq.tokens[-1], margins)
+        per_step = r.counters.calls - calls0  # one replay's allreduces (counted at launch, a step ahead)
+        while True:
+            # this step's token is the last one max_new_tokens allows: nothing more to launch
+            nxt = r.steps.greedy_launch(None, margins) if seq.n_generated + 1 < w.max_new_tokens else None
+            token, first, second = r.steps.greedy_result(slot)
+            new, done = finish([token], seq.n_generated, w)
+            seq.commit(r.publish(VerifyResult(accepted=0, tokens=new, done=done)))  # to the drafter process, if any
+            seq.steps += 1
+            if margins:
+                seq.top2.append(torch.tensor([first, second]))
+            now = time.perf_counter()
+            stats.steps.append(StepRecord(drafted=0, accepted=0, emitted=len(new), step_s=now - t_prev, verify_s=now - t_prev,
+                                          draft_s=0.0, comm_calls=per_step, comm_s=r.counters.seconds - comm0))
+            t_prev, comm0 = now, r.counters.seconds
+            if done:
+                if nxt is not None:
+                    r.steps.greedy_result(nxt)  # the step past the EOS: finished, thrown away
+                return
+            slot = nxt
+
+
+class InRankDrafting(StepStrategy):
+    """The drafter runs inside this rank (every rank a copy, fed the same committed tokens)."""
+
+    def __init__(self, rank: Rank, drafter: Drafter):
+        super().__init__(rank)
+        self.drafter = drafter
+
+    def begin_run(self) -> None:
+        super().begin_run()
+        self.drafter.begin(self.w.temperature, self.w.seed + 1)
+        self.drafter.warm(self.k)
+
+    def begin_prompt(self, seq: Sequence) -> None:
+        self.drafter.prefill(list(seq.tokens))
+
+    def propose(self, seq: Sequence) -> Proposal:
+        return self.drafter.propose(seq.tokens, self.k)
+
+
+class LinkedDrafting(StepStrategy):
+    """Proposals arrive over the draft link; the drafter process runs `run_drafter`."""
+
+    def propose(self, seq: Sequence) -> Proposal:
+        return self.r.link.recv_proposal()
+
+
+class SimulatedAcceptance(StepStrategy):
+    """Every step verifies k + 1 tokens (short proposals padded) and keeps tau - 1 drafts on average;
+    error diffusion over the run keeps the running mean exact. The tokens are meaningless, the
+    timing is real."""
+
+    def __init__(self, rank: Rank, source: StepStrategy, accept_len: float):
+        super().__init__(rank)
+        self.source, self.accept_len, self.credit = source, accept_len, 0.0
+
+    def begin_run(self) -> None:
+        self.source.begin_run()
+
+    def begin_prompt(self, seq: Sequence) -> None:
+        self.source.begin_prompt(seq)
+
+    def propose(self, seq: Sequence) -> Proposal:
+        p = self.source.propose(seq)
+        pad = [p.tokens[-1] if p.tokens else seq.tokens[-1]] * (self.k - len(p.tokens))
+        return Proposal(tokens=p.tokens + pad, probs=p.probs, draft_s=p.draft_s)
+
+    def decide(self, seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> tuple[int, list[int]]:
+        self.credit += self.accept_len - 1
+        n = min(len(proposal.tokens), int(self.credit))
+        self.credit -= n
+        return n, proposal.tokens[:n] + [int(logits[n].argmax())]
+
+
+def strategy_for(rank: Rank, drafter: Drafter | None, overlap: bool) -> StepStrategy:
+    """The run's mode: plain at k = 0; else drafts from the in-rank drafter or over the link, accepted by
+    the verification rules or, with `simulate_accept_len`, at the imposed rate."""
+    w = rank.w
+    if w.num_draft_tokens == 0:
+        return PlainSteps(rank, overlap)
+    source = InRankDrafting(rank, drafter) if drafter is not None else LinkedDrafting(rank)
+    return source if w.simulate_accept_len is None else SimulatedAcceptance(rank, source, w.simulate_accept_len)
