@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from orchestrator.envpolicy import NVLS_OFF_ENV
+from orchestrator.envpolicy import NVLS_OFF_ENV, nvls_off_here
 from orchestrator.errors import UserError
 from workers.runtime.errors import GangError
 from workers.spec import GangSpec, RunResult, Workload
@@ -46,6 +46,7 @@ def connect(num_cpus: int | None = None) -> str:
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 turns token auth on unless told
+    nvls_off_here()  # an embedded Ray's GCS, raylet, agents and workers inherit this environment
     if ray.is_initialized():
         return "ray (already connected)"
     address = os.environ.get("RAY_ADDRESS")

@@ -5,7 +5,8 @@
         result = gang.run(workload)
 
 Processes are spawned fresh (no inherited threads or CUDA state) and meet through a FileStore in
-a temporary directory, so no port is ever chosen. Each serves typed commands from a pipe. Any
+a temporary directory, so no port is ever chosen. They start with NVLink multicast off in their
+environment (workers/runtime/nvls.py), inherited from this process. Each serves typed commands from a pipe. Any
 failure, a process that dies, or a deadline that passes tears the whole gang down (a rank that
 lost its peers would otherwise wait in a collective forever) and raises `GangError`.
 """
@@ -21,6 +22,7 @@ from multiprocessing.connection import wait
 
 from workers.spec import GangSpec, RunResult, Workload
 from workers.runtime.errors import GangError
+from workers.runtime.nvls import nvls_off_here
 from workers.runtime.worker import Rendezvous
 
 
@@ -74,6 +76,7 @@ class LocalGang:
     def __init__(self, spec: GangSpec, timeout_s: float = 600.0):
         self.spec, self.timeout_s = spec, timeout_s
         self._tmp = tempfile.TemporaryDirectory(prefix="spectune-gang-")
+        nvls_off_here()  # a spawned process starts with this process's environment
         ctx = mp.get_context("spawn")
         self.conns, self.procs = [], []
         self._closed = False

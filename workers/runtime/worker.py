@@ -24,7 +24,7 @@ from workers.engine.link import MAX_DRAFT_TOKENS, DraftLink
 from workers.runtime.errors import WorkerError
 from workers.spec import GangSpec, RunResult, Workload
 from workers.engine.steps import no_cudnn_attention
-from workers.model.tp import shard
+from workers.model.tp import TPPart, hook
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -127,10 +127,8 @@ class Worker:
                 if err := validate(allreduce, self.rank, dtype=dtype, device=device, numel=min(4104, max_numel)):
                     raise WorkerError(err)
                 self._check_add_norm(allreduce, tp_group, args.dim, dtype, device)
-            model = load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq)
-            model = shard(model, self.rank, spec.tp, allreduce, spec.vocab_parallel)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()  # the unsharded copy is gone
+            part = TPPart(self.rank, spec.tp, spec.vocab_parallel)
+            model = hook(load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, tp=part), part, allreduce)
             self.verifier = Verifier(model, allreduce, self.link, self.rank, graphs=spec.cuda_graphs, fused=spec.compile,
                                      attention=spec.attention,
                                      drafter=build_drafter(spec, device) if spec.drafter.in_verifier else None)
