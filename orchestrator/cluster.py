@@ -168,6 +168,10 @@ class RayGang:
     def pids(self) -> list[int]:
         return self._gather([a.pid.remote() for a in self.actors], 60, "pid")
 
+    def peak_rss_mb(self) -> list[float]:
+        """Each actor's peak resident memory so far, in MiB (verifier ranks first, then the drafter)."""
+        return self._gather([a.peak_rss_mb.remote() for a in self.actors], 60, "peak_rss_mb")
+
     def close(self) -> None:
         if self._closed:
             return

@@ -141,7 +141,8 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=tc.num_draft_tokens == 0)
         trial.set_user_attr(heartbeat_attr, time.time())  # a gang launch can take minutes
         result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr)
-        metrics = {**result.metrics, "setup_s": pool.setup_s if pool.launched > before else 0.0}
+        metrics = {**result.metrics, "setup_s": pool.setup_s if pool.launched > before else 0.0,
+                   "rank_peak_rss_mb_max": max(gang.peak_rss_mb()[: tc.tp])}
         if per_repeat:
             metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
         digest = outputs_digest(result)[: len(prepared.token_ids)]  # one repeat: every repeat decodes the same prompts

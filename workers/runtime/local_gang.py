@@ -38,6 +38,11 @@ class _Run:
 
 
 @dataclass
+class _PeakRss:
+    pass
+
+
+@dataclass
 class _Stop:
     pass
 
@@ -54,7 +59,8 @@ def _serve(rank: int, spec: GangSpec, conn) -> None:
     from workers.runtime.worker import Worker
 
     worker = Worker(rank, spec)
-    handlers = {_Setup: lambda c: worker.setup(c.rendezvous, c.timeout_s), _Run: lambda c: worker.run(c.workload)}
+    handlers = {_Setup: lambda c: worker.setup(c.rendezvous, c.timeout_s), _Run: lambda c: worker.run(c.workload),
+                _PeakRss: lambda c: worker.peak_rss_mb()}
     try:
         while True:
             cmd = conn.recv()  # EOFError when the driver is gone: exit quietly
@@ -131,6 +137,10 @@ class LocalGang:
 
     def run(self, workload: Workload) -> RunResult:
         return self._call_all(_Run(workload), self.timeout_s)[0]
+
+    def peak_rss_mb(self) -> list[float]:
+        """Each process's peak resident memory so far, in MiB (verifier ranks first, then the drafter)."""
+        return self._call_all(_PeakRss(), 60)
 
     def close(self, force: bool = False) -> None:
         if self._closed:

@@ -213,6 +213,12 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    def peak_rss_mb(self) -> float:
+        """This process's peak resident memory so far (VmHWM), in MiB."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
