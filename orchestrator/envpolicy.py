@@ -9,6 +9,7 @@ value in a space, an NCCL env or a flag is refused.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from workers.runtime.nvls import NVLS_OFF_ENV, nvls_off_here  # noqa: F401 - re-exported: the driver's names
@@ -20,3 +21,10 @@ def refuse_nvls(var: str, value: Any) -> None:
         raise ValueError(f"{var}: NVLS / NVLink multicast must stay off and is refused in any space")
     if "NVLS" in str(value).upper():
         raise ValueError(f"{var}={value}: NVLS / NVLink multicast must stay off and is refused in any space")
+
+
+def inherited_nccl_env(environ=None) -> dict[str, str]:
+    """The NCCL_* variables of the driver's own environment (its shell), NVLS ones aside: Ray actors
+    get them too (orchestrator/cluster.py), so a trial's params record them as `nccl.*`."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_") and k not in NVLS_OFF_ENV}

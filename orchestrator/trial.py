@@ -18,6 +18,7 @@ import numpy as np
 
 from orchestrator.cluster import GangPool
 from orchestrator.config import ExperimentConfig
+from orchestrator.envpolicy import inherited_nccl_env
 from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.space import TrialConfig, suggest
@@ -132,7 +133,10 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
     simulated = cfg.workload.simulate_accept_len is not None and tc.num_draft_tokens > 0
     if simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
         tags["spectune.simulated_accept_len"] = f"{cfg.workload.simulate_accept_len:g}"
-    run_id = tracker.start_trial(trial.number, tc.params(), tags)
+    inherited = {k: v for k, v in inherited_nccl_env().items() if k not in dict(tc.nccl_env)}  # the driver's shell; actors get them too
+    if inherited:
+        tags["spectune.nccl_inherited"] = ",".join(inherited)
+    run_id = tracker.start_trial(trial.number, {**{f"nccl.{k}": v for k, v in inherited.items()}, **tc.params()}, tags)
     trial.set_user_attr("mlflow_run_id", run_id)
     state, reason, metrics = "FAIL", None, {}
     try:

@@ -105,6 +105,7 @@ class Worker:
             store = getattr(self, "_store", None) or dist.TCPStore(rdv.host, rdv.port, spec.world_size, is_master=False, timeout=timeout)
             dist.init_process_group("gloo", store=store, rank=self.rank, world_size=spec.world_size, timeout=timeout)
         device = self._device()
+        self._devices, self._peers_ok = self._exchange_devices(device)
         # every process joins every new_group call, members or not; the TP group carries the
         # allreduces (NCCL on GPUs), the default group (gloo, CPU) the draft-link messages
         backend_cls = BACKENDS.get(spec.backend)
@@ -132,7 +133,8 @@ class Worker:
             self.verifier = Verifier(model, allreduce, self.link, self.rank, graphs=spec.cuda_graphs, fused=spec.compile,
                                      attention=spec.attention,
                                      drafter=build_drafter(spec, device) if spec.drafter.in_verifier else None)
-        info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0, "pid": os.getpid()}
+        info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0, "pid": os.getpid(),
+                "devices": list(self._devices), "p2p_ok": self._peers_ok}
         if self.verifier is not None:
             info["attention"] = self.verifier.steps.attention
             info["fused_add_norm"] = bool(self.verifier.allreduce.fuses_add_norm and spec.tp > 1)
@@ -190,17 +192,29 @@ class Worker:
         no_cudnn_attention()
         return torch.device("cuda", index)
 
+    def _exchange_devices(self, device: torch.device) -> tuple[tuple[int, ...], bool]:
+        """What each process really got, gathered over the gang (every process calls this): the
+        verifier ranks' device indices (as this node numbers them) and whether each verifier rank's
+        GPU can access every other rank's GPU directly (false when a peer's GPU is not visible here)."""
+        world = dist.get_world_size()
+        indices: list = [None] * world
+        dist.all_gather_object(indices, device.index if device.type == "cuda" else -1)
+        tp_indices = tuple(indices[: self.spec.tp])
+        ok = True
+        if device.type == "cuda" and not self.is_drafter:
+            n = torch.cuda.device_count()
+            ok = all(j == device.index or (0 <= j < n and torch.cuda.can_device_access_peer(device.index, j)) for j in tp_indices)
+        oks: list = [None] * world
+        dist.all_gather_object(oks, ok)
+        if device.type != "cuda":
+            return (), False
+        return tp_indices, all(oks[: self.spec.tp])
+
     def _tp_devices(self) -> tuple[int, ...]:
-        # one GPU per verifier rank by construction (local gang: GPU r; Ray: one GPU per bundle)
-        return tuple(range(self.spec.tp)) if self.spec.device == "cuda" else ()
+        return self._devices
 
     def _p2p_ok(self) -> bool:
-        if self.spec.device == "cpu":
-            return False
-        n = torch.cuda.device_count()
-        if n < self.spec.tp or _ray_gpu_index() is not None:
-            return True  # peers' GPUs unknown here (one visible, or Ray's choice): symm_mem's rendezvous reports a failure
-        return all(torch.cuda.can_device_access_peer(i, j) for i in range(self.spec.tp) for j in range(self.spec.tp) if i != j)
+        return self._peers_ok
 
     def run(self, workload: Workload) -> RunResult | None:
         if workload.num_draft_tokens > self.link.k:
