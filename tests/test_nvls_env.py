@@ -11,6 +11,7 @@ parent, whose environment it inherited, must carry all three.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -86,6 +87,8 @@ def test_local_gang_ranks_start_with_nvls_off(tiny_ckpt):
     r, seen = _watch(["decode", "--model", str(tiny_ckpt), "--tp", "2", "--drafter", "ngram", "-k", "2",
                       "--num-prompts", "1", "--max-new-tokens", "8", "--json"], _clean_env())
     assert r.returncode == 0, r.stderr[-2000:]
+    rss = json.loads(r.stdout)["rank_peak_rss_mb"]  # each verifier rank's peak resident memory (torch alone is > 100 MiB)
+    assert len(rss) == 2 and all(100 < mb < 4096 for mb in rss), rss
     ranks = [pid for pid, s in seen.items() if b"spawn_main" in s["cmd"]]
     assert len(ranks) >= 2, {pid: _name(s) for pid, s in seen.items()}
     missing = {pid: _name(s) for pid, s in seen.items() if not _has_all(s["env"])}
