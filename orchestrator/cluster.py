@@ -7,7 +7,10 @@
 A gang is TP verifier actors (ranks 0..tp-1, one GPU each on CUDA) plus, for a model drafter, the
 drafter actor (the n-gram drafter runs inside every verifier rank and needs none), all
 in one STRICT_PACK placement group so they share a node; each actor's runtime_env carries the
-trial's NCCL variables (and NVLink multicast off). Rank 0 serves the rendezvous TCPStore on a
+driver's own NCCL_* and the trial's NCCL variables (and NVLink multicast off; the embedded Ray's
+own processes inherit that from the driver, `connect`). `check_placement` asks Ray which GPU each
+actor got (a model drafter's 0.1 share may land beside another rank: said in one line); the ranks
+themselves gather their device indices and peer access at setup. Rank 0 serves the rendezvous TCPStore on a
 port the OS picks. Every call has a deadline; a rank that fails, dies or misses it tears the
 whole gang down (the others would wait in a collective forever) and raises `GangError`.
 `GangPool` keeps the current gang while the next trial needs the same env and placement.
