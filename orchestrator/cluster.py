@@ -7,7 +7,10 @@
 A gang is TP verifier actors (ranks 0..tp-1, one GPU each on CUDA) plus, for a model drafter, the
 drafter actor (the n-gram drafter runs inside every verifier rank and needs none), all
 in one STRICT_PACK placement group so they share a node; each actor's runtime_env carries the
-trial's NCCL variables (and NVLink multicast off). Rank 0 serves the rendezvous TCPStore on a
+driver's own NCCL_* and the trial's NCCL variables (and NVLink multicast off; the embedded Ray's
+own processes inherit that from the driver, `connect`). `check_placement` asks Ray which GPU each
+actor got (a model drafter's 0.1 share may land beside another rank: said in one line); the ranks
+themselves gather their device indices and peer access at setup. Rank 0 serves the rendezvous TCPStore on a
 port the OS picks. Every call has a deadline; a rank that fails, dies or misses it tears the
 whole gang down (the others would wait in a collective forever) and raises `GangError`.
 `GangPool` keeps the current gang while the next trial needs the same env and placement.
@@ -19,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from orchestrator.envpolicy import NVLS_OFF_ENV
+from orchestrator.envpolicy import NVLS_OFF_ENV, inherited_nccl_env, nvls_off_here
 from orchestrator.errors import UserError
 from workers.runtime.errors import GangError
 from workers.runtime.worker import RAY_NOSET_CUDA_ENV, Rendezvous, Worker
@@ -36,6 +39,23 @@ class Resources:
     placement_timeout_s: float = 60.0
     call_timeout_s: float = 900.0
     setup_timeout_s: float = 600.0
+    # the resource a verifier rank takes one unit of: GPU on cuda, none on cpu; a custom resource
+    # (declared unit-instance: RAY_custom_unit_instance_resources) stands in for GPUs in CPU tests
+    gpu_resource: str | None = None
+
+
+def assigned_instances(resource: str) -> list[int]:
+    """Inside an actor: the ids of the unit instances of `resource` Ray assigned it (for GPU: its GPU ids)."""
+    import ray
+
+    if resource == "GPU":
+        return sorted(int(i) for i in ray.get_gpu_ids())
+    ids = ray._private.worker.global_worker.core_worker.resource_ids()
+    return sorted({int(i) for key, pairs in ids.items() if key == resource or key.startswith(resource + "_group_") for i, _ in pairs})
+
+
+def _instances_of(worker, resource: str) -> list[int]:  # run on an actor through __ray_call__
+    return assigned_instances(resource)
 
 
 def connect(num_cpus: int | None = None) -> str:
@@ -43,6 +63,7 @@ def connect(num_cpus: int | None = None) -> str:
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 turns token auth on unless told
+    nvls_off_here()  # an embedded Ray's GCS, raylet, agents and workers inherit this environment
     if ray.is_initialized():
         return "ray (already connected)"
     address = os.environ.get("RAY_ADDRESS")
@@ -85,13 +106,17 @@ class RayGang:
         self.actors: list = []
         self._closed = False
         check_capacity(spec, res)
-        gpu = 1 if spec.device == "cuda" else 0
+        self.accel = accel = res.gpu_resource or ("GPU" if spec.device == "cuda" else None)
+        gpu = 1 if accel else 0
         # a model drafter on GPUs shares rank 0's GPU: 0.9 + 0.1 of one device in the same pack
-        share = 0.1 if gpu and spec.drafter.kind in ("draft_model", "layer_skip") else 0.0
+        # (Ray may still put the 0.1 on another GPU with room: `check_placement` says where it went)
+        self.share = share = 0.1 if gpu and spec.drafter.kind in ("draft_model", "layer_skip") else 0.0
         gpus = [gpu - (share if r == 0 else 0.0) for r in range(spec.tp)] + ([share] if spec.has_drafter else [])
-        bundles = [{"CPU": res.cpus_per_worker, **({"GPU": g} if g else {})} for g in gpus[: spec.tp]]
+        bundles = [{"CPU": res.cpus_per_worker, **({accel: g} if g else {})} for g in gpus[: spec.tp]]
         if spec.has_drafter:
-            bundles.append({"CPU": res.cpus_per_worker, **({"GPU": share} if share else {})})
+            bundles.append({"CPU": res.cpus_per_worker, **({accel: share} if share else {})})
+        self.instances: list[list[int]] = []
+        self.drafter_note: str | None = None
         self.pg = placement_group(bundles, strategy="STRICT_PACK", name="")
         try:
             ray.get(self.pg.ready(), timeout=res.placement_timeout_s)
@@ -101,9 +126,10 @@ class RayGang:
                 f"placement group {bundles} (STRICT_PACK) was not satisfied within {res.placement_timeout_s:g}s; "
                 f"cluster has {ray.cluster_resources()}, free {ray.available_resources()}"
             ) from None
-        # what the engine runs travels in `spec.engine`, not in the actors' environment
-        env = {**self.env, **NVLS_OFF_ENV, "OMP_NUM_THREADS": str(spec.threads)}
-        if gpu:
+        # what the engine runs travels in `spec.engine`, not in the actors' environment; the driver's own
+        # NCCL_* (trial params record them as inherited) reach actors on any cluster
+        env = {**inherited_nccl_env(), **self.env, **NVLS_OFF_ENV, "OMP_NUM_THREADS": str(spec.threads)}
+        if accel == "GPU":
             # every actor sees every GPU of the node and takes the one Ray gave it (workers/runtime/worker.py
             # `_device`): torch's symmetric memory identifies ranks on one node by device index, so
             # two actors that each see their GPU as cuda:0 cannot rendezvous (symm_mem, symm_mem_ll)
@@ -114,7 +140,8 @@ class RayGang:
             on_gpu = gpus[rank]
             self.actors.append(
                 actor_cls.options(
-                    num_cpus=res.cpus_per_worker, num_gpus=on_gpu, max_restarts=0,
+                    num_cpus=res.cpus_per_worker, max_restarts=0,
+                    **({"num_gpus": on_gpu} if accel == "GPU" else {"resources": {accel: on_gpu}} if on_gpu else {}),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
                     runtime_env=runtime_env,
                 ).remote(rank, spec)
@@ -150,7 +177,21 @@ class RayGang:
                 raise GangError(f"{what}: rank {index[ref]}: {type(e).__name__}: {first[:300]}") from None
         return [results[i] for i in range(len(refs))]
 
+    def check_placement(self) -> list[list[int]]:
+        """Where Ray really put each actor: the GPU (instance) ids of each rank, drafter last. A model
+        drafter's share that did not land on rank 0's GPU still works (the draft link is gloo, over the
+        CPU) but shares another GPU: said in one line (`drafter_note`)."""
+        if not self.accel:
+            return []
+        self.instances = self._gather([a.__ray_call__.remote(_instances_of, self.accel) for a in self.actors], 60, "placement")
+        if self.share and self.spec.has_drafter and self.instances[self.spec.tp] != self.instances[0]:
+            self.drafter_note = (f"spectune: the drafter's {self.share:g} {self.accel} landed on {self.accel} {self.instances[self.spec.tp]}, "
+                                 f"not rank 0's {self.instances[0]}: it shares that device; the draft link stays on gloo (CPU)")
+            print(self.drafter_note, file=sys.stderr, flush=True)
+        return self.instances
+
     def setup(self) -> list[dict]:
+        self.check_placement()
         port = self._gather([self.actors[0].open_store.remote(self.res.setup_timeout_s)], self.res.setup_timeout_s, "rendezvous")[0]
         rdv = Rendezvous(host="127.0.0.1", port=port)  # STRICT_PACK: every rank is on rank 0's node
         return self._gather([a.setup.remote(rdv, self.res.setup_timeout_s) for a in self.actors], self.res.setup_timeout_s, "setup")
@@ -162,6 +203,10 @@ class RayGang:
 
     def pids(self) -> list[int]:
         return self._gather([a.pid.remote() for a in self.actors], 60, "pid")
+
+    def peak_rss_mb(self) -> list[float]:
+        """Each actor's peak resident memory so far, in MiB (verifier ranks first, then the drafter)."""
+        return self._gather([a.peak_rss_mb.remote() for a in self.actors], 60, "peak_rss_mb")
 
     def close(self) -> None:
         if self._closed:

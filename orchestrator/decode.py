@@ -252,8 +252,9 @@ def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
             log(f"baseline (k=0): {base.metrics['throughput_tok_s']:.1f} tok/s")
         spec = gang.run(workload)
         log(f"k={o.num_draft_tokens}: {spec.metrics['throughput_tok_s']:.1f} tok/s, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}")
+        rss = [round(mb, 1) for mb in gang.peak_rss_mb()[: o.tp]]  # each verifier rank's peak resident memory
     out: dict = {"params": params(o, p), **spec.metrics, "setup_s": max(s["setup_s"] for s in setup), "attention": attention,
-                 "fused_add_norm": any(s.get("fused_add_norm") for s in setup)}
+                 "fused_add_norm": any(s.get("fused_add_norm") for s in setup), "rank_peak_rss_mb": rss}
     if base is None and o.num_draft_tokens == 0:
         base = spec
     if base is not None:

@@ -30,6 +30,8 @@ import time
 import uuid
 from pathlib import Path
 
+from orchestrator.envpolicy import NVLS_OFF_ENV
+
 TOKEN_VAR = "SPECTUNE_DRIVER_TOKEN"
 
 
@@ -140,7 +142,7 @@ class DriverRecord:
         record = {"host": socket.gethostname(), "pid": os.getpid(), "start_time": start_time(os.getpid()),
                   "token": self.token, "ray_temp_dir": ray_temp_dir, "started": time.time()}
         self._write(record)
-        env = {k: v for k, v in os.environ.items() if k != TOKEN_VAR}
+        env = {**{k: v for k, v in os.environ.items() if k != TOKEN_VAR}, **NVLS_OFF_ENV}
         self.watchdog = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.drivers", "watch", self.token, str(self.path)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -18,6 +18,7 @@ import numpy as np
 
 from orchestrator.cluster import GangPool
 from orchestrator.config import ExperimentConfig
+from orchestrator.envpolicy import inherited_nccl_env
 from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.space import TrialConfig, suggest
@@ -132,7 +133,10 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
     simulated = cfg.workload.simulate_accept_len is not None and tc.num_draft_tokens > 0
     if simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
         tags["spectune.simulated_accept_len"] = f"{cfg.workload.simulate_accept_len:g}"
-    run_id = tracker.start_trial(trial.number, tc.params(), tags)
+    inherited = {k: v for k, v in inherited_nccl_env().items() if k not in dict(tc.nccl_env)}  # the driver's shell; actors get them too
+    if inherited:
+        tags["spectune.nccl_inherited"] = ",".join(inherited)
+    run_id = tracker.start_trial(trial.number, {**{f"nccl.{k}": v for k, v in inherited.items()}, **tc.params()}, tags)
     trial.set_user_attr("mlflow_run_id", run_id)
     state, reason, metrics = "FAIL", None, {}
     try:
@@ -141,7 +145,8 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=tc.num_draft_tokens == 0)
         trial.set_user_attr(heartbeat_attr, time.time())  # a gang launch can take minutes
         result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr)
-        metrics = {**result.metrics, "setup_s": pool.setup_s if pool.launched > before else 0.0}
+        metrics = {**result.metrics, "setup_s": pool.setup_s if pool.launched > before else 0.0,
+                   "rank_peak_rss_mb_max": max(gang.peak_rss_mb()[: tc.tp])}
         if per_repeat:
             metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
         digest = outputs_digest(result)[: len(prepared.token_ids)]  # one repeat: every repeat decodes the same prompts

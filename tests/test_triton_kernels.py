@@ -104,10 +104,11 @@ def test_gemv_bench_times_the_shapes_a_rank_runs(tmp_path, tp, heads, kv_heads):
     from workers.engine.fused_step import FusedStep
     from workers.kernels.gemv import step_shapes
     from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
-    from workers.model.tp import shard
+    from workers.model.tp import TPPart, hook
 
     cfg = tiny_config(num_attention_heads=heads, num_key_value_heads=kv_heads)
-    model = shard(load_model(write_random_checkpoint(tmp_path, cfg, seed=1), max_seq=32), 0, tp, NoOpAllReduce(None, tp))
+    part = TPPart(0, tp)
+    model = hook(load_model(write_random_checkpoint(tmp_path, cfg, seed=1), max_seq=32, tp=part), part, NoOpAllReduce(None, tp))
     fast = FusedStep(model, EngineConfig(compile=False))
     wqkv, _, wgu = fast.merged[0]
     layer = model.layers[0]

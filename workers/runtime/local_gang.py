@@ -5,7 +5,8 @@
         result = gang.run(workload)
 
 Processes are spawned fresh (no inherited threads or CUDA state) and meet through a FileStore in
-a temporary directory, so no port is ever chosen. Each serves typed commands from a pipe. Any
+a temporary directory, so no port is ever chosen. They start with NVLink multicast off in their
+environment (workers/runtime/nvls.py), inherited from this process. Each serves typed commands from a pipe. Any
 failure, a process that dies, or a deadline that passes tears the whole gang down (a rank that
 lost its peers would otherwise wait in a collective forever) and raises `GangError`.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from workers.runtime.errors import GangError
+from workers.runtime.nvls import nvls_off_here
 from workers.runtime.worker import Rendezvous
 from workers.spec import GangSpec, RunResult, Workload
 
@@ -33,6 +35,11 @@ class _Setup:
 @dataclass
 class _Run:
     workload: Workload
+
+
+@dataclass
+class _PeakRss:
+    pass
 
 
 @dataclass
@@ -52,7 +59,8 @@ def _serve(rank: int, spec: GangSpec, conn) -> None:
     from workers.runtime.worker import Worker
 
     worker = Worker(rank, spec)
-    handlers = {_Setup: lambda c: worker.setup(c.rendezvous, c.timeout_s), _Run: lambda c: worker.run(c.workload)}
+    handlers = {_Setup: lambda c: worker.setup(c.rendezvous, c.timeout_s), _Run: lambda c: worker.run(c.workload),
+                _PeakRss: lambda c: worker.peak_rss_mb()}
     try:
         while True:
             cmd = conn.recv()  # EOFError when the driver is gone: exit quietly
@@ -74,6 +82,7 @@ class LocalGang:
     def __init__(self, spec: GangSpec, timeout_s: float = 600.0):
         self.spec, self.timeout_s = spec, timeout_s
         self._tmp = tempfile.TemporaryDirectory(prefix="spectune-gang-")
+        nvls_off_here()  # a spawned process starts with this process's environment
         ctx = mp.get_context("spawn")
         self.conns, self.procs = [], []
         self._closed = False
@@ -128,6 +137,10 @@ class LocalGang:
 
     def run(self, workload: Workload) -> RunResult:
         return self._call_all(_Run(workload), self.timeout_s)[0]
+
+    def peak_rss_mb(self) -> list[float]:
+        """Each process's peak resident memory so far, in MiB (verifier ranks first, then the drafter)."""
+        return self._call_all(_PeakRss(), 60)
 
     def close(self, force: bool = False) -> None:
         if self._closed:

@@ -22,7 +22,7 @@ from workers.engine.link import MAX_DRAFT_TOKENS, DraftLink
 from workers.engine.steps import no_cudnn_attention
 from workers.engine.verifier import Verifier, run_drafter
 from workers.model.checkpoint import load_args, load_model
-from workers.model.tp import shard
+from workers.model.tp import TPPart, hook
 from workers.runtime.errors import WorkerError
 from workers.spec import GangSpec, RunResult, Workload
 
@@ -105,6 +105,7 @@ class Worker:
             store = getattr(self, "_store", None) or dist.TCPStore(rdv.host, rdv.port, spec.world_size, is_master=False, timeout=timeout)
             dist.init_process_group("gloo", store=store, rank=self.rank, world_size=spec.world_size, timeout=timeout)
         device = self._device()
+        self._devices, self._peers_ok = self._exchange_devices(device)
         # every process joins every new_group call, members or not; the TP group carries the
         # allreduces (NCCL on GPUs), the default group (gloo, CPU) the draft-link messages
         backend_cls = BACKENDS.get(spec.backend)
@@ -130,14 +131,12 @@ class Worker:
                 # the engine records whether it joins row-parallel outputs in the allreduce's kernel
                 # (the backend's capability is left as built)
                 engine = replace(engine, fused_add_norm=self._check_add_norm(allreduce, tp_group, args.dim, dtype, device))
-            model = load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq)
-            model = shard(model, self.rank, spec.tp, allreduce, spec.vocab_parallel)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()  # the unsharded copy is gone
+            part = TPPart(self.rank, spec.tp, spec.vocab_parallel)
+            model = hook(load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, tp=part), part, allreduce)
             self.verifier = Verifier(model, allreduce, self.link, self.rank, engine=engine,
                                      drafter=build_drafter(spec, device) if spec.drafter.in_verifier else None)
         info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0,
-                "pid": os.getpid(), "engine": spec.engine.describe()}
+                "pid": os.getpid(), "engine": spec.engine.describe(), "devices": list(self._devices), "p2p_ok": self._peers_ok}
         if self.verifier is not None:
             steps = self.verifier.steps
             info["engine"] = steps.engine.describe()  # as this rank runs it (fused_add_norm after the setup check)
@@ -194,17 +193,29 @@ class Worker:
         no_cudnn_attention()
         return torch.device("cuda", index)
 
+    def _exchange_devices(self, device: torch.device) -> tuple[tuple[int, ...], bool]:
+        """What each process really got, gathered over the gang (every process calls this): the
+        verifier ranks' device indices (as this node numbers them) and whether each verifier rank's
+        GPU can access every other rank's GPU directly (false when a peer's GPU is not visible here)."""
+        world = dist.get_world_size()
+        indices: list = [None] * world
+        dist.all_gather_object(indices, device.index if device.type == "cuda" else -1)
+        tp_indices = tuple(indices[: self.spec.tp])
+        ok = True
+        if device.type == "cuda" and not self.is_drafter:
+            n = torch.cuda.device_count()
+            ok = all(j == device.index or (0 <= j < n and torch.cuda.can_device_access_peer(device.index, j)) for j in tp_indices)
+        oks: list = [None] * world
+        dist.all_gather_object(oks, ok)
+        if device.type != "cuda":
+            return (), False
+        return tp_indices, all(oks[: self.spec.tp])
+
     def _tp_devices(self) -> tuple[int, ...]:
-        # one GPU per verifier rank by construction (local gang: GPU r; Ray: one GPU per bundle)
-        return tuple(range(self.spec.tp)) if self.spec.device == "cuda" else ()
+        return self._devices
 
     def _p2p_ok(self) -> bool:
-        if self.spec.device == "cpu":
-            return False
-        n = torch.cuda.device_count()
-        if n < self.spec.tp or _ray_gpu_index() is not None:
-            return True  # peers' GPUs unknown here (one visible, or Ray's choice): symm_mem's rendezvous reports a failure
-        return all(torch.cuda.can_device_access_peer(i, j) for i in range(self.spec.tp) for j in range(self.spec.tp) if i != j)
+        return self._peers_ok
 
     def run(self, workload: Workload) -> RunResult | None:
         if workload.num_draft_tokens > self.link.k:
@@ -216,6 +227,12 @@ class Worker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def peak_rss_mb(self) -> float:
+        """This process's peak resident memory so far (VmHWM), in MiB."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
     def shutdown(self) -> None:
         if dist.is_initialized():

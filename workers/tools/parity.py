@@ -17,13 +17,13 @@ import torch.distributed as dist
 def _rank_logits(rank: int, world: int, init: str, path: str, tokens: list[list[int]], vocab_parallel: bool, split: int, queue) -> None:
     from workers.comm import make_allreduce
     from workers.model.checkpoint import load_model
-    from workers.model.tp import shard
+    from workers.model.tp import TPPart, hook
 
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-        model = load_model(path)
-        model = shard(model, rank, world, make_allreduce("gloo", dist.group.WORLD, world), vocab_parallel)
+        part = TPPart(rank, world, vocab_parallel)  # read only this rank's slices, as a worker does
+        model = hook(load_model(path, tp=part), part, make_allreduce("gloo", dist.group.WORLD, world))
         with torch.inference_mode():
             x = torch.tensor(tokens)
             cache = model.new_cache(x.shape[0])

@@ -128,6 +128,9 @@ def profile_tp(model: str, tp: int, backend: str, widths: list[int], max_seq: in
     import multiprocessing as mp
     import tempfile
 
+    from workers.runtime.nvls import nvls_off_here
+
+    nvls_off_here()  # the ranks start with it: NCCL and symmetric memory read it when they initialise
     spec = dict(model_path=model, tp=tp, backend=backend, dtype="bfloat16", device="cuda", max_seq=max_seq, vocab_parallel=True)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

@@ -1,0 +1,118 @@
+"""NVLink multicast is off in the environment every process spectune starts begins with: the ranks of
+`spectune decode --tp 2` and, with `--ray`, the embedded Ray's GCS, raylet, agents and the actors,
+started from a shell that lacks the three variables. The test reads /proc/PID/environ (the
+environment a process was started with) of every descendant of the driver while it runs.
+
+Ray renames some of its Python processes (setproctitle), which overwrites the start of their
+environment block in /proc; for such a process the variables that survive are checked and its
+parent, whose environment it inherited, must carry all three.
+
+    .venv/bin/python -m pytest tests/test_nvls_env.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from workers.runtime.nvls import NVLS_OFF_ENV
+
+WANT = [f"{k}={v}".encode() for k, v in NVLS_OFF_ENV.items()]
+
+
+def _ppids() -> dict[int, int]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                out[int(name)] = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _descendants(root: int, ppids: dict[int, int]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid in ppids.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _watch(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, dict[int, dict]]:
+    """Run `spectune args`; while it runs, read every descendant's cmdline and environ (the latest
+    reading of each process is kept: a child caught between fork and exec still shows its parent's)."""
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    seen: dict[int, dict] = {}
+    try:
+        while proc.poll() is None:
+            ppids = _ppids()
+            for pid in _descendants(proc.pid, ppids):
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                seen[pid] = {"cmd": cmd, "env": environ, "ppid": ppids.get(pid)}
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode()), seen
+
+
+def _clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in NVLS_OFF_ENV and k != "RAY_ADDRESS"}
+    return {**env, "RAY_AUTH_MODE": "disabled", **extra}
+
+
+def _has_all(entries: list[bytes]) -> bool:
+    return all(w in entries for w in WANT)
+
+
+def _name(s: dict) -> str:
+    return s["cmd"].split(b"\0")[0].decode(errors="replace")
+
+
+def test_local_gang_ranks_start_with_nvls_off(tiny_ckpt):
+    r, seen = _watch(["decode", "--model", str(tiny_ckpt), "--tp", "2", "--drafter", "ngram", "-k", "2",
+                      "--num-prompts", "1", "--max-new-tokens", "8", "--json"], _clean_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    rss = json.loads(r.stdout)["rank_peak_rss_mb"]  # each verifier rank's peak resident memory (torch alone is > 100 MiB)
+    assert len(rss) == 2 and all(100 < mb < 4096 for mb in rss), rss
+    ranks = [pid for pid, s in seen.items() if b"spawn_main" in s["cmd"]]
+    assert len(ranks) >= 2, {pid: _name(s) for pid, s in seen.items()}
+    missing = {pid: _name(s) for pid, s in seen.items() if not _has_all(s["env"])}
+    assert not missing, f"started without NVLink multicast off: {missing}"
+
+
+def test_ray_processes_and_actors_start_with_nvls_off(tiny_ckpt):
+    from studyutil import ray_temp_dir
+
+    env = _clean_env(SPECTUNE_RAY_TMPDIR=ray_temp_dir())
+    r, seen = _watch(["decode", "--ray", "--model", str(tiny_ckpt), "--tp", "2", "--drafter", "ngram", "-k", "2",
+                      "--num-prompts", "1", "--max-new-tokens", "8", "--json"], env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    names = {pid: _name(s) for pid, s in seen.items()}
+    assert any(n.endswith("gcs_server") for n in names.values()) and any(n.endswith("raylet") for n in names.values()), names
+    actors = [pid for pid, n in names.items() if n.startswith("ray::Worker")]
+    assert len(actors) >= 2, names
+    intact = {pid for pid, s in seen.items() if s["env"] and s["env"][0]}  # a renamed process's block starts with its title's padding
+    for pid, s in seen.items():
+        if pid in intact:
+            assert _has_all(s["env"]), f"{names[pid]} (pid {pid}) started without NVLink multicast off"
+        else:
+            parent = seen.get(s["ppid"])
+            assert parent is not None and s["ppid"] in intact and _has_all(parent["env"]), \
+                f"{names[pid]} (pid {pid}): its parent {s['ppid']} does not carry NVLink multicast off"
+            for key, want in zip(NVLS_OFF_ENV, WANT):  # what survived the rename is right
+                assert not any(e.startswith(key.encode() + b"=") and e != want for e in s["env"]), (names[pid], key)
