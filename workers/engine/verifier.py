@@ -234,6 +234,8 @@ class Verifier:
             prompts.append(PromptResult(tokens=out, seconds=seconds, steps=steps, accepted=accepted, prefill_s=prefill_s,
                                         margins=relative_margins(top2)))
         split = self.comm_split(w.num_draft_tokens + 1, w.comm_ablation_iters) if w.comm_ablation_iters and self.allreduce.world_size > 1 else {}
+        if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:
+            check()  # a rank that fell behind during the timed steps left wrong sums: this rank raises, the trial fails
         if self.rank != 0:
             return None
         return RunResult(prompts=prompts, stats=stats, num_draft_tokens=w.num_draft_tokens, ablation=split)
