@@ -1,7 +1,11 @@
-"""`spectune run`: the Optuna study loop. Create or load the study, recover trials a dead driver
-left RUNNING, enqueue the baseline, then ask -> run on a Ray gang -> tell until `study.n_trials`
-trials are COMPLETE. Rerunning the same command resumes; Ctrl-C, `ray job stop` (SIGTERM) and
-crashes never lose a finished trial, and the interrupted one is retried with the same params.
+"""`spectune run`: the Optuna study loop. Create or load the study (a resumed study must keep its
+fixed part, orchestrator/fixedpart.py), recover trials a dead driver left RUNNING (a driver is its
+host, pid and the pid's start time), enqueue the k = 0 baseline once per TP size (searched k or
+not), then ask -> run on a Ray gang -> tell until `study.n_trials` trials are COMPLETE, or until
+`study.max_failed_trials` trials failed in this run. Rerunning the same command resumes; Ctrl-C,
+`ray job stop` (SIGTERM) and crashes never lose a finished trial, and the interrupted one is retried
+with the same params. The summary's "ranking" (orchestrator/ranking.py) pools repeated
+configurations and says whether the winner is ahead of the runner-up by more than the noise.
 
     spectune run experiments/smoke-cpu.yaml --set study.n_trials=8
 """

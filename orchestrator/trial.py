@@ -1,6 +1,13 @@
 """One trial: suggest its config, get a gang, decode the workload prompt by prompt (reporting to
 the pruner), compare with the baseline, and record everything in Optuna and MLflow.
 
+The baseline (k = 0) decodes its workload max(workload.repeats, study.baseline_repeats) times, so the
+noise of a measurement is known before anything is ranked. speedup_vs_baseline = the trial's median
+throughput over its repeats / the median over every repeat of the k = 0 trials at the same TP size.
+User attrs for readers (orchestrator/ranking.py): `spectune.params` (every resolved parameter, also
+the MLflow params) and `spectune.repeat_tok_s` (throughput of each repeat). A trial that violates a
+constraint of the space (space.constraint_violation) is recorded PRUNED with the reason, never run.
+
 Outcomes: COMPLETE (a value), PRUNED (clearly losing), FAIL (the gang failed, a backend refused,
 or the result is invalid: greedy output that differs from the baseline). FAIL and invalid
 trials never become the best. The MLflow run always ends, whatever happens.
