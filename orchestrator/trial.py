@@ -115,7 +115,7 @@ def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int) -> tup
             mine.append(gang.run(w, timeout_s=left))
             trial.report(RunResult.merge(parts + mine).metrics["throughput_tok_s"], r * n + i)
             trial.set_user_attr(heartbeat_attr, time.time())
-            if trial.should_prune():
+            if tc.num_draft_tokens > 0 and trial.should_prune():  # the baseline is the reference: never pruned
                 return RunResult.merge(parts + mine), True, per_repeat
         parts += mine
         per_repeat.append(RunResult.merge(mine).metrics["throughput_tok_s"])
