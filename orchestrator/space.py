@@ -122,6 +122,19 @@ def constraint_violation(tc: TrialConfig) -> str | None:
     return None
 
 
+def check_constraints(cfg: ExperimentConfig) -> None:
+    """A space whose every trial would violate a constraint is bad input (the study would never finish)."""
+    for lo, hi in NCCL_ORDERED:
+        values = [[v for v in (candidates(cfg, f"nccl.{var}") if f"nccl.{var}" in cfg.search.space else [cfg.parallel.nccl_env.get(var)])
+                   if v is not None] for var in (lo, hi)]
+        try:
+            never = all(values) and min(int(v) for v in values[0]) > max(int(v) for v in values[1])
+        except ValueError:
+            continue  # not integers: NCCL itself rejects them at start-up
+        if never:
+            raise UserError(f"search.space.nccl.{lo}: every value is above every {hi} value (min must be <= max)")
+
+
 def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:
     """Searched values on top of the YAML defaults."""
     d = cfg.drafter

@@ -28,7 +28,7 @@ from orchestrator.errors import UserError, is_write_race
 from orchestrator.fixedpart import check_resume, record as record_fixed
 from orchestrator.progress import Progress
 from orchestrator.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
-from orchestrator.space import CategoricalParam, IntParam, baseline_params, candidates, grid_space
+from orchestrator.space import CategoricalParam, IntParam, baseline_params, candidates, check_constraints, grid_space
 from orchestrator.tracking import Tracker, resolve_uri
 from orchestrator.trial import TrialOutcome, run_trial
 from orchestrator.validate import check_experiment
@@ -328,6 +328,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
     warnings.filterwarnings("ignore", message="Some regimes for parameter")
     # every input is checked before anything launches or is written: YAML, model, prompts, storage, resources
     prepared = check_experiment(cfg)
+    check_constraints(cfg)
     home = spectune_home()
     embedded = not os.environ.get("RAY_ADDRESS") and not ray.is_initialized()
     if embedded:

@@ -4,17 +4,18 @@ studies (in memory) with known measurements."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from orchestrator.config import ExperimentConfig
+from orchestrator.config import ExperimentConfig, load_config
 from orchestrator.errors import UserError
 from orchestrator.fixedpart import FIXED_ATTR, check_resume, differences, fixed_part, record
 from orchestrator.ranking import PARAMS_ATTR, SAMPLES_ATTR, MAD_TO_SIGMA, noise_aware_pruner, rank
-from orchestrator.space import constraint_violation, resolve
+from orchestrator.space import check_constraints, constraint_violation, resolve
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -110,6 +111,12 @@ def test_nccl_min_channels_above_max_is_a_violation():
         "constraint: NCCL_MIN_NCHANNELS=8 is above NCCL_MAX_NCHANNELS=2 (min must be <= max); not run")
     assert constraint_violation(resolve({"nccl.NCCL_MIN_NCHANNELS": 2, "nccl.NCCL_MAX_NCHANNELS": 2, "comm.backend": "nccl"}, c)) is None
     assert constraint_violation(resolve({"nccl.NCCL_MIN_NCHANNELS": 8}, c)) is None  # no max: NCCL's own default
+    # a space where no trial can satisfy it is refused before anything runs; one where some can is fine
+    never = c.model_copy(update={"search": c.search.model_validate(
+        {"space": {"comm.backend": "nccl", "nccl.NCCL_MIN_NCHANNELS": {"choices": [8, 16]}, "nccl.NCCL_MAX_NCHANNELS": {"choices": [2, 4]}}})})
+    with pytest.raises(UserError, match="search.space.nccl.NCCL_MIN_NCHANNELS: every value is above"):
+        check_constraints(never)
+    check_constraints(load_config(Path(__file__).parents[1] / "experiments" / "tp8-pcie.yaml"))
 
 
 def test_a_constraint_violating_trial_is_recorded_pruned_and_never_run(tmp_path):
