@@ -203,7 +203,7 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
             trial.set_user_attr(BASELINE_OUTPUTS_ATTR, json.dumps(
                 {"tokens": [p.tokens for p in first], "margins": [[round(m, 6) for m in p.margins] for p in first]}))
         if pruned:
-            state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt"
+            state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt, and outside the noise band of the best"
             study.tell(trial, state=TrialState.PRUNED)
         elif metrics.get("outputs_match_baseline") == 0:
             state, reason = "FAIL", "invalid: greedy output differs from the baseline"
