@@ -181,7 +181,8 @@ class StudySection(_Section):
     sampler: Literal["tpe", "random", "grid", "gp"] = "tpe"
     seed: int | None = 0
     pruner: Literal["percentile", "median", "none"] = "percentile"
-    baseline: bool = True  # enqueue k = 0 first
+    baseline: bool = True  # enqueue k = 0 first (once per TP size), also when k is not searched
+    baseline_repeats: int = Field(3, ge=1, le=20)  # the baseline measures its workload this many times (noise band)
     mad_penalty: float = Field(1.0, ge=0)  # objective = median throughput - mad_penalty x MAD over repeats
     bench_allreduce: bool = False  # before the trials: time the allreduce backends, log table + plot to the parent run
     max_failed_trials: int | None = Field(None, ge=0)  # default: n_trials

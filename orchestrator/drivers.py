@@ -121,9 +121,19 @@ def kill_token(token: str, session_dir: str | None = None, rounds: int = 20) -> 
     return len(killed)
 
 
-def _alive(pid: int, born: int | None) -> bool:
+def process_alive(pid: int, born: int | None) -> bool:
+    """The process `pid` exists and, given its recorded start time `born`, is still the same process
+    (a pid is reused once its process is gone; pid and start time together name one process)."""
     now = start_time(pid)
-    return now is not None and (born is None or now == born)
+    if now is None:  # no /proc entry (gone), or no /proc at all: ask the kernel about the pid alone
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return not os.path.isdir("/proc")
+    return born is None or now == born
 
 
 class DriverRecord:
@@ -182,7 +192,7 @@ def reap_dead(home: Path, log) -> int:
             rec = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if rec.get("host") != host or _alive(int(rec["pid"]), rec.get("start_time")):
+        if rec.get("host") != host or process_alive(int(rec["pid"]), rec.get("start_time")):
             continue
         killed = kill_token(str(rec["token"]), rec.get("session_dir"))
         path.unlink(missing_ok=True)

@@ -9,7 +9,8 @@ A study: its COMPLETE trials (`--run` first runs or resumes it with `spectune ru
 subprocess, so one command measures and checks). `--decode`: `spectune decode --json` outputs
 instead, one "trial" each (e.g. results/h200-2026-11-30/, with its bench_allreduce.json).
 Prints one line per held-out trial (measured and predicted decode tok/s, the error, the allreduce
-term its fit used) and then `median |error| ... = X%`; exits 1 when that is above `--max-error`.
+term its fit used and how), the trials that could not be predicted and why, and then
+`median |error| ... = X%`; exits 1 when that is above `--max-error`.
 `--allreduce`: auto (the table where it agrees with the trials' own allreduce measurement, the
 report's choice), bench (the table wherever it has the setup, even where it disagrees), fitted
 (ignore any table). `spectune report` uses the helpers here for its performance-model section.
@@ -25,32 +26,36 @@ from pathlib import Path
 
 from orchestrator.config import ExperimentConfig, load_config, spectune_home
 from orchestrator.errors import UserError
-from orchestrator.perfmodel import BenchComm, TrialPoint, comm_check, env_label, fit, loo_error
+from orchestrator.perfmodel import BenchComm, TrialPoint, comm_check, env_label, fit, loo_error, loo_predictions
+from orchestrator.ranking import trial_params
+
+TERM_NAMES = {"bench": "bench-derived", "fitted": "fitted", "backend": "fitted per backend + NCCL corrections"}
 
 
-def _setup(cfg: ExperimentConfig, params: dict) -> tuple[int, str]:
-    """(TP size, env label) of a trial: its backend and, for nccl, every NCCL variable it ran with."""
+def _setup(cfg: ExperimentConfig, params: dict) -> tuple[int, str, str, tuple[str, ...]]:
+    """(TP size, env label, family, NCCL settings) of a trial: its backend and, for nccl, every NCCL
+    variable it ran with (the label names the setup; family and settings let the model share terms)."""
     tp, backend = int(params.get("parallel.tp", cfg.parallel.tp)), str(params.get("comm.backend", cfg.parallel.backend))
     nccl = {**cfg.parallel.nccl_env, **{k.removeprefix("nccl."): v for k, v in params.items() if k.startswith("nccl.")}}
-    label = ",".join(f"{k}={v}" for k, v in sorted(nccl.items())) if backend == "nccl" else ""
-    return tp, env_label(tp, backend, label or "default")
+    settings = tuple(f"{k}={v}" for k, v in sorted(nccl.items())) if backend == "nccl" else ()
+    return tp, env_label(tp, backend, ",".join(settings) or "default"), env_label(tp, backend), settings
 
 
 def trial_points(trials, cfg: ExperimentConfig) -> list[TrialPoint]:
     points = []
     for t in trials:
-        u, p = t.user_attrs, t.params
+        u, p = t.user_attrs, trial_params(t)  # resolved: a fixed k or drafter counts as much as a searched one
         if "step_ms_p50" not in u:
             continue
         k = int(p.get("spec.num_draft_tokens", cfg.drafter.num_draft_tokens))
         rates = tuple(u[f"accept_rate_pos_{i}"] for i in range(1, k + 1) if f"accept_rate_pos_{i}" in u)
-        tp, env = _setup(cfg, p)
+        tp, env, family, settings = _setup(cfg, p)
         points.append(TrialPoint(
             env=env, kind=p.get("drafter.kind", cfg.drafter.kind) if k else "none", k=k,
             step_ms=u["step_ms_p50"], accept_len=u.get("accept_len_mean", 1.0),
             throughput=u.get("decode_tok_s", u.get("throughput_tok_s", t.value)), accept_rates=rates,
             verify_ms=u.get("verify_ms_p50"), draft_ms=u.get("draft_ms_p50", 0.0),
-            tp=tp, comm_ms=u.get("comm_ms_per_step") if tp > 1 else None, trial=t.number,
+            tp=tp, comm_ms=u.get("comm_ms_per_step") if tp > 1 else None, trial=t.number, family=family, settings=settings,
         ))
     return points
 
@@ -103,20 +108,29 @@ def model_summary(points: list[TrialPoint], comm: BenchComm | None, note: str,
                   max_comm_ratio: float = 2.0) -> tuple[object, list, dict]:
     """Fit, leave-one-out predictions and the facts the report shows about the performance model."""
     model = fit(points, comm, max_comm_ratio) if points else None
-    err, preds = loo_error(points, comm, max_comm_ratio) if len(points) > 2 else (float("nan"), [])
+    if len(points) > 2:
+        predictions, missed = loo_predictions(points, comm, max_comm_ratio)
+        err = loo_error(points, comm, max_comm_ratio)[0]
+    else:
+        predictions, missed = [], [(p, "fewer than 3 trials with step timings: no leave-one-out") for p in points]
+        err = float("nan")
+    preds = [(x.point, x.predicted, x.term) for x in predictions]
     rows = []
-    for p, v, term in preds:
+    for x in predictions:
+        p, v = x.point, x.predicted
         seen = p.k == 0 or sum(q.kind == p.kind for q in points) > 1  # another trial tells the fit this drafter's cost
         rows.append({"trial": p.trial, "env": p.env, "kind": p.kind, "k": p.k, "accept_len": round(p.accept_len, 3),
                      "measured_tok_s": round(p.throughput, 3), "predicted_tok_s": round(v, 3),
                      "rel_error": round((v - p.throughput) / p.throughput, 4), "drafter_in_fit": seen,
-                     "allreduce_term": "bench-derived" if term == "bench" else "fitted"})
+                     "allreduce_term": TERM_NAMES[x.term], "how": x.how})
+    # every trial with step timings is either predicted (rows) or named here with the reason
     facts = {"model_loo_median_rel_error": err, "model_loo_trials": len(preds), "model_loo_predictions": rows,
+             "model_loo_not_predicted": [{"trial": p.trial, "env": p.env, "reason": why} for p, why in missed],
              "allreduce_term": {}, "allreduce_term_why": {}, "comm_check": {}}
     if model is not None:
         for e in model.envs:
             bench = model.source(e) == "bench"
-            facts["allreduce_term"][e] = "bench-derived" if bench else "fitted"
+            facts["allreduce_term"][e] = TERM_NAMES.get(model.source(e), "fitted")
             if e in model.rejected:
                 lo, hi = model.rejected[e]
                 note_e = (f"the allreduce table disagrees with the allreduce time its trials measured "
@@ -231,12 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     for r in facts["model_loo_predictions"]:
         print(f"{r['trial']:>5} {r['env'][:24]:<24} {r['allreduce_term']:<13} {r['kind']:<11} {r['k']:>2} {r['accept_len']:>6.2f} "
               f"{r['measured_tok_s']:>9.2f} {r['predicted_tok_s']:>9.2f} {r['rel_error']:>+7.1%}"
-              + ("" if r["drafter_in_fit"] else "  (drafter in no other trial: draft time taken as 0)"))
+              + ("" if r["drafter_in_fit"] else "  (drafter in no other trial: draft time taken as 0)")
+              + (f"  [{r['how']}]" if r["allreduce_term"] not in ("fitted", "bench-derived") else ""))
+    for r in facts["model_loo_not_predicted"]:
+        print(f"{r['trial']:>5} {r['env'][:24]:<24} not predicted: {r['reason']}")
     err = facts["model_loo_median_rel_error"]
     print("(each trial predicted by a fit on the others, with its own measured accepted length; "
           "allreduce: the term that fit used for its setup)")
+    missed = len(facts["model_loo_not_predicted"])
     print(f"median |error| predicting decode tok/s of trials left out of the fit: {err:.1%} "
-          f"({facts['model_loo_trials']} trials)")
+          f"({facts['model_loo_trials']} trials" + (f"; {missed} could not be predicted, named above)" if missed else ")"))
     if "model_loo_median_rel_error_fitted_term" in facts:
         fitted = facts["model_loo_median_rel_error_fitted_term"]
         print("  with every allreduce term fitted instead: " + (f"{fitted:.1%}" if fitted == fitted else  # NaN: no fit

@@ -18,6 +18,13 @@ size (compute does not depend on how the sums travel), and one slope b per score
 model also predicts setups no trial tried, as long as the table timed them at a tried TP size.
 Without a table for a setup ("fitted" term, e.g. a CPU study with study.bench_allreduce off), that
 setup gets its own fitted constant a[env], which holds its allreduces and its compute together.
+A setup no trial ran and no table timed is predicted from its family (TP size and backend, e.g.
+"tp8 nccl") where other setups of the family were fitted ("backend" term): the fitted constants of
+the family are explained as a base plus one additive correction per NCCL variable setting,
+    a[env] = base[family] + sum over NCCL_X=v of env: d[family][NCCL_X=v]
+(least squares over the family's fitted setups; a tiny penalty on the corrections alone keeps them
+at zero where the setups do not tell them apart), so a trial with a new combination of known NCCL
+settings is predicted; a setting no other trial used gets correction 0 and is named.
 The table must describe the trials: a setup where some trial measured an allreduce time per step
 (comm_ms_per_step, the step timed with and without its allreduces) more than `max_comm_ratio` (2x)
 away from the table's gets the fitted term too (`PerfModel.rejected` keeps the measured / table
@@ -35,6 +42,7 @@ Speculation with k drafts beats plain decoding under the same env iff
 Pure numpy: `fit` on `TrialPoint`s (plus an optional `BenchComm`); `loo_error` predicts each trial
 from a fit on the others; `comm_check` compares the bench-derived allreduce time with the one the
 trials measured themselves (comm_ms_per_step, from the step timed with the allreduce disabled).
+`loo_predictions` also names the trials it could not predict, and why.
 `python -m orchestrator.perfcheck EXP.yaml` prints the leave-one-out figures of a study.
 """
 from __future__ import annotations
@@ -64,6 +72,20 @@ class TrialPoint:
     tp: int = 0  # TP size of `env` (groups the compute constant)
     comm_ms: float | None = None  # allreduce time per step the trial measured (comm_ms_per_step)
     trial: int | None = None  # Optuna trial number, for reports
+    family: str = ""  # TP size and backend, e.g. "tp2 nccl" (default: parsed from env)
+    settings: tuple[str, ...] = ()  # the NCCL variables of env, "NCCL_X=v" (default: parsed from env)
+
+
+def parse_env(env: str) -> tuple[str, tuple[str, ...]]:
+    """(family, NCCL settings) of an env label: "tp2 nccl A=1,B=2" -> ("tp2 nccl", ("A=1", "B=2"))."""
+    words = env.split(" ")
+    n = 2 if len(words) > 1 and words[0].startswith("tp") and words[0][2:].isdigit() else 1
+    rest = " ".join(words[n:])
+    return " ".join(words[:n]), tuple(sorted(x for x in rest.split(",") if "=" in x))
+
+
+def point_parts(p: TrialPoint) -> tuple[str, tuple[str, ...]]:
+    return (p.family, tuple(sorted(p.settings))) if p.family else parse_env(p.env)
 
 
 def latency_us(rows: list[dict], backend: str, env: str, size_bytes: int, mode: str = "graph", tp: int | None = None) -> float | None:
@@ -130,14 +152,28 @@ class PerfModel:
     a0: dict[int, float] = field(default_factory=dict)  # "bench" envs: fixed compute per TP size
     comm: BenchComm | None = None
     rejected: dict[str, tuple[float, float]] = field(default_factory=dict)  # table disagrees: measured / table range
+    base: dict[str, float] = field(default_factory=dict)  # "backend" term: per family, the constant of its setups
+    corrections: dict[str, dict[str, float]] = field(default_factory=dict)  # per family: "NCCL_X=v" -> correction
+    parts: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # env -> (family, settings)
+
+    def parts_of(self, env: str) -> tuple[str, tuple[str, ...]]:
+        return self.parts.get(env) or parse_env(env)
 
     def source(self, env: str) -> str:
-        """Which allreduce term `env` uses: "bench" (the table's latency) or "fitted" (in a[env])."""
+        """Which allreduce term `env` uses: "bench" (the table's latency), "fitted" (in a[env]),
+        "backend" (its family's base and NCCL corrections) or "unknown"."""
         if env in self.a:
             return "fitted"
         if self.comm is not None and env in self.comm.setups and self.comm.setups[env][0] in self.a0 and env not in self.rejected:
             return "bench"
+        if self.parts_of(env)[0] in self.base:
+            return "backend"
         return "unknown"
+
+    def unknown_settings(self, env: str) -> list[str]:
+        """NCCL settings of `env` no fitted setup of its family had (their correction is taken as 0)."""
+        family, settings = self.parts_of(env)
+        return [s for s in settings if s not in self.corrections.get(family, {})]
 
     def comm_ms(self, env: str, k: int) -> float | None:
         """The bench-derived allreduce time per step (None for a fitted env: it is inside a[env])."""
@@ -149,6 +185,10 @@ class PerfModel:
             return self.a0[self.comm.setups[env][0]] + self.b * (k + 1) + self.comm.ms(env, k)
         if src == "fitted":
             return self.a[env] + self.b * (k + 1)
+        if src == "backend":
+            family, settings = self.parts_of(env)
+            d = self.corrections.get(family, {})
+            return self.base[family] + sum(d.get(x, 0.0) for x in settings) + self.b * (k + 1)
         return float(np.mean([self.verify_ms(e, k) for e in self.envs]))  # never seen: the average setup
 
     def step_ms(self, env: str, kind: str, k: int) -> float:
@@ -236,31 +276,82 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
             rates[kind] = list(longest.accept_rates)
     # every setup the model can speak for: the trials' and the table's at a TP size with a fitted a0
     untried = {e for e, (tp, _, _) in comm.setups.items() if tp in a0 and e not in rejected} if comm is not None else set()
+    parts = {p.env: point_parts(p) for p in points}
+    base, corrections = _families(a, parts)
     return PerfModel(envs=sorted({p.env for p in points} | untried), kinds=kinds, a=a, b=float(coef[-1]), c=c,
-                     rates=rates, overhead=overhead, a0=a0, comm=comm if a0 else None, rejected=rejected)
+                     rates=rates, overhead=overhead, a0=a0, comm=comm if a0 else None, rejected=rejected,
+                     base=base, corrections=corrections, parts=parts)
+
+
+def _families(a: dict[str, float], parts: dict[str, tuple[str, tuple[str, ...]]]) -> tuple[dict, dict]:
+    """Per family of fitted setups: a[env] ~ base + sum of its settings' corrections (least squares,
+    a tiny ridge on the corrections only: unidentified ones stay 0, the base takes the mean)."""
+    base: dict[str, float] = {}
+    corrections: dict[str, dict[str, float]] = {}
+    for family in sorted({parts[e][0] for e in a}):
+        envs = [e for e in sorted(a) if parts[e][0] == family]
+        settings = sorted({x for e in envs for x in parts[e][1]})
+        X = np.zeros((len(envs), len(settings) + 1))
+        X[:, 0] = 1.0
+        for i, e in enumerate(envs):
+            for x in parts[e][1]:
+                X[i, 1 + settings.index(x)] = 1.0
+        y = np.array([a[e] for e in envs])
+        penalty = np.eye(X.shape[1]) * 1e-6 * max(1.0, float(np.trace(X.T @ X)) / X.shape[1])
+        penalty[0, 0] = 0.0
+        coef = np.linalg.solve(X.T @ X + penalty, X.T @ y)
+        base[family] = float(coef[0])
+        corrections[family] = {x: float(coef[1 + j]) for j, x in enumerate(settings)}
+    return base, corrections
+
+
+@dataclass(frozen=True)
+class Prediction:
+    point: TrialPoint
+    predicted: float  # decode tok/s
+    term: str  # allreduce term of its setup in the fit on the others: bench | fitted | backend
+    how: str  # one line: how its allreduce term was obtained
+
+
+def loo_predictions(points: list[TrialPoint], comm: BenchComm | None = None,
+                    max_comm_ratio: float = 2.0) -> tuple[list[Prediction], list[tuple[TrialPoint, str]]]:
+    """Each trial predicted by a fit on the others (with its own measured accepted length: the model
+    predicts speed, acceptance is the drafter's). Its setup's allreduce term: the table's ("bench"),
+    its own fitted constant when other trials ran the same setup ("fitted"), else its family's base
+    plus NCCL corrections ("backend"). A trial whose drafter kind no other trial used is kept, its draft
+    time predicted as 0. Returns the predictions and the trials that could not be predicted, with why."""
+    preds, missed = [], []
+    for i, p in enumerate(points):
+        rest = points[:i] + points[i + 1 :]
+        if not rest:
+            missed.append((p, "no other trial to fit on"))
+            continue
+        model = fit(rest, comm, max_comm_ratio)
+        family, _ = model.parts[p.env] = point_parts(p)
+        src = model.source(p.env)
+        if src == "unknown":
+            missed.append((p, f"no other trial ran {family} and no allreduce table row has {p.env}"))
+            continue
+        if src == "bench":
+            how = "allreduce time from the table, compute fitted on the others"
+        elif src == "fitted":
+            how = "fitted constant of its setup (other trials ran it)"
+        else:
+            unknown = model.unknown_settings(p.env)
+            how = f"base of {family} + NCCL corrections" + (f"; no other trial set {', '.join(unknown)}: taken as 0" if unknown else "")
+        preds.append(Prediction(p, model.throughput(p.env, p.kind, p.k, accept_len=p.accept_len), src, how))
+    return preds, missed
 
 
 def loo_error(points: list[TrialPoint], comm: BenchComm | None = None,
               max_comm_ratio: float = 2.0) -> tuple[float, list[tuple[TrialPoint, float, str]]]:
-    """Median |predicted - measured| / measured throughput, each trial predicted by a fit on the others
-    (its own measured accepted length is used: the model predicts speed, acceptance is the drafter's).
-    A trial whose setup the others cannot speak for (no other trial under it, no table row) is skipped;
-    one whose drafter kind no other trial used is kept, its draft time predicted as 0 (the fit knows
-    nothing of that drafter's cost): usually the worst prediction, left in to keep the figure honest.
-    Returns the median and (trial, predicted throughput, allreduce term its fit used) per trial."""
-    preds = []
-    for i, p in enumerate(points):
-        rest = points[:i] + points[i + 1 :]
-        if not rest:
-            continue
-        model = fit(rest, comm, max_comm_ratio)
-        if model.source(p.env) == "unknown":
-            continue
-        preds.append((p, model.throughput(p.env, p.kind, p.k, accept_len=p.accept_len), model.source(p.env)))
+    """Median |predicted - measured| / measured throughput over `loo_predictions`, and (trial, predicted
+    throughput, allreduce term its fit used) per predicted trial (`loo_predictions` names the others)."""
+    preds = loo_predictions(points, comm, max_comm_ratio)[0]
     if not preds:
         return float("nan"), []
-    errs = [abs(pred - p.throughput) / p.throughput for p, pred, _ in preds]
-    return float(np.median(errs)), preds
+    errs = [abs(x.predicted - x.point.throughput) / x.point.throughput for x in preds]
+    return float(np.median(errs)), [(x.point, x.predicted, x.term) for x in preds]
 
 
 def comm_check(points: list[TrialPoint], comm: BenchComm | None) -> dict[str, tuple[float, float, float]]:

@@ -94,14 +94,45 @@ def _suggest_one(trial, name: str, p) -> Any:
     return p  # a fixed value
 
 
-def suggest(trial, cfg: ExperimentConfig) -> TrialConfig:
-    """Ask `trial` (an optuna.Trial, or anything with suggest_*) for every active parameter."""
-    values: dict[str, Any] = {}
+def suggest(trial, cfg: ExperimentConfig, fixed: dict[str, Any] | None = None) -> TrialConfig:
+    """Ask `trial` (an optuna.Trial, or anything with suggest_*) for every active parameter.
+    `fixed` values (e.g. k = 0 for the baseline of a study that does not search k) are decided
+    before the space and never suggested; parameters they deactivate are not suggested either."""
+    values: dict[str, Any] = dict(fixed or {})
     for name in ordered_names(cfg):
         p = cfg.search.space[name]
-        if _active(name, p, values, cfg):
+        if name not in values and _active(name, p, values, cfg):
             values[name] = _suggest_one(trial, name, p)
     return resolve(values, cfg)
+
+
+# (lower, upper) NCCL variable pairs: a trial whose lower bound is above its upper bound is not run
+NCCL_ORDERED = (("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"), ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS"))
+
+
+def constraint_violation(tc: TrialConfig) -> str | None:
+    """Why `tc` must not run (one line), or None. Rule: min <= max for each pair of NCCL_ORDERED."""
+    env = dict(tc.nccl_env)
+    for lo, hi in NCCL_ORDERED:
+        try:
+            if lo in env and hi in env and int(env[lo]) > int(env[hi]):
+                return f"constraint: {lo}={env[lo]} is above {hi}={env[hi]} (min must be <= max); not run"
+        except ValueError:
+            continue  # not integers: NCCL itself rejects them at start-up
+    return None
+
+
+def check_constraints(cfg: ExperimentConfig) -> None:
+    """A space whose every trial would violate a constraint is bad input (the study would never finish)."""
+    for lo, hi in NCCL_ORDERED:
+        values = [[v for v in (candidates(cfg, f"nccl.{var}") if f"nccl.{var}" in cfg.search.space else [cfg.parallel.nccl_env.get(var)])
+                   if v is not None] for var in (lo, hi)]
+        try:
+            never = all(values) and min(int(v) for v in values[0]) > max(int(v) for v in values[1])
+        except ValueError:
+            continue  # not integers: NCCL itself rejects them at start-up
+        if never:
+            raise UserError(f"search.space.nccl.{lo}: every value is above every {hi} value (min must be <= max)")
 
 
 def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:

@@ -1,7 +1,11 @@
-"""`spectune run`: the Optuna study loop. Create or load the study, recover trials a dead driver
-left RUNNING, enqueue the baseline, then ask -> run on a Ray gang -> tell until `study.n_trials`
-trials are COMPLETE. Rerunning the same command resumes; Ctrl-C, `ray job stop` (SIGTERM) and
-crashes never lose a finished trial, and the interrupted one is retried with the same params.
+"""`spectune run`: the Optuna study loop. Create or load the study (a resumed study must keep its
+fixed part, orchestrator/fixedpart.py), recover trials a dead driver left RUNNING (a driver is its
+host, pid and the pid's start time), enqueue the k = 0 baseline once per TP size (searched k or
+not), then ask -> run on a Ray gang -> tell until `study.n_trials` trials are COMPLETE, or until
+`study.max_failed_trials` trials failed in this run. Rerunning the same command resumes; Ctrl-C,
+`ray job stop` (SIGTERM) and crashes never lose a finished trial, and the interrupted one is retried
+with the same params. The summary's "ranking" (orchestrator/ranking.py) pools repeated
+configurations and says whether the winner is ahead of the runner-up by more than the noise.
 
     spectune run experiments/smoke-cpu.yaml --set study.n_trials=8
 """
@@ -19,16 +23,19 @@ import warnings
 
 from orchestrator.cluster import GangPool, PlacementError, Resources, check_capacity, connect
 from orchestrator.config import ExperimentConfig, spectune_home
-from orchestrator.drivers import DriverRecord, ray_session_dir, reap_dead
+from orchestrator.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
 from orchestrator.errors import UserError, is_write_race
+from orchestrator.fixedpart import check_resume
+from orchestrator.fixedpart import record as record_fixed
 from orchestrator.progress import Progress
-from orchestrator.space import baseline_params, candidates, grid_space
+from orchestrator.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
+from orchestrator.space import CategoricalParam, IntParam, baseline_params, candidates, check_constraints, grid_space
 from orchestrator.tracking import Tracker, resolve_uri
 from orchestrator.trial import TrialOutcome, run_trial
 from orchestrator.validate import check_experiment
 from workers.spec import DrafterSpec, GangSpec
 
-DRIVER_ATTR = "spectune.driver"  # host:pid of the driver running the trial
+DRIVER_ATTR = "spectune.driver"  # host:pid:start time of the driver running the trial (pid and start time: a process)
 HEARTBEAT_ATTR = "spectune.heartbeat"  # unix time, refreshed after every prompt
 
 
@@ -156,22 +163,26 @@ def make_pruner(cfg: ExperimentConfig):
     if cfg.study.pruner == "none":
         return optuna.pruners.NopPruner()
     if cfg.study.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
-    # "clearly losing": below the 25th percentile of earlier trials at the same prompt
-    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=3, n_warmup_steps=1)
+        inner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
+    else:  # "clearly losing": below the 25th percentile of earlier trials at the same prompt
+        inner = optuna.pruners.PercentilePruner(25.0, n_startup_trials=3, n_warmup_steps=1)
+    # ... and not within noise of the best (the noise band from repeats; limits.max_rel_spread until then)
+    return noise_aware_pruner(inner, MAD_TO_SIGMA * cfg.limits.max_rel_spread)
+
+
+def driver_id() -> str:
+    """This process as a trial's driver: host, pid and the pid's start time (a reused pid is another process)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{start_time(os.getpid()) or ''}"
 
 
 def _alive_here(driver: str) -> bool:
-    host, _, pid = driver.rpartition(":")
+    host, pid, born = (driver.split(":") + ["", ""])[:3]  # host:pid:start time (host:pid from older drivers)
     if host != socket.gethostname():
         return True  # another machine's driver: judged by its heartbeat only
     try:
-        os.kill(int(pid), 0)
-        return True
-    except (ProcessLookupError, ValueError):
+        return process_alive(int(pid), int(born) if born else None)
+    except ValueError:
         return False
-    except PermissionError:
-        return True
 
 
 def recover_stale(study, tracker: Tracker, stale_after_s: float, log) -> int:
@@ -181,7 +192,7 @@ def recover_stale(study, tracker: Tracker, stale_after_s: float, log) -> int:
 
     recovered = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        driver = t.system_attrs.get(DRIVER_ATTR) or t.user_attrs.get(DRIVER_ATTR, "")
+        driver = t.user_attrs.get(DRIVER_ATTR, "")
         if not _stale(t, stale_after_s):
             continue  # a live driver (another `spectune run`) is still on it
         reason = f"driver {driver or 'unknown'} died mid-trial"
@@ -194,7 +205,8 @@ def recover_stale(study, tracker: Tracker, stale_after_s: float, log) -> int:
         if run_id := t.user_attrs.get("mlflow_run_id"):
             tracker.finish_trial(run_id, "FAIL", reason)
         params = t.system_attrs.get("fixed_params") or t.params
-        study.enqueue_trial(params, user_attrs={"spectune.retry_of": t.number}, skip_if_exists=False)
+        again = {"spectune.retry_of": t.number, **({"spectune.baseline": True} if t.user_attrs.get("spectune.baseline") else {})}
+        study.enqueue_trial(params, user_attrs=again, skip_if_exists=False)
         recovered += 1
         log(f"spectune: trial {t.number} was left RUNNING by dead driver {driver or '?'}: marked FAIL, params re-enqueued")
     return recovered
@@ -202,28 +214,41 @@ def recover_stale(study, tracker: Tracker, stale_after_s: float, log) -> int:
 
 def _stale(t, stale_after_s: float) -> bool:
     """A RUNNING trial whose driver is dead (same host: its pid is gone) or silent for too long."""
-    driver = t.system_attrs.get(DRIVER_ATTR) or t.user_attrs.get(DRIVER_ATTR, "")
+    driver = t.user_attrs.get(DRIVER_ATTR, "")
     if not driver:  # just asked by a driver that has not tagged it yet, or one killed right then
         started = t.datetime_start or datetime.datetime.now()
         return (datetime.datetime.now() - started).total_seconds() > stale_after_s
-    host = driver.rpartition(":")[0]
+    host = driver.split(":")[0]
     if host == socket.gethostname():
-        return not _alive_here(driver)  # same host: the pid decides (a long model load is not death)
+        return not _alive_here(driver)  # same host: pid and start time decide (a long model load is not death)
     beat = float(t.user_attrs.get(HEARTBEAT_ATTR, 0) or 0)
     return time.time() - beat >= stale_after_s
 
 
 def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
+    """One k = 0 trial per TP size of the study (searched or fixed, k searched or not), unless one is
+    done, running or queued. Without k in the space it is marked by the user attr `spectune.baseline`
+    (trial.trial_config runs it with k = 0)."""
     from optuna.trial import TrialState
 
     if not cfg.study.baseline:
         return
-    live = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
-    for t in study.get_trials(deepcopy=False, states=live):
-        params = t.params or t.system_attrs.get("fixed_params", {})  # a WAITING trial keeps its params there
-        if params.get("spec.num_draft_tokens") == 0:
-            return
-    study.enqueue_trial(baseline_params(cfg), user_attrs={"spectune.baseline": True})
+    space_tp = cfg.search.space.get("parallel.tp")
+    tps = [int(t) for t in candidates(cfg, "parallel.tp")] if "parallel.tp" in cfg.search.space else [cfg.parallel.tp]
+    have = set()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)):
+        queued = t.system_attrs.get("fixed_params", {})  # a WAITING trial keeps its params there
+        if is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or t.user_attrs.get("spectune.baseline"):
+            have.add(int({**trial_params(t), **queued}.get("parallel.tp", cfg.parallel.tp)))
+    for tp in tps:
+        if tp in have:
+            continue
+        params = baseline_params(cfg)
+        if "spec.num_draft_tokens" not in cfg.search.space:
+            params.pop("spec.num_draft_tokens")  # not a parameter of the space: the user attr says k = 0
+        if isinstance(space_tp, (CategoricalParam, IntParam)):  # suggested (a fixed value in the space is not)
+            params["parallel.tp"] = tp
+        study.enqueue_trial(params, user_attrs={"spectune.baseline": True})
 
 
 def count(study, *states) -> int:
@@ -304,11 +329,13 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
     warnings.filterwarnings("ignore", message="Some regimes for parameter")
     # every input is checked before anything launches or is written: YAML, model, prompts, storage, resources
     prepared = check_experiment(cfg)
+    check_constraints(cfg)
     home = spectune_home()
     embedded = not os.environ.get("RAY_ADDRESS") and not ray.is_initialized()
     if embedded:
         check_gang_fits(cfg, _local_nodes())
     storage, storage_url = make_storage(cfg)
+    check_resume(storage, cfg)  # a resumed study keeps its fixed part: checked before anything starts
     record = DriverRecord(home) if embedded else None
     stale_after = cfg.limits.trial_timeout_s + 120
     pool, tracker, progress, status = None, None, None, "KILLED"
@@ -326,6 +353,8 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         )
         study.sampler = make_sampler(cfg, offset=len(study.trials))
         with study_lock(home, cfg, storage_url):
+            check_resume(storage, cfg)  # another driver may have created it meanwhile
+            record_fixed(study, cfg)
             tracker = Tracker(resolve_uri(cfg.tracking.uri, home), cfg.experiment_name, cfg.study_name, home, study=study)
             recover_stale(study, tracker, stale_after, log)
             _ensure_baseline(study, cfg)
@@ -340,11 +369,11 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         res = Resources(cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s)
         pool = GangPool(res, log)
         failed_here, waiting = 0, False
-        me = f"{socket.gethostname()}:{os.getpid()}"
+        me = driver_id()
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             while (done := count(study, TrialState.COMPLETE)) < n_goal:
-                if failed_here > max_failed:
+                if failed_here and failed_here >= max_failed:  # max_failed failures end the run (0: the first does)
                     raise UserError(f"study: {failed_here} trials failed in this run (limit study.max_failed_trials={max_failed}); see the MLflow runs' spectune.reason")
                 if done + len(_live_running(study, stale_after)) >= n_goal:
                     # other drivers hold the open slots: wait; one of their trials may still fail
@@ -382,6 +411,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             tracker.log_metrics(tracker.parent_run_id, {"gangs_launched_last_run": launched})
             summary = progress.finish(tracker, status)
             summary["gangs_launched"] = launched
+            summary["ranking"] = rank(study.trials).as_dict()  # noise-aware: pooled repeats, winner within noise?
     return summary
 
 

@@ -1,6 +1,13 @@
 """One trial: suggest its config, get a gang, decode the workload prompt by prompt (reporting to
 the pruner), compare with the baseline, and record everything in Optuna and MLflow.
 
+The baseline (k = 0) decodes its workload max(workload.repeats, study.baseline_repeats) times, so the
+noise of a measurement is known before anything is ranked. speedup_vs_baseline = the trial's median
+throughput over its repeats / the median over every repeat of the k = 0 trials at the same TP size.
+User attrs for readers (orchestrator/ranking.py): `spectune.params` (every resolved parameter, also
+the MLflow params) and `spectune.repeat_tok_s` (throughput of each repeat). A trial that violates a
+constraint of the space (space.constraint_violation) is recorded PRUNED with the reason, never run.
+
 Outcomes: COMPLETE (a value), PRUNED (clearly losing), FAIL (the gang failed, a backend refused,
 or the result is invalid: greedy output that differs from the baseline). FAIL and invalid
 trials never become the best. The MLflow run always ends, whatever happens.
@@ -14,14 +21,13 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
 from orchestrator.cluster import GangPool
 from orchestrator.config import ExperimentConfig
 from orchestrator.envpolicy import inherited_nccl_env
 from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import INPUT_ERRORS
-from orchestrator.space import TrialConfig, suggest
+from orchestrator.ranking import PARAMS_ATTR, SAMPLES_ATTR, baseline_median, is_baseline, median_mad, trial_params
+from orchestrator.space import TrialConfig, constraint_violation, suggest
 from orchestrator.tracking import Tracker
 from orchestrator.workload import PreparedWorkload
 from workers.runtime.errors import GangError
@@ -46,12 +52,27 @@ def outputs_digest(result: RunResult) -> list[str]:
 
 
 def find_baseline(study, tp: int):
-    """The COMPLETE k = 0 trial to compare with: same TP if there is one, else the first."""
+    """The first COMPLETE k = 0 trial to compare outputs with: same TP if there is one, else the first."""
     from optuna.trial import TrialState
 
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.params.get("spec.num_draft_tokens") == 0]
-    same = [t for t in done if t.params.get("parallel.tp", tp) == tp and "outputs_sha" in t.user_attrs]
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_baseline(t)]
+    same = [t for t in done if int(trial_params(t).get("parallel.tp", tp)) == tp and "outputs_sha" in t.user_attrs]
     return (same or done or [None])[0]
+
+
+def logged_params(cfg: ExperimentConfig, tc: TrialConfig) -> dict:
+    """Every resolved parameter of a trial, searched or fixed (MLflow params, user attr spectune.params):
+    the trial's own (TrialConfig.params) and the fixed settings every trial of the study shares."""
+    fixed = {"model.path": cfg.model.path, "model.dtype": cfg.model.dtype, "parallel.device": cfg.parallel.device,
+             "workload.max_new_tokens": cfg.workload.max_new_tokens, "workload.temperature": cfg.workload.temperature}
+    return {**fixed, **tc.params()}
+
+
+def trial_config(trial, cfg: ExperimentConfig) -> TrialConfig:
+    """The trial's configuration. An enqueued baseline of a study that does not search k is k = 0
+    all the same (k is decided before the space, so no drafter parameter is suggested for it)."""
+    baseline = trial.user_attrs.get("spectune.baseline") and "spec.num_draft_tokens" not in cfg.search.space
+    return suggest(trial, cfg, {"spec.num_draft_tokens": 0} if baseline else None)
 
 
 def _acceptance_plot(metrics: dict, k: int, out: Path) -> Path | None:
@@ -73,15 +94,15 @@ def _acceptance_plot(metrics: dict, k: int, out: Path) -> Path | None:
     return path
 
 
-def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr) -> tuple[RunResult | None, bool, list[float]]:
-    """Run prompt by prompt, `workload.repeats` times, within limits.trial_timeout_s in all.
+def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int) -> tuple[RunResult | None, bool, list[float]]:
+    """Run prompt by prompt, `repeats` times, within limits.trial_timeout_s in all.
     Returns (merged result, pruned?, throughput of each repeat). The last prompt of the last repeat
     also times the step with and without its allreduces (the comm/compute split)."""
     parts: list[RunResult] = []
     per_repeat: list[float] = []
     deadline = time.monotonic() + cfg.limits.trial_timeout_s
     n = len(prepared.token_ids)
-    repeats = cfg.workload.repeats
+    first = repeats
     r = 0
     while r < repeats:
         mine: list[RunResult] = []
@@ -95,31 +116,25 @@ def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr) -> tuple[RunResult |
             mine.append(gang.run(w, timeout_s=left))
             trial.report(RunResult.merge(parts + mine).metrics["throughput_tok_s"], r * n + i)
             trial.set_user_attr(heartbeat_attr, time.time())
-            if trial.should_prune():
+            if tc.num_draft_tokens > 0 and trial.should_prune():  # the baseline is the reference: never pruned
                 return RunResult.merge(parts + mine), True, per_repeat
         parts += mine
         per_repeat.append(RunResult.merge(mine).metrics["throughput_tok_s"])
         r += 1
         # noisy: measure again once, as many repeats more (the spread decides, not the value)
-        if r == repeats and repeats == cfg.workload.repeats and repeats > 1 and _rel_spread(per_repeat) > cfg.limits.max_rel_spread:
+        if r == repeats and repeats == first and repeats > 1 and _rel_spread(per_repeat) > cfg.limits.max_rel_spread:
             repeats *= 2
     return RunResult.merge(parts), False, per_repeat
 
 
-def _median_mad(values: list[float]) -> tuple[float, float]:
-    """Median and median absolute deviation from it."""
-    med = float(np.median(values))
-    return med, float(np.median(np.abs(np.array(values) - med)))
-
-
 def _rel_spread(values: list[float]) -> float:
-    med, mad = _median_mad(values)
+    med, mad = median_mad(values)
     return mad / med if med > 0 else 0.0
 
 
 def noise_aware(per_repeat: list[float], penalty: float) -> dict[str, float]:
     """Objective = median - penalty x MAD of the per-repeat throughputs (one repeat: the value)."""
-    med, mad = _median_mad(per_repeat)
+    med, mad = median_mad(per_repeat)
     return {"throughput_median": med, "throughput_mad": mad, "repeats": float(len(per_repeat)),
             "objective": med - penalty * mad}
 
@@ -128,32 +143,46 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
               heartbeat_attr: str) -> TrialOutcome:
     from optuna.trial import TrialState
 
-    tc = suggest(trial, cfg)
+    tc = trial_config(trial, cfg)
+    # NCCL_* in the driver's shell reach the actors too: logged as nccl.* params and named in a tag
+    inherited = {k: v for k, v in inherited_nccl_env().items() if k not in dict(tc.nccl_env)}
+    params = {**{f"nccl.{k}": v for k, v in inherited.items()}, **logged_params(cfg, tc)}
+    trial.set_user_attr(PARAMS_ATTR, params)
     tags = {"spectune.baseline": "1"} if tc.num_draft_tokens == 0 else {}
+    if inherited:
+        tags["spectune.nccl_inherited"] = ",".join(inherited)
+    if why := constraint_violation(tc):  # recorded (an MLflow run with the reason), never run
+        run_id = tracker.start_trial(trial.number, params, tags)
+        trial.set_user_attr("mlflow_run_id", run_id)
+        trial.set_user_attr("spectune.fail_reason", why)
+        study.tell(trial, state=TrialState.PRUNED)
+        tracker.finish_trial(run_id, "PRUNED", why)
+        return TrialOutcome(state="PRUNED", config=tc, reason=why)
     simulated = cfg.workload.simulate_accept_len is not None and tc.num_draft_tokens > 0
     if simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
         tags["spectune.simulated_accept_len"] = f"{cfg.workload.simulate_accept_len:g}"
-    inherited = {k: v for k, v in inherited_nccl_env().items() if k not in dict(tc.nccl_env)}  # the driver's shell; actors get them too
-    if inherited:
-        tags["spectune.nccl_inherited"] = ",".join(inherited)
-    run_id = tracker.start_trial(trial.number, {**{f"nccl.{k}": v for k, v in inherited.items()}, **tc.params()}, tags)
+    run_id = tracker.start_trial(trial.number, params, tags)
     trial.set_user_attr("mlflow_run_id", run_id)
     state, reason, metrics = "FAIL", None, {}
     try:
-        tracker.log_json(run_id, {"experiment": cfg.model_dump(mode="json"), "trial": tc.params()}, "trial_config.json")
+        tracker.log_json(run_id, {"experiment": cfg.model_dump(mode="json"), "trial": params}, "trial_config.json")
         before = pool.launched
         gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=tc.num_draft_tokens == 0)
         trial.set_user_attr(heartbeat_attr, time.time())  # a gang launch can take minutes
-        result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr)
+        # the baseline is measured several times: the noise band every ranking uses comes from its repeats
+        repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if tc.num_draft_tokens == 0 else cfg.workload.repeats
+        result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats)
         metrics = {**result.metrics, "setup_s": pool.setup_s if pool.launched > before else 0.0,
                    "rank_peak_rss_mb_max": max(gang.peak_rss_mb()[: tc.tp])}
         if per_repeat:
             metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
         digest = outputs_digest(result)[: len(prepared.token_ids)]  # one repeat: every repeat decodes the same prompts
         base = find_baseline(study, tc.tp)
-        if base is not None and base.user_attrs.get("throughput_tok_s"):
-            metrics["speedup_vs_baseline"] = metrics["throughput_tok_s"] / base.user_attrs["throughput_tok_s"]
-        elif tc.num_draft_tokens == 0:
+        # medians of repeats on both sides; the baseline's pooled over every k = 0 trial at this TP
+        base_med = baseline_median(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), tc.tp)
+        if per_repeat and base_med:
+            metrics["speedup_vs_baseline"] = metrics["throughput_median"] / base_med
+        elif tc.num_draft_tokens == 0 and per_repeat:
             metrics["speedup_vs_baseline"] = 1.0
         first = result.prompts[: len(prepared.token_ids)]
         if cfg.workload.temperature == 0 and not pruned and not simulated:
@@ -175,11 +204,12 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
             if isinstance(value, (int, float)):
                 trial.set_user_attr(key, value)
         trial.set_user_attr("outputs_sha", digest)
+        trial.set_user_attr(SAMPLES_ATTR, per_repeat)
         if tc.num_draft_tokens == 0 and cfg.workload.temperature == 0 and first and first[0].margins:
             trial.set_user_attr(BASELINE_OUTPUTS_ATTR, json.dumps(
                 {"tokens": [p.tokens for p in first], "margins": [[round(m, 6) for m in p.margins] for p in first]}))
         if pruned:
-            state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt"
+            state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt, and outside the noise band of the best"
             study.tell(trial, state=TrialState.PRUNED)
         elif metrics.get("outputs_match_baseline") == 0:
             state, reason = "FAIL", "invalid: greedy output differs from the baseline"
@@ -199,7 +229,8 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         try:
             trial.set_user_attr("spectune.fail_reason", reason)
             study.tell(trial, state=TrialState.FAIL)
-            study.enqueue_trial(trial.params, user_attrs={"spectune.retry_of": trial.number}, skip_if_exists=False)
+            again = {"spectune.retry_of": trial.number, **({"spectune.baseline": True} if trial.user_attrs.get("spectune.baseline") else {})}
+            study.enqueue_trial(trial.params, user_attrs=again, skip_if_exists=False)
         finally:
             tracker.finish_trial(run_id, "FAIL", reason)
         raise

@@ -46,7 +46,7 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
         k_min = min(k for k in ks if k > 0)
         raise UserError(f"workload.simulate_accept_len: {tau:g} needs at least {tau - 1:g} drafts per step, but "
                         f"{where('spec.num_draft_tokens')} allows k = {k_min}")
-    if cfg.study.baseline and 0 not in ks:
+    if cfg.study.baseline and "spec.num_draft_tokens" in cfg.search.space and 0 not in ks:  # k not searched: the baseline is added
         raise UserError(f"{where('spec.num_draft_tokens')}: must allow 0, the baseline every speedup is measured against (or set study.baseline: false)")
     kinds = check_limits("drafter.kind")
     if any(k > 0 for k in ks) and kinds == ["none"]:

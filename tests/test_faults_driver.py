@@ -191,3 +191,22 @@ def test_a_racing_mlflow_write_is_retried_and_other_errors_are_not():
     with pytest.raises(RuntimeError, match="no such table"):
         Tracker._write(broken, "run")
     assert len(calls) == 3
+
+
+def test_a_driver_is_its_pid_and_start_time():
+    """A RUNNING trial whose driver's pid now belongs to another process (same pid, other start time)
+    is stale; the live driver (pid and start time) is not; records of older drivers (host:pid) still work."""
+    import socket
+
+    import optuna
+
+    from orchestrator.study import DRIVER_ATTR, _stale, driver_id
+
+    study = optuna.create_study()
+    me, host, pid = driver_id(), socket.gethostname(), os.getpid()
+    assert me == f"{host}:{pid}:{start_time(pid)}"
+    cases = {me: False, f"{host}:{pid}:{start_time(pid) + 1}": True, f"{host}:{pid}": False, f"{host}:999999999:1": True}
+    for driver, stale in cases.items():
+        t = study.ask()
+        t.set_user_attr(DRIVER_ATTR, driver)
+        assert _stale(study._storage.get_trial(t._trial_id), stale_after_s=1e9) is stale, driver

@@ -15,6 +15,8 @@ from orchestrator.perfmodel import (
     fit,
     latency_us,
     loo_error,
+    loo_predictions,
+    parse_env,
     what_if_interconnect,
     what_if_tp,
 )
@@ -228,10 +230,11 @@ def test_setups_missing_from_the_table_get_the_fitted_term():
     assert m.source("tp2 symm_mem") == "fitted" and m.source("tp2 nccl") == "bench"
     assert m.a0[2] == pytest.approx(A0, abs=1e-4) and m.b == pytest.approx(B0, abs=1e-4)
     assert m.a["tp2 symm_mem"] - m.a0[2] == pytest.approx(ROUNDS * SYMM[0] / 1e3, abs=1e-4)  # the fitted allreduce constant
-    # no table at all: every setup fitted, nothing untried predicted
+    # no table at all: every setup fitted; an untried one only from its family's fitted setups
     none = fit(bench_points())
     assert {none.source(e) for e in TRIED} == {"fitted"} and none.envs == sorted(TRIED) and none.comm is None
-    assert none.source("tp2 nccl NCCL_P2P_DISABLE=1") == "unknown"
+    assert none.source("tp2 nccl NCCL_P2P_DISABLE=1") == "backend" and none.unknown_settings("tp2 nccl NCCL_P2P_DISABLE=1")
+    assert none.source("tp4 nccl") == "unknown"
 
 
 def test_a_table_that_disagrees_with_the_measured_allreduces_is_not_used():
@@ -248,11 +251,67 @@ def test_leave_one_out_with_the_bench_term():
     pts = bench_points(noise=0.01, seed=3)
     err, preds = loo_error(pts, comm_of(table()))
     assert len(preds) == len(pts) and err < 0.02 and {t for _, _, t in preds} == {"bench"}
-    # a setup with one trial: without a table nothing else speaks for it; with one, it is predicted
+    # a setup with one trial: without a table its family (tp2 nccl) speaks for it, the unseen setting named;
+    # with a table it is predicted from the table
     lone = pts + bench_points(envs=["tp2 nccl NCCL_P2P_DISABLE=1"], ks=(3,))
-    assert len(loo_error(lone)[1]) == len(pts)
+    preds, missed = loo_predictions(lone)
+    assert len(preds) == len(lone) and not missed
+    assert preds[-1].term == "backend" and "NCCL_P2P_DISABLE=1" in preds[-1].how
     err_b, preds_b = loo_error(lone, comm_of(table()))
     assert len(preds_b) == len(lone) and abs(preds_b[-1][1] / lone[-1].throughput - 1) < 0.03
     # a table with the wrong shape (latency flat in size) predicts worse than the right one
     flat = {e: (L * 4, 0.0) for e, (L, _) in LAT.items()}
     assert loo_error(pts, comm_of(table(envs=flat)), max_comm_ratio=float("inf"))[0] > 2 * err
+
+
+# ---- setups no other trial ran: the family term (base per TP size and backend + NCCL corrections) ----
+# truth: a[env] = 10 + sum of the corrections of its NCCL settings, additive
+CORR = {"NCCL_PROTO=LL": -2.0, "NCCL_PROTO=Simple": 0.0, "NCCL_ALGO=Ring": 0.0, "NCCL_ALGO=Tree": 1.5, "NCCL_BUFFSIZE=1M": -0.5}
+
+
+def family_points(combos, k=2, extra=()):
+    out = []
+    for settings in combos:
+        env = env_label(4, "nccl", ",".join(sorted(settings)) or "default")
+        verify = 10.0 + sum(CORR[x] for x in settings) + B * (k + 1)
+        step = verify + 0.3
+        out.append(TrialPoint(env, "ngram", k, step, 2.0, 2000 / step, verify_ms=verify, tp=4, trial=len(out)))
+    return out + list(extra)
+
+
+def test_parse_env_splits_family_and_settings():
+    assert parse_env("tp8 nccl NCCL_ALGO=Ring,NCCL_PROTO=LL") == ("tp8 nccl", ("NCCL_ALGO=Ring", "NCCL_PROTO=LL"))
+    assert parse_env("tp2 symm_mem") == ("tp2 symm_mem", ()) and parse_env("nccl NCCL_PROTO=LL") == ("nccl", ("NCCL_PROTO=LL",))
+
+
+def test_every_trial_is_predicted_or_named():
+    # every trial has its own NCCL combination (the tp8-pcie case): none shares a setup with another,
+    # yet each is predicted from the family's base and the other trials' corrections, exactly (additive truth)
+    combos = [(), ("NCCL_PROTO=LL",), ("NCCL_ALGO=Tree",), ("NCCL_ALGO=Tree", "NCCL_PROTO=LL"), ("NCCL_PROTO=Simple", "NCCL_ALGO=Ring"),
+              ("NCCL_PROTO=LL", "NCCL_ALGO=Ring"), ("NCCL_ALGO=Tree", "NCCL_PROTO=Simple")]
+    lone = TrialPoint("tp4 gloo", "ngram", 2, 9.0, 2.0, 222.0, verify_ms=8.7, tp=4, trial=99)  # no other gloo trial
+    pts = family_points(combos, extra=[lone])
+    preds, missed = loo_predictions(pts)
+    assert [(p.trial, "tp4 gloo" in why) for p, why in missed] == [(99, True)]
+    assert len(preds) == len(pts) - 1
+    assert all(x.term == "backend" for x in preds)  # no setup ran twice: all from the family term
+    errs = [abs(x.predicted / x.point.throughput - 1) for x in preds]
+    # the lone gloo trial shifts nothing in the nccl family; the additive truth is recovered
+    assert max(errs) < 0.02, errs
+    err, rows = loo_error(pts)
+    assert len(rows) == len(preds) and err < 0.02
+    # a setting no other trial had: predicted with correction 0 and named
+    new = family_points(combos + [("NCCL_BUFFSIZE=1M",)])
+    last = loo_predictions(new)[0][-1]
+    assert last.term == "backend" and "NCCL_BUFFSIZE=1M" in last.how
+    assert last.predicted == pytest.approx(2000 / (10.0 + B * 3 + 0.3), rel=0.02)  # base alone: the -0.5 is unknown
+
+
+def test_a_seen_setup_keeps_its_own_fitted_constant():
+    # two trials of one setup with a non-additive interaction: their own constant, not the family's guess
+    pts = family_points([("NCCL_PROTO=LL",), ("NCCL_ALGO=Tree",), ()])
+    odd = TrialPoint(env_label(4, "nccl", "NCCL_ALGO=Tree,NCCL_PROTO=LL"), "ngram", 2, 20.3, 2.0, 2000 / 20.3, verify_ms=20.0, tp=4)
+    m = fit(pts + [odd, odd])
+    assert m.source(odd.env) == "fitted" and m.verify_ms(odd.env, 2) == pytest.approx(20.0, abs=1e-3)
+    assert m.source(env_label(4, "nccl", "NCCL_PROTO=Simple")) == "backend"
+    assert m.source(env_label(2, "nccl")) == "unknown"  # no tp2 nccl trial and no table

@@ -76,7 +76,7 @@ def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
 
     logged = {a.path for a in MlflowClient(tracking_uri=mlflow_server).list_artifacts(parents[0].info.run_id)}
     assert {"bench_allreduce_table.json", "bench_allreduce.json", "bench_allreduce_latency.png"} <= logged
-    assert parents[0].data.metrics["throughput_tok_s"] == pytest.approx(study.best_value)
+    assert parents[0].data.metrics["objective"] == pytest.approx(study.best_value)  # the best trial's metrics
     assert len(runs) == len(trials)
     by_id = {run.info.run_id: run for run in runs}
     for t in trials:
@@ -92,7 +92,9 @@ def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
         for m in CONTRACT_METRICS:
             assert m in run.data.metrics, m
             assert t.user_attrs[m] == pytest.approx(run.data.metrics[m])
-        assert run.data.metrics["throughput_tok_s"] == pytest.approx(t.value)
+        assert run.data.metrics["objective"] == pytest.approx(t.value)  # median - mad_penalty x MAD of its repeats
+        if t.user_attrs["repeats"] == 1:
+            assert run.data.metrics["throughput_tok_s"] == pytest.approx(t.value)
         assert run.data.metrics["outputs_match_baseline"] == 1
         if t.params["spec.num_draft_tokens"] > 0:
             assert "accept_rate_pos_1" in run.data.metrics
@@ -119,3 +121,54 @@ def test_resume_reaches_the_total_without_duplicates(tmp_path, tiny_ckpt):
     assert len(set(ids)) == len(ids) == len(runs)
     third = summary(spectune(["run", str(exp), "--set", "study.n_trials=5"], home))  # already done: runs nothing
     assert third["complete"] == 5 and len(optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study").trials) == len(study.trials)
+
+
+def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt):
+    """k fixed in the YAML (not searched): the k = 0 baseline still runs first (enqueued, measured
+    study.baseline_repeats times), every speculative trial is compared with it (speedup from medians,
+    outputs checked), every resolved parameter is an MLflow param, and the summary ranks with the noise
+    the repeats show. Resuming with another TP size exits 2 naming the field; resuming with more trials,
+    other limits and max_failed_trials=1 stops after exactly one failure and does not add a baseline."""
+    import json
+    import statistics
+
+    exp = tiny_experiment(tmp_path, tiny_ckpt, drafter={"kind": "ngram", "layers": 1, "num_draft_tokens": 2},
+                          search={"space": {"drafter.kind": {"choices": ["ngram", "layer_skip"]}}},
+                          study={"n_trials": 2, "sampler": "random", "seed": 1})
+    home = tmp_path / "home"
+    storage, tracking = f"sqlite:///{home / 'optuna.db'}", f"sqlite:///{home / 'mlflow.db'}"
+    out = summary(spectune(["run", str(exp)], home))
+    assert out["complete"] == 2
+    study = optuna_study(storage, "tiny-study")
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    base = [t for t in complete if t.user_attrs["spectune.params"]["spec.num_draft_tokens"] == 0]
+    assert [t.number for t in base] == [0] and "spec.num_draft_tokens" not in base[0].params  # not a parameter of the space
+    samples = base[0].user_attrs["spectune.repeat_tok_s"]
+    assert len(samples) >= 3  # study.baseline_repeats
+    _, runs = mlflow_runs(tracking, "tiny-study")
+    by_id = {r.info.run_id: r for r in runs}
+    assert by_id[base[0].user_attrs["mlflow_run_id"]].data.params["spec.num_draft_tokens"] == "0"
+    spec = [t for t in complete if t.number != 0]
+    assert spec
+    for t in spec:
+        m = by_id[t.user_attrs["mlflow_run_id"]].data.metrics
+        assert m["outputs_match_baseline"] == 1 and m["speedup_vs_baseline"] != 1
+        assert m["speedup_vs_baseline"] == pytest.approx(t.user_attrs["throughput_median"] / statistics.median(samples))
+    for r in runs:  # fixed and searched alike: the compare view lines them up
+        assert {"model.path", "parallel.device", "parallel.tp", "comm.backend", "spec.num_draft_tokens", "drafter.kind"} <= set(r.data.params)
+    ranking = out["ranking"]
+    assert ranking["noise_rel"] > 0 and 0 in ranking["noise_from_trials"] and ranking["verdict"]
+    assert sorted(n for c in ranking["configs"] for n in c["trials"]) == sorted(t.number for t in complete)
+    assert json.loads(json.dumps(ranking)) == ranking
+
+    other_tp = spectune(["run", str(exp), "--set", "parallel.tp=1"], home)
+    assert other_tp.returncode == 2
+    line = other_tp.stderr.strip().splitlines()[-1]
+    assert line.startswith("spectune: error: parallel.tp: differ from the study 'tiny-study'") and "study.name" in line
+
+    failing = spectune(["run", str(exp), "--set", "study.n_trials=4", "--set", "limits.trial_timeout_s=0.001",
+                        "--set", "study.max_failed_trials=1"], home)
+    assert failing.returncode == 2 and "1 trials failed in this run" in failing.stderr, failing.stderr[-2000:]
+    trials = optuna_study(storage, "tiny-study").trials
+    assert [t.state.name for t in trials].count("FAIL") == 1 and [t.state.name for t in trials].count("COMPLETE") == 2
+    assert sum(bool(t.user_attrs.get("spectune.baseline")) for t in trials) == 1  # resuming enqueues no second baseline

@@ -119,6 +119,8 @@ class Verifier:
                                         margins=relative_margins(seq.top2 or [])))
         k = w.num_draft_tokens
         split = self.comm_split(k + 1, w.comm_ablation_iters) if w.comm_ablation_iters and self.allreduce.world_size > 1 else {}
+        if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:
+            check()  # a rank that fell behind during the timed steps left wrong sums: this rank raises, the trial fails
         if self.rank != 0:
             return None
         return RunResult(prompts=prompts, stats=stats, num_draft_tokens=k, ablation=split)

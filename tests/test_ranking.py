@@ -1,0 +1,140 @@
+"""Noise-aware ranking (orchestrator/ranking.py), the noise-aware pruner, the fixed part of a resumed
+study (orchestrator/fixedpart.py) and the NCCL channel constraint of the space, on real Optuna
+studies (in memory) with known measurements."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+
+from orchestrator.config import ExperimentConfig, load_config
+from orchestrator.errors import UserError
+from orchestrator.fixedpart import FIXED_ATTR, check_resume, differences, fixed_part, record
+from orchestrator.ranking import MAD_TO_SIGMA, PARAMS_ATTR, SAMPLES_ATTR, noise_aware_pruner, rank
+from orchestrator.space import check_constraints, constraint_violation, resolve
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def done(k: int, kind: str, samples: list[float], tp: int = 2, inter: dict[int, float] | None = None):
+    params = {"parallel.tp": tp, "spec.num_draft_tokens": k, "drafter.kind": kind}
+    return create_trial(state=TrialState.COMPLETE, value=sorted(samples)[len(samples) // 2],
+                        params={"drafter.kind": kind}, distributions={"drafter.kind": CategoricalDistribution(["none", "ngram", "layer_skip"])},
+                        user_attrs={PARAMS_ATTR: params, SAMPLES_ATTR: samples}, intermediate_values=inter or {})
+
+
+def study_of(*trials):
+    s = optuna.create_study(direction="maximize")
+    for t in trials:
+        s.add_trial(t)
+    return s
+
+
+def test_repeats_of_one_configuration_are_pooled_and_the_noise_comes_from_them():
+    s = study_of(done(0, "none", [10.0, 11.0, 12.0]), done(2, "ngram", [13.0]), done(2, "ngram", [15.0]), done(2, "layer_skip", [11.5]))
+    r = rank(s.trials)
+    assert [c.trials for c in r.configs] == [[1, 2], [3], [0]]  # ngram pooled: median 14 of 13 and 15
+    ngram = r.configs[0]
+    assert ngram.median == 14.0 and ngram.mad == 1.0 and ngram.n == 2
+    assert ngram.speedup_vs_baseline == pytest.approx(14.0 / 11.0)  # medians on both sides
+    # deviations |x - median| / median over configs measured twice: 1/11, 0, 1/11 and 1/14, 1/14
+    assert r.noise_rel == pytest.approx(MAD_TO_SIGMA / 14) and r.noise_from == [0, 1, 2]
+    # winner 14 (n=2) vs 11.5 (n=1): gap 2.5 against 2 x sqrt(se_w^2 + se_o^2)
+    se_w, se_o = r.noise_rel * 14 / math.sqrt(2), r.noise_rel * 11.5
+    assert r.within_noise(1) == (2.5 <= 2 * math.hypot(se_w, se_o)) is True
+    assert r.winner_is_clear is False and "is within noise of trial 3" in r.verdict()
+    d = r.as_dict()
+    assert d["runners_up_within_noise"] == [[3]] and d["winner_is_clear"] is False
+
+
+def test_a_clear_winner_and_an_unknown_noise():
+    clear = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0])).trials)
+    assert clear.winner_is_clear is True and "is ahead of" in clear.verdict() and clear.runners_up_within_noise == []
+    unknown = rank(study_of(done(0, "none", [10.0]), done(2, "ngram", [14.0])).trials)
+    assert unknown.noise_rel is None and unknown.winner_is_clear is None and "noise is unknown" in unknown.verdict()
+
+
+def test_the_pruner_keeps_a_trial_within_noise_of_the_best():
+    # relative deviations 0.05, 0, 0.05 and 0.1, 0, 0.1: median 0.05, sigma_rel 0.074, band 2 sqrt(2) sigma_rel = 21%
+    best = done(2, "ngram", [20.0, 21.0, 19.0], inter={0: 20.0})
+    others = [done(0, "none", [10.0, 11.0, 9.0], inter={0: 10.0}), done(2, "layer_skip", [12.0], inter={0: 12.0})]
+    s = study_of(best, *others)
+    always = optuna.pruners.ThresholdPruner(upper=0.0)  # the inner pruner wants to prune anything positive
+    pruner = noise_aware_pruner(always, fallback_rel=0.1)
+    near = s.ask()
+    near.report(18.0, 0)  # 10% below the best at this step: within noise
+    assert pruner.prune(s, s._storage.get_trial(near._trial_id)) is False
+    far = s.ask()
+    far.report(12.0, 0)  # 40% below: clearly losing
+    assert pruner.prune(s, s._storage.get_trial(far._trial_id)) is True
+    assert noise_aware_pruner(optuna.pruners.NopPruner(), 0.1).prune(s, s._storage.get_trial(far._trial_id)) is False
+
+
+def cfg(**over) -> ExperimentConfig:
+    raw = {"name": "x", "search": {"space": {"drafter.kind": {"choices": ["ngram", "layer_skip"]}}}, "parallel": {"tp": 2}}
+    for key, value in over.items():
+        section, field = key.split("__")
+        raw.setdefault(section, {})[field] = value
+    return ExperimentConfig.model_validate(raw)
+
+
+def test_the_fixed_part_names_what_must_not_change():
+    base = fixed_part(cfg())
+    assert [k for k, _, _ in differences(base, fixed_part(cfg(parallel__tp=1)))] == ["parallel.tp"]
+    # budget, limits, tracking and the sampler may change; a searched parameter's YAML default is not fixed
+    assert differences(base, fixed_part(cfg(study__n_trials=50, limits__trial_timeout_s=5, tracking__uri="file:/x",
+                                            study__seed=3, drafter__kind="layer_skip"))) == []
+    assert [k for k, _, _ in differences(base, fixed_part(cfg(drafter__num_draft_tokens=2)))] == ["drafter.num_draft_tokens"]
+
+
+def test_a_resumed_study_with_another_fixed_part_is_refused():
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name="x", storage=storage)
+    check_resume(storage, cfg())  # nothing recorded yet
+    record(study, cfg())
+    assert study.user_attrs[FIXED_ATTR] == fixed_part(cfg())
+    check_resume(storage, cfg(study__n_trials=99))
+    with pytest.raises(UserError) as e:
+        check_resume(storage, cfg(parallel__tp=1, workload__max_new_tokens=7))
+    msg = str(e.value)
+    assert msg.startswith("parallel.tp, workload.max_new_tokens: differ from the study 'x'") and "study.name" in msg
+    assert "\n" not in msg
+
+
+def test_nccl_min_channels_above_max_is_a_violation():
+    c = cfg(parallel__backend="nccl", parallel__device="cuda")
+    assert constraint_violation(resolve({"nccl.NCCL_MIN_NCHANNELS": 8, "nccl.NCCL_MAX_NCHANNELS": 2, "comm.backend": "nccl"}, c)) == (
+        "constraint: NCCL_MIN_NCHANNELS=8 is above NCCL_MAX_NCHANNELS=2 (min must be <= max); not run")
+    assert constraint_violation(resolve({"nccl.NCCL_MIN_NCHANNELS": 2, "nccl.NCCL_MAX_NCHANNELS": 2, "comm.backend": "nccl"}, c)) is None
+    assert constraint_violation(resolve({"nccl.NCCL_MIN_NCHANNELS": 8}, c)) is None  # no max: NCCL's own default
+    # a space where no trial can satisfy it is refused before anything runs; one where some can is fine
+    never = c.model_copy(update={"search": c.search.model_validate(
+        {"space": {"comm.backend": "nccl", "nccl.NCCL_MIN_NCHANNELS": {"choices": [8, 16]}, "nccl.NCCL_MAX_NCHANNELS": {"choices": [2, 4]}}})})
+    with pytest.raises(UserError, match="search.space.nccl.NCCL_MIN_NCHANNELS: every value is above"):
+        check_constraints(never)
+    check_constraints(load_config(Path(__file__).parents[1] / "experiments" / "tp8-pcie.yaml"))
+
+
+def test_a_constraint_violating_trial_is_recorded_pruned_and_never_run(tmp_path):
+    """The real trial path (Optuna, an MLflow store): no gang is asked for (pool None), the MLflow run
+    carries the reason."""
+    from orchestrator.tracking import Tracker
+    from orchestrator.trial import run_trial
+
+    c = ExperimentConfig.model_validate({
+        "name": "x", "parallel": {"tp": 2, "device": "cuda", "backend": "nccl"},
+        "search": {"space": {"nccl.NCCL_MIN_NCHANNELS": {"choices": [8]}, "nccl.NCCL_MAX_NCHANNELS": {"choices": [2]}}}})
+    study = optuna.create_study(direction="maximize")
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "x", "x", tmp_path, study=study)
+    trial = study.ask()
+    out = run_trial(study, trial, c, None, None, tracker, "spectune.heartbeat")
+    assert out.state == "PRUNED" and "NCCL_MIN_NCHANNELS=8 is above NCCL_MAX_NCHANNELS=2" in out.reason
+    frozen = study.trials[0]
+    assert frozen.state == TrialState.PRUNED and frozen.user_attrs["spectune.fail_reason"] == out.reason
+    run = tracker.client.get_run(frozen.user_attrs["mlflow_run_id"])
+    assert run.data.tags["spectune.state"] == "PRUNED" and run.data.tags["spectune.reason"] == out.reason
+    assert run.data.params["nccl.NCCL_MIN_NCHANNELS"] == "8" and run.data.params["spec.num_draft_tokens"] == "4"
