@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     except INPUT_ERRORS as e:
         print(f"spectune: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("spectune: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # one line; `run` says how to resume
+        print(e.args[0] if e.args else "spectune: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a failed gang or worker: one line, details only on request
         from workers.runtime.errors import GangError
