@@ -341,7 +341,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             study.set_user_attr("bench_allreduce_logged", True)
         progress = Progress(study, n_goal, log, defaults=label_defaults(cfg), cfg=cfg)
         log(f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
-            f"MLflow {tracker.uri} run {tracker.parent_run_id}")
+            f"{tracker.where()} (parent run {tracker.parent_run_id})")
         res = Resources(cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s)
         pool = GangPool(res, log)
         failed_here, waiting = 0, False

@@ -14,6 +14,7 @@ $SPECTUNE_HOME; with a SQLite store, artifacts go to $SPECTUNE_HOME/mlartifacts 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -84,7 +85,7 @@ def experiment_params(cfg) -> dict[str, Any]:
 
 def rounded(value: float, digits: int = 4) -> float:
     """`value` to `digits` significant digits: timings and rates carry no more than that."""
-    if value == 0 or value != value or value in (float("inf"), float("-inf")) or float(value).is_integer():
+    if value == 0 or not math.isfinite(value) or float(value).is_integer():
         return float(value)
     return float(f"{value:.{digits}g}")
 
@@ -125,6 +126,14 @@ class Tracker:
         self.parent_run_id = self._parent(study)
         if study is not None:
             study.set_user_attr(PARENT_ATTR, self.parent_run_id)
+
+    def where(self) -> str:
+        """Where to look: for a tracking server, the URL of the study's runs in the training-runs view
+        (`workflowType=machine_learning`: MLflow 3.x's UI otherwise opens on its GenAI pages until
+        the user picks "Model training" once); for a local store, the URI."""
+        if self.uri.startswith(("http://", "https://")):
+            return f"MLflow UI {self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs?workflowType=machine_learning"
+        return f"MLflow {self.uri}"
 
     def _parents(self) -> list:
         runs = self.client.search_runs(

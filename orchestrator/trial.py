@@ -21,7 +21,7 @@ from orchestrator.config import ExperimentConfig
 from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.space import TrialConfig, suggest
-from orchestrator.tracking import RETRY_TAG, Tracker, config_label
+from orchestrator.tracking import RETRY_TAG, Tracker, config_label, rounded
 from orchestrator.workload import PreparedWorkload
 from workers.runtime.errors import GangError
 from workers.spec import RunResult
@@ -82,6 +82,17 @@ def _acceptance_plot(metrics: dict, k: int, out: Path) -> Path | None:
     return path
 
 
+def _shown(live, number: int, tc, mine: list[RunResult], i: int, n: int, r: int, repeats: int):
+    """The live line's view of prompt i (0-based) while it decodes: this repeat's tokens and seconds
+    so far (earlier prompts plus the running one), or None without a live line."""
+    if live is None:
+        return None
+    before = RunResult.merge(mine).stats if mine else None
+    tokens0, seconds0 = (before.tokens, before.seconds) if before else (0, 0.0)
+    label = config_label(tc.params())
+    return lambda tokens, seconds: live.update(number, label, i + 1, n, tokens0 + tokens, seconds0 + seconds, r, repeats)
+
+
 def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, live=None) -> tuple[RunResult | None, bool, list[float]]:
     """Run prompt by prompt, `workload.repeats` times, within limits.trial_timeout_s in all; `live`
     (progress.LiveLine) shows each prompt as it finishes.
@@ -102,7 +113,7 @@ def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, live=None) -> tuple[
             w = prepared.workload(cfg, tc, (prompt,))
             if r == repeats - 1 and i == n - 1 and tc.tp > 1:
                 w = replace(w, comm_ablation_iters=ABLATION_ITERS[cfg.parallel.device])
-            mine.append(gang.run(w, timeout_s=left))
+            mine.append(gang.run(w, timeout_s=left, on_progress=_shown(live, trial.number, tc, mine, i, n, r, repeats)))
             if live is not None:
                 so_far = RunResult.merge(mine).stats
                 live.update(trial.number, config_label(tc.params()), i + 1, n, so_far.tokens, so_far.seconds, r, repeats, force=i == n - 1)
@@ -184,7 +195,7 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
                 tracker.log_file(run_id, plot)
         for key, value in metrics.items():  # every metric: the report's performance model reads them
             if isinstance(value, (int, float)):
-                trial.set_user_attr(key, value)
+                trial.set_user_attr(key, rounded(value))  # 4 significant digits, as in MLflow
         trial.set_user_attr("outputs_sha", digest)
         if tc.num_draft_tokens == 0 and cfg.workload.temperature == 0 and first and first[0].margins:
             tracker.log_json(run_id, {"tokens": [p.tokens for p in first], "margins": [[round(m, 6) for m in p.margins] for p in first]},

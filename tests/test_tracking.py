@@ -9,7 +9,16 @@ import os
 
 from orchestrator.config import load_config
 from orchestrator.progress import LiveLine
-from orchestrator.tracking import FAIL_TAG, KIND_TAG, PRUNE_TAG, RETRY_TAG, Tracker, config_label, experiment_params, rounded
+from orchestrator.tracking import (
+    FAIL_TAG,
+    KIND_TAG,
+    PRUNE_TAG,
+    RETRY_TAG,
+    Tracker,
+    config_label,
+    experiment_params,
+    rounded,
+)
 
 SPACE = {"spec.num_draft_tokens": {"choices": [0, 6]}}
 

@@ -27,8 +27,19 @@ import yaml
 
 from orchestrator.config import ExperimentConfig, spectune_home
 from orchestrator.errors import UserError
-from orchestrator.perfcheck import bench_comm, load_bench_rows, model_summary, open_study, trial_points
-from orchestrator.perfmodel import BenchComm, latency_us, what_if_interconnect, what_if_tp
+from orchestrator.perfcheck import (
+    bench_comm,
+    load_bench_rows,
+    model_summary,
+    open_study,
+    trial_points,
+)
+from orchestrator.perfmodel import (
+    BenchComm,
+    latency_us,
+    what_if_interconnect,
+    what_if_tp,
+)
 from orchestrator.report.charts import all_charts
 from orchestrator.report.page import render
 from orchestrator.report.rows import OBJECTIVE, Row, rows_of, within_noise
@@ -71,8 +82,7 @@ def interconnect_what_ifs(trial, comm: BenchComm, label: str) -> dict[str, str]:
         lat = latency_us(comm.rows, backend, env, size, comm.mode)
         if lat is None:
             lat = latency_us(comm.rows, backend, env, size, "eager" if comm.mode == "graph" else "graph")
-        if lat is not None:
-            est = what_if_interconnect(step, comm_ms, rounds, lat)
+        if lat is not None and (est := what_if_interconnect(step, comm_ms, rounds, lat)) > 0:
             out[f"estimate: {label} with its allreduces over {backend} {env} ({lat:.1f} us x {rounds:g} allreduces of {size} B)"] = \
                 f"step {est:.2f} ms, about {u.get('accept_len_mean', 1.0) * 1000 / est:.1f} decode tok/s"
     return out
@@ -88,6 +98,8 @@ def tp_what_ifs(row: Row) -> dict[str, str]:
     for tp_to in sorted({1, 2, 4, 8} - {row.tp}):
         comm_to = 0.0 if tp_to == 1 else row.comm_ms
         est = what_if_tp(row.step_ms, row.comm_ms, row.tp, tp_to, comm_to)
+        if est <= 0:  # the measured allreduce time covers the whole step: nothing left to scale
+            continue
         how = "no allreduce" if tp_to == 1 else "each allreduce as slow as now"
         out[f"estimate: {row.label} at TP {tp_to} ({how})"] = f"step {est:.2f} ms, about {row.accept_len * 1000 / est:.1f} decode tok/s"
     return out

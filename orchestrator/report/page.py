@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 
 from orchestrator.report.rows import OBJECTIVE, Row, within_noise
 from orchestrator.report.verdict import OBJECTIVE_MEANS, verdict
@@ -50,7 +51,7 @@ def trials_table(rows: list[Row]) -> str:
         be = "" if r.breakeven is None else f"{r.breakeven:.2f}" + (" (model)" if r.breakeven_source == "model" else "")
         parts = f"<td>{sum(r.per_token.values()):.1f}</td>" if r.per_token else "<td></td>"
         dec = "" if r.decode_tok_s is None else f"{r.decode_tok_s:.2f}"
-        body.append(f'<tr class="{"win" if i == 0 else ""}"><td>{r.number}</td><td class="l">{_e(r.label)}{tie}</td>'
+        body.append(f'<tr data-trial="{r.number}" class="{"win" if i == 0 else ""}"><td>{r.number}</td><td class="l">{_e(r.label)}{tie}</td>'
                     f"<td><b>{r.value:.2f}</b></td><td class=\"l\">{band}</td><td>{r.accept_len:.2f}</td><td>{be}</td><td>{_pct(r.comm_fraction)}</td>"
                     f"{parts}<td>{dec}</td></tr>")
     return f'<table id="trials">{head}{"".join(body)}</table>'
@@ -65,7 +66,7 @@ def predictions_table(s: dict, labels: dict[int, str]) -> str:
                    f"<td class=\"l\">{'' if r['drafter_in_fit'] else 'drafter in no other trial: draft time taken as 0'}</td></tr>"
                    for r in s["model_loo_predictions"])
     err = s["model_loo_median_rel_error"]
-    median = f"<p>median |error| {err:.1%} over {s['model_loo_trials']} held-out trials.</p>" if err == err else ""
+    median = f"<p>median |error| {err:.1%} over {s['model_loo_trials']} held-out trials.</p>" if math.isfinite(err) else ""
     return f'<table id="model-predictions">{head}{rows}</table>{median}'
 
 

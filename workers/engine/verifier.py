@@ -23,6 +23,7 @@ instead of a hang.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -34,6 +35,11 @@ from workers.engine.steps import StepRunner
 from workers.spec import PromptResult, RunResult, Workload
 from workers.engine.stats import RunStats, StepRecord
 from workers.engine.verify import probs, sample, verify
+
+
+# Progress hook: (tokens generated so far for the current prompt, seconds since that prompt began),
+# called on the rank it is attached to after every decode step; it must be cheap (throttle inside).
+ProgressHook = Callable[[int, float], None]
 
 
 def relative_margins(top2: list[torch.Tensor]) -> list[float]:
@@ -68,6 +74,7 @@ class Verifier:
         self.cache = model.new_cache(1)
         self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce, fused=fused, attention=attention)
         self.local = False  # set per run: decides_locally (every rank verifies itself)
+        self.on_progress: ProgressHook | None = None  # set per run by the worker (rank 0), see ProgressHook
 
     def _simulated(self, drafted: list[int], w: Workload, logits: torch.Tensor, credit: float) -> tuple[int, list[int], float]:
         """Accept tau - 1 drafts per step on average (error diffusion keeps the running mean exact)."""
@@ -226,6 +233,8 @@ class Verifier:
                         comm_calls=counters.calls - calls0, comm_s=counters.seconds - comm0,
                     )
                 )
+                if self.on_progress is not None:
+                    self.on_progress(len(out), time.perf_counter() - t_prompt)
             seconds = time.perf_counter() - t_prompt
             if self.local:
                 self._check_agreement(out)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from workers.model.checkpoint import load_args, load_model
 from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_add_norm
 from workers.drafters import Drafter, ModelDrafter, NgramDrafter
-from workers.engine.verifier import Verifier, run_drafter
+from workers.engine.verifier import ProgressHook, Verifier, run_drafter
 from workers.engine.link import MAX_DRAFT_TOKENS, DraftLink
 from workers.runtime.errors import WorkerError
 from workers.spec import GangSpec, RunResult, Workload
@@ -204,13 +204,19 @@ class Worker:
             return True  # peers' GPUs unknown here (one visible, or Ray's choice): symm_mem's rendezvous reports a failure
         return all(torch.cuda.can_device_access_peer(i, j) for i in range(self.spec.tp) for j in range(self.spec.tp) if i != j)
 
-    def run(self, workload: Workload) -> RunResult | None:
+    def run(self, workload: Workload, progress: ProgressHook | None = None) -> RunResult | None:
+        """Decode `workload`; `progress` (verifier ranks; the driver hands it to rank 0) is called
+        after every decode step with (tokens of the current prompt, seconds since it began)."""
         if workload.num_draft_tokens > self.link.k:
             raise WorkerError(f"num_draft_tokens={workload.num_draft_tokens} exceeds the maximum of {self.link.k}")
         if self.is_drafter:
             run_drafter(self.drafter, self.link, workload)
             return None
-        return self.verifier.run(workload)
+        self.verifier.on_progress = progress
+        try:
+            return self.verifier.run(workload)
+        finally:
+            self.verifier.on_progress = None
 
     def pid(self) -> int:
         return os.getpid()
