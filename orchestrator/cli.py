@@ -146,7 +146,12 @@ def _run(ns: argparse.Namespace) -> int:
     from orchestrator.config import load_config
     from orchestrator.study import run_study
 
-    summary = run_study(load_config(ns.experiment, ns.set))
+    from orchestrator.report import after_run
+
+    cfg = load_config(ns.experiment, ns.set)
+    summary = run_study(cfg)
+    if summary.get("complete"):
+        after_run(cfg)  # the report's page and charts on the parent MLflow run
     print(json.dumps(summary, default=str))
     return 0 if summary["complete"] >= summary["n_trials"] else 1
 

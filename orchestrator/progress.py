@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from orchestrator.tracking import Tracker, config_label
@@ -67,8 +68,8 @@ class LiveLine:
 
 
 class Progress:
-    def __init__(self, study, n_goal: int, log, live: LiveLine | None = None, defaults: dict | None = None, cfg=None):
-        self.study, self.n_goal, self.log, self.cfg = study, n_goal, log, cfg
+    def __init__(self, study, n_goal: int, log, live: LiveLine | None = None, defaults: dict | None = None):
+        self.study, self.n_goal, self.log = study, n_goal, log
         self.live = live or LiveLine()
         self.defaults = defaults or {}  # tracking.label_defaults: what the searched params leave out
 
@@ -125,24 +126,8 @@ class Progress:
             tracker.set_tag(tracker.parent_run_id, "spectune.best_config", f"{self.label(best.params)} (trial {best.number})")
             tracker.log_json(tracker.parent_run_id, {"trial": best.number, "params": best.params, "metrics": numeric}, "best_trial.json")
             self._plots(tracker)
-            self._report(tracker)
         tracker.finish_study("FINISHED" if status == "FINISHED" and len(done) >= self.n_goal else "KILLED")
         return summary
-
-    def _report(self, tracker: Tracker) -> None:
-        """The report's page, summary and charts on the parent run (report/, report/charts/), so the
-        MLflow UI explains the winner without a `spectune report`."""
-        if self.cfg is None:
-            return
-        from orchestrator.perfcheck import study_bench_rows
-        from orchestrator.report import build_report, log_report
-
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                _, _, summary = build_report(self.cfg, self.study, Path(tmp), study_bench_rows(self.cfg, self.study))
-                log_report(tracker.client, tracker.parent_run_id, Path(tmp), summary)
-        except Exception as e:  # noqa: BLE001 - the study's results stand without it; `spectune report` retries
-            self.log(f"spectune: report not logged to MLflow ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
 
     def _plots(self, tracker: Tracker) -> None:
         import matplotlib
@@ -156,7 +141,9 @@ class Progress:
         with tempfile.TemporaryDirectory() as tmp:
             for name, fn in plots.items():
                 try:
-                    ax = fn(self.study)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # small studies: "too few trials", "identical ylims"
+                        ax = fn(self.study)
                     fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
                     fig.set_size_inches(8, 5)
                     fig.tight_layout()

@@ -339,7 +339,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         if cfg.study.bench_allreduce and not study.user_attrs.get("bench_allreduce_logged"):
             bench_into_study(cfg, prepared, tracker, log)
             study.set_user_attr("bench_allreduce_logged", True)
-        progress = Progress(study, n_goal, log, defaults=label_defaults(cfg), cfg=cfg)
+        progress = Progress(study, n_goal, log, defaults=label_defaults(cfg))
         log(f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
             f"{tracker.where()} (parent run {tracker.parent_run_id})")
         res = Resources(cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s)

@@ -166,3 +166,44 @@ def _check_bench_term(tmp_path, exp, home, ckpt, study):
     assert "the allreduce table disagrees with the allreduce time its trials measured" in facts["allreduce_term_why"]["tp2 gloo"]
     lo, med, hi = facts["comm_check"]["tp2 gloo"]
     assert lo <= med <= hi < 0.5
+
+
+def _row(number, label, value, k, accept_len=1.0, step_ms=100.0, breakeven=None, mad=0.0, repeats=1, comm_fraction=0.4):
+    from orchestrator.report.rows import Row, per_token_split
+
+    r = Row(number=number, label=label, params={}, value=value, median=value + mad if repeats > 1 else None, mad=mad,
+            repeats=repeats, k=k, kind="ngram" if k else "plain", backend="gloo", env="tp2 gloo", tp=2, accept_len=accept_len,
+            decode_tok_s=None, step_ms=step_ms, verify_ms=step_ms * 0.8, draft_ms=step_ms * 0.1, comm_ms=step_ms * comm_fraction,
+            comm_fraction=comm_fraction, breakeven=breakeven, breakeven_source="measured")
+    r.per_token = per_token_split(r.step_ms, r.verify_ms, r.draft_ms, r.comm_ms, r.accept_len)
+    return r
+
+
+def test_verdict_reads_like_one():
+    from orchestrator.report.rows import within_noise
+    from orchestrator.report.verdict import verdict
+
+    best = _row(4, "ngram k=6 gloo tp2", 3.70, 6, accept_len=1.31, step_ms=126.0, breakeven=1.26, mad=0.05, repeats=3, comm_fraction=0.38)
+    close = _row(2, "ngram k=4 gloo tp2", 3.64, 4, accept_len=1.25, breakeven=1.2)
+    plain = _row(0, "plain gloo tp2", 2.90, 0, breakeven=1.0, comm_fraction=0.45)
+    text = verdict([best, close, plain])
+    assert text[0] == "ngram k=6 gloo tp2 wins (trial 4): throughput_tok_s 3.70 tok/s (median 3.75 +- 0.05 MAD over 3 repeats), " \
+                      "1.28x plain decoding (2.90)."
+    assert text[1].startswith("It accepts 1.31 tokens a step where this setup breaks even at 1.26") and "+4% to spare" in text[1]
+    assert text[2].startswith("Allreduce is 38% of its step (plain decoding: 45%)")
+    assert within_noise(best, close) and "within noise" in text[3] and "ngram k=4 gloo tp2 (trial 2)" in text[3]
+    far = _row(2, "ngram k=2 gloo tp2", 3.0, 2, accept_len=1.1, breakeven=1.05)
+    assert not within_noise(best, far) and "outside the noise band" in verdict([best, far, plain])[3]
+    # plain decoding wins: the verdict says which drafter came closest to paying for itself
+    slow = _row(1, "ngram k=2 gloo tp2", 2.5, 2, accept_len=1.1, breakeven=1.4)
+    assert "No drafter accepted enough" in verdict([plain, slow])[1] and "would break even at 1.40" in verdict([plain, slow])[1]
+
+
+def test_time_per_token_divides_the_step_by_its_tokens():
+    from orchestrator.report.rows import per_token_split
+
+    # a speculative step 230 ms long that emits 1.31 tokens costs less per token than a 180 ms plain step
+    spec = per_token_split(230.0, 190.0, 20.0, 80.0, 1.31)
+    plain = per_token_split(180.0, 170.0, 0.0, 75.0, 1.0)
+    assert spec == pytest.approx({"draft": 20 / 1.31, "verify compute": 110 / 1.31, "allreduce": 80 / 1.31, "rest": 20 / 1.31})
+    assert sum(spec.values()) < sum(plain.values()) == pytest.approx(180.0)

@@ -6,6 +6,6 @@
     charts.py   the charts, labelled by configuration
     page.py     the self-contained HTML page
 """
-from orchestrator.report.core import best_yaml, build_report, log_report, report
+from orchestrator.report.core import after_run, best_yaml, build_report, log_report, report
 
-__all__ = ["best_yaml", "build_report", "log_report", "report"]
+__all__ = ["after_run", "best_yaml", "build_report", "log_report", "report"]

@@ -174,13 +174,16 @@ def log_report(client, run_id: str, out_dir: Path, summary: dict) -> None:
         client.log_metric(run_id, "perf_model_loo_error", rounded(summary["model_loo_median_rel_error"]))
 
 
-def report(cfg: ExperimentConfig, out: str | None, log=None, bench: str | None = None) -> dict:
+def report(cfg: ExperimentConfig, out: str | None, log=None, bench: str | None = None, echo: bool = True) -> dict:
+    """Build the report (in `out`, default $SPECTUNE_HOME/reports/<study>), print its text (`echo`),
+    log its files and charts to the study's parent MLflow run."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     study = open_study(cfg)
     out_dir = Path(out) if out else spectune_home() / "reports" / cfg.study_name
     rows = load_bench_rows(cfg, study, bench)
     text, path, summary = build_report(cfg, study, out_dir, rows)
-    print(text)
+    if echo:
+        print(text)
     log(f"spectune: report written to {path}")
     run_id = study.user_attrs.get("mlflow_parent_run_id")
     if run_id:
@@ -194,3 +197,14 @@ def report(cfg: ExperimentConfig, out: str | None, log=None, bench: str | None =
             log(f"spectune: could not log the report to MLflow run {run_id}: {type(e).__name__}: {e}")
     summary["html"] = str(path)
     return summary
+
+
+def after_run(cfg: ExperimentConfig, log=None) -> None:
+    """At the end of `spectune run`: the report written and logged to the parent run (its charts
+    under report/charts), so the MLflow UI explains the winner without a `spectune report`. A
+    failure here is one line: the study's results stand without it."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        report(cfg, None, log=log, echo=False)
+    except Exception as e:  # noqa: BLE001 - `spectune report` can build it later
+        log(f"spectune: no report this time ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
