@@ -197,6 +197,8 @@ def test_verdict_reads_like_one():
     # plain decoding wins: the verdict says which drafter came closest to paying for itself
     slow = _row(1, "ngram k=2 gloo tp2", 2.5, 2, accept_len=1.1, breakeven=1.4)
     assert "No drafter accepted enough" in verdict([plain, slow])[1] and "would break even at 1.40" in verdict([plain, slow])[1]
+    lucky = _row(1, "ngram k=2 gloo tp2", 2.5, 2, accept_len=1.5, breakeven=1.2)  # pays by step time, lost on throughput
+    assert "above its breakeven of 1.20 by median step time, yet measured a lower throughput_tok_s" in verdict([plain, lucky])[1]
 
 
 def test_time_per_token_divides_the_step_by_its_tokens():

@@ -91,7 +91,7 @@ def breakeven_chart(rows: list[Row], model) -> bytes | None:
     if not spec:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = plt.subplots(figsize=(9, 4.6))
     kinds = sorted({r.kind for r in spec})
     colors = dict(zip(kinds, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     ks = sorted({r.k for r in spec})
@@ -114,14 +114,14 @@ def breakeven_chart(rows: list[Row], model) -> bytes | None:
     ax.set(xlabel="k (draft tokens per step)", ylabel="tokens per step",
            title="accepted length against breakeven: above the line, speculation pays")
     ax.set_xticks(ks)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     return png(fig)
 
 
 def throughput_k_chart(rows: list[Row]) -> bytes:
     """Best objective at each k per (drafter, allreduce setup); k = 0 is plain decoding of that setup."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = plt.subplots(figsize=(9, 4.6))
     plain = {r.env: r for r in rows[::-1] if r.k == 0}  # best plain trial per setup
     groups = sorted({(r.kind, r.env) for r in rows if r.k > 0})
     for kind, env in groups:
@@ -140,7 +140,7 @@ def throughput_k_chart(rows: list[Row]) -> bytes:
         ax.text(0, r.value, f" plain {env}", fontsize=7, va="bottom", color="#555555")
     ax.set(xlabel="k (draft tokens per step)", ylabel=f"{OBJECTIVE}", title="throughput against k, per drafter and allreduce setup")
     ax.set_xticks(sorted({r.k for r in rows} | {0}))
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     return png(fig)
 
 

@@ -40,12 +40,19 @@ def verdict(rows: list[Row]) -> list[str]:
         spec = [r for r in rows if r.k > 0 and r.breakeven]
         if spec:
             s = max(spec, key=lambda r: r.accept_len / r.breakeven)
-            out.append(f"No drafter accepted enough to pay for its longer step: the closest, {s.label}, accepts "
-                       f"{s.accept_len:.2f} tokens a step where it would break even at {s.breakeven:.2f}.")
+            if s.accept_len < s.breakeven:
+                out.append(f"No drafter accepted enough to pay for its longer step: the closest, {s.label}, accepts "
+                           f"{s.accept_len:.2f} tokens a step where it would break even at {s.breakeven:.2f}.")
+            else:
+                out.append(f"{s.label} accepts {s.accept_len:.2f} tokens a step, above its breakeven of {s.breakeven:.2f} by "
+                           f"median step time, yet measured a lower {OBJECTIVE}: prefill, slow steps and the spread between "
+                           "repeats outweighed its gain in these measurements.")
     if best.comm_fraction is not None and best.tp > 1:
         tail = f" (plain decoding: {_pct(plain.comm_fraction)})" if plain is not None and plain is not best and plain.comm_fraction is not None else ""
-        out.append(f"Allreduce is {_pct(best.comm_fraction)} of its step{tail}; speculation spends one round of "
-                   "allreduces on k + 1 tokens instead of one.")
+        why = "; speculation spends one round of allreduces on k + 1 tokens instead of one" if best.k > 0 else ""
+        if best.comm_fraction >= 0.95:  # the ablation's two timings differ by the whole step: they measured noise
+            why += " (the step timed with and without its allreduces differed by about the whole step: read it as noise)"
+        out.append(f"Allreduce is {_pct(best.comm_fraction)} of its step{tail}{why}.")
     if len(rows) > 1:
         second = rows[1]
         gap = 1 - second.value / best.value
