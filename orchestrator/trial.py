@@ -113,7 +113,8 @@ def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, live=None) -> tuple[
             w = prepared.workload(cfg, tc, (prompt,))
             if r == repeats - 1 and i == n - 1 and tc.tp > 1:
                 w = replace(w, comm_ablation_iters=ABLATION_ITERS[cfg.parallel.device])
-            mine.append(gang.run(w, timeout_s=left, on_progress=_shown(live, trial.number, tc, mine, i, n, r, repeats)))
+            shown = _shown(live, trial.number, tc, mine, i, n, r, repeats)
+            mine.append(gang.run(w, timeout_s=left, **({"on_progress": shown} if shown else {})))
             if live is not None:
                 so_far = RunResult.merge(mine).stats
                 live.update(trial.number, config_label(tc.params()), i + 1, n, so_far.tokens, so_far.seconds, r, repeats, force=i == n - 1)
