@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Local services for spectune, on loopback with free ports: a Ray head (with the job server),
 # an MLflow tracking server (SQLite backend + artifact store) and optuna-dashboard.
-# Each runs in its own process group; `stop` kills exactly those groups, nothing else on the machine.
+# Each runs in its own process group; `stop` kills exactly those groups, nothing else on the machine,
+# and removes the temporary directories `start` made (listed in STATE_DIR/tmpdirs).
 #
 #   bash infra/services.sh start [STATE_DIR]   # default STATE_DIR: ~/.spectune/services
 #   source STATE_DIR/env                       # RAY_ADDRESS, MLFLOW_TRACKING_URI, SPECTUNE_STORAGE, URLs
@@ -44,6 +45,12 @@ stop_all() {
     fi
   done < "$STATE/pids"
   rm -f "$STATE/pids"
+  if [ -f "$STATE/tmpdirs" ]; then
+    while read -r dir; do
+      case "$dir" in /tmp/spectune-*) rm -rf -- "$dir" && echo "spectune: removed $dir" ;; esac  # only what start made
+    done < "$STATE/tmpdirs"
+    rm -f "$STATE/tmpdirs"
+  fi
 }
 
 case "$cmd" in
@@ -52,6 +59,7 @@ case "$cmd" in
     [ -f "$STATE/pids" ] && stop_all
     ray_port=$(free_port); dash_port=$(free_port); agent_port=$(free_port); mlflow_port=$(free_port); optuna_port=$(free_port)
     ray_tmp=$(mktemp -d /tmp/spectune-ray-XXXX)  # short: Ray's unix socket paths must stay < 108 bytes
+    echo "$ray_tmp" >> "$STATE/tmpdirs"
     start_group ray "$BIN/ray" start --head --block --node-ip-address 127.0.0.1 --port "$ray_port" \
       --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port "$dash_port" \
       --dashboard-agent-listen-port "$agent_port" \

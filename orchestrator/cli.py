@@ -151,9 +151,13 @@ def _validate(ns: argparse.Namespace) -> int:
 
 def _run(ns: argparse.Namespace) -> int:
     from orchestrator.config import load_config
+    from orchestrator.report import after_run
     from orchestrator.study import run_study
 
-    summary = run_study(load_config(ns.experiment, ns.set))
+    cfg = load_config(ns.experiment, ns.set)
+    summary = run_study(cfg)
+    if summary.get("complete"):
+        after_run(cfg)  # the report's page and charts on the parent MLflow run
     print(json.dumps(summary, default=str))
     return 0 if summary["complete"] >= summary["n_trials"] else 1
 
@@ -198,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     except INPUT_ERRORS as e:
         print(f"spectune: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("spectune: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # one line; `run` says how to resume
+        print(e.args[0] if e.args else "spectune: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a failed gang or worker: one line, details only on request
         from workers.runtime.errors import GangError

@@ -105,6 +105,7 @@ class RayGang:
         self._ray, self._remove_pg = ray, remove_placement_group
         self.actors: list = []
         self._closed = False
+        self._progress = None  # Ray queue rank 0 reports decode progress into (made on the first run that asks)
         check_capacity(spec, res)
         self.accel = accel = res.gpu_resource or ("GPU" if spec.device == "cuda" else None)
         gpu = 1 if accel else 0
@@ -147,8 +148,9 @@ class RayGang:
                 ).remote(rank, spec)
             )
 
-    def _gather(self, refs: list, timeout_s: float, what: str) -> list:
-        """ray.get on every rank, failing fast on the first error and tearing down on any."""
+    def _gather(self, refs: list, timeout_s: float, what: str, poll=None) -> list:
+        """ray.get on every rank, failing fast on the first error and tearing down on any; `poll`
+        (if any) is called about twice a second while waiting."""
         ray = self._ray
         index = {ref: i for i, ref in enumerate(refs)}
         results: dict[int, object] = {}
@@ -156,7 +158,11 @@ class RayGang:
         deadline = time.monotonic() + timeout_s
         while pending:
             left = deadline - time.monotonic()
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, left))
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(left, 0.5) if poll else left))
+            if poll is not None:
+                poll()
+                if not ready and time.monotonic() < deadline:
+                    continue
             if not ready:
                 ranks = sorted(index[r] for r in pending)
                 self.close()
@@ -196,10 +202,31 @@ class RayGang:
         rdv = Rendezvous(host="127.0.0.1", port=port)  # STRICT_PACK: every rank is on rank 0's node
         return self._gather([a.setup.remote(rdv, self.res.setup_timeout_s) for a in self.actors], self.res.setup_timeout_s, "setup")
 
-    def run(self, workload: Workload, timeout_s: float | None = None) -> RunResult:
-        """Decode `workload` on every rank; `timeout_s` (default: the per-call limit) bounds the call."""
+    def run(self, workload: Workload, timeout_s: float | None = None, on_progress=None) -> RunResult:
+        """Decode `workload` on every rank; `timeout_s` (default: the per-call limit) bounds the call.
+        `on_progress(tokens, seconds)`, on the driver, hears rank 0's progress through the current
+        prompt about once a second (progress.QueueProgress)."""
         limit = self.res.call_timeout_s if timeout_s is None else max(0.0, timeout_s)
-        return self._gather([a.run.remote(workload) for a in self.actors], limit, "run")[0]
+        if on_progress is None:
+            return self._gather([a.run.remote(workload) for a in self.actors], limit, "run")[0]
+        from ray.util.queue import Queue
+
+        from orchestrator.progress import QueueProgress
+
+        if self._progress is None:
+            self._progress = Queue(actor_options={"num_cpus": 0})
+        hook = QueueProgress(self._progress)
+
+        def poll() -> None:
+            try:
+                items = self._progress.get_nowait_batch(self._progress.qsize()) if self._progress.qsize() else []
+            except Exception:  # noqa: BLE001 - progress is a courtesy: a lost queue never fails the run
+                return
+            if items:
+                on_progress(*items[-1])
+
+        refs = [a.run.remote(workload, hook if i == 0 else None) for i, a in enumerate(self.actors)]
+        return self._gather(refs, limit, "run", poll)[0]
 
     def pids(self) -> list[int]:
         return self._gather([a.pid.remote() for a in self.actors], 60, "pid")
@@ -212,7 +239,7 @@ class RayGang:
         if self._closed:
             return
         self._closed = True
-        for actor in self.actors:
+        for actor in self.actors + ([self._progress.actor] if self._progress is not None else []):
             try:
                 self._ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone

@@ -104,12 +104,16 @@ class Ranking:
     noise_rel: float | None  # sigma of one measurement relative to its median (None: nothing measured twice)
     noise_from: list[int] = field(default_factory=list)  # trials of the configurations it was estimated from
 
-    def within_noise(self, i: int) -> bool | None:
-        """Config i within noise of the winner (None: noise unknown)."""
+    def within_noise(self, i: int, of: int = 0) -> bool | None:
+        """Config i within noise of config `of` (default: the winner); None: noise unknown."""
         if self.noise_rel is None:
             return None
-        w, o = self.configs[0], self.configs[i]
-        return w.median - o.median <= 2 * math.hypot(w.se(self.noise_rel), o.se(self.noise_rel))
+        w, o = self.configs[of], self.configs[i]
+        return abs(w.median - o.median) <= 2 * math.hypot(w.se(self.noise_rel), o.se(self.noise_rel))
+
+    def config_of(self, trial: int) -> int | None:
+        """Index of the configuration trial number `trial` was pooled into (None: not a COMPLETE trial)."""
+        return next((i for i, c in enumerate(self.configs) if trial in c.trials), None)
 
     @property
     def runners_up_within_noise(self) -> list[ConfigStats]:

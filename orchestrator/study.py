@@ -30,7 +30,7 @@ from orchestrator.fixedpart import record as record_fixed
 from orchestrator.progress import Progress
 from orchestrator.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
 from orchestrator.space import CategoricalParam, IntParam, baseline_params, candidates, check_constraints, grid_space
-from orchestrator.tracking import Tracker, resolve_uri
+from orchestrator.tracking import RETRY_TAG, Tracker, config_label, experiment_params, label_defaults, resolve_uri
 from orchestrator.trial import TrialOutcome, run_trial
 from orchestrator.validate import check_experiment
 from workers.spec import DrafterSpec, GangSpec
@@ -344,6 +344,8 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             reap_dead(home, log)
             record.start(os.environ.get("SPECTUNE_RAY_TMPDIR"))
         where = connect()
+        if not embedded:  # the address the cluster itself reports (loopback for a loopback cluster), not the one we were handed
+            where = f"ray cluster at {ray.get_runtime_context().gcs_address}"
         if record is not None:
             record.note_session(ray_session_dir())
         check_gang_fits(cfg, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
@@ -352,10 +354,13 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             pruner=make_pruner(cfg), load_if_exists=True,
         )
         study.sampler = make_sampler(cfg, offset=len(study.trials))
+        if study.metric_names is None:
+            study.set_metric_names(["throughput_tok_s"])  # optuna-dashboard names the objective instead of "Objective 0"
         with study_lock(home, cfg, storage_url):
             check_resume(storage, cfg)  # another driver may have created it meanwhile
             record_fixed(study, cfg)
-            tracker = Tracker(resolve_uri(cfg.tracking.uri, home), cfg.experiment_name, cfg.study_name, home, study=study)
+            tracker = Tracker(resolve_uri(cfg.tracking.uri, home), cfg.experiment_name, cfg.study_name, home, study=study,
+                              base_params=experiment_params(cfg))
             recover_stale(study, tracker, stale_after, log)
             _ensure_baseline(study, cfg)
         n_goal = cfg.study.n_trials
@@ -363,9 +368,9 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         if cfg.study.bench_allreduce and not study.user_attrs.get("bench_allreduce_logged"):
             bench_into_study(cfg, prepared, tracker, log)
             study.set_user_attr("bench_allreduce_logged", True)
-        progress = Progress(study, n_goal, log)
+        progress = Progress(study, n_goal, log, defaults=label_defaults(cfg))
         log(f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
-            f"MLflow {tracker.uri} run {tracker.parent_run_id}")
+            f"{tracker.where()} (parent run {tracker.parent_run_id})")
         res = Resources(cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s)
         pool = GangPool(res, log)
         failed_here, waiting = 0, False
@@ -374,7 +379,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         try:
             while (done := count(study, TrialState.COMPLETE)) < n_goal:
                 if failed_here and failed_here >= max_failed:  # max_failed failures end the run (0: the first does)
-                    raise UserError(f"study: {failed_here} trials failed in this run (limit study.max_failed_trials={max_failed}); see the MLflow runs' spectune.reason")
+                    raise UserError(f"study: {failed_here} trials failed in this run (limit study.max_failed_trials={max_failed}); see the MLflow runs' spectune.fail_reason")
                 if done + len(_live_running(study, stale_after)) >= n_goal:
                     # other drivers hold the open slots: wait; one of their trials may still fail
                     if not waiting:
@@ -391,13 +396,17 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
                 if count(study, TrialState.COMPLETE) + len(_live_running(study, stale_after, below=trial.number)) >= n_goal:
                     _release_surplus(study, trial)
                     continue
-                outcome: TrialOutcome = run_trial(study, trial, cfg, prepared, pool, tracker, HEARTBEAT_ATTR)
+                if RETRY_TAG in trial.user_attrs:
+                    fixed = study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params") or trial.params
+                    log(f"spectune: trial {trial.number} retries trial {trial.user_attrs[RETRY_TAG]} ({config_label({**label_defaults(cfg), **fixed})}), "
+                        "which was interrupted before it finished")
+                outcome: TrialOutcome = run_trial(study, trial, cfg, prepared, pool, tracker, HEARTBEAT_ATTR, live=progress.live)
                 failed_here += outcome.state == "FAIL"
                 progress.trial_done(trial.number, outcome)
             status = "FINISHED"
-        except KeyboardInterrupt:
-            log("spectune: interrupted; finished trials are saved, run the same command to resume")
-            raise
+        except KeyboardInterrupt:  # the CLI prints this one line (and nothing else) for it
+            progress.live.done()
+            raise KeyboardInterrupt("spectune: interrupted; finished trials are saved, run the same command to resume") from None
         finally:
             signal.signal(signal.SIGTERM, previous)
     finally:

@@ -1,8 +1,11 @@
 """MLflow side of a study: one parent run per study, one nested run per trial (names from DESIGN.md).
 
-    tracker = Tracker(uri, experiment, study_name)   # finds or creates the parent run (resume = same run)
-    run_id = tracker.start_trial(number, params)     # nested run, RUNNING
-    tracker.finish_trial(run_id, metrics, state="FINISHED")
+    tracker = Tracker(uri, experiment, study_name, home, study, base_params)  # finds or creates the parent run (resume = same run)
+    run_id = tracker.start_trial(number, params)     # nested run named by its configuration, RUNNING
+    tracker.finish_trial(run_id, "COMPLETE")         # or PRUNED (MLflow KILLED), FAIL (FAILED), with a reason tag
+
+The experiment is tagged `mlflow.experimentKind` so MLflow 3 shows its training-runs view; every
+tag name is in docs/tags.md. Metrics are logged to 4 significant digits.
 
 Uses MlflowClient only (no global active run), so nothing leaks between studies in one process.
 The tracking URI comes from the YAML, else MLFLOW_TRACKING_URI, else a SQLite store in
@@ -11,6 +14,7 @@ $SPECTUNE_HOME; with a SQLite store, artifacts go to $SPECTUNE_HOME/mlartifacts 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -18,11 +22,72 @@ from typing import Any
 
 from orchestrator.errors import is_write_race
 
+# Tag names, shared by MLflow (run tags) and Optuna (trial user attrs); docs/tags.md is their table.
 STUDY_TAG = "spectune.study"
+ROLE_TAG = "spectune.role"  # "study" on the parent run, "trial" on a trial's run
 TRIAL_TAG = "spectune.trial"
-STATE_TAG = "spectune.state"
+STATE_TAG = "spectune.state"  # the Optuna outcome: RUNNING, COMPLETE, PRUNED, FAIL
+FAIL_TAG = "spectune.fail_reason"
+PRUNE_TAG = "spectune.prune_reason"
+RETRY_TAG = "spectune.retry_of"
 PARENT_TAG = "mlflow.parentRunId"
 PARENT_ATTR = "mlflow_parent_run_id"  # the Optuna study's user attr naming the parent run
+# MLflow 3 picks the UI of an experiment from this tag (mlflow/assistant/skills/mlflow-onboarding/SKILL.md:
+# "custom_model_development" -> traditional ML, i.e. the training-runs view, not the GenAI one)
+KIND_TAG, KIND_CLASSIC = "mlflow.experimentKind", "custom_model_development"
+# MLflow run status of each Optuna outcome: a pruned trial was stopped on purpose (KILLED), not finished
+RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED", "INVALID": "FAILED"}
+
+
+def config_label(params: dict[str, Any]) -> str:
+    """A trial's configuration in a few words, the name of its MLflow run and its label in the report:
+    "ngram k=6 gloo tp2", "layer_skip L=8 k=4 nccl PROTO=LL tp2", "plain gloo tp2" (k = 0)."""
+    k = int(params.get("spec.num_draft_tokens", 0) or 0)
+    kind = str(params.get("drafter.kind", "none"))
+    if k == 0:
+        head = "plain"
+    else:
+        head = {"layer_skip": f"layer_skip L={params.get('drafter.layers', '?')}", "draft_model": "draft_model"}.get(kind, kind)
+        head += f" k={k}"
+    nccl = "".join(f" {key.removeprefix('nccl.').removeprefix('NCCL_')}={v}" for key, v in sorted(params.items()) if key.startswith("nccl."))
+    tp = params.get("parallel.tp")
+    return f"{head} {params.get('comm.backend', '?')}{nccl}" + (f" tp{tp}" if tp is not None else "")
+
+
+def label_defaults(cfg) -> dict[str, Any]:
+    """What a trial runs with where the search space does not set it (Optuna's params hold only
+    the searched names): merged under a trial's params before `config_label`."""
+    d = cfg.drafter
+    out = {"parallel.tp": cfg.parallel.tp, "comm.backend": cfg.parallel.backend, "drafter.kind": d.kind,
+           "spec.num_draft_tokens": d.num_draft_tokens}
+    if d.layers is not None:
+        out["drafter.layers"] = d.layers
+    return out
+
+
+def experiment_params(cfg) -> dict[str, Any]:
+    """The experiment's fixed settings as dotted MLflow params: model, dtype, device, workload
+    (prompts, how many, max new tokens, batch sizes, repeats) and engine options. A trial's own
+    params (the search space) are logged on top of these."""
+    out: dict[str, Any] = {}
+    for section in ("model", "workload", "engine"):
+        part = getattr(cfg, section, None)
+        if part is None:
+            continue
+        for key, value in part.model_dump(mode="json").items():
+            if value is not None and not isinstance(value, dict):
+                out[f"{section}.{key}"] = ",".join(map(str, value)) if isinstance(value, list) else value
+    out["parallel.device"] = cfg.parallel.device
+    out["parallel.tp"] = cfg.parallel.tp
+    out["comm.backend"] = cfg.parallel.backend
+    return out
+
+
+def rounded(value: float, digits: int = 4) -> float:
+    """`value` to `digits` significant digits: timings and rates carry no more than that."""
+    if value == 0 or not math.isfinite(value) or float(value).is_integer():
+        return float(value)
+    return float(f"{value:.{digits}g}")
 
 
 def resolve_uri(configured: str | None, home: Path) -> str:
@@ -35,7 +100,7 @@ def resolve_uri(configured: str | None, home: Path) -> str:
 
 
 class Tracker:
-    def __init__(self, uri: str, experiment: str, study_name: str, home: Path, study=None):
+    def __init__(self, uri: str, experiment: str, study_name: str, home: Path, study=None, base_params: dict[str, Any] | None = None):
         import logging
 
         from mlflow.tracking import MlflowClient
@@ -55,14 +120,25 @@ class Tracker:
                 self.experiment_id = self.client.get_experiment_by_name(experiment).experiment_id
         else:
             self.experiment_id = exp.experiment_id
+        if exp is None or exp.tags.get(KIND_TAG) != KIND_CLASSIC:
+            self._write(self.client.set_experiment_tag, self.experiment_id, KIND_TAG, KIND_CLASSIC)
+        self.base_params = dict(base_params or {})
         self.parent_run_id = self._parent(study)
         if study is not None:
             study.set_user_attr(PARENT_ATTR, self.parent_run_id)
 
+    def where(self) -> str:
+        """Where to look: for a tracking server, the URL of the study's runs in the training-runs view
+        (`workflowType=machine_learning`: MLflow 3.x's UI otherwise opens on its GenAI pages until
+        the user picks "Model training" once); for a local store, the URI."""
+        if self.uri.startswith(("http://", "https://")):
+            return f"MLflow UI {self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs?workflowType=machine_learning"
+        return f"MLflow {self.uri}"
+
     def _parents(self) -> list:
         runs = self.client.search_runs(
             [self.experiment_id],
-            filter_string=f"tags.`{STUDY_TAG}` = '{self.study_name}' and tags.`spectune.role` = 'study'",
+            filter_string=f"tags.`{STUDY_TAG}` = '{self.study_name}' and tags.`{ROLE_TAG}` = 'study'",
             max_results=100,
         )
         return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
@@ -87,22 +163,28 @@ class Tracker:
             return runs[0].info.run_id
         mine = self.client.create_run(
             self.experiment_id, run_name=self.study_name,
-            tags={STUDY_TAG: self.study_name, "spectune.role": "study"},
+            tags={STUDY_TAG: self.study_name, ROLE_TAG: "study"},
         ).info.run_id
         first = self._parents()[0].info.run_id
         if first != mine:
             self.client.delete_run(mine)
+        elif self.base_params:
+            from mlflow.entities import Param
+
+            self.client.log_batch(mine, params=[Param(k, str(v)) for k, v in self.base_params.items()])
         return first
 
     def start_trial(self, number: int, params: dict[str, Any], tags: dict[str, str] | None = None) -> str:
+        """The trial's nested run, named by its configuration (`config_label`), its number in a tag;
+        params: the experiment's fixed settings with the trial's own on top."""
         run = self.client.create_run(
-            self.experiment_id, run_name=f"trial-{number}",
-            tags={STUDY_TAG: self.study_name, TRIAL_TAG: str(number), STATE_TAG: "RUNNING",
+            self.experiment_id, run_name=config_label(params),
+            tags={STUDY_TAG: self.study_name, ROLE_TAG: "trial", TRIAL_TAG: str(number), STATE_TAG: "RUNNING",
                   PARENT_TAG: self.parent_run_id, **(tags or {})},
         )
         from mlflow.entities import Param
 
-        self.client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
+        self.client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in {**self.base_params, **params}.items()])
         return run.info.run_id
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
@@ -111,7 +193,7 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
+        batch = [Metric(k, rounded(float(v)), now, step) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v]
         for i in range(0, len(batch), 900):
             self._write(self.client.log_batch, run_id, metrics=batch[i : i + 900])
 
@@ -122,7 +204,7 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, i) for k, values in series.items() for i, v in enumerate(values)]
+        batch = [Metric(k, rounded(float(v)), now, i) for k, values in series.items() for i, v in enumerate(values)]
         for i in range(0, len(batch), 900):
             self._write(self.client.log_batch, run_id, metrics=batch[i : i + 900])
 
@@ -132,15 +214,27 @@ class Tracker:
             path.write_text(json.dumps(obj, indent=1, default=str))
             self.client.log_artifact(run_id, str(path))
 
-    def log_file(self, run_id: str, path: Path) -> None:
-        self.client.log_artifact(run_id, str(path))
+    def load_json(self, run_id: str, name: str) -> Any:
+        """An artifact `log_json` wrote (None when the run has no such file)."""
+        from mlflow.exceptions import MlflowException
+
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr carries our log lines
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                return json.loads(Path(self.client.download_artifacts(run_id, name, tmp)).read_text())
+            except (MlflowException, OSError, ValueError):
+                return None
+
+    def log_file(self, run_id: str, path: Path, folder: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), artifact_path=folder)
 
     def finish_trial(self, run_id: str, state: str, reason: str | None = None) -> None:
-        """state: COMPLETE | PRUNED | FAIL | INVALID (the Optuna outcome, kept as a tag)."""
+        """state: COMPLETE | PRUNED | FAIL | INVALID (the Optuna outcome, kept as a tag); the run's
+        MLflow status follows RUN_STATUS, and a reason goes to spectune.prune_reason or spectune.fail_reason."""
         self.set_tag(run_id, STATE_TAG, state)
         if reason:
-            self.set_tag(run_id, "spectune.reason", reason[:4000])
-        self.client.set_terminated(run_id, status="FINISHED" if state in ("COMPLETE", "PRUNED") else "FAILED")
+            self.set_tag(run_id, PRUNE_TAG if state == "PRUNED" else FAIL_TAG, reason[:4000])
+        self.client.set_terminated(run_id, status=RUN_STATUS.get(state, "FAILED"))
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         self._write(self.client.set_tag, run_id, key, value)

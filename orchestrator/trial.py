@@ -28,14 +28,24 @@ from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.ranking import PARAMS_ATTR, SAMPLES_ATTR, baseline_median, is_baseline, median_mad, trial_params
 from orchestrator.space import TrialConfig, constraint_violation, suggest
-from orchestrator.tracking import Tracker
+from orchestrator.tracking import RETRY_TAG, Tracker, config_label, experiment_params, rounded
 from orchestrator.workload import PreparedWorkload
 from workers.runtime.errors import GangError
 from workers.spec import RunResult
 
-# the baseline trial's tokens and per-token logit margins (JSON), for telling a near-tie divergence
-# of a later trial's greedy output from a wrong one (orchestrator/equivalence.py)
+# the baseline trial's tokens and per-token logit margins, for telling a near-tie divergence of a
+# later trial's greedy output from a wrong one (orchestrator/equivalence.py): a JSON artifact of the
+# baseline's MLflow run (bulky: not an Optuna user attr); studies recorded before kept the attr
+BASELINE_OUTPUTS_FILE = "baseline_outputs.json"
 BASELINE_OUTPUTS_ATTR = "spectune.baseline_outputs"
+
+
+def baseline_outputs(base, tracker: Tracker) -> dict | None:
+    """{"tokens": [...], "margins": [...]} of a baseline trial, or None."""
+    if BASELINE_OUTPUTS_ATTR in base.user_attrs:
+        return json.loads(base.user_attrs[BASELINE_OUTPUTS_ATTR])
+    run_id = base.user_attrs.get("mlflow_run_id")
+    return tracker.load_json(run_id, BASELINE_OUTPUTS_FILE) if run_id else None
 ABLATION_ITERS = {"cpu": 3, "cuda": 50}  # steps timed with and without the allreduce, once per trial
 
 
@@ -63,9 +73,7 @@ def find_baseline(study, tp: int):
 def logged_params(cfg: ExperimentConfig, tc: TrialConfig) -> dict:
     """Every resolved parameter of a trial, searched or fixed (MLflow params, user attr spectune.params):
     the trial's own (TrialConfig.params) and the fixed settings every trial of the study shares."""
-    fixed = {"model.path": cfg.model.path, "model.dtype": cfg.model.dtype, "parallel.device": cfg.parallel.device,
-             "workload.max_new_tokens": cfg.workload.max_new_tokens, "workload.temperature": cfg.workload.temperature}
-    return {**fixed, **tc.params()}
+    return {**experiment_params(cfg), **tc.params()}
 
 
 def trial_config(trial, cfg: ExperimentConfig) -> TrialConfig:
@@ -94,8 +102,20 @@ def _acceptance_plot(metrics: dict, k: int, out: Path) -> Path | None:
     return path
 
 
-def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int) -> tuple[RunResult | None, bool, list[float]]:
-    """Run prompt by prompt, `repeats` times, within limits.trial_timeout_s in all.
+def _shown(live, number: int, tc, mine: list[RunResult], i: int, n: int, r: int, repeats: int):
+    """The live line's view of prompt i (0-based) while it decodes: this repeat's tokens and seconds
+    so far (earlier prompts plus the running one), or None without a live line."""
+    if live is None:
+        return None
+    before = RunResult.merge(mine).stats if mine else None
+    tokens0, seconds0 = (before.tokens, before.seconds) if before else (0, 0.0)
+    label = config_label(tc.params())
+    return lambda tokens, seconds: live.update(number, label, i + 1, n, tokens0 + tokens, seconds0 + seconds, r, repeats)
+
+
+def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int, live=None) -> tuple[RunResult | None, bool, list[float]]:
+    """Run prompt by prompt, `repeats` times, within limits.trial_timeout_s in all; `live`
+    (progress.LiveLine) shows each prompt as it finishes.
     Returns (merged result, pruned?, throughput of each repeat). The last prompt of the last repeat
     also times the step with and without its allreduces (the comm/compute split)."""
     parts: list[RunResult] = []
@@ -113,7 +133,11 @@ def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int) -> tup
             w = prepared.workload(cfg, tc, (prompt,))
             if r == repeats - 1 and i == n - 1 and tc.tp > 1:
                 w = replace(w, comm_ablation_iters=ABLATION_ITERS[cfg.parallel.device])
-            mine.append(gang.run(w, timeout_s=left))
+            shown = _shown(live, trial.number, tc, mine, i, n, r, repeats)
+            mine.append(gang.run(w, timeout_s=left, **({"on_progress": shown} if shown else {})))
+            if live is not None:
+                so_far = RunResult.merge(mine).stats
+                live.update(trial.number, config_label(tc.params()), i + 1, n, so_far.tokens, so_far.seconds, r, repeats, force=i == n - 1)
             trial.report(RunResult.merge(parts + mine).metrics["throughput_tok_s"], r * n + i)
             trial.set_user_attr(heartbeat_attr, time.time())
             if tc.num_draft_tokens > 0 and trial.should_prune():  # the baseline is the reference: never pruned
@@ -140,7 +164,7 @@ def noise_aware(per_repeat: list[float], penalty: float) -> dict[str, float]:
 
 
 def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker,
-              heartbeat_attr: str) -> TrialOutcome:
+              heartbeat_attr: str, live=None) -> TrialOutcome:
     from optuna.trial import TrialState
 
     tc = trial_config(trial, cfg)
@@ -161,6 +185,8 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
     simulated = cfg.workload.simulate_accept_len is not None and tc.num_draft_tokens > 0
     if simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
         tags["spectune.simulated_accept_len"] = f"{cfg.workload.simulate_accept_len:g}"
+    if RETRY_TAG in trial.user_attrs:
+        tags[RETRY_TAG] = str(trial.user_attrs[RETRY_TAG])
     run_id = tracker.start_trial(trial.number, params, tags)
     trial.set_user_attr("mlflow_run_id", run_id)
     state, reason, metrics = "FAIL", None, {}
@@ -171,7 +197,7 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         trial.set_user_attr(heartbeat_attr, time.time())  # a gang launch can take minutes
         # the baseline is measured several times: the noise band every ranking uses comes from its repeats
         repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if tc.num_draft_tokens == 0 else cfg.workload.repeats
-        result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats)
+        result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats, live)
         metrics = {**result.metrics, "setup_s": pool.setup_s if pool.launched > before else 0.0,
                    "rank_peak_rss_mb_max": max(gang.peak_rss_mb()[: tc.tp])}
         if per_repeat:
@@ -189,8 +215,8 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
             want = base.user_attrs.get("outputs_sha") if base is not None else (digest if tc.num_draft_tokens == 0 else None)
             if want is not None:
                 metrics["outputs_match_baseline"] = int(want == digest)
-            recorded = json.loads(base.user_attrs.get(BASELINE_OUTPUTS_ATTR, "null")) if base is not None else None
-            if want is not None and want != digest and recorded:  # parted ways: at a numerical near tie only?
+            recorded = baseline_outputs(base, tracker) if base is not None and want is not None and want != digest else None
+            if recorded:  # parted ways: at a numerical near tie only?
                 metrics.update(outputs_verdict(recorded["tokens"], recorded["margins"], [p.tokens for p in first], cfg.model.dtype))
         tracker.log_metrics(run_id, metrics)
         tracker.log_step_series(run_id, {
@@ -202,12 +228,12 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
                 tracker.log_file(run_id, plot)
         for key, value in metrics.items():  # every metric: the report's performance model reads them
             if isinstance(value, (int, float)):
-                trial.set_user_attr(key, value)
+                trial.set_user_attr(key, rounded(value))  # 4 significant digits, as in MLflow
         trial.set_user_attr("outputs_sha", digest)
         trial.set_user_attr(SAMPLES_ATTR, per_repeat)
         if tc.num_draft_tokens == 0 and cfg.workload.temperature == 0 and first and first[0].margins:
-            trial.set_user_attr(BASELINE_OUTPUTS_ATTR, json.dumps(
-                {"tokens": [p.tokens for p in first], "margins": [[round(m, 6) for m in p.margins] for p in first]}))
+            tracker.log_json(run_id, {"tokens": [p.tokens for p in first], "margins": [[round(m, 6) for m in p.margins] for p in first]},
+                             BASELINE_OUTPUTS_FILE)
         if pruned:
             state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt, and outside the noise band of the best"
             study.tell(trial, state=TrialState.PRUNED)

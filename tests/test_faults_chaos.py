@@ -102,7 +102,7 @@ def test_chaos_random_actor_kills_and_a_hang(tmp_path, tiny_ckpt):
         reason = t.user_attrs["spectune.fail_reason"]
         assert reason.startswith("GangError: "), reason
         run = by_id[t.user_attrs["mlflow_run_id"]]
-        assert run.info.status == "FAILED" and run.data.tags["spectune.reason"] == reason
+        assert run.info.status == "FAILED" and run.data.tags["spectune.fail_reason"] == reason
     hung = [t for t in failed if "did not answer within" in t.user_attrs["spectune.fail_reason"]]
     assert hung, [t.user_attrs["spectune.fail_reason"] for t in failed]
     # the frozen rank's trial failed within its deadline (the decode's or, if it hit a new gang, setup's)

@@ -276,5 +276,5 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
     assert study.best_trial.number == base.number
     runs = {t.number: tracker.client.get_run(t.user_attrs["mlflow_run_id"]) for t in study.trials}
     assert runs[invalid.number].info.status == "FAILED" and runs[invalid.number].data.metrics["outputs_match_baseline"] == 0
-    assert runs[wrong.number].info.status == "FAILED" and "wrong sums" in runs[wrong.number].data.tags["spectune.reason"]
+    assert runs[wrong.number].info.status == "FAILED" and "wrong sums" in runs[wrong.number].data.tags["spectune.fail_reason"]
     assert json.loads(json.dumps(study.user_attrs))["mlflow_parent_run_id"] == tracker.parent_run_id

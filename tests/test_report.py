@@ -1,6 +1,9 @@
-"""`spectune report` on a real (tiny) study: terminal summary, performance model, breakeven, the
-best config as a YAML that validates, an HTML report that headless Chromium renders with its plots,
-and the same files on the study's parent MLflow run. Also the noise-aware objective."""
+"""`spectune report` on a real (tiny) study: a verdict naming the winner by configuration, its
+accepted length against breakeven and the runner-up; the trials table; time per generated token
+(per token, not per step); the performance model; the best config as a YAML that validates; an
+HTML report that headless Chromium renders with its charts and that fits a laptop screen without
+sideways scrolling; the same files and charts on the study's parent MLflow run, whose trial runs
+are named by the same configuration labels. Also the noise-aware objective."""
 from __future__ import annotations
 
 import json
@@ -47,16 +50,29 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     for t in study.trials:
         if t.state.name == "COMPLETE":
             assert t.user_attrs["repeats"] >= 2 and "throughput_mad" in t.user_attrs
-            assert t.value == pytest.approx(t.user_attrs["throughput_median"] - t.user_attrs["throughput_mad"])
+            assert t.value == pytest.approx(t.user_attrs["throughput_median"] - t.user_attrs["throughput_mad"], rel=1e-3)  # attrs: 4 digits
 
     out = tmp_path / "report"
     r = spectune(["report", str(exp), "--out", str(out)], home)
     assert r.returncode == 0, r.stderr[-2000:]
     best = max((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert f"best: trial {best.number}" in r.stdout
+    facts = json.loads((out / "summary.json").read_text())
+    rows = facts["trials"]
+    assert [row["number"] for row in rows] == [t.number for t in sorted(study.trials, key=lambda t: -(t.value or -1))
+                                               if t.state.name == "COMPLETE"]
+    # the verdict: winner by configuration, accepted length against its breakeven (or why no drafter paid), runner-up
+    verdict = " ".join(facts["verdict"])
+    assert verdict.startswith(f"{facts['best_label']} wins (trial {best.number})") and verdict in r.stdout
+    assert ("breaks even at" in verdict) if rows[0]["k"] > 0 else ("No drafter accepted enough" in verdict)
+    assert "Runner-up: " + rows[1]["label"] in verdict and ("within noise" in verdict or "outside the noise band" in verdict)
+    assert "decode_tok_s, where shown, counts decode steps only" in r.stdout  # the two rates, explained
+    for row in rows:  # time per generated token: the step's parts over the tokens a step emits
+        if row["k"] > 0 and row["step_ms"]:
+            assert sum(row["per_token"].values()) * row["accept_len"] == pytest.approx(row["step_ms"], rel=1e-6)
+            assert row["breakeven"] > 0 and row["breakeven_source"] in ("measured", "model")
     assert "performance model: median |error| predicting left-out trials" in r.stdout
     assert "breakeven accepted length" in r.stdout and "comm_fraction: baseline" in r.stdout
-    facts = json.loads((out / "summary.json").read_text())
     assert facts["best_trial"] == best.number and facts["complete_trials"] == 4
     # no allreduce table in this study: the allreduce term is fitted, and the report says so
     assert facts["allreduce_term"] == {"tp2 gloo": "fitted"} and "allreduce term fitted for tp2 gloo: no allreduce table" in r.stdout
@@ -79,9 +95,21 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
                           "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chrome'}",
                           "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-1000:]
-    assert dom.stdout.count('src="data:image/png;base64,') >= 2  # the plots, embedded
+    for chart in ("objective", "per_token", "breakeven", "throughput_k"):  # embedded, each with its caption
+        assert f'id="plot-{chart}"><img alt="{chart}" src="data:image/png;base64,' in dom.stdout
+    assert 'id="verdict"' in dom.stdout and f"<b>{facts['best_label']}</b> wins" in dom.stdout
+    assert all(f'data-trial="{row["number"]}"' in dom.stdout for row in rows) and dom.stdout.count("data-trial=") == len(rows)
     assert 'id="best-config"' in dom.stdout and "num_draft_tokens" in dom.stdout
     assert 'id="model-predictions"' in dom.stdout and dom.stdout.count("<tr>") >= 1 + len(held_out)
+    # fits a laptop screen: the laid-out page is no wider than a 1366-pixel window
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", "<script>addEventListener('load', () => {document.title = "
+                                              "'width ' + document.documentElement.scrollWidth + ' of ' + innerWidth;});</script></body>"))
+    laid = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
+                           f"--user-data-dir={tmp_path / 'chrome3'}", "--window-size=1366,768", "--virtual-time-budget=5000",
+                           "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    width, window = map(int, laid.stdout.split("<title>width ")[1].split("</title>")[0].split(" of "))
+    assert window == 1366 and width <= window, (width, window)
     shot = tmp_path / "report.png"
     subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                     "--no-first-run", f"--user-data-dir={tmp_path / 'chrome2'}", f"--screenshot={shot}",
@@ -96,6 +124,12 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     names = {a.path for a in client.list_artifacts(parents[0].info.run_id, "report")}
     assert {"report/report.html", "report/best_config.yaml", "report/summary.json"} <= names
+    charts = {a.path for a in client.list_artifacts(parents[0].info.run_id, "report/charts")}
+    assert {f"report/charts/{c}.png" for c in ("objective", "per_token", "breakeven", "throughput_k")} <= charts
+    # the MLflow runs carry the report's labels: a reader can match a chart's bar to a run by name
+    _, trial_runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
+    names_by_trial = {int(run.data.tags["spectune.trial"]): run.info.run_name for run in trial_runs}
+    assert all(names_by_trial[row["number"]] == row["label"] for row in rows)
 
 
 def _check_bench_term(tmp_path, exp, home, ckpt, study):
@@ -132,3 +166,48 @@ def _check_bench_term(tmp_path, exp, home, ckpt, study):
     assert "the allreduce table disagrees with the allreduce time its trials measured" in facts["allreduce_term_why"]["tp2 gloo"]
     lo, med, hi = facts["comm_check"]["tp2 gloo"]
     assert lo <= med <= hi < 0.5
+
+
+def _row(number, label, value, k, accept_len=1.0, step_ms=100.0, breakeven=None, mad=0.0, repeats=1, comm_fraction=0.4, within_noise=None):
+    from orchestrator.report.rows import Row, per_token_split
+
+    r = Row(number=number, label=label, params={}, value=value, median=value + mad if repeats > 1 else None, mad=mad,
+            repeats=repeats, k=k, kind="ngram" if k else "plain", backend="gloo", env="tp2 gloo", tp=2, accept_len=accept_len,
+            decode_tok_s=None, step_ms=step_ms, verify_ms=step_ms * 0.8, draft_ms=step_ms * 0.1, comm_ms=step_ms * comm_fraction,
+            comm_fraction=comm_fraction, breakeven=breakeven, breakeven_source="measured", within_noise=within_noise)
+    r.per_token = per_token_split(r.step_ms, r.verify_ms, r.draft_ms, r.comm_ms, r.accept_len)
+    return r
+
+
+def test_verdict_reads_like_one():
+    from orchestrator.report.rows import within_noise
+    from orchestrator.report.verdict import verdict
+
+    best = _row(4, "ngram k=6 gloo tp2", 3.70, 6, accept_len=1.31, step_ms=126.0, breakeven=1.26, mad=0.05, repeats=3, comm_fraction=0.38)
+    close = _row(2, "ngram k=4 gloo tp2", 3.64, 4, accept_len=1.25, breakeven=1.2, within_noise=True)
+    plain = _row(0, "plain gloo tp2", 2.90, 0, breakeven=1.0, comm_fraction=0.45)
+    text = verdict([best, close, plain])
+    assert text[0] == "ngram k=6 gloo tp2 wins (trial 4): throughput_tok_s 3.70 tok/s (median 3.75 +- 0.05 MAD over 3 repeats), " \
+                      "1.28x plain decoding (2.90)."
+    assert text[1].startswith("It accepts 1.31 tokens a step where this setup breaks even at 1.26") and "+4% to spare" in text[1]
+    assert text[2].startswith("Allreduce is 38% of its step (plain decoding: 45%)")
+    assert within_noise(best, close) and "within noise" in text[3] and "ngram k=4 gloo tp2 (trial 2)" in text[3]
+    far = _row(2, "ngram k=2 gloo tp2", 3.0, 2, accept_len=1.1, breakeven=1.05, within_noise=False)
+    assert not within_noise(best, far) and "outside the noise band" in verdict([best, far, plain])[3]
+    unknown = _row(2, "ngram k=2 gloo tp2", 3.6, 2, accept_len=1.1, breakeven=1.05)  # nothing measured twice
+    assert within_noise(best, unknown) is None and "noise is unknown" in verdict([best, unknown, plain])[3]
+    # plain decoding wins: the verdict says which drafter came closest to paying for itself
+    slow = _row(1, "ngram k=2 gloo tp2", 2.5, 2, accept_len=1.1, breakeven=1.4)
+    assert "No drafter accepted enough" in verdict([plain, slow])[1] and "would break even at 1.40" in verdict([plain, slow])[1]
+    lucky = _row(1, "ngram k=2 gloo tp2", 2.5, 2, accept_len=1.5, breakeven=1.2)  # pays by step time, lost on throughput
+    assert "above its breakeven of 1.20 by median step time, yet measured a lower throughput_tok_s" in verdict([plain, lucky])[1]
+
+
+def test_time_per_token_divides_the_step_by_its_tokens():
+    from orchestrator.report.rows import per_token_split
+
+    # a speculative step 230 ms long that emits 1.31 tokens costs less per token than a 180 ms plain step
+    spec = per_token_split(230.0, 190.0, 20.0, 80.0, 1.31)
+    plain = per_token_split(180.0, 170.0, 0.0, 75.0, 1.0)
+    assert spec == pytest.approx({"draft": 20 / 1.31, "verify compute": 110 / 1.31, "allreduce": 80 / 1.31, "rest": 20 / 1.31})
+    assert sum(spec.values()) < sum(plain.values()) == pytest.approx(180.0)

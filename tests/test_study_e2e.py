@@ -2,11 +2,13 @@
 MLflow (a `mlflow server` process, and a SQLite store), a drafter actor beside the TP 2 gang."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -67,16 +69,20 @@ def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
     complete = [t for t in trials if t.state.name == "COMPLETE"]
     assert len(complete) == 4
     assert complete[0].params["spec.num_draft_tokens"] == 0  # the baseline runs first
-    recorded = __import__("json").loads(complete[0].user_attrs["spectune.baseline_outputs"])  # for near-tie verdicts
-    assert [len(m) for m in recorded["margins"]] == [len(t) for t in recorded["tokens"]] and recorded["tokens"]
-
     parents, runs = mlflow_runs(mlflow_server, "tiny-study")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     from mlflow.tracking import MlflowClient
 
+    # the baseline's tokens and margins (for near-tie verdicts): an artifact of its run, not a user attr
+    assert not any("spectune.baseline_outputs" in t.user_attrs for t in trials)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = MlflowClient(tracking_uri=mlflow_server).download_artifacts(complete[0].user_attrs["mlflow_run_id"], "baseline_outputs.json", tmp)
+        recorded = json.loads(open(path).read())
+    assert [len(m) for m in recorded["margins"]] == [len(t) for t in recorded["tokens"]] and recorded["tokens"]
+
     logged = {a.path for a in MlflowClient(tracking_uri=mlflow_server).list_artifacts(parents[0].info.run_id)}
     assert {"bench_allreduce_table.json", "bench_allreduce.json", "bench_allreduce_latency.png"} <= logged
-    assert parents[0].data.metrics["objective"] == pytest.approx(study.best_value)  # the best trial's metrics
+    assert parents[0].data.metrics["objective"] == pytest.approx(study.best_value, rel=1e-3)  # the best trial's, 4 significant digits
     assert len(runs) == len(trials)
     by_id = {run.info.run_id: run for run in runs}
     for t in trials:
@@ -91,10 +97,10 @@ def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
         run = by_id[t.user_attrs["mlflow_run_id"]]
         for m in CONTRACT_METRICS:
             assert m in run.data.metrics, m
-            assert t.user_attrs[m] == pytest.approx(run.data.metrics[m])
-        assert run.data.metrics["objective"] == pytest.approx(t.value)  # median - mad_penalty x MAD of its repeats
+            assert t.user_attrs[m] == pytest.approx(run.data.metrics[m], rel=1e-3)
+        assert run.data.metrics["objective"] == pytest.approx(t.value, rel=1e-3)  # median - mad_penalty x MAD of its repeats
         if t.user_attrs["repeats"] == 1:
-            assert run.data.metrics["throughput_tok_s"] == pytest.approx(t.value)
+            assert run.data.metrics["throughput_tok_s"] == pytest.approx(t.value, rel=1e-3)  # MLflow keeps 4 significant digits
         assert run.data.metrics["outputs_match_baseline"] == 1
         if t.params["spec.num_draft_tokens"] > 0:
             assert "accept_rate_pos_1" in run.data.metrics

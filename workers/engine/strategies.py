@@ -37,6 +37,7 @@ Extension points (what changes where, and what stays):
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -61,6 +62,11 @@ def finish(tokens: list[int], have: int, w: Workload) -> tuple[list[int], bool]:
     return tokens, have + len(tokens) >= w.max_new_tokens
 
 
+# Progress hook: (tokens generated so far for the current prompt, seconds since that prompt began),
+# called on the rank it is attached to after every decode step; it must be cheap (throttle inside).
+ProgressHook = Callable[[int, float], None]
+
+
 @dataclass
 class Sequence:
     """One prompt's decoding state on a verifier rank (with a batch: one per KV cache row)."""
@@ -72,6 +78,7 @@ class Sequence:
     steps: int = 0  # decode steps after the prefill
     accepted: int = 0  # drafts kept over all steps (after EOS / max_new_tokens cuts)
     top2: list[torch.Tensor] | None = None  # per token top-1 / top-2 logits, where margins are recorded
+    started: float = field(default_factory=time.perf_counter)
 
     @classmethod
     def of(cls, prompt, row: int = 0) -> Sequence:
@@ -101,10 +108,15 @@ class Rank:
     w: Workload
     index: int  # the TP rank
     local: bool  # decides_locally: every rank verifies for itself
+    on_progress: ProgressHook | None = None
     gen: torch.Generator = field(init=False)
 
     def __post_init__(self):
         self.gen = torch.Generator().manual_seed(self.w.seed)  # alike on every rank: local decisions agree
+
+    def progress(self, seq: Sequence) -> None:
+        if self.on_progress is not None:
+            self.on_progress(seq.n_generated, time.perf_counter() - seq.started)
 
     @property
     def decides(self) -> bool:
@@ -166,6 +178,7 @@ class StepStrategy:
     def decode(self, seq: Sequence, stats: RunStats) -> None:
         while not seq.done:
             stats.steps.append(self.step(seq))
+            self.r.progress(seq)
 
     def step(self, seq: Sequence) -> StepRecord:
         r = self.r
@@ -245,6 +258,7 @@ class PlainSteps(StepStrategy):
             stats.steps.append(StepRecord(drafted=0, accepted=0, emitted=len(new), step_s=now - t_prev, verify_s=now - t_prev,
                                           draft_s=0.0, comm_calls=per_step, comm_s=r.counters.seconds - comm0))
             t_prev, comm0 = now, r.counters.seconds
+            r.progress(seq)
             if done:
                 if nxt is not None:
                     r.steps.greedy_result(nxt)  # the step past the EOS: finished, thrown away

@@ -40,7 +40,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.link import DraftLink
 from workers.engine.stats import RunStats
 from workers.engine.steps import StepRunner
-from workers.engine.strategies import Rank, Sequence, strategy_for
+from workers.engine.strategies import ProgressHook, Rank, Sequence, strategy_for
 from workers.model.transformer import Transformer
 from workers.spec import PromptResult, RunResult, Workload
 
@@ -66,6 +66,7 @@ class Verifier:
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
         self.steps = StepRunner(model, self.cache, link.k + 1, engine=engine, allreduce=allreduce)
+        self.on_progress: ProgressHook | None = None  # set per run by the worker (rank 0), see ProgressHook
 
     def comm_split(self, width: int, iters: int) -> dict[str, float]:
         """Step time of `width` tokens with the allreduce and with it replaced by a no-op."""
@@ -95,7 +96,7 @@ class Verifier:
     @torch.inference_mode()
     def run(self, w: Workload) -> RunResult | None:
         rank = Rank(steps=self.steps, cache=self.cache, link=self.link, counters=self.allreduce.counters, w=w, index=self.rank,
-                    local=decides_locally(w, self.link.drafter_rank is not None))
+                    local=decides_locally(w, self.link.drafter_rank is not None), on_progress=self.on_progress)
         strategy = strategy_for(rank, self.drafter, overlap=self.steps.engine.overlap)  # fixed for the run: every rank picks it alike
         strategy.begin_run()
         stats, prompts = RunStats(), []

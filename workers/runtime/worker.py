@@ -20,7 +20,7 @@ from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_
 from workers.drafters import Drafter, ModelDrafter, NgramDrafter
 from workers.engine.link import MAX_DRAFT_TOKENS, DraftLink
 from workers.engine.steps import no_cudnn_attention
-from workers.engine.verifier import Verifier, run_drafter
+from workers.engine.verifier import ProgressHook, Verifier, run_drafter
 from workers.model.checkpoint import load_args, load_model
 from workers.model.tp import TPPart, hook
 from workers.runtime.errors import WorkerError
@@ -217,13 +217,19 @@ class Worker:
     def _p2p_ok(self) -> bool:
         return self._peers_ok
 
-    def run(self, workload: Workload) -> RunResult | None:
+    def run(self, workload: Workload, progress: ProgressHook | None = None) -> RunResult | None:
+        """Decode `workload`; `progress` (verifier ranks; the driver hands it to rank 0) is called
+        after every decode step with (tokens of the current prompt, seconds since it began)."""
         if workload.num_draft_tokens > self.link.k:
             raise WorkerError(f"num_draft_tokens={workload.num_draft_tokens} exceeds the maximum of {self.link.k}")
         if self.is_drafter:
             run_drafter(self.drafter, self.link, workload)
             return None
-        return self.verifier.run(workload)
+        self.verifier.on_progress = progress
+        try:
+            return self.verifier.run(workload)
+        finally:
+            self.verifier.on_progress = None
 
     def pid(self) -> int:
         return os.getpid()

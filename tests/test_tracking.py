@@ -1,0 +1,107 @@
+"""The MLflow record as its users read it, on a real (SQLite) MLflow store: the experiment marked for
+MLflow 3's training-runs view, runs named by configuration, PRUNED / FAIL trials with their own
+status and reason tag, the experiment's settings among the params, metrics to 4 significant digits.
+And the console's live line, on a pipe and on a real pseudo-terminal."""
+from __future__ import annotations
+
+import io
+import os
+
+from orchestrator.config import load_config
+from orchestrator.progress import LiveLine
+from orchestrator.tracking import (
+    FAIL_TAG,
+    KIND_TAG,
+    PRUNE_TAG,
+    RETRY_TAG,
+    Tracker,
+    config_label,
+    experiment_params,
+    rounded,
+)
+
+SPACE = {"spec.num_draft_tokens": {"choices": [0, 6]}}
+
+
+def _cfg(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("name: tags\nmodel: {path: smollm2-135m}\nparallel: {tp: 2}\nworkload: {num_prompts: 3, max_new_tokens: 16}\n"
+                    "search: {space: {spec.num_draft_tokens: {choices: [0, 6]}}}\n")
+    return load_config(str(path), [])
+
+
+def test_config_label_names_the_configuration():
+    assert config_label({"spec.num_draft_tokens": 6, "drafter.kind": "ngram", "comm.backend": "gloo", "parallel.tp": 2}) == "ngram k=6 gloo tp2"
+    assert config_label({"spec.num_draft_tokens": 0, "drafter.kind": "ngram", "comm.backend": "nccl", "parallel.tp": 8,
+                         "nccl.NCCL_PROTO": "LL"}) == "plain nccl PROTO=LL tp8"
+    assert config_label({"spec.num_draft_tokens": 2, "drafter.kind": "layer_skip", "drafter.layers": 8, "comm.backend": "gloo",
+                         "parallel.tp": 2}) == "layer_skip L=8 k=2 gloo tp2"
+
+
+def test_rounded_keeps_four_significant_digits():
+    assert rounded(3.14159265) == 3.142 and rounded(0.000123456) == 0.0001235 and rounded(12345.678) == 12350.0
+    assert rounded(7.0) == 7.0 and rounded(0.0) == 0.0
+
+
+def test_mlflow_runs_as_users_read_them(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    cfg = _cfg(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "tags-exp", "tags", tmp_path, base_params=experiment_params(cfg))
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_experiment(tracker.experiment_id).tags[KIND_TAG] == "custom_model_development"
+    trial = {"spec.num_draft_tokens": 6, "drafter.kind": "ngram", "comm.backend": "gloo", "parallel.tp": 2}
+    runs = {}
+    for number, state, reason in ((0, "COMPLETE", None), (1, "PRUNED", "below the 25th percentile"), (2, "FAIL", "GangError: rank 1 died")):
+        run_id = tracker.start_trial(number, trial, {RETRY_TAG: "0"} if number == 2 else None)
+        tracker.log_metrics(run_id, {"throughput_tok_s": 3.14159265, "step_ms_p50": 123.456789, "tokens_generated": 48.0})
+        tracker.finish_trial(run_id, state, reason)
+        runs[number] = client.get_run(run_id)
+    for number, run in runs.items():
+        assert run.info.run_name == "ngram k=6 gloo tp2" and run.data.tags["spectune.trial"] == str(number)
+        p = run.data.params
+        assert p["model.path"] == "smollm2-135m" and p["model.dtype"] == "float32" and p["parallel.tp"] == "2"
+        assert p["workload.num_prompts"] == "3" and p["workload.max_new_tokens"] == "16" and p["workload.prompts"] == "bundled"
+        assert p["spec.num_draft_tokens"] == "6" and p["drafter.kind"] == "ngram"
+        assert run.data.metrics == {"throughput_tok_s": 3.142, "step_ms_p50": 123.5, "tokens_generated": 48.0}
+    assert (runs[0].info.status, runs[0].data.tags["spectune.state"]) == ("FINISHED", "COMPLETE")
+    assert (runs[1].info.status, runs[1].data.tags["spectune.state"]) == ("KILLED", "PRUNED")
+    assert runs[1].data.tags[PRUNE_TAG] == "below the 25th percentile" and FAIL_TAG not in runs[1].data.tags
+    assert (runs[2].info.status, runs[2].data.tags["spectune.state"]) == ("FAILED", "FAIL")
+    assert runs[2].data.tags[FAIL_TAG] == "GangError: rank 1 died" and runs[2].data.tags[RETRY_TAG] == "0"
+    parent = client.get_run(tracker.parent_run_id)
+    assert parent.data.params["model.path"] == "smollm2-135m" and parent.data.tags["spectune.role"] == "study"
+    # a second driver of the same study finds the same parent and leaves the experiment's kind alone
+    again = Tracker(uri, "tags-exp", "tags", tmp_path, base_params=experiment_params(cfg))
+    assert again.parent_run_id == tracker.parent_run_id
+
+
+def test_live_line_on_a_pipe_is_throttled():
+    out = io.StringIO()
+    live = LiveLine(out, every_s=3600)
+    live.update(4, "ngram k=6 gloo tp2", 1, 3, 24, 8.0)
+    live.update(4, "ngram k=6 gloo tp2", 2, 3, 48, 16.0)  # within every_s: not printed
+    live.update(4, "ngram k=6 gloo tp2", 3, 3, 72, 18.0, repeat=1, repeats=2, force=True)
+    assert out.getvalue().splitlines() == ["  trial 4 ngram k=6 gloo tp2: prompt 1 of 3, 24 tokens, 3.00 tok/s",
+                                           "  trial 4 ngram k=6 gloo tp2: prompt 3 of 3, repeat 2 of 2, 72 tokens, 4.00 tok/s"]
+
+
+def test_live_line_on_a_terminal_rewrites_itself():
+    master, slave = os.openpty()
+    with os.fdopen(slave, "w") as tty:
+        live = LiveLine(tty, tty_every_s=0)
+        assert live.tty
+        live.update(1, "plain gloo tp2", 1, 2, 10, 2.0)
+        live.update(1, "plain gloo tp2", 2, 2, 20, 4.0)
+        live.done()
+    text = os.read(master, 4096).decode()
+    os.close(master)
+    assert text.count("\r\x1b[K") == 3 and "\n" not in text.replace("\r\n", "")  # one line, rewritten, then cleared
+    assert "prompt 2 of 2, 20 tokens, 5.00 tok/s" in text
+
+
+def test_experiment_params_hold_model_and_workload(tmp_path):
+    p = experiment_params(_cfg(tmp_path))
+    assert {"model.path", "model.dtype", "parallel.tp", "parallel.device", "comm.backend", "workload.prompts",
+            "workload.num_prompts", "workload.max_new_tokens", "workload.repeats"} <= set(p)
