@@ -35,6 +35,7 @@ class DecodeOptions:
     draft_layers: int | None = None
     ngram_max: int = 3
     ngram_actor: bool = False
+    draft_placement: str = "actor"  # eagle3: actor | rank0
     num_draft_tokens: int = 4
     temperature: float = 0.0
     prompts: str = str(BUNDLED_PROMPTS)
@@ -106,6 +107,8 @@ def plan(o: DecodeOptions) -> DecodePlan:
         if dargs.vocab_size != args.vocab_size:
             raise UserError(f"--draft-model vocabulary ({dargs.vocab_size}) differs from the model's ({args.vocab_size}); it must share the tokenizer")
         drafter = DrafterSpec(kind="draft_model", model_path=str(dpath))
+    elif o.drafter == "eagle3":
+        drafter = eagle3_spec(o.draft_model, o.draft_placement, path, args)
     elif o.drafter == "layer_skip":
         layers = o.draft_layers if o.draft_layers is not None else max(1, args.n_layers // 2)
         if not 1 <= layers < args.n_layers:
@@ -133,6 +136,24 @@ def plan(o: DecodeOptions) -> DecodePlan:
     return DecodePlan(gang=gang, prompts=prompts, token_ids=ids, tokenizer=tok, eos_ids=eos)
 
 
+def eagle3_spec(head: str | None, placement: str, model_path, args) -> DrafterSpec:
+    """An eagle3 drafter that fits the model, or UserError (one line)."""
+    from workers.drafters import PLACEMENTS
+    from workers.drafters.eagle3 import check_fits, load_config
+    from workers.model.args import ModelConfigError
+
+    if not head:
+        raise UserError("--drafter eagle3 needs --draft-model PATH (an EAGLE-3 head, e.g. smollm2-135m-eagle3)")
+    if placement not in PLACEMENTS:
+        raise UserError(f"--draft-placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
+    hpath = resolve_model_path(head)
+    try:
+        check_fits(load_config(hpath), args, hpath)
+    except ModelConfigError as e:
+        raise UserError(f"--draft-model: {e}") from None
+    return DrafterSpec(kind="eagle3", model_path=str(hpath), placement=placement)
+
+
 def params(o: DecodeOptions, p: DecodePlan) -> dict:
     """The configuration with the dotted names MLflow params use."""
     return {
@@ -142,6 +163,7 @@ def params(o: DecodeOptions, p: DecodePlan) -> dict:
         "drafter.kind": o.drafter,
         "drafter.layers": p.gang.drafter.layers if o.drafter == "layer_skip" else None,
         "drafter.model_path": p.gang.drafter.model_path,
+        "drafter.placement": o.draft_placement if o.drafter == "eagle3" else None,
         "spec.num_draft_tokens": o.num_draft_tokens,
         "workload.temperature": o.temperature,
         "workload.num_prompts": len(p.prompts),

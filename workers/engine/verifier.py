@@ -10,6 +10,10 @@ The driver is not involved per step: one call runs a whole Workload.
 With k = 0 the verifier decodes plainly (the baseline) and a drafter in the gang only listens.
 The n-gram drafter is no process of its own: every verifier rank runs a copy on the committed
 tokens it already holds (`Verifier.drafter`), so those steps exchange no link messages.
+Hidden states (EAGLE-3): where the model captures aux layers (`model.aux_layers`) and k > 0, the
+states of every newly committed position (the prompt's after the prefill, [last, d_1..d_a] after
+a step) go with the VerifyResult to the drafter process (rank 0 sends them once), or straight to
+the drafter inside this rank (`Drafter.observe`).
 
 Every verifier rank holds the same full logits (the allreduce hands every rank the same sums, the
 head is replicated or gathered) and the same seeded generator. So where verification needs nothing
@@ -68,6 +72,7 @@ class Verifier:
         self.cache = model.new_cache(1)
         self.steps = StepRunner(model, self.cache, link.k + 1, graphs=graphs, allreduce=allreduce, fused=fused, attention=attention)
         self.local = False  # set per run: decides_locally (every rank verifies itself)
+        self.hidden_on = False  # set per run: hidden states go to the drafter (see _hidden)
 
     def _simulated(self, drafted: list[int], w: Workload, logits: torch.Tensor, credit: float) -> tuple[int, list[int], float]:
         """Accept tau - 1 drafts per step on average (error diffusion keeps the running mean exact)."""
@@ -126,6 +131,24 @@ class Verifier:
                 return steps
             slot = nxt
 
+    # ---- hidden states for drafters that read them (EAGLE-3): one separable piece
+    def _wants_hidden(self, w: Workload) -> bool:
+        return bool(self.model.aux_layers) and w.num_draft_tokens > 0
+
+    def _hidden(self, rows: int) -> torch.Tensor:
+        """The captured aux states of the last pass's first `rows` positions, [rows, n_aux x dim]."""
+        return torch.cat(self.model.aux, dim=-1)[0, :rows]
+
+    def _attach_hidden(self, result: VerifyResult | None, rows: int) -> None:
+        """Before the result goes out: the drafter process gets the states with it."""
+        if self.hidden_on and result is not None and self.link.drafter_rank is not None:
+            result.hidden = self._hidden(rows)
+
+    def _observe_hidden(self, rows: int) -> None:
+        """After the result is known: a drafter inside this rank reads the states directly."""
+        if self.hidden_on and self.drafter is not None and self.drafter.reads_hidden:
+            self.drafter.observe(self._hidden(rows))
+
     def _first_token(self, logits: torch.Tensor, w: Workload, gen) -> VerifyResult:
         tok = int(logits.argmax()) if w.temperature <= 0 else sample(probs(logits, w.temperature), gen)
         tokens, done = _finish([tok], 0, w)
@@ -166,6 +189,7 @@ class Verifier:
         credit = 0.0
         self.local = decides_locally(w, self.link.drafter_rank is not None)
         overlapped = self._overlapped(w)  # fixed for the run: every rank decides it alike
+        self.hidden_on = self._wants_hidden(w)
         margins = w.record_margins and w.num_draft_tokens == 0 and w.temperature <= 0
         # every width this run can use, before timing
         self.steps.warm(range(1, w.num_draft_tokens + 2), greedy=overlapped, margins=margins)
@@ -178,7 +202,10 @@ class Verifier:
             if self.drafter is not None:
                 self.drafter.prefill(list(prompt))
             logits = self.steps.prefill(list(prompt))
-            res = self._broadcast(self._first_token(logits, w, gen) if self._decides() else None)
+            first = self._first_token(logits, w, gen) if self._decides() else None
+            self._attach_hidden(first, len(prompt))
+            res = self._broadcast(first)
+            self._observe_hidden(len(prompt))
             prefill_s = time.perf_counter() - t_prompt
             record = margins and self._decides()
             top2 = [logits.float().topk(2).values] if record else []
@@ -211,8 +238,10 @@ class Verifier:
                     mine = VerifyResult(accepted=n, tokens=new, done=done)
                     if record:  # k = 0: one token per step, from row 0 (no sync: read at the prompt's end)
                         top2.append(logits[0].float().topk(2).values)
+                self._attach_hidden(mine, 1 + mine.accepted if mine is not None else 0)
                 t2 = time.perf_counter()
                 res = self._broadcast(mine)
+                self._observe_hidden(1 + res.accepted)
                 # keep [last, d_1..d_accepted]; the correction/bonus token is fed next step
                 self.cache.rollback(0, base + 1 + res.accepted)
                 out.extend(res.tokens)
@@ -251,6 +280,8 @@ def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:
             res = recv_result()
             committed.extend(res.tokens)
             while not res.done:
+                if res.hidden is not None:
+                    drafter.observe(res.hidden)
                 if w.num_draft_tokens > 0:
                     link.send_proposal(drafter.propose(committed, w.num_draft_tokens))
                 res = recv_result()

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from workers.model.checkpoint import load_args, load_model
 from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_add_norm
-from workers.drafters import Drafter, ModelDrafter, NgramDrafter
+from workers.drafters import Drafter, Eagle3Drafter, ModelDrafter, NgramDrafter
+from workers.drafters import eagle3
 from workers.engine.verifier import Verifier, run_drafter
 from workers.engine.link import MAX_DRAFT_TOKENS, DraftLink
 from workers.runtime.errors import WorkerError
@@ -64,9 +65,22 @@ def _ray_gpu_index() -> int | None:
     return visible.index(ids[0]) if ids[0] in visible else int(ids[0])
 
 
-def build_drafter(spec: GangSpec, device) -> Drafter:
+def eagle3_aux_layers(spec: GangSpec) -> tuple[int, ...]:
+    """The target layers whose states an eagle3 drafter reads (none for other drafters)."""
+    if spec.drafter.kind != "eagle3" or spec.drafter.model_path is None:
+        return ()
+    return eagle3.check_fits(eagle3.load_config(spec.drafter.model_path), load_args(spec.model_path), spec.drafter.model_path)
+
+
+def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> Drafter:
+    """`embed`: the verifier's token embedding where the drafter lives in a verifier rank (eagle3)."""
     d = spec.drafter
     dtype = DTYPES[spec.dtype]
+    if d.kind == "eagle3":
+        if embed is None:
+            embed = eagle3.target_embedding(spec.model_path, dtype, device)
+        return Eagle3Drafter(eagle3.load_head(d.model_path, embed, load_args(spec.model_path), dtype=dtype, device=device,
+                                              max_seq=spec.max_seq))
     if d.kind == "ngram":
         return NgramDrafter(d.ngram_max, d.ngram_min)
     if d.kind == "draft_model":
@@ -112,8 +126,10 @@ class Worker:
         tp_group = dist.new_group(list(range(spec.tp)), backend=tp_backend)
         args = load_args(spec.model_path)
         drafter_rank = spec.tp if spec.has_drafter else None
-        self.link = DraftLink(dist.group.WORLD, self.rank, drafter_rank, MAX_DRAFT_TOKENS, args.vocab_size)
         dtype = DTYPES[spec.dtype]
+        aux_layers = eagle3_aux_layers(spec)
+        self.link = DraftLink(dist.group.WORLD, self.rank, drafter_rank, MAX_DRAFT_TOKENS, args.vocab_size,
+                              hidden_width=len(aux_layers) * args.dim, hidden_dtype=dtype)
         if self.is_drafter:
             self.drafter = build_drafter(spec, device)
         else:
@@ -129,11 +145,13 @@ class Worker:
                 self._check_add_norm(allreduce, tp_group, args.dim, dtype, device)
             model = load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq)
             model = shard(model, self.rank, spec.tp, allreduce, spec.vocab_parallel)
+            model.aux_layers = aux_layers  # eagle3: capture the states its head reads
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the unsharded copy is gone
-            self.verifier = Verifier(model, allreduce, self.link, self.rank, graphs=spec.cuda_graphs, fused=spec.compile,
-                                     attention=spec.attention,
-                                     drafter=build_drafter(spec, device) if spec.drafter.in_verifier else None)
+            # the compiled step (fused_step.py) does not capture hidden states yet: eagle3 runs the plain graphed step
+            self.verifier = Verifier(model, allreduce, self.link, self.rank, graphs=spec.cuda_graphs,
+                                     fused=spec.compile and not aux_layers, attention=spec.attention,
+                                     drafter=build_drafter(spec, device, model.embed_tokens.weight) if spec.drafter.in_verifier else None)
         info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0, "pid": os.getpid()}
         if self.verifier is not None:
             info["attention"] = self.verifier.steps.attention
