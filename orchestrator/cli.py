@@ -127,6 +127,7 @@ def _add_train_drafter(sub) -> None:
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="draft steps unrolled in the training-time test")
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help="reduced draft vocabulary (most frequent tokens)")
     p.add_argument("--batch", type=int, default=d.batch, help="responses per optimizer step")
+    p.add_argument("--gen-batch", type=int, default=d.gen_batch, help="prompts the target answers together")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--device", default=d.device, help="cpu or cuda")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads")

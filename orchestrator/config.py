@@ -23,7 +23,7 @@ from orchestrator.errors import UserError
 
 NCCL_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")
 SEARCHABLE = ("spec.num_draft_tokens", "drafter.kind", "drafter.layers", "drafter.ngram_max", "drafter.model_path",
-              "comm.backend", "parallel.tp")
+              "drafter.placement", "comm.backend", "parallel.tp")
 
 
 class _Section(BaseModel):
@@ -38,11 +38,12 @@ class ModelSection(_Section):
 class DrafterSection(_Section):
     """Defaults for the drafter; the search space can override each field."""
 
-    kind: Literal["none", "draft_model", "ngram", "layer_skip"] = "ngram"
+    kind: Literal["none", "draft_model", "ngram", "layer_skip", "eagle3"] = "ngram"
     num_draft_tokens: int = Field(4, ge=0, le=16)
     model_path: str | None = None
     layers: int | None = Field(None, ge=1)
     ngram_max: int = Field(3, ge=1, le=8)
+    placement: Literal["actor", "rank0"] = "actor"  # eagle3: its own process, or inside the verifier ranks
 
 
 class ParallelSection(_Section):

@@ -37,6 +37,7 @@ def best_yaml(cfg: ExperimentConfig, params: dict) -> str:
     raw["drafter"]["num_draft_tokens"] = k
     for key, section, field in (("drafter.kind", "drafter", "kind"), ("drafter.layers", "drafter", "layers"),
                                 ("drafter.ngram_max", "drafter", "ngram_max"), ("drafter.model_path", "drafter", "model_path"),
+                                ("drafter.placement", "drafter", "placement"),
                                 ("comm.backend", "parallel", "backend"), ("parallel.tp", "parallel", "tp")):
         if key in params:
             raw[section][field] = params[key]

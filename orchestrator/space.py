@@ -18,7 +18,8 @@ from orchestrator.errors import UserError
 from workers.spec import DrafterSpec
 
 PRIORITY = ("parallel.tp", "comm.backend", "spec.num_draft_tokens", "drafter.kind")
-DRAFTER_PARAM_KIND = {"drafter.layers": "layer_skip", "drafter.ngram_max": "ngram", "drafter.model_path": "draft_model"}
+DRAFTER_PARAM_KIND = {"drafter.layers": ("layer_skip",), "drafter.ngram_max": ("ngram",),
+                      "drafter.model_path": ("draft_model", "eagle3"), "drafter.placement": ("eagle3",)}
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,10 @@ class TrialConfig:
             p["drafter.layers"] = self.drafter.layers
         if self.drafter.kind == "ngram":
             p["drafter.ngram_max"] = self.drafter.ngram_max
-        if self.drafter.kind == "draft_model":
+        if self.drafter.kind in ("draft_model", "eagle3"):
             p["drafter.model_path"] = self.drafter.model_path
+        if self.drafter.kind == "eagle3":
+            p["drafter.placement"] = self.drafter.placement
         for k, v in self.nccl_env:
             p[f"nccl.{k}"] = v
         return p
@@ -75,7 +78,7 @@ def _active(name: str, p, values: dict[str, Any], cfg: ExperimentConfig) -> bool
         if values.get("spec.num_draft_tokens", cfg.drafter.num_draft_tokens) <= 0:
             return False
         need = DRAFTER_PARAM_KIND.get(name)
-        if need and values.get("drafter.kind", cfg.drafter.kind) != need:
+        if need and values.get("drafter.kind", cfg.drafter.kind) not in need:
             return False
     for other, allowed in (getattr(p, "when", None) or {}).items():
         allowed = allowed if isinstance(allowed, list) else [allowed]
@@ -113,7 +116,8 @@ def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:
         raise UserError("spec.num_draft_tokens > 0 needs a drafter: set drafter.kind or search it")
     drafter = DrafterSpec(
         kind=kind,
-        model_path=values.get("drafter.model_path", d.model_path) if kind == "draft_model" else None,
+        model_path=values.get("drafter.model_path", d.model_path) if kind in ("draft_model", "eagle3") else None,
+        placement=str(values.get("drafter.placement", d.placement)),
         layers=int(values.get("drafter.layers", d.layers or 0)) if kind == "layer_skip" else 0,
         ngram_max=int(values.get("drafter.ngram_max", d.ngram_max)),
     )
@@ -142,7 +146,8 @@ def candidates(cfg: ExperimentConfig, name: str) -> list[Any]:
         return [p]
     defaults = {"parallel.tp": cfg.parallel.tp, "comm.backend": cfg.parallel.backend,
                 "spec.num_draft_tokens": cfg.drafter.num_draft_tokens, "drafter.kind": cfg.drafter.kind,
-                "drafter.layers": cfg.drafter.layers, "drafter.model_path": cfg.drafter.model_path}
+                "drafter.layers": cfg.drafter.layers, "drafter.model_path": cfg.drafter.model_path,
+                "drafter.placement": cfg.drafter.placement}
     return [defaults.get(name)]
 
 

@@ -42,6 +42,7 @@ class TrainOptions:
     ttt_steps: int = 3
     draft_vocab: int = 4096
     batch: int = 4
+    gen_batch: int = 16  # prompts answered together
     lr: float = 5e-4
     device: str = "cpu"
     threads: int = 1
@@ -106,9 +107,9 @@ def train(o: TrainOptions) -> dict:
             raise UserError(f"--prompts {o.prompts}: no prompts in split {o.split!r}")
         eos = set(tok.eos_ids) | set(args.eos_token_ids)
         samples = []
-        for i, p in enumerate(prompts):
-            samples.append(generate(model, tok.encode_prompt(p.text), o.max_new_tokens, eos))
-            _log(f"\rspectune: responses {i + 1}/{len(prompts)} ({time.perf_counter() - t0:.0f}s)", end="")
+        for i in range(0, len(prompts), o.gen_batch):
+            samples += generate(model, [tok.encode_prompt(p.text) for p in prompts[i : i + o.gen_batch]], o.max_new_tokens, eos)
+            _log(f"\rspectune: responses {len(samples)}/{len(prompts)} ({time.perf_counter() - t0:.0f}s)", end="")
         _log("")
         data = {"samples": samples, "prompts": len(prompts), "generate_s": time.perf_counter() - t0}
         torch.save(data, data_file)
@@ -141,7 +142,7 @@ def train(o: TrainOptions) -> dict:
             loss, c, k = ttt_loss(head, s, o.ttt_steps)
             if loss.requires_grad:
                 (loss / o.batch).backward()
-            batch_loss += float(loss) / o.batch
+            batch_loss += float(loss.detach()) / o.batch
             counts = [a + b for a, b in zip(counts, c)]
             correct = [a + b for a, b in zip(correct, k)]
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -19,6 +19,7 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     where = lambda name: f"search.space.{name}" if name in space else {  # noqa: E731
         "parallel.tp": "parallel.tp", "comm.backend": "parallel.backend", "spec.num_draft_tokens": "drafter.num_draft_tokens",
         "drafter.kind": "drafter.kind", "drafter.layers": "drafter.layers", "drafter.model_path": "drafter.model_path",
+        "drafter.placement": "drafter.placement",
     }[name]
     prepared = prepare(cfg)
     args = prepared.args
@@ -66,4 +67,19 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
                 raise UserError(f"{where('drafter.model_path')}: {e}") from None
             if dargs.vocab_size != args.vocab_size:
                 raise UserError(f"{where('drafter.model_path')}: vocabulary {dargs.vocab_size} differs from the model's {args.vocab_size}")
+    if "eagle3" in kinds:
+        from workers.drafters import PLACEMENTS
+        from workers.drafters.eagle3 import check_fits, load_config
+
+        for path in candidates(cfg, "drafter.model_path"):
+            if not path:
+                raise UserError(f"{where('drafter.model_path')}: drafter.kind eagle3 needs an EAGLE-3 head (e.g. smollm2-135m-eagle3)")
+            try:
+                hpath = resolve_model_path(path)
+                check_fits(load_config(hpath), args, hpath)
+            except (ValueError, OSError) as e:
+                raise UserError(f"{where('drafter.model_path')}: {e}") from None
+        for placement in candidates(cfg, "drafter.placement"):
+            if placement not in PLACEMENTS:
+                raise UserError(f"{where('drafter.placement')}: {placement!r} is not one of {', '.join(PLACEMENTS)}")
     return prepared

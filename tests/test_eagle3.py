@@ -149,3 +149,36 @@ def test_sampling_with_the_heads_probabilities_keeps_the_target_distribution(tin
     order = np.argsort(expected)
     bins = np.array_split(order, 16)
     assert chisquare([counts[b].sum() for b in bins], [expected[b].sum() for b in bins]).pvalue > 1e-3
+
+
+def _cli(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *argv], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                          timeout=timeout)
+
+
+def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
+    out = tmp_path / "head"
+    r = _cli("train-drafter", "--model", "smollm2-135m", "--num-prompts", "4", "--max-new-tokens", "16", "--max-steps", "4",
+             "--draft-vocab", "512", "--save-every", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "loss" in r.stderr and "acc" in r.stderr  # the progress line
+    assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
+    # resumable: a longer run with the same folder reuses the responses and starts at step 4
+    r = _cli("train-drafter", "--model", "smollm2-135m", "--num-prompts", "4", "--max-new-tokens", "16", "--max-steps", "5",
+             "--draft-vocab", "512", "--out", str(out))
+    assert r.returncode == 0 and "resuming at step 4" in r.stderr and "responses from" in r.stderr, r.stderr[-2000:]
+    r = _cli("decode", "--model", "smollm2-135m", "--drafter", "eagle3", "--draft-model", str(out), "-k", "4",
+             "--num-prompts", "2", "--max-new-tokens", "24", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout)
+    assert res["outputs_match_baseline"] == 1 and res["accept_len_mean"] >= 1.0
+
+
+def test_validate_smoke_experiment_with_the_demo_head():
+    r = _cli("validate", "experiments/smoke-cpu.yaml", "--set", "drafter.kind=eagle3", "--set",
+             "drafter.model_path=smollm2-135m-eagle3", timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = _cli("validate", "experiments/eagle3-cpu.yaml", timeout=300)
+    assert r.returncode == 0, r.stderr

@@ -58,7 +58,7 @@ def resolve_model_path(path_or_alias: str) -> Path | str:
         return path_or_alias
     path = Path(path_or_alias).expanduser()
     if not path.exists():
-        raise CheckpointError(f"model path {str(path)!r} does not exist (a checkpoint directory or one of: {', '.join(DEMO_MODELS)})")
+        raise CheckpointError(f"model path {str(path)!r} does not exist (a checkpoint directory or one of: {', '.join([*DEMO_MODELS, *DEMO_HEADS])})")
     if not path.is_dir():
         raise CheckpointError(f"model path {str(path)!r} is not a directory")
     if not (path / "config.json").is_file():

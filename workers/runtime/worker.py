@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from workers.model.checkpoint import load_args, load_model
+from workers.model.checkpoint import load_args, load_model, resolve_model_path
 from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_add_norm
 from workers.drafters import Drafter, Eagle3Drafter, ModelDrafter, NgramDrafter
 from workers.drafters import eagle3
@@ -69,7 +69,8 @@ def eagle3_aux_layers(spec: GangSpec) -> tuple[int, ...]:
     """The target layers whose states an eagle3 drafter reads (none for other drafters)."""
     if spec.drafter.kind != "eagle3" or spec.drafter.model_path is None:
         return ()
-    return eagle3.check_fits(eagle3.load_config(spec.drafter.model_path), load_args(spec.model_path), spec.drafter.model_path)
+    path = resolve_model_path(spec.drafter.model_path)
+    return eagle3.check_fits(eagle3.load_config(path), load_args(spec.model_path), path)
 
 
 def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> Drafter:
@@ -79,7 +80,7 @@ def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> 
     if d.kind == "eagle3":
         if embed is None:
             embed = eagle3.target_embedding(spec.model_path, dtype, device)
-        return Eagle3Drafter(eagle3.load_head(d.model_path, embed, load_args(spec.model_path), dtype=dtype, device=device,
+        return Eagle3Drafter(eagle3.load_head(resolve_model_path(d.model_path), embed, load_args(spec.model_path), dtype=dtype, device=device,
                                               max_seq=spec.max_seq))
     if d.kind == "ngram":
         return NgramDrafter(d.ngram_max, d.ngram_min)
