@@ -137,7 +137,7 @@ def test_sampling_with_the_heads_probabilities_keeps_the_target_distribution(tin
     d.begin(1.0, 1)
     gen = torch.Generator().manual_seed(2)
     counts = np.zeros(512)
-    n = 6000
+    n = 4000
     for _ in range(n):
         d.prefill(prompt)
         d.observe(states)
