@@ -27,8 +27,10 @@ def _add_decode(sub) -> None:
     p.add_argument("--model", default=d.model, help="checkpoint directory or the alias smollm2-135m")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel verifier ranks")
     p.add_argument("--backend", default=d.backend, help="allreduce backend: gloo (CPU), nccl, symm_mem, symm_mem_ll")
-    p.add_argument("--drafter", default=d.drafter, help="none | draft_model | ngram | layer_skip")
-    p.add_argument("--draft-model", default=None, help="checkpoint of the draft model (--drafter draft_model)")
+    p.add_argument("--drafter", default=d.drafter, help="none | draft_model | ngram | layer_skip | eagle3")
+    p.add_argument("--draft-model", default=None, help="checkpoint of the draft model (--drafter draft_model) or the EAGLE-3 head (eagle3)")
+    p.add_argument("--draft-placement", default=d.draft_placement,
+                   help="eagle3: actor (its own process; hidden states over the link) | rank0 (inside the verifier ranks)")
     p.add_argument("--draft-layers", type=int, default=None, help="verifier layers that draft (--drafter layer_skip; default half)")
     p.add_argument("--ngram-max", type=int, default=d.ngram_max, help="longest n-gram the lookup drafter matches")
     p.add_argument("--ngram-actor", action="store_true",
@@ -118,6 +120,42 @@ def _bench(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _add_train_drafter(sub) -> None:
+    from orchestrator.train_drafter import SPLITS, TrainOptions
+
+    d = TrainOptions()
+    p = sub.add_parser("train-drafter", help="train an EAGLE-3 head on the target's own responses (public checkpoint format)")
+    p.add_argument("--model", default=d.model, help="the target: checkpoint directory or smollm2-135m")
+    p.add_argument("--prompts", default=d.prompts, help="Spec-Bench-style JSONL (default: the bundled questions)")
+    p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (after --split)")
+    p.add_argument("--split", choices=SPLITS, default=d.split, help="train: 3 of every 4 prompts per category; heldout: the 4th")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="response length per prompt")
+    p.add_argument("--max-steps", type=int, default=d.max_steps, help="optimizer steps")
+    p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="draft steps unrolled in the training-time test")
+    p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help="reduced draft vocabulary (most frequent tokens)")
+    p.add_argument("--batch", type=int, default=d.batch, help="responses per optimizer step")
+    p.add_argument("--gen-batch", type=int, default=d.gen_batch, help="prompts the target answers together")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--device", default=d.device, help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads")
+    p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint (and resume point) every N steps")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", required=True, help="output folder: config.json + model.safetensors (+ data.pt, train_state.pt)")
+    p.set_defaults(handler=_train_drafter)
+
+
+def _train_drafter(ns: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from orchestrator.train_drafter import TrainOptions, train
+
+    names = {f.name for f in fields(TrainOptions)}
+    summary = train(TrainOptions(**{k: v for k, v in vars(ns).items() if k in names}))
+    last = summary["history"][-1] if summary["history"] else {}
+    print(json.dumps({"out": summary["out"], "steps": summary["steps"], "loss": last.get("loss"), "acc": last.get("acc")}))
+    return 0
+
+
 def _add_experiment_commands(sub) -> None:
     for name, help_, handler in (
         ("run", "run (or resume) the study of an experiment YAML", _run),
@@ -192,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode(sub)
     _add_experiment_commands(sub)
     _add_bench(sub)
+    _add_train_drafter(sub)
     return parser
 
 

@@ -111,7 +111,7 @@ class RayGang:
         gpu = 1 if accel else 0
         # a model drafter on GPUs shares rank 0's GPU: 0.9 + 0.1 of one device in the same pack
         # (Ray may still put the 0.1 on another GPU with room: `check_placement` says where it went)
-        self.share = share = 0.1 if gpu and spec.drafter.kind in ("draft_model", "layer_skip") else 0.0
+        self.share = share = 0.1 if gpu and spec.has_drafter and spec.drafter.runs_a_model else 0.0
         gpus = [gpu - (share if r == 0 else 0.0) for r in range(spec.tp)] + ([share] if spec.has_drafter else [])
         bundles = [{"CPU": res.cpus_per_worker, **({accel: g} if g else {})} for g in gpus[: spec.tp]]
         if spec.has_drafter:

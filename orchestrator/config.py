@@ -50,6 +50,7 @@ class DrafterSection(_Section):
     model_path: str | None = _field("drafter.model_path")
     layers: int | None = _field("drafter.layers")
     ngram_max: int = _field("drafter.ngram_max")
+    placement: Literal[PARAMS["drafter.placement"].choices] = _field("drafter.placement")
 
 
 class ParallelSection(_Section):

@@ -38,6 +38,7 @@ class DecodeOptions:
     draft_layers: int | None = None
     ngram_max: int = 3
     ngram_actor: bool = False
+    draft_placement: str = "actor"  # eagle3: actor | rank0
     num_draft_tokens: int = 4
     temperature: float = 0.0
     prompts: str = str(BUNDLED_PROMPTS)
@@ -76,6 +77,14 @@ class DecodePlan:
     tokenizer: Tokenizer
 
 
+# the YAML field each decode flag sets (experiment() below): errors of the study's checks name the flag
+FLAGS = {"parallel.tp": "--tp", "parallel.backend": "--backend", "drafter.kind": "--drafter", "drafter.model_path": "--draft-model",
+         "drafter.placement": "--draft-placement", "drafter.layers": "--draft-layers", "drafter.ngram_max": "--ngram-max",
+         "drafter.num_draft_tokens": "--num-draft-tokens", "model.path": "--model", "model.dtype": "--dtype",
+         "workload.prompts": "--prompts", "workload.max_new_tokens": "--max-new-tokens", "engine.attention": "--attention",
+         "engine.gemv": "--gemv", "workload.simulate_accept_len": "--simulate-accept-len"}
+
+
 def log(msg: str) -> None:
     print(f"spectune: {msg}", file=sys.stderr, flush=True)
 
@@ -85,7 +94,8 @@ def experiment(o: DecodeOptions, n_layers: int) -> ExperimentConfig:
     k = o.num_draft_tokens
     layers = o.draft_layers if o.draft_layers is not None else max(1, n_layers // 2)
     drafter = {"kind": o.drafter, "num_draft_tokens": k, "ngram_max": o.ngram_max,
-               **({"model_path": o.draft_model} if o.drafter == "draft_model" else {}),
+               **({"model_path": o.draft_model} if o.drafter in ("draft_model", "eagle3") else {}),
+               **({"placement": o.draft_placement} if o.drafter == "eagle3" else {}),
                **({"layers": layers} if o.drafter == "layer_skip" else {})}
     raw = {
         "name": "decode",
@@ -120,9 +130,13 @@ def plan(o: DecodeOptions) -> DecodePlan:
     if o.simulate_accept_len is not None and not 1 <= o.simulate_accept_len <= o.num_draft_tokens + 1:
         raise UserError(f"--simulate-accept-len {o.simulate_accept_len} must be between 1 and k + 1 = {o.num_draft_tokens + 1}")
     if o.drafter == "none" and o.num_draft_tokens > 0:
-        raise UserError(f"--num-draft-tokens {o.num_draft_tokens} needs a drafter (--drafter ngram, layer_skip or draft_model)")
+        raise UserError(f"--num-draft-tokens {o.num_draft_tokens} needs a drafter (--drafter ngram, layer_skip, draft_model or eagle3)")
     if o.drafter == "draft_model" and not o.draft_model:
         raise UserError("--drafter draft_model needs --draft-model PATH")
+    if o.drafter == "eagle3" and not o.draft_model:
+        raise UserError("--drafter eagle3 needs --draft-model PATH (an EAGLE-3 head, e.g. smollm2-135m-eagle3)")
+    if why := PARAMS["drafter.placement"].problem(o.draft_placement):
+        raise UserError(f"--draft-placement {why}")
     if o.temperature < 0:
         raise UserError(f"--temperature {o.temperature} must be >= 0")
     if o.max_new_tokens < 1:
@@ -130,7 +144,11 @@ def plan(o: DecodeOptions) -> DecodePlan:
     if o.attention == "triton" and o.device != "cuda":
         raise UserError("--attention triton runs the CUDA graphs' attention kernel; this run is on CPU (use auto or sdpa)")
     cfg = experiment(o, args.n_layers)
-    prepared = check_experiment(cfg)  # as `spectune validate` / `run` check a study
+    try:
+        prepared = check_experiment(cfg)  # as `spectune validate` / `run` check a study
+    except UserError as e:  # named by the flag that set it, not by its YAML field
+        field, sep, why = str(e).partition(": ")
+        raise UserError(f"{FLAGS[field]}: {why}" if sep and field in FLAGS else str(e)) from None
     tc = resolve({}, cfg)
     gang = prepared.gang_spec(cfg, tc)
     if o.ngram_actor and gang.drafter.kind == "ngram":  # the n-gram drafter as its own process on the draft link

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-from workers.drafters import KINDS
+from workers.drafters import KINDS, PLACEMENTS
 from workers.engine.config import ENGINE_FIELDS, EngineConfig
 from workers.engine.link import MAX_DRAFT_TOKENS
 
@@ -80,8 +80,10 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
           low=1, needs=("drafter.kind", ("layer_skip",))),
     Param("drafter.ngram_max", ("drafter", "ngram_max"), 3, int, "ngram: the longest n-gram matched", low=1, high=8,
           needs=("drafter.kind", ("ngram",))),
-    Param("drafter.model_path", ("drafter", "model_path"), None, str, "draft_model: a checkpoint with the model's tokenizer",
-          needs=("drafter.kind", ("draft_model",))),
+    Param("drafter.model_path", ("drafter", "model_path"), None, str,
+          "draft_model: a checkpoint with the model's tokenizer; eagle3: an EAGLE-3 head", needs=("drafter.kind", ("draft_model", "eagle3"))),
+    Param("drafter.placement", ("drafter", "placement"), "actor", str, "eagle3: the head as its own process (actor) or inside "
+          "the verifier ranks (rank0)", choices=PLACEMENTS, needs=("drafter.kind", ("eagle3",))),
     *(Param(f"engine.{f.name}", ("engine", f.name), getattr(_ENGINE_DEFAULTS, f.name), type(getattr(_ENGINE_DEFAULTS, f.name)),
             ENGINE_FIELDS[f.name][1], choices=ENGINE_FIELDS[f.name][0]) for f in fields(EngineConfig)),
 )}

@@ -5,6 +5,7 @@ drafter.kind, then the rest as written in the YAML). A parameter is suggested on
   nccl.*              only when comm.backend == nccl
   drafter.*           only when spec.num_draft_tokens > 0
   drafter.layers      only for layer_skip; drafter.ngram_max only for ngram; drafter.model_path only for draft_model
+                      and eagle3; drafter.placement only for eagle3
   `when: {p: v}`      only when parameter p took value v (or one of a list)
 Inactive parameters are absent from the trial, so Optuna never learns from meaningless values.
 Names, defaults and those conditions come from the parameter registry (orchestrator/params.py).
@@ -43,6 +44,7 @@ class TrialConfig:
             "drafter.layers": self.drafter.layers,
             "drafter.ngram_max": self.drafter.ngram_max,
             "drafter.model_path": self.drafter.model_path,
+            "drafter.placement": self.drafter.placement,
             **{f"engine.{k}": v for k, v in self.engine.describe().items()},
         }
         assert values.keys() == registry.PARAMS.keys(), "a registry parameter the trial does not resolve"
@@ -146,9 +148,10 @@ def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:
         raise UserError("spec.num_draft_tokens > 0 needs a drafter: set drafter.kind or search it")
     drafter = DrafterSpec(
         kind=kind,
-        model_path=get("drafter.model_path") if kind == "draft_model" else None,
+        model_path=get("drafter.model_path") if kind in ("draft_model", "eagle3") else None,
         layers=int(get("drafter.layers") or 0) if kind == "layer_skip" else 0,
         ngram_max=int(get("drafter.ngram_max")),
+        placement=str(get("drafter.placement")),
     )
     backend = str(get("comm.backend"))
     env = dict(cfg.parallel.nccl_env) if backend == "nccl" else {}

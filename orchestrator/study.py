@@ -295,8 +295,9 @@ def check_gang_fits(cfg: ExperimentConfig, nodes: list[dict]) -> None:
     """The largest gang the space can ask for against the nodes on offer, before anything launches."""
     tps = [t for t in candidates(cfg, "parallel.tp") if isinstance(t, int)] or [cfg.parallel.tp]
     kinds = [cfg.drafter.kind, *candidates(cfg, "drafter.kind")]
-    # model drafters run as a process of their own; the n-gram drafter runs inside the verifier ranks
-    drafter = any(k in ("draft_model", "layer_skip") for k in kinds)
+    # model drafters run as a process of their own (eagle3 unless placed in the verifier ranks); the
+    # n-gram drafter runs inside the verifier ranks
+    drafter = any(DrafterSpec(kind=k).runs_a_model for k in kinds)
     for tp in sorted(set(tps), reverse=True):
         spec = GangSpec(model_path="", tp=tp, device=cfg.parallel.device, drafter=DrafterSpec(kind="draft_model" if drafter else "none"))
         try:

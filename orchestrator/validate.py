@@ -65,6 +65,18 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
                 raise UserError(f"{where('drafter.model_path')}: {e}") from None
             if dargs.vocab_size != args.vocab_size:
                 raise UserError(f"{where('drafter.model_path')}: vocabulary {dargs.vocab_size} differs from the model's {args.vocab_size}")
+    if "eagle3" in kinds:
+        from workers.drafters.eagle3 import check_fits, load_config
+
+        for path in candidates(cfg, "drafter.model_path"):
+            if not path:
+                raise UserError(f"{where('drafter.model_path')}: drafter.kind eagle3 needs an EAGLE-3 head (e.g. smollm2-135m-eagle3)")
+            try:
+                hpath = resolve_model_path(path)
+                check_fits(load_config(hpath), args, hpath)
+            except (ValueError, OSError) as e:
+                raise UserError(f"{where('drafter.model_path')}: {e}") from None
+        check_limits("drafter.placement")
     for name in registry.ENGINE_PARAMS:
         check_limits(name)
     if cfg.parallel.device != "cuda" and "triton" in candidates(cfg, "engine.attention"):

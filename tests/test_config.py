@@ -144,7 +144,8 @@ def test_engine_section_through_set_on_the_shipped_experiment():
 
 # a value other than the default for every registry parameter (nccl.* rows are made on demand)
 OTHER = {"parallel.tp": 4, "comm.backend": "nccl", "spec.num_draft_tokens": 3, "drafter.kind": "layer_skip", "drafter.layers": 1,
-         "drafter.ngram_max": 5, "drafter.model_path": "some/ckpt", "engine.attention": "sdpa", "engine.cuda_graphs": False,
+         "drafter.ngram_max": 5, "drafter.model_path": "some/ckpt", "drafter.placement": "rank0", "engine.attention": "sdpa",
+         "engine.cuda_graphs": False,
          "engine.compile": False, "engine.gemv": "off", "engine.fused_add_norm": False, "engine.overlap": False,
          "nccl.NCCL_PROTO": "LL"}
 
@@ -176,7 +177,7 @@ def test_registry_round_trip(tmp_path):
     assert {n: params[n] for n in OTHER if n in params} == {n: v for n, v in OTHER.items() if n in params}
     # the drafter's own parameters appear only with that drafter (layer_skip: its layers, not the others)
     assert {"drafter.layers", "nccl.NCCL_PROTO"} | set(registry.ENGINE_PARAMS) <= params.keys()
-    assert "drafter.ngram_max" not in params and "drafter.model_path" not in params
+    assert "drafter.ngram_max" not in params and "drafter.model_path" not in params and "drafter.placement" not in params
     # the report's best configuration: the winner's searched values written back at their YAML paths
     from orchestrator.report import best_yaml
 

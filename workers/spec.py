@@ -9,21 +9,30 @@ from workers.engine.stats import RunStats
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    kind: str = "none"  # none | draft_model | ngram | layer_skip
-    model_path: str | None = None  # draft_model: a checkpoint with the verifier's tokenizer
+    kind: str = "none"  # none | draft_model | ngram | layer_skip | eagle3
+    model_path: str | None = None  # draft_model: a checkpoint with the verifier's tokenizer; eagle3: the head
     layers: int = 0  # layer_skip: how many of the verifier's first layers draft
     ngram_max: int = 3
     ngram_min: int = 1
     # n-gram only: run it as its own process on the draft link (two link messages per step) instead
     # of inside every verifier rank; kept to measure what those messages cost
     ngram_actor: bool = False
+    # eagle3: the head as its own process on the draft link ("actor"; the verifier's hidden states
+    # travel to it) or inside the verifier ("rank0": every TP rank runs its copy of the head on the
+    # states it holds anyway, so nothing crosses the link)
+    placement: str = "actor"
 
     @property
     def in_verifier(self) -> bool:
         """An n-gram drafter's proposals are a pure function of the committed tokens, which every
-        verifier rank holds: each rank runs its own copy and no message crosses the draft link.
-        (On H200 at TP 2 the link's two messages cost 0.85 ms of a 4.3 ms step.)"""
-        return self.kind == "ngram" and not self.ngram_actor
+        verifier rank holds: each rank runs its own copy and no message crosses the draft link. An
+        eagle3 head placed at rank0 likewise reads states every rank holds."""
+        return (self.kind == "ngram" and not self.ngram_actor) or (self.kind == "eagle3" and self.placement == "rank0")
+
+    @property
+    def runs_a_model(self) -> bool:
+        """A drafter with weights (a share of a GPU where it is a process of its own)."""
+        return self.kind in ("draft_model", "layer_skip", "eagle3")
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
 """Drafters: `ngram` (prompt lookup), `draft_model` (a smaller checkpoint), `layer_skip` (the
-verifier's first L layers and head). `build_drafter(spec, ...)` makes the one a gang asks for."""
+verifier's first L layers and head), `eagle3` (an EAGLE-3 head on the verifier's hidden states). `build_drafter(spec, ...)` makes the one a gang asks for."""
 from __future__ import annotations
 
 from workers.drafters.base import Drafter
+from workers.drafters.eagle3 import Eagle3Drafter
 from workers.drafters.model_drafter import ModelDrafter
 from workers.drafters.ngram import NgramDrafter
 
-KINDS = ("none", "draft_model", "ngram", "layer_skip")
+KINDS = ("none", "draft_model", "ngram", "layer_skip", "eagle3")
+PLACEMENTS = ("actor", "rank0")  # eagle3: its own process, or inside the verifier ranks
 
-__all__ = ["Drafter", "KINDS", "ModelDrafter", "NgramDrafter"]
+__all__ = ["Drafter", "Eagle3Drafter", "KINDS", "ModelDrafter", "NgramDrafter", "PLACEMENTS"]

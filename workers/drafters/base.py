@@ -13,6 +13,7 @@ from workers.engine.link import Proposal
 
 class Drafter(ABC):
     kind = "base"
+    reads_hidden = False  # True: `observe` wants the verifier's hidden states (EAGLE-3)
 
     def begin(self, temperature: float, seed: int) -> None:  # noqa: B027 - optional hook
         """Called at the start of each workload run (temperature and seed may change between runs)."""
@@ -22,6 +23,9 @@ class Drafter(ABC):
 
     def prefill(self, prompt: list[int]) -> None:  # noqa: B027 - optional hook
         """Called once per prompt before the first proposal."""
+
+    def observe(self, hidden) -> None:  # noqa: B027 - optional hook
+        """reads_hidden only: the verifier's hidden states of the next committed positions, in order."""
 
     @abstractmethod
     def propose(self, committed: list[int], k: int) -> Proposal: ...

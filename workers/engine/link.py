@@ -30,7 +30,9 @@ class Proposal:
 class VerifyResult:
     """What the verifier decided this step; drafters read it to roll back and continue.
 
-    `hidden` is reserved for drafters that read the verifier's hidden states (EAGLE-style heads).
+    `hidden` [n, width]: the verifier's hidden states of the n newest committed positions for a
+    drafter that reads them (EAGLE-3: the aux layers' states, concatenated); only the drafter
+    process receives them, point to point from rank 0 (every verifier rank holds the same).
     """
 
     accepted: int  # drafts accepted
@@ -42,9 +44,11 @@ class VerifyResult:
 class DraftLink:
     """Broadcasts over the link group. `drafter_rank` is None when the gang has no drafter."""
 
-    def __init__(self, group, rank: int, drafter_rank: int | None, k: int, vocab: int, device="cpu"):
+    def __init__(self, group, rank: int, drafter_rank: int | None, k: int, vocab: int, device="cpu",
+                 hidden_width: int = 0, hidden_dtype: torch.dtype = torch.float32):
         self.group, self.rank, self.drafter_rank = group, rank, drafter_rank
         self.k, self.vocab, self.device = k, vocab, device
+        self.hidden_width, self.hidden_dtype = hidden_width, hidden_dtype  # 0: no hidden states travel
 
     def _bcast(self, t: torch.Tensor, src: int) -> torch.Tensor:
         dist.broadcast(t, src=src, group=self.group)
@@ -74,32 +78,47 @@ class DraftLink:
             dist.recv(q, src=self.drafter_rank, group=self.group)
         return Proposal(tokens=header[3 : 3 + n].tolist(), probs=q, draft_s=draft_us / 1e6)
 
-    # header layout: [accepted, n_tokens, done, tokens(k + 1)]
+    # header layout: [accepted, n_tokens, done, n_hidden, tokens(k + 1)]; then, when n_hidden > 0,
+    # rank 0 sends the hidden states [n_hidden, hidden_width] to the drafter alone
     def send_result(self, r: VerifyResult) -> None:
         self._bcast(self._result_header(r), 0)
+        self._send_hidden(r)
 
     def recv_result(self) -> VerifyResult:
-        return self._parse_result(self._bcast(self._result_header(None), 0))
+        return self._recv_hidden(self._parse_result(self._bcast(self._result_header(None), 0)))
+
+    def _send_hidden(self, r: VerifyResult) -> None:
+        if r.hidden is not None and self.drafter_rank is not None:
+            dist.send(r.hidden.to("cpu", self.hidden_dtype).contiguous(), dst=self.drafter_rank, group=self.group)
+
+    def _recv_hidden(self, r: VerifyResult) -> VerifyResult:
+        if r.hidden is not None and self.rank == self.drafter_rank:
+            dist.recv(r.hidden, src=0, group=self.group)
+            return r
+        r.hidden = None
+        return r
 
     # when every verifier rank decides for itself (deterministic verification), only the drafter
     # needs rank 0's result: one point-to-point message instead of a broadcast to the whole gang
     def send_result_to_drafter(self, r: VerifyResult) -> None:
         dist.send(self._result_header(r), dst=self.drafter_rank, group=self.group)
+        self._send_hidden(r)
 
     def recv_result_from_verifier(self) -> VerifyResult:
         header = self._result_header(None)
         dist.recv(header, src=0, group=self.group)
-        return self._parse_result(header)
+        return self._recv_hidden(self._parse_result(header))
 
     def _result_header(self, r: VerifyResult | None) -> torch.Tensor:
-        header = torch.zeros(3 + self.k + 1, dtype=torch.int64)
+        header = torch.zeros(4 + self.k + 1, dtype=torch.int64)
         if r is not None:
             n = len(r.tokens)
-            header[0], header[1], header[2] = r.accepted, n, int(r.done)
-            header[3 : 3 + n] = torch.tensor(r.tokens, dtype=torch.int64)
+            n_hidden = r.hidden.shape[0] if r.hidden is not None and self.drafter_rank is not None else 0
+            header[0], header[1], header[2], header[3] = r.accepted, n, int(r.done), n_hidden
+            header[4 : 4 + n] = torch.tensor(r.tokens, dtype=torch.int64)
         return header
 
-    @staticmethod
-    def _parse_result(header: torch.Tensor) -> VerifyResult:
-        accepted, n, done = header[:3].tolist()
-        return VerifyResult(accepted=accepted, tokens=header[3 : 3 + n].tolist(), done=bool(done))
+    def _parse_result(self, header: torch.Tensor) -> VerifyResult:
+        accepted, n, done, n_hidden = header[:4].tolist()
+        hidden = torch.empty(n_hidden, self.hidden_width, dtype=self.hidden_dtype) if n_hidden else None
+        return VerifyResult(accepted=accepted, tokens=header[4 : 4 + n].tolist(), done=bool(done), hidden=hidden)

@@ -81,6 +81,7 @@ class StepRunner:
         # (width, allreduce on) -> a step's graph; ("chain", width, k) -> a greedy draft chain's
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
         self._pool = None
+        self._aux: dict[tuple, list[torch.Tensor]] = {}
         if self.use_graphs:
             self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory()
             self._inputs = torch.zeros(2, max_width, dtype=torch.long, device=self.device)  # tokens, positions
@@ -111,8 +112,11 @@ class StepRunner:
         key = (T, self._comm_on())
         if key not in self.graphs:
             self.graphs[key] = self._capture_or_fall_back(T)
+            self._aux[key] = list(self.model.aux)  # captured hidden states: static outputs of this graph
         graph, out, calls = self.graphs[key]
         graph.replay()
+        if self.model.aux_layers:
+            self.model.aux = self._aux[key]
         if calls and self.allreduce is not None:  # a replay issues the allreduces its capture recorded
             self.allreduce.counters.calls += calls
         self.cache.lengths[0] = start + T

@@ -48,7 +48,7 @@ from workers.engine.link import DraftLink, Proposal, VerifyResult
 from workers.engine.stats import RunStats, StepRecord
 from workers.engine.steps import StepRunner
 from workers.engine.verify import probs, sample, verify
-from workers.model.transformer import KVCache
+from workers.model.transformer import KVCache, Transformer
 from workers.spec import Workload
 
 
@@ -98,6 +98,21 @@ class Sequence:
 
 
 @dataclass
+class HiddenStates:
+    """EAGLE-3: the verifier's captured aux-layer states (identical on every rank after the allreduce)
+    for the committed positions of the last pass, to the drafter process over the link (rank 0 sends
+    them with its result) or to a drafter inside this rank."""
+
+    model: Transformer
+    to_link: bool  # a drafter process receives them with each result
+    drafter: Drafter | None  # an in-rank drafter that reads them
+
+    def rows(self, n: int) -> torch.Tensor:
+        """The last pass's first `n` positions, [n, n_aux x dim]."""
+        return torch.cat(self.model.aux, dim=-1)[0, :n]
+
+
+@dataclass
 class Rank:
     """What the strategies use of one verifier rank during one run."""
 
@@ -109,6 +124,7 @@ class Rank:
     index: int  # the TP rank
     local: bool  # decides_locally: every rank verifies for itself
     on_progress: ProgressHook | None = None
+    hidden: HiddenStates | None = None
     gen: torch.Generator = field(init=False)
 
     def __post_init__(self):
@@ -132,9 +148,20 @@ class Rank:
         tokens, done = finish([tok], 0, w)
         return VerifyResult(accepted=0, tokens=tokens, done=done)
 
-    def publish(self, result: VerifyResult | None) -> VerifyResult:
+    def publish(self, result: VerifyResult | None, rows: int | None = None) -> VerifyResult:
         """Deciding locally, rank 0 sends its result to the drafter process alone (if any); else rank 0
-        broadcasts it to every rank and the drafter, and the other ranks return what they receive."""
+        broadcasts it to every rank and the drafter, and the other ranks return what they receive.
+        Hidden states of the pass's first `rows` positions (default: the kept ones, 1 + accepted) go
+        along to a drafter that reads them."""
+        h = self.hidden
+        if h is not None and h.to_link and self.index == 0 and result is not None:
+            result.hidden = h.rows(rows if rows is not None else 1 + result.accepted)
+        res = self._send(result)
+        if h is not None and h.drafter is not None:
+            h.drafter.observe(h.rows(rows if rows is not None else 1 + res.accepted))
+        return res
+
+    def _send(self, result: VerifyResult | None) -> VerifyResult:
         if self.local:
             if self.index == 0 and self.link.drafter_rank is not None:
                 self.link.send_result_to_drafter(result)

@@ -14,6 +14,10 @@ and a batch dimension plug in.
 With k = 0 the verifier decodes plainly (the baseline) and a drafter in the gang only listens.
 The n-gram drafter is no process of its own: every verifier rank runs a copy on the committed
 tokens it already holds (`Verifier.drafter`), so those steps exchange no link messages.
+Hidden states (EAGLE-3): where the model captures aux layers (`model.aux_layers`) and k > 0, the
+states of every newly committed position (the prompt's after the prefill, [last, d_1..d_a] after
+a step) go with the VerifyResult to the drafter process (rank 0 sends them once), or straight to
+the drafter inside this rank (`Drafter.observe`).
 
 Every verifier rank holds the same full logits (the allreduce hands every rank the same sums, the
 head is replicated or gathered) and the same seeded generator. So where verification needs nothing
@@ -40,7 +44,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.link import DraftLink
 from workers.engine.stats import RunStats
 from workers.engine.steps import StepRunner
-from workers.engine.strategies import ProgressHook, Rank, Sequence, strategy_for
+from workers.engine.strategies import HiddenStates, ProgressHook, Rank, Sequence, strategy_for
 from workers.model.transformer import Transformer
 from workers.spec import PromptResult, RunResult, Workload
 
@@ -79,6 +83,13 @@ class Verifier:
         return {"ablation_step_ms": with_comm * 1e3, "compute_ms_per_step": without * 1e3,
                 "comm_ms_per_step": max(0.0, with_comm - without) * 1e3}
 
+    def _hidden_states(self, w: Workload) -> HiddenStates | None:
+        """Where a drafter reads the verifier's hidden states (EAGLE-3) and this run drafts: who gets them."""
+        if not self.model.aux_layers or w.num_draft_tokens <= 0:
+            return None
+        reader = self.drafter if self.drafter is not None and self.drafter.reads_hidden else None
+        return HiddenStates(self.model, to_link=self.link.drafter_rank is not None, drafter=reader)
+
     def _check_agreement(self, tokens: list[int]) -> None:
         """Ranks that decided for themselves must have produced the same tokens."""
         if self.allreduce.world_size == 1:
@@ -96,7 +107,8 @@ class Verifier:
     @torch.inference_mode()
     def run(self, w: Workload) -> RunResult | None:
         rank = Rank(steps=self.steps, cache=self.cache, link=self.link, counters=self.allreduce.counters, w=w, index=self.rank,
-                    local=decides_locally(w, self.link.drafter_rank is not None), on_progress=self.on_progress)
+                    local=decides_locally(w, self.link.drafter_rank is not None), on_progress=self.on_progress,
+                    hidden=self._hidden_states(w))
         strategy = strategy_for(rank, self.drafter, overlap=self.steps.engine.overlap)  # fixed for the run: every rank picks it alike
         strategy.begin_run()
         stats, prompts = RunStats(), []
@@ -106,7 +118,7 @@ class Verifier:
             seq = Sequence.of(prompt)
             strategy.begin_prompt(seq)
             logits = self.steps.prefill(list(prompt))
-            seq.commit(rank.publish(rank.first_token(logits) if rank.decides else None))
+            seq.commit(rank.publish(rank.first_token(logits) if rank.decides else None, rows=len(prompt)))
             prefill_s = time.perf_counter() - t_prompt
             strategy.prefilled(seq, logits)
             strategy.decode(seq, stats)
@@ -139,6 +151,8 @@ def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:
             res = recv_result()
             committed.extend(res.tokens)
             while not res.done:
+                if res.hidden is not None:
+                    drafter.observe(res.hidden)
                 if w.num_draft_tokens > 0:
                     link.send_proposal(drafter.propose(committed, w.num_draft_tokens))
                 res = recv_result()

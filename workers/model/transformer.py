@@ -168,6 +168,10 @@ class Transformer(nn.Module):
         if args.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.gather_vocab: Callable[[torch.Tensor], torch.Tensor] = _identity
+        # hidden-state capture (EAGLE-3): the residual stream entering each layer listed here is kept
+        # in `aux` (one [B, T, dim] tensor per id, in order) by every pass of `hidden_at`
+        self.aux_layers: tuple[int, ...] = ()
+        self.aux: list[torch.Tensor] = []
         cos, sin = rope_tables(args, max_seq)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -208,8 +212,13 @@ class Transformer(nn.Module):
         keeps `cache.lengths`. fresh: every sequence starts at 0 (causal attention, no mask)."""
         cos, sin, mask = self.rope_and_mask(pos, kv_len, masked=not fresh)
         x = self.embed_tokens(tokens)
-        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+        seen = {}
+        for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, cache.k, cache.v)):
+            if i in self.aux_layers:
+                seen[i] = x
             x = layer(x, cos, sin, mask, k_cache, v_cache, pos)
+        if self.aux_layers:
+            self.aux = [seen[i] for i in self.aux_layers]
         return self.norm(x)
 
     def rope_and_mask(self, pos: torch.Tensor, kv_len: int, masked: bool = True):

@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 
 from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_add_norm
-from workers.drafters import Drafter, ModelDrafter, NgramDrafter
+from workers.drafters import Drafter, Eagle3Drafter, ModelDrafter, NgramDrafter, eagle3
 from workers.engine.link import MAX_DRAFT_TOKENS, DraftLink
 from workers.engine.steps import no_cudnn_attention
 from workers.engine.verifier import ProgressHook, Verifier, run_drafter
-from workers.model.checkpoint import load_args, load_model
+from workers.model.checkpoint import load_args, load_model, resolve_model_path
 from workers.model.tp import TPPart, hook
 from workers.runtime.errors import WorkerError
 from workers.spec import GangSpec, RunResult, Workload
@@ -64,9 +64,23 @@ def _ray_gpu_index() -> int | None:
     return visible.index(ids[0]) if ids[0] in visible else int(ids[0])
 
 
-def build_drafter(spec: GangSpec, device) -> Drafter:
+def eagle3_aux_layers(spec: GangSpec) -> tuple[int, ...]:
+    """The target layers whose states an eagle3 drafter reads (none for other drafters)."""
+    if spec.drafter.kind != "eagle3" or spec.drafter.model_path is None:
+        return ()
+    path = resolve_model_path(spec.drafter.model_path)
+    return eagle3.check_fits(eagle3.load_config(path), load_args(spec.model_path), path)
+
+
+def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> Drafter:
+    """`embed`: the verifier's token embedding where the drafter lives in a verifier rank (eagle3)."""
     d = spec.drafter
     dtype = DTYPES[spec.dtype]
+    if d.kind == "eagle3":
+        if embed is None:
+            embed = eagle3.target_embedding(spec.model_path, dtype, device)
+        return Eagle3Drafter(eagle3.load_head(resolve_model_path(d.model_path), embed, load_args(spec.model_path), dtype=dtype, device=device,
+                                              max_seq=spec.max_seq))
     if d.kind == "ngram":
         return NgramDrafter(d.ngram_max, d.ngram_min)
     if d.kind == "draft_model":
@@ -113,8 +127,10 @@ class Worker:
         tp_group = dist.new_group(list(range(spec.tp)), backend=tp_backend)
         args = load_args(spec.model_path)
         drafter_rank = spec.tp if spec.has_drafter else None
-        self.link = DraftLink(dist.group.WORLD, self.rank, drafter_rank, MAX_DRAFT_TOKENS, args.vocab_size)
         dtype = DTYPES[spec.dtype]
+        aux_layers = eagle3_aux_layers(spec)
+        self.link = DraftLink(dist.group.WORLD, self.rank, drafter_rank, MAX_DRAFT_TOKENS, args.vocab_size,
+                              hidden_width=len(aux_layers) * args.dim, hidden_dtype=dtype)
         if self.is_drafter:
             self.drafter = build_drafter(spec, device)
         else:
@@ -133,8 +149,11 @@ class Worker:
                 engine = replace(engine, fused_add_norm=self._check_add_norm(allreduce, tp_group, args.dim, dtype, device))
             part = TPPart(self.rank, spec.tp, spec.vocab_parallel)
             model = hook(load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, tp=part), part, allreduce)
+            model.aux_layers = aux_layers  # eagle3: capture the states its head reads
+            if aux_layers:  # the compiled step (fused_step.py) does not capture hidden states yet: the plain graphed step
+                engine = replace(engine, compile=False)
             self.verifier = Verifier(model, allreduce, self.link, self.rank, engine=engine,
-                                     drafter=build_drafter(spec, device) if spec.drafter.in_verifier else None)
+                                     drafter=build_drafter(spec, device, model.embed_tokens.weight) if spec.drafter.in_verifier else None)
         info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0,
                 "pid": os.getpid(), "engine": spec.engine.describe(), "devices": list(self._devices), "p2p_ok": self._peers_ok}
         if self.verifier is not None:

@@ -1,0 +1,165 @@
+"""`spectune train-drafter`: train an EAGLE-3 head for a Llama-family target on its own responses.
+
+    spectune train-drafter --model smollm2-135m --prompts orchestrator/data/spec_bench_public.jsonl \
+        --split train --max-steps 400 --out /tmp/head
+
+1. Responses: the target answers each prompt greedily through spectune's engine, its aux layers'
+   states captured on the way (workers/drafters/eagle3_train.py); cached in OUT/data.pt.
+2. Draft vocabulary from token frequency; the head is warm-started from the target.
+3. Training-time test over --ttt-steps unrolled draft steps; a progress line with the loss and the
+   top-1 accuracy of each draft position; OUT/train_state.pt every --save-every steps, and a run
+   with the same OUT resumes from it (data, weights, optimizer, step).
+4. OUT/config.json + OUT/model.safetensors in the public format (SGLang / vLLM / spectune load it).
+
+`--split train` keeps 3 of every 4 prompts of each category (`heldout`: the 4th), so a head can be
+scored on prompts it never saw.
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from orchestrator.errors import UserError
+from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
+
+SPLITS = ("all", "train", "heldout")
+
+
+@dataclass
+class TrainOptions:
+    model: str = "smollm2-135m"
+    prompts: str = str(BUNDLED_PROMPTS)
+    num_prompts: int | None = None
+    split: str = "all"
+    max_new_tokens: int = 128
+    max_steps: int = 200
+    ttt_steps: int = 3
+    draft_vocab: int = 4096
+    batch: int = 4
+    gen_batch: int = 16  # prompts answered together
+    lr: float = 5e-4
+    device: str = "cpu"
+    threads: int = 1
+    save_every: int = 50
+    seed: int = 0
+    out: str = ""
+
+
+def split_prompts(prompts: list[Prompt], split: str) -> list[Prompt]:
+    """`train`: prompts 0, 1, 2 of every 4 within each category; `heldout`: prompt 3 of every 4."""
+    if split not in SPLITS:
+        raise UserError(f"--split {split!r} is not one of {', '.join(SPLITS)}")
+    if split == "all":
+        return prompts
+    seen: dict[str, int] = {}
+    kept = []
+    for p in prompts:
+        i = seen[p.category] = seen.get(p.category, -1) + 1
+        if (i % 4 == 3) == (split == "heldout"):
+            kept.append(p)
+    return kept
+
+
+def _log(msg: str, end: str = "\n") -> None:
+    print(msg, file=sys.stderr, end=end, flush=True)
+
+
+def train(o: TrainOptions) -> dict:
+    from workers.drafters.eagle3 import default_aux_layers
+    from workers.drafters.eagle3_ckpt import save_head
+    from workers.drafters.eagle3_train import draft_vocabulary, generate, ttt_loss, warm_start
+    from workers.model.checkpoint import load_args, load_model, resolve_model_path
+    from workers.model.random_weights import is_random
+
+    if not o.out:
+        raise UserError("--out DIR is required")
+    if o.max_steps < 1 or o.ttt_steps < 1 or o.batch < 1 or o.draft_vocab < 2:
+        raise UserError("--max-steps, --ttt-steps, --batch must be >= 1 and --draft-vocab >= 2")
+    if o.device not in ("cpu", "cuda") or (o.device == "cuda" and not torch.cuda.is_available()):
+        raise UserError(f"--device {o.device!r}: cpu, or cuda on a machine with a GPU")
+    path = resolve_model_path(o.model)
+    if is_random(path):
+        raise UserError("--model: a head is trained on a real model's responses, not on random weights")
+    torch.set_num_threads(o.threads)
+    out = Path(o.out)
+    out.mkdir(parents=True, exist_ok=True)
+    args = load_args(path)
+    aux_layers = default_aux_layers(args.n_layers)
+    device = torch.device(o.device)
+    model = load_model(path, device=device, max_seq=args.max_position_embeddings)
+    model.aux_layers = aux_layers
+    t0 = time.perf_counter()
+
+    data_file = out / "data.pt"
+    if data_file.is_file():
+        data = torch.load(data_file, weights_only=False)
+        _log(f"spectune: {len(data['samples'])} responses from {data_file}")
+    else:
+        tok = Tokenizer(path)
+        prompts = split_prompts(load_prompts(o.prompts), o.split)[: o.num_prompts]
+        if not prompts:
+            raise UserError(f"--prompts {o.prompts}: no prompts in split {o.split!r}")
+        eos = set(tok.eos_ids) | set(args.eos_token_ids)
+        samples = []
+        for i in range(0, len(prompts), o.gen_batch):
+            samples += generate(model, [tok.encode_prompt(p.text) for p in prompts[i : i + o.gen_batch]], o.max_new_tokens, eos)
+            _log(f"\rspectune: responses {len(samples)}/{len(prompts)} ({time.perf_counter() - t0:.0f}s)", end="")
+        _log("")
+        data = {"samples": samples, "prompts": len(prompts), "generate_s": time.perf_counter() - t0}
+        torch.save(data, data_file)
+    samples = data["samples"]
+    draft_ids = draft_vocabulary(samples, min(o.draft_vocab, args.vocab_size), args.vocab_size)
+    head = warm_start(model, aux_layers, draft_ids, seed=o.seed).to(device)
+    del model
+    params = [p for n, p in head.named_parameters() if n != "embed_tokens.weight"]
+    opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0)
+    step, history = 0, []
+    state_file = out / "train_state.pt"
+    if state_file.is_file():
+        st = torch.load(state_file, weights_only=False)
+        head.load_state_dict(st["head"], strict=False)
+        opt.load_state_dict(st["opt"])
+        step, history = st["step"], st["history"]
+        _log(f"spectune: resuming at step {step}")
+    rng = random.Random(o.seed * 1000003 + step)
+    sched = lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + torch.cos(torch.tensor(s / o.max_steps * torch.pi)).item())  # noqa: E731
+    t_train = time.perf_counter()
+    counts = [0] * o.ttt_steps
+    correct = [0] * o.ttt_steps
+    loss_avg = None
+    while step < o.max_steps:
+        for gr in opt.param_groups:
+            gr["lr"] = o.lr * sched(step)
+        opt.zero_grad(set_to_none=True)
+        batch_loss = 0.0
+        for s in rng.sample(samples, min(o.batch, len(samples))):
+            loss, c, k = ttt_loss(head, s, o.ttt_steps)
+            if loss.requires_grad:
+                (loss / o.batch).backward()
+            batch_loss += float(loss.detach()) / o.batch
+            counts = [a + b for a, b in zip(counts, c)]
+            correct = [a + b for a, b in zip(correct, k)]
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        loss_avg = batch_loss if loss_avg is None else 0.9 * loss_avg + 0.1 * batch_loss
+        acc = [c / max(1, n) for c, n in zip(correct, counts)]
+        _log(f"\rspectune: step {step}/{o.max_steps} loss {loss_avg:.3f} acc " + " ".join(f"{a:.2f}" for a in acc), end="")
+        if step % o.save_every == 0 or step == o.max_steps:
+            history.append({"step": step, "loss": loss_avg, "acc": acc})
+            counts, correct = [0] * o.ttt_steps, [0] * o.ttt_steps
+            weights = {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}  # the target's
+            torch.save({"head": weights, "opt": opt.state_dict(), "step": step, "history": history}, state_file)
+            save_head(head, out)
+    _log("")
+    summary = {"out": str(out), "responses": len(samples), "response_tokens": sum(len(s.tokens) - s.prompt_len for s in samples),
+               "draft_vocab": len(draft_ids), "aux_layers": list(aux_layers), "steps": step, "history": history,
+               "generate_s": data.get("generate_s"), "train_s": time.perf_counter() - t_train, "options": asdict(o)}
+    (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary

@@ -1,0 +1,313 @@
+"""EAGLE-3 draft head: the public checkpoint format, the head model and the chain drafter.
+
+Format (what SGLang, vLLM, SpecForge and the published heads share): `config.json` with
+`architectures: ["LlamaForCausalLMEagle3"]` and Llama fields for the one decoder layer, plus
+`draft_vocab_size` (default: vocab_size), `target_hidden_size` (default: hidden_size) and
+`eagle_config.eagle_aux_hidden_state_layer_ids` (the target layers whose *input* residual stream
+feeds `fc`; default (2, L // 2, L - 3) of an L-layer target). Tensors:
+
+    fc.weight                                   [hidden, 3 * target_hidden]
+    midlayer.self_attn.{q,k,v}_proj.weight      [heads * head_dim, 2 * hidden]  (reads [embedding; hidden])
+    midlayer.self_attn.o_proj.weight            [hidden, heads * head_dim]
+    midlayer.mlp.{gate,up,down}_proj.weight     SwiGLU
+    midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight
+    norm.weight, lm_head.weight                 [draft_vocab, hidden]
+    d2t [draft_vocab] int64: target id = draft id + d2t[draft id];  t2d [vocab] bool: in the draft vocabulary
+    embed_tokens.weight                         optional; else the target's embedding
+
+One head step at position i reads the fused hidden state g_i and the embedding of the token
+after it, x_{i+1}:
+    a = attn([input_layernorm(embed(x_{i+1})); hidden_norm(g_i)]);  h = g_i + a;  h = h + mlp(post_attention_layernorm(h))
+logits = lm_head(norm(h)) predict x_{i+2}. g_i = fc(target aux states at i) where the verifier
+computed position i; a drafted position has no target state, so the next draft reads the head's
+own pre-norm output h instead (the chain).
+
+The drafter keeps its own one-layer KV cache. Entry i holds (g_i, x_{i+1}). Before each proposal
+it rolls back to the entries fed with the verifier's states, feeds the committed positions the
+verifier has sent states for since (every committed position but the last), then drafts k tokens.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from workers.drafters.base import Drafter
+from workers.engine.link import Proposal
+from workers.engine.verify import probs as softmax_t
+from workers.engine.verify import sample
+from workers.model.args import CheckpointError, ModelArgs, ModelConfigError
+from workers.model.rope import apply_rope, rope_tables
+from workers.model.transformer import MLP, Attention, KVCache, RMSNorm, attend
+
+ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+
+
+def default_aux_layers(n_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's choice (vLLM, SGLang): the inputs of layers 2, L // 2 and L - 3."""
+    return (min(2, n_layers - 1), n_layers // 2, max(0, n_layers - 3))
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    args: ModelArgs  # the decoder layer's shape (dim = hidden_size) and rotary settings
+    draft_vocab: int
+    target_hidden: int
+    aux_layers: tuple[int, ...] | None  # None: the target's defaults
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> Eagle3Config:
+        arch = cfg.get("architectures") or []
+        if not any(a in ARCHITECTURES for a in arch):
+            raise ModelConfigError(f"architectures {arch} names no EAGLE-3 head (expected {ARCHITECTURES[0]})")
+        args = ModelArgs.from_hf_config({**cfg, "model_type": "llama", "num_hidden_layers": 1})
+        eagle = cfg.get("eagle_config") or {}
+        aux = eagle.get("eagle_aux_hidden_state_layer_ids")
+        return cls(args=args, draft_vocab=int(cfg.get("draft_vocab_size") or args.vocab_size),
+                   target_hidden=int(cfg.get("target_hidden_size") or args.dim),
+                   aux_layers=tuple(int(i) for i in aux) if aux else None)
+
+    def to_hf_config(self) -> dict:
+        a = self.args
+        return {
+            "architectures": [ARCHITECTURES[0]], "model_type": "llama", "hidden_act": "silu",
+            "hidden_size": a.dim, "intermediate_size": a.intermediate_size, "num_attention_heads": a.n_heads,
+            "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim, "num_hidden_layers": 1,
+            "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta, "max_position_embeddings": a.max_position_embeddings,
+            "vocab_size": a.vocab_size, "draft_vocab_size": self.draft_vocab, "target_hidden_size": self.target_hidden,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            **({"eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers)}} if self.aux_layers else {}),
+        }
+
+
+def load_config(path: str | Path) -> Eagle3Config:
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"EAGLE-3 head {str(path)!r} has no config.json")
+    try:
+        return Eagle3Config.from_hf_config(json.loads((path / "config.json").read_text()))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}/config.json is not valid JSON: {e}") from None
+
+
+def check_fits(cfg: Eagle3Config, target: ModelArgs, path) -> tuple[int, ...]:
+    """The aux layer ids this head reads from `target`; ModelConfigError (one line) where it does not fit."""
+    if cfg.target_hidden != target.dim:
+        raise ModelConfigError(f"EAGLE-3 head {path}: target_hidden_size {cfg.target_hidden} differs from the model's hidden size {target.dim}")
+    if cfg.args.vocab_size != target.vocab_size:
+        raise ModelConfigError(f"EAGLE-3 head {path}: vocab_size {cfg.args.vocab_size} differs from the model's {target.vocab_size}")
+    if not 1 <= cfg.draft_vocab <= target.vocab_size:
+        raise ModelConfigError(f"EAGLE-3 head {path}: draft_vocab_size {cfg.draft_vocab} is not within 1..{target.vocab_size}")
+    aux = cfg.aux_layers or default_aux_layers(target.n_layers)
+    if len(aux) != 3 or not all(0 <= i < target.n_layers for i in aux):
+        raise ModelConfigError(f"EAGLE-3 head {path}: eagle_aux_hidden_state_layer_ids {list(aux)} must be 3 layers of 0..{target.n_layers - 1}")
+    return tuple(aux)
+
+
+class Eagle3Layer(nn.Module):
+    """The head's decoder layer: attention over [normed embedding; normed hidden] (2 x hidden wide)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.self_attn = Attention(args)
+        wide = 2 * args.dim
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(self.self_attn, name)
+            setattr(self.self_attn, name, nn.Linear(wide, old.out_features, bias=False))
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.hidden_norm = RMSNorm(args.dim, args.norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+
+    def qkv_input(self, emb: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(g)], dim=-1)
+
+    def finish(self, g: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        h = g + self.self_attn.o_proj(attn_out)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, cfg: Eagle3Config, max_seq: int = 2048):
+        super().__init__()
+        a = cfg.args
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.dim)
+        self.fc = nn.Linear(3 * cfg.target_hidden, a.dim, bias=False)
+        self.midlayer = Eagle3Layer(a)
+        self.norm = RMSNorm(a.dim, a.norm_eps)
+        self.lm_head = nn.Linear(a.dim, cfg.draft_vocab, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(a.vocab_size, dtype=torch.bool) if cfg.draft_vocab == a.vocab_size
+                             else torch.zeros(a.vocab_size, dtype=torch.bool))
+        cos, sin = rope_tables(a, max_seq)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def new_cache(self) -> KVCache:
+        a, p = self.cfg.args, self.fc.weight
+        shape = (1, a.n_kv_heads, self.rope_cos.shape[0], a.head_dim)
+        return KVCache(k=[torch.zeros(shape, dtype=p.dtype, device=p.device)],
+                       v=[torch.zeros(shape, dtype=p.dtype, device=p.device)], lengths=[0])
+
+    def step(self, tokens: torch.Tensor, g: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [T] (x_{i+1}), g [T, hidden] (fused states) appended at the cache length ->
+        (pre-norm outputs [T, hidden], draft-vocabulary logits of the last entry, float32)."""
+        T, start = tokens.shape[0], cache.lengths[0]
+        kv_len = start + T
+        if kv_len > cache.max_seq:
+            raise ValueError(f"sequence length {kv_len} exceeds the EAGLE-3 head's cache ({cache.max_seq})")
+        pos = torch.arange(start, kv_len, device=tokens.device)[None]
+        dtype = self.fc.weight.dtype
+        cos, sin = self.rope_cos[pos][:, None].to(dtype), self.rope_sin[pos][:, None].to(dtype)
+        mask = (torch.arange(kv_len, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
+        attn = self.midlayer.self_attn
+        x = self.midlayer.qkv_input(self.embed_tokens(tokens)[None], g[None].to(dtype))
+        hd = attn.head_dim
+        q = attn.q_proj(x).view(1, T, -1, hd).transpose(1, 2)
+        k = attn.k_proj(x).view(1, T, -1, hd).transpose(1, 2)
+        v = attn.v_proj(x).view(1, T, -1, hd).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attend(q, k, v, mask, cache.k[0], cache.v[0], pos, attn.gqa_group, attn.kv_map)
+        h = self.midlayer.finish(g[None].to(dtype), out)[0]
+        cache.lengths[0] = kv_len
+        return h, self.lm_head(self.norm(h[-1:]))[0].float()
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+
+def load_head(path: str | Path, target_embed: torch.Tensor, target: ModelArgs, *, dtype=torch.float32, device="cpu",
+              max_seq: int = 2048) -> Eagle3Head:
+    """Shard-only style: one tensor at a time from the safetensors files into a head built on meta."""
+    path = Path(path)
+    cfg = load_config(path)
+    check_fits(cfg, target, path)
+    with torch.device("meta"):
+        head = Eagle3Head(cfg, max_seq=max_seq).to(dtype)  # maps and rotary tables keep their dtypes
+    head = head.to_empty(device=device)
+    shapes = {n: t.shape for n, t in head.state_dict().items()}
+    seen: set[str] = set()
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"EAGLE-3 head {str(path)!r} has no *.safetensors weights")
+    with torch.no_grad():
+        params = dict(head.named_parameters()) | dict(head.named_buffers())
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    key = name.removeprefix("model.")
+                    if key not in shapes:
+                        continue
+                    t = f.get_tensor(name)
+                    if tuple(t.shape) != tuple(shapes[key]):
+                        raise ModelConfigError(f"EAGLE-3 head {path}: {key} has shape {list(t.shape)}, "
+                                               f"the config and the model need {list(shapes[key])}")
+                    dst = params[key]
+                    dst.copy_(t.to(dst.dtype) if dst.dtype in (torch.long, torch.bool) else t.to(dtype))
+                    seen.add(key)
+    if "embed_tokens.weight" not in seen:
+        if tuple(target_embed.shape) != tuple(shapes["embed_tokens.weight"]):
+            raise ModelConfigError(f"EAGLE-3 head {path}: the model's embedding {list(target_embed.shape)} does not fit")
+        head.embed_tokens.weight = nn.Parameter(target_embed.detach().to(device, dtype), requires_grad=False)
+        seen.add("embed_tokens.weight")
+    missing = sorted(set(shapes) - seen - {"d2t", "t2d"})
+    if missing:
+        raise CheckpointError(f"EAGLE-3 head {path} lacks {len(missing)} tensors, e.g. {missing[0]!r}")
+    if cfg.draft_vocab < cfg.args.vocab_size and not {"d2t", "t2d"} <= seen:
+        raise CheckpointError(f"EAGLE-3 head {path}: a draft vocabulary of {cfg.draft_vocab} < {cfg.args.vocab_size} needs d2t and t2d")
+    cos, sin = rope_tables(cfg.args, max_seq)
+    head.rope_cos, head.rope_sin = cos.to(device), sin.to(device)
+    attn = head.midlayer.self_attn
+    attn.kv_map = (torch.arange(attn.n_heads) // (cfg.args.n_heads // cfg.args.n_kv_heads)).to(device)
+    if cfg.draft_vocab == cfg.args.vocab_size and not {"d2t", "t2d"} <= seen:  # the full vocabulary: identity maps
+        head.d2t.zero_()
+        head.t2d.fill_(True)
+    return head.eval()
+
+
+def target_embedding(model_path: str, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """The target's token embedding alone (one tensor read), for a head process that holds no target."""
+    from workers.model.random_weights import is_random
+
+    if is_random(model_path):  # a random target (timing runs): the embedding's values do not matter
+        from workers.model.checkpoint import load_args
+
+        a = load_args(model_path)
+        return torch.randn(a.vocab_size, a.dim, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in ("model.embed_tokens.weight", "embed_tokens.weight"):
+                if name in f.keys():
+                    return f.get_tensor(name).to(device, dtype)
+    raise CheckpointError(f"checkpoint {model_path} has no embed_tokens.weight")
+
+
+class Eagle3Drafter(Drafter):
+    """Chain drafting (top-1, or sampled at the trial temperature) from the verifier's hidden states."""
+
+    kind = "eagle3"
+    reads_hidden = True
+
+    def __init__(self, head: Eagle3Head):
+        self.head = head
+        self.device = head.fc.weight.device
+        self.cache = head.new_cache()
+        self.begin(0.0, 0)
+        self.prefill([])
+
+    def begin(self, temperature: float, seed: int) -> None:
+        self.temperature = temperature
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.cache.reset()
+        self.states: list[torch.Tensor] = []  # fused states g_i the verifier sent, not yet fed
+        self.n_states = 0  # positions the verifier has sent states for
+        self.ctx = 0  # cache entries fed with the verifier's states (the rest are drafts)
+
+    @torch.inference_mode()
+    def observe(self, hidden: torch.Tensor) -> None:
+        """The verifier's aux states [n, 3 x target_hidden] of the next n committed positions."""
+        if hidden.shape[0]:
+            self.states.append(self.head.fc(hidden.to(self.device, self.head.fc.weight.dtype)))
+            self.n_states += hidden.shape[0]
+
+    def _q(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft distribution over the target vocabulary (zero outside the draft vocabulary)."""
+        q = torch.zeros(self.head.t2d.shape[0], dtype=torch.float32, device=logits.device)
+        q[self.head.to_target(torch.arange(logits.shape[0], device=logits.device))] = softmax_t(logits, self.temperature)
+        return q
+
+    @torch.inference_mode()
+    def propose(self, committed: list[int], k: int) -> Proposal:
+        t0 = time.perf_counter()
+        n = self.n_states  # entries 0..n-1 can be fed: (g_i, x_{i+1}); n == len(committed) - 1 in step
+        if n != len(committed) - 1:
+            raise RuntimeError(f"EAGLE-3 drafter: hidden states for {n} positions, {len(committed)} tokens committed")
+        self.cache.rollback(0, self.ctx)
+        if n + k > self.cache.max_seq:
+            return Proposal(tokens=[], draft_s=time.perf_counter() - t0)
+        g = torch.cat(self.states) if len(self.states) > 1 else self.states[0]
+        self.states = []
+        toks = torch.tensor(committed[self.ctx + 1 : n + 1], device=self.device)
+        h, logits = self.head.step(toks, g, self.cache)
+        self.ctx = n
+        tokens, qs = [], []
+        for i in range(k):
+            if self.temperature > 0:
+                q = self._q(logits)
+                tok = sample(q, self.generator)
+                qs.append(q)
+            else:
+                tok = int(self.head.to_target(logits.argmax()).item())
+            tokens.append(tok)
+            if i + 1 < k:
+                h, logits = self.head.step(torch.tensor([tok], device=self.device), h[-1:], self.cache)
+        q_all = torch.stack(qs).cpu() if qs else None
+        return Proposal(tokens=tokens, probs=q_all, draft_s=time.perf_counter() - t0)
