@@ -159,7 +159,7 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     for t in spec:
         m = by_id[t.user_attrs["mlflow_run_id"]].data.metrics
         assert m["outputs_match_baseline"] == 1 and m["speedup_vs_baseline"] != 1
-        assert m["speedup_vs_baseline"] == pytest.approx(t.user_attrs["throughput_median"] / statistics.median(samples))
+        assert m["speedup_vs_baseline"] == pytest.approx(t.user_attrs["throughput_median"] / statistics.median(samples), rel=1e-3)  # 4 digits
     for r in runs:  # fixed and searched alike: the compare view lines them up
         assert {"model.path", "parallel.device", "parallel.tp", "comm.backend", "spec.num_draft_tokens", "drafter.kind"} <= set(r.data.params)
     ranking = out["ranking"]
