@@ -54,6 +54,15 @@ class DraftLink:
         dist.broadcast(t, src=src, group=self.group)
         return t
 
+    # before a run's first prompt: the drafter process warms (captures its graphs for this k) while the
+    # verifier ranks warm; rank 0 starts its clock only once the drafter says it is ready
+    def drafter_ready(self) -> None:
+        dist.send(torch.ones(1, dtype=torch.int64), dst=0, group=self.group)
+
+    def wait_for_drafter(self) -> None:
+        if self.rank == 0 and self.drafter_rank is not None:
+            dist.recv(torch.zeros(1, dtype=torch.int64), src=self.drafter_rank, group=self.group)
+
     # header layout: [n_tokens, has_probs, draft_us, tokens(k)]
     def send_proposal(self, p: Proposal) -> None:
         self._exchange_proposal(p)

@@ -111,6 +111,7 @@ class Verifier:
                     hidden=self._hidden_states(w))
         strategy = strategy_for(rank, self.drafter, overlap=self.steps.engine.overlap)  # fixed for the run: every rank picks it alike
         strategy.begin_run()
+        self.link.wait_for_drafter()  # its warm-up stays out of the timed prompts
         stats, prompts = RunStats(), []
         for prompt in w.prompts:
             t_prompt = time.perf_counter()
@@ -143,6 +144,7 @@ def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:
     """The drafter's side of `Verifier.run` (same prompts, same message order)."""
     drafter.begin(w.temperature, w.seed + 1)
     drafter.warm(w.num_draft_tokens)
+    link.drafter_ready()
     recv_result = link.recv_result_from_verifier if decides_locally(w, True) else link.recv_result
     with torch.inference_mode():
         for prompt in w.prompts:
