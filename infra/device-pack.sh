@@ -3,7 +3,7 @@
 # PyTorch, Triton and transformers but no network, and takes at most 64 MiB per call. Runs HERE (any
 # machine with pip and a package index); `infra/device-setup.sh` installs the packs THERE.
 #
-#   bash infra/device-pack.sh           # .devcarry/ray (Ray, xz-repacked, ~58 MiB) and .devcarry/rest (~25 MiB)
+#   bash infra/device-pack.sh           # .devcarry/ray (Ray, slimmed and xz-repacked, ~30 MiB) and .devcarry/rest (~21 MiB)
 #   bash infra/device-pack.sh --model   # also .devcarry/model-a, model-b: the demo model's wheel in two parts
 #
 # Then prepare a device in two back-to-back calls (a warm machine keeps /tmp for ~30 s between calls):
@@ -53,8 +53,8 @@ wheel_name() { local b; b=$(basename "$1"); norm "${b%%-*}"; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# ---- ray: the wheel unpacked and re-packed with xz (79 MB -> ~58 MiB), plus the few deps the image lacks
-stamp="ray==$ray_v"
+# ---- ray: the wheel unpacked, slimmed and re-packed with xz, plus the few deps the image lacks
+stamp="ray==$ray_v slim"
 if [ "$(cat "$out/ray/STAMP" 2>/dev/null)" = "$stamp" ]; then
   echo "device-pack: $out/ray is up to date ($stamp)"
 else
@@ -65,7 +65,11 @@ else
   for w in "$tmp"/raydeps/*.whl; do on_device "$(wheel_name "$w")" || cp "$w" "$out/ray/"; done
   mkdir "$tmp/ray/x"
   unzip -q "$tmp"/ray/ray-*.whl -d "$tmp/ray/x"   # unzip keeps the binaries' run bits
-  tar -C "$tmp/ray/x" -cf - . | xz -T0 -9 > "$out/ray/ray.tar.xz"
+  # left out: what `spectune run` never loads (Java workers' jars, the dashboard's web client, the
+  # RLlib / Tune / Train / Serve / Data / LLM libraries): ~60 MiB with them, ~30 MiB without, so the
+  # pack and the working tree fit one call
+  tar -C "$tmp/ray/x" --exclude=./ray/jars --exclude=./ray/dashboard/client --exclude=./ray/rllib --exclude=./ray/tune \
+      --exclude=./ray/train --exclude=./ray/serve --exclude=./ray/data --exclude=./ray/llm -cf - . | xz -T0 -9 > "$out/ray/ray.tar.xz"
   echo "$stamp" > "$out/ray/STAMP"
 fi
 

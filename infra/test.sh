@@ -13,4 +13,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+# lint and format first: a second or two, and a failure names the file and line
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 exec .venv/bin/python -m pytest -q "$@"

@@ -1,4 +1,5 @@
 """`python -m orchestrator` = the `spectune` command."""
+
 import sys
 
 from orchestrator.cli import main

@@ -9,6 +9,7 @@ produce (batch x (k + 1) x hidden x 2 bytes) plus a power-of-two sweep.
 Each (backend, environment) gets fresh processes, because NCCL reads its environment when a
 communicator is created. NVLink multicast stays off in every one of them.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -52,8 +53,9 @@ def parse_env(items: list[str]) -> list[dict[str, str]]:
     return envs
 
 
-def run_backend(backend: str, tp: int, device: str, sizes: list[int], dtype: str, iters: int, env: dict[str, str],
-                timeout_s: float = 600) -> list[dict]:
+def run_backend(
+    backend: str, tp: int, device: str, sizes: list[int], dtype: str, iters: int, env: dict[str, str], timeout_s: float = 600
+) -> list[dict]:
     from workers.tools.bench_allreduce import bench_rank
 
     ctx = mp.get_context("spawn")
@@ -61,8 +63,9 @@ def run_backend(backend: str, tp: int, device: str, sizes: list[int], dtype: str
     full_env = {**env, **NVLS_OFF_ENV}
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "rdv")
-        procs = [ctx.Process(target=bench_rank, args=(r, tp, init, backend, device, sizes, dtype, iters, full_env, queue))
-                 for r in range(tp)]
+        procs = [
+            ctx.Process(target=bench_rank, args=(r, tp, init, backend, device, sizes, dtype, iters, full_env, queue)) for r in range(tp)
+        ]
         for p in procs:
             p.start()
         try:
@@ -80,8 +83,9 @@ def run_backend(backend: str, tp: int, device: str, sizes: list[int], dtype: str
     return [{**row, "env": label, "tp": tp} for row in rows]
 
 
-def bench(backends: list[str], tp: int, device: str, sizes: list[int], dtype: str, iters: int, envs: list[dict],
-          log) -> tuple[list[dict], list[str]]:
+def bench(
+    backends: list[str], tp: int, device: str, sizes: list[int], dtype: str, iters: int, envs: list[dict], log
+) -> tuple[list[dict], list[str]]:
     """Rows of every (backend, environment) that ran, and one line per one that failed: a backend
     that breaks on this machine must not cost the rows of the others."""
     if tp < 2:
@@ -98,7 +102,7 @@ def bench(backends: list[str], tp: int, device: str, sizes: list[int], dtype: st
             raise UserError(f"--backend {b}: {why}")
     rows, failures = [], []
     for b in backends:
-        for env in (envs if b == "nccl" else [{}]):  # NCCL knobs only change nccl
+        for env in envs if b == "nccl" else [{}]:  # NCCL knobs only change nccl
             log(f"spectune: bench-allreduce {b} tp={tp} {env or 'default env'} ...")
             try:
                 rows += run_backend(b, tp, device, sizes, dtype, iters, env)
@@ -111,8 +115,10 @@ def bench(backends: list[str], tp: int, device: str, sizes: list[int], dtype: st
 def table(rows: list[dict]) -> str:
     lines = [f"{'backend':>9} {'env':>28} {'mode':>6} {'size(B)':>10} {'time(us)':>9} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11}"]
     for r in rows:
-        lines.append(f"{r['backend']:>9} {r['env'][:28]:>28} {r['mode']:>6} {r['size_bytes']:>10} {r['time_us']:>9.2f} "
-                     f"{r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f}")
+        lines.append(
+            f"{r['backend']:>9} {r['env'][:28]:>28} {r['mode']:>6} {r['size_bytes']:>10} {r['time_us']:>9.2f} "
+            f"{r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f}"
+        )
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@
 User errors (bad flags, files, model paths, TP sizes, backends) print one line
 `spectune: error: ...` and exit 2; a failed gang exits 1 with one line naming the rank.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,14 +30,22 @@ def _add_decode(sub) -> None:
     p.add_argument("--backend", default=d.backend, help="allreduce backend: gloo (CPU), nccl, symm_mem, symm_mem_ll")
     p.add_argument("--drafter", default=d.drafter, help="none | draft_model | ngram | layer_skip | eagle3")
     p.add_argument("--draft-model", default=None, help="checkpoint of the draft model (--drafter draft_model) or the EAGLE-3 head (eagle3)")
-    p.add_argument("--draft-placement", default=d.draft_placement,
-                   help="eagle3: actor (its own process; hidden states over the link) | rank0 (inside the verifier ranks)")
+    p.add_argument(
+        "--draft-placement",
+        default=d.draft_placement,
+        help="eagle3: actor (its own process; hidden states over the link) | rank0 (inside the verifier ranks)",
+    )
     p.add_argument("--draft-layers", type=int, default=None, help="verifier layers that draft (--drafter layer_skip; default half)")
     p.add_argument("--ngram-max", type=int, default=d.ngram_max, help="longest n-gram the lookup drafter matches")
-    p.add_argument("--ngram-actor", action="store_true",
-                   help="run the n-gram drafter as its own process on the draft link (default: inside every verifier rank)")
+    p.add_argument(
+        "--ngram-actor",
+        action="store_true",
+        help="run the n-gram drafter as its own process on the draft link (default: inside every verifier rank)",
+    )
     p.add_argument("--num-draft-tokens", "-k", type=int, default=d.num_draft_tokens, help="k, tokens drafted per step (0 = baseline)")
-    p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy; > 0 = sampling with rejection-sampling verification")
+    p.add_argument(
+        "--temperature", type=float, default=d.temperature, help="0 = greedy; > 0 = sampling with rejection-sampling verification"
+    )
     p.add_argument("--prompts", default=d.prompts, help="Spec-Bench-style JSONL (default: the bundled 240 questions)")
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default 8)")
     p.add_argument("--category", action="append", dest="categories", help="keep prompts of this category (repeatable)")
@@ -52,16 +61,36 @@ def _add_decode(sub) -> None:
     # the engine: the flags of the YAML section `engine:` (workers/engine/config.py documents each)
     p.add_argument("--attention", choices=ATTENTION_CHOICES, default=d.attention, help="engine.attention: " + ENGINE_FIELDS["attention"][1])
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="engine.cuda_graphs=false: run CUDA steps eagerly")
-    p.add_argument("--no-compile", dest="compile", action="store_false",
-                   help="engine.compile=false: CUDA graphs of the plain model (no merged weights, no torch.compile)")
+    p.add_argument(
+        "--no-compile",
+        dest="compile",
+        action="store_false",
+        help="engine.compile=false: CUDA graphs of the plain model (no merged weights, no torch.compile)",
+    )
     p.add_argument("--gemv", choices=GEMV_CHOICES, default=d.gemv, help="engine.gemv: " + ENGINE_FIELDS["gemv"][1])
-    p.add_argument("--no-fused-add-norm", dest="fused_add_norm", action="store_false",
-                   help="engine.fused_add_norm=false: allreduce, then add and norm, even where the backend fuses them")
-    p.add_argument("--no-overlap", dest="overlap", action="store_false",
-                   help="engine.overlap=false: plain greedy decoding reads each step before launching the next")
-    p.add_argument("--ray", action="store_true",
-                   help="run the gang as Ray actors (the cluster in RAY_ADDRESS, else an embedded local Ray) instead of local processes")
-    p.add_argument("--simulate-accept-len", type=float, default=None, help="accept exactly tau - 1 drafts per step (engine speed apart from drafter quality)")
+    p.add_argument(
+        "--no-fused-add-norm",
+        dest="fused_add_norm",
+        action="store_false",
+        help="engine.fused_add_norm=false: allreduce, then add and norm, even where the backend fuses them",
+    )
+    p.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="engine.overlap=false: plain greedy decoding reads each step before launching the next",
+    )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the gang as Ray actors (the cluster in RAY_ADDRESS, else an embedded local Ray) instead of local processes",
+    )
+    p.add_argument(
+        "--simulate-accept-len",
+        type=float,
+        default=None,
+        help="accept exactly tau - 1 drafts per step (engine speed apart from drafter quality)",
+    )
     p.add_argument("--ablation-iters", type=int, default=None, help="steps timed with and without the allreduce (comm_fraction)")
     p.add_argument("--peer-baseline", action="store_true", help="also time transformers' generate (and assisted generation)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -75,8 +104,15 @@ def _decode(ns: argparse.Namespace) -> int:
     opts = DecodeOptions(**{k: v for k, v in vars(ns).items() if k in fields})
     out = decode(opts)
     if not ns.json:
-        for key in ("throughput_tok_s", "baseline_throughput_tok_s", "speedup_vs_baseline", "accept_len_mean",
-                    "outputs_match_baseline", "step_ms_p50", "comm_fraction"):
+        for key in (
+            "throughput_tok_s",
+            "baseline_throughput_tok_s",
+            "speedup_vs_baseline",
+            "accept_len_mean",
+            "outputs_match_baseline",
+            "step_ms_p50",
+            "comm_fraction",
+        ):
             if key in out:
                 print(f"{key:>28}: {out[key]:.4g}" if isinstance(out[key], float) else f"{key:>28}: {out[key]}")
     print(json.dumps(out, indent=None if ns.json else 1, sort_keys=False))
@@ -85,7 +121,12 @@ def _decode(ns: argparse.Namespace) -> int:
 
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench-allreduce", help="allreduce latency table per backend and NCCL environment")
-    p.add_argument("--backend", nargs="+", default=None, help="gloo | nccl | symm_mem | symm_mem_ll (default: gloo on cpu, nccl symm_mem symm_mem_ll on cuda)")
+    p.add_argument(
+        "--backend",
+        nargs="+",
+        default=None,
+        help="gloo | nccl | symm_mem | symm_mem_ll (default: gloo on cpu, nccl symm_mem symm_mem_ll on cuda)",
+    )
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--sizes", default=None, help="comma list (8K,64K,1M); default: verify-step sizes for --hidden + 4K..8M")
@@ -109,8 +150,9 @@ def _bench(ns: argparse.Namespace) -> int:
         sizes = sorted(set(step_sizes(ns.hidden, itemsize=itemsize)) | {1 << p for p in range(12, 24)})
     backends = ns.backend or (["nccl", "symm_mem", "symm_mem_ll"] if ns.device == "cuda" else ["gloo"])
     iters = ns.iters or (200 if ns.device == "cuda" else 20)
-    rows, failures = bench(backends, ns.tp, ns.device, sizes, dtype, iters, parse_env(ns.nccl_env),
-                           log=lambda m: print(m, file=sys.stderr, flush=True))
+    rows, failures = bench(
+        backends, ns.tp, ns.device, sizes, dtype, iters, parse_env(ns.nccl_env), log=lambda m: print(m, file=sys.stderr, flush=True)
+    )
     if rows:
         if ns.plot:
             latency_plot(rows, ns.plot)
@@ -169,7 +211,11 @@ def _add_experiment_commands(sub) -> None:
     p.add_argument("experiment")
     p.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
     p.add_argument("--out", default=None, help="folder for report.html, best_config.yaml, summary.json")
-    p.add_argument("--bench", default=None, help="a `bench-allreduce --json` output: the performance model's allreduce term (rounds x latency) and what-if estimates over its setups")
+    p.add_argument(
+        "--bench",
+        default=None,
+        help="a `bench-allreduce --json` output: the performance model's allreduce term (rounds x latency) and what-if estimates over its setups",
+    )
     p.set_defaults(handler=_report)
     p = sub.add_parser("schema", help="print (or write) the JSON schema of experiment YAMLs")
     p.add_argument("--out", default=None)
@@ -182,8 +228,10 @@ def _validate(ns: argparse.Namespace) -> int:
 
     cfg = load_config(ns.experiment, ns.set)
     prepared = check_experiment(cfg)
-    print(f"{ns.experiment}: ok: study {cfg.study_name!r}, {cfg.study.n_trials} trials, model {prepared.model_path}, "
-          f"{len(prepared.prompts)} prompts, space: {', '.join(cfg.search.space)}")
+    print(
+        f"{ns.experiment}: ok: study {cfg.study_name!r}, {cfg.study.n_trials} trials, model {prepared.model_path}, "
+        f"{len(prepared.prompts)} prompts, space: {', '.join(cfg.search.space)}"
+    )
     return 0
 
 

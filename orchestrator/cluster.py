@@ -15,6 +15,7 @@ port the OS picks. Every call has a deadline; a rank that fails, dies or misses 
 whole gang down (the others would wait in a collective forever) and raises `GangError`.
 `GangPool` keeps the current gang while the next trial needs the same env and placement.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,8 +72,9 @@ def connect(num_cpus: int | None = None) -> str:
         ray.init(address=address, logging_level="ERROR", log_to_driver=True)
         return f"ray cluster at {address}"
     extra = {"_temp_dir": os.environ["SPECTUNE_RAY_TMPDIR"]} if os.environ.get("SPECTUNE_RAY_TMPDIR") else {}
-    ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-             logging_level="ERROR", log_to_driver=True, **extra)
+    ray.init(
+        address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=True, **extra
+    )
     return f"embedded local ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
 
 
@@ -141,7 +143,8 @@ class RayGang:
             on_gpu = gpus[rank]
             self.actors.append(
                 actor_cls.options(
-                    num_cpus=res.cpus_per_worker, max_restarts=0,
+                    num_cpus=res.cpus_per_worker,
+                    max_restarts=0,
                     **({"num_gpus": on_gpu} if accel == "GPU" else {"resources": {accel: on_gpu}} if on_gpu else {}),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
                     runtime_env=runtime_env,
@@ -176,7 +179,9 @@ class RayGang:
             except ray.exceptions.RayTaskError as e:
                 self.close()
                 cause = e.cause if getattr(e, "cause", None) is not None else e
-                raise GangError(f"{what}: rank {index[ref]}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from None
+                raise GangError(
+                    f"{what}: rank {index[ref]}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+                ) from None
             except ray.exceptions.RayError as e:  # e.g. the runtime env could not be set up: this trial fails, not the study
                 self.close()
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -191,8 +196,10 @@ class RayGang:
             return []
         self.instances = self._gather([a.__ray_call__.remote(_instances_of, self.accel) for a in self.actors], 60, "placement")
         if self.share and self.spec.has_drafter and self.instances[self.spec.tp] != self.instances[0]:
-            self.drafter_note = (f"spectune: the drafter's {self.share:g} {self.accel} landed on {self.accel} {self.instances[self.spec.tp]}, "
-                                 f"not rank 0's {self.instances[0]}: it shares that device; the draft link stays on gloo (CPU)")
+            self.drafter_note = (
+                f"spectune: the drafter's {self.share:g} {self.accel} landed on {self.accel} {self.instances[self.spec.tp]}, "
+                f"not rank 0's {self.instances[0]}: it shares that device; the draft link stays on gloo (CPU)"
+            )
             print(self.drafter_note, file=sys.stderr, flush=True)
         return self.instances
 
@@ -293,7 +300,9 @@ class GangPool:
         self.gang, self.key = gang, key
         self.launched += 1
         self.setup_s = time.perf_counter() - t0
-        self.log(f"spectune: launched gang #{self.launched} (tp={spec.tp}, drafter={spec.drafter.kind}, {len(env)} NCCL vars) in {self.setup_s:.1f}s")
+        self.log(
+            f"spectune: launched gang #{self.launched} (tp={spec.tp}, drafter={spec.drafter.kind}, {len(env)} NCCL vars) in {self.setup_s:.1f}s"
+        )
         return gang
 
     def close(self) -> None:

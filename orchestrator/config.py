@@ -9,6 +9,7 @@ orchestrator/params.py, the one parameter registry); `--set dotted.key=value` ov
 naming the field: `search.space.nccl.NCCL_ALGO: NVLS ... is refused`.
 `spectune schema` writes the JSON schema editors use (experiments/spectune.schema.json).
 """
+
 from __future__ import annotations
 
 import os

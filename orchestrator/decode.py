@@ -9,6 +9,7 @@ The flags become an experiment configuration (`experiment`), which takes the pat
 trial: validation (orchestrator/validate.py), the prepared workload, the trial's resolved
 parameters (orchestrator/space.py `resolve`: engine settings included) and its GangSpec.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -78,11 +79,23 @@ class DecodePlan:
 
 
 # the YAML field each decode flag sets (experiment() below): errors of the study's checks name the flag
-FLAGS = {"parallel.tp": "--tp", "parallel.backend": "--backend", "drafter.kind": "--drafter", "drafter.model_path": "--draft-model",
-         "drafter.placement": "--draft-placement", "drafter.layers": "--draft-layers", "drafter.ngram_max": "--ngram-max",
-         "drafter.num_draft_tokens": "--num-draft-tokens", "model.path": "--model", "model.dtype": "--dtype",
-         "workload.prompts": "--prompts", "workload.max_new_tokens": "--max-new-tokens", "engine.attention": "--attention",
-         "engine.gemv": "--gemv", "workload.simulate_accept_len": "--simulate-accept-len"}
+FLAGS = {
+    "parallel.tp": "--tp",
+    "parallel.backend": "--backend",
+    "drafter.kind": "--drafter",
+    "drafter.model_path": "--draft-model",
+    "drafter.placement": "--draft-placement",
+    "drafter.layers": "--draft-layers",
+    "drafter.ngram_max": "--ngram-max",
+    "drafter.num_draft_tokens": "--num-draft-tokens",
+    "model.path": "--model",
+    "model.dtype": "--dtype",
+    "workload.prompts": "--prompts",
+    "workload.max_new_tokens": "--max-new-tokens",
+    "engine.attention": "--attention",
+    "engine.gemv": "--gemv",
+    "workload.simulate_accept_len": "--simulate-accept-len",
+}
 
 
 def log(msg: str) -> None:
@@ -93,20 +106,37 @@ def experiment(o: DecodeOptions, n_layers: int) -> ExperimentConfig:
     """The flags as an experiment configuration of one trial (no search)."""
     k = o.num_draft_tokens
     layers = o.draft_layers if o.draft_layers is not None else max(1, n_layers // 2)
-    drafter = {"kind": o.drafter, "num_draft_tokens": k, "ngram_max": o.ngram_max,
-               **({"model_path": o.draft_model} if o.drafter in ("draft_model", "eagle3") else {}),
-               **({"placement": o.draft_placement} if o.drafter == "eagle3" else {}),
-               **({"layers": layers} if o.drafter == "layer_skip" else {})}
+    drafter = {
+        "kind": o.drafter,
+        "num_draft_tokens": k,
+        "ngram_max": o.ngram_max,
+        **({"model_path": o.draft_model} if o.drafter in ("draft_model", "eagle3") else {}),
+        **({"placement": o.draft_placement} if o.drafter == "eagle3" else {}),
+        **({"layers": layers} if o.drafter == "layer_skip" else {}),
+    }
     raw = {
         "name": "decode",
         "model": {"path": o.model, "dtype": o.dtype or ("bfloat16" if o.device == "cuda" else "float32")},
         "drafter": drafter,
         "parallel": {"tp": o.tp, "device": o.device, "backend": o.backend, "threads": o.threads, "vocab_parallel": o.vocab_parallel},
-        "engine": {"attention": o.attention, "cuda_graphs": o.cuda_graphs, "compile": o.compile, "gemv": o.gemv,
-                   "fused_add_norm": o.fused_add_norm, "overlap": o.overlap},
-        "workload": {"prompts": o.prompts, "num_prompts": o.num_prompts if o.num_prompts is not None or o.per_category else 8,
-                     "per_category": o.per_category, "categories": o.categories, "max_new_tokens": o.max_new_tokens,
-                     "temperature": o.temperature, "seed": o.seed, "simulate_accept_len": o.simulate_accept_len},
+        "engine": {
+            "attention": o.attention,
+            "cuda_graphs": o.cuda_graphs,
+            "compile": o.compile,
+            "gemv": o.gemv,
+            "fused_add_norm": o.fused_add_norm,
+            "overlap": o.overlap,
+        },
+        "workload": {
+            "prompts": o.prompts,
+            "num_prompts": o.num_prompts if o.num_prompts is not None or o.per_category else 8,
+            "per_category": o.per_category,
+            "categories": o.categories,
+            "max_new_tokens": o.max_new_tokens,
+            "temperature": o.temperature,
+            "seed": o.seed,
+            "simulate_accept_len": o.simulate_accept_len,
+        },
         "search": {"space": {"spec.num_draft_tokens": k}},
         "study": {"n_trials": 1, "baseline": False},
     }
@@ -155,15 +185,28 @@ def plan(o: DecodeOptions) -> DecodePlan:
         gang = replace(gang, drafter=replace(gang.drafter, ngram_actor=True))
     ablation = o.ablation_iters if o.ablation_iters is not None else (50 if o.device == "cuda" else 5)
     workload = replace(prepared.workload(cfg, tc), record_margins=False, comm_ablation_iters=ablation if o.tp > 1 else 0)
-    return DecodePlan(cfg=cfg, trial=tc, gang=gang, workload=workload, prompts=prepared.prompts, token_ids=prepared.token_ids,
-                      tokenizer=prepared.tokenizer)
+    return DecodePlan(
+        cfg=cfg,
+        trial=tc,
+        gang=gang,
+        workload=workload,
+        prompts=prepared.prompts,
+        token_ids=prepared.token_ids,
+        tokenizer=prepared.tokenizer,
+    )
 
 
 def params(o: DecodeOptions, p: DecodePlan) -> dict:
     """The configuration with the dotted names MLflow params use (a trial's, plus the workload's)."""
     w = p.cfg.workload
-    return {"model.path": o.model, **p.trial.params(), "workload.temperature": w.temperature,
-            "workload.num_prompts": len(p.prompts), "workload.max_new_tokens": w.max_new_tokens, "workload.seed": w.seed}
+    return {
+        "model.path": o.model,
+        **p.trial.params(),
+        "workload.temperature": w.temperature,
+        "workload.num_prompts": len(p.prompts),
+        "workload.max_new_tokens": w.max_new_tokens,
+        "workload.seed": w.seed,
+    }
 
 
 def per_category(prompts: list[Prompt], result: RunResult) -> dict:
@@ -255,7 +298,9 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
 def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
     workload = p.workload
     n_tokens = sum(len(s) for s in p.token_ids)
-    log(f"{len(p.prompts)} prompts ({n_tokens} prompt tokens), model {p.gang.model_path}, tp={o.tp}, drafter={o.drafter}, k={o.num_draft_tokens}")
+    log(
+        f"{len(p.prompts)} prompts ({n_tokens} prompt tokens), model {p.gang.model_path}, tp={o.tp}, drafter={o.drafter}, k={o.num_draft_tokens}"
+    )
     t0 = time.perf_counter()
     with make(p.gang) as gang:
         setup = gang.setup()
@@ -269,10 +314,18 @@ def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
             base = gang.run(replace(workload, num_draft_tokens=0, simulate_accept_len=None, record_margins=o.temperature == 0))
             log(f"baseline (k=0): {base.metrics['throughput_tok_s']:.1f} tok/s")
         spec = gang.run(workload)
-        log(f"k={o.num_draft_tokens}: {spec.metrics['throughput_tok_s']:.1f} tok/s, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}")
+        log(
+            f"k={o.num_draft_tokens}: {spec.metrics['throughput_tok_s']:.1f} tok/s, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}"
+        )
         rss = [round(mb, 1) for mb in gang.peak_rss_mb()[: o.tp]]  # each verifier rank's peak resident memory
-    out: dict = {"params": params(o, p), **spec.metrics, "setup_s": max(s["setup_s"] for s in setup), "attention": attention,
-                 "fused_add_norm": any(s.get("fused_add_norm") for s in setup), "rank_peak_rss_mb": rss}
+    out: dict = {
+        "params": params(o, p),
+        **spec.metrics,
+        "setup_s": max(s["setup_s"] for s in setup),
+        "attention": attention,
+        "fused_add_norm": any(s.get("fused_add_norm") for s in setup),
+        "rank_peak_rss_mb": rss,
+    }
     if base is None and o.num_draft_tokens == 0:
         base = spec
     if base is not None:
@@ -282,8 +335,11 @@ def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
             out["baseline_decode_tok_s"] = base.metrics["decode_tok_s"]
             out["decode_speedup_vs_baseline"] = spec.metrics["decode_tok_s"] / base.metrics["decode_tok_s"]
         if o.temperature == 0 and o.simulate_accept_len is None:
-            out.update(outputs_verdict([b.tokens for b in base.prompts], [b.margins for b in base.prompts],
-                                       [s.tokens for s in spec.prompts], p.gang.dtype))
+            out.update(
+                outputs_verdict(
+                    [b.tokens for b in base.prompts], [b.margins for b in base.prompts], [s.tokens for s in spec.prompts], p.gang.dtype
+                )
+            )
     if o.peer_baseline:
         out.update(peer(o, p, base or spec))
     out["per_category"] = per_category(p.prompts, spec)

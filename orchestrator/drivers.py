@@ -18,6 +18,7 @@ the job's driver) and nothing here runs. Linux only (/proc); elsewhere it does n
 
     python -m orchestrator.drivers watch TOKEN RECORD   # the watchdog (started by DriverRecord)
 """
+
 from __future__ import annotations
 
 import json
@@ -149,14 +150,24 @@ class DriverRecord:
     def start(self, ray_temp_dir: str | None) -> None:
         os.environ[TOKEN_VAR] = self.token  # inherited by every process Ray starts from here on
         self.dir.mkdir(parents=True, exist_ok=True)
-        record = {"host": socket.gethostname(), "pid": os.getpid(), "start_time": start_time(os.getpid()),
-                  "token": self.token, "ray_temp_dir": ray_temp_dir, "started": time.time()}
+        record = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "start_time": start_time(os.getpid()),
+            "token": self.token,
+            "ray_temp_dir": ray_temp_dir,
+            "started": time.time(),
+        }
         self._write(record)
         env = {**{k: v for k, v in os.environ.items() if k != TOKEN_VAR}, **NVLS_OFF_ENV}
         self.watchdog = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.drivers", "watch", self.token, str(self.path)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env=env, cwd=str(Path(__file__).resolve().parents[1]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=str(Path(__file__).resolve().parents[1]),
         )
 
     def _write(self, record: dict) -> None:

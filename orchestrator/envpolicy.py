@@ -7,6 +7,7 @@ driver puts it in its own environment before it spawns ranks or starts an embedd
 (`nvls_off_here`), actors get it in their runtime_env, benchmark processes in theirs. Any NVLS
 value in a space, an NCCL env or a flag is refused.
 """
+
 from __future__ import annotations
 
 import os

@@ -10,11 +10,12 @@ within the dtype's tolerance counts as equivalent ("near tie"); a difference any
 wrong output and makes the trial invalid. float32 keeps a tolerance of 1e-5, so CPU runs are held
 to exact equality in practice.
 """
+
 from __future__ import annotations
 
 # relative logit margin below which a flip is numerical noise: a few units in the last place of
 # the logits' precision (bf16 keeps 8 significant bits, fp16 11, fp32 24)
-TOLERANCE = {"float32": 1e-5, "bfloat16": 2.0 ** -5, "float16": 2.0 ** -8}
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2.0**-5, "float16": 2.0**-8}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -34,12 +35,13 @@ def compare(base: list[int], margins: list[float], tokens: list[int], tol: float
     return "differs", j
 
 
-def outputs_verdict(base_tokens: list[list[int]], base_margins: list[list[float]], tokens: list[list[int]],
-                    dtype: str) -> dict[str, float]:
+def outputs_verdict(base_tokens: list[list[int]], base_margins: list[list[float]], tokens: list[list[int]], dtype: str) -> dict[str, float]:
     """Metrics of a run against its baseline: outputs_match_baseline (1 when every prompt is the
     same or parts only at a near tie), prompts_matching_baseline (exactly), prompts_near_tie."""
     tol = TOLERANCE.get(dtype, TOLERANCE["bfloat16"])
     verdicts = [compare(b, m, t, tol)[0] for b, m, t in zip(base_tokens, base_margins, tokens)]
-    return {"outputs_match_baseline": int(len(verdicts) == len(tokens) and "differs" not in verdicts),
-            "prompts_matching_baseline": sum(v == "same" for v in verdicts),
-            "prompts_near_tie": sum(v == "near_tie" for v in verdicts)}
+    return {
+        "outputs_match_baseline": int(len(verdicts) == len(tokens) and "differs" not in verdicts),
+        "prompts_matching_baseline": sum(v == "same" for v in verdicts),
+        "prompts_near_tie": sum(v == "near_tie" for v in verdicts),
+    }

@@ -1,5 +1,6 @@
 """User-facing errors: anything raised as `UserError` (or one of the engine's input errors)
 is printed by the CLI as one line `spectune: error: ...` and exits 2, without a traceback."""
+
 from __future__ import annotations
 
 from workers.comm import BackendError

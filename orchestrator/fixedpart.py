@@ -13,6 +13,7 @@ A searched parameter's YAML default is not fixed (the space decides it); its def
     check_resume(storage, cfg)   # before anything starts: UserError (exit 2) naming the differing fields
     record(study, cfg)           # once the study exists
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,21 @@ from orchestrator.config import ExperimentConfig
 from orchestrator.errors import UserError
 
 FIXED_ATTR = "spectune.fixed"
-CHANGEABLE = ("name", "study.name", "study.n_trials", "study.storage", "study.sampler", "study.seed", "study.pruner",
-              "study.baseline", "study.bench_allreduce", "study.max_failed_trials", "study.baseline_repeats", "limits.", "tracking.")
+CHANGEABLE = (
+    "name",
+    "study.name",
+    "study.n_trials",
+    "study.storage",
+    "study.sampler",
+    "study.seed",
+    "study.pruner",
+    "study.baseline",
+    "study.bench_allreduce",
+    "study.max_failed_trials",
+    "study.baseline_repeats",
+    "limits.",
+    "tracking.",
+)
 SEARCHED_FIELD = {"spec.num_draft_tokens": "drafter.num_draft_tokens", "comm.backend": "parallel.backend"}  # others: same name
 
 
@@ -45,8 +59,9 @@ def fixed_part(cfg: ExperimentConfig) -> dict[str, str]:
     """Dotted field -> JSON of its value, for every field that must not change on resume."""
     flat = _flatten(cfg.model_dump(mode="json", exclude={"search"}))
     searched = {_field(name) for name in cfg.search.space}
-    keep = {k: v for k, v in flat.items()
-            if k not in searched and not any(k == c or (c.endswith(".") and k.startswith(c)) for c in CHANGEABLE)}
+    keep = {
+        k: v for k, v in flat.items() if k not in searched and not any(k == c or (c.endswith(".") and k.startswith(c)) for c in CHANGEABLE)
+    }
     for name, p in cfg.search.space.items():
         keep[f"search.space.{name}"] = p.model_dump(mode="json", exclude_none=True) if hasattr(p, "model_dump") else p
     return {k: json.dumps(v, sort_keys=True) for k, v in sorted(keep.items())}
@@ -69,8 +84,10 @@ def check_resume(storage, cfg: ExperimentConfig) -> None:
     if diff:
         shown = "; ".join(f"{k} was {'unset' if a is None else a}, now {'unset' if b is None else b}" for k, a, b in diff[:4])
         more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
-        raise UserError(f"{', '.join(k for k, _, _ in diff)}: differ from the study {cfg.study_name!r} being resumed "
-                        f"({shown}{more}); run it with its settings, or start a new study with --set study.name=NEW_NAME")
+        raise UserError(
+            f"{', '.join(k for k, _, _ in diff)}: differ from the study {cfg.study_name!r} being resumed "
+            f"({shown}{more}); run it with its settings, or start a new study with --set study.name=NEW_NAME"
+        )
 
 
 def record(study, cfg: ExperimentConfig) -> None:

@@ -15,6 +15,7 @@ through `set_yaml` (orchestrator/report.py).
 Implicit conditions (`active`): nccl.* only when comm.backend is nccl; drafter.* only when
 spec.num_draft_tokens > 0; a row with `needs` only when that other parameter has one of its values.
 """
+
 from __future__ import annotations
 
 import re
@@ -70,23 +71,70 @@ class Param:
 
 _ENGINE_DEFAULTS = EngineConfig()
 
-PARAMS: dict[str, Param] = {p.name: p for p in (
-    Param("parallel.tp", ("parallel", "tp"), 1, int, "tensor-parallel verifier ranks", low=1, high=64),
-    Param("comm.backend", ("parallel", "backend"), "gloo", str, "allreduce backend: gloo, nccl, symm_mem, symm_mem_ll"),
-    Param("spec.num_draft_tokens", ("drafter", "num_draft_tokens"), 4, int, "k, tokens drafted per step (0: plain decoding)",
-          low=0, high=MAX_DRAFT_TOKENS),
-    Param("drafter.kind", ("drafter", "kind"), "ngram", str, "drafter: " + ", ".join(KINDS), choices=KINDS),
-    Param("drafter.layers", ("drafter", "layers"), None, int, "layer_skip: the verifier's first layers that draft",
-          low=1, needs=("drafter.kind", ("layer_skip",))),
-    Param("drafter.ngram_max", ("drafter", "ngram_max"), 3, int, "ngram: the longest n-gram matched", low=1, high=8,
-          needs=("drafter.kind", ("ngram",))),
-    Param("drafter.model_path", ("drafter", "model_path"), None, str,
-          "draft_model: a checkpoint with the model's tokenizer; eagle3: an EAGLE-3 head", needs=("drafter.kind", ("draft_model", "eagle3"))),
-    Param("drafter.placement", ("drafter", "placement"), "actor", str, "eagle3: the head as its own process (actor) or inside "
-          "the verifier ranks (rank0)", choices=PLACEMENTS, needs=("drafter.kind", ("eagle3",))),
-    *(Param(f"engine.{f.name}", ("engine", f.name), getattr(_ENGINE_DEFAULTS, f.name), type(getattr(_ENGINE_DEFAULTS, f.name)),
-            ENGINE_FIELDS[f.name][1], choices=ENGINE_FIELDS[f.name][0]) for f in fields(EngineConfig)),
-)}
+PARAMS: dict[str, Param] = {
+    p.name: p
+    for p in (
+        Param("parallel.tp", ("parallel", "tp"), 1, int, "tensor-parallel verifier ranks", low=1, high=64),
+        Param("comm.backend", ("parallel", "backend"), "gloo", str, "allreduce backend: gloo, nccl, symm_mem, symm_mem_ll"),
+        Param(
+            "spec.num_draft_tokens",
+            ("drafter", "num_draft_tokens"),
+            4,
+            int,
+            "k, tokens drafted per step (0: plain decoding)",
+            low=0,
+            high=MAX_DRAFT_TOKENS,
+        ),
+        Param("drafter.kind", ("drafter", "kind"), "ngram", str, "drafter: " + ", ".join(KINDS), choices=KINDS),
+        Param(
+            "drafter.layers",
+            ("drafter", "layers"),
+            None,
+            int,
+            "layer_skip: the verifier's first layers that draft",
+            low=1,
+            needs=("drafter.kind", ("layer_skip",)),
+        ),
+        Param(
+            "drafter.ngram_max",
+            ("drafter", "ngram_max"),
+            3,
+            int,
+            "ngram: the longest n-gram matched",
+            low=1,
+            high=8,
+            needs=("drafter.kind", ("ngram",)),
+        ),
+        Param(
+            "drafter.model_path",
+            ("drafter", "model_path"),
+            None,
+            str,
+            "draft_model: a checkpoint with the model's tokenizer; eagle3: an EAGLE-3 head",
+            needs=("drafter.kind", ("draft_model", "eagle3")),
+        ),
+        Param(
+            "drafter.placement",
+            ("drafter", "placement"),
+            "actor",
+            str,
+            "eagle3: the head as its own process (actor) or inside the verifier ranks (rank0)",
+            choices=PLACEMENTS,
+            needs=("drafter.kind", ("eagle3",)),
+        ),
+        *(
+            Param(
+                f"engine.{f.name}",
+                ("engine", f.name),
+                getattr(_ENGINE_DEFAULTS, f.name),
+                type(getattr(_ENGINE_DEFAULTS, f.name)),
+                ENGINE_FIELDS[f.name][1],
+                choices=ENGINE_FIELDS[f.name][0],
+            )
+            for f in fields(EngineConfig)
+        ),
+    )
+}
 ENGINE_PARAMS = tuple(n for n in PARAMS if n.startswith("engine."))
 
 

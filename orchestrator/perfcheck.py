@@ -15,6 +15,7 @@ term its fit used and how), the trials that could not be predicted and why, and 
 report's choice), bench (the table wherever it has the setup, even where it disagrees), fitted
 (ignore any table). `spectune report` uses the helpers here for its performance-model section.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,13 +51,24 @@ def trial_points(trials, cfg: ExperimentConfig) -> list[TrialPoint]:
         k = int(p.get("spec.num_draft_tokens", cfg.drafter.num_draft_tokens))
         rates = tuple(u[f"accept_rate_pos_{i}"] for i in range(1, k + 1) if f"accept_rate_pos_{i}" in u)
         tp, env, family, settings = _setup(cfg, p)
-        points.append(TrialPoint(
-            env=env, kind=p.get("drafter.kind", cfg.drafter.kind) if k else "none", k=k,
-            step_ms=u["step_ms_p50"], accept_len=u.get("accept_len_mean", 1.0),
-            throughput=u.get("decode_tok_s", u.get("throughput_tok_s", t.value)), accept_rates=rates,
-            verify_ms=u.get("verify_ms_p50"), draft_ms=u.get("draft_ms_p50", 0.0),
-            tp=tp, comm_ms=u.get("comm_ms_per_step") if tp > 1 else None, trial=t.number, family=family, settings=settings,
-        ))
+        points.append(
+            TrialPoint(
+                env=env,
+                kind=p.get("drafter.kind", cfg.drafter.kind) if k else "none",
+                k=k,
+                step_ms=u["step_ms_p50"],
+                accept_len=u.get("accept_len_mean", 1.0),
+                throughput=u.get("decode_tok_s", u.get("throughput_tok_s", t.value)),
+                accept_rates=rates,
+                verify_ms=u.get("verify_ms_p50"),
+                draft_ms=u.get("draft_ms_p50", 0.0),
+                tp=tp,
+                comm_ms=u.get("comm_ms_per_step") if tp > 1 else None,
+                trial=t.number,
+                family=family,
+                settings=settings,
+            )
+        )
     return points
 
 
@@ -80,8 +92,9 @@ def model_comm(rows: list[dict] | None, model_path: str, dtype: str, device: str
     mode = "graph" if device == "cuda" else "eager"  # CUDA steps run as graphs, CPU steps eagerly
     rows = [{**r, "tp": r.get("tp", tp)} for r in rows]  # bench-allreduce records it; older tables did not
     comm = BenchComm(rows, rounds=2 * args.n_layers, token_bytes=args.dim * itemsize, mode=mode)
-    return comm, (f"{comm.rounds:g} allreduces per step x latency of (k+1) x {comm.token_bytes} B "
-                  f"({mode} rows of the table, log-log interpolated)")
+    return comm, (
+        f"{comm.rounds:g} allreduces per step x latency of (k+1) x {comm.token_bytes} B ({mode} rows of the table, log-log interpolated)"
+    )
 
 
 def study_bench_rows(cfg: ExperimentConfig, study) -> list[dict] | None:
@@ -104,8 +117,7 @@ def study_bench_rows(cfg: ExperimentConfig, study) -> list[dict] | None:
         return None
 
 
-def model_summary(points: list[TrialPoint], comm: BenchComm | None, note: str,
-                  max_comm_ratio: float = 2.0) -> tuple[object, list, dict]:
+def model_summary(points: list[TrialPoint], comm: BenchComm | None, note: str, max_comm_ratio: float = 2.0) -> tuple[object, list, dict]:
     """Fit, leave-one-out predictions and the facts the report shows about the performance model."""
     model = fit(points, comm, max_comm_ratio) if points else None
     if len(points) > 2:
@@ -119,22 +131,41 @@ def model_summary(points: list[TrialPoint], comm: BenchComm | None, note: str,
     for x in predictions:
         p, v = x.point, x.predicted
         seen = p.k == 0 or sum(q.kind == p.kind for q in points) > 1  # another trial tells the fit this drafter's cost
-        rows.append({"trial": p.trial, "env": p.env, "kind": p.kind, "k": p.k, "accept_len": round(p.accept_len, 3),
-                     "measured_tok_s": round(p.throughput, 3), "predicted_tok_s": round(v, 3),
-                     "rel_error": round((v - p.throughput) / p.throughput, 4), "drafter_in_fit": seen,
-                     "allreduce_term": TERM_NAMES[x.term], "how": x.how})
+        rows.append(
+            {
+                "trial": p.trial,
+                "env": p.env,
+                "kind": p.kind,
+                "k": p.k,
+                "accept_len": round(p.accept_len, 3),
+                "measured_tok_s": round(p.throughput, 3),
+                "predicted_tok_s": round(v, 3),
+                "rel_error": round((v - p.throughput) / p.throughput, 4),
+                "drafter_in_fit": seen,
+                "allreduce_term": TERM_NAMES[x.term],
+                "how": x.how,
+            }
+        )
     # every trial with step timings is either predicted (rows) or named here with the reason
-    facts = {"model_loo_median_rel_error": err, "model_loo_trials": len(preds), "model_loo_predictions": rows,
-             "model_loo_not_predicted": [{"trial": p.trial, "env": p.env, "reason": why} for p, why in missed],
-             "allreduce_term": {}, "allreduce_term_why": {}, "comm_check": {}}
+    facts = {
+        "model_loo_median_rel_error": err,
+        "model_loo_trials": len(preds),
+        "model_loo_predictions": rows,
+        "model_loo_not_predicted": [{"trial": p.trial, "env": p.env, "reason": why} for p, why in missed],
+        "allreduce_term": {},
+        "allreduce_term_why": {},
+        "comm_check": {},
+    }
     if model is not None:
         for e in model.envs:
             bench = model.source(e) == "bench"
             facts["allreduce_term"][e] = TERM_NAMES.get(model.source(e), "fitted")
             if e in model.rejected:
                 lo, hi = model.rejected[e]
-                note_e = (f"the allreduce table disagrees with the allreduce time its trials measured "
-                          f"(measured / table x{lo:.2f}..x{hi:.2f}, outside x{1 / max_comm_ratio:.2g}..x{max_comm_ratio:g})")
+                note_e = (
+                    f"the allreduce table disagrees with the allreduce time its trials measured "
+                    f"(measured / table x{lo:.2f}..x{hi:.2f}, outside x{1 / max_comm_ratio:.2g}..x{max_comm_ratio:g})"
+                )
             else:
                 note_e = note if bench or comm is None or e in comm.setups else "not in the allreduce table"
             facts["allreduce_term_why"][e] = note_e
@@ -152,12 +183,22 @@ def decode_points(paths: list[str]) -> tuple[list[TrialPoint], str]:
             m = json.loads(Path(path).read_text())
             p = m["params"]
             k, tp = int(p["spec.num_draft_tokens"]), int(p["parallel.tp"])
-            points.append(TrialPoint(
-                env=env_label(tp, p["comm.backend"]), kind=p["drafter.kind"] if k else "none", k=k, step_ms=m["step_ms_p50"],
-                accept_len=m["accept_len_mean"], throughput=m.get("decode_tok_s", m["throughput_tok_s"]),
-                accept_rates=tuple(m[f"accept_rate_pos_{j}"] for j in range(1, k + 1) if f"accept_rate_pos_{j}" in m),
-                verify_ms=m["verify_ms_p50"], draft_ms=m["draft_ms_p50"], tp=tp,
-                comm_ms=m.get("comm_ms_per_step") if tp > 1 else None, trial=i))
+            points.append(
+                TrialPoint(
+                    env=env_label(tp, p["comm.backend"]),
+                    kind=p["drafter.kind"] if k else "none",
+                    k=k,
+                    step_ms=m["step_ms_p50"],
+                    accept_len=m["accept_len_mean"],
+                    throughput=m.get("decode_tok_s", m["throughput_tok_s"]),
+                    accept_rates=tuple(m[f"accept_rate_pos_{j}"] for j in range(1, k + 1) if f"accept_rate_pos_{j}" in m),
+                    verify_ms=m["verify_ms_p50"],
+                    draft_ms=m["draft_ms_p50"],
+                    tp=tp,
+                    comm_ms=m.get("comm_ms_per_step") if tp > 1 else None,
+                    trial=i,
+                )
+            )
             models.add(p["model.path"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UserError(f"--decode {path!r}: not a `spectune decode --json` output ({type(e).__name__}: {e})") from None
@@ -169,7 +210,7 @@ def decode_points(paths: list[str]) -> tuple[list[TrialPoint], str]:
 def open_study(cfg: ExperimentConfig):
     import optuna
 
-    from orchestrator.study import make_storage
+    from orchestrator.storage import make_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage, _ = make_storage(cfg)
@@ -240,25 +281,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"allreduce term {term} for {env}: {facts['allreduce_term_why'][env]}")
     for env, (lo, med, hi) in facts["comm_check"].items():
         print(f"measured / bench-derived allreduce time per step, {env}: min x{lo:.2f}, median x{med:.2f}, max x{hi:.2f}")
-    print(f"{'trial':>5} {'setup':<24} {'allreduce':<13} {'drafter':<11} {'k':>2} {'accept':>6} {'measured':>9} "
-          f"{'predicted':>9} {'error':>7}")
+    print(
+        f"{'trial':>5} {'setup':<24} {'allreduce':<13} {'drafter':<11} {'k':>2} {'accept':>6} {'measured':>9} {'predicted':>9} {'error':>7}"
+    )
     for r in facts["model_loo_predictions"]:
-        print(f"{r['trial']:>5} {r['env'][:24]:<24} {r['allreduce_term']:<13} {r['kind']:<11} {r['k']:>2} {r['accept_len']:>6.2f} "
-              f"{r['measured_tok_s']:>9.2f} {r['predicted_tok_s']:>9.2f} {r['rel_error']:>+7.1%}"
-              + ("" if r["drafter_in_fit"] else "  (drafter in no other trial: draft time taken as 0)")
-              + (f"  [{r['how']}]" if r["allreduce_term"] not in ("fitted", "bench-derived") else ""))
+        print(
+            f"{r['trial']:>5} {r['env'][:24]:<24} {r['allreduce_term']:<13} {r['kind']:<11} {r['k']:>2} {r['accept_len']:>6.2f} "
+            f"{r['measured_tok_s']:>9.2f} {r['predicted_tok_s']:>9.2f} {r['rel_error']:>+7.1%}"
+            + ("" if r["drafter_in_fit"] else "  (drafter in no other trial: draft time taken as 0)")
+            + (f"  [{r['how']}]" if r["allreduce_term"] not in ("fitted", "bench-derived") else "")
+        )
     for r in facts["model_loo_not_predicted"]:
         print(f"{r['trial']:>5} {r['env'][:24]:<24} not predicted: {r['reason']}")
     err = facts["model_loo_median_rel_error"]
-    print("(each trial predicted by a fit on the others, with its own measured accepted length; "
-          "allreduce: the term that fit used for its setup)")
+    print(
+        "(each trial predicted by a fit on the others, with its own measured accepted length; "
+        "allreduce: the term that fit used for its setup)"
+    )
     missed = len(facts["model_loo_not_predicted"])
-    print(f"median |error| predicting decode tok/s of trials left out of the fit: {err:.1%} "
-          f"({facts['model_loo_trials']} trials" + (f"; {missed} could not be predicted, named above)" if missed else ")"))
+    print(
+        f"median |error| predicting decode tok/s of trials left out of the fit: {err:.1%} "
+        f"({facts['model_loo_trials']} trials" + (f"; {missed} could not be predicted, named above)" if missed else ")")
+    )
     if "model_loo_median_rel_error_fitted_term" in facts:
         fitted = facts["model_loo_median_rel_error_fitted_term"]
-        print("  with every allreduce term fitted instead: " + (f"{fitted:.1%}" if fitted == fitted else  # NaN: no fit
-              "no prediction (a left-out setup's constant is fitted only from other trials of the same setup)"))
+        print(
+            "  with every allreduce term fitted instead: "
+            + (
+                f"{fitted:.1%}"
+                if fitted == fitted
+                # NaN: no fit
+                else "no prediction (a left-out setup's constant is fitted only from other trials of the same setup)"
+            )
+        )
     return 1 if ns.max_error is not None and not err <= ns.max_error else 0
 
 

@@ -45,6 +45,7 @@ trials measured themselves (comm_ms_per_step, from the step timed with the allre
 `loo_predictions` also names the trials it could not predict, and why.
 `python -m orchestrator.perfcheck EXP.yaml` prints the leave-one-out figures of a study.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -118,8 +119,9 @@ class BenchComm:
     setups: dict[str, tuple[int, str, str]] = field(init=False)  # env label -> (tp, backend, nccl)
 
     def __post_init__(self):
-        self.setups = {env_label(r["tp"], r["backend"], r["env"]): (r["tp"], r["backend"], r["env"])
-                       for r in self.rows if r.get("tp") is not None}
+        self.setups = {
+            env_label(r["tp"], r["backend"], r["env"]): (r["tp"], r["backend"], r["env"]) for r in self.rows if r.get("tp") is not None
+        }
 
     def size(self, k: int) -> int:
         return (k + 1) * self.token_bytes
@@ -238,8 +240,7 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
     if not points:
         raise ValueError("no trials to fit")
     kinds = sorted({p.kind for p in points if p.k > 0})
-    rejected = {e: (min(r), max(r)) for e, r in comm_ratios(points, comm).items()
-                if min(r) < 1 / max_comm_ratio or max(r) > max_comm_ratio}
+    rejected = {e: (min(r), max(r)) for e, r in comm_ratios(points, comm).items() if min(r) < 1 / max_comm_ratio or max(r) > max_comm_ratio}
     covered = {p.env for p in points if comm is not None and p.env in comm.setups and p.env not in rejected}
     group = {p.env: (p.tp if p.env in covered else p.env) for p in points}
     groups = sorted(set(group.values()), key=str)
@@ -278,9 +279,21 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
     untried = {e for e, (tp, _, _) in comm.setups.items() if tp in a0 and e not in rejected} if comm is not None else set()
     parts = {p.env: point_parts(p) for p in points}
     base, corrections = _families(a, parts)
-    return PerfModel(envs=sorted({p.env for p in points} | untried), kinds=kinds, a=a, b=float(coef[-1]), c=c,
-                     rates=rates, overhead=overhead, a0=a0, comm=comm if a0 else None, rejected=rejected,
-                     base=base, corrections=corrections, parts=parts)
+    return PerfModel(
+        envs=sorted({p.env for p in points} | untried),
+        kinds=kinds,
+        a=a,
+        b=float(coef[-1]),
+        c=c,
+        rates=rates,
+        overhead=overhead,
+        a0=a0,
+        comm=comm if a0 else None,
+        rejected=rejected,
+        base=base,
+        corrections=corrections,
+        parts=parts,
+    )
 
 
 def _families(a: dict[str, float], parts: dict[str, tuple[str, tuple[str, ...]]]) -> tuple[dict, dict]:
@@ -313,8 +326,9 @@ class Prediction:
     how: str  # one line: how its allreduce term was obtained
 
 
-def loo_predictions(points: list[TrialPoint], comm: BenchComm | None = None,
-                    max_comm_ratio: float = 2.0) -> tuple[list[Prediction], list[tuple[TrialPoint, str]]]:
+def loo_predictions(
+    points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio: float = 2.0
+) -> tuple[list[Prediction], list[tuple[TrialPoint, str]]]:
     """Each trial predicted by a fit on the others (with its own measured accepted length: the model
     predicts speed, acceptance is the drafter's). Its setup's allreduce term: the table's ("bench"),
     its own fitted constant when other trials ran the same setup ("fitted"), else its family's base
@@ -343,8 +357,9 @@ def loo_predictions(points: list[TrialPoint], comm: BenchComm | None = None,
     return preds, missed
 
 
-def loo_error(points: list[TrialPoint], comm: BenchComm | None = None,
-              max_comm_ratio: float = 2.0) -> tuple[float, list[tuple[TrialPoint, float, str]]]:
+def loo_error(
+    points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio: float = 2.0
+) -> tuple[float, list[tuple[TrialPoint, float, str]]]:
     """Median |predicted - measured| / measured throughput over `loo_predictions`, and (trial, predicted
     throughput, allreduce term its fit used) per predicted trial (`loo_predictions` names the others)."""
     preds = loo_predictions(points, comm, max_comm_ratio)[0]

@@ -5,6 +5,7 @@ rewritten in place on a terminal, a line every few seconds elsewhere), one line 
 (the counter of COMPLETE trials only on COMPLETE lines), a final ranked table. MLflow (the parent
 run): the best trial's metrics, its config, Optuna's plots.
 """
+
 from __future__ import annotations
 
 import sys
@@ -44,8 +45,18 @@ class LiveLine:
         self.every_s = tty_every_s if self.tty else every_s
         self.last, self.shown = 0.0, False
 
-    def update(self, trial: int, label: str, prompt: int, prompts: int, tokens: int, seconds: float,
-               repeat: int = 0, repeats: int = 1, force: bool = False) -> None:
+    def update(
+        self,
+        trial: int,
+        label: str,
+        prompt: int,
+        prompts: int,
+        tokens: int,
+        seconds: float,
+        repeat: int = 0,
+        repeats: int = 1,
+        force: bool = False,
+    ) -> None:
         now = time.monotonic()
         if not force and now - self.last < self.every_s:
             return
@@ -91,7 +102,11 @@ class Progress:
         label = self.label(outcome.config.params()) if outcome.config else "?"
         if outcome.state == "COMPLETE":
             value = m.get("objective", m.get(OBJECTIVE))
-            noise = f" (median {m['throughput_median']:.2f} +- {m['throughput_mad']:.2f} MAD, {m['repeats']:g} repeats)" if m.get("repeats", 1) > 1 else ""
+            noise = (
+                f" (median {m['throughput_median']:.2f} +- {m['throughput_mad']:.2f} MAD, {m['repeats']:g} repeats)"
+                if m.get("repeats", 1) > 1
+                else ""
+            )
             perf = f"{OBJECTIVE} {value:.2f}{noise}, accepted length {m.get('accept_len_mean', 1.0):.2f}"
             perf += f", x{m['speedup_vs_baseline']:.2f} vs plain" if "speedup_vs_baseline" in m else ""
             head = f"[{len(done)}/{self.n_goal}] trial {number} COMPLETE"
@@ -136,8 +151,11 @@ class Progress:
         import matplotlib.pyplot as plt
         import optuna.visualization.matplotlib as ovm
 
-        plots = {"optuna_history.png": ovm.plot_optimization_history, "optuna_parallel_coordinate.png": ovm.plot_parallel_coordinate,
-                 "optuna_importances.png": ovm.plot_param_importances}
+        plots = {
+            "optuna_history.png": ovm.plot_optimization_history,
+            "optuna_parallel_coordinate.png": ovm.plot_parallel_coordinate,
+            "optuna_importances.png": ovm.plot_param_importances,
+        }
         with tempfile.TemporaryDirectory() as tmp:
             for name, fn in plots.items():
                 try:

@@ -7,6 +7,7 @@ without tokenizer files (tiny random test models) gets `ByteTokenizer`: UTF-8 by
 The bundled file `orchestrator/data/spec_bench_public.jsonl` holds 240 Spec-Bench questions
 (Apache-2.0, see SPEC_BENCH_LICENSE.txt beside it).
 """
+
 from __future__ import annotations
 
 import json

@@ -24,6 +24,7 @@ otherwise the other is within noise of it. No configuration measured twice: the 
 `noise_aware_pruner(inner, fallback_rel)` wraps an Optuna pruner so that a trial whose value at a step
 is within noise of the best COMPLETE trial's value at that step is never pruned.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,9 @@ def _complete(trials) -> list:
 
 def baseline_median(trials, tp: int) -> float | None:
     """Pooled median throughput of the COMPLETE k = 0 trials at TP `tp` (None: no such trial)."""
-    samples = [x for t in _complete(trials) if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp
-               for x in trial_samples(t)]
+    samples = [
+        x for t in _complete(trials) if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp for x in trial_samples(t)
+    ]
     return median_mad(samples)[0] if samples else None
 
 
@@ -134,19 +136,29 @@ class Ranking:
             return f"{w.label()} is the only configuration measured"
         r = self.configs[1]
         if self.noise_rel is None:
-            return (f"{w.label()} leads {r.label()}, but the noise is unknown (no configuration measured twice): "
-                    "not a clear win")
+            return f"{w.label()} leads {r.label()}, but the noise is unknown (no configuration measured twice): not a clear win"
         how = "is ahead of" if self.winner_is_clear else "is within noise of"
         return f"{w.label()} {how} {r.label()} (noise {self.noise_rel:.1%} of a measurement)"
 
     def as_dict(self) -> dict:
         return {
-            "noise_rel": self.noise_rel, "noise_from_trials": self.noise_from,
-            "winner_is_clear": self.winner_is_clear, "verdict": self.verdict(),
+            "noise_rel": self.noise_rel,
+            "noise_from_trials": self.noise_from,
+            "winner_is_clear": self.winner_is_clear,
+            "verdict": self.verdict(),
             "runners_up_within_noise": [c.trials for c in self.runners_up_within_noise],
-            "configs": [{"params": c.params, "trials": c.trials, "n": c.n, "median_tok_s": c.median, "mad_tok_s": c.mad,
-                         "speedup_vs_baseline": c.speedup_vs_baseline, "within_noise_of_winner": self.within_noise(i) if i else None}
-                        for i, c in enumerate(self.configs)],
+            "configs": [
+                {
+                    "params": c.params,
+                    "trials": c.trials,
+                    "n": c.n,
+                    "median_tok_s": c.median,
+                    "mad_tok_s": c.mad,
+                    "speedup_vs_baseline": c.speedup_vs_baseline,
+                    "within_noise_of_winner": self.within_noise(i) if i else None,
+                }
+                for i, c in enumerate(self.configs)
+            ],
         }
 
 

@@ -10,6 +10,7 @@ drafter.kind, then the rest as written in the YAML). A parameter is suggested on
 Inactive parameters are absent from the trial, so Optuna never learns from meaningless values.
 Names, defaults and those conditions come from the parameter registry (orchestrator/params.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -127,8 +128,14 @@ def constraint_violation(tc: TrialConfig) -> str | None:
 def check_constraints(cfg: ExperimentConfig) -> None:
     """A space whose every trial would violate a constraint is bad input (the study would never finish)."""
     for lo, hi in NCCL_ORDERED:
-        values = [[v for v in (candidates(cfg, f"nccl.{var}") if f"nccl.{var}" in cfg.search.space else [cfg.parallel.nccl_env.get(var)])
-                   if v is not None] for var in (lo, hi)]
+        values = [
+            [
+                v
+                for v in (candidates(cfg, f"nccl.{var}") if f"nccl.{var}" in cfg.search.space else [cfg.parallel.nccl_env.get(var)])
+                if v is not None
+            ]
+            for var in (lo, hi)
+        ]
         try:
             never = all(values) and min(int(v) for v in values[0]) > max(int(v) for v in values[1])
         except ValueError:
@@ -139,6 +146,7 @@ def check_constraints(cfg: ExperimentConfig) -> None:
 
 def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:
     """Searched values on top of the YAML defaults (every name through the registry)."""
+
     def get(name: str) -> Any:
         return values[name] if name in values else registry.value(cfg, name)
 

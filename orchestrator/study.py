@@ -9,11 +9,10 @@ configurations and says whether the winner is ahead of the runner-up by more tha
 
     spectune run experiments/smoke-cpu.yaml --set study.n_trials=8
 """
+
 from __future__ import annotations
 
-import contextlib
 import datetime
-import hashlib
 import os
 import signal
 import socket
@@ -24,12 +23,13 @@ import warnings
 from orchestrator.cluster import GangPool, PlacementError, Resources, check_capacity, connect
 from orchestrator.config import ExperimentConfig, spectune_home
 from orchestrator.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
-from orchestrator.errors import UserError, is_write_race
+from orchestrator.errors import UserError
 from orchestrator.fixedpart import check_resume
 from orchestrator.fixedpart import record as record_fixed
 from orchestrator.progress import Progress
 from orchestrator.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
 from orchestrator.space import CategoricalParam, IntParam, baseline_params, candidates, check_constraints, grid_space
+from orchestrator.storage import make_storage, study_lock
 from orchestrator.tracking import RETRY_TAG, Tracker, config_label, experiment_params, label_defaults, resolve_uri
 from orchestrator.trial import TrialOutcome, run_trial
 from orchestrator.validate import check_experiment
@@ -37,63 +37,6 @@ from workers.spec import DrafterSpec, GangSpec
 
 DRIVER_ATTR = "spectune.driver"  # host:pid:start time of the driver running the trial (pid and start time: a process)
 HEARTBEAT_ATTR = "spectune.heartbeat"  # unix time, refreshed after every prompt
-
-
-def make_storage(cfg: ExperimentConfig):
-    """The Optuna storage, opened (and its tables created) before anything else is written:
-    a storage that cannot be used is one line and exit 2, with no MLflow run, no Ray, no files elsewhere."""
-    import optuna
-
-    url = cfg.study.storage or f"sqlite:///{spectune_home() / 'optuna.db'}"
-    kwargs: dict = {"pool_pre_ping": True}
-    if url.startswith("sqlite:///"):
-        path = os.path.expanduser(url.removeprefix("sqlite:///"))
-        url = f"sqlite:///{path}"
-        folder = os.path.dirname(os.path.abspath(path)) or "."
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except FileExistsError:
-            raise UserError(f"study.storage: {folder} is not a directory") from None
-        except OSError as e:
-            raise UserError(f"study.storage: cannot create {folder} ({e.strerror})") from None
-        if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-            raise UserError(f"study.storage: {path} is not writable")
-        kwargs = {"connect_args": {"timeout": 60}}
-    elif url.startswith(("postgresql", "mysql")):
-        kwargs["connect_args"] = {"connect_timeout": 10}  # an unreachable host fails in seconds, not minutes
-    try:
-        return _open_rdb(optuna, url, kwargs), url
-    except ImportError as e:  # optuna wraps the driver's ModuleNotFoundError
-        missing = next((x.name for x in (e, e.__cause__, e.__context__) if isinstance(x, ModuleNotFoundError)), None)
-        hint = {"psycopg": "pip install 'psycopg[binary]'", "psycopg2": "pip install psycopg2-binary", "pymysql": "pip install pymysql"}
-        raise UserError(f"study.storage: {_redact(url)} needs the database driver {missing or 'module'!r}, which is not installed "
-                        f"({hint.get(missing or '', 'install the driver SQLAlchemy names for this URL')})") from None
-    except Exception as e:  # noqa: BLE001 - any driver error: one line naming the storage
-        msg = " ".join(str(e).split())[:200]
-        raise UserError(f"study.storage: cannot open {_redact(url)} ({type(e).__name__}: {msg})") from None
-
-
-def _open_rdb(optuna, url: str, kwargs: dict, attempts: int = 5):
-    """RDBStorage. Two drivers starting together would both create the schema: on SQLite a file
-    lock beside the database makes them take turns; elsewhere the loser of that race (a "table
-    already exists" or a duplicate alembic version) tries again and finds the tables."""
-    lock = None
-    if url.startswith("sqlite:///"):
-        import fcntl
-
-        lock = open(url.removeprefix("sqlite:///") + ".lock", "w")
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-        for attempt in range(attempts):
-            try:
-                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-            except Exception as e:  # noqa: BLE001 - only the schema race is retried
-                if not is_write_race(e) or attempt == attempts - 1:
-                    raise
-                time.sleep(0.5 * (attempt + 1))
-    finally:
-        if lock is not None:
-            lock.close()  # releases the flock
 
 
 def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> None:
@@ -116,8 +59,16 @@ def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> 
     sizes = sorted(set(step_sizes(prepared.args.dim, ks=ks, itemsize=itemsize)))
     backends = sorted({str(b) for b in candidates(cfg, "comm.backend")})
     try:
-        rows, failures = bench(backends, max(tps), cfg.parallel.device, sizes, cfg.model.dtype, 100 if cuda else 50,  # gloo on 2 cores: 10 iterations were mostly noise
-                               [dict(cfg.parallel.nccl_env)], log)
+        rows, failures = bench(
+            backends,
+            max(tps),
+            cfg.parallel.device,
+            sizes,
+            cfg.model.dtype,
+            100 if cuda else 50,  # gloo on 2 cores: 10 iterations were mostly noise
+            [dict(cfg.parallel.nccl_env)],
+            log,
+        )
     except Exception as e:  # noqa: BLE001 - a measurement that could not run here must not stop the study
         log(f"spectune: study.bench_allreduce skipped: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         return
@@ -133,13 +84,6 @@ def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> 
         latency_plot(rows, plot)
         tracker.log_file(tracker.parent_run_id, plot)
     log(f"spectune: bench-allreduce: {len(rows)} rows logged to the parent run")
-
-
-def _redact(url: str) -> str:
-    """The URL without its password."""
-    import re
-
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
 def make_sampler(cfg: ExperimentConfig, offset: int = 0):
@@ -255,27 +199,14 @@ def count(study, *states) -> int:
     return len(study.get_trials(deepcopy=False, states=states))
 
 
-@contextlib.contextmanager
-def study_lock(home, cfg: ExperimentConfig, storage_url: str):
-    """Drivers of one study on this host take turns at start-up (parent run, recovery, baseline)."""
-    import fcntl
-
-    folder = home / "locks"
-    folder.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(f"{storage_url}\0{cfg.study_name}".encode()).hexdigest()[:16]
-    with open(folder / f"{key}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _live_running(study, stale_after_s: float, below: int | None = None) -> list:
     from optuna.trial import TrialState
 
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if (below is None or t.number < below) and not _stale(t, stale_after_s)]
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if (below is None or t.number < below) and not _stale(t, stale_after_s)
+    ]
 
 
 def _release_surplus(study, trial) -> None:
@@ -351,8 +282,12 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             record.note_session(ray_session_dir())
         check_gang_fits(cfg, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
         study = optuna.create_study(
-            study_name=cfg.study_name, storage=storage, direction="maximize", sampler=make_sampler(cfg),
-            pruner=make_pruner(cfg), load_if_exists=True,
+            study_name=cfg.study_name,
+            storage=storage,
+            direction="maximize",
+            sampler=make_sampler(cfg),
+            pruner=make_pruner(cfg),
+            load_if_exists=True,
         )
         study.sampler = make_sampler(cfg, offset=len(study.trials))
         if study.metric_names is None:
@@ -360,8 +295,14 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         with study_lock(home, cfg, storage_url):
             check_resume(storage, cfg)  # another driver may have created it meanwhile
             record_fixed(study, cfg)
-            tracker = Tracker(resolve_uri(cfg.tracking.uri, home), cfg.experiment_name, cfg.study_name, home, study=study,
-                              base_params=experiment_params(cfg))
+            tracker = Tracker(
+                resolve_uri(cfg.tracking.uri, home),
+                cfg.experiment_name,
+                cfg.study_name,
+                home,
+                study=study,
+                base_params=experiment_params(cfg),
+            )
             recover_stale(study, tracker, stale_after, log)
             _ensure_baseline(study, cfg)
         n_goal = cfg.study.n_trials
@@ -370,9 +311,13 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             bench_into_study(cfg, prepared, tracker, log)
             study.set_user_attr("bench_allreduce_logged", True)
         progress = Progress(study, n_goal, log, defaults=label_defaults(cfg))
-        log(f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
-            f"{tracker.where()} (parent run {tracker.parent_run_id})")
-        res = Resources(cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s)
+        log(
+            f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
+            f"{tracker.where()} (parent run {tracker.parent_run_id})"
+        )
+        res = Resources(
+            cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s
+        )
         pool = GangPool(res, log)
         failed_here, waiting = 0, False
         me = driver_id()
@@ -380,7 +325,9 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         try:
             while (done := count(study, TrialState.COMPLETE)) < n_goal:
                 if failed_here and failed_here >= max_failed:  # max_failed failures end the run (0: the first does)
-                    raise UserError(f"study: {failed_here} trials failed in this run (limit study.max_failed_trials={max_failed}); see the MLflow runs' spectune.fail_reason")
+                    raise UserError(
+                        f"study: {failed_here} trials failed in this run (limit study.max_failed_trials={max_failed}); see the MLflow runs' spectune.fail_reason"
+                    )
                 if done + len(_live_running(study, stale_after)) >= n_goal:
                     # other drivers hold the open slots: wait; one of their trials may still fail
                     if not waiting:
@@ -399,8 +346,10 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
                     continue
                 if RETRY_TAG in trial.user_attrs:
                     fixed = study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params") or trial.params
-                    log(f"spectune: trial {trial.number} retries trial {trial.user_attrs[RETRY_TAG]} ({config_label({**label_defaults(cfg), **fixed})}), "
-                        "which was interrupted before it finished")
+                    log(
+                        f"spectune: trial {trial.number} retries trial {trial.user_attrs[RETRY_TAG]} ({config_label({**label_defaults(cfg), **fixed})}), "
+                        "which was interrupted before it finished"
+                    )
                 outcome: TrialOutcome = run_trial(study, trial, cfg, prepared, pool, tracker, HEARTBEAT_ATTR, live=progress.live)
                 failed_here += outcome.state == "FAIL"
                 progress.trial_done(trial.number, outcome)

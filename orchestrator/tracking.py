@@ -11,6 +11,7 @@ Uses MlflowClient only (no global active run), so nothing leaks between studies 
 The tracking URI comes from the YAML, else MLFLOW_TRACKING_URI, else a SQLite store in
 $SPECTUNE_HOME; with a SQLite store, artifacts go to $SPECTUNE_HOME/mlartifacts (not the cwd).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,7 +50,9 @@ def config_label(params: dict[str, Any]) -> str:
     else:
         head = {"layer_skip": f"layer_skip L={params.get('drafter.layers', '?')}", "draft_model": "draft_model"}.get(kind, kind)
         head += f" k={k}"
-    nccl = "".join(f" {key.removeprefix('nccl.').removeprefix('NCCL_')}={v}" for key, v in sorted(params.items()) if key.startswith("nccl."))
+    nccl = "".join(
+        f" {key.removeprefix('nccl.').removeprefix('NCCL_')}={v}" for key, v in sorted(params.items()) if key.startswith("nccl.")
+    )
     tp = params.get("parallel.tp")
     return f"{head} {params.get('comm.backend', '?')}{nccl}" + (f" tp{tp}" if tp is not None else "")
 
@@ -58,8 +61,12 @@ def label_defaults(cfg) -> dict[str, Any]:
     """What a trial runs with where the search space does not set it (Optuna's params hold only
     the searched names): merged under a trial's params before `config_label`."""
     d = cfg.drafter
-    out = {"parallel.tp": cfg.parallel.tp, "comm.backend": cfg.parallel.backend, "drafter.kind": d.kind,
-           "spec.num_draft_tokens": d.num_draft_tokens}
+    out = {
+        "parallel.tp": cfg.parallel.tp,
+        "comm.backend": cfg.parallel.backend,
+        "drafter.kind": d.kind,
+        "spec.num_draft_tokens": d.num_draft_tokens,
+    }
     if d.layers is not None:
         out["drafter.layers"] = d.layers
     return out
@@ -148,7 +155,7 @@ class Tracker:
         `mlflow_parent_run_id`), so every driver of the study, on any host, continues under the same
         run. Without a record: the earliest run tagged for the study, else a new one. A new run is
         checked after creation: if another driver created one first, ours is deleted and theirs used.
-        (Drivers on one host also take a lock around this, see study.study_lock.)"""
+        (Drivers on one host also take a lock around this, see storage.study_lock.)"""
         known = study.user_attrs.get(PARENT_ATTR) if study is not None else None
         if known:
             try:
@@ -162,7 +169,8 @@ class Tracker:
             self.client.update_run(runs[0].info.run_id, status="RUNNING")
             return runs[0].info.run_id
         mine = self.client.create_run(
-            self.experiment_id, run_name=self.study_name,
+            self.experiment_id,
+            run_name=self.study_name,
             tags={STUDY_TAG: self.study_name, ROLE_TAG: "study"},
         ).info.run_id
         first = self._parents()[0].info.run_id
@@ -178,9 +186,16 @@ class Tracker:
         """The trial's nested run, named by its configuration (`config_label`), its number in a tag;
         params: the experiment's fixed settings with the trial's own on top."""
         run = self.client.create_run(
-            self.experiment_id, run_name=config_label(params),
-            tags={STUDY_TAG: self.study_name, ROLE_TAG: "trial", TRIAL_TAG: str(number), STATE_TAG: "RUNNING",
-                  PARENT_TAG: self.parent_run_id, **(tags or {})},
+            self.experiment_id,
+            run_name=config_label(params),
+            tags={
+                STUDY_TAG: self.study_name,
+                ROLE_TAG: "trial",
+                TRIAL_TAG: str(number),
+                STATE_TAG: "RUNNING",
+                PARENT_TAG: self.parent_run_id,
+                **(tags or {}),
+            },
         )
         from mlflow.entities import Param
 

@@ -14,6 +14,7 @@
 `--split train` keeps 3 of every 4 prompts of each category (`heldout`: the 4th), so a head can be
 scored on prompts it never saw.
 """
+
 from __future__ import annotations
 
 import json
@@ -158,8 +159,17 @@ def train(o: TrainOptions) -> dict:
             torch.save({"head": weights, "opt": opt.state_dict(), "step": step, "history": history}, state_file)
             save_head(head, out)
     _log("")
-    summary = {"out": str(out), "responses": len(samples), "response_tokens": sum(len(s.tokens) - s.prompt_len for s in samples),
-               "draft_vocab": len(draft_ids), "aux_layers": list(aux_layers), "steps": step, "history": history,
-               "generate_s": data.get("generate_s"), "train_s": time.perf_counter() - t_train, "options": asdict(o)}
+    summary = {
+        "out": str(out),
+        "responses": len(samples),
+        "response_tokens": sum(len(s.tokens) - s.prompt_len for s in samples),
+        "draft_vocab": len(draft_ids),
+        "aux_layers": list(aux_layers),
+        "steps": step,
+        "history": history,
+        "generate_s": data.get("generate_s"),
+        "train_s": time.perf_counter() - t_train,
+        "options": asdict(o),
+    }
     (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

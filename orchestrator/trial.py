@@ -12,6 +12,7 @@ Outcomes: COMPLETE (a value), PRUNED (clearly losing), FAIL (the gang failed, a 
 or the result is invalid: greedy output that differs from the baseline). FAIL and invalid
 trials never become the best. The MLflow run always ends, whatever happens.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,6 +47,8 @@ def baseline_outputs(base, tracker: Tracker) -> dict | None:
         return json.loads(base.user_attrs[BASELINE_OUTPUTS_ATTR])
     run_id = base.user_attrs.get("mlflow_run_id")
     return tracker.load_json(run_id, BASELINE_OUTPUTS_FILE) if run_id else None
+
+
 ABLATION_ITERS = {"cpu": 3, "cuda": 50}  # steps timed with and without the allreduce, once per trial
 
 
@@ -159,12 +162,12 @@ def _rel_spread(values: list[float]) -> float:
 def noise_aware(per_repeat: list[float], penalty: float) -> dict[str, float]:
     """Objective = median - penalty x MAD of the per-repeat throughputs (one repeat: the value)."""
     med, mad = median_mad(per_repeat)
-    return {"throughput_median": med, "throughput_mad": mad, "repeats": float(len(per_repeat)),
-            "objective": med - penalty * mad}
+    return {"throughput_median": med, "throughput_mad": mad, "repeats": float(len(per_repeat)), "objective": med - penalty * mad}
 
 
-def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker,
-              heartbeat_attr: str, live=None) -> TrialOutcome:
+def run_trial(
+    study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker, heartbeat_attr: str, live=None
+) -> TrialOutcome:
     from optuna.trial import TrialState
 
     tc = trial_config(trial, cfg)
@@ -198,8 +201,11 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         # the baseline is measured several times: the noise band every ranking uses comes from its repeats
         repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if tc.num_draft_tokens == 0 else cfg.workload.repeats
         result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats, live)
-        metrics = {**result.metrics, "setup_s": pool.setup_s if pool.launched > before else 0.0,
-                   "rank_peak_rss_mb_max": max(gang.peak_rss_mb()[: tc.tp])}
+        metrics = {
+            **result.metrics,
+            "setup_s": pool.setup_s if pool.launched > before else 0.0,
+            "rank_peak_rss_mb_max": max(gang.peak_rss_mb()[: tc.tp]),
+        }
         if per_repeat:
             metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
         digest = outputs_digest(result)[: len(prepared.token_ids)]  # one repeat: every repeat decodes the same prompts
@@ -219,10 +225,13 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
             if recorded:  # parted ways: at a numerical near tie only?
                 metrics.update(outputs_verdict(recorded["tokens"], recorded["margins"], [p.tokens for p in first], cfg.model.dtype))
         tracker.log_metrics(run_id, metrics)
-        tracker.log_step_series(run_id, {
-            "prompt_throughput_tok_s": [len(p.tokens) / p.seconds for p in result.prompts],
-            "prompt_accept_len": [p.accept_len for p in result.prompts],
-        })
+        tracker.log_step_series(
+            run_id,
+            {
+                "prompt_throughput_tok_s": [len(p.tokens) / p.seconds for p in result.prompts],
+                "prompt_accept_len": [p.accept_len for p in result.prompts],
+            },
+        )
         with tempfile.TemporaryDirectory() as tmp:
             if plot := _acceptance_plot(metrics, tc.num_draft_tokens, Path(tmp)):
                 tracker.log_file(run_id, plot)
@@ -232,8 +241,11 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         trial.set_user_attr("outputs_sha", digest)
         trial.set_user_attr(SAMPLES_ATTR, per_repeat)
         if tc.num_draft_tokens == 0 and cfg.workload.temperature == 0 and first and first[0].margins:
-            tracker.log_json(run_id, {"tokens": [p.tokens for p in first], "margins": [[round(m, 6) for m in p.margins] for p in first]},
-                             BASELINE_OUTPUTS_FILE)
+            tracker.log_json(
+                run_id,
+                {"tokens": [p.tokens for p in first], "margins": [[round(m, 6) for m in p.margins] for p in first]},
+                BASELINE_OUTPUTS_FILE,
+            )
         if pruned:
             state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt, and outside the noise band of the best"
             study.tell(trial, state=TrialState.PRUNED)
@@ -255,7 +267,10 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         try:
             trial.set_user_attr("spectune.fail_reason", reason)
             study.tell(trial, state=TrialState.FAIL)
-            again = {"spectune.retry_of": trial.number, **({"spectune.baseline": True} if trial.user_attrs.get("spectune.baseline") else {})}
+            again = {
+                "spectune.retry_of": trial.number,
+                **({"spectune.baseline": True} if trial.user_attrs.get("spectune.baseline") else {}),
+            }
             study.enqueue_trial(trial.params, user_attrs=again, skip_if_exists=False)
         finally:
             tracker.finish_trial(run_id, "FAIL", reason)

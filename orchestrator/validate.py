@@ -2,6 +2,7 @@
 the YAML against the model (TP sizes, drafter layers, draft-model vocabulary), the backends
 against the device, the search space's values and conditions, and the prompts. A value is named by
 its `search.space` entry where the study searches it, else by its YAML path (orchestrator/params.py)."""
+
 from __future__ import annotations
 
 from orchestrator import params as registry
@@ -44,17 +45,23 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     tau = cfg.workload.simulate_accept_len
     if tau is not None and any(0 < k < tau - 1 for k in ks):
         k_min = min(k for k in ks if k > 0)
-        raise UserError(f"workload.simulate_accept_len: {tau:g} needs at least {tau - 1:g} drafts per step, but "
-                        f"{where('spec.num_draft_tokens')} allows k = {k_min}")
+        raise UserError(
+            f"workload.simulate_accept_len: {tau:g} needs at least {tau - 1:g} drafts per step, but "
+            f"{where('spec.num_draft_tokens')} allows k = {k_min}"
+        )
     if cfg.study.baseline and "spec.num_draft_tokens" in cfg.search.space and 0 not in ks:  # k not searched: the baseline is added
-        raise UserError(f"{where('spec.num_draft_tokens')}: must allow 0, the baseline every speedup is measured against (or set study.baseline: false)")
+        raise UserError(
+            f"{where('spec.num_draft_tokens')}: must allow 0, the baseline every speedup is measured against (or set study.baseline: false)"
+        )
     kinds = check_limits("drafter.kind")
     if any(k > 0 for k in ks) and kinds == ["none"]:
         raise UserError(f"{where('drafter.kind')}: spec.num_draft_tokens > 0 needs a drafter")
     if "layer_skip" in kinds:
         for layers in candidates(cfg, "drafter.layers"):
             if layers is None or not isinstance(layers, int) or not 1 <= layers < args.n_layers:
-                raise UserError(f"{where('drafter.layers')}: {layers!r} must be between 1 and {args.n_layers - 1} for layer_skip (the model has {args.n_layers} layers)")
+                raise UserError(
+                    f"{where('drafter.layers')}: {layers!r} must be between 1 and {args.n_layers - 1} for layer_skip (the model has {args.n_layers} layers)"
+                )
     if "draft_model" in kinds:
         for path in candidates(cfg, "drafter.model_path"):
             if not path:
@@ -80,6 +87,8 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     for name in registry.ENGINE_PARAMS:
         check_limits(name)
     if cfg.parallel.device != "cuda" and "triton" in candidates(cfg, "engine.attention"):
-        raise UserError(f"{where('engine.attention')}: triton runs the CUDA graphs' attention kernel; parallel.device is "
-                        f"{cfg.parallel.device} (use auto or sdpa)")
+        raise UserError(
+            f"{where('engine.attention')}: triton runs the CUDA graphs' attention kernel; parallel.device is "
+            f"{cfg.parallel.device} (use auto or sdpa)"
+        )
     return prepared

@@ -1,5 +1,6 @@
 """The workload of a study (or of `spectune decode`), prepared once on the driver: prompts
 tokenized, then per trial its GangSpec (engine settings included) and its Workload."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,8 +29,12 @@ class PreparedWorkload:
     def workload(self, cfg: ExperimentConfig, tc: TrialConfig, prompts: tuple[tuple[int, ...], ...] | None = None) -> Workload:
         w = cfg.workload
         return Workload(
-            prompts=prompts if prompts is not None else self.token_ids, max_new_tokens=w.max_new_tokens,
-            num_draft_tokens=tc.num_draft_tokens, temperature=w.temperature, seed=w.seed, eos_ids=self.eos_ids,
+            prompts=prompts if prompts is not None else self.token_ids,
+            max_new_tokens=w.max_new_tokens,
+            num_draft_tokens=tc.num_draft_tokens,
+            temperature=w.temperature,
+            seed=w.seed,
+            eos_ids=self.eos_ids,
             simulate_accept_len=w.simulate_accept_len if tc.num_draft_tokens > 0 else None,
             record_margins=tc.num_draft_tokens == 0 and w.temperature == 0,  # the baseline other trials are checked against
         )
@@ -43,9 +48,16 @@ class PreparedWorkload:
         if drafter.kind == "draft_model" and drafter.model_path:
             drafter = type(drafter)(**{**drafter.__dict__, "model_path": str(resolve_model_path(drafter.model_path))})
         return GangSpec(
-            model_path=self.model_path, tp=tc.tp, backend=tc.backend, drafter=drafter, dtype=cfg.model.dtype,
-            device=cfg.parallel.device, max_seq=self.max_seq, vocab_parallel=cfg.parallel.vocab_parallel,
-            threads=cfg.parallel.threads, engine=tc.engine,
+            model_path=self.model_path,
+            tp=tc.tp,
+            backend=tc.backend,
+            drafter=drafter,
+            dtype=cfg.model.dtype,
+            device=cfg.parallel.device,
+            max_seq=self.max_seq,
+            vocab_parallel=cfg.parallel.vocab_parallel,
+            threads=cfg.parallel.threads,
+            engine=tc.engine,
         )
 
 

@@ -6,6 +6,7 @@ it is set here, before any test module imports one: on a machine without CUDA ev
 under Triton's CPU interpreter; on a GPU machine the kernels are built for the GPU (unless the
 variable is set to 1 already: then the interpreter runs them there too).
 """
+
 from __future__ import annotations
 
 import os
@@ -40,7 +41,7 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def kernel_device() -> str:
-    """"cpu" where the Triton kernels run under the interpreter (float32 there), "cuda" where they
+    """ "cpu" where the Triton kernels run under the interpreter (float32 there), "cuda" where they
     are built for the GPU (bf16 there); skips where Triton is missing or neither can run."""
     pytest.importorskip("triton")
     from workers.kernels import attention

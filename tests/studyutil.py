@@ -1,4 +1,5 @@
 """Helpers for the study tests: a tiny experiment on disk, `spectune` in a subprocess, the stores."""
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,7 @@ def tiny_experiment(tmp: Path, ckpt: Path, **sections) -> Path:
 
 def spectune(args: list[str], home: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     ray_tmp = ray_temp_dir()
-    full_env = {**os.environ, "SPECTUNE_HOME": str(home), "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled",
-                **(env or {})}
+    full_env = {**os.environ, "SPECTUNE_HOME": str(home), "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", **(env or {})}
     if "RAY_ADDRESS" not in (env or {}):
         full_env.pop("RAY_ADDRESS", None)  # an embedded local Ray, never a cluster someone else runs
     r = subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=timeout, env=full_env)
@@ -110,8 +110,7 @@ def processes_with_env(var: str, value: str, folder: str | None = None) -> list[
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
-            if needle not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and not (
-                    folder and _writes_under(int(pid), folder)):
+            if needle not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and not (folder and _writes_under(int(pid), folder)):
                 continue
             if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 continue
@@ -128,11 +127,19 @@ TAG_VAR = "SPECTUNE_TEST_TAG"  # every process a test's driver starts inherits i
 def start_spectune(args: list[str], home: Path, tag: str, env: dict | None = None) -> subprocess.Popen:
     """`spectune` in the background (embedded local Ray), its processes tagged with `tag`."""
     ray_tmp = ray_temp_dir()
-    full_env = {**os.environ, "SPECTUNE_HOME": str(home), "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled",
-                TAG_VAR: tag, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {
+        **os.environ,
+        "SPECTUNE_HOME": str(home),
+        "SPECTUNE_RAY_TMPDIR": ray_tmp,
+        "RAY_AUTH_MODE": "disabled",
+        TAG_VAR: tag,
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
     full_env.pop("RAY_ADDRESS", None)
-    p = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=full_env)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env
+    )
     p.ray_tmp = ray_tmp
     return p
 

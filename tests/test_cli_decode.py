@@ -1,5 +1,6 @@
 """`spectune decode` as a user runs it: a JSON object with the contract's metric names, and one
 clear line with exit code 2 for every kind of bad input."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,20 @@ import pytest
 
 from workers.model.checkpoint import tiny_config
 
-REQUIRED = ["throughput_tok_s", "accept_len_mean", "accept_rate_pos_1", "step_ms_p50", "step_ms_p90", "verify_ms_p50",
-            "draft_ms_p50", "comm_ms_per_step", "comm_fraction", "speedup_vs_baseline", "outputs_match_baseline", "setup_s"]
+REQUIRED = [
+    "throughput_tok_s",
+    "accept_len_mean",
+    "accept_rate_pos_1",
+    "step_ms_p50",
+    "step_ms_p90",
+    "verify_ms_p50",
+    "draft_ms_p50",
+    "comm_ms_per_step",
+    "comm_fraction",
+    "speedup_vs_baseline",
+    "outputs_match_baseline",
+    "setup_s",
+]
 
 
 def spectune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -19,8 +32,25 @@ def spectune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def test_decode_json_on_tiny_model(tiny_ckpt):
-    r = spectune("decode", "--model", str(tiny_ckpt), "--tp", "2", "--drafter", "ngram", "-k", "3",
-                 "--num-prompts", "2", "--max-new-tokens", "24", "--gemv", "off", "--no-overlap", "--json")
+    r = spectune(
+        "decode",
+        "--model",
+        str(tiny_ckpt),
+        "--tp",
+        "2",
+        "--drafter",
+        "ngram",
+        "-k",
+        "3",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--gemv",
+        "off",
+        "--no-overlap",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     for key in REQUIRED:
@@ -64,9 +94,21 @@ def bad_inputs(tmp_path, tiny_ckpt):
     }
 
 
-CASES = ["missing model", "unsupported architecture", "tp the heads do not divide", "empty prompts", "malformed prompts",
-         "prompts without turns", "missing prompts", "backend that cannot run here", "unknown drafter",
-         "draft model without path", "bad flag type", "unknown gemv choice", "draft tokens past the limit"]
+CASES = [
+    "missing model",
+    "unsupported architecture",
+    "tp the heads do not divide",
+    "empty prompts",
+    "malformed prompts",
+    "prompts without turns",
+    "missing prompts",
+    "backend that cannot run here",
+    "unknown drafter",
+    "draft model without path",
+    "bad flag type",
+    "unknown gemv choice",
+    "draft tokens past the limit",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -92,9 +134,32 @@ def test_decode_as_ray_actors(tmp_path, tiny_ckpt):
     ray_tmp = ray_temp_dir()
     env = {**os.environ, "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "decode", "--ray", "--model", str(tiny_ckpt), "--tp", "2",
-                        "--drafter", "ngram", "-k", "3", "--num-prompts", "2", "--max-new-tokens", "16", "--json"],
-                       capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "decode",
+            "--ray",
+            "--model",
+            str(tiny_ckpt),
+            "--tp",
+            "2",
+            "--drafter",
+            "ngram",
+            "-k",
+            "3",
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert out["gang"] == "ray" and out["outputs_match_baseline"] == 1 and out["tokens_generated"] == 2 * 16

@@ -1,4 +1,5 @@
 """Experiment YAML validation (`spectune validate`), --set overrides, the search space's conditions."""
+
 from __future__ import annotations
 
 import json
@@ -33,28 +34,36 @@ MALFORMED = {
     "tp the model cannot take": ({"parallel": {"tp": 8}}, "parallel.tp: tp=8 does not divide the model's 4 attention heads"),
     "tp in the space the model cannot take": (
         {"search": {"space": {"parallel.tp": {"choices": [2, 6]}, "spec.num_draft_tokens": {"choices": [0, 2]}}}},
-        "search.space.parallel.tp: tp=6"),
+        "search.space.parallel.tp: tp=6",
+    ),
     "NVLS in the space": (
-        {"parallel": {"tp": 2, "backend": "gloo"},
-         "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}, "nccl.NCCL_ALGO": {"choices": ["Ring", "NVLS"]}}}},
-        "NCCL_ALGO=NVLS: NVLS / NVLink multicast must stay off"),
+        {
+            "parallel": {"tp": 2, "backend": "gloo"},
+            "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}, "nccl.NCCL_ALGO": {"choices": ["Ring", "NVLS"]}}},
+        },
+        "NCCL_ALGO=NVLS: NVLS / NVLink multicast must stay off",
+    ),
     "NVLS variable": (
         {"search": {"space": {"spec.num_draft_tokens": {"choices": [0]}, "nccl.NCCL_NVLS_ENABLE": {"choices": [0, 1]}}}},
-        "NCCL_NVLS_ENABLE: NVLS / NVLink multicast must stay off"),
+        "NCCL_NVLS_ENABLE: NVLS / NVLink multicast must stay off",
+    ),
     "unknown parameter": ({"search": {"space": {"spec.depth": {"choices": [1]}}}}, "space.spec.depth: unknown parameter"),
     "backend that cannot run here": (
         {"search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}, "comm.backend": {"choices": ["gloo", "nccl"]}}}},
-        "search.space.comm.backend: nccl needs CUDA"),
+        "search.space.comm.backend: nccl needs CUDA",
+    ),
     "no baseline in the space": ({"search": {"space": {"spec.num_draft_tokens": {"choices": [2, 4]}}}}, "must allow 0, the baseline"),
     "layer_skip deeper than the model": ({"drafter": {"kind": "layer_skip", "layers": 9}}, "drafter.layers: 9 must be between 1 and 1"),
     "unknown engine key": ({"engine": {"gemvv": "off"}}, "engine.gemvv: unknown key"),
     "engine value the engine lacks": ({"engine": {"gemv": "fast"}}, "engine.gemv: Input should be 'auto', 'cublas', 'triton' or 'off'"),
     "engine value in the space the engine lacks": (
         {"search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}, "engine.gemv": {"choices": ["auto", "fast"]}}}},
-        "space.engine.gemv: 'fast' is not one of auto, cublas, triton, off"),
+        "space.engine.gemv: 'fast' is not one of auto, cublas, triton, off",
+    ),
     "draft tokens past the registry's limit": (
         {"search": {"space": {"spec.num_draft_tokens": {"choices": [0, 17]}}}},
-        "space.spec.num_draft_tokens: 17 must be an integer between 0 and 16"),
+        "space.spec.num_draft_tokens: 17 must be an integer between 0 and 16",
+    ),
     "triton attention on cpu": ({"engine": {"attention": "triton"}}, "engine.attention: triton runs the CUDA graphs' attention kernel"),
 }
 
@@ -88,7 +97,9 @@ def test_valid_experiment_and_overrides(tmp_path, tiny_ckpt):
     r = validate(path, "study.n_trials=9", "workload.max_new_tokens=5")
     assert r.returncode == 0, r.stderr
     assert "9 trials" in r.stdout
-    cfg = load_config(path, ["study.n_trials=9", "search.space.nccl.NCCL_PROTO={choices: [LL, Simple]}", "parallel.nccl_env={NCCL_DEBUG: WARN}"])
+    cfg = load_config(
+        path, ["study.n_trials=9", "search.space.nccl.NCCL_PROTO={choices: [LL, Simple]}", "parallel.nccl_env={NCCL_DEBUG: WARN}"]
+    )
     assert cfg.study.n_trials == 9 and cfg.parallel.nccl_env == {"NCCL_DEBUG": "WARN"}
     assert cfg.search.space["nccl.NCCL_PROTO"].choices == ["LL", "Simple"]
     with pytest.raises(UserError, match="parallel.tpx: unknown key"):
@@ -100,10 +111,15 @@ def test_valid_experiment_and_overrides(tmp_path, tiny_ckpt):
 def test_conditional_parameters(tmp_path, tiny_ckpt):
     """NCCL knobs only with nccl; drafter knobs only when drafting; layers only for layer_skip."""
     path = tiny_experiment(tmp_path, tiny_ckpt)
-    cfg = load_config(path, [
-        "search.space.comm.backend={choices: [gloo, nccl]}", "search.space.nccl.NCCL_PROTO={choices: [LL, Simple]}",
-        "search.space.drafter.layers={choices: [1]}", "search.space.spec.num_draft_tokens={choices: [0, 3]}",
-    ])
+    cfg = load_config(
+        path,
+        [
+            "search.space.comm.backend={choices: [gloo, nccl]}",
+            "search.space.nccl.NCCL_PROTO={choices: [LL, Simple]}",
+            "search.space.drafter.layers={choices: [1]}",
+            "search.space.spec.num_draft_tokens={choices: [0, 3]}",
+        ],
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen = set()
     for _ in range(40):
@@ -143,11 +159,23 @@ def test_engine_section_through_set_on_the_shipped_experiment():
 
 
 # a value other than the default for every registry parameter (nccl.* rows are made on demand)
-OTHER = {"parallel.tp": 4, "comm.backend": "nccl", "spec.num_draft_tokens": 3, "drafter.kind": "layer_skip", "drafter.layers": 1,
-         "drafter.ngram_max": 5, "drafter.model_path": "some/ckpt", "drafter.placement": "rank0", "engine.attention": "sdpa",
-         "engine.cuda_graphs": False,
-         "engine.compile": False, "engine.gemv": "off", "engine.fused_add_norm": False, "engine.overlap": False,
-         "nccl.NCCL_PROTO": "LL"}
+OTHER = {
+    "parallel.tp": 4,
+    "comm.backend": "nccl",
+    "spec.num_draft_tokens": 3,
+    "drafter.kind": "layer_skip",
+    "drafter.layers": 1,
+    "drafter.ngram_max": 5,
+    "drafter.model_path": "some/ckpt",
+    "drafter.placement": "rank0",
+    "engine.attention": "sdpa",
+    "engine.cuda_graphs": False,
+    "engine.compile": False,
+    "engine.gemv": "off",
+    "engine.fused_add_norm": False,
+    "engine.overlap": False,
+    "nccl.NCCL_PROTO": "LL",
+}
 
 
 def test_registry_round_trip(tmp_path):
@@ -190,7 +218,9 @@ def test_engine_parameters_are_searchable(tmp_path, tiny_ckpt):
     """`search.space: {engine.gemv: {choices: [auto, off]}}` is suggested like any parameter and
     lands in the trial's EngineConfig and its MLflow params; the YAML's engine section is the default."""
     path = tiny_experiment(tmp_path, tiny_ckpt, engine={"overlap": False})
-    cfg = load_config(path, ["search.space.engine.gemv={choices: [auto, off]}", "search.space.engine.fused_add_norm={choices: [true, false]}"])
+    cfg = load_config(
+        path, ["search.space.engine.gemv={choices: [auto, off]}", "search.space.engine.fused_add_norm={choices: [true, false]}"]
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen = set()
     for _ in range(20):

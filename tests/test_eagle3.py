@@ -2,6 +2,7 @@
 line, greedy output equals the baseline (k in 1, 2, 4; TP 1 and 2; both placements), sampling
 keeps the verifier's distribution with the head's probabilities, and `train-drafter` writes a head
 that decodes."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
 DRAFT_VOCAB = 200
 
 
-def public_tensors(hidden: int, target_hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, vocab: int,
-                   draft_vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def public_tensors(
+    hidden: int, target_hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, vocab: int, draft_vocab: int, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """A random head under exactly the names and shapes SGLang / vLLM / SpecForge load."""
     g = torch.Generator().manual_seed(seed)
     shapes = {
@@ -43,8 +45,7 @@ def public_tensors(hidden: int, target_hidden: int, heads: int, kv_heads: int, h
         "lm_head.weight": (draft_vocab, hidden),
     }
     t = {n: (torch.randn(s, generator=g) * s[1] ** -0.5).to(torch.bfloat16) for n, s in shapes.items()}
-    for n in ("midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight",
-              "norm.weight"):
+    for n in ("midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight", "norm.weight"):
         t[n] = torch.ones(hidden, dtype=torch.bfloat16)
     ids = torch.randperm(vocab, generator=g)[:draft_vocab].sort().values
     t["d2t"] = ids - torch.arange(draft_vocab)
@@ -59,14 +60,30 @@ def write_head(path: Path, target_cfg: dict, draft_vocab: int = DRAFT_VOCAB, hid
     th = target_cfg["hidden_size"]
     h = hidden or th
     heads, kv, hd = target_cfg["num_attention_heads"], target_cfg["num_key_value_heads"], target_cfg["head_dim"]
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu", "hidden_size": h,
-           "intermediate_size": target_cfg["intermediate_size"], "num_attention_heads": heads, "num_key_value_heads": kv,
-           "head_dim": hd, "num_hidden_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
-           "vocab_size": target_cfg["vocab_size"], "draft_vocab_size": draft_vocab, "target_hidden_size": th,
-           "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "intermediate_size": target_cfg["intermediate_size"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 2048,
+        "vocab_size": target_cfg["vocab_size"],
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": th,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
     (path / "config.json").write_text(json.dumps(cfg))
-    save_file(public_tensors(h, th, heads, kv, hd, target_cfg["intermediate_size"], target_cfg["vocab_size"], draft_vocab, seed),
-              str(path / "model.safetensors"))
+    save_file(
+        public_tensors(h, th, heads, kv, hd, target_cfg["intermediate_size"], target_cfg["vocab_size"], draft_vocab, seed),
+        str(path / "model.safetensors"),
+    )
     return path
 
 
@@ -100,9 +117,29 @@ def test_public_head_loads_with_its_names_and_maps(tiny_ckpt, tiny_head):
 @pytest.mark.parametrize("what, change", [("target_hidden_size", {"hidden_size": 32}), ("vocab_size", {"vocab_size": 1000})])
 def test_head_that_does_not_fit_exits_2_with_one_line(tmp_path, tiny_ckpt, what, change):
     head = write_head(tmp_path / "bad", tiny_config(**change))
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "decode", "--model", str(tiny_ckpt), "--drafter", "eagle3",
-                        "--draft-model", str(head), "--num-prompts", "1", "--max-new-tokens", "4"],
-                       capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "decode",
+            "--model",
+            str(tiny_ckpt),
+            "--drafter",
+            "eagle3",
+            "--draft-model",
+            str(head),
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("spectune: error: --draft-model") and what in lines[0], r.stderr
@@ -111,8 +148,9 @@ def test_head_that_does_not_fit_exits_2_with_one_line(tmp_path, tiny_ckpt, what,
 @pytest.mark.parametrize("tp, placement", [(1, "actor"), (1, "rank0"), (2, "actor"), (2, "rank0")])
 def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement):
     prompts = _prompts()
-    spec = GangSpec(model_path=str(tiny_ckpt), tp=tp, max_seq=256,
-                    drafter=DrafterSpec(kind="eagle3", model_path=str(tiny_head), placement=placement))
+    spec = GangSpec(
+        model_path=str(tiny_ckpt), tp=tp, max_seq=256, drafter=DrafterSpec(kind="eagle3", model_path=str(tiny_head), placement=placement)
+    )
     with LocalGang(spec, timeout_s=300) as gang:
         gang.setup()
         base = gang.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=0))
@@ -152,33 +190,81 @@ def test_sampling_with_the_heads_probabilities_keeps_the_target_distribution(tin
 
 
 def _cli(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *argv], capture_output=True, text=True, env=ENV, cwd=ROOT,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "orchestrator", *argv], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=timeout)
 
 
 def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     out = tmp_path / "head"
-    r = _cli("train-drafter", "--model", "smollm2-135m", "--num-prompts", "4", "--max-new-tokens", "16", "--max-steps", "4",
-             "--draft-vocab", "512", "--save-every", "2", "--out", str(out))
+    r = _cli(
+        "train-drafter",
+        "--model",
+        "smollm2-135m",
+        "--num-prompts",
+        "4",
+        "--max-new-tokens",
+        "16",
+        "--max-steps",
+        "4",
+        "--draft-vocab",
+        "512",
+        "--save-every",
+        "2",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "loss" in r.stderr and "acc" in r.stderr  # the progress line
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
     # resumable: a longer run with the same folder reuses the responses and starts at step 4
-    r = _cli("train-drafter", "--model", "smollm2-135m", "--num-prompts", "4", "--max-new-tokens", "16", "--max-steps", "5",
-             "--draft-vocab", "512", "--out", str(out))
+    r = _cli(
+        "train-drafter",
+        "--model",
+        "smollm2-135m",
+        "--num-prompts",
+        "4",
+        "--max-new-tokens",
+        "16",
+        "--max-steps",
+        "5",
+        "--draft-vocab",
+        "512",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0 and "resuming at step 4" in r.stderr and "responses from" in r.stderr, r.stderr[-2000:]
-    r = _cli("decode", "--model", "smollm2-135m", "--drafter", "eagle3", "--draft-model", str(out), "-k", "4",
-             "--num-prompts", "2", "--max-new-tokens", "24", "--json")
+    r = _cli(
+        "decode",
+        "--model",
+        "smollm2-135m",
+        "--drafter",
+        "eagle3",
+        "--draft-model",
+        str(out),
+        "-k",
+        "4",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
     assert res["outputs_match_baseline"] == 1 and res["accept_len_mean"] >= 1.0
 
 
 def test_validate_smoke_experiment_with_the_demo_head():
-    r = _cli("validate", "experiments/smoke-cpu.yaml", "--set", "drafter.kind=eagle3", "--set",
-             "drafter.model_path=smollm2-135m-eagle3", timeout=300)
+    r = _cli(
+        "validate",
+        "experiments/smoke-cpu.yaml",
+        "--set",
+        "drafter.kind=eagle3",
+        "--set",
+        "drafter.model_path=smollm2-135m-eagle3",
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     r = _cli("validate", "experiments/eagle3-cpu.yaml", timeout=300)
     assert r.returncode == 0, r.stderr

@@ -1,5 +1,6 @@
 """Greedy outputs against the baseline: exact, parted at a numerical near tie (valid), or wrong
 (invalid); the engine records the baseline's per-token logit margins that tell them apart."""
+
 from __future__ import annotations
 
 import pytest

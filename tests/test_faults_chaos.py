@@ -3,6 +3,7 @@
 at random moments (setup, decode, between trials). The study must finish with 6 COMPLETE trials,
 every failed trial must carry its reason in Optuna and MLflow, the frozen rank's trial must fail
 within its deadline, and no process may be left. The seed is printed to replay a run."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,11 @@ class Injector(threading.Thread):
         """A trial is RUNNING and has reported exactly one prompt: the gang is decoding the next."""
         if not self.db.exists():
             return False
-        rows = sql(self.db, "select t.trial_id, count(v.trial_intermediate_value_id) from trials t left join "
-                            "trial_intermediate_values v on v.trial_id = t.trial_id where t.state = 'RUNNING' group by t.trial_id")
+        rows = sql(
+            self.db,
+            "select t.trial_id, count(v.trial_intermediate_value_id) from trials t left join "
+            "trial_intermediate_values v on v.trial_id = t.trial_id where t.state = 'RUNNING' group by t.trial_id",
+        )
         return any(n == 1 for _, n in rows)
 
     def run(self) -> None:
@@ -67,7 +71,8 @@ def test_chaos_random_actor_kills_and_a_hang(tmp_path, tiny_ckpt):
     print(f"chaos seed {seed} (SPECTUNE_CHAOS_SEED={seed} replays the schedule)")
     rng = random.Random(seed)
     exp = tiny_experiment(
-        tmp_path, tiny_ckpt,
+        tmp_path,
+        tiny_ckpt,
         search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}, "drafter.kind": {"choices": ["ngram", "layer_skip"]}}},
         workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 24},
         study={"n_trials": 6, "sampler": "random", "seed": seed % 1000, "pruner": "none"},
@@ -112,7 +117,9 @@ def test_chaos_random_actor_kills_and_a_hang(tmp_path, tiny_ckpt):
     assert failed_after <= limit + 5, (failed_after, hung[0].user_attrs)
     assert inj.frozen_gone_s is not None and inj.frozen_gone_s <= limit + 15  # torn down, not left frozen
     assert left == [], left
-    print(f"chaos: {faults} faults ({', '.join(f for _, f, _ in inj.log)}), {len(failed)} trials failed with reasons, "
-          f"{states.count('COMPLETE')} complete, 0 lost; hung trial failed after {failed_after:.1f}s (limit {limit:g}s), "
-          f"frozen actor gone {inj.frozen_gone_s:.1f}s after the SIGSTOP; "
-          f"processes left {len(left)} ({gone_s:.1f}s after exit, {end - t_hang:.0f}s after the hang)")
+    print(
+        f"chaos: {faults} faults ({', '.join(f for _, f, _ in inj.log)}), {len(failed)} trials failed with reasons, "
+        f"{states.count('COMPLETE')} complete, 0 lost; hung trial failed after {failed_after:.1f}s (limit {limit:g}s), "
+        f"frozen actor gone {inj.frozen_gone_s:.1f}s after the SIGSTOP; "
+        f"processes left {len(left)} ({gone_s:.1f}s after exit, {end - t_hang:.0f}s after the hang)"
+    )

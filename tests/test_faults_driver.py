@@ -2,6 +2,7 @@
 `spectune run`s on one study at once, and the clean-up of what a dead driver left behind. Real
 studies (embedded local Ray, SQLite Optuna storage, SQLite MLflow store) on the tiny model; every
 process a driver starts is tagged through its environment and the process table is checked."""
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,15 @@ def _stop_mid_trial(p: subprocess.Popen, db, deadline_s: float = 240) -> int:
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
         assert p.poll() is None, p.stderr.read()[-3000:]
-        running = sql(db, "select t.number from trials t join trial_user_attributes a on a.trial_id = t.trial_id "
-                          "where t.state = 'RUNNING' and a.key = 'mlflow_run_id' and t.number >= 1") if db.exists() else []
+        running = (
+            sql(
+                db,
+                "select t.number from trials t join trial_user_attributes a on a.trial_id = t.trial_id "
+                "where t.state = 'RUNNING' and a.key = 'mlflow_run_id' and t.number >= 1",
+            )
+            if db.exists()
+            else []
+        )
         if running:
             time.sleep(rng.uniform(0.0, 0.3))
             os.kill(p.pid, signal.SIGSTOP)
@@ -55,8 +63,9 @@ def test_sigkilled_driver_resumes_without_loss_or_leak(tmp_path, tiny_ckpt):
     """SIGKILL the driver mid-trial: its Ray processes and actors are gone within seconds (the
     watchdog), the next run fails the interrupted trial (reason in Optuna, MLflow run FAILED),
     retries its params and stops at exactly n_trials COMPLETE, one MLflow run per trial."""
-    exp = tiny_experiment(tmp_path, tiny_ckpt, search=SPACE,
-                          workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 40})
+    exp = tiny_experiment(
+        tmp_path, tiny_ckpt, search=SPACE, workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 40}
+    )
     home, tag = tmp_path / "home", uuid.uuid4().hex
     db = home / "optuna.db"
     p = start_spectune(["run", str(exp)], home, tag)
@@ -145,12 +154,19 @@ def test_next_run_reaps_what_a_dead_driver_left(tmp_path):
     log = session / "logs" / "agent.log"
     log.write_text("")
     for name, pid in (("dead", dead.pid), ("live", os.getpid())):
-        (home / "drivers" / f"{host}-{pid}.json").write_text(json.dumps(
-            {"host": host, "pid": pid, "start_time": start_time(pid) if name == "live" else 1, "token": tokens[name],
-             "session_dir": str(session) if name == "dead" else None}))
+        (home / "drivers" / f"{host}-{pid}.json").write_text(
+            json.dumps(
+                {
+                    "host": host,
+                    "pid": pid,
+                    "start_time": start_time(pid) if name == "live" else 1,
+                    "token": tokens[name],
+                    "session_dir": str(session) if name == "dead" else None,
+                }
+            )
+        )
     sleep = "import time; time.sleep(120)"
-    sleepers = {name: subprocess.Popen([sys.executable, "-c", sleep], env={**os.environ, TOKEN_VAR: tok})
-                for name, tok in tokens.items()}
+    sleepers = {name: subprocess.Popen([sys.executable, "-c", sleep], env={**os.environ, TOKEN_VAR: tok}) for name, tok in tokens.items()}
     sleepers["writer"] = subprocess.Popen([sys.executable, "-c", f"f = open({str(log)!r}, 'a'); {sleep}"])
     sleepers["reader"] = subprocess.Popen([sys.executable, "-c", f"f = open({str(log)!r}); {sleep}"])
     time.sleep(1.0)  # both have opened the log

@@ -1,6 +1,7 @@
 """Faults that must end before anything launches (bad YAML, resources, storage) and results that
 must never win (wrong allreduce sums, greedy output that differs from the baseline). In-process
 and fast: no Ray cluster is started here (a guard fails the test if one would be)."""
+
 from __future__ import annotations
 
 import copy
@@ -39,8 +40,13 @@ def _one_error_line(err: str) -> str:
 
 # ------------------------------------------------------------------ bad YAML (property-based)
 VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12), st.lists(st.integers(-3, 20), max_size=4), st.dictionaries(st.text(max_size=6), st.integers(), max_size=2),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.integers(-3, 20), max_size=4),
+    st.dictionaries(st.text(max_size=6), st.integers(), max_size=2),
     st.sampled_from(["gloo", "nccl", "NVLS", "layer_skip", "ngram", "none", "draft_model", "/nonexistent", "cuda", "", "~", "0"]),
 )
 
@@ -130,12 +136,15 @@ def test_gang_needs_more_gpus_than_on_offer(tmp_path, tiny_ckpt):
 
 
 # ------------------------------------------------------------------ storage
-@pytest.mark.parametrize("storage, words", [
-    ("sqlite:///{tmp}/experiment.yaml/optuna.db", "is not a directory"),
-    ("sqlite:////proc/spectune/optuna.db", "cannot create /proc/spectune"),
-    ("sqlite:////sys/optuna.db", "cannot open sqlite:////sys/optuna.db"),
-    ("postgresql://user:secret@127.0.0.1:1/spectune", "postgresql://user:***@127.0.0.1:1/spectune"),
-])
+@pytest.mark.parametrize(
+    "storage, words",
+    [
+        ("sqlite:///{tmp}/experiment.yaml/optuna.db", "is not a directory"),
+        ("sqlite:////proc/spectune/optuna.db", "cannot create /proc/spectune"),
+        ("sqlite:////sys/optuna.db", "cannot open sqlite:////sys/optuna.db"),
+        ("postgresql://user:secret@127.0.0.1:1/spectune", "postgresql://user:***@127.0.0.1:1/spectune"),
+    ],
+)
 def test_storage_problems_are_one_line_and_leave_nothing(tmp_path, tiny_ckpt, capsys, no_ray, monkeypatch, storage, words):
     home = tmp_path / "home"
     monkeypatch.setenv("SPECTUNE_HOME", str(home))
@@ -219,13 +228,19 @@ class _FakeGang:
     def __init__(self, outputs):
         self.outputs, self._closed = outputs, False
 
-    def run(self, workload, timeout_s=None):
+    def run(self, workload, timeout_s=None, on_progress=None):
         from workers.engine.stats import RunStats
         from workers.spec import PromptResult, RunResult
 
         toks = list(self.outputs[workload.num_draft_tokens])
-        return RunResult(prompts=[PromptResult(toks, 0.01, len(toks), 0)], stats=RunStats(tokens=len(toks), seconds=0.01 if workload.num_draft_tokens else 0.02),
-                         num_draft_tokens=workload.num_draft_tokens)
+        return RunResult(
+            prompts=[PromptResult(toks, 0.01, len(toks), 0)],
+            stats=RunStats(tokens=len(toks), seconds=0.01 if workload.num_draft_tokens else 0.02),
+            num_draft_tokens=workload.num_draft_tokens,
+        )
+
+    def peak_rss_mb(self) -> list[float]:
+        return [100.0]
 
     def close(self):
         self._closed = True
@@ -264,8 +279,11 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "faults", "faults", tmp_path, study=study)
     gang = _FakeGang({0: [5, 6, 7, 8], 2: [5, 6, 9, 9], 4: [5, 6, 7, 8]})
     outcomes = []
-    for k, pool in ((0, _FakePool(gang)), (2, _FakePool(gang)),
-                    (4, _FakePool(error=GangError("setup: rank 1: WorkerError: allreduce backend 'gloo' returned wrong sums")))):
+    for k, pool in (
+        (0, _FakePool(gang)),
+        (2, _FakePool(gang)),
+        (4, _FakePool(error=GangError("setup: rank 1: WorkerError: allreduce backend 'gloo' returned wrong sums"))),
+    ):
         study.enqueue_trial({"spec.num_draft_tokens": k})
         outcomes.append(run_trial(study, study.ask(), cfg, prepared, pool, tracker, HEARTBEAT_ATTR))
     assert [o.state for o in outcomes] == ["COMPLETE", "FAIL", "FAIL"]

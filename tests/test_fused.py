@@ -1,5 +1,6 @@
 """The fused step (merged QKV / gate-up weights, compiled layer bodies on CUDA) computes what
 the plain model computes; CPU runs it uncompiled, plus one compiled run through Inductor."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,14 @@ from workers.model.checkpoint import load_model, tiny_config, write_random_check
 UNCOMPILED = EngineConfig(compile=False)
 
 
-@pytest.mark.parametrize("cfg", [tiny_config(), tiny_config(model_type="qwen2", tie_word_embeddings=True),
-                                 tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        tiny_config(),
+        tiny_config(model_type="qwen2", tie_word_embeddings=True),
+        tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96),
+    ],
+)
 @torch.inference_mode()
 def test_fused_matches_plain(tmp_path, cfg):
     path = write_random_checkpoint(tmp_path, cfg, seed=4)
@@ -110,7 +117,7 @@ def test_compiled_fused_step(tmp_path):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-_TRITON_STEP = r'''
+_TRITON_STEP = r"""
 import sys, torch
 from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
 from workers.kernels.attention import decode_attend
@@ -150,7 +157,7 @@ for i, (cfg, norms_in_allreduce, triton_gemv) in enumerate(runs):
         assert sorted(key[:2] for key in fast.gemv.choice) == sorted((r, T) for r in ("qkv", "o", "gate_up", "down") for T in (3, 1))
         assert all(c is not None for c in fast.gemv.choice.values()), fast.gemv.choice
     print("ok", i)
-'''
+"""
 
 
 def test_fused_step_with_triton_rope_and_attention(tmp_path):
@@ -162,9 +169,13 @@ def test_fused_step_with_triton_rope_and_attention(tmp_path):
     import sys
 
     pytest.importorskip("triton")
-    r = subprocess.run([sys.executable, "-c", _TRITON_STEP, str(tmp_path)],
-                       env={**os.environ, "TRITON_INTERPRET": "1"},
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", _TRITON_STEP, str(tmp_path)],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert r.stdout.split() == ["ok", "0", "ok", "1", "ok", "2", "ok", "3", "ok", "4"]
 
@@ -204,9 +215,12 @@ def test_gemv_picker_decides_every_role_and_width_up_front(tmp_path):
 
     model = load_model(write_random_checkpoint(tmp_path, tiny_config(), seed=1), max_seq=16)
     fast = FusedStep(model, UNCOMPILED)
-    roles = {"qkv": [w for w, _, _ in fast.merged], "gate_up": [w for _, _, w in fast.merged],
-             "o": [layer.self_attn.o_proj.weight for layer in model.layers],
-             "down": [layer.mlp.down_proj.weight for layer in model.layers]}
+    roles = {
+        "qkv": [w for w, _, _ in fast.merged],
+        "gate_up": [w for _, _, w in fast.merged],
+        "o": [layer.self_attn.o_proj.weight for layer in model.layers],
+        "down": [layer.mlp.down_proj.weight for layer in model.layers],
+    }
     picker = GemvPicker(roles, mode="cublas", log=lambda line: None)
     picker.prepare([1, 5])
     assert set(picker.choice) == {(role, T, tuple(ws[0].shape)) for role, ws in roles.items() for T in (1, 5)}

@@ -1,6 +1,7 @@
 """The GPU issue's logic, on CPU: backend capability checks and their refusals, the no-op
 allreduce ablation, simulated acceptance, the step runner's device check, random-weight models,
 bench-allreduce and the transformers peer baseline. (The GPU figures are in docs/performance.md.)"""
+
 from __future__ import annotations
 
 import json
@@ -22,18 +23,21 @@ EAGER = EngineConfig(cuda_graphs=False)
 CUDA2 = dict(world_size=2, device_type="cuda", devices=(0, 1), p2p_ok=True, max_message_bytes=1 << 16)
 
 
-@pytest.mark.parametrize("backend, gang, needle", [
-    ("nccl", GangInfo(world_size=2, device_type="cpu"), "nccl needs CUDA devices"),
-    ("symm_mem", GangInfo(world_size=2, device_type="cpu"), "symm_mem needs CUDA devices"),
-    ("symm_mem", GangInfo(**{**CUDA2, "p2p_ok": False}), "peer-to-peer access"),
-    ("symm_mem", GangInfo(**{**CUDA2, "world_size": 16, "devices": tuple(range(16))}), "at most 8 ranks"),
-    ("symm_mem", GangInfo(**{**CUDA2, "max_message_bytes": 64 << 20}), "MiB messages"),
-    ("symm_mem_ll", GangInfo(world_size=2, device_type="cpu"), "symm_mem_ll needs CUDA devices"),
-    ("symm_mem_ll", GangInfo(**{**CUDA2, "p2p_ok": False}), "peer-to-peer access"),
-    ("nccl", GangInfo(**{**CUDA2, "devices": (0, 0)}), "same GPU"),
-    ("gloo", GangInfo(**CUDA2), "gloo allreduce runs on CPU tensors only"),
-    ("mpi", GangInfo(world_size=2, device_type="cpu"), "unknown allreduce backend 'mpi'"),
-])
+@pytest.mark.parametrize(
+    "backend, gang, needle",
+    [
+        ("nccl", GangInfo(world_size=2, device_type="cpu"), "nccl needs CUDA devices"),
+        ("symm_mem", GangInfo(world_size=2, device_type="cpu"), "symm_mem needs CUDA devices"),
+        ("symm_mem", GangInfo(**{**CUDA2, "p2p_ok": False}), "peer-to-peer access"),
+        ("symm_mem", GangInfo(**{**CUDA2, "world_size": 16, "devices": tuple(range(16))}), "at most 8 ranks"),
+        ("symm_mem", GangInfo(**{**CUDA2, "max_message_bytes": 64 << 20}), "MiB messages"),
+        ("symm_mem_ll", GangInfo(world_size=2, device_type="cpu"), "symm_mem_ll needs CUDA devices"),
+        ("symm_mem_ll", GangInfo(**{**CUDA2, "p2p_ok": False}), "peer-to-peer access"),
+        ("nccl", GangInfo(**{**CUDA2, "devices": (0, 0)}), "same GPU"),
+        ("gloo", GangInfo(**CUDA2), "gloo allreduce runs on CPU tensors only"),
+        ("mpi", GangInfo(world_size=2, device_type="cpu"), "unknown allreduce backend 'mpi'"),
+    ],
+)
 def test_capability_refusals(backend, gang, needle):
     why = refusal(backend, gang)
     assert why is not None and needle in why and "\n" not in why
@@ -129,7 +133,9 @@ def test_greedy_step_that_feeds_itself_equals_plain_greedy_steps(tiny_ckpt):
     fed._inputs = torch.tensor([[first], [start]])  # as `_stage` fills them for the first step only
     got = [fed._run_greedy(margins=True).tolist() for _ in range(n)]
     assert [int(g[0]) for g in got] == want
-    torch.testing.assert_close(torch.tensor([g[1:] for g in got], dtype=torch.float64), torch.tensor(top2, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor([g[1:] for g in got], dtype=torch.float64), torch.tensor(top2, dtype=torch.float64), rtol=1e-5, atol=1e-5
+    )
     assert fed._inputs.tolist() == [[want[-1]], [start + n]]  # the next step's input, already in place
     assert fed._run_greedy().tolist() == [plain.step([want[-1]])[-1].argmax().item()]  # without margins: the token alone
     for a, b in zip(fed.cache.k + fed.cache.v, plain.cache.k + plain.cache.v):
@@ -266,13 +272,16 @@ def test_bench_keeps_the_rows_of_backends_that_ran(monkeypatch):
     assert any("CompilationError" in line for line in logs)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--backend", "nccl"], "nccl needs CUDA"),
-    (["--nccl-env", "NCCL_NVLS_ENABLE=1"], "NVLS / NVLink multicast must stay off"),
-    (["--nccl-env", "PROTO=LL"], "expected NCCL_NAME=value"),
-    (["--tp", "1"], "needs at least 2 ranks"),
-    (["--sizes", "lots"], "is not a size"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--backend", "nccl"], "nccl needs CUDA"),
+        (["--nccl-env", "NCCL_NVLS_ENABLE=1"], "NVLS / NVLink multicast must stay off"),
+        (["--nccl-env", "PROTO=LL"], "expected NCCL_NAME=value"),
+        (["--tp", "1"], "needs at least 2 ranks"),
+        (["--sizes", "lots"], "is not a size"),
+    ],
+)
 def test_bench_allreduce_refusals(args, needle):
     r = _spectune("bench-allreduce", *args)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -281,8 +290,25 @@ def test_bench_allreduce_refusals(args, needle):
 def test_decode_with_simulation_and_peer_baseline(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(tiny_config()))
-    r = _spectune("decode", "--model", f"random:{cfg}", "--tp", "2", "--drafter", "ngram", "-k", "3",
-                  "--simulate-accept-len", "3", "--num-prompts", "1", "--max-new-tokens", "12", "--peer-baseline", "--json")
+    r = _spectune(
+        "decode",
+        "--model",
+        f"random:{cfg}",
+        "--tp",
+        "2",
+        "--drafter",
+        "ngram",
+        "-k",
+        "3",
+        "--simulate-accept-len",
+        "3",
+        "--num-prompts",
+        "1",
+        "--max-new-tokens",
+        "12",
+        "--peer-baseline",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["accept_len_mean"] == pytest.approx(3.0, abs=0.5)
@@ -299,9 +325,31 @@ def test_sigterm_during_the_peer_baseline_keeps_our_figures(tmp_path):
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(tiny_config()))
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "decode", "--model", f"random:{cfg}", "--tp", "1",
-                             "--drafter", "ngram", "-k", "2", "--num-prompts", "4", "--max-new-tokens", "400",
-                             "--peer-baseline", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "decode",
+            "--model",
+            f"random:{cfg}",
+            "--tp",
+            "1",
+            "--drafter",
+            "ngram",
+            "-k",
+            "2",
+            "--num-prompts",
+            "4",
+            "--max-new-tokens",
+            "400",
+            "--peer-baseline",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in proc.stderr:
             if "peer baseline: transformers generate" in line:
@@ -350,7 +398,9 @@ def test_study_with_simulated_acceptance(tmp_path, tiny_ckpt):
     _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
     tags = {int(r.data.tags["spectune.trial"]): r.data.tags.get("spectune.simulated_accept_len") for r in runs}
     # every nested trial run carries the engine settings it ran with, as `engine.<field>` params
-    assert runs and all({f"engine.{k}": str(v) for k, v in EngineConfig().describe().items()}.items() <= r.data.params.items() for r in runs)
+    assert runs and all(
+        {f"engine.{k}": str(v) for k, v in EngineConfig().describe().items()}.items() <= r.data.params.items() for r in runs
+    )
     assert tags[by_k[0].number] is None and tags[by_k[2].number] == tags[by_k[4].number] == "2.5"
 
     bad = spectune(["validate", str(exp), "--set", "workload.simulate_accept_len=4"], home)
@@ -390,8 +440,15 @@ def test_a_wrong_fused_add_norm_is_dropped_on_every_rank(tmp_path, broken_rank, 
     """A fused allreduce + add + norm that disagrees with allreduce, add, norm on any rank is dropped
     by all ranks together (their collectives must keep lining up); the rank that saw it says why.
     engine.fused_add_norm=false turns it off the same way, even if only one rank's engine config says so."""
-    procs = [subprocess.Popen([sys.executable, "-c", _ADD_NORM_RANK, str(r), str(tmp_path / "init"), str(broken_rank), str(off_rank)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _ADD_NORM_RANK, str(r), str(tmp_path / "init"), str(broken_rank), str(off_rank)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     done = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in done]
     assert [out.strip() for out, _ in done] == [want, want]

@@ -5,6 +5,7 @@ projection (rope and cache writes fused into one kernel); every head's arrival c
 
     python -m pytest tests/test_kernels_attention.py     # CPU: Triton's interpreter (tests/conftest.py); GPU: bf16
 """
+
 from __future__ import annotations
 
 import pytest

@@ -5,18 +5,27 @@ split-K counters must be back at zero).
 
     python -m pytest tests/test_kernels_gemv.py     # CPU: Triton's interpreter (tests/conftest.py); GPU: bf16
 """
+
 from __future__ import annotations
 
 import pytest
 
 from workers.kernels import gemv
 
-CASES = [(shape, swiglu, config) for shape in gemv.SELFTEST_SHAPES for swiglu in (False, True)
-         for config in gemv.CONFIGS if gemv.runs_config(config, swiglu)]
+CASES = [
+    (shape, swiglu, config)
+    for shape in gemv.SELFTEST_SHAPES
+    for swiglu in (False, True)
+    for config in gemv.CONFIGS
+    if gemv.runs_config(config, swiglu)
+]
 
 
-@pytest.mark.parametrize("shape, swiglu, config", CASES,
-                         ids=[f"T{s[0]}-N{s[1]}-K{s[2]}-{'swiglu' if g else 'bias'}-{'x'.join(map(str, c))}" for s, g, c in CASES])
+@pytest.mark.parametrize(
+    "shape, swiglu, config",
+    CASES,
+    ids=[f"T{s[0]}-N{s[1]}-K{s[2]}-{'swiglu' if g else 'bias'}-{'x'.join(map(str, c))}" for s, g, c in CASES],
+)
 def test_gemv_matches_f_linear(kernel_device, shape, swiglu, config):
     err = gemv.check_config(shape, swiglu, config, kernel_device, seed=gemv.SELFTEST_SHAPES.index(shape))
     assert err <= gemv.SELFTEST_TOL[kernel_device], f"relative error {err:.2e}"

@@ -7,6 +7,7 @@ between plain calls (they share the phases), and a reader that gives up on a mis
 
     python -m pytest tests/test_kernels_symm_mem_ll.py    # CPU, Triton's interpreter (tests/conftest.py)
 """
+
 from __future__ import annotations
 
 import pytest
@@ -84,8 +85,12 @@ def test_allreduce_add_norm_between_plain_calls(ll):
         want_sum = residual + torch.stack(parts).sum(0)
         fused = call % 2 == 0
         for mode in (ll.PUSH, ll.REDUCE):
-            outs = [ll.launch_add_norm(parts[r], residual, weight, 1e-5, ptrs, states[r], MAX_NUMEL, r, world, mode=mode)
-                    if fused else ll.launch(parts[r], ptrs, states[r], MAX_NUMEL, r, world, mode=mode) for r in range(world)]
+            outs = [
+                ll.launch_add_norm(parts[r], residual, weight, 1e-5, ptrs, states[r], MAX_NUMEL, r, world, mode=mode)
+                if fused
+                else ll.launch(parts[r], ptrs, states[r], MAX_NUMEL, r, world, mode=mode)
+                for r in range(world)
+            ]
         for r in range(world):
             if fused:
                 torch.testing.assert_close(outs[r][0], want_sum, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,6 @@
 """The plain model against transformers' own implementation, per architecture and rope variant,
 and the KV cache's rollback."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,15 @@ from workers.tools.parity import reference_logits
 VARIANTS = {
     "llama-gqa": tiny_config(),
     "llama-mha-tied": tiny_config(num_key_value_heads=4, tie_word_embeddings=True),
-    "llama3-rope": tiny_config(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "llama3-rope": tiny_config(
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+    ),
     "linear-rope": tiny_config(rope_scaling={"type": "linear", "factor": 2.0}),
     "yarn-rope": tiny_config(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
     "qwen2-bias": tiny_config(model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True),

@@ -1,4 +1,5 @@
 """The n-gram prompt-lookup drafter."""
+
 from workers.drafters.ngram import NgramDrafter, lookup
 
 

@@ -9,6 +9,7 @@ parent, whose environment it inherited, must carry all three.
 
     .venv/bin/python -m pytest tests/test_nvls_env.py
 """
+
 from __future__ import annotations
 
 import json
@@ -84,8 +85,25 @@ def _name(s: dict) -> str:
 
 
 def test_local_gang_ranks_start_with_nvls_off(tiny_ckpt):
-    r, seen = _watch(["decode", "--model", str(tiny_ckpt), "--tp", "2", "--drafter", "ngram", "-k", "2",
-                      "--num-prompts", "1", "--max-new-tokens", "8", "--json"], _clean_env())
+    r, seen = _watch(
+        [
+            "decode",
+            "--model",
+            str(tiny_ckpt),
+            "--tp",
+            "2",
+            "--drafter",
+            "ngram",
+            "-k",
+            "2",
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ],
+        _clean_env(),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     rss = json.loads(r.stdout)["rank_peak_rss_mb"]  # each verifier rank's peak resident memory (torch alone is > 100 MiB)
     assert len(rss) == 2 and all(100 < mb < 4096 for mb in rss), rss
@@ -99,8 +117,26 @@ def test_ray_processes_and_actors_start_with_nvls_off(tiny_ckpt):
     from studyutil import ray_temp_dir
 
     env = _clean_env(SPECTUNE_RAY_TMPDIR=ray_temp_dir())
-    r, seen = _watch(["decode", "--ray", "--model", str(tiny_ckpt), "--tp", "2", "--drafter", "ngram", "-k", "2",
-                      "--num-prompts", "1", "--max-new-tokens", "8", "--json"], env)
+    r, seen = _watch(
+        [
+            "decode",
+            "--ray",
+            "--model",
+            str(tiny_ckpt),
+            "--tp",
+            "2",
+            "--drafter",
+            "ngram",
+            "-k",
+            "2",
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ],
+        env,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     names = {pid: _name(s) for pid, s in seen.items()}
     assert any(n.endswith("gcs_server") for n in names.values()) and any(n.endswith("raylet") for n in names.values()), names
@@ -112,7 +148,8 @@ def test_ray_processes_and_actors_start_with_nvls_off(tiny_ckpt):
             assert _has_all(s["env"]), f"{names[pid]} (pid {pid}) started without NVLink multicast off"
         else:
             parent = seen.get(s["ppid"])
-            assert parent is not None and s["ppid"] in intact and _has_all(parent["env"]), \
+            assert parent is not None and s["ppid"] in intact and _has_all(parent["env"]), (
                 f"{names[pid]} (pid {pid}): its parent {s['ppid']} does not carry NVLink multicast off"
+            )
             for key, want in zip(NVLS_OFF_ENV, WANT):  # what survived the rename is right
                 assert not any(e.startswith(key.encode() + b"=") and e != want for e in s["env"]), (names[pid], key)

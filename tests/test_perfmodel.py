@@ -1,6 +1,7 @@
 """The performance model's fit and breakeven math on synthetic data with known answers: the
 per-env fitted allreduce term (no table), and the bench-derived one (latency interpolated from a
 synthetic bench-allreduce table, only the compute part fitted)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,7 +36,7 @@ def points(noise=0.0, seed=0):
     out = []
     for env in A:
         for kind in ("none", "ngram", "layer_skip"):
-            for k in ([0] if kind == "none" else [2, 4, 6]):
+            for k in [0] if kind == "none" else [2, 4, 6]:
                 tau = 1.0 + sum(RATES[kind][:k]) if k else 1.0
                 jitter = 1 + noise * rng.standard_normal()
                 verify = (A[env] + B * (k + 1)) * jitter
@@ -82,16 +83,21 @@ def test_leave_one_out_error_small_with_small_noise_large_with_wrong_model():
     err, preds = loo_error(points(noise=0.02, seed=1))
     assert len(preds) == len(points()) and err < 0.05
     # step times that have nothing to do with the configuration cannot be predicted: the error shows it
-    shuffled = [TrialPoint(p.env, p.kind, p.k, s, p.accept_len, p.accept_len * 1000 / s, p.accept_rates, draft_ms=0.0)
-                for p, s in zip(points(), np.random.default_rng(2).permutation([q.step_ms for q in points()]))]
+    shuffled = [
+        TrialPoint(p.env, p.kind, p.k, s, p.accept_len, p.accept_len * 1000 / s, p.accept_rates, draft_ms=0.0)
+        for p, s in zip(points(), np.random.default_rng(2).permutation([q.step_ms for q in points()]))
+    ]
     assert loo_error(shuffled)[0] > 0.1
 
 
 def test_an_unidentified_slope_stays_near_zero():
     # env "x": only k = 4 trials; env "y": one k = 0 trial. b cannot be told apart from a["x"]: the
     # fit keeps b ~ 0 and lets each intercept hold its own measurement, instead of splitting 50 / 50
-    pts = [TrialPoint("x", "ngram", 4, 10.0, 2.0, 200.0, verify_ms=10.0), TrialPoint("x", "ngram", 4, 10.2, 2.0, 196.0, verify_ms=10.2),
-           TrialPoint("y", "none", 0, 7.0, 1.0, 142.9, verify_ms=7.0)]
+    pts = [
+        TrialPoint("x", "ngram", 4, 10.0, 2.0, 200.0, verify_ms=10.0),
+        TrialPoint("x", "ngram", 4, 10.2, 2.0, 196.0, verify_ms=10.2),
+        TrialPoint("y", "none", 0, 7.0, 1.0, 142.9, verify_ms=7.0),
+    ]
     m = fit(pts)
     assert abs(m.b) < 1e-3 and m.a["x"] == pytest.approx(10.1, abs=1e-2) and m.a["y"] == pytest.approx(7.0, abs=1e-2)
     assert m.verify_ms("x", 0) == pytest.approx(10.1, abs=1e-2)
@@ -104,8 +110,10 @@ def test_what_if_tp():
 
 
 def test_interconnect_what_if_from_a_bench_table():
-    rows = [{"backend": "nccl", "env": "NCCL_P2P_DISABLE=1", "mode": "graph", "size_bytes": s, "time_us": t}
-            for s, t in ((8192, 10.0), (32768, 40.0))]
+    rows = [
+        {"backend": "nccl", "env": "NCCL_P2P_DISABLE=1", "mode": "graph", "size_bytes": s, "time_us": t}
+        for s, t in ((8192, 10.0), (32768, 40.0))
+    ]
     assert latency_us(rows, "nccl", "NCCL_P2P_DISABLE=1", 8192) == pytest.approx(10.0)
     assert latency_us(rows, "nccl", "NCCL_P2P_DISABLE=1", 16384) == pytest.approx(20.0)  # log-log: a power law
     assert latency_us(rows, "symm_mem", "default", 8192) is None
@@ -129,13 +137,18 @@ def lat(setup, size):
 
 
 def table(scale=1.0, mode="eager", envs=LAT, symm=True):
-    rows = [{"backend": "nccl", "env": e, "mode": mode, "size_bytes": s, "time_us": scale * lat(v, s), "tp": 2}
-            for e, v in envs.items() for s in SIZES]
+    rows = [
+        {"backend": "nccl", "env": e, "mode": mode, "size_bytes": s, "time_us": scale * lat(v, s), "tp": 2}
+        for e, v in envs.items()
+        for s in SIZES
+    ]
     # graph rows of the same setups, 10x faster: picking the wrong mode would be visible
     rows += [{**r, "mode": "graph" if mode == "eager" else "eager", "time_us": r["time_us"] / 10} for r in rows]
     if symm:
-        rows += [{"backend": "symm_mem", "env": "default", "mode": mode, "size_bytes": s, "time_us": scale * lat(SYMM, s), "tp": 2}
-                 for s in SIZES]
+        rows += [
+            {"backend": "symm_mem", "env": "default", "mode": mode, "size_bytes": s, "time_us": scale * lat(SYMM, s), "tp": 2}
+            for s in SIZES
+        ]
     return rows
 
 
@@ -157,8 +170,9 @@ def bench_points(envs=TRIED, ks=(0, 1, 3, 5), noise=0.0, seed=0):
             verify = (A0 + B0 * (k + 1) + comm) * (1 + noise * rng.standard_normal())
             draft, tau = 0.05 * k, 1.0 + 0.3 * k
             step = verify + draft + (0.3 if k else 0.1)
-            out.append(TrialPoint(env, kind, k, step, tau, tau * 1000 / step, verify_ms=verify, draft_ms=draft,
-                                  tp=2, comm_ms=comm, trial=len(out)))
+            out.append(
+                TrialPoint(env, kind, k, step, tau, tau * 1000 / step, verify_ms=verify, draft_ms=draft, tp=2, comm_ms=comm, trial=len(out))
+            )
     return out
 
 
@@ -287,8 +301,15 @@ def test_parse_env_splits_family_and_settings():
 def test_every_trial_is_predicted_or_named():
     # every trial has its own NCCL combination (the tp8-pcie case): none shares a setup with another,
     # yet each is predicted from the family's base and the other trials' corrections, exactly (additive truth)
-    combos = [(), ("NCCL_PROTO=LL",), ("NCCL_ALGO=Tree",), ("NCCL_ALGO=Tree", "NCCL_PROTO=LL"), ("NCCL_PROTO=Simple", "NCCL_ALGO=Ring"),
-              ("NCCL_PROTO=LL", "NCCL_ALGO=Ring"), ("NCCL_ALGO=Tree", "NCCL_PROTO=Simple")]
+    combos = [
+        (),
+        ("NCCL_PROTO=LL",),
+        ("NCCL_ALGO=Tree",),
+        ("NCCL_ALGO=Tree", "NCCL_PROTO=LL"),
+        ("NCCL_PROTO=Simple", "NCCL_ALGO=Ring"),
+        ("NCCL_PROTO=LL", "NCCL_ALGO=Ring"),
+        ("NCCL_ALGO=Tree", "NCCL_PROTO=Simple"),
+    ]
     lone = TrialPoint("tp4 gloo", "ngram", 2, 9.0, 2.0, 222.0, verify_ms=8.7, tp=4, trial=99)  # no other gloo trial
     pts = family_points(combos, extra=[lone])
     preds, missed = loo_predictions(pts)

@@ -1,6 +1,7 @@
 """Decode progress from inside a real Ray gang: verifier rank 0's hook (Verifier.on_progress) puts
 (tokens, seconds) into a Ray queue at most once per QueueProgress.every_s, and RayGang.run hands
 the latest to the driver's callback while it waits for the run."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """Noise-aware ranking (orchestrator/ranking.py), the noise-aware pruner, the fixed part of a resumed
 study (orchestrator/fixedpart.py) and the NCCL channel constraint of the space, on real Optuna
 studies (in memory) with known measurements."""
+
 from __future__ import annotations
 
 import math
@@ -22,9 +23,14 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 def done(k: int, kind: str, samples: list[float], tp: int = 2, inter: dict[int, float] | None = None):
     params = {"parallel.tp": tp, "spec.num_draft_tokens": k, "drafter.kind": kind}
-    return create_trial(state=TrialState.COMPLETE, value=sorted(samples)[len(samples) // 2],
-                        params={"drafter.kind": kind}, distributions={"drafter.kind": CategoricalDistribution(["none", "ngram", "layer_skip"])},
-                        user_attrs={PARAMS_ATTR: params, SAMPLES_ATTR: samples}, intermediate_values=inter or {})
+    return create_trial(
+        state=TrialState.COMPLETE,
+        value=sorted(samples)[len(samples) // 2],
+        params={"drafter.kind": kind},
+        distributions={"drafter.kind": CategoricalDistribution(["none", "ngram", "layer_skip"])},
+        user_attrs={PARAMS_ATTR: params, SAMPLES_ATTR: samples},
+        intermediate_values=inter or {},
+    )
 
 
 def study_of(*trials):
@@ -86,8 +92,15 @@ def test_the_fixed_part_names_what_must_not_change():
     base = fixed_part(cfg())
     assert [k for k, _, _ in differences(base, fixed_part(cfg(parallel__tp=1)))] == ["parallel.tp"]
     # budget, limits, tracking and the sampler may change; a searched parameter's YAML default is not fixed
-    assert differences(base, fixed_part(cfg(study__n_trials=50, limits__trial_timeout_s=5, tracking__uri="file:/x",
-                                            study__seed=3, drafter__kind="layer_skip"))) == []
+    assert (
+        differences(
+            base,
+            fixed_part(
+                cfg(study__n_trials=50, limits__trial_timeout_s=5, tracking__uri="file:/x", study__seed=3, drafter__kind="layer_skip")
+            ),
+        )
+        == []
+    )
     assert [k for k, _, _ in differences(base, fixed_part(cfg(drafter__num_draft_tokens=2)))] == ["drafter.num_draft_tokens"]
 
 
@@ -108,12 +121,24 @@ def test_a_resumed_study_with_another_fixed_part_is_refused():
 def test_nccl_min_channels_above_max_is_a_violation():
     c = cfg(parallel__backend="nccl", parallel__device="cuda")
     assert constraint_violation(resolve({"nccl.NCCL_MIN_NCHANNELS": 8, "nccl.NCCL_MAX_NCHANNELS": 2, "comm.backend": "nccl"}, c)) == (
-        "constraint: NCCL_MIN_NCHANNELS=8 is above NCCL_MAX_NCHANNELS=2 (min must be <= max); not run")
+        "constraint: NCCL_MIN_NCHANNELS=8 is above NCCL_MAX_NCHANNELS=2 (min must be <= max); not run"
+    )
     assert constraint_violation(resolve({"nccl.NCCL_MIN_NCHANNELS": 2, "nccl.NCCL_MAX_NCHANNELS": 2, "comm.backend": "nccl"}, c)) is None
     assert constraint_violation(resolve({"nccl.NCCL_MIN_NCHANNELS": 8}, c)) is None  # no max: NCCL's own default
     # a space where no trial can satisfy it is refused before anything runs; one where some can is fine
-    never = c.model_copy(update={"search": c.search.model_validate(
-        {"space": {"comm.backend": "nccl", "nccl.NCCL_MIN_NCHANNELS": {"choices": [8, 16]}, "nccl.NCCL_MAX_NCHANNELS": {"choices": [2, 4]}}})})
+    never = c.model_copy(
+        update={
+            "search": c.search.model_validate(
+                {
+                    "space": {
+                        "comm.backend": "nccl",
+                        "nccl.NCCL_MIN_NCHANNELS": {"choices": [8, 16]},
+                        "nccl.NCCL_MAX_NCHANNELS": {"choices": [2, 4]},
+                    }
+                }
+            )
+        }
+    )
     with pytest.raises(UserError, match="search.space.nccl.NCCL_MIN_NCHANNELS: every value is above"):
         check_constraints(never)
     check_constraints(load_config(Path(__file__).parents[1] / "experiments" / "tp8-pcie.yaml"))
@@ -125,9 +150,13 @@ def test_a_constraint_violating_trial_is_recorded_pruned_and_never_run(tmp_path)
     from orchestrator.tracking import Tracker
     from orchestrator.trial import run_trial
 
-    c = ExperimentConfig.model_validate({
-        "name": "x", "parallel": {"tp": 2, "device": "cuda", "backend": "nccl"},
-        "search": {"space": {"nccl.NCCL_MIN_NCHANNELS": {"choices": [8]}, "nccl.NCCL_MAX_NCHANNELS": {"choices": [2]}}}})
+    c = ExperimentConfig.model_validate(
+        {
+            "name": "x",
+            "parallel": {"tp": 2, "device": "cuda", "backend": "nccl"},
+            "search": {"space": {"nccl.NCCL_MIN_NCHANNELS": {"choices": [8]}, "nccl.NCCL_MAX_NCHANNELS": {"choices": [2]}}},
+        }
+    )
     study = optuna.create_study(direction="maximize")
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "x", "x", tmp_path, study=study)
     trial = study.ask()

@@ -1,5 +1,6 @@
 """`ray job submit` against the head that infra/services.sh starts (with MLflow and
 optuna-dashboard): the study runs as a Ray job, streams its progress, and `stop` leaves no process."""
+
 from __future__ import annotations
 
 import os
@@ -38,10 +39,28 @@ def test_ray_job_submit_streams_a_study(tmp_path, tiny_ckpt):
         env = _env_file(state / "env")
         exp = tiny_experiment(tmp_path, tiny_ckpt, study={"n_trials": 2, "sampler": "random", "seed": 0, "pruner": "none"})
         job = subprocess.run(
-            [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", env["RAY_ADDRESS"], "--working-dir", str(ROOT),
-             "--", "spectune", "run", str(exp), "--set", f"tracking.uri={env['MLFLOW_TRACKING_URI']}",
-             "--set", f"study.storage={env['SPECTUNE_STORAGE']}"],
-            capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": env["RAY_AUTH_MODE"]},
+            [
+                str(Path(sys.executable).parent / "ray"),
+                "job",
+                "submit",
+                "--address",
+                env["RAY_ADDRESS"],
+                "--working-dir",
+                str(ROOT),
+                "--",
+                "spectune",
+                "run",
+                str(exp),
+                "--set",
+                f"tracking.uri={env['MLFLOW_TRACKING_URI']}",
+                "--set",
+                f"study.storage={env['SPECTUNE_STORAGE']}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+            env={**os.environ, "RAY_AUTH_MODE": env["RAY_AUTH_MODE"]},
         )
         # services.sh waits for the head's job agent; a job server under heavy load may still ask to retry
         assert "No available agent" not in job.stderr, "services.sh returned before the job agent was ready"

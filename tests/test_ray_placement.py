@@ -4,6 +4,7 @@ stands in for GPUs, so the placement group, the actors' assigned instances and t
 
     .venv/bin/python -m pytest tests/test_ray_placement.py
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,9 @@ def fake_gpu_ray():
     if ray.is_initialized():
         pytest.skip("another Ray is connected in this process")
     os.environ["RAY_custom_unit_instance_resources"] = "fake_gpu"  # instance ids, as GPUs have
-    ray.init(address="local", num_cpus=2, resources={"fake_gpu": 2}, include_dashboard=False, _temp_dir=ray_temp_dir(),
-             logging_level="ERROR")
+    ray.init(
+        address="local", num_cpus=2, resources={"fake_gpu": 2}, include_dashboard=False, _temp_dir=ray_temp_dir(), logging_level="ERROR"
+    )
     try:
         yield ray
     finally:

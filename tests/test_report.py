@@ -4,6 +4,7 @@ accepted length against breakeven and the runner-up; the trials table; time per 
 HTML report that headless Chromium renders with its charts and that fits a laptop screen without
 sideways scrolling; the same files and charts on the study's parent MLflow run, whose trial runs
 are named by the same configuration labels. Also the noise-aware objective."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,9 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     assert f"best: trial {best.number}" in r.stdout
     facts = json.loads((out / "summary.json").read_text())
     rows = facts["trials"]
-    assert [row["number"] for row in rows] == [t.number for t in sorted(study.trials, key=lambda t: -(t.value or -1))
-                                               if t.state.name == "COMPLETE"]
+    assert [row["number"] for row in rows] == [
+        t.number for t in sorted(study.trials, key=lambda t: -(t.value or -1)) if t.state.name == "COMPLETE"
+    ]
     # the verdict: winner by configuration, accepted length against its breakeven (or why no drafter paid), runner-up
     verdict = " ".join(facts["verdict"])
     assert verdict.startswith(f"{facts['best_label']} wins (trial {best.number})") and verdict in r.stdout
@@ -91,9 +93,23 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     page = out / "report.html"
     chromium = _chromium()
     assert chromium, "headless Chromium is needed (infra/test.sh installs Debian's chromium)"
-    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                          "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chrome'}",
-                          "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'chrome'}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dom.returncode == 0, dom.stderr[-1000:]
     for chart in ("objective", "per_token", "breakeven", "throughput_k"):  # embedded, each with its caption
         assert f'id="plot-{chart}"><img alt="{chart}" src="data:image/png;base64,' in dom.stdout
@@ -103,17 +119,50 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     assert 'id="model-predictions"' in dom.stdout and dom.stdout.count("<tr>") >= 1 + len(held_out)
     # fits a laptop screen: the laid-out page is no wider than a 1366-pixel window
     probe = tmp_path / "probe.html"
-    probe.write_text(page.read_text().replace("</body>", "<script>addEventListener('load', () => {document.title = "
-                                              "'width ' + document.documentElement.scrollWidth + ' of ' + innerWidth;});</script></body>"))
-    laid = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
-                           f"--user-data-dir={tmp_path / 'chrome3'}", "--window-size=1366,768", "--virtual-time-budget=5000",
-                           "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    probe.write_text(
+        page.read_text().replace(
+            "</body>",
+            "<script>addEventListener('load', () => {document.title = "
+            "'width ' + document.documentElement.scrollWidth + ' of ' + innerWidth;});</script></body>",
+        )
+    )
+    laid = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'chrome3'}",
+            "--window-size=1366,768",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            probe.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     width, window = map(int, laid.stdout.split("<title>width ")[1].split("</title>")[0].split(" of "))
     assert window == 1366 and width <= window, (width, window)
     shot = tmp_path / "report.png"
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                    "--no-first-run", f"--user-data-dir={tmp_path / 'chrome2'}", f"--screenshot={shot}",
-                    "--window-size=1000,1400", page.as_uri()], capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'chrome2'}",
+            f"--screenshot={shot}",
+            "--window-size=1000,1400",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+    )
     assert shot.exists() and shot.stat().st_size > 10_000  # a rendered page, not a blank one
 
     _check_bench_term(tmp_path, exp, home, tiny_ckpt, study)
@@ -143,8 +192,17 @@ def _check_bench_term(tmp_path, exp, home, ckpt, study):
     per_allreduce_us = float(np.median([t.user_attrs["comm_ms_per_step"] * 1e3 / rounds for t in done]))
 
     def write(name, scale):
-        rows = [{"backend": "gloo", "env": "default", "mode": "eager", "size_bytes": (k + 1) * args.dim * 4,
-                 "time_us": scale * per_allreduce_us, "tp": 2} for k in range(6)]
+        rows = [
+            {
+                "backend": "gloo",
+                "env": "default",
+                "mode": "eager",
+                "size_bytes": (k + 1) * args.dim * 4,
+                "time_us": scale * per_allreduce_us,
+                "tp": 2,
+            }
+            for k in range(6)
+        ]
         path = tmp_path / name
         path.write_text(json.dumps(rows))
         return path
@@ -171,10 +229,30 @@ def _check_bench_term(tmp_path, exp, home, ckpt, study):
 def _row(number, label, value, k, accept_len=1.0, step_ms=100.0, breakeven=None, mad=0.0, repeats=1, comm_fraction=0.4, within_noise=None):
     from orchestrator.report.rows import Row, per_token_split
 
-    r = Row(number=number, label=label, params={}, value=value, median=value + mad if repeats > 1 else None, mad=mad,
-            repeats=repeats, k=k, kind="ngram" if k else "plain", backend="gloo", env="tp2 gloo", tp=2, accept_len=accept_len,
-            decode_tok_s=None, step_ms=step_ms, verify_ms=step_ms * 0.8, draft_ms=step_ms * 0.1, comm_ms=step_ms * comm_fraction,
-            comm_fraction=comm_fraction, breakeven=breakeven, breakeven_source="measured", within_noise=within_noise)
+    r = Row(
+        number=number,
+        label=label,
+        params={},
+        value=value,
+        median=value + mad if repeats > 1 else None,
+        mad=mad,
+        repeats=repeats,
+        k=k,
+        kind="ngram" if k else "plain",
+        backend="gloo",
+        env="tp2 gloo",
+        tp=2,
+        accept_len=accept_len,
+        decode_tok_s=None,
+        step_ms=step_ms,
+        verify_ms=step_ms * 0.8,
+        draft_ms=step_ms * 0.1,
+        comm_ms=step_ms * comm_fraction,
+        comm_fraction=comm_fraction,
+        breakeven=breakeven,
+        breakeven_source="measured",
+        within_noise=within_noise,
+    )
     r.per_token = per_token_split(r.step_ms, r.verify_ms, r.draft_ms, r.comm_ms, r.accept_len)
     return r
 
@@ -187,8 +265,10 @@ def test_verdict_reads_like_one():
     close = _row(2, "ngram k=4 gloo tp2", 3.64, 4, accept_len=1.25, breakeven=1.2, within_noise=True)
     plain = _row(0, "plain gloo tp2", 2.90, 0, breakeven=1.0, comm_fraction=0.45)
     text = verdict([best, close, plain])
-    assert text[0] == "ngram k=6 gloo tp2 wins (trial 4): throughput_tok_s 3.70 tok/s (median 3.75 +- 0.05 MAD over 3 repeats), " \
-                      "1.28x plain decoding (2.90)."
+    assert (
+        text[0] == "ngram k=6 gloo tp2 wins (trial 4): throughput_tok_s 3.70 tok/s (median 3.75 +- 0.05 MAD over 3 repeats), "
+        "1.28x plain decoding (2.90)."
+    )
     assert text[1].startswith("It accepts 1.31 tokens a step where this setup breaks even at 1.26") and "+4% to spare" in text[1]
     assert text[2].startswith("Allreduce is 38% of its step (plain decoding: 45%)")
     assert within_noise(best, close) and "within noise" in text[3] and "ngram k=4 gloo tp2 (trial 2)" in text[3]

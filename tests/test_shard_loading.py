@@ -4,6 +4,7 @@ the part, and a random model's parts equal the same parts of the full random mod
 
     .venv/bin/python -m pytest tests/test_shard_loading.py
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ def _params(model) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def uneven_ckpt(tmp_path_factory):
     """6 query / 3 KV heads (a KV head shared by two ranks at TP 4), q/k/v biases, tied embeddings."""
-    cfg = tiny_config(model_type="qwen2", num_attention_heads=6, num_key_value_heads=3, hidden_size=96,
-                      tie_word_embeddings=True, vocab_size=512)
+    cfg = tiny_config(
+        model_type="qwen2", num_attention_heads=6, num_key_value_heads=3, hidden_size=96, tie_word_embeddings=True, vocab_size=512
+    )
     return write_random_checkpoint(tmp_path_factory.mktemp("uneven"), cfg, seed=7)
 
 

@@ -1,4 +1,5 @@
 """The real demo model end to end: SmolLM2-135M-Instruct, bundled Spec-Bench prompts."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_ngram_on_summarization_accepts_more_than_1_3(smollm2):
-    out = decode(DecodeOptions(model="smollm2-135m", tp=1, drafter="ngram", num_draft_tokens=4,
-                               categories=["summarization"], num_prompts=4, max_new_tokens=48))
+    out = decode(
+        DecodeOptions(
+            model="smollm2-135m", tp=1, drafter="ngram", num_draft_tokens=4, categories=["summarization"], num_prompts=4, max_new_tokens=48
+        )
+    )
     assert out["outputs_match_baseline"] == 1
     assert out["accept_len_mean"] > 1.3, out["accept_len_mean"]
     assert "summarization" in out["per_category"]
@@ -18,8 +22,18 @@ def test_ngram_on_summarization_accepts_more_than_1_3(smollm2):
 
 
 def test_layer_skip_at_tp2_is_lossless(smollm2):
-    out = decode(DecodeOptions(model="smollm2-135m", tp=2, drafter="layer_skip", draft_layers=12, num_draft_tokens=3,
-                               per_category=1, num_prompts=2, max_new_tokens=24))
+    out = decode(
+        DecodeOptions(
+            model="smollm2-135m",
+            tp=2,
+            drafter="layer_skip",
+            draft_layers=12,
+            num_draft_tokens=3,
+            per_category=1,
+            num_prompts=2,
+            max_new_tokens=24,
+        )
+    )
     assert out["outputs_match_baseline"] == 1
     assert out["allreduce_per_step"] == 60  # 30 layers x (attention + MLP)
     assert 0 < out["comm_fraction"] < 1

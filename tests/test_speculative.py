@@ -1,6 +1,7 @@
 """Speculative decoding through a real gang of processes (gloo): lossless under greedy decoding
 for every drafter and depth, exact acceptance when the drafter is the verifier itself, and
 reproducible sampling."""
+
 from __future__ import annotations
 
 import pytest
@@ -89,8 +90,7 @@ def test_ngram_inside_verifier_ranks_equals_ngram_process(tiny_ckpt, temperature
         assert spec.world_size == (3 if actor else 2)
         with LocalGang(spec, timeout_s=300) as gang:
             gang.setup()
-            runs[actor] = gang.run(Workload(prompts=prompts, max_new_tokens=36, num_draft_tokens=3,
-                                            temperature=temperature, seed=5))
+            runs[actor] = gang.run(Workload(prompts=prompts, max_new_tokens=36, num_draft_tokens=3, temperature=temperature, seed=5))
     inline, actor = runs[False], runs[True]
     assert [p.tokens for p in inline.prompts] == [p.tokens for p in actor.prompts]
     assert [(p.steps, p.accepted) for p in inline.prompts] == [(p.steps, p.accepted) for p in actor.prompts]
@@ -110,7 +110,6 @@ def test_eos_stops_generation(tiny_ckpt):
     first = base.prompts[0].tokens
     assert first[-1] == eos and first.count(eos) == 1 and len(first) <= 11
     assert [p.tokens for p in spec_run.prompts] == [p.tokens for p in base.prompts]
-
 
 
 _AGREEMENT_RANK = """
@@ -142,8 +141,15 @@ def test_ranks_deciding_alone_must_agree(tmp_path, differ):
     import sys
 
     tokens = ["5,9,2,7", "5,9,2,8" if differ else "5,9,2,7"]
-    procs = [subprocess.Popen([sys.executable, "-c", _AGREEMENT_RANK, str(r), str(tmp_path / "init"), tokens[r]],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _AGREEMENT_RANK, str(r), str(tmp_path / "init"), tokens[r]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     done = [p.communicate(timeout=120) for p in procs]
     outs = [out.strip() for out, _ in done]
     assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in done]

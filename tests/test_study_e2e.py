@@ -1,5 +1,6 @@
 """The main job end to end: real Ray (embedded local cluster), real SQLite Optuna storage, real
 MLflow (a `mlflow server` process, and a SQLite store), a drafter actor beside the TP 2 gang."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,19 @@ import pytest
 from studyutil import mlflow_runs, optuna_study, processes_mentioning, spectune, summary, tiny_experiment
 
 CONTRACT_PARAMS = ("spec.num_draft_tokens", "comm.backend", "parallel.tp", "drafter.kind")
-CONTRACT_METRICS = ("throughput_tok_s", "accept_len_mean", "step_ms_p50", "step_ms_p90", "verify_ms_p50", "draft_ms_p50",
-                    "comm_ms_per_step", "comm_fraction", "speedup_vs_baseline", "outputs_match_baseline", "setup_s")
+CONTRACT_METRICS = (
+    "throughput_tok_s",
+    "accept_len_mean",
+    "step_ms_p50",
+    "step_ms_p90",
+    "verify_ms_p50",
+    "draft_ms_p50",
+    "comm_ms_per_step",
+    "comm_fraction",
+    "speedup_vs_baseline",
+    "outputs_match_baseline",
+    "setup_s",
+)
 
 
 def _free_port() -> int:
@@ -34,9 +46,23 @@ def mlflow_server(tmp_path):
     port = _free_port()
     bin_dir = Path(sys.executable).parent
     proc = subprocess.Popen(
-        [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow-server.db'}", "--artifacts-destination", str(tmp_path / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            str(bin_dir / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'mlflow-server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -57,8 +83,19 @@ def mlflow_server(tmp_path):
 def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
     exp = tiny_experiment(tmp_path, tiny_ckpt)
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    r = spectune(["run", str(exp), "--set", f"tracking.uri={mlflow_server}", "--set", f"study.storage={storage}",
-                  "--set", "study.bench_allreduce=true"], tmp_path / "home")
+    r = spectune(
+        [
+            "run",
+            str(exp),
+            "--set",
+            f"tracking.uri={mlflow_server}",
+            "--set",
+            f"study.storage={storage}",
+            "--set",
+            "study.bench_allreduce=true",
+        ],
+        tmp_path / "home",
+    )
     out = summary(r)
     assert out["complete"] == 4
     assert "[4/4]" in r.stderr and "rank trial" in r.stderr  # progress lines and the final table
@@ -76,7 +113,9 @@ def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
     # the baseline's tokens and margins (for near-tie verdicts): an artifact of its run, not a user attr
     assert not any("spectune.baseline_outputs" in t.user_attrs for t in trials)
     with tempfile.TemporaryDirectory() as tmp:
-        path = MlflowClient(tracking_uri=mlflow_server).download_artifacts(complete[0].user_attrs["mlflow_run_id"], "baseline_outputs.json", tmp)
+        path = MlflowClient(tracking_uri=mlflow_server).download_artifacts(
+            complete[0].user_attrs["mlflow_run_id"], "baseline_outputs.json", tmp
+        )
         recorded = json.loads(open(path).read())
     assert [len(m) for m in recorded["margins"]] == [len(t) for t in recorded["tokens"]] and recorded["tokens"]
 
@@ -138,9 +177,13 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     import json
     import statistics
 
-    exp = tiny_experiment(tmp_path, tiny_ckpt, drafter={"kind": "ngram", "layers": 1, "num_draft_tokens": 2},
-                          search={"space": {"drafter.kind": {"choices": ["ngram", "layer_skip"]}}},
-                          study={"n_trials": 2, "sampler": "random", "seed": 1})
+    exp = tiny_experiment(
+        tmp_path,
+        tiny_ckpt,
+        drafter={"kind": "ngram", "layers": 1, "num_draft_tokens": 2},
+        search={"space": {"drafter.kind": {"choices": ["ngram", "layer_skip"]}}},
+        study={"n_trials": 2, "sampler": "random", "seed": 1},
+    )
     home = tmp_path / "home"
     storage, tracking = f"sqlite:///{home / 'optuna.db'}", f"sqlite:///{home / 'mlflow.db'}"
     out = summary(spectune(["run", str(exp)], home))
@@ -159,9 +202,13 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     for t in spec:
         m = by_id[t.user_attrs["mlflow_run_id"]].data.metrics
         assert m["outputs_match_baseline"] == 1 and m["speedup_vs_baseline"] != 1
-        assert m["speedup_vs_baseline"] == pytest.approx(t.user_attrs["throughput_median"] / statistics.median(samples), rel=1e-3)  # 4 digits
+        assert m["speedup_vs_baseline"] == pytest.approx(
+            t.user_attrs["throughput_median"] / statistics.median(samples), rel=1e-3
+        )  # 4 digits
     for r in runs:  # fixed and searched alike: the compare view lines them up
-        assert {"model.path", "parallel.device", "parallel.tp", "comm.backend", "spec.num_draft_tokens", "drafter.kind"} <= set(r.data.params)
+        assert {"model.path", "parallel.device", "parallel.tp", "comm.backend", "spec.num_draft_tokens", "drafter.kind"} <= set(
+            r.data.params
+        )
     ranking = out["ranking"]
     assert ranking["noise_rel"] > 0 and 0 in ranking["noise_from_trials"] and ranking["verdict"]
     assert sorted(n for c in ranking["configs"] for n in c["trials"]) == sorted(t.number for t in complete)
@@ -172,8 +219,9 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     line = other_tp.stderr.strip().splitlines()[-1]
     assert line.startswith("spectune: error: parallel.tp: differ from the study 'tiny-study'") and "study.name" in line
 
-    failing = spectune(["run", str(exp), "--set", "study.n_trials=4", "--set", "limits.trial_timeout_s=0.001",
-                        "--set", "study.max_failed_trials=1"], home)
+    failing = spectune(
+        ["run", str(exp), "--set", "study.n_trials=4", "--set", "limits.trial_timeout_s=0.001", "--set", "study.max_failed_trials=1"], home
+    )
     assert failing.returncode == 2 and "1 trials failed in this run" in failing.stderr, failing.stderr[-2000:]
     trials = optuna_study(storage, "tiny-study").trials
     assert [t.state.name for t in trials].count("FAIL") == 1 and [t.state.name for t in trials].count("COMPLETE") == 2

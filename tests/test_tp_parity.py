@@ -1,4 +1,5 @@
 """Sharded logits (gloo, one process per rank) equal the unsharded model's and transformers'."""
+
 from __future__ import annotations
 
 import pytest

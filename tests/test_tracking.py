@@ -2,6 +2,7 @@
 MLflow 3's training-runs view, runs named by configuration, PRUNED / FAIL trials with their own
 status and reason tag, the experiment's settings among the params, metrics to 4 significant digits.
 And the console's live line, on a pipe and on a real pseudo-terminal."""
+
 from __future__ import annotations
 
 import io
@@ -25,17 +26,30 @@ SPACE = {"spec.num_draft_tokens": {"choices": [0, 6]}}
 
 def _cfg(tmp_path):
     path = tmp_path / "exp.yaml"
-    path.write_text("name: tags\nmodel: {path: smollm2-135m}\nparallel: {tp: 2}\nworkload: {num_prompts: 3, max_new_tokens: 16}\n"
-                    "search: {space: {spec.num_draft_tokens: {choices: [0, 6]}}}\n")
+    path.write_text(
+        "name: tags\nmodel: {path: smollm2-135m}\nparallel: {tp: 2}\nworkload: {num_prompts: 3, max_new_tokens: 16}\n"
+        "search: {space: {spec.num_draft_tokens: {choices: [0, 6]}}}\n"
+    )
     return load_config(str(path), [])
 
 
 def test_config_label_names_the_configuration():
-    assert config_label({"spec.num_draft_tokens": 6, "drafter.kind": "ngram", "comm.backend": "gloo", "parallel.tp": 2}) == "ngram k=6 gloo tp2"
-    assert config_label({"spec.num_draft_tokens": 0, "drafter.kind": "ngram", "comm.backend": "nccl", "parallel.tp": 8,
-                         "nccl.NCCL_PROTO": "LL"}) == "plain nccl PROTO=LL tp8"
-    assert config_label({"spec.num_draft_tokens": 2, "drafter.kind": "layer_skip", "drafter.layers": 8, "comm.backend": "gloo",
-                         "parallel.tp": 2}) == "layer_skip L=8 k=2 gloo tp2"
+    assert (
+        config_label({"spec.num_draft_tokens": 6, "drafter.kind": "ngram", "comm.backend": "gloo", "parallel.tp": 2})
+        == "ngram k=6 gloo tp2"
+    )
+    assert (
+        config_label(
+            {"spec.num_draft_tokens": 0, "drafter.kind": "ngram", "comm.backend": "nccl", "parallel.tp": 8, "nccl.NCCL_PROTO": "LL"}
+        )
+        == "plain nccl PROTO=LL tp8"
+    )
+    assert (
+        config_label(
+            {"spec.num_draft_tokens": 2, "drafter.kind": "layer_skip", "drafter.layers": 8, "comm.backend": "gloo", "parallel.tp": 2}
+        )
+        == "layer_skip L=8 k=2 gloo tp2"
+    )
 
 
 def test_rounded_keeps_four_significant_digits():
@@ -83,8 +97,10 @@ def test_live_line_on_a_pipe_is_throttled():
     live.update(4, "ngram k=6 gloo tp2", 1, 3, 24, 8.0)
     live.update(4, "ngram k=6 gloo tp2", 2, 3, 48, 16.0)  # within every_s: not printed
     live.update(4, "ngram k=6 gloo tp2", 3, 3, 72, 18.0, repeat=1, repeats=2, force=True)
-    assert out.getvalue().splitlines() == ["  trial 4 ngram k=6 gloo tp2: prompt 1 of 3, 24 tokens, 3.00 tok/s",
-                                           "  trial 4 ngram k=6 gloo tp2: prompt 3 of 3, repeat 2 of 2, 72 tokens, 4.00 tok/s"]
+    assert out.getvalue().splitlines() == [
+        "  trial 4 ngram k=6 gloo tp2: prompt 1 of 3, 24 tokens, 3.00 tok/s",
+        "  trial 4 ngram k=6 gloo tp2: prompt 3 of 3, repeat 2 of 2, 72 tokens, 4.00 tok/s",
+    ]
 
 
 def test_live_line_on_a_terminal_rewrites_itself():
@@ -103,5 +119,14 @@ def test_live_line_on_a_terminal_rewrites_itself():
 
 def test_experiment_params_hold_model_and_workload(tmp_path):
     p = experiment_params(_cfg(tmp_path))
-    assert {"model.path", "model.dtype", "parallel.tp", "parallel.device", "comm.backend", "workload.prompts",
-            "workload.num_prompts", "workload.max_new_tokens", "workload.repeats"} <= set(p)
+    assert {
+        "model.path",
+        "model.dtype",
+        "parallel.tp",
+        "parallel.device",
+        "comm.backend",
+        "workload.prompts",
+        "workload.num_prompts",
+        "workload.max_new_tokens",
+        "workload.repeats",
+    } <= set(p)

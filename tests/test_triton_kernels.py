@@ -2,6 +2,7 @@
 made or refused with a reason; every kernel built for Hopper (sm_90) without a GPU; and the GEMV
 bench's shapes. The kernels' numerics are tests/test_kernels_*.py (CPU: Triton's interpreter).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,14 +31,30 @@ def test_attention_choice_and_refusals():
 
 
 def test_decode_refuses_triton_attention_on_cpu():
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "decode", "--model", "random:llama-3.2-1b:layers=1",
-                        "--num-prompts", "1", "--max-new-tokens", "2", "--attention", "triton"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "decode",
+            "--model",
+            "random:llama-3.2-1b:layers=1",
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "2",
+            "--attention",
+            "triton",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "--attention triton" in r.stderr
 
 
-_HOPPER_COMPILE = r'''
+_HOPPER_COMPILE = r"""
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -76,7 +93,7 @@ for split, swiglu, bias in ((1, False, True), (4, False, False), (1, True, False
 rw_strides = {k: "i32" for k in ("sxb", "sxt", "scb", "sct", "ssb", "sst", "sqb", "sqh", "sqt", "skb", "skh", "sks", "svb", "svh", "svs")}
 build(da._rope_write, {"QKV": "*bf16", "COS": "*bf16", "SIN": "*bf16", "POS": "*i64", "QOUT": "*bf16", "KC": "*bf16", "VC": "*bf16",
                        "T": "i32", "NQ": "i32", "NKV": "i32", **rw_strides}, {"HALF": 64})
-'''
+"""
 
 
 def test_kernels_compile_for_hopper():
@@ -112,8 +129,12 @@ def test_gemv_bench_times_the_shapes_a_rank_runs(tmp_path, tp, heads, kv_heads):
     fast = FusedStep(model, EngineConfig(compile=False))
     wqkv, _, wgu = fast.merged[0]
     layer = model.layers[0]
-    got = {"qkv": tuple(wqkv.shape), "o": tuple(layer.self_attn.o_proj.weight.shape), "gate_up": tuple(wgu.shape),
-           "down": tuple(layer.mlp.down_proj.weight.shape)}
+    got = {
+        "qkv": tuple(wqkv.shape),
+        "o": tuple(layer.self_attn.o_proj.weight.shape),
+        "gate_up": tuple(wgu.shape),
+        "down": tuple(layer.mlp.down_proj.weight.shape),
+    }
     assert {role: (n, k) for role, (n, k, _) in step_shapes(cfg, tp).items()} == got
     if not torch.cuda.is_available():
         r = subprocess.run([sys.executable, "-m", "workers.kernels.gemv", "--bench"], capture_output=True, text=True, timeout=120)

@@ -1,5 +1,6 @@
 """Rejection sampling keeps the verifier's distribution (chi-square over many draws on a small
 vocabulary), and the same test catches a deliberately biased acceptance rule."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Plain data passed from the driver to the workers and back (picklable; no Ray, no Optuna)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -129,5 +130,9 @@ class RunResult:
             stats.steps.extend(p.stats.steps)
             stats.tokens += p.stats.tokens
             stats.seconds += p.stats.seconds
-        return cls(prompts=[r for p in parts for r in p.prompts], stats=stats, num_draft_tokens=parts[0].num_draft_tokens,
-                   ablation=parts[-1].ablation)
+        return cls(
+            prompts=[r for p in parts for r in p.prompts],
+            stats=stats,
+            num_draft_tokens=parts[0].num_draft_tokens,
+            ablation=parts[-1].ablation,
+        )

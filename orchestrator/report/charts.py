@@ -1,11 +1,12 @@
 """The report's charts (matplotlib, PNG bytes), each labelled by configuration:
 
-    objective      throughput_tok_s per trial, with its noise band, winner highlighted
-    per_token      ms per generated token: draft / verify compute / allreduce / rest
-    breakeven      accepted length against breakeven, per drafter and k (why a config wins or loses)
-    throughput_k   throughput_tok_s against k, per drafter and allreduce setup
-    model          the performance model's held-out predictions (decode tok/s)
+objective      throughput_tok_s per trial, with its noise band, winner highlighted
+per_token      ms per generated token: draft / verify compute / allreduce / rest
+breakeven      accepted length against breakeven, per drafter and k (why a config wins or loses)
+throughput_k   throughput_tok_s against k, per drafter and allreduce setup
+model          the performance model's held-out predictions (decode tok/s)
 """
+
 from __future__ import annotations
 
 import io
@@ -55,8 +56,10 @@ def objective_chart(rows: list[Row]) -> bytes:
     ax.set_yticks(ys, [f"{r.label}  (#{r.number})" for r in shown], fontsize=8)
     for y, r in zip(ys, shown):
         ax.text(r.band[1], y, f" {r.value:.2f}", va="center", fontsize=7)
-    ax.set(xlabel=f"{OBJECTIVE} (objective; whiskers: median +- MAD over repeats)",
-           title="trials by objective (winner orange, plain decoding grey)")
+    ax.set(
+        xlabel=f"{OBJECTIVE} (objective; whiskers: median +- MAD over repeats)",
+        title="trials by objective (winner orange, plain decoding grey)",
+    )
     ax.set_xlim(0, max(r.band[1] for r in shown) * 1.15)
     return png(fig)
 
@@ -75,8 +78,15 @@ def per_token_chart(rows: list[Row]) -> bytes | None:
         left = [a + b for a, b in zip(left, vals)]
     measured = [(y, 1000.0 / r.decode_tok_s) for y, r in zip(ys, shown) if r.decode_tok_s]
     if measured:
-        ax.scatter([m for _, m in measured], [y for y, _ in measured], marker="D", color="black", s=14, zorder=3,
-                   label="1000 / decode_tok_s (mean)")
+        ax.scatter(
+            [m for _, m in measured],
+            [y for y, _ in measured],
+            marker="D",
+            color="black",
+            s=14,
+            zorder=3,
+            label="1000 / decode_tok_s (mean)",
+        )
     ax.set_yticks(ys, [f"{r.label}  (#{r.number})" for r in shown], fontsize=8)
     ax.set(xlabel="ms per generated token (step p50 parts / accepted length)", title="where the time of one generated token goes")
     ax.legend(fontsize=7, loc="lower right", ncol=5)
@@ -97,22 +107,38 @@ def breakeven_chart(rows: list[Row], model) -> bytes | None:
     ks = sorted({r.k for r in spec})
     for kind in kinds:
         mine = sorted((r for r in spec if r.kind == kind), key=lambda r: r.k)
-        ax.scatter([r.k for r in mine], [r.accept_len for r in mine], color=colors[kind], s=28, zorder=3,
-                   label=f"{kind}: accepted length")
+        ax.scatter([r.k for r in mine], [r.accept_len for r in mine], color=colors[kind], s=28, zorder=3, label=f"{kind}: accepted length")
         if model is not None and kind in model.kinds:
             for env in model.envs:
-                ax.plot(ks, [model.breakeven(env, kind, k) for k in ks], "--", marker="_", ms=16, color=colors[kind], lw=1,
-                        label=f"{kind}: breakeven on {env} (model)")
+                ax.plot(
+                    ks,
+                    [model.breakeven(env, kind, k) for k in ks],
+                    "--",
+                    marker="_",
+                    ms=16,
+                    color=colors[kind],
+                    lw=1,
+                    label=f"{kind}: breakeven on {env} (model)",
+                )
         pts = sorted((r.k, r.breakeven) for r in mine if r.breakeven and r.breakeven_source == "measured")
         if pts:
-            ax.scatter([k for k, _ in pts], [b for _, b in pts], marker="x", color=colors[kind], s=30,
-                       label=f"{kind}: breakeven measured (step / plain step)")
+            ax.scatter(
+                [k for k, _ in pts],
+                [b for _, b in pts],
+                marker="x",
+                color=colors[kind],
+                s=30,
+                label=f"{kind}: breakeven measured (step / plain step)",
+            )
     best = rows[0]
     if best.k > 0:
         ax.annotate(f"winner: {best.label}", (best.k, best.accept_len), xytext=(6, 6), textcoords="offset points", fontsize=7)
     ax.axhline(1.0, color="#cccccc", lw=0.8)
-    ax.set(xlabel="k (draft tokens per step)", ylabel="tokens per step",
-           title="accepted length against breakeven: above the line, speculation pays")
+    ax.set(
+        xlabel="k (draft tokens per step)",
+        ylabel="tokens per step",
+        title="accepted length against breakeven: above the line, speculation pays",
+    )
     ax.set_xticks(ks)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     return png(fig)
@@ -132,9 +158,17 @@ def throughput_k_chart(rows: list[Row]) -> bytes:
         if env in plain:
             best_at.setdefault(0, plain[env])
         ks = sorted(best_at)
-        ax.errorbar(ks, [best_at[k].value for k in ks], marker="o", capsize=3, label=f"{kind} on {env}",
-                    yerr=[[best_at[k].value - min(best_at[k].band[0], best_at[k].value) for k in ks],
-                          [best_at[k].band[1] - best_at[k].value for k in ks]])
+        ax.errorbar(
+            ks,
+            [best_at[k].value for k in ks],
+            marker="o",
+            capsize=3,
+            label=f"{kind} on {env}",
+            yerr=[
+                [best_at[k].value - min(best_at[k].band[0], best_at[k].value) for k in ks],
+                [best_at[k].band[1] - best_at[k].value for k in ks],
+            ],
+        )
     for env, r in plain.items():
         ax.axhline(r.value, color=PLAIN, ls=":", lw=1)
         ax.text(0, r.value, f" plain {env}", fontsize=7, va="bottom", color="#555555")
@@ -156,13 +190,23 @@ def model_chart(preds, rows: list[Row]) -> bytes | None:
         ax.annotate(labels.get(p.trial, f"#{p.trial}"), (x, v), xytext=(3, 3), textcoords="offset points", fontsize=6)
     lim = [0, max(xs + ys) * 1.15]
     ax.plot(lim, lim, "k--", lw=1)
-    ax.set(xlim=lim, ylim=lim, xlabel="measured decode_tok_s", ylabel="predicted, trial left out of the fit",
-           title="performance model check (decode tok/s)")
+    ax.set(
+        xlim=lim,
+        ylim=lim,
+        xlabel="measured decode_tok_s",
+        ylabel="predicted, trial left out of the fit",
+        title="performance model check (decode tok/s)",
+    )
     return png(fig)
 
 
 def all_charts(rows: list[Row], model, preds) -> dict[str, bytes]:
     """name -> PNG bytes, in the order the report shows them (missing ones left out)."""
-    out = {"objective": objective_chart(rows), "per_token": per_token_chart(rows), "breakeven": breakeven_chart(rows, model),
-           "throughput_k": throughput_k_chart(rows), "model": model_chart(preds, rows)}
+    out = {
+        "objective": objective_chart(rows),
+        "per_token": per_token_chart(rows),
+        "breakeven": breakeven_chart(rows, model),
+        "throughput_k": throughput_k_chart(rows),
+        "model": model_chart(preds, rows),
+    }
     return {k: v for k, v in out.items() if v is not None}

@@ -16,6 +16,7 @@ interconnects (labelled as estimates), and the best configuration as a ready-to-
 The allreduce table is `--bench FILE` (a `spectune bench-allreduce --json` output), else the one
 `study.bench_allreduce` logged to the study's parent MLflow run, else none (every term fitted).
 """
+
 from __future__ import annotations
 
 import json
@@ -77,8 +78,9 @@ def interconnect_what_ifs(trial, comm: BenchComm, label: str) -> dict[str, str]:
         if lat is None:
             lat = latency_us(comm.rows, backend, env, size, "eager" if comm.mode == "graph" else "graph")
         if lat is not None and (est := what_if_interconnect(step, comm_ms, rounds, lat)) > 0:
-            out[f"estimate: {label} with its allreduces over {backend} {env} ({lat:.1f} us x {rounds:g} allreduces of {size} B)"] = \
+            out[f"estimate: {label} with its allreduces over {backend} {env} ({lat:.1f} us x {rounds:g} allreduces of {size} B)"] = (
                 f"step {est:.2f} ms, about {u.get('accept_len_mean', 1.0) * 1000 / est:.1f} decode tok/s"
+            )
     return out
 
 
@@ -125,13 +127,22 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
     base = next((r for r in rows if r.k == 0), None)
     by_number = {t.number: t for t in done}
     summary = {
-        "study": cfg.study_name, "objective": OBJECTIVE, "complete_trials": len(done), "best_trial": best.number,
-        "best_label": best.label, "best_value": best.value, "best_params": best.params,
-        "verdict": verdict(rows), "runners_up_within_noise": [r.number for r in rows[1:] if within_noise(best, r)],
+        "study": cfg.study_name,
+        "objective": OBJECTIVE,
+        "complete_trials": len(done),
+        "best_trial": best.number,
+        "best_label": best.label,
+        "best_value": best.value,
+        "best_params": best.params,
+        "verdict": verdict(rows),
+        "runners_up_within_noise": [r.number for r in rows[1:] if within_noise(best, r)],
         "trials": [{**asdict(r), "band": list(r.band)} for r in rows],
         "importances": importances,
-        "comm_fraction_baseline": base.comm_fraction if base else None, "comm_fraction_best": best.comm_fraction,
-        **facts, "breakeven": {}, "what_if": {},
+        "comm_fraction_baseline": base.comm_fraction if base else None,
+        "comm_fraction_best": best.comm_fraction,
+        **facts,
+        "breakeven": {},
+        "what_if": {},
     }
     if model is not None:
         ks = sorted({p.k for p in points if p.k > 0}) or [4]

@@ -1,5 +1,6 @@
 """The report as one self-contained HTML page (charts embedded as PNG data URIs) that fits a
 laptop screen: text wraps, tables and images shrink to the page width, nothing scrolls sideways."""
+
 from __future__ import annotations
 
 import base64
@@ -12,13 +13,13 @@ from orchestrator.report.verdict import OBJECTIVE_MEANS, verdict
 CAPTIONS = {
     "objective": f"Every complete trial by configuration, ranked by {OBJECTIVE}; whiskers span median +- MAD of its repeats.",
     "per_token": "Time per generated token, not per step: each part of the step (p50) divided by the tokens the step emits. "
-                 "A longer speculative step can still cost less per token. Diamonds: the measured mean, 1000 / decode_tok_s.",
+    "A longer speculative step can still cost less per token. Diamonds: the measured mean, 1000 / decode_tok_s.",
     "breakeven": "Why a configuration wins: speculation with k drafts beats plain decoding exactly when the accepted length "
-                 "(tokens a step emits) is above breakeven = its step time / the plain step time of the same setup.",
+    "(tokens a step emits) is above breakeven = its step time / the plain step time of the same setup.",
     "throughput_k": f"{OBJECTIVE} against the number of draft tokens, per drafter and allreduce setup (best trial at each k; "
-                    "k = 0 is plain decoding).",
+    "k = 0 is plain decoding).",
     "model": "The performance model predicts decode_tok_s (decode steps only, no prefill) of each trial from a fit on the other "
-             "trials; the dashed line is a perfect prediction.",
+    "trials; the dashed line is a perfect prediction.",
 }
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1080px;margin:1.5em auto;padding:0 1em;line-height:1.45;color:#222}
@@ -41,8 +42,10 @@ def _pct(x) -> str:
 
 
 def trials_table(rows: list[Row]) -> str:
-    head = (f'<tr><th>trial</th><th class="l">configuration</th><th>{OBJECTIVE}</th><th class="l">noise band: median &plusmn; MAD</th>'
-            "<th>accepted length</th><th>breakeven</th><th>comm fraction</th><th>ms per token</th><th>decode_tok_s</th></tr>")
+    head = (
+        f'<tr><th>trial</th><th class="l">configuration</th><th>{OBJECTIVE}</th><th class="l">noise band: median &plusmn; MAD</th>'
+        "<th>accepted length</th><th>breakeven</th><th>comm fraction</th><th>ms per token</th><th>decode_tok_s</th></tr>"
+    )
     body = []
     best = rows[0]
     for i, r in enumerate(rows):
@@ -51,20 +54,26 @@ def trials_table(rows: list[Row]) -> str:
         be = "" if r.breakeven is None else f"{r.breakeven:.2f}" + (" (model)" if r.breakeven_source == "model" else "")
         parts = f"<td>{sum(r.per_token.values()):.1f}</td>" if r.per_token else "<td></td>"
         dec = "" if r.decode_tok_s is None else f"{r.decode_tok_s:.2f}"
-        body.append(f'<tr data-trial="{r.number}" class="{"win" if i == 0 else ""}"><td>{r.number}</td><td class="l">{_e(r.label)}{tie}</td>'
-                    f"<td><b>{r.value:.2f}</b></td><td class=\"l\">{band}</td><td>{r.accept_len:.2f}</td><td>{be}</td><td>{_pct(r.comm_fraction)}</td>"
-                    f"{parts}<td>{dec}</td></tr>")
+        body.append(
+            f'<tr data-trial="{r.number}" class="{"win" if i == 0 else ""}"><td>{r.number}</td><td class="l">{_e(r.label)}{tie}</td>'
+            f'<td><b>{r.value:.2f}</b></td><td class="l">{band}</td><td>{r.accept_len:.2f}</td><td>{be}</td><td>{_pct(r.comm_fraction)}</td>'
+            f"{parts}<td>{dec}</td></tr>"
+        )
     return f'<table id="trials">{head}{"".join(body)}</table>'
 
 
 def predictions_table(s: dict, labels: dict[int, str]) -> str:
-    head = '<tr><th>trial</th><th class="l">configuration</th><th class="l">allreduce term</th><th>measured decode_tok_s</th>' \
-           '<th>predicted decode_tok_s</th><th>error</th><th class="l">note</th></tr>'
-    rows = "".join(f"<tr><td>{r['trial']}</td><td class=\"l\">{_e(labels.get(r['trial'], r['env']))}</td>"
-                   f"<td class=\"l\">{r['allreduce_term']}</td><td>{r['measured_tok_s']:.2f}</td>"
-                   f"<td>{r['predicted_tok_s']:.2f}</td><td>{r['rel_error']:+.1%}</td>"
-                   f"<td class=\"l\">{'' if r['drafter_in_fit'] else 'drafter in no other trial: draft time taken as 0'}</td></tr>"
-                   for r in s["model_loo_predictions"])
+    head = (
+        '<tr><th>trial</th><th class="l">configuration</th><th class="l">allreduce term</th><th>measured decode_tok_s</th>'
+        '<th>predicted decode_tok_s</th><th>error</th><th class="l">note</th></tr>'
+    )
+    rows = "".join(
+        f'<tr><td>{r["trial"]}</td><td class="l">{_e(labels.get(r["trial"], r["env"]))}</td>'
+        f'<td class="l">{r["allreduce_term"]}</td><td>{r["measured_tok_s"]:.2f}</td>'
+        f"<td>{r['predicted_tok_s']:.2f}</td><td>{r['rel_error']:+.1%}</td>"
+        f'<td class="l">{"" if r["drafter_in_fit"] else "drafter in no other trial: draft time taken as 0"}</td></tr>'
+        for r in s["model_loo_predictions"]
+    )
     err = s["model_loo_median_rel_error"]
     median = f"<p>median |error| {err:.1%} over {s['model_loo_trials']} held-out trials.</p>" if math.isfinite(err) else ""
     return f'<table id="model-predictions">{head}{rows}</table>{median}'
@@ -83,9 +92,11 @@ def _what_if(s: dict) -> str:
     if not s["what_if"]:
         return ""
     items = "".join(f"<li>{_e(k)}: <b>{_e(v)}</b></li>" for k, v in s["what_if"].items())
-    return ("<h2>What-if estimates (not measured)</h2><p class=\"note\">Extrapolations from this study's measured compute and "
-            "allreduce times, for setups it did not run; read them as orders of magnitude, not results.</p>"
-            f'<ul id="what-if">{items}</ul>')
+    return (
+        '<h2>What-if estimates (not measured)</h2><p class="note">Extrapolations from this study\'s measured compute and '
+        "allreduce times, for setups it did not run; read them as orders of magnitude, not results.</p>"
+        f'<ul id="what-if">{items}</ul>'
+    )
 
 
 def _verdict_html(rows: list[Row]) -> str:
@@ -101,8 +112,10 @@ def render(study: str, rows: list[Row], s: dict, snippet: str, charts: dict[str,
         if name not in charts:
             return ""
         data = base64.b64encode(charts[name]).decode()
-        return (f'<figure id="plot-{name}"><img alt="{name}" src="data:image/png;base64,{data}">'
-                f"<figcaption>{_e(CAPTIONS[name])}</figcaption></figure>")
+        return (
+            f'<figure id="plot-{name}"><img alt="{name}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_e(CAPTIONS[name])}</figcaption></figure>"
+        )
 
     labels = {r.number: r.label for r in rows}
     return f"""<!doctype html>

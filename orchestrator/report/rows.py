@@ -6,6 +6,7 @@ The noise band shown per row is median +- MAD of its repeats; whether a row is w
 best is the study's one rule (orchestrator/ranking.py: trials of one configuration pooled, noise
 estimated from every configuration measured twice), stored on the row as `within_noise`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -92,14 +93,26 @@ def rows_of(trials, cfg, model=None) -> list[Row]:
         repeats = int(u.get("repeats", 1))
         comm = float(u.get("comm_ms_per_step", 0.0) or 0.0) if tp > 1 else 0.0
         row = Row(
-            number=t.number, label=config_label({**label_defaults(cfg), **p}), params=dict(p),
-            value=float(t.value), median=u.get("throughput_median") if repeats > 1 else None,
-            mad=float(u.get("throughput_mad", 0.0)) if repeats > 1 else 0.0, repeats=repeats, k=k,
+            number=t.number,
+            label=config_label({**label_defaults(cfg), **p}),
+            params=dict(p),
+            value=float(t.value),
+            median=u.get("throughput_median") if repeats > 1 else None,
+            mad=float(u.get("throughput_mad", 0.0)) if repeats > 1 else 0.0,
+            repeats=repeats,
+            k=k,
             kind=str(p.get("drafter.kind", cfg.drafter.kind)) if k else "plain",
-            backend=str(p.get("comm.backend", cfg.parallel.backend)), env=env, tp=tp,
-            accept_len=float(u.get("accept_len_mean", 1.0)), decode_tok_s=u.get("decode_tok_s"),
-            step_ms=u.get("step_ms_p50"), verify_ms=u.get("verify_ms_p50"), draft_ms=float(u.get("draft_ms_p50", 0.0) or 0.0),
-            comm_ms=comm, comm_fraction=u.get("comm_fraction"), speedup=u.get("speedup_vs_baseline"),
+            backend=str(p.get("comm.backend", cfg.parallel.backend)),
+            env=env,
+            tp=tp,
+            accept_len=float(u.get("accept_len_mean", 1.0)),
+            decode_tok_s=u.get("decode_tok_s"),
+            step_ms=u.get("step_ms_p50"),
+            verify_ms=u.get("verify_ms_p50"),
+            draft_ms=float(u.get("draft_ms_p50", 0.0) or 0.0),
+            comm_ms=comm,
+            comm_fraction=u.get("comm_fraction"),
+            speedup=u.get("speedup_vs_baseline"),
         )
         row.per_token = per_token_split(row.step_ms, row.verify_ms, row.draft_ms, row.comm_ms, row.accept_len)
         rows.append(row)

@@ -1,9 +1,10 @@
 """Allreduce backends for the tensor-parallel verifier; `BACKENDS` maps a name to its class.
 
-    from workers.comm import make_allreduce, refusal
-    reason = refusal("nccl", gang)          # None if it can run, else one line why not
-    ar = make_allreduce("gloo", group, world_size)
+from workers.comm import make_allreduce, refusal
+reason = refusal("nccl", gang)          # None if it can run, else one line why not
+ar = make_allreduce("gloo", group, world_size)
 """
+
 from __future__ import annotations
 
 from workers.comm.base import AllReduce, GangInfo, NoOpAllReduce, validate, validate_add_norm

@@ -6,6 +6,7 @@ None) and keeps a call counter and, where timing is cheap (CPU), the seconds spe
 `validate(allreduce, rank, world)` checks a backend against a reference sum before a trial is
 measured.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,7 +43,7 @@ class AllReduce:
     name = "base"
     timed = True  # wall-clock timing per call (only meaningful where calls are synchronous)
     cuda_group = "gloo"  # torch.distributed backend of the TP group on GPUs (nccl where the backend
-                         # issues NCCL calls or needs an NCCL group for its rendezvous / fallback)
+    # issues NCCL calls or needs an NCCL group for its rendezvous / fallback)
     # add_norm is one kernel (a capability of the class, never changed on an instance: whether the
     # engine uses it is the engine's decision, workers/engine/fused_step.py)
     fuses_add_norm = False
@@ -77,8 +78,9 @@ class AllReduce:
             self._all_reduce(x)
         return x
 
-    def add_norm(self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_norm(
+        self, partial: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """s = residual + allreduce(partial) and rms_norm(s): a row-parallel output joining the
         residual stream and the next norm reading it. Backends that can do it in one kernel
         override this (and set `fuses_add_norm`); it counts as one allreduce call either way."""
@@ -150,7 +152,7 @@ def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.
     partial = ((rank + 1) * torch.randn(rows, hidden, generator=gen)).to(device=device, dtype=dtype)
     calls = allreduce.counters.calls
     want_s, want_n = AllReduce.add_norm(allreduce, partial.clone(), residual, weight, 1e-5)
-    tol = 1e-4 if dtype == torch.float32 else 2 ** -6  # relative; bf16 keeps 8 bits
+    tol = 1e-4 if dtype == torch.float32 else 2**-6  # relative; bf16 keeps 8 bits
 
     def wrong(got_s, got_n) -> str | None:
         for name, got, want in (("residual", got_s, want_s), ("norm", got_n, want_n)):
@@ -164,4 +166,3 @@ def validate_add_norm(allreduce: AllReduce, rank: int, hidden: int, dtype=torch.
     if why is not None:
         return f"allreduce backend {allreduce.name!r}: its fused add + norm differs from allreduce + add + norm ({why})"
     return None
-

@@ -7,6 +7,7 @@ one kernel (`one_shot_all_reduce_copy_out`), which CUDA graphs capture. A messag
 buffer falls back to NCCL on the same group. The capability check runs anywhere, so CPU gangs
 get a clear refusal.
 """
+
 from __future__ import annotations
 
 import torch

@@ -31,6 +31,7 @@ kernels: two kernels fewer per layer). `validate_add_norm` checks it against all
 The protocol is tested on simulated ranks in one process under Triton's CPU interpreter
 (tests/test_kernels_symm_mem_ll.py: `launch*` take `mode` = PUSH or REDUCE to run one half of a call).
 """
+
 from __future__ import annotations
 
 import torch
@@ -78,8 +79,22 @@ if triton is not None:
         return v
 
     @triton.jit
-    def _collect(own, PTRS, STATE, phase, rank, max_numel, offs, m, ty: tl.constexpr, WORLD: tl.constexpr,
-                 BLOCK: tl.constexpr, INT: tl.constexpr, SENT: tl.constexpr, MAX_SPINS: tl.constexpr):
+    def _collect(
+        own,
+        PTRS,
+        STATE,
+        phase,
+        rank,
+        max_numel,
+        offs,
+        m,
+        ty: tl.constexpr,
+        WORLD: tl.constexpr,
+        BLOCK: tl.constexpr,
+        INT: tl.constexpr,
+        SENT: tl.constexpr,
+        MAX_SPINS: tl.constexpr,
+    ):
         # wait for every peer's push into this rank's slots of this phase, sum them with this rank's
         # own partial `own` in float32 (rank order, so every rank gets the same bits: +0.0 + -0.0 and
         # +0.0 + +0.0 are both +0.0) and put the sentinel back
@@ -117,9 +132,21 @@ if triton is not None:
         return phase, offs, m, tl.where(x == 0.0, 0.0, x)
 
     @triton.jit
-    def _ll_allreduce(X, PTRS, STATE, n, max_numel, rank,
-                      WORLD: tl.constexpr, NPH: tl.constexpr, BLOCK: tl.constexpr, INT: tl.constexpr,
-                      SENT: tl.constexpr, MODE: tl.constexpr, MAX_SPINS: tl.constexpr):
+    def _ll_allreduce(
+        X,
+        PTRS,
+        STATE,
+        n,
+        max_numel,
+        rank,
+        WORLD: tl.constexpr,
+        NPH: tl.constexpr,
+        BLOCK: tl.constexpr,
+        INT: tl.constexpr,
+        SENT: tl.constexpr,
+        MODE: tl.constexpr,
+        MAX_SPINS: tl.constexpr,
+    ):
         phase, offs, m, x = _start_call(X, STATE, n, BLOCK)
         ty = X.dtype.element_ty
         if MODE != 2:  # not REDUCE alone (jit code reads no plain module globals)
@@ -130,9 +157,22 @@ if triton is not None:
             _finish_call(STATE, phase, NPH)
 
     @triton.jit
-    def _ll_all_gather(X, OUT, PTRS, STATE, n, max_numel, rank,
-                       WORLD: tl.constexpr, NPH: tl.constexpr, BLOCK: tl.constexpr, INT: tl.constexpr,
-                       SENT: tl.constexpr, MODE: tl.constexpr, MAX_SPINS: tl.constexpr):
+    def _ll_all_gather(
+        X,
+        OUT,
+        PTRS,
+        STATE,
+        n,
+        max_numel,
+        rank,
+        WORLD: tl.constexpr,
+        NPH: tl.constexpr,
+        BLOCK: tl.constexpr,
+        INT: tl.constexpr,
+        SENT: tl.constexpr,
+        MODE: tl.constexpr,
+        MAX_SPINS: tl.constexpr,
+    ):
         # the same push and wait, but rank src's elements land at OUT[src * n:] instead of adding up
         # (vocab-parallel logits: a -0.0 arrives as +0.0, which no softmax or argmax tells apart)
         phase, offs, m, x = _start_call(X, STATE, n, BLOCK)
@@ -151,9 +191,26 @@ if triton is not None:
             _finish_call(STATE, phase, NPH)
 
     @triton.jit
-    def _ll_allreduce_add_norm(X, RES, W, RES_OUT, NORM_OUT, PTRS, STATE, hidden, max_numel, rank, eps,
-                               WORLD: tl.constexpr, NPH: tl.constexpr, BLOCK: tl.constexpr, INT: tl.constexpr,
-                               SENT: tl.constexpr, MODE: tl.constexpr, MAX_SPINS: tl.constexpr):
+    def _ll_allreduce_add_norm(
+        X,
+        RES,
+        W,
+        RES_OUT,
+        NORM_OUT,
+        PTRS,
+        STATE,
+        hidden,
+        max_numel,
+        rank,
+        eps,
+        WORLD: tl.constexpr,
+        NPH: tl.constexpr,
+        BLOCK: tl.constexpr,
+        INT: tl.constexpr,
+        SENT: tl.constexpr,
+        MODE: tl.constexpr,
+        MAX_SPINS: tl.constexpr,
+    ):
         # one program per token row: the allreduce of the row's partial sums, then (as the unfused
         # step does it) s = residual + round(sum); out = weight * round(s * rsqrt(mean(s^2) + eps))
         row = tl.program_id(0)
@@ -188,39 +245,107 @@ def _block(n: int) -> int:
     return max(512, triton.next_power_of_2(triton.cdiv(n, MAX_PROGRAMS)))
 
 
-def launch(x: torch.Tensor, ptrs: torch.Tensor, state: torch.Tensor, max_numel: int, rank: int, world: int, mode: int = BOTH,
-           max_spins: int = MAX_SPINS) -> None:
+def launch(
+    x: torch.Tensor,
+    ptrs: torch.Tensor,
+    state: torch.Tensor,
+    max_numel: int,
+    rank: int,
+    world: int,
+    mode: int = BOTH,
+    max_spins: int = MAX_SPINS,
+) -> None:
     """One allreduce of the contiguous tensor `x` in place (or, for tests, its push / reduce half)."""
     n = x.numel()
     block = _block(n)
     _ll_allreduce[(triton.cdiv(n, block),)](
-        x, ptrs, state, n, max_numel, rank, WORLD=world, NPH=NPHASE, BLOCK=block,
-        INT=_bits_type(x), SENT=_SENTINEL_BITS[x.dtype], MODE=mode,
-        MAX_SPINS=max_spins)
+        x,
+        ptrs,
+        state,
+        n,
+        max_numel,
+        rank,
+        WORLD=world,
+        NPH=NPHASE,
+        BLOCK=block,
+        INT=_bits_type(x),
+        SENT=_SENTINEL_BITS[x.dtype],
+        MODE=mode,
+        MAX_SPINS=max_spins,
+    )
 
 
-def launch_all_gather(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, state: torch.Tensor, max_numel: int, rank: int,
-                      world: int, mode: int = BOTH, max_spins: int = MAX_SPINS) -> torch.Tensor:
+def launch_all_gather(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    ptrs: torch.Tensor,
+    state: torch.Tensor,
+    max_numel: int,
+    rank: int,
+    world: int,
+    mode: int = BOTH,
+    max_spins: int = MAX_SPINS,
+) -> torch.Tensor:
     """Every rank's contiguous `x` (numel n) into out[src * n:(src + 1) * n], rank-major."""
     n = x.numel()
     block = _block(n)
     _ll_all_gather[(triton.cdiv(n, block),)](
-        x, out, ptrs, state, n, max_numel, rank, WORLD=world, NPH=NPHASE, BLOCK=block,
-        INT=_bits_type(x), SENT=_SENTINEL_BITS[x.dtype], MODE=mode, MAX_SPINS=max_spins)
+        x,
+        out,
+        ptrs,
+        state,
+        n,
+        max_numel,
+        rank,
+        WORLD=world,
+        NPH=NPHASE,
+        BLOCK=block,
+        INT=_bits_type(x),
+        SENT=_SENTINEL_BITS[x.dtype],
+        MODE=mode,
+        MAX_SPINS=max_spins,
+    )
     return out
 
 
-def launch_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, ptrs: torch.Tensor,
-                    state: torch.Tensor, max_numel: int, rank: int, world: int, mode: int = BOTH,
-                    max_spins: int = MAX_SPINS) -> tuple[torch.Tensor, torch.Tensor]:
+def launch_add_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    ptrs: torch.Tensor,
+    state: torch.Tensor,
+    max_numel: int,
+    rank: int,
+    world: int,
+    mode: int = BOTH,
+    max_spins: int = MAX_SPINS,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """allreduce(x) + residual and its RMS norm, each [..., hidden], in one kernel (one program per row)."""
     hidden = x.shape[-1]
     rows = x.numel() // hidden
     res_out, norm_out = torch.empty_like(residual), torch.empty_like(residual)
     _ll_allreduce_add_norm[(rows,)](
-        x, residual, weight, res_out, norm_out, ptrs, state, hidden, max_numel, rank, eps,
-        WORLD=world, NPH=NPHASE, BLOCK=triton.next_power_of_2(hidden), INT=_bits_type(x),
-        SENT=_SENTINEL_BITS[x.dtype], MODE=mode, MAX_SPINS=max_spins, num_warps=8 if hidden >= 4096 else 4)
+        x,
+        residual,
+        weight,
+        res_out,
+        norm_out,
+        ptrs,
+        state,
+        hidden,
+        max_numel,
+        rank,
+        eps,
+        WORLD=world,
+        NPH=NPHASE,
+        BLOCK=triton.next_power_of_2(hidden),
+        INT=_bits_type(x),
+        SENT=_SENTINEL_BITS[x.dtype],
+        MODE=mode,
+        MAX_SPINS=max_spins,
+        num_warps=8 if hidden >= 4096 else 4,
+    )
     return res_out, norm_out
 
 
@@ -275,8 +400,7 @@ class SymmMemLLAllReduce(AllReduce):
         launch(x, self.ptrs, self.state, self.max_numel, self.rank, self.world_size)
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
-        if (not self.enabled or self.world_size == 1 or x.numel() > self.max_numel or x.dtype != self.buf.dtype
-                or not x.is_contiguous()):
+        if not self.enabled or self.world_size == 1 or x.numel() > self.max_numel or x.dtype != self.buf.dtype or not x.is_contiguous():
             return super().all_gather_last(x)  # the ablation's stand-in, or too big for the buffer: NCCL
         out = torch.empty(self.world_size * x.numel(), dtype=x.dtype, device=x.device)
         launch_all_gather(x, out, self.ptrs, self.state, self.max_numel, self.rank, self.world_size)
@@ -286,12 +410,20 @@ class SymmMemLLAllReduce(AllReduce):
     def raise_if_timed_out(self) -> None:
         """A reader gave up on a peer (MAX_SPINS polls) since setup: its sums were wrong."""
         if int(self.state[2]):
-            raise RuntimeError(f"symm_mem_ll: rank {self.rank} waited more than {MAX_SPINS} polls for a peer's "
-                               "partial sums (a rank fell behind or died); the sums since are wrong")
+            raise RuntimeError(
+                f"symm_mem_ll: rank {self.rank} waited more than {MAX_SPINS} polls for a peer's "
+                "partial sums (a rank fell behind or died); the sums since are wrong"
+            )
 
     def add_norm(self, partial, residual, weight, eps):
-        fits = (partial.numel() <= self.max_numel and partial.dtype == self.buf.dtype and partial.shape[-1] <= self.MAX_HIDDEN
-                and residual.dtype == partial.dtype and partial.is_contiguous() and residual.is_contiguous())
+        fits = (
+            partial.numel() <= self.max_numel
+            and partial.dtype == self.buf.dtype
+            and partial.shape[-1] <= self.MAX_HIDDEN
+            and residual.dtype == partial.dtype
+            and partial.is_contiguous()
+            and residual.is_contiguous()
+        )
         if self.world_size == 1 or not fits:
             return super().add_norm(partial, residual, weight, eps)
         if not self.enabled:  # compute-only ablation: residual + partial, normalised, by the same kernel
@@ -299,4 +431,3 @@ class SymmMemLLAllReduce(AllReduce):
         self.counters.calls += 1
         self.counters.bytes += partial.numel() * partial.element_size()
         return launch_add_norm(partial, residual, weight, eps, self.ptrs, self.state, self.max_numel, self.rank, self.world_size)
-

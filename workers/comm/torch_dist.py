@@ -3,6 +3,7 @@
 NCCL reads its NCCL_* environment when the communicator is created; the orchestrator starts each
 trial's gang with the trial's variables, so the backend itself has nothing to configure.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Drafters: `ngram` (prompt lookup), `draft_model` (a smaller checkpoint), `layer_skip` (the
 verifier's first L layers and head), `eagle3` (an EAGLE-3 head on the verifier's hidden states). `build_drafter(spec, ...)` makes the one a gang asks for."""
+
 from __future__ import annotations
 
 from workers.drafters.base import Drafter

@@ -4,6 +4,7 @@
 accepted so far) and returns a `Proposal`; a drafter with a KV cache keeps it in step with the
 committed sequence by itself (rolling back whatever drafts the verifier rejected).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -26,6 +26,7 @@ The drafter keeps its own one-layer KV cache. Entry i holds (g_i, x_{i+1}). Befo
 it rolls back to the entries fed with the verifier's states, feeds the committed positions the
 verifier has sent states for since (every committed position but the last), then drafts k tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,19 +69,33 @@ class Eagle3Config:
         args = ModelArgs.from_hf_config({**cfg, "model_type": "llama", "num_hidden_layers": 1})
         eagle = cfg.get("eagle_config") or {}
         aux = eagle.get("eagle_aux_hidden_state_layer_ids")
-        return cls(args=args, draft_vocab=int(cfg.get("draft_vocab_size") or args.vocab_size),
-                   target_hidden=int(cfg.get("target_hidden_size") or args.dim),
-                   aux_layers=tuple(int(i) for i in aux) if aux else None)
+        return cls(
+            args=args,
+            draft_vocab=int(cfg.get("draft_vocab_size") or args.vocab_size),
+            target_hidden=int(cfg.get("target_hidden_size") or args.dim),
+            aux_layers=tuple(int(i) for i in aux) if aux else None,
+        )
 
     def to_hf_config(self) -> dict:
         a = self.args
         return {
-            "architectures": [ARCHITECTURES[0]], "model_type": "llama", "hidden_act": "silu",
-            "hidden_size": a.dim, "intermediate_size": a.intermediate_size, "num_attention_heads": a.n_heads,
-            "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim, "num_hidden_layers": 1,
-            "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta, "max_position_embeddings": a.max_position_embeddings,
-            "vocab_size": a.vocab_size, "draft_vocab_size": self.draft_vocab, "target_hidden_size": self.target_hidden,
-            "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "architectures": [ARCHITECTURES[0]],
+            "model_type": "llama",
+            "hidden_act": "silu",
+            "hidden_size": a.dim,
+            "intermediate_size": a.intermediate_size,
+            "num_attention_heads": a.n_heads,
+            "num_key_value_heads": a.n_kv_heads,
+            "head_dim": a.head_dim,
+            "num_hidden_layers": 1,
+            "rms_norm_eps": a.norm_eps,
+            "rope_theta": a.rope_theta,
+            "max_position_embeddings": a.max_position_embeddings,
+            "vocab_size": a.vocab_size,
+            "draft_vocab_size": self.draft_vocab,
+            "target_hidden_size": self.target_hidden,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
             **({"eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers)}} if self.aux_layers else {}),
         }
 
@@ -98,14 +113,18 @@ def load_config(path: str | Path) -> Eagle3Config:
 def check_fits(cfg: Eagle3Config, target: ModelArgs, path) -> tuple[int, ...]:
     """The aux layer ids this head reads from `target`; ModelConfigError (one line) where it does not fit."""
     if cfg.target_hidden != target.dim:
-        raise ModelConfigError(f"EAGLE-3 head {path}: target_hidden_size {cfg.target_hidden} differs from the model's hidden size {target.dim}")
+        raise ModelConfigError(
+            f"EAGLE-3 head {path}: target_hidden_size {cfg.target_hidden} differs from the model's hidden size {target.dim}"
+        )
     if cfg.args.vocab_size != target.vocab_size:
         raise ModelConfigError(f"EAGLE-3 head {path}: vocab_size {cfg.args.vocab_size} differs from the model's {target.vocab_size}")
     if not 1 <= cfg.draft_vocab <= target.vocab_size:
         raise ModelConfigError(f"EAGLE-3 head {path}: draft_vocab_size {cfg.draft_vocab} is not within 1..{target.vocab_size}")
     aux = cfg.aux_layers or default_aux_layers(target.n_layers)
     if len(aux) != 3 or not all(0 <= i < target.n_layers for i in aux):
-        raise ModelConfigError(f"EAGLE-3 head {path}: eagle_aux_hidden_state_layer_ids {list(aux)} must be 3 layers of 0..{target.n_layers - 1}")
+        raise ModelConfigError(
+            f"EAGLE-3 head {path}: eagle_aux_hidden_state_layer_ids {list(aux)} must be 3 layers of 0..{target.n_layers - 1}"
+        )
     return tuple(aux)
 
 
@@ -143,8 +162,10 @@ class Eagle3Head(nn.Module):
         self.norm = RMSNorm(a.dim, a.norm_eps)
         self.lm_head = nn.Linear(a.dim, cfg.draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(a.vocab_size, dtype=torch.bool) if cfg.draft_vocab == a.vocab_size
-                             else torch.zeros(a.vocab_size, dtype=torch.bool))
+        self.register_buffer(
+            "t2d",
+            torch.ones(a.vocab_size, dtype=torch.bool) if cfg.draft_vocab == a.vocab_size else torch.zeros(a.vocab_size, dtype=torch.bool),
+        )
         cos, sin = rope_tables(a, max_seq)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -152,8 +173,9 @@ class Eagle3Head(nn.Module):
     def new_cache(self) -> KVCache:
         a, p = self.cfg.args, self.fc.weight
         shape = (1, a.n_kv_heads, self.rope_cos.shape[0], a.head_dim)
-        return KVCache(k=[torch.zeros(shape, dtype=p.dtype, device=p.device)],
-                       v=[torch.zeros(shape, dtype=p.dtype, device=p.device)], lengths=[0])
+        return KVCache(
+            k=[torch.zeros(shape, dtype=p.dtype, device=p.device)], v=[torch.zeros(shape, dtype=p.dtype, device=p.device)], lengths=[0]
+        )
 
     def step(self, tokens: torch.Tensor, g: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [T] (x_{i+1}), g [T, hidden] (fused states) appended at the cache length ->
@@ -182,8 +204,9 @@ class Eagle3Head(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
 
-def load_head(path: str | Path, target_embed: torch.Tensor, target: ModelArgs, *, dtype=torch.float32, device="cpu",
-              max_seq: int = 2048) -> Eagle3Head:
+def load_head(
+    path: str | Path, target_embed: torch.Tensor, target: ModelArgs, *, dtype=torch.float32, device="cpu", max_seq: int = 2048
+) -> Eagle3Head:
     """Shard-only style: one tensor at a time from the safetensors files into a head built on meta."""
     path = Path(path)
     cfg = load_config(path)
@@ -206,8 +229,9 @@ def load_head(path: str | Path, target_embed: torch.Tensor, target: ModelArgs, *
                         continue
                     t = f.get_tensor(name)
                     if tuple(t.shape) != tuple(shapes[key]):
-                        raise ModelConfigError(f"EAGLE-3 head {path}: {key} has shape {list(t.shape)}, "
-                                               f"the config and the model need {list(shapes[key])}")
+                        raise ModelConfigError(
+                            f"EAGLE-3 head {path}: {key} has shape {list(t.shape)}, the config and the model need {list(shapes[key])}"
+                        )
                     dst = params[key]
                     dst.copy_(t.to(dst.dtype) if dst.dtype in (torch.long, torch.bool) else t.to(dtype))
                     seen.add(key)

@@ -4,6 +4,7 @@
 
 writes a random head of the matching shape (GPU timing runs; its drafts are never accepted).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,9 @@ from workers.model.args import ModelArgs
 
 def head_config(target: ModelArgs, draft_vocab: int, aux_layers: tuple[int, ...] | None = None) -> Eagle3Config:
     """A head shaped like one decoder layer of `target` (what EAGLE-3 trains by default)."""
-    return Eagle3Config(args=target.with_layers(1), draft_vocab=min(draft_vocab, target.vocab_size),
-                        target_hidden=target.dim, aux_layers=aux_layers)
+    return Eagle3Config(
+        args=target.with_layers(1), draft_vocab=min(draft_vocab, target.vocab_size), target_hidden=target.dim, aux_layers=aux_layers
+    )
 
 
 def save_head(head: Eagle3Head, out: str | Path, dtype: torch.dtype = torch.bfloat16, with_embedding: bool = False) -> Path:

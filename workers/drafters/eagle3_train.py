@@ -18,6 +18,7 @@ Loss: sum_j 0.8^j CE_j over response positions whose label is in the draft vocab
 Warm start: lm_head = the target's head rows of the draft vocabulary, norm = the target's final
 norm, the decoder layer = the target layer that reads the last aux state, fc picks that state.
 """
+
 from __future__ import annotations
 
 import math
@@ -154,7 +155,7 @@ def ttt_loss(head: Eagle3Head, s: Sample, steps: int) -> tuple[torch.Tensor, lis
         v = attn.v_proj(x).view(n, a.n_kv_heads, a.head_dim).transpose(0, 1)
         keys.append(k.repeat_interleave(group, 0))
         values.append(v.repeat_interleave(group, 0))
-        scale = a.head_dim ** -0.5
+        scale = a.head_dim**-0.5
         s0 = (q @ keys[0].transpose(1, 2)) * scale  # [H, n, n]
         s0 = s0.masked_fill(~causal, float("-inf"))
         diag = [(q * keys[m]).sum(-1, keepdim=True) * scale for m in range(1, j + 1)]  # [H, n, 1] each
@@ -169,7 +170,7 @@ def ttt_loss(head: Eagle3Head, s: Sample, steps: int) -> tuple[torch.Tensor, lis
         mask = valid & (lab >= s.prompt_len)
         in_vocab = mask & head.t2d[target]
         if in_vocab.any():
-            total = total + DECAY ** j * F.cross_entropy(logits[in_vocab], t2d_index[target[in_vocab]])
+            total = total + DECAY**j * F.cross_entropy(logits[in_vocab], t2d_index[target[in_vocab]])
         pred = head.to_target(logits.argmax(-1))
         counts.append(int(mask.sum()))
         correct.append(int(((pred == target) & mask).sum()))

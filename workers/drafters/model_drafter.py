@@ -6,6 +6,7 @@ back to the longest prefix of `fed` that the verifier committed, feeds the commi
 has not seen, then drafts k tokens one at a time (greedy, or sampled at the trial temperature,
 keeping q for rejection sampling).
 """
+
 from __future__ import annotations
 
 import time

@@ -5,6 +5,7 @@ down to `min_ngram`) and propose the k tokens that followed it. Summaries and re
 long spans of their input, which is where this drafter shines. Deterministic, so its q is
 one-hot (see workers/engine/verify.py).
 """
+
 from __future__ import annotations
 
 import time

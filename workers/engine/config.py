@@ -21,6 +21,7 @@ Fields (the only place they are documented; the schema and the registry copy the
                   RMS norm run in the allreduce's kernel
 - overlap:        plain greedy decoding on CUDA graphs enqueues step n + 1 before reading step n
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields

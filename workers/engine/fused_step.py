@@ -27,6 +27,7 @@ prefill and the CPU path are unchanged.
     fast = FusedStep(model, EngineConfig(), allreduce)     # merges weights once
     h = fast.hidden_at(tokens, pos, cache, kv_len)
 """
+
 from __future__ import annotations
 
 import sys
@@ -118,10 +119,16 @@ class FusedStep:
             # QKV goes through the picker only into the Triton rope + attention (with SDPA it stays
             # in the compiled rope body), so only then does it get a race
             qkv = [w for w, _, _ in self.merged] if self.rope_attend is not None else []
-            self.gemv = GemvPicker({"qkv": qkv, "gate_up": [w for _, _, w in self.merged],
-                                    "o": [layer.self_attn.o_proj.weight for layer in model.layers],
-                                    "down": [layer.mlp.down_proj.weight for layer in model.layers]},
-                                   mode=engine.gemv, silu_mul=self.silu_mul)
+            self.gemv = GemvPicker(
+                {
+                    "qkv": qkv,
+                    "gate_up": [w for _, _, w in self.merged],
+                    "o": [layer.self_attn.o_proj.weight for layer in model.layers],
+                    "down": [layer.mlp.down_proj.weight for layer in model.layers],
+                },
+                mode=engine.gemv,
+                silu_mul=self.silu_mul,
+            )
 
     def _linear(self, role: str, x, w, b=None):
         return F.linear(x, w, b) if self.gemv is None else self.gemv.linear(role, x, w, b)
@@ -145,8 +152,7 @@ class FusedStep:
         """QKV projection of the normed `h`, rope, cache write and attention: [B, T, H * D]."""
         a = layer.self_attn
         if self.rope_attend is not None:
-            return self.rope_attend(self._linear("qkv", h, wqkv, bqkv), cos, sin, k_cache, v_cache, pos,
-                                    a.n_heads, a.n_kv_heads, a.kv_map)
+            return self.rope_attend(self._linear("qkv", h, wqkv, bqkv), cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map)
         q, k, v = self.qkv_from_normed(h, wqkv, bqkv, cos, sin, a.n_heads, a.n_kv_heads, a.head_dim)  # SDPA: compiled
         return self.attend_fn(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
 

@@ -9,6 +9,7 @@ needs to know a message's size in advance (k + a few integers). The drafter's pr
 stochastic verification needs ([n, vocab] float32: 2 MB for 4 drafts of a 128K vocabulary), go
 point to point to rank 0 alone, the one rank that verifies when a drafter is in the gang.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,17 @@ class VerifyResult:
 class DraftLink:
     """Broadcasts over the link group. `drafter_rank` is None when the gang has no drafter."""
 
-    def __init__(self, group, rank: int, drafter_rank: int | None, k: int, vocab: int, device="cpu",
-                 hidden_width: int = 0, hidden_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        group,
+        rank: int,
+        drafter_rank: int | None,
+        k: int,
+        vocab: int,
+        device="cpu",
+        hidden_width: int = 0,
+        hidden_dtype: torch.dtype = torch.float32,
+    ):
         self.group, self.rank, self.drafter_rank = group, rank, drafter_rank
         self.k, self.vocab, self.device = k, vocab, device
         self.hidden_width, self.hidden_dtype = hidden_width, hidden_dtype  # 0: no hidden states travel

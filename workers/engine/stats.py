@@ -6,6 +6,7 @@ so plain decoding scores exactly 1.0.
 `accept_rate_pos_<i>` is, among steps that drafted a token at position i (1-based), the share
 in which it was accepted.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -26,6 +26,7 @@ against a 3.2 ms TP 2 step). The price is one step past an EOS, run and thrown a
     nxt = runner.greedy_launch()            # before reading `slot`
     token, top1, top2 = runner.greedy_result(slot)
 """
+
 from __future__ import annotations
 
 import sys
@@ -75,8 +76,7 @@ class StepRunner:
         # merged weights + compiled layer bodies (workers/engine/fused_step.py) for the graphed steps, with the
         # split-KV Triton attention where it runs (workers/kernels/attention.py)
         fused = engine.compile and self.use_graphs
-        attend_fn, self.attention = pick_attention(engine.attention, model.args.head_dim, self.device) if fused \
-            else (None, "sdpa")
+        attend_fn, self.attention = pick_attention(engine.attention, model.args.head_dim, self.device) if fused else (None, "sdpa")
         self.fast = try_fused(model, engine, allreduce, attend_fn) if fused else None
         # (width, allreduce on) -> a step's graph; ("chain", width, k) -> a greedy draft chain's
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
@@ -212,8 +212,11 @@ class StepRunner:
         except Exception as e:  # noqa: BLE001 - torch.compile fails lazily, here; the plain model still works
             if self.fast is None:
                 raise
-            print(f"spectune: compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                  "using the plain model", file=sys.stderr, flush=True)
+            print(
+                f"spectune: compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); using the plain model",
+                file=sys.stderr,
+                flush=True,
+            )
             self.fast = None
             return self._capture(T, chain, greedy, margins)
 

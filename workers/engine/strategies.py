@@ -34,6 +34,7 @@ Extension points (what changes where, and what stays):
   row by its own acceptance, and publishes B results; `Verifier.run` then holds B sequences
   instead of one, and only `step` and `Rank.publish` learn the batch.
 """
+
 from __future__ import annotations
 
 import time
@@ -227,9 +228,16 @@ class StepStrategy:
         seq.commit(res)
         seq.steps += 1
         seq.accepted += len(res.tokens) - 1
-        return StepRecord(drafted=len(proposal.tokens), accepted=res.accepted, emitted=len(res.tokens),
-                          step_s=time.perf_counter() - t0, verify_s=t2 - t1, draft_s=proposal.draft_s,
-                          comm_calls=r.counters.calls - calls0, comm_s=r.counters.seconds - comm0)
+        return StepRecord(
+            drafted=len(proposal.tokens),
+            accepted=res.accepted,
+            emitted=len(res.tokens),
+            step_s=time.perf_counter() - t0,
+            verify_s=t2 - t1,
+            draft_s=proposal.draft_s,
+            comm_calls=r.counters.calls - calls0,
+            comm_s=r.counters.seconds - comm0,
+        )
 
 
 class PlainSteps(StepStrategy):
@@ -282,8 +290,18 @@ class PlainSteps(StepStrategy):
             if margins:
                 seq.top2.append(torch.tensor([first, second]))
             now = time.perf_counter()
-            stats.steps.append(StepRecord(drafted=0, accepted=0, emitted=len(new), step_s=now - t_prev, verify_s=now - t_prev,
-                                          draft_s=0.0, comm_calls=per_step, comm_s=r.counters.seconds - comm0))
+            stats.steps.append(
+                StepRecord(
+                    drafted=0,
+                    accepted=0,
+                    emitted=len(new),
+                    step_s=now - t_prev,
+                    verify_s=now - t_prev,
+                    draft_s=0.0,
+                    comm_calls=per_step,
+                    comm_s=r.counters.seconds - comm0,
+                )
+            )
             t_prev, comm0 = now, r.counters.seconds
             r.progress(seq)
             if done:

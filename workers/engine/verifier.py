@@ -32,6 +32,7 @@ instead of a hang.
     result = verifier.run(workload)             # rank 0: RunResult; other ranks: None
     run_drafter(drafter, link, workload)        # the drafter process, alongside
 """
+
 from __future__ import annotations
 
 import time
@@ -63,8 +64,15 @@ def decides_locally(w: Workload, has_drafter: bool) -> bool:
 
 
 class Verifier:
-    def __init__(self, model: Transformer, allreduce: AllReduce, link: DraftLink, rank: int, engine: EngineConfig | None = None,
-                 drafter: Drafter | None = None):
+    def __init__(
+        self,
+        model: Transformer,
+        allreduce: AllReduce,
+        link: DraftLink,
+        rank: int,
+        engine: EngineConfig | None = None,
+        drafter: Drafter | None = None,
+    ):
         self.model, self.allreduce, self.link, self.rank = model, allreduce, link, rank
         self.drafter = drafter  # a drafter run inside this rank (n-gram), else proposals come over the link
         self.device = model.embed_tokens.weight.device
@@ -80,8 +88,11 @@ class Verifier:
             without = self.steps.time_step(width, iters)
         finally:
             self.allreduce.enabled = True
-        return {"ablation_step_ms": with_comm * 1e3, "compute_ms_per_step": without * 1e3,
-                "comm_ms_per_step": max(0.0, with_comm - without) * 1e3}
+        return {
+            "ablation_step_ms": with_comm * 1e3,
+            "compute_ms_per_step": without * 1e3,
+            "comm_ms_per_step": max(0.0, with_comm - without) * 1e3,
+        }
 
     def _hidden_states(self, w: Workload) -> HiddenStates | None:
         """Where a drafter reads the verifier's hidden states (EAGLE-3) and this run drafts: who gets them."""
@@ -101,14 +112,24 @@ class Verifier:
         dist.all_reduce(total, group=self.allreduce.group)
         world = self.allreduce.world_size
         if int(total[0]) != world * mine or int(total[1]) != world * len(tokens):
-            raise RuntimeError(f"verifier rank {self.rank}: the TP ranks decided different tokens for a prompt "
-                               "(their logits differ, so the allreduce did not hand every rank the same sums)")
+            raise RuntimeError(
+                f"verifier rank {self.rank}: the TP ranks decided different tokens for a prompt "
+                "(their logits differ, so the allreduce did not hand every rank the same sums)"
+            )
 
     @torch.inference_mode()
     def run(self, w: Workload) -> RunResult | None:
-        rank = Rank(steps=self.steps, cache=self.cache, link=self.link, counters=self.allreduce.counters, w=w, index=self.rank,
-                    local=decides_locally(w, self.link.drafter_rank is not None), on_progress=self.on_progress,
-                    hidden=self._hidden_states(w))
+        rank = Rank(
+            steps=self.steps,
+            cache=self.cache,
+            link=self.link,
+            counters=self.allreduce.counters,
+            w=w,
+            index=self.rank,
+            local=decides_locally(w, self.link.drafter_rank is not None),
+            on_progress=self.on_progress,
+            hidden=self._hidden_states(w),
+        )
         strategy = strategy_for(rank, self.drafter, overlap=self.steps.engine.overlap)  # fixed for the run: every rank picks it alike
         strategy.begin_run()
         self.link.wait_for_drafter()  # its warm-up stays out of the timed prompts
@@ -129,8 +150,16 @@ class Verifier:
                 self._check_agreement(out)
             stats.tokens += len(out)
             stats.seconds += seconds
-            prompts.append(PromptResult(tokens=out, seconds=seconds, steps=seq.steps, accepted=seq.accepted, prefill_s=prefill_s,
-                                        margins=relative_margins(seq.top2 or [])))
+            prompts.append(
+                PromptResult(
+                    tokens=out,
+                    seconds=seconds,
+                    steps=seq.steps,
+                    accepted=seq.accepted,
+                    prefill_s=prefill_s,
+                    margins=relative_margins(seq.top2 or []),
+                )
+            )
         k = w.num_draft_tokens
         split = self.comm_split(k + 1, w.comm_ablation_iters) if w.comm_ablation_iters and self.allreduce.world_size > 1 else {}
         if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:

@@ -15,6 +15,7 @@ bonus from p. Every emitted token is then distributed exactly as p. A determinis
 
 Each call returns (number of drafts accepted, the new tokens: accepted drafts + one more).
 """
+
 from __future__ import annotations
 
 import torch

@@ -22,6 +22,7 @@ uneven tensor-parallel head splits alike). `decode_attend` has `workers.model.tr
     python -m workers.kernels.attention --selftest             # GPU: against SDPA, several shapes
     python -m pytest tests/test_kernels_attention.py           # the same cases as tests (CPU: Triton's interpreter)
 """
+
 from __future__ import annotations
 
 import math
@@ -58,9 +59,37 @@ def _chunk(max_seq: int) -> int:
 if triton is not None:
 
     @triton.jit
-    def _partial(Q, K, V, POS, KVMAP, M, L, ACC, CNT, OUT, H, T, NSPLIT, scale,
-                 sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sob, sot,
-                 CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, T_PAD: tl.constexpr, D: tl.constexpr):
+    def _partial(
+        Q,
+        K,
+        V,
+        POS,
+        KVMAP,
+        M,
+        L,
+        ACC,
+        CNT,
+        OUT,
+        H,
+        T,
+        NSPLIT,
+        scale,
+        sqb,
+        sqh,
+        sqt,
+        skb,
+        skh,
+        sks,
+        svb,
+        svh,
+        svs,
+        sob,
+        sot,
+        CHUNK: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        T_PAD: tl.constexpr,
+        D: tl.constexpr,
+    ):
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = bh // H
@@ -123,11 +152,35 @@ if triton is not None:
         out = acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None]
         tl.store(OUT + b * sob + t[:, None] * sot + h * D + d[None, :], out.to(OUT.dtype.element_ty), mask=(t < T)[:, None])
 
-
     @triton.jit
-    def _rope_write(QKV, COS, SIN, POS, QOUT, KC, VC, T, NQ, NKV,
-                    sxb, sxt, scb, sct, ssb, sst, sqb, sqh, sqt, skb, skh, sks, svb, svh, svs,
-                    HALF: tl.constexpr):
+    def _rope_write(
+        QKV,
+        COS,
+        SIN,
+        POS,
+        QOUT,
+        KC,
+        VC,
+        T,
+        NQ,
+        NKV,
+        sxb,
+        sxt,
+        scb,
+        sct,
+        ssb,
+        sst,
+        sqb,
+        sqh,
+        sqt,
+        skb,
+        skh,
+        sks,
+        svb,
+        svh,
+        svs,
+        HALF: tl.constexpr,
+    ):
         # one program per (token, head) of the merged QKV projection [B, T, (NQ + 2 NKV) * D]:
         # rotate q and k ("rotate half": y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2, in float32
         # and rounded once), q to QOUT [B, NQ, T, D], k and v into the caches at the token's position
@@ -179,10 +232,33 @@ def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_h
     pos = pos.contiguous()
     q = torch.empty(B, n_heads, T, D, dtype=qkv.dtype, device=qkv.device)
     _rope_write[(B * T, n_heads + 2 * n_kv_heads)](
-        qkv, cos, sin, pos, q, k_cache, v_cache, T, n_heads, n_kv_heads,
-        qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(2), sin.stride(0), sin.stride(2),
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), HALF=D // 2)
+        qkv,
+        cos,
+        sin,
+        pos,
+        q,
+        k_cache,
+        v_cache,
+        T,
+        n_heads,
+        n_kv_heads,
+        qkv.stride(0),
+        qkv.stride(1),
+        cos.stride(0),
+        cos.stride(2),
+        sin.stride(0),
+        sin.stride(2),
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        HALF=D // 2,
+    )
     return attend_cache(q, k_cache, v_cache, pos, kv_map)
 
 
@@ -211,19 +287,50 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map):
     acc = torch.empty(B * H * nsplit * t_pad * D, **f32)
     out = torch.empty(B, T, H * D, dtype=q.dtype, device=q.device)
     _partial[(B * H, nsplit)](
-        q, k_cache, v_cache, pos, kv_map, m, lsum, acc, arrival_counters(B * H, q.device), out, H, T, nsplit,
+        q,
+        k_cache,
+        v_cache,
+        pos,
+        kv_map,
+        m,
+        lsum,
+        acc,
+        arrival_counters(B * H, q.device),
+        out,
+        H,
+        T,
+        nsplit,
         1.0 / math.sqrt(D),
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-        CHUNK=chunk, BLOCK_N=64, T_PAD=t_pad, D=D)
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        CHUNK=chunk,
+        BLOCK_N=64,
+        T_PAD=t_pad,
+        D=D,
+    )
     return out
 
 
 # the self-test's shapes, each against `workers.model.transformer.attend`: B, H, Hkv, T, D, max_seq,
 # first position (GQA, uneven head maps, one or many query tokens, caches longer than one split,
 # queries in the middle of the cache, a batch of two sequences at different lengths)
-SELFTEST_CASES = ((1, 4, 2, 1, 64, 200, 150), (1, 4, 2, 5, 64, 200, 0), (1, 6, 3, 17, 16, 300, 270),
-                  (2, 4, 4, 3, 32, 64, 10), (1, 8, 2, 1, 128, 1100, 1000), (1, 5, 2, 4, 64, 130, 126))
+SELFTEST_CASES = (
+    (1, 4, 2, 1, 64, 200, 150),
+    (1, 4, 2, 5, 64, 200, 0),
+    (1, 6, 3, 17, 16, 300, 270),
+    (2, 4, 4, 3, 32, 64, 10),
+    (1, 8, 2, 1, 128, 1100, 1000),
+    (1, 5, 2, 4, 64, 130, 126),
+)
 # bf16 on the GPU: both sides round (a wrong kernel is off by O(1)); float32 under the CPU interpreter
 SELFTEST_TOL = {"cuda": 5e-2, "cpu": 1e-4}
 
@@ -271,8 +378,7 @@ def check_case(case: tuple[int, ...], device: str, seed: int = 0) -> dict[str, f
     errs["rope_write"] = (got - want).abs().max().item()
     # relative to each value's size: bf16 rounds the reference's three products and sums where the
     # kernel rounds once, one ulp apart at most
-    errs["cache"] = max(((a.float() - b.float()).abs() / b.float().abs().clamp(min=1.0)).max().item()
-                        for a, b in ((kc3, kc2), (vc3, vc2)))
+    errs["cache"] = max(((a.float() - b.float()).abs() / b.float().abs().clamp(min=1.0)).max().item() for a, b in ((kc3, kc2), (vc3, vc2)))
     return errs
 
 
@@ -282,8 +388,10 @@ def selftest(device: str) -> float:
     worst = 0.0
     for i, case in enumerate(SELFTEST_CASES):
         errs = check_case(case, device, seed=i)
-        print("B={} H={} Hkv={} T={} D={} slots={} pos={}: ".format(*case)
-              + ", ".join(f"{name} max |diff| {err:.2e}" for name, err in errs.items()))
+        print(
+            "B={} H={} Hkv={} T={} D={} slots={} pos={}: ".format(*case)
+            + ", ".join(f"{name} max |diff| {err:.2e}" for name, err in errs.items())
+        )
         worst = max(worst, *errs.values())
     return worst
 

@@ -29,6 +29,7 @@ then keeps the GEMMs inside its compiled bodies).
     TRITON_INTERPRET=1 python -m workers.kernels.gemv --selftest   # CPU: every configuration against F.linear
     python -m workers.kernels.gemv --bench --tp 1 2                 # GPU: cuBLAS vs each config, Llama-3-8B's step GEMMs
 """
+
 from __future__ import annotations
 
 import sys
@@ -49,8 +50,16 @@ MAX_T = 32
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages): the fastest of a 72-configuration sweep on
 # Llama-3-8B's step GEMMs at TP 1 and 2, T = 1 and 5 (H200, `--bench --sweep`): split K for the
 # small weights (enough programs to cover 132 SMs), no split for the big ones
-CONFIGS = ((32, 128, 4, 2, 4), (64, 128, 4, 2, 4), (32, 128, 2, 2, 4), (32, 128, 2, 4, 5), (64, 128, 1, 2, 4),
-           (32, 128, 1, 4, 3), (32, 256, 1, 4, 5), (64, 256, 1, 4, 5))
+CONFIGS = (
+    (32, 128, 4, 2, 4),
+    (64, 128, 4, 2, 4),
+    (32, 128, 2, 2, 4),
+    (32, 128, 2, 4, 5),
+    (64, 128, 1, 2, 4),
+    (32, 128, 1, 4, 3),
+    (32, 256, 1, 4, 5),
+    (64, 256, 1, 4, 5),
+)
 
 if triton is not None:
 
@@ -67,9 +76,26 @@ if triton is not None:
         return (s * u.to(ty).to(tl.float32)).to(ty)
 
     @triton.jit
-    def _gemv(X, W, B, Y, PART, CNT, T, N, K, sxt, swn, syt,
-              T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-              SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr):
+    def _gemv(
+        X,
+        W,
+        B,
+        Y,
+        PART,
+        CNT,
+        T,
+        N,
+        K,
+        sxt,
+        swn,
+        syt,
+        T_PAD: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        SPLIT_K: tl.constexpr,
+        SWIGLU: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+    ):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -127,8 +153,7 @@ def runs_config(config, swiglu: bool, t_pad: int = 16) -> bool:
     return (not swiglu or split_k == 1) and tiles <= SMEM_BYTES
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config=CONFIGS[0],
-         swiglu: bool = False) -> torch.Tensor:
+def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config=CONFIGS[0], swiglu: bool = False) -> torch.Tensor:
     """x [..., K] @ w[N, K]^T (+ b) with one Triton config. swiglu: w is a merged gate/up [2I, K]
     and the result silu(x @ gate^T) * (x @ up^T) [..., I]."""
     block_n, block_k, split_k, warps, stages = config
@@ -149,9 +174,28 @@ def gemv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, config
     blocks = triton.cdiv(N, block_n)
     part = torch.empty(blocks * split_k * t_pad * block_n if split_k > 1 else 1, dtype=torch.float32, device=x.device)
     cnt = arrival_counters(blocks, x.device) if split_k > 1 else part
-    _gemv[(blocks, split_k)](x2, w, b if b is not None else w, y, part, cnt, T, N, K, x2.stride(0), w.stride(0),
-                             y.stride(0), T_PAD=t_pad, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-                             SWIGLU=swiglu, HAS_BIAS=b is not None, num_warps=warps, num_stages=stages)
+    _gemv[(blocks, split_k)](
+        x2,
+        w,
+        b if b is not None else w,
+        y,
+        part,
+        cnt,
+        T,
+        N,
+        K,
+        x2.stride(0),
+        w.stride(0),
+        y.stride(0),
+        T_PAD=t_pad,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        SPLIT_K=split_k,
+        SWIGLU=swiglu,
+        HAS_BIAS=b is not None,
+        num_warps=warps,
+        num_stages=stages,
+    )
     return y.view(*lead, N)
 
 
@@ -237,8 +281,11 @@ class GemvPicker:
             return None
         fastest = min(timed, key=timed.get)
         best = fastest if timed[fastest] < cublas_us * 0.97 else None  # cuBLAS keeps ties (within 3%)
-        self.log(f"spectune: gemv {role} T={T} {tuple(w.shape)}: " + ("Triton" if best else "cuBLAS")
-                 + f" (cuBLAS {cublas_us:.2f} us, Triton {fastest} {timed[fastest]:.2f} us)")
+        self.log(
+            f"spectune: gemv {role} T={T} {tuple(w.shape)}: "
+            + ("Triton" if best else "cuBLAS")
+            + f" (cuBLAS {cublas_us:.2f} us, Triton {fastest} {timed[fastest]:.2f} us)"
+        )
         return best
 
 
@@ -276,7 +323,7 @@ def check_config(shape: tuple[int, int, int], swiglu: bool, config, device: str,
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(T, K, generator=gen).to(device, dtype)
-    w = (torch.randn(2 * N if swiglu else N, K, generator=gen) / K ** 0.5).to(device, dtype)
+    w = (torch.randn(2 * N if swiglu else N, K, generator=gen) / K**0.5).to(device, dtype)
     b = None if swiglu else torch.randn(N, generator=gen).to(device, dtype)
     want = _reference(x, w, b, swiglu).float()
     worst = 0.0
@@ -306,13 +353,18 @@ def step_shapes(config: dict, tp: int) -> dict[str, tuple[int, int, bool]]:
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
     hd = config.get("head_dim") or dim // heads
     q, kv_rank = heads // tp * hd, max(1, kv // tp) * hd
-    return {"qkv": (q + 2 * kv_rank, dim, False), "o": (dim, q, False), "gate_up": (2 * inter // tp, dim, True),
-            "down": (dim, inter // tp, False)}
+    return {
+        "qkv": (q + 2 * kv_rank, dim, False),
+        "o": (dim, q, False),
+        "gate_up": (2 * inter // tp, dim, True),
+        "down": (dim, inter // tp, False),
+    }
 
 
 # a wider net for `--bench --sweep` (which configurations are worth a place in CONFIGS)
-SWEEP = tuple((bn, bk, sk, w, st) for bn in (16, 32, 64) for bk in (128, 256) for sk in (1, 2, 4)
-              for w, st in ((2, 4), (4, 3), (4, 5), (8, 4)))
+SWEEP = tuple(
+    (bn, bk, sk, w, st) for bn in (16, 32, 64) for bk in (128, 256) for sk in (1, 2, 4) for w, st in ((2, 4), (4, 3), (4, 5), (8, 4))
+)
 
 
 def bench(model: str, tps: list[int], widths: list[int], log=print, configs=CONFIGS, roles=None) -> list[dict]:
@@ -326,29 +378,45 @@ def bench(model: str, tps: list[int], widths: list[int], log=print, configs=CONF
         for role, (N, K, swiglu) in step_shapes(config, tp).items():
             if role not in (roles or ("qkv", "o", "gate_up", "down")):
                 continue
-            ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5 for _ in range(3)]
+            ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5 for _ in range(3)]
             for T in widths:
                 x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
                 gb = N * K * 2 / 1e9
                 cands = [("cublas", None)] + [(str(c), c) for c in configs if runs_config(c, swiglu)]
                 for name, c in list(cands):
                     # ws is bound as a default: the closure must not see the loop's later `del ws`
-                    call = (lambda i, ws=ws: _reference(x, ws[i % 3], None, swiglu)) if c is None else \
-                        (lambda i, c=c, ws=ws: gemv(x, ws[i % 3], None, c, swiglu))
+                    call = (
+                        (lambda i, ws=ws: _reference(x, ws[i % 3], None, swiglu))
+                        if c is None
+                        else (lambda i, c=c, ws=ws: gemv(x, ws[i % 3], None, c, swiglu))
+                    )
                     try:
                         us = _graph_us(call)
                     except Exception as e:  # noqa: BLE001 - a config this GPU cannot build: say so, go on
                         log(f"tp={tp} {role} T={T}: {name} failed ({type(e).__name__})")
                         cands.remove((name, c))
                         continue
-                    rows.append({"tp": tp, "role": role, "N": N, "K": K, "T": T, "swiglu": swiglu, "kernel": name,
-                                 "us": us, "gb_s": gb / (us * 1e-6)})
-                best = min((r for r in rows[-len(cands):]), key=lambda r: r["us"])
+                    rows.append(
+                        {
+                            "tp": tp,
+                            "role": role,
+                            "N": N,
+                            "K": K,
+                            "T": T,
+                            "swiglu": swiglu,
+                            "kernel": name,
+                            "us": us,
+                            "gb_s": gb / (us * 1e-6),
+                        }
+                    )
+                best = min((r for r in rows[-len(cands) :]), key=lambda r: r["us"])
                 base = rows[-len(cands)]["us"]
-                top = sorted(rows[-len(cands) + 1:], key=lambda r: r["us"])[:4]
-                log(f"tp={tp} {role:>7} [{N}x{K}] T={T}: cuBLAS {base:6.2f} us ({rows[-len(cands)]['gb_s']:5.0f} GB/s), "
+                top = sorted(rows[-len(cands) + 1 :], key=lambda r: r["us"])[:4]
+                log(
+                    f"tp={tp} {role:>7} [{N}x{K}] T={T}: cuBLAS {base:6.2f} us ({rows[-len(cands)]['gb_s']:5.0f} GB/s), "
                     f"best {best['kernel']} {best['us']:6.2f} us ({best['gb_s']:5.0f} GB/s); Triton's fastest: "
-                    + ", ".join(f"{r['kernel']} {r['us']:.2f}" for r in top))
+                    + ", ".join(f"{r['kernel']} {r['us']:.2f}" for r in top)
+                )
             del ws
     return rows
 

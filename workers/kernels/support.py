@@ -7,6 +7,7 @@ kernels, and a fix that lets Triton's CPU interpreter run them in the tests.
     selftest_main(argv, __doc__, selftest, "cuda", tolerances, what)   # a kernel module's `--selftest` command line
     interpreted(kernel)                   # does this @triton.jit kernel run under the CPU interpreter?
 """
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@ raises `ModelConfigError` with one line naming the problem for anything else.
 
     python -m workers.model.args path/to/config.json     # prints the parsed arguments
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,9 +57,7 @@ class ModelArgs:
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArgs:
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelConfigError(
-                f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-            )
+            raise ModelConfigError(f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise ModelConfigError(f"hidden_act {act!r} is not supported (only silu / SwiGLU)")
@@ -79,9 +78,7 @@ class ModelArgs:
         theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
         rope.setdefault("rope_type", "default")
         if rope["rope_type"] not in SUPPORTED_ROPE_TYPES:
-            raise ModelConfigError(
-                f"rope type {rope['rope_type']!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
-            )
+            raise ModelConfigError(f"rope type {rope['rope_type']!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
         return cls(

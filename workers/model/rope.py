@@ -5,6 +5,7 @@
 dynamic (NTK; equal to default within the original context, which is all spectune decodes),
 llama3 (Llama 3.1 frequency bands) and yarn (NTK-by-parts + attention scaling).
 """
+
 from __future__ import annotations
 
 import math

@@ -17,6 +17,7 @@
 slices an empty model first, then reads exactly those parts from the checkpoint); `hook` sets the
 allreduce hooks and the local KV-head map on the materialised model.
 """
+
 from __future__ import annotations
 
 import sys
@@ -77,8 +78,17 @@ def parts(args: ModelArgs, tp: TPPart) -> dict[str, Part]:
     out: dict[str, Part] = {}
     for i in range(args.n_layers):
         a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        out.update({a + "q_proj.weight": q, a + "k_proj.weight": kv, a + "v_proj.weight": kv, a + "o_proj.weight": Part(1, q0 * hd, q1 * hd),
-                    m + "gate_proj.weight": up, m + "up_proj.weight": up, m + "down_proj.weight": down})
+        out.update(
+            {
+                a + "q_proj.weight": q,
+                a + "k_proj.weight": kv,
+                a + "v_proj.weight": kv,
+                a + "o_proj.weight": Part(1, q0 * hd, q1 * hd),
+                m + "gate_proj.weight": up,
+                m + "up_proj.weight": up,
+                m + "down_proj.weight": down,
+            }
+        )
         if args.attention_bias:
             out.update({a + "q_proj.bias": q, a + "k_proj.bias": kv, a + "v_proj.bias": kv})
     if tp.splits_vocab(args):
@@ -91,8 +101,11 @@ def slice_params(model: Transformer, tp: TPPart) -> Transformer:
     """Keep only this rank's part of every parameter (`parts`), in place; works on the meta device."""
     args = model.args
     if tp.vocab_parallel and tp.world > 1 and not tp.splits_vocab(args):
-        print(f"spectune: vocab_parallel ignored: vocabulary {args.vocab_size} does not divide by tp={tp.world}; lm_head stays replicated",
-              file=sys.stderr, flush=True)
+        print(
+            f"spectune: vocab_parallel ignored: vocabulary {args.vocab_size} does not divide by tp={tp.world}; lm_head stays replicated",
+            file=sys.stderr,
+            flush=True,
+        )
     if tp.splits_vocab(args) and model.lm_head.weight is model.embed_tokens.weight:  # untie first: the embedding stays whole
         model.lm_head.weight = nn.Parameter(model.embed_tokens.weight.detach().clone(), requires_grad=False)
     for name, part in parts(args, tp).items():

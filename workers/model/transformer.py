@@ -12,6 +12,7 @@ the local KV head of local query head h, so uneven head splits and GQA share one
 The KV cache keeps one position per sequence and can be rolled back to any earlier position:
 entries past a sequence's length are masked out and overwritten later, never read.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

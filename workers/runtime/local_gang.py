@@ -10,6 +10,7 @@ environment (workers/runtime/nvls.py), inherited from this process. Each serves 
 failure, a process that dies, or a deadline that passes tears the whole gang down (a rank that
 lost its peers would otherwise wait in a collective forever) and raises `GangError`.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -59,8 +60,11 @@ def _serve(rank: int, spec: GangSpec, conn) -> None:
     from workers.runtime.worker import Worker
 
     worker = Worker(rank, spec)
-    handlers = {_Setup: lambda c: worker.setup(c.rendezvous, c.timeout_s), _Run: lambda c: worker.run(c.workload),
-                _PeakRss: lambda c: worker.peak_rss_mb()}
+    handlers = {
+        _Setup: lambda c: worker.setup(c.rendezvous, c.timeout_s),
+        _Run: lambda c: worker.run(c.workload),
+        _PeakRss: lambda c: worker.peak_rss_mb(),
+    }
     try:
         while True:
             cmd = conn.recv()  # EOFError when the driver is gone: exit quietly

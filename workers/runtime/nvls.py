@@ -8,6 +8,7 @@ environment a process starts with, not set later inside it:
 
 Ray actors also get NVLS_OFF_ENV through their runtime_env (orchestrator/cluster.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ def nvls_off_here() -> None:
     for key, value in NVLS_OFF_ENV.items():
         old = os.environ.get(key)
         if old is not None and old != value:
-            print(f"spectune: {key}={old} from the environment overridden to {value}: NVLink multicast stays off",
-                  file=sys.stderr, flush=True)
+            print(
+                f"spectune: {key}={old} from the environment overridden to {value}: NVLink multicast stays off", file=sys.stderr, flush=True
+            )
         os.environ[key] = value

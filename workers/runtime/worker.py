@@ -5,6 +5,7 @@ The same class runs as a local process (`workers/runtime/local_gang.py`) or as a
 the allreduce backend against a reference sum; `run` decodes one Workload; `shutdown` leaves
 the process groups. Verifier rank 0 returns the RunResult, everyone else returns None.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -79,8 +80,11 @@ def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> 
     if d.kind == "eagle3":
         if embed is None:
             embed = eagle3.target_embedding(spec.model_path, dtype, device)
-        return Eagle3Drafter(eagle3.load_head(resolve_model_path(d.model_path), embed, load_args(spec.model_path), dtype=dtype, device=device,
-                                              max_seq=spec.max_seq))
+        return Eagle3Drafter(
+            eagle3.load_head(
+                resolve_model_path(d.model_path), embed, load_args(spec.model_path), dtype=dtype, device=device, max_seq=spec.max_seq
+            )
+        )
     if d.kind == "ngram":
         return NgramDrafter(d.ngram_max, d.ngram_min)
     if d.kind == "draft_model":
@@ -103,8 +107,12 @@ class Worker:
     def open_store(self, timeout_s: float = 600.0) -> int:
         """Rank 0 only: serve the rendezvous TCPStore on a free port and return the port."""
         self._store = dist.TCPStore(
-            "0.0.0.0", 0, self.spec.world_size, is_master=True,
-            timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+            "0.0.0.0",
+            0,
+            self.spec.world_size,
+            is_master=True,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
         )
         return self._store.port
 
@@ -129,14 +137,26 @@ class Worker:
         drafter_rank = spec.tp if spec.has_drafter else None
         dtype = DTYPES[spec.dtype]
         aux_layers = eagle3_aux_layers(spec)
-        self.link = DraftLink(dist.group.WORLD, self.rank, drafter_rank, MAX_DRAFT_TOKENS, args.vocab_size,
-                              hidden_width=len(aux_layers) * args.dim, hidden_dtype=dtype)
+        self.link = DraftLink(
+            dist.group.WORLD,
+            self.rank,
+            drafter_rank,
+            MAX_DRAFT_TOKENS,
+            args.vocab_size,
+            hidden_width=len(aux_layers) * args.dim,
+            hidden_dtype=dtype,
+        )
         if self.is_drafter:
             self.drafter = build_drafter(spec, device)
         else:
             max_numel = (MAX_DRAFT_TOKENS + 1) * args.dim
-            gang = GangInfo(world_size=spec.tp, device_type=device.type, devices=self._tp_devices(),
-                            p2p_ok=self._p2p_ok(), max_message_bytes=max_numel * dtype.itemsize)
+            gang = GangInfo(
+                world_size=spec.tp,
+                device_type=device.type,
+                devices=self._tp_devices(),
+                p2p_ok=self._p2p_ok(),
+                max_message_bytes=max_numel * dtype.itemsize,
+            )
             allreduce = make_allreduce(spec.backend, tp_group, spec.tp, gang if spec.tp > 1 else None)
             engine = spec.engine
             if spec.tp > 1:
@@ -152,10 +172,23 @@ class Worker:
             model.aux_layers = aux_layers  # eagle3: capture the states its head reads
             if aux_layers:  # the compiled step (fused_step.py) does not capture hidden states yet: the plain graphed step
                 engine = replace(engine, compile=False)
-            self.verifier = Verifier(model, allreduce, self.link, self.rank, engine=engine,
-                                     drafter=build_drafter(spec, device, model.embed_tokens.weight) if spec.drafter.in_verifier else None)
-        info = {"rank": self.rank, "role": "drafter" if self.is_drafter else "verifier", "setup_s": time.perf_counter() - t0,
-                "pid": os.getpid(), "engine": spec.engine.describe(), "devices": list(self._devices), "p2p_ok": self._peers_ok}
+            self.verifier = Verifier(
+                model,
+                allreduce,
+                self.link,
+                self.rank,
+                engine=engine,
+                drafter=build_drafter(spec, device, model.embed_tokens.weight) if spec.drafter.in_verifier else None,
+            )
+        info = {
+            "rank": self.rank,
+            "role": "drafter" if self.is_drafter else "verifier",
+            "setup_s": time.perf_counter() - t0,
+            "pid": os.getpid(),
+            "engine": spec.engine.describe(),
+            "devices": list(self._devices),
+            "p2p_ok": self._peers_ok,
+        }
         if self.verifier is not None:
             steps = self.verifier.steps
             info["engine"] = steps.engine.describe()  # as this rank runs it (fused_add_norm after the setup check)
@@ -179,13 +212,20 @@ class Worker:
         # agreed before the check: validate_add_norm's own collectives run on every rank or on none
         wanted = self.spec.engine.fused_add_norm
         if not everyone(wanted):
-            print(f"spectune: rank {self.rank}: fused add + norm turned off by engine.fused_add_norm=false"
-                  f"{'' if not wanted else ' on a peer rank'}", file=sys.stderr, flush=True)
+            print(
+                f"spectune: rank {self.rank}: fused add + norm turned off by engine.fused_add_norm=false"
+                f"{'' if not wanted else ' on a peer rank'}",
+                file=sys.stderr,
+                flush=True,
+            )
             return False
         err = validate_add_norm(allreduce, self.rank, hidden, dtype=dtype, device=device)
         if not everyone(err is None):
-            print(f"spectune: rank {self.rank}: {err or 'a peer rank refused the fused add + norm'}; "
-                  "using allreduce, then add and norm", file=sys.stderr, flush=True)
+            print(
+                f"spectune: rank {self.rank}: {err or 'a peer rank refused the fused add + norm'}; using allreduce, then add and norm",
+                file=sys.stderr,
+                flush=True,
+            )
             return False
         return True
 

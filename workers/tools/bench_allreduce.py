@@ -5,6 +5,7 @@ Each timed iteration restores the input from a source tensor before reducing it 
 would overflow), and the same loop without the allreduce is timed too and subtracted, so the
 figure is the allreduce alone. Rank 0 reports; ranks enter each size together (barrier).
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,18 @@ def _graph_of(fn, n_ops: int, device: torch.device):
     return graph
 
 
-def bench_rank(rank: int, world: int, init_file: str, backend: str, device_type: str, sizes: list[int],
-               dtype_name: str, iters: int, env: dict[str, str], queue) -> None:
+def bench_rank(
+    rank: int,
+    world: int,
+    init_file: str,
+    backend: str,
+    device_type: str,
+    sizes: list[int],
+    dtype_name: str,
+    iters: int,
+    env: dict[str, str],
+    queue,
+) -> None:
     try:
         os.environ.update(env)
         torch.set_num_threads(1)
@@ -80,17 +91,27 @@ def bench_rank(rank: int, world: int, init_file: str, backend: str, device_type:
 
             modes = [("eager", lambda f: _time_loop(f, iters, device))]
             if device_type == "cuda":
+
                 def graphed(f):
                     g = _graph_of(f, GRAPH_OPS, device)
                     return _time_loop(g.replay, max(3, iters // GRAPH_OPS), device) / GRAPH_OPS
+
                 modes.append(("graph", graphed))
             for mode, timer in modes:
                 dist.barrier()
                 t = timer(reduce_once) - timer(copy_only)
                 t = max(t, 1e-9)
                 algbw = size / t / 1e9
-                rows.append({"backend": backend, "mode": mode, "size_bytes": size, "time_us": t * 1e6,
-                             "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (world - 1) / world})
+                rows.append(
+                    {
+                        "backend": backend,
+                        "mode": mode,
+                        "size_bytes": size,
+                        "time_us": t * 1e6,
+                        "algbw_GBps": algbw,
+                        "busbw_GBps": algbw * 2 * (world - 1) / world,
+                    }
+                )
         queue.put((rank, rows if rank == 0 else None, None))
     except Exception as e:  # noqa: BLE001 - reported to the parent in one line
         queue.put((rank, None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))

@@ -3,6 +3,7 @@ next to the unsharded model's and transformers' own model's.
 
     python -m workers.tools.parity smollm2-135m --tp 2 4      # prints the max |difference| per TP size
 """
+
 from __future__ import annotations
 
 import argparse

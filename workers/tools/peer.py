@@ -3,6 +3,7 @@ assisted generation with a draft model), timed the same way, so speedups can be 
 
     python -m workers.tools.peer random:llama-3-8b --device cuda --max-new-tokens 128
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,16 +32,24 @@ def hf_model(path: str, dtype: torch.dtype, device: str):
 
 
 @torch.inference_mode()
-def generate_throughput(path: str, prompts: list[list[int]], max_new_tokens: int, dtype=torch.bfloat16, device: str = "cuda",
-                        draft_path: str | None = None) -> dict[str, float]:
+def generate_throughput(
+    path: str, prompts: list[list[int]], max_new_tokens: int, dtype=torch.bfloat16, device: str = "cuda", draft_path: str | None = None
+) -> dict[str, float]:
     model = hf_model(path, dtype, device)
     draft = hf_model(draft_path, dtype, device) if draft_path else None
     extra = {"assistant_model": draft} if draft is not None else {}
 
     def gen(ids: list[int], n: int) -> int:
         x = torch.tensor([ids], device=device)
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,  # noqa: F821 - `del model` after the loop frees it
-                             pad_token_id=0, **extra)
+        out = model.generate(  # noqa: F821 - `del model` below frees it once gen is done
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            **extra,
+        )
         return out.shape[1] - x.shape[1]
 
     gen(prompts[0], 4)  # warm-up
@@ -54,7 +63,7 @@ def generate_throughput(path: str, prompts: list[list[int]], max_new_tokens: int
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t0
     key = "hf_assisted_tok_s" if draft is not None else "hf_generate_tok_s"
-    del model, draft
+    del gen, model, draft  # the closure too: it holds the model
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return {key: tokens / seconds, f"{key.removesuffix('_tok_s')}_tokens": float(tokens)}

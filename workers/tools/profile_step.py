@@ -13,6 +13,7 @@ step (CUDA events, median of many) for the compiled fused path with each attenti
 torch.profiler and prints the top kernels by total time, with their count per step. The weight
 bytes over the measured copy bandwidth give the roofline each time is compared with.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,8 +111,10 @@ def _tp_rank(rank: int, tp: int, init_file: str, spec_kwargs: dict, widths: list
         runner.warm(widths)  # the compute-only graphs (allreduce replaced by a no-op)
         runner.allreduce.enabled = True
         for w in widths:
-            r = {"replay_ms": replay_ms(runner.graphs[(w, True)][0], device),
-                 "compute_only_ms": replay_ms(runner.graphs[(w, False)][0], device)}
+            r = {
+                "replay_ms": replay_ms(runner.graphs[(w, True)][0], device),
+                "compute_only_ms": replay_ms(runner.graphs[(w, False)][0], device),
+            }
             r["comm_ms"] = r["replay_ms"] - r["compute_only_ms"]
             rows, total_us, kernels = kernel_table(runner, w, top)  # every rank runs it: collectives pair up
             r.update(kernel_us_sum=total_us, kernels_per_step=kernels, top=rows)
@@ -166,9 +169,11 @@ def main(argv=None) -> None:
         for backend in a.backend:
             res = out[backend] = profile_tp(str(resolve_model_path(a.model)), a.tp, backend, a.widths, a.max_seq, a.top)
             for w, r in res["widths"].items():
-                print(f"\n[tp={a.tp} {backend}, attention {res['attention']}] width {w}: replay {r['replay_ms']:.3f} ms, "
-                      f"compute-only {r['compute_only_ms']:.3f} ms, comm {r['comm_ms']:.3f} ms; "
-                      f"{r['kernels_per_step']:.0f} kernels, {r['kernel_us_sum'] / 1e3:.3f} ms of kernel time (rank 0)")
+                print(
+                    f"\n[tp={a.tp} {backend}, attention {res['attention']}] width {w}: replay {r['replay_ms']:.3f} ms, "
+                    f"compute-only {r['compute_only_ms']:.3f} ms, comm {r['comm_ms']:.3f} ms; "
+                    f"{r['kernels_per_step']:.0f} kernels, {r['kernel_us_sum'] / 1e3:.3f} ms of kernel time (rank 0)"
+                )
                 for row in r["top"]:
                     print(f"  {row['us_per_step']:9.1f} us  x{row['count_per_step']:6.1f}  {row['kernel']}")
         if a.json:
@@ -201,8 +206,10 @@ def main(argv=None) -> None:
                 rows, total_us, kernels = kernel_table(runner, w, a.top)
                 r.update(kernel_us_sum=total_us, kernels_per_step=kernels, top=rows)
             out["widths"].setdefault(str(w), {})[name] = r
-            print(f"\n[{name}] width {w}: replay {r['replay_ms']:.3f} ms ({r['roofline_fraction']:.0%} of roofline), "
-                  f"step call {r['step_call_ms']:.3f} ms")
+            print(
+                f"\n[{name}] width {w}: replay {r['replay_ms']:.3f} ms ({r['roofline_fraction']:.0%} of roofline), "
+                f"step call {r['step_call_ms']:.3f} ms"
+            )
             if fused:
                 print(f"  kernels: {kernels:.0f} per step, {total_us / 1e3:.3f} ms of kernel time")
                 for row in rows:
