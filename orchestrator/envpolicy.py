@@ -24,8 +24,13 @@ def refuse_nvls(var: str, value: Any) -> None:
         raise ValueError(f"{var}={value}: NVLS / NVLink multicast must stay off and is refused in any space")
 
 
+# NCCL_* variables that are no NCCL setting: NVIDIA's container images set NCCL_VERSION to name the
+# NCCL they ship; NCCL never reads it
+NOT_NCCL_SETTINGS = frozenset({"NCCL_VERSION"})
+
+
 def inherited_nccl_env(environ=None) -> dict[str, str]:
-    """The NCCL_* variables of the driver's own environment (its shell), NVLS ones aside: Ray actors
+    """The NCCL_* settings of the driver's own environment (its shell), NVLS ones aside: Ray actors
     get them too (orchestrator/cluster.py), so a trial's params record them as `nccl.*`."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_") and k not in NVLS_OFF_ENV}
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_") and k not in NVLS_OFF_ENV and k not in NOT_NCCL_SETTINGS}

@@ -61,8 +61,8 @@ def test_ngram_gang_takes_one_instance_per_rank(fake_gpu_ray, tiny_ckpt):
         assert sorted(instances[0] + instances[1]) == [0, 1] and instances[2] == []  # the n-gram actor needs no GPU
 
 
-def test_inherited_nccl_env_leaves_nvls_and_others_out():
-    env = {"NCCL_PROTO": "LL", "NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring", "OMP_NUM_THREADS": "1"}
+def test_inherited_nccl_env_leaves_nvls_the_version_and_others_out():
+    env = {"NCCL_PROTO": "LL", "NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring", "OMP_NUM_THREADS": "1", "NCCL_VERSION": "2.28.3-1"}
     assert inherited_nccl_env(env) == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
 
 

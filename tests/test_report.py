@@ -283,6 +283,24 @@ def test_verdict_reads_like_one():
     assert "above its breakeven of 1.20 by median step time, yet measured a lower throughput_tok_s" in verdict([plain, lucky])[1]
 
 
+def test_verdict_pools_the_winners_configuration_and_names_another_as_runner_up():
+    """TPE re-proposes a finished configuration in a small space: the winner's twin trials are pooled
+    into one sentence, and the runner-up is the best other configuration."""
+    from dataclasses import replace
+
+    from orchestrator.report.verdict import verdict
+
+    best = _row(8, "ngram k=6 nccl tp1", 512.5, 6, accept_len=3.0, breakeven=1.06, within_noise=True)
+    best = replace(best, config=0, pooled_trials=[7, 8, 9], pooled_median=442.2, pooled_n=3, pooled_speedup=2.21)
+    twin = replace(best, number=7, value=460.9)
+    other = replace(_row(6, "ngram k=2 nccl tp1", 387.0, 2, accept_len=2.0, breakeven=1.03, within_noise=False), config=1)
+    plain = replace(_row(0, "plain nccl tp1", 200.0, 0, breakeven=1.0), config=2)
+    text = verdict([best, twin, other, plain])
+    assert "The same configuration ran in 3 trials (7, 8, 9): pooled median 442.20 tok/s over 3 measurements, 2.21x" in text[1]
+    runner = next(line for line in text if line.startswith("Runner-up"))
+    assert "ngram k=2 nccl tp1 (trial 6)" in runner and "outside the noise band" in runner
+
+
 def test_time_per_token_divides_the_step_by_its_tokens():
     from orchestrator.report.rows import per_token_split
 

@@ -44,6 +44,12 @@ class Row:
     speedup: float | None = None
     per_token: dict[str, float] = field(default_factory=dict)  # ms per generated token by part
     within_noise: bool | None = None  # of the best row's configuration (ranking.py); None: noise unknown
+    # its configuration as ranking.py pools it: trials that ran it, median over all their repeats
+    config: int | None = None
+    pooled_trials: list[int] = field(default_factory=list)
+    pooled_median: float | None = None
+    pooled_n: int = 0
+    pooled_speedup: float | None = None  # pooled median over the plain baseline's pooled median (same TP)
 
     @property
     def band(self) -> tuple[float, float]:
@@ -134,4 +140,7 @@ def rows_of(trials, cfg, model=None) -> list[Row]:
         for r in rows:
             i = ranking.config_of(r.number)
             r.within_noise = None if i is None or of is None else ranking.within_noise(i, of)
+            if i is not None:
+                c = ranking.configs[i]
+                r.config, r.pooled_trials, r.pooled_median, r.pooled_n, r.pooled_speedup = i, c.trials, c.median, c.n, c.speedup_vs_baseline
     return rows

@@ -35,6 +35,12 @@ def verdict(rows: list[Row]) -> list[str]:
         f"{best.label} wins (trial {best.number}): {OBJECTIVE} {value_text(best)}"
         + (f", {best.value / plain.value:.2f}x plain decoding ({plain.value:.2f})." if plain and best is not plain else ".")
     ]
+    if len(best.pooled_trials) > 1 and best.pooled_median is not None:
+        times = f", {best.pooled_speedup:.2f}x plain decoding's" if best.pooled_speedup else ""
+        out.append(
+            f"The same configuration ran in {len(best.pooled_trials)} trials ({', '.join(map(str, best.pooled_trials))}): "
+            f"pooled median {best.pooled_median:.2f} tok/s over {best.pooled_n} measurements{times}."
+        )
     if best.k > 0 and best.breakeven:
         margin = best.accept_len / best.breakeven - 1
         source = (
@@ -71,8 +77,9 @@ def verdict(rows: list[Row]) -> list[str]:
         if best.comm_fraction >= 0.95:  # the ablation's two timings differ by the whole step: they measured noise
             why += " (the step timed with and without its allreduces differed by about the whole step: read it as noise)"
         out.append(f"Allreduce is {_pct(best.comm_fraction)} of its step{tail}{why}.")
-    if len(rows) > 1:
-        second = rows[1]
+    # the runner-up is the best other configuration (trials of the winner's own are pooled above)
+    second = next((r for r in rows[1:] if r.config is None or r.config != best.config), None)
+    if second is not None:
         gap = 1 - second.value / best.value
         close = within_noise(best, second)
         if close is None:
