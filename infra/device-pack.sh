@@ -17,7 +17,7 @@
 # Versions: RAY_VERSION, OPTUNA_VERSION, MLFLOW_VERSION, SQLALCHEMY_VERSION, ALEMBIC_VERSION, PYDANTIC_VERSION.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # the project venv: --model reads DEMO_MODELS
 out=.devcarry
 mkdir -p "$out"
 git check-ignore -q "$out/x" 2>/dev/null || echo "device-pack: warning: $out/ is not ignored by git (add it to .gitignore)" >&2

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# EAGLE-3 on one GPU (docs/eagle3.md): train a SmolLM2 head on the GPU from the train split, score it
+# against the shipped head and n-gram on the held-out split (never trained on), and time the draft chain
+# of a random head of Llama-3-8B's shape at simulated tau = 3. Runs THERE after `infra/device-setup.sh`
+# (ray, rest and the demo model: docs/gpu.md); everything comes back as two files in $OUT:
+# eagle3.tar (JSON per run, the log) and head.tar (the trained head: config.json, model.safetensors,
+# training.json).
+#
+#   OUT=$OUT bash infra/gpu-eagle3.sh            # TRAIN_S (default 240) caps the training's wall time
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -f /tmp/spectune-venv/spectune.env ] && . /tmp/spectune-venv/spectune.env
+PY=${PYTHON:-/tmp/spectune-venv/bin/python}
+OUT=${OUT:-/tmp/spectune-eagle3}
+W=${WORK:-/tmp/spectune-eagle3-work}
+mkdir -p "$OUT" "$W/json"
+log=$W/json/log.txt
+run() {  # name, limit, args...: JSON to $W/json/name.json
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*" >> "$log"
+  timeout -k 10 "$limit" $PY -m orchestrator "$@" > "$W/json/$name.json" 2>> "$log" || echo "!!! $name failed (rc=$?)" >> "$log"
+}
+
+# the held-out split as its own prompt file (train-drafter's --split rule: the 4th prompt of every 4 per category)
+$PY - "$W/heldout.jsonl" <<'EOF'
+import json, sys
+from orchestrator.prompts import BUNDLED_PROMPTS
+seen = {}
+with open(BUNDLED_PROMPTS) as f, open(sys.argv[1], "w") as out:
+    for line in f:
+        obj = json.loads(line)
+        i = seen[obj["category"]] = seen.get(obj["category"], -1) + 1
+        if i % 4 == 3:
+            out.write(line)
+EOF
+
+# 1. train on the GPU: every train-split prompt, longer responses than the CPU run could afford
+echo "=== train-drafter" >> "$log"
+timeout -k 10 "${TRAIN_S:-240}" $PY -m orchestrator train-drafter --model smollm2-135m --split train --max-new-tokens 384 \
+    --gen-batch 64 --max-steps "${STEPS:-1500}" --batch 8 --ttt-steps 4 --lr 1e-3 --draft-vocab 4096 --save-every 100 \
+    --device cuda --out "$W/head" >> "$log" 2>&1 || echo "!!! train-drafter stopped (rc=$?; the last saved step is kept)" >> "$log"
+
+# 2. held-out acceptance and speed, each run with its own plain baseline on the same prompts
+H="decode --model smollm2-135m --tp 1 --device cuda --prompts $W/heldout.jsonl --num-prompts 56 --max-new-tokens 128 --json"
+run heldout_ngram 200 $H --drafter ngram -k 4
+run heldout_eagle3_shipped 200 $H --drafter eagle3 --draft-model smollm2-135m-eagle3 -k 4 --draft-placement rank0
+[ -f "$W/head/model.safetensors" ] && run heldout_eagle3_gpu 200 $H --drafter eagle3 --draft-model "$W/head" -k 4 --draft-placement rank0
+[ -f "$W/head/model.safetensors" ] && run heldout_eagle3_gpu_actor 200 $H --drafter eagle3 --draft-model "$W/head" -k 4 --draft-placement actor
+
+# 3. the chain of a head of Llama-3-8B's shape (random: acceptance imposed), in the rank and as its own process
+$PY -m workers.drafters.eagle3_ckpt --target random:llama-3-8b --draft-vocab 32000 --out "$W/head8b" >> "$log" 2>&1
+E="decode --model random:llama-3-8b --tp 1 --device cuda --category writing --num-prompts 4 --max-new-tokens 128 --json"
+for p in rank0 actor; do
+  run random8b_eagle3_$p 240 $E --drafter eagle3 --draft-model "$W/head8b" --draft-placement $p -k 4 --simulate-accept-len 3
+done
+
+tar -C "$W/json" -cf "$OUT/eagle3.tar" .
+[ -d "$W/head" ] && tar -C "$W/head" -cf "$OUT/head.tar" config.json model.safetensors training.json 2>/dev/null
+grep -E "^(===|!!!)|accepted length|tok/s" "$log" | tail -40
