@@ -29,7 +29,7 @@ from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.ranking import PARAMS_ATTR, SAMPLES_ATTR, baseline_median, is_baseline, median_mad, trial_params
 from orchestrator.space import TrialConfig, constraint_violation, suggest
-from orchestrator.tracking import RETRY_TAG, Tracker, config_label, experiment_params, rounded
+from orchestrator.tracking import PRUNE_TAG, RETRY_TAG, Tracker, config_label, experiment_params, rounded
 from orchestrator.workload import PreparedWorkload
 from workers.runtime.errors import GangError
 from workers.spec import RunResult
@@ -181,7 +181,7 @@ def run_trial(
     if why := constraint_violation(tc):  # recorded (an MLflow run with the reason), never run
         run_id = tracker.start_trial(trial.number, params, tags)
         trial.set_user_attr("mlflow_run_id", run_id)
-        trial.set_user_attr("spectune.fail_reason", why)
+        trial.set_user_attr(PRUNE_TAG, why)  # one tag name in Optuna and MLflow (docs/tags.md)
         study.tell(trial, state=TrialState.PRUNED)
         tracker.finish_trial(run_id, "PRUNED", why)
         return TrialOutcome(state="PRUNED", config=tc, reason=why)

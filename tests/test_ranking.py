@@ -163,7 +163,7 @@ def test_a_constraint_violating_trial_is_recorded_pruned_and_never_run(tmp_path)
     out = run_trial(study, trial, c, None, None, tracker, "spectune.heartbeat")
     assert out.state == "PRUNED" and "NCCL_MIN_NCHANNELS=8 is above NCCL_MAX_NCHANNELS=2" in out.reason
     frozen = study.trials[0]
-    assert frozen.state == TrialState.PRUNED and frozen.user_attrs["spectune.fail_reason"] == out.reason
+    assert frozen.state == TrialState.PRUNED and frozen.user_attrs["spectune.prune_reason"] == out.reason
     run = tracker.client.get_run(frozen.user_attrs["mlflow_run_id"])
-    assert run.data.tags["spectune.state"] == "PRUNED" and run.data.tags["spectune.reason"] == out.reason
+    assert run.data.tags["spectune.state"] == "PRUNED" and run.data.tags["spectune.prune_reason"] == out.reason
     assert run.data.params["nccl.NCCL_MIN_NCHANNELS"] == "8" and run.data.params["spec.num_draft_tokens"] == "4"
