@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # EAGLE-3 on one GPU (docs/eagle3.md): train a SmolLM2 head on the GPU from the train split, score it
-# against the shipped head and n-gram on the held-out split (never trained on), and time the draft chain
+# against the shipped head and n-gram on the held-out split (never trained on; rank0 placement), and time the draft chain
 # of a random head of Llama-3-8B's shape at simulated tau = 3. Runs THERE after `infra/device-setup.sh`
 # (ray, rest and the demo model: docs/gpu.md); everything comes back as two files in $OUT:
 # eagle3.tar (JSON per run, the log) and head.tar (the trained head: config.json, model.safetensors,
@@ -38,7 +38,7 @@ EOF
 # 1. train on the GPU: every train-split prompt, longer responses than the CPU run could afford
 echo "=== train-drafter" >> "$log"
 timeout -k 10 "${TRAIN_S:-240}" $PY -m orchestrator train-drafter --model smollm2-135m --split train --max-new-tokens 384 \
-    --gen-batch 64 --max-steps "${STEPS:-1500}" --batch 8 --ttt-steps 4 --lr 1e-3 --draft-vocab 4096 --save-every 100 \
+    --gen-batch 128 --max-steps "${STEPS:-1500}" --batch 8 --ttt-steps 4 --lr 1e-3 --draft-vocab 4096 --save-every 100 \
     --device cuda --out "$W/head" >> "$log" 2>&1 || echo "!!! train-drafter stopped (rc=$?; the last saved step is kept)" >> "$log"
 
 # 2. held-out acceptance and speed, each run with its own plain baseline on the same prompts
@@ -46,7 +46,6 @@ H="decode --model smollm2-135m --tp 1 --device cuda --prompts $W/heldout.jsonl -
 run heldout_ngram 200 $H --drafter ngram -k 4
 run heldout_eagle3_shipped 200 $H --drafter eagle3 --draft-model smollm2-135m-eagle3 -k 4 --draft-placement rank0
 [ -f "$W/head/model.safetensors" ] && run heldout_eagle3_gpu 200 $H --drafter eagle3 --draft-model "$W/head" -k 4 --draft-placement rank0
-[ -f "$W/head/model.safetensors" ] && run heldout_eagle3_gpu_actor 200 $H --drafter eagle3 --draft-model "$W/head" -k 4 --draft-placement actor
 
 # 3. the chain of a head of Llama-3-8B's shape (random: acceptance imposed), in the rank and as its own process
 $PY -m workers.drafters.eagle3_ckpt --target random:llama-3-8b --draft-vocab 32000 --out "$W/head8b" >> "$log" 2>&1

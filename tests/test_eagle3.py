@@ -114,6 +114,34 @@ def test_public_head_loads_with_its_names_and_maps(tiny_ckpt, tiny_head):
     assert len(p.tokens) == 4 and all(bool(head.t2d[t]) for t in p.tokens)
 
 
+@torch.inference_mode()
+def test_device_chain_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_head):
+    """The chain body a CUDA graph captures (static positions, the whole cache under a position
+    mask, argmax fed back on the device), run uncaptured on CPU: the same drafts as the eager
+    loop over rounds of verifier states, rejected drafts rolled back, and a prompt wider than the
+    graph's feed (fed eagerly but its last entry)."""
+    target = load_args(tiny_ckpt)
+    model = load_model(tiny_ckpt)
+    head = load_head(tiny_head, model.embed_tokens.weight, target)
+    eager, chain = Eagle3Drafter(head, chain=False), Eagle3Drafter(head, chain=True)
+    assert chain.use_chain and not chain.chain.capture  # CPU: the body runs directly
+    g = torch.Generator().manual_seed(5)
+    committed = list(range(5, 5 + chain.chain.max_width + 8))  # wider than one chain feed
+    states = torch.randn(len(committed) - 1, 192, generator=g)
+    for d in (eager, chain):
+        d.prefill(committed)
+        d.observe(states)
+    for rnd, (k, accepted) in enumerate([(4, 1), (3, 0), (4, 4), (2, 2), (1, 1)]):
+        pe, pc = eager.propose(committed, k), chain.propose(committed, k)
+        assert pc.tokens == pe.tokens and len(pc.tokens) == k, f"round {rnd}"
+        assert chain.cache.lengths == eager.cache.lengths
+        new = pe.tokens[:accepted] + [int(torch.randint(3, 512, (1,), generator=g))]  # accepted drafts + the verifier's token
+        more = torch.randn(len(new), 192, generator=g)
+        committed += new
+        for d in (eager, chain):
+            d.observe(more)
+
+
 @pytest.mark.parametrize("what, change", [("target_hidden_size", {"hidden_size": 32}), ("vocab_size", {"vocab_size": 1000})])
 def test_head_that_does_not_fit_exits_2_with_one_line(tmp_path, tiny_ckpt, what, change):
     head = write_head(tmp_path / "bad", tiny_config(**change))

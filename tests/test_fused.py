@@ -39,6 +39,28 @@ def test_fused_matches_plain(tmp_path, cfg):
     torch.testing.assert_close(c2.k[0][:, :, :13], c1.k[0][:, :, :13])
 
 
+@torch.inference_mode()
+def test_fused_step_captures_the_aux_states_the_plain_model_does(tmp_path):
+    """EAGLE-3 reads the residual stream entering three layers: the fused step keeps the same
+    tensors in model.aux as the plain model, also where the join is the allreduce's add + norm."""
+    cfg = tiny_config(num_hidden_layers=4)
+    path = write_random_checkpoint(tmp_path, cfg, seed=7)
+    plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)
+    plain.aux_layers = model.aux_layers = (0, 2, 3)
+    fast = FusedStep(model, UNCOMPILED, _add_norm_world_of_one())
+    c1, c2 = plain.new_cache(1), model.new_cache(1)
+    prompt = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(1))
+    plain(prompt, c1)
+    model(prompt, c2)
+    step, pos = torch.tensor([[3, 4]]), torch.arange(9, 11)[None]
+    plain(step, c1)
+    fast.hidden_at(step, pos, c2, c2.max_seq)
+    assert len(model.aux) == 3 and [a.shape for a in model.aux] == [(1, 2, cfg["hidden_size"])] * 3
+    for got, want in zip(model.aux, plain.aux):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(model.aux[0], model.aux[1])  # three different layers' inputs
+
+
 def _add_norm_world_of_one():
     """An allreduce that adds the residual and applies the next norm itself (symm_mem_ll's
     `add_norm` on GPUs), as a world of one: the base class's add + norm, which the kernel must equal."""

@@ -184,7 +184,15 @@ class Eagle3Head(nn.Module):
         kv_len = start + T
         if kv_len > cache.max_seq:
             raise ValueError(f"sequence length {kv_len} exceeds the EAGLE-3 head's cache ({cache.max_seq})")
-        pos = torch.arange(start, kv_len, device=tokens.device)[None]
+        out = self.step_at(tokens, g, torch.arange(start, kv_len, device=tokens.device)[None], cache, kv_len)
+        cache.lengths[0] = kv_len
+        return out
+
+    def step_at(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int):
+        """`step` at explicit positions pos [1, T], attending to the first kv_len cache slots under a
+        position mask; leaves cache.lengths to the caller. kv_len = cache.max_seq makes every shape
+        static (what the chain's CUDA graph captures, workers/drafters/eagle3_chain.py)."""
+        T = tokens.shape[0]
         dtype = self.fc.weight.dtype
         cos, sin = self.rope_cos[pos][:, None].to(dtype), self.rope_sin[pos][:, None].to(dtype)
         mask = (torch.arange(kv_len, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
@@ -197,7 +205,6 @@ class Eagle3Head(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attend(q, k, v, mask, cache.k[0], cache.v[0], pos, attn.gqa_group, attn.kv_map)
         h = self.midlayer.finish(g[None].to(dtype), out)[0]
-        cache.lengths[0] = kv_len
         return h, self.lm_head(self.norm(h[-1:]))[0].float()
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -278,11 +285,23 @@ class Eagle3Drafter(Drafter):
     kind = "eagle3"
     reads_hidden = True
 
-    def __init__(self, head: Eagle3Head):
+    def __init__(self, head: Eagle3Head, chain: bool | None = None):
+        from workers.drafters.eagle3_chain import Eagle3Chain
+        from workers.engine.link import MAX_DRAFT_TOKENS
+
         self.head = head
         self.device = head.fc.weight.device
         self.cache = head.new_cache()
+        # greedy proposals through the device-only chain (chain None: on a GPU, where it is one CUDA
+        # graph per feed width; True on CPU runs the same body uncaptured, for tests)
+        self.chain = Eagle3Chain(head, self.cache, MAX_DRAFT_TOKENS + 1)
+        self.use_chain = self.chain.capture if chain is None else chain
         self.begin(0.0, 0)
+        self.prefill([])
+
+    def warm(self, k: int) -> None:
+        if self.use_chain:
+            self.chain.warm(k)
         self.prefill([])
 
     def begin(self, temperature: float, seed: int) -> None:
@@ -319,8 +338,16 @@ class Eagle3Drafter(Drafter):
             return Proposal(tokens=[], draft_s=time.perf_counter() - t0)
         g = torch.cat(self.states) if len(self.states) > 1 else self.states[0]
         self.states = []
-        toks = torch.tensor(committed[self.ctx + 1 : n + 1], device=self.device)
-        h, logits = self.head.step(toks, g, self.cache)
+        feed = committed[self.ctx + 1 : n + 1]
+        if self.temperature <= 0 and self.use_chain:  # greedy: the whole chain in one replay
+            if len(feed) > self.chain.max_width:  # the prompt's states: all but the last eagerly
+                self.head.step(torch.tensor(feed[:-1], device=self.device), g[:-1], self.cache)
+                feed, g = feed[-1:], g[-1:]
+            tokens = self.chain.draft(feed, g, k)
+            if tokens is not None:
+                self.ctx = n
+                return Proposal(tokens=tokens, draft_s=time.perf_counter() - t0)
+        h, logits = self.head.step(torch.tensor(feed, device=self.device), g, self.cache)
         self.ctx = n
         tokens, qs = [], []
         for i in range(k):

@@ -50,6 +50,7 @@ def generate(model: Transformer, prompts: list[list[int]], max_new: int, eos: se
     batch cache), then all rows step together, each at its own position (`Transformer.hidden`
     masks per row), so a row's tokens are its batch-1 greedy tokens up to float rounding."""
     B = len(prompts)
+    dev = model.embed_tokens.weight.device
     longest = max(len(p) for p in prompts)
     cache = model.new_cache(B, max_seq=longest + max_new + 1)
     one = model.new_cache(1, max_seq=longest + 1)
@@ -57,7 +58,7 @@ def generate(model: Transformer, prompts: list[list[int]], max_new: int, eos: se
     last = []
     for b, p in enumerate(prompts):
         one.reset()
-        logits = model(torch.tensor([p]), one)[0, -1]
+        logits = model(torch.tensor([p], device=dev), one)[0, -1]
         for dst, src in zip(cache.k + cache.v, one.k + one.v):
             dst[b, :, : len(p)] = src[0, :, : len(p)]
         cache.lengths[b] = len(p)
@@ -68,7 +69,7 @@ def generate(model: Transformer, prompts: list[list[int]], max_new: int, eos: se
     for _ in range(max_new - 1):
         if not any(live):
             break
-        logits = model(torch.tensor([[o[-1]] for o in outs]), cache)[:, -1]
+        logits = model(torch.tensor([[o[-1]] for o in outs], device=dev), cache)[:, -1]
         step_aux = torch.cat(model.aux, -1)[:, 0]
         nxt = logits.argmax(-1).tolist()
         for b in range(B):
@@ -79,7 +80,8 @@ def generate(model: Transformer, prompts: list[list[int]], max_new: int, eos: se
     samples = []
     for p, o, a in zip(prompts, outs, aux):
         tokens = p + o
-        samples.append(Sample(torch.tensor(tokens), torch.cat(a)[: len(tokens) - 1].to(torch.bfloat16), len(p)))
+        # kept on the host (a GPU run's responses do not pin GPU memory); ttt_loss moves one sample at a time
+        samples.append(Sample(torch.tensor(tokens), torch.cat(a)[: len(tokens) - 1].to("cpu", torch.bfloat16), len(p)))
     return samples
 
 
@@ -106,7 +108,7 @@ def warm_start(model: Transformer, aux_layers: tuple[int, ...], draft_ids: list[
     with torch.no_grad():
         head.embed_tokens.weight.copy_(model.embed_tokens.weight)
         head.embed_tokens.weight.requires_grad_(False)
-        head.lm_head.weight.copy_(model.lm_head.weight[torch.tensor(draft_ids)])
+        head.lm_head.weight.copy_(model.lm_head.weight[torch.tensor(draft_ids, device=model.lm_head.weight.device)])
         head.norm.weight.copy_(model.norm.weight)
         fc = torch.randn(head.fc.weight.shape, generator=g) * 0.02 / math.sqrt(3)
         fc[:, 2 * d :] += torch.eye(d)
@@ -131,22 +133,23 @@ def ttt_loss(head: Eagle3Head, s: Sample, steps: int) -> tuple[torch.Tensor, lis
     positions scored and of correct top-1 predictions."""
     a = head.cfg.args
     attn, layer = head.midlayer.self_attn, head.midlayer
-    N = s.tokens.shape[0]
+    dtype, dev = head.fc.weight.dtype, head.fc.weight.device
+    tokens = s.tokens.to(dev)
+    N = tokens.shape[0]
     n = N - 1  # entries 0..N-2: (g_i, x_{i+1})
-    dtype = head.fc.weight.dtype
-    g = head.fc(s.aux[:n].to(dtype))
-    ent = torch.arange(n)
+    g = head.fc(s.aux[:n].to(dev, dtype))
+    ent = torch.arange(n, device=dev)
     t2d_index = torch.cumsum(head.t2d.long(), 0) - 1  # target id -> draft id (where t2d)
     causal = ent[None, :] <= ent[:, None]
     group = a.n_heads // a.n_kv_heads
     keys, values = [], []
-    total = torch.zeros(())
+    total = torch.zeros((), device=dev)
     counts, correct = [], []
     for j in range(steps):
         idx = ent + 1 + j  # the token each entry reads
         lab = ent + 2 + j  # the token it predicts
         valid = lab < N
-        tok = s.tokens[idx.clamp_max(N - 1)]
+        tok = tokens[idx.clamp_max(N - 1)]
         x = layer.qkv_input(head.embed_tokens(tok)[None], g[None])
         pos = (ent + j).clamp_max(head.rope_cos.shape[0] - 1)
         cos, sin = head.rope_cos[pos][None, None].to(dtype), head.rope_sin[pos][None, None].to(dtype)
@@ -166,7 +169,7 @@ def ttt_loss(head: Eagle3Head, s: Sample, steps: int) -> tuple[torch.Tensor, lis
         o = o.transpose(0, 1).reshape(1, n, -1)
         h = layer.finish(g[None], o)[0]
         logits = head.lm_head(head.norm(h)).float()
-        target = s.tokens[lab.clamp_max(N - 1)]
+        target = tokens[lab.clamp_max(N - 1)]
         mask = valid & (lab >= s.prompt_len)
         in_vocab = mask & head.t2d[target]
         if in_vocab.any():

@@ -17,7 +17,8 @@ Two choices are branches inside that one body, fixed when the step is built:
   (`AllReduce.fuses_add_norm`, a property of the backend fixed when it was built, e.g.
   symm_mem_ll) and `EngineConfig.fused_add_norm` is on, the join is that one kernel; otherwise the
   allreduce, then one compiled add + norm.
-The QKV projection and rope are one compiled body for SDPA; with the Triton attention
+With `model.aux_layers` set (EAGLE-3) the residual stream entering those layers is kept in
+`model.aux`, as the plain model keeps it. The QKV projection and rope are one compiled body for SDPA; with the Triton attention
 (workers/kernels/attention.py `rope_write_attend`) rope, the cache write and attention are one
 kernel reading the merged projection. The cache write stays outside the compiled regions on
 purpose: an in-place write to a graph input is functionalised by Inductor into a copy of the whole
@@ -165,11 +166,16 @@ class FusedStep:
         cos, sin, mask = model.rope_and_mask(pos, kv_len, masked=self.needs_mask)
         first = layers[0].input_layernorm
         h = self.norm_body(x, first.weight, first.eps)
+        seen = {}
         for i, (layer, (wqkv, bqkv, wgu), k_cache, v_cache) in enumerate(zip(layers, self.merged, cache.k, cache.v)):
+            if i in model.aux_layers:  # EAGLE-3: the residual stream entering layer i (a copy: a join may write x in place)
+                seen[i] = x.clone()
             core = self._attention(layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask)
             x, h = self._join(self._linear("o", core, layer.self_attn.o_proj.weight), x, layer.post_attention_layernorm)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.norm
             x, h = self._join(self._mlp(h, wgu, layer.mlp.down_proj.weight), x, nxt)
+        if model.aux_layers:
+            model.aux = [seen[i] for i in model.aux_layers]
         return h
 
 

@@ -169,9 +169,7 @@ class Worker:
                 engine = replace(engine, fused_add_norm=self._check_add_norm(allreduce, tp_group, args.dim, dtype, device))
             part = TPPart(self.rank, spec.tp, spec.vocab_parallel)
             model = hook(load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, tp=part), part, allreduce)
-            model.aux_layers = aux_layers  # eagle3: capture the states its head reads
-            if aux_layers:  # the compiled step (fused_step.py) does not capture hidden states yet: the plain graphed step
-                engine = replace(engine, compile=False)
+            model.aux_layers = aux_layers  # eagle3: capture the states its head reads (plain and fused steps)
             self.verifier = Verifier(
                 model,
                 allreduce,
