@@ -84,6 +84,9 @@ class Workload:
     # logit), so a speculative run that leaves this output at a numerical near tie can be told apart
     # from a wrong one (orchestrator/equivalence.py)
     record_margins: bool = False
+    # B > 1: the prompts decode in static batches of B (in order; the last batch may hold fewer),
+    # one verify pass of B x (k + 1) tokens per step (workers/engine/batched.py)
+    batch_size: int = 1
 
 
 @dataclass

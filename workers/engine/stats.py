@@ -14,6 +14,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def relative_margins(top2: list) -> list[float]:
+    """Per token (top-1 - top-2 logit) / max(|top-1|, 1): how far each greedy choice was from a tie.
+    `top2` are the steps' `topk(2).values` (torch tensors), left on the device until now (one host
+    sync per prompt)."""
+    if not top2:
+        return []
+    import torch
+
+    return [(a - b) / max(abs(a), 1.0) for a, b in torch.stack(top2).tolist()]
+
+
 @dataclass
 class StepRecord:
     drafted: int
@@ -24,6 +35,13 @@ class StepRecord:
     draft_s: float  # as reported by the drafter
     comm_calls: int
     comm_s: float
+    # a batched step (Workload.batch_size > 1): drafted / accepted / emitted above are sums over the
+    # `rows` sequences still decoding, and row_drafts holds each one's (drafted, accepted)
+    rows: int = 1
+    row_drafts: tuple[tuple[int, int], ...] = ()
+
+    def per_row(self) -> tuple[tuple[int, int], ...]:
+        return self.row_drafts or ((self.drafted, self.accepted),)
 
 
 @dataclass
@@ -49,8 +67,9 @@ class RunStats:
             # steady-state decode speed: tokens emitted by decode steps over the time of those steps
             # (throughput_tok_s also charges each prompt's prefill)
             decode_tok_s=sum(s.emitted for s in self.steps) / max(1e-12, sum(s.step_s for s in self.steps)),
-            accept_len_mean=float(np.mean([s.emitted for s in self.steps])),
-            drafted_mean=float(np.mean([s.drafted for s in self.steps])),
+            # per sequence and step: a batched step counts once per sequence it advanced
+            accept_len_mean=sum(s.emitted for s in self.steps) / sum(s.rows for s in self.steps),
+            drafted_mean=sum(s.drafted for s in self.steps) / sum(s.rows for s in self.steps),
             step_ms_p50=float(np.percentile(step_ms, 50)),
             step_ms_p90=float(np.percentile(step_ms, 90)),
             verify_ms_p50=float(np.percentile(verify_ms, 50)),
@@ -59,8 +78,9 @@ class RunStats:
             comm_ms_per_step=comm_s * 1e3 / len(self.steps),
             comm_fraction=comm_s / max(1e-12, float(step_ms.sum()) / 1e3),
         )
+        rows = [r for s in self.steps for r in s.per_row()]
         for i in range(1, k + 1):
-            drafted = [s for s in self.steps if s.drafted >= i]
+            drafted = [accepted for n, accepted in rows if n >= i]
             if drafted:
-                m[f"accept_rate_pos_{i}"] = sum(s.accepted >= i for s in drafted) / len(drafted)
+                m[f"accept_rate_pos_{i}"] = sum(a >= i for a in drafted) / len(drafted)
         return m

@@ -37,6 +37,7 @@ Extension points (what changes where, and what stays):
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class Sequence:
     accepted: int = 0  # drafts kept over all steps (after EOS / max_new_tokens cuts)
     top2: list[torch.Tensor] | None = None  # per token top-1 / top-2 logits, where margins are recorded
     started: float = field(default_factory=time.perf_counter)
+    drafter: Drafter | None = None  # a batch: this row's copy of an in-rank drafter (else the strategy's)
 
     @classmethod
     def of(cls, prompt, row: int = 0) -> Sequence:
@@ -183,9 +185,15 @@ class StepStrategy:
     def __init__(self, rank: Rank):
         self.r, self.w, self.k = rank, rank.w, rank.w.num_draft_tokens
 
-    def begin_run(self) -> None:
-        """Before timing: capture every step width this mode uses (all TP ranks together)."""
-        self.r.steps.warm(range(1, self.k + 2), greedy=self.overlapped, margins=self.margins)
+    def begin_run(self, capture: bool = True) -> None:
+        """Before timing: capture every step width this mode uses (all TP ranks together); a batched
+        run (eager passes) captures nothing."""
+        if capture:
+            self.r.steps.warm(range(1, self.k + 2), greedy=self.overlapped, margins=self.margins)
+
+    def row_drafters(self, n: int) -> list[Drafter | None]:
+        """One drafter per row of a batch (None: the mode drafts nothing by itself)."""
+        return [None] * n
 
     def begin_prompt(self, seq: Sequence) -> None:
         """A new prompt, before its prefill (the cache is reset already)."""
@@ -318,16 +326,20 @@ class InRankDrafting(StepStrategy):
         super().__init__(rank)
         self.drafter = drafter
 
-    def begin_run(self) -> None:
-        super().begin_run()
+    def begin_run(self, capture: bool = True) -> None:
+        super().begin_run(capture)
         self.drafter.begin(self.w.temperature, self.w.seed + 1)
         self.drafter.warm(self.k)
 
+    def row_drafters(self, n: int) -> list[Drafter | None]:
+        """Each row its own copy: a drafter keeps per-sequence state (the n-gram index)."""
+        return [self.drafter] + [copy.deepcopy(self.drafter) for _ in range(n - 1)]
+
     def begin_prompt(self, seq: Sequence) -> None:
-        self.drafter.prefill(list(seq.tokens))
+        (seq.drafter or self.drafter).prefill(list(seq.tokens))
 
     def propose(self, seq: Sequence) -> Proposal:
-        return self.drafter.propose(seq.tokens, self.k)
+        return (seq.drafter or self.drafter).propose(seq.tokens, self.k)
 
 
 class LinkedDrafting(StepStrategy):
@@ -346,8 +358,11 @@ class SimulatedAcceptance(StepStrategy):
         super().__init__(rank)
         self.source, self.accept_len, self.credit = source, accept_len, 0.0
 
-    def begin_run(self) -> None:
-        self.source.begin_run()
+    def begin_run(self, capture: bool = True) -> None:
+        self.source.begin_run(capture)
+
+    def row_drafters(self, n: int) -> list[Drafter | None]:
+        return self.source.row_drafters(n)
 
     def begin_prompt(self, seq: Sequence) -> None:
         self.source.begin_prompt(seq)

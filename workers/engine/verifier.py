@@ -41,21 +41,14 @@ import torch
 
 from workers.comm import AllReduce
 from workers.drafters import Drafter
+from workers.engine.batched import decode_batches, why_not_batched
 from workers.engine.config import EngineConfig
 from workers.engine.link import DraftLink
-from workers.engine.stats import RunStats
+from workers.engine.stats import RunStats, relative_margins
 from workers.engine.steps import StepRunner
 from workers.engine.strategies import HiddenStates, ProgressHook, Rank, Sequence, strategy_for
 from workers.model.transformer import Transformer
 from workers.spec import PromptResult, RunResult, Workload
-
-
-def relative_margins(top2: list[torch.Tensor]) -> list[float]:
-    """Per token (top-1 - top-2 logit) / max(|top-1|, 1): how far each greedy choice was from a tie.
-    `top2` are the steps' `topk(2).values`, left on the device until now (one host sync per prompt)."""
-    if not top2:
-        return []
-    return [(a - b) / max(abs(a), 1.0) for a, b in torch.stack(top2).tolist()]
 
 
 def decides_locally(w: Workload, has_drafter: bool) -> bool:
@@ -131,6 +124,8 @@ class Verifier:
             hidden=self._hidden_states(w),
         )
         strategy = strategy_for(rank, self.drafter, overlap=self.steps.engine.overlap)  # fixed for the run: every rank picks it alike
+        if w.batch_size != 1:
+            return self._run_batched(w, rank, strategy)
         strategy.begin_run()
         self.link.wait_for_drafter()  # its warm-up stays out of the timed prompts
         stats, prompts = RunStats(), []
@@ -160,6 +155,21 @@ class Verifier:
                     margins=relative_margins(seq.top2 or []),
                 )
             )
+        return self._finish(w, prompts, stats)
+
+    def _run_batched(self, w: Workload, rank: Rank, strategy) -> RunResult | None:
+        """B sequences per pass (workers/engine/batched.py) on a B-row cache of this run's own."""
+        reads_hidden = self.drafter is not None and self.drafter.reads_hidden
+        if why := why_not_batched(w, self.link.drafter_rank is not None, reads_hidden or rank.hidden is not None):
+            raise ValueError(why)
+        rank.cache = self.model.new_cache(w.batch_size, self.cache.max_seq)
+        strategy.begin_run(capture=False)
+        self.link.wait_for_drafter()
+        check = self._check_agreement if rank.local else None
+        prompts, stats = decode_batches(rank, strategy, self.model, w, check)
+        return self._finish(w, prompts, stats)
+
+    def _finish(self, w: Workload, prompts: list[PromptResult], stats: RunStats) -> RunResult | None:
         k = w.num_draft_tokens
         split = self.comm_split(k + 1, w.comm_ablation_iters) if w.comm_ablation_iters and self.allreduce.world_size > 1 else {}
         if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:

@@ -68,6 +68,15 @@ class KVCache:
     def reset(self) -> None:
         self.lengths = [0] * len(self.lengths)
 
+    def view(self, start: int, n: int) -> KVCache:
+        """Sequences start .. start + n - 1 as a cache of their own: the same storage (writes land
+        here) and a copy of their lengths, which the caller writes back."""
+        return KVCache(
+            k=[t[start : start + n] for t in self.k],
+            v=[t[start : start + n] for t in self.v],
+            lengths=self.lengths[start : start + n],
+        )
+
 
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):

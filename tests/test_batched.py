@@ -1,0 +1,74 @@
+"""Batch > 1 (workers/engine/batched.py) through a real gang of processes: every sequence of a
+batch decodes exactly its batch-1 tokens, plain and with n-gram drafting, at TP 1 and 2, with
+sequences of different lengths that finish at different steps (EOS); the per-sequence acceptance
+statistics stay per sequence; what cannot run batched says so."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.engine.stats import RunStats, StepRecord
+from workers.runtime.errors import GangError
+from workers.runtime.local_gang import LocalGang
+from workers.spec import DrafterSpec, GangSpec, Workload
+
+
+def _prompts(n: int) -> tuple[tuple[int, ...], ...]:
+    """Different lengths (ragged rows) with repeated spans (something for the n-gram drafter)."""
+    g = torch.Generator().manual_seed(11)
+    out = []
+    for i in range(n):
+        half = torch.randint(3, 512, (6 + 3 * i,), generator=g).tolist()
+        out.append(tuple(half + half))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_every_sequence_of_a_batch_decodes_its_batch_one_tokens(tiny_ckpt, tp):
+    prompts = _prompts(5)  # batches of 2: the last one holds a single sequence
+    spec = GangSpec(model_path=str(tiny_ckpt), tp=tp, drafter=DrafterSpec(kind="ngram"), max_seq=256)
+    with LocalGang(spec, timeout_s=300) as gang:
+        gang.setup()
+        free = gang.run(Workload(prompts=prompts, max_new_tokens=30))
+        eos = free.prompts[1].tokens[12]  # a token the model emits: sequences end at different steps
+        for k in (0, 3):
+            one = gang.run(Workload(prompts=prompts, max_new_tokens=30, num_draft_tokens=k, eos_ids=(eos,)))
+            for batch in (2, 4):
+                many = gang.run(Workload(prompts=prompts, max_new_tokens=30, num_draft_tokens=k, eos_ids=(eos,), batch_size=batch))
+                assert [p.tokens for p in many.prompts] == [p.tokens for p in one.prompts], f"k={k} B={batch} tp={tp}"
+                # acceptance is the drafter's and the sequence's, not the batch's
+                assert [(p.steps, p.accepted) for p in many.prompts] == [(p.steps, p.accepted) for p in one.prompts]
+                assert many.metrics["accept_len_mean"] == pytest.approx(one.metrics["accept_len_mean"])
+                assert many.metrics["tokens_generated"] == one.metrics["tokens_generated"]
+                # fewer passes than batch 1 (several sequences per pass), at least the longest sequence's
+                assert max(p.steps for p in one.prompts) <= many.metrics["num_steps"] < one.metrics["num_steps"]
+        lengths = [len(p.tokens) for p in one.prompts]
+        assert min(lengths) < max(lengths), "the EOS should end some sequences early"
+
+
+def test_simulated_acceptance_runs_batched(tiny_ckpt):
+    spec = GangSpec(model_path=str(tiny_ckpt), tp=1, drafter=DrafterSpec(kind="ngram"), max_seq=256)
+    with LocalGang(spec, timeout_s=300) as gang:
+        gang.setup()
+        r = gang.run(Workload(prompts=_prompts(4), max_new_tokens=40, num_draft_tokens=4, simulate_accept_len=3.0, batch_size=4))
+    assert r.metrics["drafted_mean"] == 4.0
+    assert r.metrics["accept_len_mean"] == pytest.approx(3.0, abs=0.1)
+
+
+def test_a_drafter_process_is_refused_batched_with_a_reason(tiny_ckpt):
+    spec = GangSpec(model_path=str(tiny_ckpt), tp=1, drafter=DrafterSpec(kind="layer_skip", layers=1), max_seq=256)
+    with LocalGang(spec, timeout_s=120) as gang:
+        gang.setup()
+        with pytest.raises(GangError, match="batch_size > 1"):
+            gang.run(Workload(prompts=_prompts(2), max_new_tokens=8, num_draft_tokens=2, batch_size=2))
+
+
+def test_batched_steps_count_acceptance_per_sequence():
+    """Two sequences in one pass: one kept 3 of 4 drafts, the other none."""
+    both = StepRecord(drafted=8, accepted=3, emitted=5, step_s=1.0, verify_s=1.0, draft_s=0, comm_calls=0, comm_s=0, rows=2, row_drafts=((4, 3), (4, 0)))
+    m = RunStats(steps=[both], tokens=5, seconds=1.0).metrics(4)
+    assert m["accept_len_mean"] == 2.5
+    assert m["drafted_mean"] == 4.0
+    assert [m[f"accept_rate_pos_{i}"] for i in (1, 2, 3, 4)] == [0.5, 0.5, 0.5, 0.0]
+    assert m["decode_tok_s"] == 5.0

@@ -1,0 +1,146 @@
+"""Batch > 1: B sequences decode together in static batches (`Workload.batch_size`).
+
+`Verifier.run` hands a run with batch_size > 1 to `decode_batches`. Per batch of up to B prompts
+(in workload order; the last batch may hold fewer):
+
+    prefill   each prompt on its own row of a B-row KV cache (eager, any length); first tokens
+    steps     until every sequence of the batch is done:
+        propose   for each live sequence, by the run's strategy (plain, in-rank n-gram, simulated)
+        score     one pass over [B, W] tokens, W = 1 + the longest proposal: row b is
+                  [last_b, d_1 .. d_n] padded with its last token; a finished row is fed its last
+                  token W times (masked: its logits are ignored and its cache rolled back)
+        decide    for each live row on its own logits rows 0 .. n_b (the same rules as batch 1)
+        commit    each row appends its tokens and rolls its cache back to base_b + 1 + accepted_b
+
+The attention mask is per row and by position (`Transformer.rope_and_mask`), so rows of different
+lengths, the padding and stale cache entries never mix: every sequence's greedy output is its
+batch-1 output, up to floating-point near ties (a batch changes the GEMM shapes).
+
+What runs batched: plain decoding, drafters inside the verifier ranks that read tokens only (the
+n-gram lookup: one copy per row) and simulated acceptance. Every rank then decides for itself, so
+no per-step message crosses the draft link. The pass is eager (CUDA graphs per (B, width) are not
+captured yet). A batch's wall time (prefills included) is charged once to the run; each prompt's
+`seconds` runs from its batch's start to its own last token.
+
+    prompts, stats = decode_batches(rank, strategy, model, workload)   # rank.cache has B rows
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from workers.engine.link import VerifyResult
+from workers.engine.stats import RunStats, StepRecord, relative_margins
+from workers.engine.strategies import Rank, Sequence, StepStrategy, finish
+from workers.model.transformer import KVCache, Transformer
+from workers.spec import PromptResult, Workload
+
+
+def why_not_batched(w: Workload, linked_drafter: bool, reads_hidden: bool) -> str | None:
+    """Why this run cannot decode in batches (None: it can)."""
+    if w.batch_size < 1:
+        return f"batch_size must be >= 1, not {w.batch_size}"
+    if w.batch_size == 1:
+        return None
+    if linked_drafter:
+        return "batch_size > 1 runs drafters inside the verifier ranks (ngram) or none; a drafter process is not batched yet"
+    if reads_hidden:
+        return "batch_size > 1 does not run the eagle3 drafter yet (its head reads one sequence's hidden states)"
+    return None
+
+
+def _step(rank: Rank, strategy: StepStrategy, model: Transformer, cache: KVCache, seqs: list[Sequence]) -> StepRecord:
+    live = [s for s in seqs if not s.done]
+    t0 = time.perf_counter()
+    proposals = {s.row: strategy.propose(s) for s in live}
+    t1 = time.perf_counter()
+    width = 1 + max(len(p.tokens) for p in proposals.values())
+    feed = []
+    for s in seqs:
+        row = [s.tokens[-1], *proposals[s.row].tokens] if s.row in proposals else [s.tokens[-1]]
+        feed.append(row + [row[-1]] * (width - len(row)))
+    base = list(cache.lengths)
+    calls0, comm0 = rank.counters.calls, rank.counters.seconds
+    logits = model(torch.tensor(feed, device=model.embed_tokens.weight.device), cache)  # [n, W, V]; every row +W
+    kept = []
+    for s in live:
+        p = proposals[s.row]
+        n, new = strategy.decide(s, p, logits[s.row, : 1 + len(p.tokens)])
+        new, done = finish(new, s.n_generated, rank.w)
+        res = rank.publish(VerifyResult(accepted=n, tokens=new, done=done))
+        # keep [last, d_1..d_accepted]; the correction / bonus token is fed next step
+        cache.rollback(s.row, base[s.row] + 1 + res.accepted)
+        s.commit(res)
+        s.steps += 1
+        s.accepted += len(res.tokens) - 1
+        kept.append(res)
+    for s in seqs:
+        if s.row not in proposals:
+            cache.rollback(s.row, base[s.row])  # a finished row: its padding pass is forgotten
+    t2 = time.perf_counter()
+    return StepRecord(
+        drafted=sum(len(p.tokens) for p in proposals.values()),
+        accepted=sum(r.accepted for r in kept),
+        emitted=sum(len(r.tokens) for r in kept),
+        step_s=t2 - t0,
+        verify_s=t2 - t1,
+        draft_s=sum(p.draft_s for p in proposals.values()),
+        comm_calls=rank.counters.calls - calls0,
+        comm_s=rank.counters.seconds - comm0,
+        rows=len(live),
+        row_drafts=tuple((len(proposals[s.row].tokens), r.accepted) for s, r in zip(live, kept)),
+    )
+
+
+def decode_batches(rank: Rank, strategy: StepStrategy, model: Transformer, w: Workload, check=None) -> tuple[list[PromptResult], RunStats]:
+    """Every prompt of `w`, B at a time on the B rows of `rank.cache`. `check(tokens)` runs on each
+    finished sequence's output (the TP ranks' agreement check)."""
+    if not rank.local:
+        raise ValueError("batched decoding needs every rank to decide for itself (no drafter process)")
+    B, full = w.batch_size, rank.cache
+    drafters = strategy.row_drafters(B)
+    device = model.embed_tokens.weight.device
+    stats, results = RunStats(), []
+    for first in range(0, len(w.prompts), B):
+        chunk = w.prompts[first : first + B]
+        cache = full.view(0, len(chunk))
+        cache.reset()
+        t_batch = time.perf_counter()
+        seqs, prefill_s = [], []
+        for b, prompt in enumerate(chunk):
+            t0 = time.perf_counter()
+            seq = Sequence.of(prompt, row=b)
+            seq.started, seq.drafter = t_batch, drafters[b]
+            strategy.begin_prompt(seq)
+            row = cache.view(b, 1)
+            logits = model(torch.tensor([list(prompt)], device=device), row)[0, -1]
+            cache.lengths[b] = row.lengths[0]
+            seq.commit(rank.publish(rank.first_token(logits)))
+            strategy.prefilled(seq, logits)
+            prefill_s.append(time.perf_counter() - t0)
+            seqs.append(seq)
+        ended = {s.row: time.perf_counter() for s in seqs if s.done}
+        while any(not s.done for s in seqs):
+            stats.steps.append(_step(rank, strategy, model, cache, seqs))
+            now = time.perf_counter()
+            ended.update({s.row: now for s in seqs if s.done and s.row not in ended})
+            if rank.on_progress is not None:
+                rank.on_progress(sum(s.n_generated for s in seqs), now - t_batch)
+        stats.seconds += time.perf_counter() - t_batch
+        for s in seqs:
+            if check is not None:
+                check(s.generated)
+            stats.tokens += s.n_generated
+            results.append(
+                PromptResult(
+                    tokens=s.generated,
+                    seconds=ended[s.row] - t_batch,
+                    steps=s.steps,
+                    accepted=s.accepted,
+                    prefill_s=prefill_s[s.row],
+                    margins=relative_margins(s.top2 or []),
+                )
+            )
+    return results, stats
