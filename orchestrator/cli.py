@@ -4,6 +4,7 @@
     spectune run experiments/smoke-cpu.yaml [--set study.n_trials=8]
     spectune validate experiments/tp8-pcie.yaml
     spectune report experiments/smoke-cpu.yaml
+    spectune export experiments/smoke-cpu.yaml --to vllm [--out FILE]
     spectune schema --out experiments/spectune.schema.json
 
 User errors (bad flags, files, model paths, TP sizes, backends) print one line
@@ -91,6 +92,12 @@ def _add_decode(sub) -> None:
         default=None,
         help="accept exactly tau - 1 drafts per step (engine speed apart from drafter quality)",
     )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=d.batch_size,
+        help="decode B sequences per verify pass (static batches); B > 1 also runs plain decoding at batch 1 and at B",
+    )
     p.add_argument("--ablation-iters", type=int, default=None, help="steps timed with and without the allreduce (comm_fraction)")
     p.add_argument("--peer-baseline", action="store_true", help="also time transformers' generate (and assisted generation)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -108,6 +115,7 @@ def _decode(ns: argparse.Namespace) -> int:
             "throughput_tok_s",
             "baseline_throughput_tok_s",
             "speedup_vs_baseline",
+            "plain_batch_speedup",
             "accept_len_mean",
             "outputs_match_baseline",
             "step_ms_p50",
@@ -217,6 +225,12 @@ def _add_experiment_commands(sub) -> None:
         help="a `bench-allreduce --json` output: the performance model's allreduce term (rounds x latency) and what-if estimates over its setups",
     )
     p.set_defaults(handler=_report)
+    p = sub.add_parser("export", help="the per-batch-size schedule of a study, for a serving engine (json | vllm | sglang | env)")
+    p.add_argument("experiment")
+    p.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
+    p.add_argument("--to", dest="fmt", choices=("json", "vllm", "sglang", "env"), default="json", help="output format")
+    p.add_argument("--out", default=None, help="write to this file (default: print)")
+    p.set_defaults(handler=_export)
     p = sub.add_parser("schema", help="print (or write) the JSON schema of experiment YAMLs")
     p.add_argument("--out", default=None)
     p.set_defaults(handler=_schema)
@@ -253,6 +267,25 @@ def _report(ns: argparse.Namespace) -> int:
     from orchestrator.report import report
 
     report(load_config(ns.experiment, ns.set), ns.out, bench=ns.bench)
+    return 0
+
+
+def _export(ns: argparse.Namespace) -> int:
+    from orchestrator.config import load_config
+    from orchestrator.export_formats import render
+    from orchestrator.perfcheck import open_study
+    from orchestrator.schedule import build_schedule
+
+    cfg = load_config(ns.experiment, ns.set)
+    schedule = build_schedule(open_study(cfg), model=cfg.model.path, dtype=cfg.model.dtype)
+    if not schedule["schedule"]:
+        raise UserError(f"study {cfg.study_name!r} has no COMPLETE trial to export: run `spectune run` first")
+    text = render(schedule, ns.fmt)
+    if ns.out:
+        open(ns.out, "w").write(text if text.endswith("\n") else text + "\n")
+        print(f"spectune: {ns.fmt} schedule of {len(schedule['schedule'])} batch size(s) written to {ns.out}", file=sys.stderr)
+    else:
+        print(text, end="" if text.endswith("\n") else "\n")
     return 0
 
 

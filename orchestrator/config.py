@@ -105,6 +105,21 @@ class WorkloadSection(_Section):
     # engine speed apart from drafter quality: trials with k > 0 accept exactly tau - 1 drafts per step
     # (on average); their tokens are not the model's output (no baseline comparison), their timing is real
     simulate_accept_len: float | None = Field(None, ge=1, le=PARAMS["spec.num_draft_tokens"].high + 1)
+    # decode the prompts in static batches of each size too: batch 1 is always measured (repeated,
+    # pruned, the noise band); every size > 1 once per trial after it, as metrics *_b<B>
+    batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _batch_sizes(cls, v: list[int]) -> list[int]:
+        if any(b < 1 or b > MAX_BATCH for b in v):
+            raise ValueError(f"each batch size must be between 1 and {MAX_BATCH}, got {v}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"batch sizes repeat: {v}")
+        return sorted(set(v) | {1})
+
+
+MAX_BATCH = 256
 
 
 class IntParam(_Section):

@@ -62,6 +62,7 @@ class DecodeOptions:
     fused_add_norm: bool = True
     overlap: bool = True
     simulate_accept_len: float | None = None
+    batch_size: int = 1  # > 1: the speculative run and a plain run decode in static batches of this size
     ablation_iters: int | None = None  # comm/compute split; default 10 on cpu, 50 on cuda (tp > 1)
     peer_baseline: bool = False  # also time transformers' generate (and assisted generation with --draft-model)
     ray: bool = False  # the gang as Ray actors (RAY_ADDRESS or an embedded local Ray) instead of local processes
@@ -95,6 +96,7 @@ FLAGS = {
     "engine.attention": "--attention",
     "engine.gemv": "--gemv",
     "workload.simulate_accept_len": "--simulate-accept-len",
+    "workload.batch_sizes": "--batch-size",
 }
 
 
@@ -136,6 +138,7 @@ def experiment(o: DecodeOptions, n_layers: int) -> ExperimentConfig:
             "temperature": o.temperature,
             "seed": o.seed,
             "simulate_accept_len": o.simulate_accept_len,
+            "batch_sizes": [o.batch_size],
         },
         "search": {"space": {"spec.num_draft_tokens": k}},
         "study": {"n_trials": 1, "baseline": False},
@@ -171,6 +174,10 @@ def plan(o: DecodeOptions) -> DecodePlan:
         raise UserError(f"--temperature {o.temperature} must be >= 0")
     if o.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {o.max_new_tokens} must be at least 1")
+    if o.batch_size < 1:
+        raise UserError(f"--batch-size {o.batch_size} must be at least 1")
+    if o.batch_size > 1 and o.ngram_actor:
+        raise UserError("--batch-size > 1 runs the n-gram drafter inside the verifier ranks, not with --ngram-actor")
     if o.attention == "triton" and o.device != "cuda":
         raise UserError("--attention triton runs the CUDA graphs' attention kernel; this run is on CPU (use auto or sdpa)")
     cfg = experiment(o, args.n_layers)
@@ -184,7 +191,9 @@ def plan(o: DecodeOptions) -> DecodePlan:
     if o.ngram_actor and gang.drafter.kind == "ngram":  # the n-gram drafter as its own process on the draft link
         gang = replace(gang, drafter=replace(gang.drafter, ngram_actor=True))
     ablation = o.ablation_iters if o.ablation_iters is not None else (50 if o.device == "cuda" else 5)
-    workload = replace(prepared.workload(cfg, tc), record_margins=False, comm_ablation_iters=ablation if o.tp > 1 else 0)
+    workload = replace(
+        prepared.workload(cfg, tc, batch_size=o.batch_size), record_margins=False, comm_ablation_iters=ablation if o.tp > 1 else 0
+    )
     return DecodePlan(
         cfg=cfg,
         trial=tc,
@@ -206,6 +215,7 @@ def params(o: DecodeOptions, p: DecodePlan) -> dict:
         "workload.num_prompts": len(p.prompts),
         "workload.max_new_tokens": w.max_new_tokens,
         "workload.seed": w.seed,
+        "workload.batch_size": o.batch_size,
     }
 
 
@@ -309,10 +319,16 @@ def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
         log(f"gang of {p.gang.world_size} processes ready in {setup_s:.1f}s (step attention: {attention})")
         warm = Workload(prompts=p.token_ids[:1], max_new_tokens=4, num_draft_tokens=o.num_draft_tokens, eos_ids=())
         gang.run(warm)
-        base = None
-        if o.baseline and o.num_draft_tokens > 0:
-            base = gang.run(replace(workload, num_draft_tokens=0, simulate_accept_len=None, record_margins=o.temperature == 0))
-            log(f"baseline (k=0): {base.metrics['throughput_tok_s']:.1f} tok/s")
+        base = ref = None
+        B = workload.batch_size
+        if o.baseline and (o.num_draft_tokens > 0 or B > 1):
+            # the reference: plain decoding at batch 1 (its tokens and near-tie margins judge every other run)
+            ref = gang.run(replace(workload, num_draft_tokens=0, simulate_accept_len=None, record_margins=o.temperature == 0, batch_size=1))
+            log(f"baseline (k=0, batch 1): {ref.metrics['throughput_tok_s']:.1f} tok/s")
+            base = ref
+            if B > 1 and o.num_draft_tokens > 0:
+                base = gang.run(replace(workload, num_draft_tokens=0, simulate_accept_len=None))
+                log(f"baseline (k=0, batch {B}): {base.metrics['throughput_tok_s']:.1f} tok/s")
         spec = gang.run(workload)
         log(
             f"k={o.num_draft_tokens}: {spec.metrics['throughput_tok_s']:.1f} tok/s, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}"
@@ -328,6 +344,17 @@ def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
     }
     if base is None and o.num_draft_tokens == 0:
         base = spec
+    if ref is not None and B > 1:
+        plain = spec if o.num_draft_tokens == 0 else base
+        out["batch1_baseline_throughput_tok_s"] = ref.metrics["throughput_tok_s"]
+        out["plain_batch_speedup"] = plain.metrics["throughput_tok_s"] / ref.metrics["throughput_tok_s"]  # plain at B over plain at 1
+        if o.temperature == 0:
+            verdict = outputs_verdict(
+                [r.tokens for r in ref.prompts], [r.margins for r in ref.prompts], [r.tokens for r in plain.prompts], p.gang.dtype
+            )
+            out["plain_batch_outputs_match_batch1"] = verdict["outputs_match_baseline"]
+        if o.num_draft_tokens == 0:
+            base = ref
     if base is not None:
         out["speedup_vs_baseline"] = spec.metrics["throughput_tok_s"] / base.metrics["throughput_tok_s"]
         out["baseline_throughput_tok_s"] = base.metrics["throughput_tok_s"]
@@ -335,9 +362,10 @@ def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
             out["baseline_decode_tok_s"] = base.metrics["decode_tok_s"]
             out["decode_speedup_vs_baseline"] = spec.metrics["decode_tok_s"] / base.metrics["decode_tok_s"]
         if o.temperature == 0 and o.simulate_accept_len is None:
+            judge = ref or base  # batch 1's tokens and margins
             out.update(
                 outputs_verdict(
-                    [b.tokens for b in base.prompts], [b.margins for b in base.prompts], [s.tokens for s in spec.prompts], p.gang.dtype
+                    [b.tokens for b in judge.prompts], [b.margins for b in judge.prompts], [s.tokens for s in spec.prompts], p.gang.dtype
                 )
             )
     if o.peer_baseline:

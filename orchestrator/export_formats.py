@@ -81,8 +81,13 @@ def _speculates(row: dict) -> bool:
     return row.get("drafter", "none") != "none" and _k(row) > 0
 
 
+# the drafter options that make a drafter another one for an engine (an EAGLE-3 head's placement
+# is where spectune ran it, which no engine takes)
+_DRAFTER_IDENTITY = ("model_path", "ngram_max", "ngram_min", "layers")
+
+
 def _same_drafter(a: dict, b: dict) -> bool:
-    return a.get("drafter") == b.get("drafter") and _opts(a) == _opts(b)
+    return a.get("drafter") == b.get("drafter") and all(_opts(a).get(o) == _opts(b).get(o) for o in _DRAFTER_IDENTITY)
 
 
 def _ngram_window(row: dict) -> tuple[int, int]:
@@ -138,24 +143,31 @@ def _env(row: dict) -> dict[str, str]:
 def _header(schedule: dict, rows: list[dict], engine: str | None) -> list[str]:
     lines = [f"# spectune export: study {schedule.get('study')}, model {schedule.get('model')}, dtype {schedule.get('dtype')}"]
     if engine:
-        lines.append(f"# flag names checked against {engine} {ENGINE_VERSIONS[engine.lower()]}")
+        lines.append(f"# flag names checked against the {engine} documentation of {ENGINE_VERSIONS[engine.lower()]}")
     lines.append("# winners by batch size:")
     lines += [f"#   {_winner_text(r)}" for r in rows]
     return lines
 
 
-def _one_engine_notes(rows: list[dict], engine: str, drafters_differ: bool) -> list[str]:
-    """Comments for what one server cannot follow: TP and (where asked) the drafter per batch size."""
+def _other_drafters(rows: list[dict]) -> list[dict]:
+    """The batch sizes whose winner speculates with another drafter than the smallest batch size's
+    (plain-decoding winners are not in it: the k tables say where speculation is off)."""
+    return [r for r in rows[1:] if _speculates(r) and not _same_drafter(r, rows[0])]
+
+
+def _one_engine_notes(rows: list[dict], engine: str) -> list[str]:
+    """Comments for what one server cannot follow per batch size: its TP size and its drafter."""
     first, notes = rows[0], []
     if any(r.get("tp") != first.get("tp") for r in rows[1:]):
-        notes.append(f"# {engine} runs one tensor-parallel size: the batch-size-{first['batch_size']} winner's tp {first.get('tp')} is used")
-    if drafters_differ:
-        others = [r for r in rows[1:] if not _same_drafter(r, first) and (_speculates(r) or _speculates(first))]
-        if others:
-            notes.append(
-                f"# {engine} takes one drafter: the batch-size-{first['batch_size']} winner ({_drafter_text(first)}) is used; "
-                + "; ".join(f"batch size {r['batch_size']} was won by {_drafter_text(r)}" for r in others)
-            )
+        notes.append(
+            f"# {engine} runs one tensor-parallel size: the batch-size-{first['batch_size']} winner's tp {first.get('tp')} is used"
+        )
+    others = _other_drafters(rows)
+    if others:
+        notes.append(
+            f"# {engine} takes one drafter: the batch-size-{first['batch_size']} winner ({_drafter_text(first)}) is used; "
+            + "; ".join(f"batch size {r['batch_size']} was won by {_drafter_text(r)}" for r in others)
+        )
     return notes
 
 
@@ -179,7 +191,8 @@ def _command(parts: list[str]) -> str:
 
 
 def _cuda_graphs(row: dict) -> bool:
-    return bool((row.get("engine") or {}).get("cuda_graphs", True))
+    value = (row.get("engine") or {}).get("cuda_graphs", True)
+    return str(value).strip().lower() not in ("false", "0", "no", "off")
 
 
 # ---------------------------------------------------------------------------- vLLM
@@ -241,6 +254,12 @@ def _vllm_speculative_config(rows: list[dict]) -> tuple[dict | None, list[str]]:
             "#   vLLM documents it as tested with eagle/eagle3 and off with data parallelism; for another method check it,",
             f"#   or delete the key to run the batch-size-{first['batch_size']} winner's k={k} everywhere",
         ]
+        left_out = _other_drafters(rows)
+        if left_out:
+            notes.append(
+                "#   batch sizes won by another drafter are not in the table and take the k before them: "
+                + ", ".join(str(r["batch_size"]) for r in left_out)
+            )
     return spec, notes
 
 
@@ -251,7 +270,7 @@ def to_vllm(schedule: dict) -> str:
     lines = _header(schedule, rows, "vLLM")
     spec, notes = _vllm_speculative_config(rows)
     lines += notes
-    lines += _one_engine_notes(rows, "vLLM", drafters_differ=True)
+    lines += _one_engine_notes(rows, "vLLM")
     lines += _exports(first)
     parts = [f"vllm serve {shlex.quote(str(schedule.get('model')))}"]
     if schedule.get("dtype"):
@@ -326,7 +345,7 @@ def to_sglang(schedule: dict) -> str:
     # SGLang's adaptive mode (docs/advanced_features/adaptive_speculative_decoding.md) follows the
     # acceptance length, not the batch size: there is no batch-size -> k table to emit
     lines += _k_comment_table(rows, "SGLang")
-    lines += _one_engine_notes(rows, "SGLang", drafters_differ=True)
+    lines += _one_engine_notes(rows, "SGLang")
     lines += _exports(first)
     parts = [f"python -m sglang.launch_server --model-path {shlex.quote(str(schedule.get('model')))}"]
     if schedule.get("dtype"):

@@ -65,7 +65,7 @@ def config_key(params: dict) -> str:
     return json.dumps({k: str(v) for k, v in sorted(params.items())}, sort_keys=True)
 
 
-def _complete(trials) -> list:
+def complete_trials(trials) -> list:
     from optuna.trial import TrialState
 
     return [t for t in trials if t.state == TrialState.COMPLETE and trial_samples(t)]
@@ -74,7 +74,7 @@ def _complete(trials) -> list:
 def baseline_median(trials, tp: int) -> float | None:
     """Pooled median throughput of the COMPLETE k = 0 trials at TP `tp` (None: no such trial)."""
     samples = [
-        x for t in _complete(trials) if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp for x in trial_samples(t)
+        x for t in complete_trials(trials) if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp for x in trial_samples(t)
     ]
     return median_mad(samples)[0] if samples else None
 
@@ -177,7 +177,7 @@ def noise_rel(configs: list[ConfigStats]) -> tuple[float | None, list[int]]:
 def rank(trials) -> Ranking:
     """Pool the COMPLETE trials by configuration and rank them by median throughput."""
     groups: dict[str, ConfigStats] = {}
-    done = _complete(trials)
+    done = complete_trials(trials)
     for t in sorted(done, key=lambda t: t.number):
         params = trial_params(t)
         c = groups.setdefault(config_key(params), ConfigStats(params, [], [], 0.0, 0.0))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,7 @@ from orchestrator.envpolicy import inherited_nccl_env
 from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.ranking import PARAMS_ATTR, SAMPLES_ATTR, baseline_median, is_baseline, median_mad, trial_params
+from orchestrator.schedule import batch_metric
 from orchestrator.space import TrialConfig, constraint_violation, suggest
 from orchestrator.tracking import PRUNE_TAG, RETRY_TAG, Tracker, config_label, experiment_params, rounded
 from orchestrator.workload import PreparedWorkload
@@ -154,6 +156,60 @@ def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int, live=N
     return RunResult.merge(parts), False, per_repeat
 
 
+def _batched(cfg, prepared, gang, tc, reference: dict | None, heartbeat) -> dict[str, float]:
+    """Every batch size > 1 of workload.batch_sizes, once over all prompts: metrics *_b<B>. Greedy
+    (and not simulated): each sequence's tokens against `reference` ({"tokens", "margins"}: the batch-1
+    baseline's), near ties allowed as at batch 1 (outputs_match_b<B>)."""
+    out: dict[str, float] = {}
+    for batch in cfg.workload.batch_sizes:
+        if batch == 1:
+            continue
+        r = gang.run(prepared.workload(cfg, tc, batch_size=batch), timeout_s=cfg.limits.trial_timeout_s)
+        heartbeat()
+        m = r.metrics
+        for name in ("throughput_tok_s", "decode_tok_s", "accept_len_mean", "step_ms_p50"):
+            if name in m:
+                out[batch_metric(name, batch)] = m[name]
+        if reference is not None:
+            got = [p.tokens for p in r.prompts]
+            verdict = outputs_verdict(reference["tokens"], reference["margins"], got, cfg.model.dtype)
+            out[batch_metric("outputs_match", batch)] = verdict["outputs_match_baseline"]
+    return out
+
+
+def batch_objective(metrics: dict, cfg: ExperimentConfig) -> dict[str, float]:
+    """Several batch sizes: Optuna's objective is the geometric mean over them of the throughput (batch 1:
+    the noise-aware objective), so a relative gain at any batch size counts alike; `objective_b1` keeps
+    batch 1's."""
+    values = [metrics.get("objective", metrics["throughput_tok_s"])]
+    values += [metrics[batch_metric("throughput_tok_s", b)] for b in cfg.workload.batch_sizes if b > 1]
+    if any(v <= 0 for v in values):
+        return {"objective_b1": values[0], "objective": 0.0}
+    return {"objective_b1": values[0], "objective": math.exp(sum(math.log(v) for v in values) / len(values))}
+
+
+def batch_speedups(metrics: dict, cfg: ExperimentConfig, study, tp: int, is_plain: bool) -> dict[str, float]:
+    """speedup_vs_baseline_b<B>: over the pooled k = 0 trials' throughput at the same batch size and TP."""
+    from optuna.trial import TrialState
+
+    out = {}
+    plain = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_baseline(t)]
+    plain = [t for t in plain if int(trial_params(t).get("parallel.tp", tp)) == tp]
+    for b in cfg.workload.batch_sizes:
+        key = batch_metric("throughput_tok_s", b)
+        if b == 1 or key not in metrics:
+            continue
+        values = [float(t.user_attrs[key]) for t in plain if key in t.user_attrs] + ([metrics[key]] if is_plain else [])
+        if values:
+            out[batch_metric("speedup_vs_baseline", b)] = metrics[key] / median_mad(values)[0]
+    return out
+
+
+def _batch_mismatch(metrics: dict, cfg: ExperimentConfig) -> int | None:
+    """The first batch size whose sequences parted from the batch-1 baseline (None: none did)."""
+    return next((b for b in cfg.workload.batch_sizes if metrics.get(batch_metric("outputs_match", b)) == 0), None)
+
+
 def _rel_spread(values: list[float]) -> float:
     med, mad = median_mad(values)
     return mad / med if med > 0 else 0.0
@@ -224,6 +280,17 @@ def run_trial(
             recorded = baseline_outputs(base, tracker) if base is not None and want is not None and want != digest else None
             if recorded:  # parted ways: at a numerical near tie only?
                 metrics.update(outputs_verdict(recorded["tokens"], recorded["margins"], [p.tokens for p in first], cfg.model.dtype))
+        if not pruned and max(cfg.workload.batch_sizes) > 1:
+            plain = tc.num_draft_tokens == 0
+            reference = None
+            if cfg.workload.temperature == 0 and not simulated:
+                # the batch-1 baseline's tokens and margins; without one yet, this trial's own batch-1 tokens, exactly
+                reference = baseline_outputs(base, tracker) if base is not None and not plain else None
+                reference = reference or {"tokens": [p.tokens for p in first], "margins": [p.margins for p in first]}
+            metrics.update(_batched(cfg, prepared, gang, tc, reference, lambda: trial.set_user_attr(heartbeat_attr, time.time())))
+            metrics.update(batch_speedups(metrics, cfg, study, tc.tp, plain))
+            if "objective" in metrics:
+                metrics.update(batch_objective(metrics, cfg))
         tracker.log_metrics(run_id, metrics)
         tracker.log_step_series(
             run_id,
@@ -249,8 +316,9 @@ def run_trial(
         if pruned:
             state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt, and outside the noise band of the best"
             study.tell(trial, state=TrialState.PRUNED)
-        elif metrics.get("outputs_match_baseline") == 0:
-            state, reason = "FAIL", "invalid: greedy output differs from the baseline"
+        elif metrics.get("outputs_match_baseline") == 0 or (bad := _batch_mismatch(metrics, cfg)):
+            at = "" if metrics.get("outputs_match_baseline") == 0 else f" at batch size {bad}"
+            state, reason = "FAIL", f"invalid: greedy output{at} differs from the baseline"
             trial.set_user_attr("spectune.invalid", reason)
             study.tell(trial, state=TrialState.FAIL)
         else:

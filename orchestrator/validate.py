@@ -15,6 +15,21 @@ from workers.model.args import ModelConfigError, check_tp
 from workers.model.checkpoint import load_args, resolve_model_path
 
 
+def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list) -> None:
+    """Batch sizes > 1 need a batch's worth of prompts and drafters that run batched (workers/engine/batched.py)."""
+    big = max(cfg.workload.batch_sizes)
+    if big == 1:
+        return
+    if big > len(prepared.token_ids):
+        raise UserError(
+            f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (raise workload.num_prompts)"
+        )
+    if slow := [k for k in kinds if k not in ("none", "ngram")]:
+        raise UserError(
+            f"workload.batch_sizes: batch sizes > 1 run with drafter.kind ngram or none; {registry.where(cfg, 'drafter.kind')} allows {slow[0]}"
+        )
+
+
 def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     check_conditions(cfg)
 
@@ -84,6 +99,7 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
             except (ValueError, OSError) as e:
                 raise UserError(f"{where('drafter.model_path')}: {e}") from None
         check_limits("drafter.placement")
+    check_batches(cfg, prepared, kinds)
     for name in registry.ENGINE_PARAMS:
         check_limits(name)
     if cfg.parallel.device != "cuda" and "triton" in candidates(cfg, "engine.attention"):

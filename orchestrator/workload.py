@@ -26,7 +26,9 @@ class PreparedWorkload:
     max_seq: int
     tokenizer: Tokenizer
 
-    def workload(self, cfg: ExperimentConfig, tc: TrialConfig, prompts: tuple[tuple[int, ...], ...] | None = None) -> Workload:
+    def workload(
+        self, cfg: ExperimentConfig, tc: TrialConfig, prompts: tuple[tuple[int, ...], ...] | None = None, batch_size: int = 1
+    ) -> Workload:
         w = cfg.workload
         return Workload(
             prompts=prompts if prompts is not None else self.token_ids,
@@ -36,7 +38,9 @@ class PreparedWorkload:
             seed=w.seed,
             eos_ids=self.eos_ids,
             simulate_accept_len=w.simulate_accept_len if tc.num_draft_tokens > 0 else None,
-            record_margins=tc.num_draft_tokens == 0 and w.temperature == 0,  # the baseline other trials are checked against
+            # the batch-1 baseline other trials are checked against
+            record_margins=tc.num_draft_tokens == 0 and w.temperature == 0 and batch_size == 1,
+            batch_size=batch_size,
         )
 
     def gang_spec(self, cfg: ExperimentConfig, tc: TrialConfig) -> GangSpec:

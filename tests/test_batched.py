@@ -66,7 +66,9 @@ def test_a_drafter_process_is_refused_batched_with_a_reason(tiny_ckpt):
 
 def test_batched_steps_count_acceptance_per_sequence():
     """Two sequences in one pass: one kept 3 of 4 drafts, the other none."""
-    both = StepRecord(drafted=8, accepted=3, emitted=5, step_s=1.0, verify_s=1.0, draft_s=0, comm_calls=0, comm_s=0, rows=2, row_drafts=((4, 3), (4, 0)))
+    both = StepRecord(
+        drafted=8, accepted=3, emitted=5, step_s=1.0, verify_s=1.0, draft_s=0, comm_calls=0, comm_s=0, rows=2, row_drafts=((4, 3), (4, 0))
+    )
     m = RunStats(steps=[both], tokens=5, seconds=1.0).metrics(4)
     assert m["accept_len_mean"] == 2.5
     assert m["drafted_mean"] == 4.0

@@ -226,3 +226,51 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     trials = optuna_study(storage, "tiny-study").trials
     assert [t.state.name for t in trials].count("FAIL") == 1 and [t.state.name for t in trials].count("COMPLETE") == 2
     assert sum(bool(t.user_attrs.get("spectune.baseline")) for t in trials) == 1  # resuming enqueues no second baseline
+
+
+def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
+    """workload.batch_sizes [1, 2]: every trial also decodes in batches of 2 (metrics *_b2, checked
+    against the batch-1 baseline), Optuna's objective is the geometric mean over batch sizes, and
+    `spectune export` turns the study into a schedule with both sizes, for each engine format."""
+    import math
+
+    exp = tiny_experiment(
+        tmp_path,
+        tiny_ckpt,
+        drafter={"kind": "ngram"},
+        parallel={"tp": 1, "cpus_per_worker": 0.1},
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}},
+        study={"n_trials": 3, "sampler": "grid", "baseline_repeats": 2},
+    )
+    text = exp.read_text().replace("max_new_tokens: 12", "max_new_tokens: 12\n  batch_sizes: [2]")
+    exp.write_text(text)
+    home = tmp_path / "home"
+    out = summary(spectune(["run", str(exp)], home))
+    assert out["complete"] == 3
+    study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
+    for t in study.trials:
+        a = t.user_attrs
+        assert a["outputs_match_b2"] == 1, t.number
+        assert a["throughput_tok_s_b2"] > 0 and a["accept_len_mean_b2"] >= 1
+        want = math.sqrt(a["objective_b1"] * a["throughput_tok_s_b2"])
+        assert t.value == pytest.approx(want, rel=1e-3)
+    _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
+    assert all(r.data.params["workload.batch_sizes"] == "1,2" for r in runs)
+    assert all("speedup_vs_baseline_b2" in r.data.metrics for r in runs)
+
+    r = spectune(["export", str(exp), "--to", "json"], home)
+    assert r.returncode == 0, r.stderr[-2000:]
+    schedule = json.loads(r.stdout)["schedule"]
+    assert [row["batch_size"] for row in schedule] == [1, 2]
+    for row in schedule:
+        trials = [t for t in study.trials if t.number == row["trial"]]
+        key = "throughput_tok_s" if row["batch_size"] == 1 else "throughput_tok_s_b2"
+        best = max(t.user_attrs.get("throughput_median" if row["batch_size"] == 1 else key) for t in study.trials)
+        assert row["throughput_tok_s"] == pytest.approx(best, rel=2e-3), (key, trials)
+        assert row["speedup_vs_plain"] > 0 and row["plain_throughput_tok_s"] > 0
+    for fmt, needle in (("vllm", "NCCL_NVLS_ENABLE=0"), ("sglang", "--tp-size"), ("env", "NCCL_NVLS_ENABLE=0")):
+        r = spectune(["export", str(exp), "--to", fmt, "--out", str(tmp_path / f"out.{fmt}")], home)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert needle in (tmp_path / f"out.{fmt}").read_text()
+    missing = spectune(["export", str(exp), "--set", "study.name=nope"], home)
+    assert missing.returncode == 2 and "no study 'nope'" in missing.stderr

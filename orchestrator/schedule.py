@@ -1,0 +1,112 @@
+"""The per-batch-size schedule of a study: for each batch size in `workload.batch_sizes`, the best
+configuration measured at that size, its throughput, its speedup over plain decoding at the same
+batch size and TP, and its noise band. `spectune export` renders it for serving engines
+(orchestrator/export_formats.py); the report plots it.
+
+    spectune export experiments/smoke-cpu.yaml --to json [--out schedule.json]
+
+Where the numbers come from (COMPLETE trials only; invalid and pruned trials never count):
+- batch 1: each configuration's per-repeat throughputs pooled over its trials (as the ranking does,
+  orchestrator/ranking.py); batch B > 1: the trials' `throughput_tok_s_b<B>` (one run per trial,
+  pooled by median over the configuration's trials);
+- plain decoding at B: the same, over the k = 0 configurations at the same TP;
+- noise band: sigma_rel x throughput, with sigma_rel the study's relative noise of one measurement
+  (ranking.noise_rel: from the configurations measured at least twice at batch 1); None where no
+  configuration was measured twice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from orchestrator.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
+
+# what a schedule entry's drafter needs, by kind (dotted param -> option name)
+DRAFTER_OPTIONS = {
+    "ngram": {"drafter.ngram_max": "ngram_max", "drafter.ngram_min": "ngram_min"},
+    "draft_model": {"drafter.model_path": "model_path"},
+    "eagle3": {"drafter.model_path": "model_path", "drafter.placement": "placement"},
+    "layer_skip": {"drafter.layers": "layers"},
+    "none": {},
+}
+
+
+def batch_metric(name: str, batch: int) -> str:
+    """The name a per-batch metric is logged under: batch 1 keeps the plain name."""
+    return name if batch == 1 else f"{name}_b{batch}"
+
+
+def _batches(trials) -> list[int]:
+    sizes = {1}
+    for t in trials:
+        for key in t.user_attrs:
+            if key.startswith("throughput_tok_s_b") and key[len("throughput_tok_s_b") :].isdigit():
+                sizes.add(int(key[len("throughput_tok_s_b") :]))
+    return sorted(sizes)
+
+
+def _throughputs(trials, batch: int) -> list[float]:
+    if batch == 1:
+        return [x for t in trials for x in trial_samples(t)]
+    key = batch_metric("throughput_tok_s", batch)
+    return [float(t.user_attrs[key]) for t in trials if key in t.user_attrs]
+
+
+def entry(params: dict, batch: int) -> dict:
+    """A schedule entry's configuration, from a trial's resolved parameters."""
+    k = int(params.get("spec.num_draft_tokens", 0))
+    kind = str(params.get("drafter.kind", "none")) if k > 0 else "none"
+    options = {opt: params[name] for name, opt in DRAFTER_OPTIONS.get(kind, {}).items() if name in params}
+    if kind == "ngram":
+        options.setdefault("ngram_min", 1)
+    return {
+        "batch_size": batch,
+        "tp": int(params.get("parallel.tp", 1)),
+        "num_draft_tokens": k,
+        "drafter": kind,
+        "drafter_options": options,
+        "backend": str(params.get("comm.backend", "")),
+        "nccl_env": {name.split(".", 1)[1]: str(v) for name, v in params.items() if name.startswith("nccl.")},
+        "engine": {name.split(".", 1)[1]: v for name, v in params.items() if name.startswith("engine.")},
+    }
+
+
+def build_schedule(study, model: str = "", dtype: str = "") -> dict:
+    """{"model", "dtype", "study", "noise_rel", "schedule": [one entry per batch size, ascending]}."""
+    done = complete_trials(study.trials)
+    noise = rank(done).noise_rel
+    groups: dict[str, list] = {}
+    for t in done:
+        groups.setdefault(config_key(trial_params(t)), []).append(t)
+    rows = []
+    for batch in _batches(done):
+        best = None
+        for trials in groups.values():
+            values = _throughputs(trials, batch)
+            if values and (best is None or np.median(values) > best[0]):
+                best = (float(np.median(values)), trials)
+        if best is None:
+            continue
+        value, trials = best
+        params = trial_params(trials[0])
+        tp = int(params.get("parallel.tp", 1))
+        plain = [t for t in done if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp]
+        plain_values = _throughputs(plain, batch)
+        plain_med = float(np.median(plain_values)) if plain_values else None
+        rows.append(
+            {
+                **entry(params, batch),
+                "throughput_tok_s": round(value, 2),
+                "plain_throughput_tok_s": round(plain_med, 2) if plain_med else None,
+                "speedup_vs_plain": round(value / plain_med, 3) if plain_med else None,
+                "noise_band_tok_s": round(noise * value, 2) if noise is not None else None,
+                "trials": sorted(t.number for t in trials),
+                "trial": min(t.number for t in trials),
+            }
+        )
+    return {"model": model, "dtype": dtype, "study": study.study_name, "noise_rel": noise, "schedule": rows}
+
+
+def speculation_stops_paying(schedule: list[dict]) -> int | None:
+    """The smallest batch size whose best configuration is plain decoding (None: speculation pays at every size)."""
+    return next((row["batch_size"] for row in schedule if row["num_draft_tokens"] == 0), None)

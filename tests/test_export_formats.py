@@ -1,0 +1,300 @@
+"""orchestrator/export_formats.py: a study's schedule rendered for vLLM, SGLang, an env file and JSON.
+Pure string building: no GPU, no network. The shell lines are parsed back with shlex, and the JSON
+inside --speculative-config with json, so every check is on the values an engine would receive.
+
+    .venv/bin/python -m pytest -q tests/test_export_formats.py
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from orchestrator.export_formats import ENGINE_VERSIONS, FORMATS, render, to_env, to_json, to_sglang, to_vllm
+
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+OPTIONS = {
+    "ngram": {"ngram_max": 3, "ngram_min": 2},
+    "draft_model": {"model_path": "/ckpt/draft-135m"},
+    "eagle3": {"model_path": "/ckpt/eagle3-head"},
+    "layer_skip": {"layers": 8},
+    "none": {},
+}
+
+
+def winner(batch_size: int = 1, k: int = 4, drafter: str = "ngram", tp: int = 2, **kw) -> dict:
+    row = {
+        "batch_size": batch_size,
+        "tp": tp,
+        "num_draft_tokens": k,
+        "drafter": drafter,
+        "drafter_options": dict(OPTIONS[drafter]),
+        "backend": "nccl",
+        "nccl_env": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL128"},
+        "engine": {"attention": "auto", "cuda_graphs": True},
+        "throughput_tok_s": 442.2,
+        "plain_throughput_tok_s": 200.1,
+        "speedup_vs_plain": 2.21,
+        "noise_band_tok_s": 3.1,
+        "trial": 7,
+    }
+    row.update(kw)
+    return row
+
+
+def schedule(*rows: dict, model: str = "/models/llama-8b") -> dict:
+    return {"model": model, "dtype": "bfloat16", "study": "tp2-pcie", "schedule": list(rows)}
+
+
+def command(text: str) -> list[str]:
+    """The command of an engine export as argv: the lines that are no comment and no export."""
+    body = "\n".join(ln for ln in text.splitlines() if ln and not ln.startswith("#") and not ln.startswith("export "))
+    return shlex.split(body.replace("\\\n", " "))
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value after `name` in argv; None if the flag is absent (and never twice)."""
+    assert argv.count(name) <= 1, f"{name} given twice"
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def speculative_config(text: str) -> dict | None:
+    value = flag(command(text), "--speculative-config")
+    return None if value is None else json.loads(value)
+
+
+def exports(text: str) -> dict[str, str]:
+    out = {}
+    for ln in text.splitlines():
+        if ln.startswith("export "):
+            key, _, value = ln[len("export ") :].partition("=")
+            out[key] = shlex.split(value)[0]
+    return out
+
+
+def comments(text: str) -> str:
+    return "\n".join(ln for ln in text.splitlines() if ln.startswith("#"))
+
+
+# ---------------------------------------------------------------------------- vLLM
+
+
+def test_vllm_ngram():
+    text = to_vllm(schedule(winner(k=5)))
+    argv = command(text)
+    assert argv[:3] == ["vllm", "serve", "/models/llama-8b"]
+    assert flag(argv, "--tensor-parallel-size") == "2"
+    assert flag(argv, "--dtype") == "bfloat16"
+    assert speculative_config(text) == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+    assert exports(text) == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL128", **NVLS_OFF}
+    assert ENGINE_VERSIONS["vllm"] in text
+
+
+def test_vllm_draft_model_and_eagle3():
+    spec = speculative_config(to_vllm(schedule(winner(k=3, drafter="draft_model", tp=4))))
+    assert spec == {"method": "draft_model", "model": "/ckpt/draft-135m", "num_speculative_tokens": 3}
+    text = to_vllm(schedule(winner(k=6, drafter="eagle3", tp=8)))
+    assert speculative_config(text) == {"method": "eagle3", "model": "/ckpt/eagle3-head", "num_speculative_tokens": 6}
+    assert flag(command(text), "--tensor-parallel-size") == "8"
+
+
+def test_vllm_layer_skip_has_no_equivalent():
+    text = to_vllm(schedule(winner(k=3, drafter="layer_skip")))
+    assert speculative_config(text) is None
+    assert "layer_skip" in comments(text) and "no --speculative-config" in comments(text)
+    assert flag(command(text), "--tensor-parallel-size") == "2"
+    assert exports(text)["NCCL_NVLS_ENABLE"] == "0"
+
+
+@pytest.mark.parametrize("row", [winner(k=0, drafter="none"), winner(k=0, drafter="ngram"), winner(k=3, drafter="none")])
+def test_vllm_plain_decoding_won(row):
+    text = to_vllm(schedule(row))
+    assert speculative_config(text) is None
+    assert "plain decoding" in comments(text)
+    assert flag(command(text), "--tensor-parallel-size") == "2"
+
+
+def test_vllm_k_table_per_batch_size():
+    # unsorted on purpose: the export sorts by batch size; plain decoding at 16 becomes K 0
+    rows = [winner(16, k=0, drafter="none"), winner(1, k=4), winner(4, k=2), winner(8, k=2)]
+    text = to_vllm(schedule(*rows))
+    spec = speculative_config(text)
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 3, 4], [4, 15, 2], [16, 16, 0]]
+    assert spec["num_speculative_tokens"] == 4
+    assert spec["method"] == "ngram" and spec["prompt_lookup_max"] == 3
+
+
+def test_vllm_k_table_buffer_is_the_largest_k():
+    # vLLM caps every K in the table at num_speculative_tokens: it must be the table's largest
+    text = to_vllm(schedule(winner(1, k=2), winner(8, k=5)))
+    spec = speculative_config(text)
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 7, 2], [8, 8, 5]]
+    assert spec["num_speculative_tokens"] == 5
+
+
+def test_vllm_k_table_starts_at_1_and_skips_other_drafters():
+    rows = [winner(2, k=4, drafter="eagle3"), winner(8, k=3, drafter="draft_model"), winner(32, k=1, drafter="eagle3")]
+    text = to_vllm(schedule(*rows))
+    spec = speculative_config(text)
+    assert spec["method"] == "eagle3" and spec["model"] == "/ckpt/eagle3-head"
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 31, 4], [32, 32, 1]]
+    assert "takes one drafter" in comments(text) and "batch size 8 was won by draft_model k=3" in comments(text)
+
+
+def test_an_eagle3_heads_placement_is_no_other_drafter():
+    rows = [winner(1, k=4, drafter="eagle3"), winner(8, k=2, drafter="eagle3")]
+    rows[0]["drafter_options"]["placement"] = "rank0"
+    rows[1]["drafter_options"]["placement"] = "actor"
+    text = to_vllm(schedule(*rows))
+    assert speculative_config(text)["num_speculative_tokens_per_batch_size"] == [[1, 7, 4], [8, 8, 2]]
+    assert "takes one drafter" not in comments(text)
+    rows[1]["drafter_options"]["model_path"] = "/ckpt/another-head"
+    assert "takes one drafter" in comments(to_vllm(schedule(*rows)))
+
+
+def test_vllm_same_k_everywhere_has_no_table():
+    spec = speculative_config(to_vllm(schedule(winner(1, k=4), winner(4, k=4), winner(16, k=4))))
+    assert spec == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+
+
+def test_vllm_notes_a_tp_that_differs_and_uses_the_smallest_batch_winners():
+    row8 = winner(8, k=4, tp=4, nccl_env={"NCCL_ALGO": "Tree"})
+    text = to_vllm(schedule(winner(1, k=4, tp=2), row8))
+    assert flag(command(text), "--tensor-parallel-size") == "2"
+    assert exports(text)["NCCL_ALGO"] == "Ring"
+    assert "one tensor-parallel size" in comments(text)
+
+
+def test_vllm_without_cuda_graphs_and_a_quoted_model_path():
+    model = "/models/it's a model"
+    text = to_vllm(schedule(winner(engine={"attention": "auto", "cuda_graphs": False}), model=model))
+    argv = command(text)
+    assert argv[2] == model
+    assert "--enforce-eager" in argv
+    assert "--enforce-eager" not in command(to_vllm(schedule(winner())))
+
+
+# ---------------------------------------------------------------------------- SGLang
+
+
+def test_sglang_ngram():
+    text = to_sglang(schedule(winner(k=4)))
+    argv = command(text)
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+    assert flag(argv, "--model-path") == "/models/llama-8b"
+    assert flag(argv, "--tp-size") == "2"
+    assert flag(argv, "--speculative-algorithm") == "NGRAM"
+    assert flag(argv, "--speculative-num-draft-tokens") == "5"  # the last accepted token + k drafts
+    assert flag(argv, "--speculative-ngram-min-bfs-breadth") == "1"
+    assert flag(argv, "--speculative-ngram-max-bfs-breadth") == "1"
+    assert flag(argv, "--speculative-ngram-max-trie-depth") == "7"  # ngram_max 3 + k 4
+    # removed from SGLang (PR 21225) or set by SGLang itself for NGRAM
+    for gone in (
+        "--speculative-ngram-max-match-window-size",
+        "--speculative-ngram-min-match-window-size",
+        "--speculative-ngram-branch-length",
+    ):
+        assert gone not in argv
+    assert flag(argv, "--speculative-num-steps") is None
+    assert exports(text) == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL128", **NVLS_OFF}
+
+
+@pytest.mark.parametrize(
+    ("drafter", "algorithm", "path"), [("eagle3", "EAGLE3", "/ckpt/eagle3-head"), ("draft_model", "STANDALONE", "/ckpt/draft-135m")]
+)
+def test_sglang_chain_drafting(drafter, algorithm, path):
+    argv = command(to_sglang(schedule(winner(k=3, drafter=drafter, tp=4))))
+    assert flag(argv, "--speculative-algorithm") == algorithm
+    assert flag(argv, "--speculative-draft-model-path") == path
+    assert flag(argv, "--speculative-num-steps") == "3"
+    assert flag(argv, "--speculative-eagle-topk") == "1"
+    assert flag(argv, "--speculative-num-draft-tokens") == "4"
+    assert flag(argv, "--tp-size") == "4"
+
+
+@pytest.mark.parametrize("row", [winner(k=3, drafter="layer_skip"), winner(k=0, drafter="none")])
+def test_sglang_without_speculation(row):
+    text = to_sglang(schedule(row))
+    argv = command(text)
+    assert not [a for a in argv if a.startswith("--speculative")]
+    assert flag(argv, "--tp-size") == "2"
+    assert ("layer_skip" if row["drafter"] == "layer_skip" else "plain decoding") in comments(text)
+
+
+def test_sglang_k_differs_is_a_comment_table():
+    text = to_sglang(schedule(winner(1, k=4), winner(4, k=2), winner(16, k=0, drafter="none")))
+    notes = comments(text)
+    assert "SGLang takes one k" in notes
+    assert "#   1 -> 4" in notes and "#   4 -> 2" in notes and "#   16 -> 0 (plain decoding)" in notes
+    assert flag(command(text), "--speculative-num-draft-tokens") == "5"  # the batch-size-1 winner's k 4
+    assert "takes one k" not in comments(to_sglang(schedule(winner(1, k=4), winner(4, k=4))))
+
+
+def test_sglang_without_cuda_graphs():
+    assert "--disable-cuda-graph" in command(to_sglang(schedule(winner(engine={"cuda_graphs": False}))))
+    assert "--disable-cuda-graph" in command(to_sglang(schedule(winner(engine={"cuda_graphs": "False"}))))
+    assert "--disable-cuda-graph" not in command(to_sglang(schedule(winner())))
+
+
+# ---------------------------------------------------------------------------- env, json, render
+
+
+def test_env_file():
+    text = to_env(schedule(winner(4, k=2, nccl_env={"NCCL_ALGO": "Tree"}), winner(1, k=4, trial=12)))
+    settings = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert dict(ln.split("=", 1) for ln in settings) == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL128", **NVLS_OFF}
+    assert settings[-3:] == [f"{k}={v}" for k, v in NVLS_OFF.items()]
+    assert "trial 12" in comments(text) and "batch size 1" in comments(text)
+
+
+def test_env_without_nccl_settings_still_turns_nvls_off():
+    text = to_env(schedule(winner(nccl_env={})))
+    assert [ln for ln in text.splitlines() if not ln.startswith("#")] == [f"{k}={v}" for k, v in NVLS_OFF.items()]
+
+
+@pytest.mark.parametrize("nccl_env", [{"NCCL_NVLS_ENABLE": "1"}, {"NCCL_ALGO": "NVLS"}, {"NCCL_NVLS_CHUNKSIZE": "128K"}])
+@pytest.mark.parametrize("fmt", ["vllm", "sglang", "env"])
+def test_nvls_on_is_refused(nccl_env, fmt):
+    with pytest.raises(ValueError, match="NVLS"):
+        render(schedule(winner(nccl_env=nccl_env)), fmt)
+
+
+def test_an_nvls_off_setting_is_kept_once():
+    text = to_env(schedule(winner(nccl_env={"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring"})))
+    assert [ln for ln in text.splitlines() if ln.startswith("NCCL_NVLS_ENABLE")] == ["NCCL_NVLS_ENABLE=0"]
+
+
+def test_json_round_trips():
+    s = schedule(winner(1, k=4), winner(8, k=2, drafter="eagle3"))
+    assert json.loads(to_json(s)) == s
+
+
+def test_render_dispatches_and_rejects_unknown_formats():
+    s = schedule(winner())
+    for fmt, fn in (("json", to_json), ("vllm", to_vllm), ("sglang", to_sglang), ("env", to_env)):
+        assert render(s, fmt) == fn(s)
+    with pytest.raises(ValueError) as err:
+        render(s, "trtllm")
+    assert "trtllm" in str(err.value) and all(f in str(err.value) for f in FORMATS)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_empty_schedule_is_refused(fmt):
+    with pytest.raises(ValueError, match="no complete trial"):
+        render(schedule(), fmt)
+    with pytest.raises(ValueError, match="no complete trial"):
+        render({"model": "m", "study": "s"}, fmt)
+
+
+def test_bad_drafters_are_refused():
+    with pytest.raises(ValueError, match="unknown drafter"):
+        to_vllm(schedule(winner(drafter="ngram") | {"drafter": "medusa"}))
+    with pytest.raises(ValueError, match="model_path"):
+        to_sglang(schedule(winner(drafter="eagle3") | {"drafter_options": {}}))
+
+
+def test_engine_versions_are_named():
+    assert set(ENGINE_VERSIONS) == {"vllm", "sglang"}
+    assert all(v.strip() for v in ENGINE_VERSIONS.values())
