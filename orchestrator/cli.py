@@ -275,9 +275,11 @@ def _export(ns: argparse.Namespace) -> int:
     from orchestrator.export_formats import render
     from orchestrator.perfcheck import open_study
     from orchestrator.schedule import build_schedule
+    from workers.model.checkpoint import resolve_model_path
 
     cfg = load_config(ns.experiment, ns.set)
-    schedule = build_schedule(open_study(cfg), model=cfg.model.path, dtype=cfg.model.dtype)
+    study = open_study(cfg)
+    schedule = build_schedule(study, model=str(resolve_model_path(cfg.model.path)), dtype=cfg.model.dtype)
     if not schedule["schedule"]:
         raise UserError(f"study {cfg.study_name!r} has no COMPLETE trial to export: run `spectune run` first")
     text = render(schedule, ns.fmt)

@@ -42,6 +42,7 @@ from orchestrator.perfmodel import (
     what_if_interconnect,
     what_if_tp,
 )
+from orchestrator.report.batches import batch_chart, batch_sentences, batch_summary
 from orchestrator.report.charts import all_charts
 from orchestrator.report.page import render
 from orchestrator.report.rows import OBJECTIVE, Row, rows_of, within_noise
@@ -101,6 +102,16 @@ def tp_what_ifs(row: Row) -> dict[str, str]:
     return out
 
 
+def hidden_size(cfg: ExperimentConfig) -> int | None:
+    """The model's hidden size (the allreduce message per token), None where its config cannot be read."""
+    try:
+        from workers.model.checkpoint import load_args, resolve_model_path
+
+        return load_args(resolve_model_path(cfg.model.path)).dim
+    except (OSError, ValueError):
+        return None
+
+
 def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[dict] | None = None) -> tuple[str, Path, dict]:
     """Writes report.html, charts/*.png, best_config.yaml and summary.json to `out_dir`; returns
     (terminal text, the HTML path, the summary)."""
@@ -154,10 +165,15 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
     if comm is not None:
         for r in ([base] if base is not None and base is not best else []) + [best]:
             summary["what_if"].update(interconnect_what_ifs(by_number[r.number], comm, r.label))
+    summary["batches"] = batch_summary(study, hidden_size(cfg), cfg.model.dtype)
     text = terminal_text(cfg.study_name, rows, summary)
+    if summary["batches"] is not None:
+        text += "\n" + "\n".join(batch_sentences(summary["batches"]))
     snippet = best_yaml(cfg, best.params)
     out_dir.mkdir(parents=True, exist_ok=True)
     charts = all_charts(rows, model, preds)
+    if summary["batches"] is not None and (chart := batch_chart(study)) is not None:
+        charts["batches"] = chart
     (out_dir / "charts").mkdir(exist_ok=True)
     for name, data in charts.items():
         (out_dir / "charts" / f"{name}.png").write_bytes(data)

@@ -7,6 +7,7 @@ import base64
 import html
 import math
 
+from orchestrator.report.batches import batch_html
 from orchestrator.report.rows import OBJECTIVE, Row, within_noise
 from orchestrator.report.verdict import OBJECTIVE_MEANS, verdict
 
@@ -18,6 +19,8 @@ CAPTIONS = {
     "(tokens a step emits) is above breakeven = its step time / the plain step time of the same setup.",
     "throughput_k": f"{OBJECTIVE} against the number of draft tokens, per drafter and allreduce setup (best trial at each k; "
     "k = 0 is plain decoding).",
+    "batches": "throughput_tok_s against batch size (sequences decoded together), per configuration: batch 1 pools the "
+    "repeats, larger sizes are one run per trial. Where the plain line (dashed) crosses above the others, speculation stops paying.",
     "model": "The performance model predicts decode_tok_s (decode steps only, no prefill) of each trial from a fit on the other "
     "trials; the dashed line is a perfect prediction.",
 }
@@ -132,6 +135,7 @@ step (the step timed with and without its allreduces) over the step time.</p>
 {fig("objective")}{fig("per_token")}
 <h2>Why: accepted length against breakeven</h2>{fig("breakeven")}
 <h2>Throughput against k</h2>{fig("throughput_k")}
+{batch_html(s.get("batches"))}{fig("batches")}
 <h2>Performance model</h2>{fig("model")}{predictions_table(s, labels)}{_model_notes(s)}
 {_what_if(s)}
 <h2>Best configuration</h2><p class="note">The experiment pinned to the winner, for <code>spectune run</code> or

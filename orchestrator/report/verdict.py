@@ -13,7 +13,9 @@ OBJECTIVE_MEANS = (
     f"{OBJECTIVE} is the study's objective: generated tokens per second of wall time, prompt prefill "
     "included, the median over the trial's repeats minus study.mad_penalty x their MAD (one repeat: "
     "the value itself). decode_tok_s, where shown, counts decode steps only (no prefill): it is what "
-    "the performance model predicts, and it is higher than " + OBJECTIVE + "."
+    "the performance model predicts, and it is higher than " + OBJECTIVE + ". Everything above the batch-size "
+    "section is at batch size 1; with workload.batch_sizes, Optuna's objective is the geometric mean of the "
+    "throughput over the batch sizes."
 )
 
 

@@ -1,0 +1,79 @@
+"""The per-batch-size schedule (orchestrator/schedule.py) and the report's batch section
+(orchestrator/report/batches.py) on an Optuna study built from recorded trials: the best
+configuration per batch size (configurations pooled), speedups over plain decoding at the same
+size, where speculation stops paying and where the best backend changes, with its message size."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+
+from orchestrator.report.batches import batch_html, batch_sentences, batch_summary, message_bytes
+from orchestrator.schedule import build_schedule
+
+
+def _trial(k: int, backend: str, b1: list[float], b4: float, b16: float, nccl: dict | None = None):
+    params = {"parallel.tp": 2, "comm.backend": backend, "spec.num_draft_tokens": k, "drafter.kind": "ngram" if k else "none"}
+    if k:
+        params["drafter.ngram_max"] = 3
+    params.update({f"nccl.{n}": v for n, v in (nccl or {}).items()})
+    attrs = {
+        "spectune.params": params,
+        "spectune.repeat_tok_s": b1,
+        "throughput_tok_s_b4": b4,
+        "throughput_tok_s_b16": b16,
+    }
+    return optuna.trial.create_trial(value=sum(b1) / len(b1), user_attrs=attrs)
+
+
+def _study():
+    study = optuna.create_study(direction="maximize")
+    for t in (
+        _trial(0, "nccl", [100, 102, 98], 380, 1400),
+        _trial(4, "symm_mem_ll", [210, 214], 600, 1300),  # wins at 1 and 4, loses to plain at 16
+        _trial(4, "symm_mem_ll", [208], 640, 1280),  # the same configuration again: pooled
+        _trial(2, "nccl", [180], 560, 1350, {"NCCL_ALGO": "Ring"}),
+    ):
+        study.add_trial(t)
+    return study
+
+
+def test_the_schedule_pools_configurations_and_names_the_best_per_batch_size():
+    s = build_schedule(_study(), model="m", dtype="bfloat16")
+    rows = {r["batch_size"]: r for r in s["schedule"]}
+    assert sorted(rows) == [1, 4, 16]
+    assert rows[1]["num_draft_tokens"] == 4 and rows[1]["throughput_tok_s"] == 210.0  # median of 210, 214, 208
+    assert rows[1]["trials"] == [1, 2]
+    assert rows[4]["throughput_tok_s"] == 620.0 and rows[4]["speedup_vs_plain"] == pytest.approx(620 / 380, abs=1e-3)
+    assert rows[16]["num_draft_tokens"] == 0 and rows[16]["drafter"] == "none" and rows[16]["speedup_vs_plain"] == 1.0
+    assert rows[1]["drafter_options"] == {"ngram_max": 3, "ngram_min": 1} and rows[1]["backend"] == "symm_mem_ll"
+    # noise: the two configurations measured at least twice (1.4826 x the median relative deviation)
+    assert s["noise_rel"] is not None and rows[1]["noise_band_tok_s"] == pytest.approx(s["noise_rel"] * 210, abs=0.01)
+
+
+def test_the_batch_section_says_where_speculation_stops_paying_and_the_backend_changes():
+    s = batch_summary(_study(), hidden=4096, dtype="bfloat16")
+    assert s["speculation_stops_paying_at"] == 16
+    assert s["backend_changes"] == [
+        {"from_batch": 4, "to_batch": 16, "from": "symm_mem_ll", "to": "nccl", "message_bytes": 16 * 1 * 4096 * 2}
+    ]
+    text = " ".join(batch_sentences(s))
+    assert "stops paying at batch size 16" in text and "from symm_mem_ll at batch 4 to nccl at batch 16 (allreduce message 128 KiB" in text
+    page = batch_html(s)
+    assert page.count("<tr>") == 4 and "plain decoding" in page
+
+
+def test_message_size_of_a_verify_pass():
+    assert message_bytes(4, 4, 8192, "bfloat16") == 4 * 5 * 8192 * 2
+    assert message_bytes(1, 0, 576, "float32") == 576 * 4
+
+
+def test_a_batch_one_study_has_no_batch_section():
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(
+        optuna.trial.create_trial(value=1.0, user_attrs={"spectune.params": {"spec.num_draft_tokens": 0}, "spectune.repeat_tok_s": [1.0]})
+    )
+    assert batch_summary(study, hidden=64, dtype="float32") is None
+    assert math.isclose(build_schedule(study)["schedule"][0]["throughput_tok_s"], 1.0)
