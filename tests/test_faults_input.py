@@ -296,3 +296,24 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
     assert runs[invalid.number].info.status == "FAILED" and runs[invalid.number].data.metrics["outputs_match_baseline"] == 0
     assert runs[wrong.number].info.status == "FAILED" and "wrong sums" in runs[wrong.number].data.tags["spectune.fail_reason"]
     assert json.loads(json.dumps(study.user_attrs))["mlflow_parent_run_id"] == tracker.parent_run_id
+
+
+@pytest.mark.parametrize(
+    "workload, drafter, words",
+    [
+        ({"batch_sizes": [2, 0]}, None, "workload.batch_sizes: each batch size must be between 1 and 256"),
+        ({"batch_sizes": [2, 2]}, None, "batch sizes repeat"),
+        ({"batch_sizes": [8]}, None, "workload.batch_sizes: 8 exceeds the 3 prompts of the workload"),
+        ({"batch_sizes": [2]}, {"kind": "layer_skip", "layers": 1}, "batch sizes > 1 run with drafter.kind ngram or none"),
+    ],
+)
+def test_batch_sizes_that_cannot_run_are_one_line(tmp_path, tiny_ckpt, capsys, workload, drafter, words):
+    raw = yaml.safe_load(tiny_experiment(tmp_path, tiny_ckpt).read_text())
+    raw["workload"].update(workload)
+    if drafter:
+        raw["drafter"] = drafter
+    path = tmp_path / "batch.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    capsys.readouterr()
+    assert cli.main(["validate", str(path)]) == 2
+    assert words in _one_error_line(capsys.readouterr().err)
