@@ -341,6 +341,7 @@ def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
         "attention": attention,
         "fused_add_norm": any(s.get("fused_add_norm") for s in setup),
         "rank_peak_rss_mb": rss,
+        "prompt_tokens_mean": n_tokens / len(p.token_ids),
     }
     if base is None and o.num_draft_tokens == 0:
         base = spec
