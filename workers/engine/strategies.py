@@ -27,12 +27,11 @@ Extension points (what changes where, and what stays):
   in `VerifyResult.hidden`, which `publish` already carries to the drafter process; an in-rank
   drafter gets them from its strategy before its next `propose`. The loop and the other modes
   stay as they are.
-- A batch of B sequences: all per-sequence state lives in `Sequence` (tokens, done, steps,
-  accepted, margins, its KV cache row), and `propose` / `decide` take one sequence and one row
-  of logits. A batched step proposes for each sequence, scores B x (k + 1) tokens in one pass
-  (short proposals padded, as SimulatedAcceptance pads them now), decides and rolls back each
-  row by its own acceptance, and publishes B results; `Verifier.run` then holds B sequences
-  instead of one, and only `step` and `Rank.publish` learn the batch.
+- A batch of B sequences (workers/engine/batched.py): all per-sequence state lives in `Sequence`
+  (tokens, done, steps, accepted, margins, its KV cache row, its copy of an in-rank drafter), and
+  `propose` / `decide` take one sequence and its rows of logits, so the batched loop reuses them
+  as they are: it proposes for each live sequence, scores B x W tokens in one pass, decides and
+  rolls back each row by its own acceptance.
 """
 
 from __future__ import annotations
