@@ -74,3 +74,31 @@ def test_batched_steps_count_acceptance_per_sequence():
     assert m["drafted_mean"] == 4.0
     assert [m[f"accept_rate_pos_{i}"] for i in (1, 2, 3, 4)] == [0.5, 0.5, 0.5, 0.0]
     assert m["decode_tok_s"] == 5.0
+
+
+@torch.inference_mode()
+def test_the_static_pass_a_cuda_graph_captures_equals_the_eager_pass(tmp_path):
+    """What BatchSteps captures per (rows, width) on CUDA, run uncaptured: ragged rows (different
+    lengths, stale entries past a rolled-back row) over the whole static cache give the eager pass's
+    logits and K/V."""
+    from workers.engine.batched import BatchSteps, static_pass
+    from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
+
+    model = load_model(write_random_checkpoint(tmp_path, tiny_config(), seed=3), max_seq=64)
+    eager_cache, static_cache = model.new_cache(3), model.new_cache(3)
+    g = torch.Generator().manual_seed(1)
+    for cache in (eager_cache, static_cache):
+        for row, length in enumerate((5, 11, 8)):
+            view = cache.view(row, 1)
+            model(torch.randint(0, 512, (1, length), generator=torch.Generator().manual_seed(row)), view)
+            cache.lengths[row] = view.lengths[0]
+        cache.rollback(1, 9)  # row 1 keeps stale K/V at positions 9, 10: masked, then overwritten
+    feed = torch.randint(0, 512, (3, 4), generator=g)
+    starts = list(static_cache.lengths)
+    want = BatchSteps(model, eager_cache, use_graphs=False).run(feed.tolist(), eager_cache)
+    pos = torch.tensor(starts)[:, None] + torch.arange(4)
+    got = static_pass(model, feed, pos, static_cache)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for row, start in enumerate(starts):
+        torch.testing.assert_close(static_cache.k[0][row, :, : start + 4], eager_cache.k[0][row, :, : start + 4])
+    assert eager_cache.lengths == [s + 4 for s in starts]

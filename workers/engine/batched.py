@@ -18,15 +18,19 @@ batch-1 output, up to floating-point near ties (a batch changes the GEMM shapes)
 
 What runs batched: plain decoding, drafters inside the verifier ranks that read tokens only (the
 n-gram lookup: one copy per row) and simulated acceptance. Every rank then decides for itself, so
-no per-step message crosses the draft link. The pass is eager (CUDA graphs per (B, width) are not
-captured yet). A batch's wall time (prefills included) is charged once to the run; each prompt's
+no per-step message crosses the draft link. On CUDA (engine.cuda_graphs) each pass shape (rows,
+width) is one CUDA graph over static inputs and the whole static cache, captured before timing
+(`BatchSteps`); it runs the plain model's layers with SDPA under the position mask (not the fused
+step's merged weights and Triton attention, which take one sequence). A batch's wall time (prefills included) is charged once to the run; each prompt's
 `seconds` runs from its batch's start to its own last token.
 
-    prompts, stats = decode_batches(rank, strategy, model, workload)   # rank.cache has B rows
+    passes = BatchSteps(model, model.new_cache(B), use_graphs=True, allreduce=allreduce)
+    prompts, stats = decode_batches(rank, strategy, model, workload, passes=passes)   # rank.cache: passes.full
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -36,6 +40,93 @@ from workers.engine.stats import RunStats, StepRecord, relative_margins
 from workers.engine.strategies import Rank, Sequence, StepStrategy, finish
 from workers.model.transformer import KVCache, Transformer
 from workers.spec import PromptResult, Workload
+
+
+def static_pass(model: Transformer, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Logits [n, W, V] of `tokens` [n, W] at positions `pos` [n, W], attending to the whole static
+    cache under the position mask: no shape depends on the sequences' lengths (graph-safe)."""
+    return model.logits(model.hidden_at(tokens, pos, cache, cache.max_seq))
+
+
+class BatchSteps:
+    """The verify passes of batched decoding on one B-row cache (`full`, kept for the graphs' life):
+    eager, or on CUDA one graph per (rows, width). Every TP rank must warm and run the same shapes."""
+
+    def __init__(self, model: Transformer, full: KVCache, use_graphs: bool, allreduce=None):
+        self.model, self.full, self.allreduce = model, full, allreduce
+        self.device = model.embed_tokens.weight.device
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (rows, width) -> (graph, inputs, staging, logits, allreduce calls)
+        self._pool = None
+
+    def run(self, feed: list[list[int]], cache: KVCache) -> torch.Tensor:
+        """Logits [n, W, V] of one pass over the rows of `feed` (n rows of W tokens) appended at each
+        row's length in `cache` (the first n rows of `full`); every row's length advances by W."""
+        n, W = len(feed), len(feed[0])
+        starts = list(cache.lengths)
+        if max(starts) + W > cache.max_seq:
+            raise ValueError(f"sequence length {max(starts) + W} exceeds the cache ({cache.max_seq})")
+        if not self.use_graphs:
+            return self.model(torch.tensor(feed, device=self.device), cache)  # eager: attends to the filled part only
+        if cache.k and cache.k[0].data_ptr() != self.full.k[0].data_ptr():
+            raise ValueError("a batched pass runs on the rows of the cache its graphs were captured on")
+        if (n, W) not in self.graphs:
+            self.graphs[(n, W)] = self._capture_or_eager(n, W)
+            if not self.use_graphs:
+                return self.run(feed, cache)
+        graph, inputs, staging, logits, calls = self.graphs[(n, W)]
+        staging[0] = torch.tensor(feed)
+        staging[1] = torch.tensor(starts)[:, None] + torch.arange(W)
+        inputs.copy_(staging, non_blocking=True)
+        graph.replay()
+        if calls and self.allreduce is not None:  # a replay issues the allreduces its capture recorded
+            self.allreduce.counters.calls += calls
+        cache.lengths = [s + W for s in starts]
+        return logits
+
+    def warm(self, rows: set[int], widths: range) -> None:
+        """Capture every (rows, width) a run will use, outside the timing; writes scratch K/V (the
+        cache is reset before each batch)."""
+        if not self.use_graphs:
+            return
+        for n in sorted(rows):
+            for W in widths:
+                if self.use_graphs and (n, W) not in self.graphs:
+                    self.graphs[(n, W)] = self._capture_or_eager(n, W)
+        self.full.reset()
+
+    def _capture_or_eager(self, n: int, W: int):
+        try:
+            return self._capture(n, W)
+        except Exception as e:  # noqa: BLE001 - a shape the graph cannot take: the eager pass still works
+            print(
+                f"spectune: batched pass ({n} x {W}) not captured ({type(e).__name__}: {str(e)[:160]}); running eagerly",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.use_graphs = False
+            return None
+
+    def _capture(self, n: int, W: int):
+        cache = self.full.view(0, n)
+        inputs = torch.zeros(2, n, W, dtype=torch.long, device=self.device)  # token ids, positions
+        staging = torch.zeros(2, n, W, dtype=torch.long).pin_memory()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # lazy kernels and the allocator, before the capture
+            for _ in range(2):
+                static_pass(self.model, inputs[0], inputs[1], cache)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        counters = getattr(self.allreduce, "counters", None)
+        before = counters.calls if counters is not None else 0
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = static_pass(self.model, inputs[0], inputs[1], cache)
+        calls = (counters.calls - before) if counters is not None else 0
+        if counters is not None:
+            counters.calls = before  # the capture itself ran nothing
+        self._pool = graph.pool()
+        return graph, inputs, staging, logits, calls
 
 
 def why_not_batched(w: Workload, linked_drafter: bool, reads_hidden: bool) -> str | None:
@@ -51,7 +142,7 @@ def why_not_batched(w: Workload, linked_drafter: bool, reads_hidden: bool) -> st
     return None
 
 
-def _step(rank: Rank, strategy: StepStrategy, model: Transformer, cache: KVCache, seqs: list[Sequence]) -> StepRecord:
+def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache, seqs: list[Sequence]) -> StepRecord:
     live = [s for s in seqs if not s.done]
     t0 = time.perf_counter()
     proposals = {s.row: strategy.propose(s) for s in live}
@@ -63,7 +154,7 @@ def _step(rank: Rank, strategy: StepStrategy, model: Transformer, cache: KVCache
         feed.append(row + [row[-1]] * (width - len(row)))
     base = list(cache.lengths)
     calls0, comm0 = rank.counters.calls, rank.counters.seconds
-    logits = model(torch.tensor(feed, device=model.embed_tokens.weight.device), cache)  # [n, W, V]; every row +W
+    logits = passes.run(feed, cache)  # [n, W, V]; every row +W
     kept = []
     for s in live:
         p = proposals[s.row]
@@ -94,12 +185,18 @@ def _step(rank: Rank, strategy: StepStrategy, model: Transformer, cache: KVCache
     )
 
 
-def decode_batches(rank: Rank, strategy: StepStrategy, model: Transformer, w: Workload, check=None) -> tuple[list[PromptResult], RunStats]:
-    """Every prompt of `w`, B at a time on the B rows of `rank.cache`. `check(tokens)` runs on each
+def decode_batches(
+    rank: Rank, strategy: StepStrategy, model: Transformer, w: Workload, passes: BatchSteps, check=None
+) -> tuple[list[PromptResult], RunStats]:
+    """Every prompt of `w`, B at a time on the B rows of `passes.full`. `check(tokens)` runs on each
     finished sequence's output (the TP ranks' agreement check)."""
     if not rank.local:
         raise ValueError("batched decoding needs every rank to decide for itself (no drafter process)")
-    B, full = w.batch_size, rank.cache
+    B, full = w.batch_size, passes.full
+    if len(full.lengths) < B:
+        raise ValueError(f"the batch cache holds {len(full.lengths)} rows, batch_size is {B}")
+    # every pass shape the run can meet, captured before the timing: full batches and the last one
+    passes.warm({B, len(w.prompts) % B or B}, range(1, w.num_draft_tokens + 2))
     drafters = strategy.row_drafters(B)
     device = model.embed_tokens.weight.device
     stats, results = RunStats(), []
@@ -123,7 +220,7 @@ def decode_batches(rank: Rank, strategy: StepStrategy, model: Transformer, w: Wo
             seqs.append(seq)
         ended = {s.row: time.perf_counter() for s in seqs if s.done}
         while any(not s.done for s in seqs):
-            stats.steps.append(_step(rank, strategy, model, cache, seqs))
+            stats.steps.append(_step(rank, strategy, passes, cache, seqs))
             now = time.perf_counter()
             ended.update({s.row: now for s in seqs if s.done and s.row not in ended})
             if rank.on_progress is not None:

@@ -41,7 +41,7 @@ import torch
 
 from workers.comm import AllReduce
 from workers.drafters import Drafter
-from workers.engine.batched import decode_batches, why_not_batched
+from workers.engine.batched import BatchSteps, decode_batches, why_not_batched
 from workers.engine.config import EngineConfig
 from workers.engine.link import DraftLink
 from workers.engine.stats import RunStats, relative_margins
@@ -71,6 +71,7 @@ class Verifier:
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
         self.steps = StepRunner(model, self.cache, link.k + 1, engine=engine, allreduce=allreduce)
+        self._batch_steps: dict[int, BatchSteps] = {}  # Workload.batch_size > 1 (workers/engine/batched.py)
         self.on_progress: ProgressHook | None = None  # set per run by the worker (rank 0), see ProgressHook
 
     def comm_split(self, width: int, iters: int) -> dict[str, float]:
@@ -162,11 +163,15 @@ class Verifier:
         reads_hidden = self.drafter is not None and self.drafter.reads_hidden
         if why := why_not_batched(w, self.link.drafter_rank is not None, reads_hidden or rank.hidden is not None):
             raise ValueError(why)
-        rank.cache = self.model.new_cache(w.batch_size, self.cache.max_seq)
+        passes = self._batch_steps.get(w.batch_size)
+        if passes is None:  # one cache (and its graphs) per batch size, kept for the gang's life
+            cache = self.model.new_cache(w.batch_size, self.cache.max_seq)
+            passes = self._batch_steps[w.batch_size] = BatchSteps(self.model, cache, self.steps.use_graphs, self.allreduce)
+        rank.cache = passes.full
         strategy.begin_run(capture=False)
         self.link.wait_for_drafter()
         check = self._check_agreement if rank.local else None
-        prompts, stats = decode_batches(rank, strategy, self.model, w, check)
+        prompts, stats = decode_batches(rank, strategy, self.model, w, passes, check)
         return self._finish(w, prompts, stats)
 
     def _finish(self, w: Workload, prompts: list[PromptResult], stats: RunStats) -> RunResult | None:
