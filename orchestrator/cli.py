@@ -284,7 +284,11 @@ def _export(ns: argparse.Namespace) -> int:
         raise UserError(f"study {cfg.study_name!r} has no COMPLETE trial to export: run `spectune run` first")
     text = render(schedule, ns.fmt)
     if ns.out:
-        open(ns.out, "w").write(text if text.endswith("\n") else text + "\n")
+        try:
+            with open(ns.out, "w") as f:
+                f.write(text if text.endswith("\n") else text + "\n")
+        except OSError as e:
+            raise UserError(f"--out {ns.out}: {e.strerror or e}") from None
         print(f"spectune: {ns.fmt} schedule of {len(schedule['schedule'])} batch size(s) written to {ns.out}", file=sys.stderr)
     else:
         print(text, end="" if text.endswith("\n") else "\n")

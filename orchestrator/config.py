@@ -119,7 +119,7 @@ class WorkloadSection(_Section):
         return sorted(set(v) | {1})
 
 
-MAX_BATCH = 256
+MAX_BATCH = 64  # a gang keeps one B-row KV cache and, on CUDA, static logits per (B, width) graph
 
 
 class IntParam(_Section):

@@ -180,8 +180,8 @@ def plan(o: DecodeOptions) -> DecodePlan:
         raise UserError("--batch-size > 1 runs the n-gram drafter inside the verifier ranks, not with --ngram-actor")
     if o.attention == "triton" and o.device != "cuda":
         raise UserError("--attention triton runs the CUDA graphs' attention kernel; this run is on CPU (use auto or sdpa)")
-    cfg = experiment(o, args.n_layers)
     try:
+        cfg = experiment(o, args.n_layers)
         prepared = check_experiment(cfg)  # as `spectune validate` / `run` check a study
     except UserError as e:  # named by the flag that set it, not by its YAML field
         field, sep, why = str(e).partition(": ")
@@ -219,7 +219,8 @@ def params(o: DecodeOptions, p: DecodePlan) -> dict:
     }
 
 
-def per_category(prompts: list[Prompt], result: RunResult) -> dict:
+def per_category(prompts: list[Prompt], result: RunResult, batched: bool = False) -> dict:
+    """Acceptance per category, and throughput where each prompt ran alone (a batch's prompts share their seconds)."""
     groups = defaultdict(list)
     for prompt, r in zip(prompts, result.prompts):
         groups[prompt.category].append(r)
@@ -227,7 +228,7 @@ def per_category(prompts: list[Prompt], result: RunResult) -> dict:
         cat: {
             "prompts": len(rs),
             "accept_len_mean": sum(r.accepted + r.steps for r in rs) / max(1, sum(r.steps for r in rs)),
-            "throughput_tok_s": sum(len(r.tokens) for r in rs) / sum(r.seconds for r in rs),
+            **({} if batched else {"throughput_tok_s": sum(len(r.tokens) for r in rs) / sum(r.seconds for r in rs)}),
         }
         for cat, rs in sorted(groups.items())
     }
@@ -371,7 +372,7 @@ def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
             )
     if o.peer_baseline:
         out.update(peer(o, p, base or spec))
-    out["per_category"] = per_category(p.prompts, spec)
+    out["per_category"] = per_category(p.prompts, spec, batched=B > 1)
     out["median_prompt_accept_len"] = statistics.median(r.accept_len for r in spec.prompts)
     out["prefill_ms"] = [round(r.prefill_s * 1e3, 2) for r in spec.prompts]
     out["sample_output"] = p.tokenizer.decode(spec.prompts[0].tokens)

@@ -389,4 +389,14 @@ def render(schedule: dict, fmt: str) -> str:
         renderer = _RENDERERS[fmt]
     except KeyError:
         raise ValueError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}") from None
-    return renderer(schedule)
+    text = renderer(schedule)
+    tau = schedule.get("simulated_accept_len")
+    if tau and fmt != "json":  # a study that imposed acceptance: its drafters' real acceptance is unmeasured
+        warn = f"# WARNING: this study imposed an accepted length of {tau} (workload.simulate_accept_len): the k and drafter\n"
+        warn += "#   below are ranked on engine speed alone; measure the drafter on real prompts before deploying them\n"
+        text = warn + text
+    inherited = {k: v for row in schedule.get("schedule", []) for k, v in (row.get("inherited_nccl_env") or {}).items()}
+    if inherited and fmt != "json":  # the study machine's environment, not a choice of the study
+        pairs = ", ".join(f"{k}={v}" for k, v in sorted(inherited.items()))
+        text = f"# left out: NCCL variables the study's driver inherited from its shell ({pairs})\n" + text
+    return text

@@ -31,6 +31,11 @@ DRAFTER_OPTIONS = {
 }
 
 
+# NCCL_* variables the driver's shell passed to the actors (a trial's params name them too): the
+# environment of that machine, not a setting the study chose; an export leaves them out
+INHERITED_ATTR = "spectune.nccl_inherited"
+
+
 def batch_metric(name: str, batch: int) -> str:
     """The name a per-batch metric is logged under: batch 1 keeps the plain name."""
     return name if batch == 1 else f"{name}_b{batch}"
@@ -52,8 +57,9 @@ def _throughputs(trials, batch: int) -> list[float]:
     return [float(t.user_attrs[key]) for t in trials if key in t.user_attrs]
 
 
-def entry(params: dict, batch: int) -> dict:
-    """A schedule entry's configuration, from a trial's resolved parameters."""
+def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
+    """A schedule entry's configuration, from a trial's resolved parameters (`inherited`: NCCL
+    variables from the driver's environment, listed apart)."""
     k = int(params.get("spec.num_draft_tokens", 0))
     kind = str(params.get("drafter.kind", "none")) if k > 0 else "none"
     options = {opt: params[name] for name, opt in DRAFTER_OPTIONS.get(kind, {}).items() if name in params}
@@ -66,7 +72,10 @@ def entry(params: dict, batch: int) -> dict:
         "drafter": kind,
         "drafter_options": options,
         "backend": str(params.get("comm.backend", "")),
-        "nccl_env": {name.split(".", 1)[1]: str(v) for name, v in params.items() if name.startswith("nccl.")},
+        "nccl_env": {n: str(v) for name, v in params.items() if name.startswith("nccl.") and (n := name.split(".", 1)[1]) not in inherited},
+        "inherited_nccl_env": {
+            n: str(v) for name, v in params.items() if name.startswith("nccl.") and (n := name.split(".", 1)[1]) in inherited
+        },
         "engine": {name.split(".", 1)[1]: v for name, v in params.items() if name.startswith("engine.")},
     }
 
@@ -95,7 +104,7 @@ def build_schedule(study, model: str = "", dtype: str = "") -> dict:
         plain_med = float(np.median(plain_values)) if plain_values else None
         rows.append(
             {
-                **entry(params, batch),
+                **entry(params, batch, tuple(trials[0].user_attrs.get(INHERITED_ATTR, ()))),
                 "throughput_tok_s": round(value, 2),
                 "plain_throughput_tok_s": round(plain_med, 2) if plain_med else None,
                 "speedup_vs_plain": round(value / plain_med, 3) if plain_med else None,
@@ -104,7 +113,16 @@ def build_schedule(study, model: str = "", dtype: str = "") -> dict:
                 "trial": min(t.number for t in trials),
             }
         )
-    return {"model": model, "dtype": dtype, "study": study.study_name, "noise_rel": noise, "schedule": rows}
+    tau = next((trial_params(t).get("workload.simulate_accept_len") for t in done), None)
+    return {
+        "model": model,
+        "dtype": dtype,
+        "study": study.study_name,
+        "noise_rel": noise,
+        # acceptance was imposed: the schedule ranks engine speed, not what these drafters accept on real text
+        "simulated_accept_len": tau,
+        "schedule": rows,
+    }
 
 
 def speculation_stops_paying(schedule: list[dict]) -> int | None:

@@ -29,7 +29,7 @@ from orchestrator.envpolicy import inherited_nccl_env
 from orchestrator.equivalence import outputs_verdict
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.ranking import PARAMS_ATTR, SAMPLES_ATTR, baseline_median, is_baseline, median_mad, trial_params
-from orchestrator.schedule import batch_metric
+from orchestrator.schedule import INHERITED_ATTR, batch_metric
 from orchestrator.space import TrialConfig, constraint_violation, suggest
 from orchestrator.tracking import PRUNE_TAG, RETRY_TAG, Tracker, config_label, experiment_params, rounded
 from orchestrator.workload import PreparedWorkload
@@ -145,7 +145,9 @@ def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int, live=N
                 live.update(trial.number, config_label(tc.params()), i + 1, n, so_far.tokens, so_far.seconds, r, repeats, force=i == n - 1)
             trial.report(RunResult.merge(parts + mine).metrics["throughput_tok_s"], r * n + i)
             trial.set_user_attr(heartbeat_attr, time.time())
-            if tc.num_draft_tokens > 0 and trial.should_prune():  # the baseline is the reference: never pruned
+            # the baseline is the reference: never pruned; nor is a trial whose larger batch sizes are still to come
+            # (batch 1 alone would prune a configuration that wins at batch 32)
+            if tc.num_draft_tokens > 0 and len(cfg.workload.batch_sizes) == 1 and trial.should_prune():
                 return RunResult.merge(parts + mine), True, per_repeat
         parts += mine
         per_repeat.append(RunResult.merge(mine).metrics["throughput_tok_s"])
@@ -156,7 +158,7 @@ def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int, live=N
     return RunResult.merge(parts), False, per_repeat
 
 
-def _batched(cfg, prepared, gang, tc, reference: dict | None, heartbeat) -> dict[str, float]:
+def _batched(cfg, prepared, gang, tc, reference: dict | None, heartbeat, deadline: float) -> dict[str, float]:
     """Every batch size > 1 of workload.batch_sizes, once over all prompts: metrics *_b<B>. Greedy
     (and not simulated): each sequence's tokens against `reference` ({"tokens", "margins"}: the batch-1
     baseline's), near ties allowed as at batch 1 (outputs_match_b<B>)."""
@@ -164,7 +166,10 @@ def _batched(cfg, prepared, gang, tc, reference: dict | None, heartbeat) -> dict
     for batch in cfg.workload.batch_sizes:
         if batch == 1:
             continue
-        r = gang.run(prepared.workload(cfg, tc, batch_size=batch), timeout_s=cfg.limits.trial_timeout_s)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GangError(f"run: the trial's decode did not finish within limits.trial_timeout_s={cfg.limits.trial_timeout_s:g}s")
+        r = gang.run(prepared.workload(cfg, tc, batch_size=batch), timeout_s=left)
         heartbeat()
         m = r.metrics
         for name in ("throughput_tok_s", "decode_tok_s", "accept_len_mean", "step_ms_p50"):
@@ -234,6 +239,7 @@ def run_trial(
     tags = {"spectune.baseline": "1"} if tc.num_draft_tokens == 0 else {}
     if inherited:
         tags["spectune.nccl_inherited"] = ",".join(inherited)
+        trial.set_user_attr(INHERITED_ATTR, sorted(inherited))  # not the trial's choice: left out of exports
     if why := constraint_violation(tc):  # recorded (an MLflow run with the reason), never run
         run_id = tracker.start_trial(trial.number, params, tags)
         trial.set_user_attr("mlflow_run_id", run_id)
@@ -251,7 +257,7 @@ def run_trial(
     state, reason, metrics = "FAIL", None, {}
     try:
         tracker.log_json(run_id, {"experiment": cfg.model_dump(mode="json"), "trial": params}, "trial_config.json")
-        before = pool.launched
+        before, started = pool.launched, time.monotonic()
         gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=tc.num_draft_tokens == 0)
         trial.set_user_attr(heartbeat_attr, time.time())  # a gang launch can take minutes
         # the baseline is measured several times: the noise band every ranking uses comes from its repeats
@@ -287,7 +293,8 @@ def run_trial(
                 # the batch-1 baseline's tokens and margins; without one yet, this trial's own batch-1 tokens, exactly
                 reference = baseline_outputs(base, tracker) if base is not None and not plain else None
                 reference = reference or {"tokens": [p.tokens for p in first], "margins": [p.margins for p in first]}
-            metrics.update(_batched(cfg, prepared, gang, tc, reference, lambda: trial.set_user_attr(heartbeat_attr, time.time())))
+            beat = lambda: trial.set_user_attr(heartbeat_attr, time.time())  # noqa: E731
+            metrics.update(_batched(cfg, prepared, gang, tc, reference, beat, started + cfg.limits.trial_timeout_s))
             metrics.update(batch_speedups(metrics, cfg, study, tc.tp, plain))
             if "objective" in metrics:
                 metrics.update(batch_objective(metrics, cfg))

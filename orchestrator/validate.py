@@ -22,7 +22,7 @@ def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list
         return
     if big > len(prepared.token_ids):
         raise UserError(
-            f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (raise workload.num_prompts)"
+            f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (more prompts: workload.num_prompts, or --num-prompts)"
         )
     if slow := [k for k in kinds if k not in ("none", "ngram")]:
         raise UserError(

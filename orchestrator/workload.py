@@ -62,6 +62,7 @@ class PreparedWorkload:
             vocab_parallel=cfg.parallel.vocab_parallel,
             threads=cfg.parallel.threads,
             engine=tc.engine,
+            max_batch=max(cfg.workload.batch_sizes),
         )
 
 

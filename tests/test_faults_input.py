@@ -301,7 +301,7 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
 @pytest.mark.parametrize(
     "workload, drafter, words",
     [
-        ({"batch_sizes": [2, 0]}, None, "workload.batch_sizes: each batch size must be between 1 and 256"),
+        ({"batch_sizes": [2, 0]}, None, "workload.batch_sizes: each batch size must be between 1 and 64"),
         ({"batch_sizes": [2, 2]}, None, "batch sizes repeat"),
         ({"batch_sizes": [8]}, None, "workload.batch_sizes: 8 exceeds the 3 prompts of the workload"),
         ({"batch_sizes": [2]}, {"kind": "layer_skip", "layers": 1}, "batch sizes > 1 run with drafter.kind ngram or none"),

@@ -77,3 +77,26 @@ def test_a_batch_one_study_has_no_batch_section():
     )
     assert batch_summary(study, hidden=64, dtype="float32") is None
     assert math.isclose(build_schedule(study)["schedule"][0]["throughput_tok_s"], 1.0)
+
+
+def test_inherited_nccl_variables_and_imposed_acceptance_are_not_exported_as_choices():
+    """NCCL_* from the driver's shell are that machine's environment, not the study's choice; a study
+    that imposed its accepted length says so above any engine command it exports."""
+    from orchestrator.export_formats import render
+
+    study = optuna.create_study(direction="maximize")
+    t = _trial(4, "nccl", [200.0], 500, 900, {"NCCL_ALGO": "Ring", "NCCL_P2P_DISABLE": "1"})
+    t.user_attrs["spectune.nccl_inherited"] = ["NCCL_P2P_DISABLE"]
+    t.user_attrs["spectune.params"]["workload.simulate_accept_len"] = 3.0
+    study.add_trial(t)
+    s = build_schedule(study, model="m", dtype="bfloat16")
+    row = s["schedule"][0]
+    assert row["nccl_env"] == {"NCCL_ALGO": "Ring"} and row["inherited_nccl_env"] == {"NCCL_P2P_DISABLE": "1"}
+    assert s["simulated_accept_len"] == 3.0
+    for fmt in ("vllm", "sglang", "env"):
+        text = render(s, fmt)
+        assert "# WARNING: this study imposed an accepted length of 3.0" in text
+        settings = [line for line in text.splitlines() if not line.startswith("#")]
+        assert any("NCCL_ALGO=Ring" in line for line in settings)
+        assert not any("NCCL_P2P_DISABLE" in line for line in settings)
+        assert "# left out: NCCL variables the study's driver inherited from its shell (NCCL_P2P_DISABLE=1)" in text

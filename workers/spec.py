@@ -50,6 +50,9 @@ class GangSpec:
     vocab_parallel: bool = False
     threads: int = 1  # torch intra-op threads per process
     engine: EngineConfig = field(default_factory=EngineConfig)  # what the decode engine runs (workers/engine/config.py)
+    # the largest Workload.batch_size the gang will run: sizes the allreduce buffers (a batched pass
+    # reduces B x (k + 1) tokens' hidden states) and the batch KV cache
+    max_batch: int = 1
 
     @property
     def has_drafter(self) -> bool:

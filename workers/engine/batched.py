@@ -66,14 +66,12 @@ class BatchSteps:
         starts = list(cache.lengths)
         if max(starts) + W > cache.max_seq:
             raise ValueError(f"sequence length {max(starts) + W} exceeds the cache ({cache.max_seq})")
-        if not self.use_graphs:
-            return self.model(torch.tensor(feed, device=self.device), cache)  # eager: attends to the filled part only
+        if self.graphs.get((n, W)) is None:
+            # eager (attends to the filled part only): no graphs here, or a shape `warm` did not capture
+            # (capturing now would write scratch K/V into live rows)
+            return self.model(torch.tensor(feed, device=self.device), cache)
         if cache.k and cache.k[0].data_ptr() != self.full.k[0].data_ptr():
             raise ValueError("a batched pass runs on the rows of the cache its graphs were captured on")
-        if (n, W) not in self.graphs:
-            self.graphs[(n, W)] = self._capture_or_eager(n, W)
-            if not self.use_graphs:
-                return self.run(feed, cache)
         graph, inputs, staging, logits, calls = self.graphs[(n, W)]
         staging[0] = torch.tensor(feed)
         staging[1] = torch.tensor(starts)[:, None] + torch.arange(W)
@@ -89,11 +87,17 @@ class BatchSteps:
         cache is reset before each batch)."""
         if not self.use_graphs:
             return
+        if getattr(self.allreduce, "world_size", 1) > 1 and getattr(self.allreduce, "group", None) is not None:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.allreduce.group)  # every rank starts the captures' collectives together
         for n in sorted(rows):
             for W in widths:
                 if self.use_graphs and (n, W) not in self.graphs:
                     self.graphs[(n, W)] = self._capture_or_eager(n, W)
         self.full.reset()
+        if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:
+            check()  # a peer that arrived too late during the captures left wrong sums: say so now
 
     def _capture_or_eager(self, n: int, W: int):
         try:

@@ -71,7 +71,7 @@ class Verifier:
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
         self.steps = StepRunner(model, self.cache, link.k + 1, engine=engine, allreduce=allreduce)
-        self._batch_steps: dict[int, BatchSteps] = {}  # Workload.batch_size > 1 (workers/engine/batched.py)
+        self._batch_steps: BatchSteps | None = None  # Workload.batch_size > 1 (workers/engine/batched.py)
         self.on_progress: ProgressHook | None = None  # set per run by the worker (rank 0), see ProgressHook
 
     def comm_split(self, width: int, iters: int) -> dict[str, float]:
@@ -163,10 +163,10 @@ class Verifier:
         reads_hidden = self.drafter is not None and self.drafter.reads_hidden
         if why := why_not_batched(w, self.link.drafter_rank is not None, reads_hidden or rank.hidden is not None):
             raise ValueError(why)
-        passes = self._batch_steps.get(w.batch_size)
-        if passes is None:  # one cache (and its graphs) per batch size, kept for the gang's life
+        passes = self._batch_steps
+        if passes is None or len(passes.full.lengths) < w.batch_size:  # one cache (and its graphs) for every batch size
             cache = self.model.new_cache(w.batch_size, self.cache.max_seq)
-            passes = self._batch_steps[w.batch_size] = BatchSteps(self.model, cache, self.steps.use_graphs, self.allreduce)
+            passes = self._batch_steps = BatchSteps(self.model, cache, self.steps.use_graphs, self.allreduce)
         rank.cache = passes.full
         strategy.begin_run(capture=False)
         self.link.wait_for_drafter()
@@ -176,7 +176,9 @@ class Verifier:
 
     def _finish(self, w: Workload, prompts: list[PromptResult], stats: RunStats) -> RunResult | None:
         k = w.num_draft_tokens
-        split = self.comm_split(k + 1, w.comm_ablation_iters) if w.comm_ablation_iters and self.allreduce.world_size > 1 else {}
+        # the comm/compute split times the batch-1 step: a batched run leaves it out rather than mislabel it
+        ablate = w.comm_ablation_iters and self.allreduce.world_size > 1 and w.batch_size == 1
+        split = self.comm_split(k + 1, w.comm_ablation_iters) if ablate else {}
         if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:
             check()  # a rank that fell behind during the timed steps left wrong sums: this rank raises, the trial fails
         if self.rank != 0:

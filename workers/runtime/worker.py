@@ -149,7 +149,7 @@ class Worker:
         if self.is_drafter:
             self.drafter = build_drafter(spec, device)
         else:
-            max_numel = (MAX_DRAFT_TOKENS + 1) * args.dim
+            max_numel = spec.max_batch * (MAX_DRAFT_TOKENS + 1) * args.dim  # the widest verify pass of any batch
             gang = GangInfo(
                 world_size=spec.tp,
                 device_type=device.type,
