@@ -176,8 +176,6 @@ def plan(o: DecodeOptions) -> DecodePlan:
         raise UserError(f"--max-new-tokens {o.max_new_tokens} must be at least 1")
     if o.batch_size < 1:
         raise UserError(f"--batch-size {o.batch_size} must be at least 1")
-    if o.batch_size > 1 and o.ngram_actor:
-        raise UserError("--batch-size > 1 runs the n-gram drafter inside the verifier ranks, not with --ngram-actor")
     if o.attention == "triton" and o.device != "cuda":
         raise UserError("--attention triton runs the CUDA graphs' attention kernel; this run is on CPU (use auto or sdpa)")
     try:

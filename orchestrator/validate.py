@@ -24,9 +24,15 @@ def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list
         raise UserError(
             f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (more prompts: workload.num_prompts, or --num-prompts)"
         )
-    if slow := [k for k in kinds if k not in ("none", "ngram")]:
+    if "eagle3" in kinds:
         raise UserError(
-            f"workload.batch_sizes: batch sizes > 1 run with drafter.kind ngram or none; {registry.where(cfg, 'drafter.kind')} allows {slow[0]}"
+            f"workload.batch_sizes: batch sizes > 1 do not run the eagle3 drafter yet; {registry.where(cfg, 'drafter.kind')} allows it"
+        )
+    process = [k for k in kinds if k in ("draft_model", "layer_skip")]
+    if process and cfg.workload.temperature > 0 and cfg.workload.simulate_accept_len is None:
+        raise UserError(
+            f"workload.batch_sizes: batch sizes > 1 with the {process[0]} drafter (a process of its own) need greedy decoding "
+            "(workload.temperature 0) or workload.simulate_accept_len"
         )
 
 

@@ -56,12 +56,35 @@ def test_simulated_acceptance_runs_batched(tiny_ckpt):
     assert r.metrics["accept_len_mean"] == pytest.approx(3.0, abs=0.1)
 
 
-def test_a_drafter_process_is_refused_batched_with_a_reason(tiny_ckpt):
-    spec = GangSpec(model_path=str(tiny_ckpt), tp=1, drafter=DrafterSpec(kind="layer_skip", layers=1), max_seq=256)
-    with LocalGang(spec, timeout_s=120) as gang:
+@pytest.mark.parametrize("kind", ["layer_skip", "draft_model", "self", "ngram_actor"])
+def test_a_drafter_process_drafts_every_sequence_of_a_batch(tiny_ckpt, tiny_draft_ckpt, kind):
+    """A drafter process (layer-skip, a draft model: every row in one pass; the n-gram actor: a copy
+    per row) proposes for each live sequence: the tokens, steps and acceptance of batch 1. The
+    verifier drafting for itself ("self") must keep every draft, so any row fed wrongly shows."""
+    drafter = {
+        "self": DrafterSpec(kind="draft_model", model_path=str(tiny_ckpt)),
+        "layer_skip": DrafterSpec(kind="layer_skip", layers=1),
+        "draft_model": DrafterSpec(kind="draft_model", model_path=str(tiny_draft_ckpt)),
+        "ngram_actor": DrafterSpec(kind="ngram", ngram_actor=True),
+    }[kind]
+    spec = GangSpec(model_path=str(tiny_ckpt), tp=2, drafter=drafter, max_seq=256, max_batch=3)
+    assert spec.has_drafter
+    prompts = _prompts(5)
+    with LocalGang(spec, timeout_s=300) as gang:
         gang.setup()
-        with pytest.raises(GangError, match="batch_size > 1"):
-            gang.run(Workload(prompts=_prompts(2), max_new_tokens=8, num_draft_tokens=2, batch_size=2))
+        free = gang.run(Workload(prompts=prompts, max_new_tokens=24))
+        eos = free.prompts[2].tokens[9]
+        for k in (0, 3):  # k = 0: the drafter process only listens, batched as well
+            one = gang.run(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=k, eos_ids=(eos,)))
+            many = gang.run(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=k, eos_ids=(eos,), batch_size=3))
+            assert [p.tokens for p in many.prompts] == [p.tokens for p in one.prompts], (kind, k)
+            assert [(p.steps, p.accepted) for p in many.prompts] == [(p.steps, p.accepted) for p in one.prompts]
+        assert many.metrics["drafted_mean"] > 0
+        if kind == "self":
+            assert many.metrics["accept_len_mean"] > 3.5  # k + 1 = 4, less only where EOS / max_new_tokens cut a step
+        # sampling needs rank 0 to verify alone with the drafter's q: not batched, and said so
+        with pytest.raises(GangError, match="needs greedy decoding"):
+            gang.run(Workload(prompts=prompts, max_new_tokens=8, num_draft_tokens=2, temperature=0.7, batch_size=2))
 
 
 def test_batched_steps_count_acceptance_per_sequence():

@@ -7,6 +7,7 @@ committed sequence by itself (rolling back whatever drafts the verifier rejected
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 
 from workers.engine.link import Proposal
@@ -30,3 +31,17 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(self, committed: list[int], k: int) -> Proposal: ...
+
+    # batch > 1 in a drafter process (workers/engine/batched.py `run_drafter_batched`): one proposal per
+    # live sequence per step. The default keeps a copy of this drafter per sequence; a model drafter
+    # overrides both to draft every sequence in one pass.
+    def begin_rows(self, n: int) -> None:
+        """A new batch of n sequences (after `begin`)."""
+        self._row_copies: list[Drafter] = []  # not copied into the copies
+        self._row_copies = [copy.deepcopy(self) for _ in range(n)]
+        for row in self._row_copies:
+            row.prefill([])
+
+    def propose_rows(self, committed: list[list[int]], live: list[int], k: int) -> dict[int, Proposal]:
+        """Proposals for the sequences `live` (indices into `committed`, every sequence of the batch)."""
+        return {i: self._row_copies[i].propose(committed[i], k) for i in live}

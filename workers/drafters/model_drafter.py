@@ -5,6 +5,10 @@ The drafter's KV cache holds the tokens it has fed so far (`fed`). Before each p
 back to the longest prefix of `fed` that the verifier committed, feeds the committed tokens it
 has not seen, then drafts k tokens one at a time (greedy, or sampled at the trial temperature,
 keeping q for rejection sampling).
+
+Batch > 1 (`begin_rows` / `propose_rows`): the same per sequence, every sequence a row of one
+batch cache, drafted together: one pass feeds each row's unseen tokens (padded to the longest,
+the padding rolled back), then k - 1 passes of one token per row. Eager (no CUDA graph yet).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class ModelDrafter(Drafter):
         self.cache = model.new_cache(1)
         self.steps = StepRunner(model, self.cache, max_width, engine=engine)
         self.fed: list[int] = []
+        self._rows = None  # batch > 1: the batch cache (begin_rows)
+        self._rows_fed: list[list[int]] = []
         if kind:
             self.kind = kind
 
@@ -51,6 +57,53 @@ class ModelDrafter(Drafter):
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         self.fed.extend(tokens)
         return self.steps.step(tokens)[-1]
+
+    def begin_rows(self, n: int) -> None:
+        if self._rows is None or len(self._rows.lengths) < n:
+            self._rows = self.model.new_cache(n, self.cache.max_seq)
+        self._rows.reset()
+        self._rows_fed = [[] for _ in range(n)]
+
+    @torch.inference_mode()
+    def propose_rows(self, committed: list[list[int]], live: list[int], k: int) -> dict[int, Proposal]:
+        t0 = time.perf_counter()
+        n = len(committed)
+        cache, fed = self._rows.view(0, n), self._rows_fed
+        cache.lengths = list(self._rows.lengths[:n])
+        feeds = []
+        for i, seq in enumerate(committed):
+            keep, limit = 0, min(len(fed[i]), len(seq) - 1)  # always re-feed at least the last token
+            while keep < limit and fed[i][keep] == seq[keep]:
+                keep += 1
+            cache.rollback(i, keep)
+            del fed[i][keep:]
+            feeds.append(seq[keep:])
+        width = max(len(f) for f in feeds)
+        base = list(cache.lengths)
+        rows = torch.tensor([f + [f[-1]] * (width - len(f)) for f in feeds], device=self.device)
+        logits = self.model(rows, cache)[torch.arange(n), torch.tensor([len(f) - 1 for f in feeds])]  # after each row's last real token
+        for i, f in enumerate(feeds):
+            cache.rollback(i, base[i] + len(f))  # the padding is forgotten
+            fed[i].extend(f)
+        drafts: list[list[int]] = [[] for _ in range(n)]
+        qs: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        for step in range(k):
+            if self.temperature > 0:
+                q = softmax_t(logits, self.temperature)
+                chosen = [sample(q[i], self.generator) for i in range(n)]
+                for i in range(n):
+                    qs[i].append(q[i])
+            else:
+                chosen = logits.argmax(dim=-1).tolist()  # one host sync for every row
+            for i, tok in enumerate(chosen):
+                drafts[i].append(tok)
+            if step + 1 < k:
+                logits = self.model(torch.tensor(chosen, device=self.device)[:, None], cache)[:, -1]
+                for i, tok in enumerate(chosen):
+                    fed[i].append(tok)
+        self._rows.lengths[:n] = cache.lengths
+        share = (time.perf_counter() - t0) / max(1, len(live))  # the pass drafts every live row at once
+        return {i: Proposal(tokens=drafts[i], probs=torch.stack(qs[i]).cpu() if qs[i] else None, draft_s=share) for i in live}
 
     @torch.inference_mode()
     def propose(self, committed: list[int], k: int) -> Proposal:

@@ -17,8 +17,10 @@ lengths, the padding and stale cache entries never mix: every sequence's greedy 
 batch-1 output, up to floating-point near ties (a batch changes the GEMM shapes).
 
 What runs batched: plain decoding, drafters inside the verifier ranks that read tokens only (the
-n-gram lookup: one copy per row) and simulated acceptance. Every rank then decides for itself, so
-no per-step message crosses the draft link. On CUDA (engine.cuda_graphs) each pass shape (rows,
+n-gram lookup: one copy per row), a drafter process (a draft model or layer-skip, drafting every
+row in one pass: `run_drafter_batched`), and simulated acceptance, wherever every rank decides for
+itself (greedy decoding or simulated acceptance). A drafter process then exchanges one proposal
+and one result per live sequence and step, in row order. On CUDA (engine.cuda_graphs) each pass shape (rows,
 width) is one CUDA graph over static inputs and the whole static cache, captured before timing
 (`BatchSteps`); it runs the plain model's layers with SDPA under the position mask (not the fused
 step's merged weights and Triton attention, which take one sequence). A batch's wall time (prefills included) is charged once to the run; each prompt's
@@ -139,8 +141,8 @@ def why_not_batched(w: Workload, linked_drafter: bool, reads_hidden: bool) -> st
         return f"batch_size must be >= 1, not {w.batch_size}"
     if w.batch_size == 1:
         return None
-    if linked_drafter:
-        return "batch_size > 1 runs drafters inside the verifier ranks (ngram) or none; a drafter process is not batched yet"
+    if linked_drafter and w.temperature > 0 and w.simulate_accept_len is None:
+        return "batch_size > 1 with a drafter process needs greedy decoding (temperature 0) or simulated acceptance"
     if reads_hidden:
         return "batch_size > 1 does not run the eagle3 drafter yet (its head reads one sequence's hidden states)"
     return None
@@ -245,3 +247,31 @@ def decode_batches(
                 )
             )
     return results, stats
+
+
+def run_drafter_batched(drafter, link, w: Workload) -> None:
+    """The drafter process's side of `decode_batches` (same batches, same message order): per batch,
+    the first tokens of every row; then per step a proposal for each live row (k > 0) and each live
+    row's result, in row order."""
+    drafter.begin(w.temperature, w.seed + 1)
+    link.drafter_ready()
+    B, k = w.batch_size, w.num_draft_tokens
+    with torch.inference_mode():
+        for first in range(0, len(w.prompts), B):
+            committed = [list(p) for p in w.prompts[first : first + B]]
+            done = [False] * len(committed)
+            drafter.begin_rows(len(committed))
+            for i in range(len(committed)):
+                res = link.recv_result_from_verifier()
+                committed[i].extend(res.tokens)
+                done[i] = res.done
+            while not all(done):
+                live = [i for i, d in enumerate(done) if not d]
+                if k > 0:
+                    proposals = drafter.propose_rows(committed, live, k)
+                    for i in live:
+                        link.send_proposal(proposals[i])
+                for i in live:
+                    res = link.recv_result_from_verifier()
+                    committed[i].extend(res.tokens)
+                    done[i] = res.done

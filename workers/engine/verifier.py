@@ -41,7 +41,7 @@ import torch
 
 from workers.comm import AllReduce
 from workers.drafters import Drafter
-from workers.engine.batched import BatchSteps, decode_batches, why_not_batched
+from workers.engine.batched import BatchSteps, decode_batches, run_drafter_batched, why_not_batched
 from workers.engine.config import EngineConfig
 from workers.engine.link import DraftLink
 from workers.engine.stats import RunStats, relative_margins
@@ -188,6 +188,10 @@ class Verifier:
 
 def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:
     """The drafter's side of `Verifier.run` (same prompts, same message order)."""
+    if w.batch_size > 1:
+        if why_not_batched(w, True, drafter.reads_hidden):  # the verifier ranks refuse the run alike, with the reason
+            return
+        return run_drafter_batched(drafter, link, w)
     drafter.begin(w.temperature, w.seed + 1)
     drafter.warm(w.num_draft_tokens)
     link.drafter_ready()
