@@ -24,9 +24,9 @@ def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list
         raise UserError(
             f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (more prompts: workload.num_prompts, or --num-prompts)"
         )
-    if "eagle3" in kinds:
+    if "eagle3" in kinds and "actor" in candidates(cfg, "drafter.placement"):
         raise UserError(
-            f"workload.batch_sizes: batch sizes > 1 do not run the eagle3 drafter yet; {registry.where(cfg, 'drafter.kind')} allows it"
+            f"workload.batch_sizes: batch sizes > 1 run the eagle3 head at placement rank0 only; {registry.where(cfg, 'drafter.placement')} allows actor"
         )
     process = [k for k in kinds if k in ("draft_model", "layer_skip")]
     if process and cfg.workload.temperature > 0 and cfg.workload.simulate_accept_len is None:

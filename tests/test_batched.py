@@ -125,3 +125,23 @@ def test_the_static_pass_a_cuda_graph_captures_equals_the_eager_pass(tmp_path):
     for row, start in enumerate(starts):
         torch.testing.assert_close(static_cache.k[0][row, :, : start + 4], eager_cache.k[0][row, :, : start + 4])
     assert eager_cache.lengths == [s + 4 for s in starts]
+
+
+def test_eagle3_in_the_rank_reads_each_rows_own_hidden_states(smollm2):
+    """The shipped EAGLE-3 head at placement rank0, batch 3: each row's head is fed that row's
+    verifier states, so every sequence drafts, and is accepted, exactly as at batch 1 (a head fed
+    another row's states would draft other tokens and keep a different number of them)."""
+    from orchestrator.prompts import BUNDLED_PROMPTS, Tokenizer, load_prompts
+    from workers.model.checkpoint import resolve_model_path
+
+    tok = Tokenizer(smollm2)
+    prompts = tuple(tuple(tok.encode_prompt(p.text)) for p in load_prompts(BUNDLED_PROMPTS, 3, ["writing"], None))
+    head = DrafterSpec(kind="eagle3", model_path=str(resolve_model_path("smollm2-135m-eagle3")), placement="rank0")
+    spec = GangSpec(model_path=str(smollm2), tp=1, drafter=head, max_seq=1024, max_batch=3)
+    with LocalGang(spec, timeout_s=600) as gang:
+        gang.setup()
+        one = gang.run(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=3))
+        many = gang.run(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=3, batch_size=3))
+    assert [p.tokens for p in many.prompts] == [p.tokens for p in one.prompts]
+    assert [(p.steps, p.accepted) for p in many.prompts] == [(p.steps, p.accepted) for p in one.prompts]
+    assert sum(p.accepted for p in one.prompts) > 3  # the trained head keeps drafts: the comparison has teeth

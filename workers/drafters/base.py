@@ -32,13 +32,17 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, committed: list[int], k: int) -> Proposal: ...
 
+    def fork(self) -> Drafter:
+        """A drafter for another sequence of a batch: its own per-sequence state; weights may be shared."""
+        return copy.deepcopy(self)
+
     # batch > 1 in a drafter process (workers/engine/batched.py `run_drafter_batched`): one proposal per
     # live sequence per step. The default keeps a copy of this drafter per sequence; a model drafter
     # overrides both to draft every sequence in one pass.
     def begin_rows(self, n: int) -> None:
         """A new batch of n sequences (after `begin`)."""
         self._row_copies: list[Drafter] = []  # not copied into the copies
-        self._row_copies = [copy.deepcopy(self) for _ in range(n)]
+        self._row_copies = [self.fork() for _ in range(n)]
         for row in self._row_copies:
             row.prefill([])
 

@@ -299,6 +299,12 @@ class Eagle3Drafter(Drafter):
         self.begin(0.0, 0)
         self.prefill([])
 
+    def fork(self) -> Eagle3Drafter:
+        """Another sequence's drafter on the same head: its own cache, drafting eagerly (no chain graphs)."""
+        other = Eagle3Drafter(self.head, chain=False)
+        other.begin(self.temperature, int(self.generator.initial_seed()))
+        return other
+
     def warm(self, k: int) -> None:
         if self.use_chain:
             self.chain.warm(k)

@@ -16,8 +16,8 @@ The attention mask is per row and by position (`Transformer.rope_and_mask`), so 
 lengths, the padding and stale cache entries never mix: every sequence's greedy output is its
 batch-1 output, up to floating-point near ties (a batch changes the GEMM shapes).
 
-What runs batched: plain decoding, drafters inside the verifier ranks that read tokens only (the
-n-gram lookup: one copy per row), a drafter process (a draft model or layer-skip, drafting every
+What runs batched: plain decoding, drafters inside the verifier ranks (the n-gram lookup, and an
+EAGLE-3 head at placement rank0 fed each row's hidden states: one drafter per row), a drafter process (a draft model or layer-skip, drafting every
 row in one pass: `run_drafter_batched`), and simulated acceptance, wherever every rank decides for
 itself (greedy decoding or simulated acceptance). A drafter process then exchanges one proposal
 and one result per live sequence and step, in row order. On CUDA (engine.cuda_graphs) each pass shape (rows,
@@ -59,6 +59,7 @@ class BatchSteps:
         self.device = model.embed_tokens.weight.device
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.graphs: dict[tuple[int, int], tuple] = {}  # (rows, width) -> (graph, inputs, staging, logits, allreduce calls)
+        self._aux: dict[tuple[int, int], list[torch.Tensor]] = {}  # EAGLE-3: each graph's captured aux states (static outputs)
         self._pool = None
 
     def run(self, feed: list[list[int]], cache: KVCache) -> torch.Tensor:
@@ -79,6 +80,8 @@ class BatchSteps:
         staging[1] = torch.tensor(starts)[:, None] + torch.arange(W)
         inputs.copy_(staging, non_blocking=True)
         graph.replay()
+        if self.model.aux_layers:
+            self.model.aux = self._aux[(n, W)]
         if calls and self.allreduce is not None:  # a replay issues the allreduces its capture recorded
             self.allreduce.counters.calls += calls
         cache.lengths = [s + W for s in starts]
@@ -132,10 +135,11 @@ class BatchSteps:
         if counters is not None:
             counters.calls = before  # the capture itself ran nothing
         self._pool = graph.pool()
+        self._aux[(n, W)] = list(self.model.aux)
         return graph, inputs, staging, logits, calls
 
 
-def why_not_batched(w: Workload, linked_drafter: bool, reads_hidden: bool) -> str | None:
+def why_not_batched(w: Workload, linked_drafter: bool, hidden_over_link: bool) -> str | None:
     """Why this run cannot decode in batches (None: it can)."""
     if w.batch_size < 1:
         return f"batch_size must be >= 1, not {w.batch_size}"
@@ -143,12 +147,12 @@ def why_not_batched(w: Workload, linked_drafter: bool, reads_hidden: bool) -> st
         return None
     if linked_drafter and w.temperature > 0 and w.simulate_accept_len is None:
         return "batch_size > 1 with a drafter process needs greedy decoding (temperature 0) or simulated acceptance"
-    if reads_hidden:
-        return "batch_size > 1 does not run the eagle3 drafter yet (its head reads one sequence's hidden states)"
+    if hidden_over_link:
+        return "batch_size > 1 runs the eagle3 head inside the verifier ranks (placement rank0), not as a drafter process"
     return None
 
 
-def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache, seqs: list[Sequence]) -> StepRecord:
+def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache, seqs: list[Sequence], hidden) -> StepRecord:
     live = [s for s in seqs if not s.done]
     t0 = time.perf_counter()
     proposals = {s.row: strategy.propose(s) for s in live}
@@ -167,6 +171,8 @@ def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache
         n, new = strategy.decide(s, p, logits[s.row, : 1 + len(p.tokens)])
         new, done = finish(new, s.n_generated, rank.w)
         res = rank.publish(VerifyResult(accepted=n, tokens=new, done=done))
+        if hidden is not None:  # EAGLE-3 in the rank: this row's states of [last, accepted drafts] to its head
+            s.drafter.observe(hidden.rows(1 + res.accepted, row=s.row))
         # keep [last, d_1..d_accepted]; the correction / bonus token is fed next step
         cache.rollback(s.row, base[s.row] + 1 + res.accepted)
         s.commit(res)
@@ -199,6 +205,8 @@ def decode_batches(
     if not rank.local:
         raise ValueError("batched decoding needs every rank to decide for itself (no drafter process)")
     B, full = w.batch_size, passes.full
+    # hidden states (EAGLE-3 inside the rank) go to each row's own head here, not through Rank.publish (row 0's)
+    hidden, rank.hidden = rank.hidden, None
     if len(full.lengths) < B:
         raise ValueError(f"the batch cache holds {len(full.lengths)} rows, batch_size is {B}")
     # every pass shape the run can meet, captured before the timing: full batches and the last one
@@ -221,12 +229,14 @@ def decode_batches(
             logits = model(torch.tensor([list(prompt)], device=device), row)[0, -1]
             cache.lengths[b] = row.lengths[0]
             seq.commit(rank.publish(rank.first_token(logits)))
+            if hidden is not None:
+                seq.drafter.observe(hidden.rows(len(prompt)))
             strategy.prefilled(seq, logits)
             prefill_s.append(time.perf_counter() - t0)
             seqs.append(seq)
         ended = {s.row: time.perf_counter() for s in seqs if s.done}
         while any(not s.done for s in seqs):
-            stats.steps.append(_step(rank, strategy, passes, cache, seqs))
+            stats.steps.append(_step(rank, strategy, passes, cache, seqs, hidden))
             now = time.perf_counter()
             ended.update({s.row: now for s in seqs if s.done and s.row not in ended})
             if rank.on_progress is not None:

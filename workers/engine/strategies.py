@@ -36,7 +36,6 @@ Extension points (what changes where, and what stays):
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,9 +108,9 @@ class HiddenStates:
     to_link: bool  # a drafter process receives them with each result
     drafter: Drafter | None  # an in-rank drafter that reads them
 
-    def rows(self, n: int) -> torch.Tensor:
-        """The last pass's first `n` positions, [n, n_aux x dim]."""
-        return torch.cat(self.model.aux, dim=-1)[0, :n]
+    def rows(self, n: int, row: int = 0) -> torch.Tensor:
+        """The last pass's first `n` positions of sequence `row` (a batch's row), [n, n_aux x dim]."""
+        return torch.cat([a[row, :n] for a in self.model.aux], dim=-1)
 
 
 @dataclass
@@ -332,7 +331,7 @@ class InRankDrafting(StepStrategy):
 
     def row_drafters(self, n: int) -> list[Drafter | None]:
         """Each row its own copy: a drafter keeps per-sequence state (the n-gram index)."""
-        return [self.drafter] + [copy.deepcopy(self.drafter) for _ in range(n - 1)]
+        return [self.drafter] + [self.drafter.fork() for _ in range(n - 1)]
 
     def begin_prompt(self, seq: Sequence) -> None:
         (seq.drafter or self.drafter).prefill(list(seq.tokens))

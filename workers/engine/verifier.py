@@ -160,8 +160,8 @@ class Verifier:
 
     def _run_batched(self, w: Workload, rank: Rank, strategy) -> RunResult | None:
         """B sequences per pass (workers/engine/batched.py) on a B-row cache of this run's own."""
-        reads_hidden = self.drafter is not None and self.drafter.reads_hidden
-        if why := why_not_batched(w, self.link.drafter_rank is not None, reads_hidden or rank.hidden is not None):
+        over_link = rank.hidden is not None and rank.hidden.to_link
+        if why := why_not_batched(w, self.link.drafter_rank is not None, over_link):
             raise ValueError(why)
         passes = self._batch_steps
         if passes is None or len(passes.full.lengths) < w.batch_size:  # one cache (and its graphs) for every batch size
@@ -189,7 +189,8 @@ class Verifier:
 def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:
     """The drafter's side of `Verifier.run` (same prompts, same message order)."""
     if w.batch_size > 1:
-        if why_not_batched(w, True, drafter.reads_hidden):  # the verifier ranks refuse the run alike, with the reason
+        # the verifier ranks refuse the run alike, with the reason (an eagle3 head here reads states over the link)
+        if why_not_batched(w, True, drafter.reads_hidden and w.num_draft_tokens > 0):
             return
         return run_drafter_batched(drafter, link, w)
     drafter.begin(w.temperature, w.seed + 1)
