@@ -108,6 +108,10 @@ class Progress:
                 else ""
             )
             perf = f"{OBJECTIVE} {value:.2f}{noise}, accepted length {m.get('accept_len_mean', 1.0):.2f}"
+            if "objective_b1" in m:  # several batch sizes: the objective is their geometric mean
+                sizes = sorted(int(k.rsplit("_b", 1)[1]) for k in m if k.startswith("throughput_tok_s_b"))
+                per = ", ".join([f"b1 {m['objective_b1']:.2f}"] + [f"b{b} {m[f'throughput_tok_s_b{b}']:.2f}" for b in sizes])
+                perf = f"objective {value:.2f} (geometric mean of {OBJECTIVE} over batch sizes: {per}){noise}"
             perf += f", x{m['speedup_vs_baseline']:.2f} vs plain" if "speedup_vs_baseline" in m else ""
             head = f"[{len(done)}/{self.n_goal}] trial {number} COMPLETE"
         else:

@@ -291,7 +291,8 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         )
         study.sampler = make_sampler(cfg, offset=len(study.trials))
         if study.metric_names is None:
-            study.set_metric_names(["throughput_tok_s"])  # optuna-dashboard names the objective instead of "Objective 0"
+            # optuna-dashboard names the objective instead of "Objective 0"
+            study.set_metric_names(["throughput_tok_s" if cfg.workload.batch_sizes == [1] else "throughput_tok_s_geomean_over_batch_sizes"])
         with study_lock(home, cfg, storage_url):
             check_resume(storage, cfg)  # another driver may have created it meanwhile
             record_fixed(study, cfg)
