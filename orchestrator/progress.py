@@ -43,7 +43,7 @@ class LiveLine:
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.every_s = tty_every_s if self.tty else every_s
-        self.last, self.shown = 0.0, False
+        self.last, self.shown = float("-inf"), False  # the first update always shows (monotonic time may be small: a fresh boot)
 
     def update(
         self,
