@@ -17,6 +17,8 @@ Where the numbers come from (COMPLETE trials only; invalid and pruned trials nev
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from orchestrator.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
@@ -125,6 +127,16 @@ def build_schedule(study, model: str = "", dtype: str = "") -> dict:
     }
 
 
-def speculation_stops_paying(schedule: list[dict]) -> int | None:
-    """The smallest batch size whose best configuration is plain decoding (None: speculation pays at every size)."""
-    return next((row["batch_size"] for row in schedule if row["num_draft_tokens"] == 0), None)
+def pays(row: dict, noise_rel: float | None) -> bool:
+    """Speculation pays at this row's batch size: its best configuration drafts and beats plain decoding
+    by more than the noise (the ranking's rule for two single measurements: 2 x sqrt(2) x sigma_rel)."""
+    if row["num_draft_tokens"] == 0:
+        return False
+    if noise_rel is None or not row.get("speedup_vs_plain"):
+        return True
+    return row["speedup_vs_plain"] - 1 > 2 * math.sqrt(2) * noise_rel
+
+
+def speculation_stops_paying(schedule: list[dict], noise_rel: float | None = None) -> int | None:
+    """The smallest batch size where speculation does not pay (None: it pays at every size measured)."""
+    return next((row["batch_size"] for row in schedule if not pays(row, noise_rel)), None)

@@ -100,3 +100,16 @@ def test_inherited_nccl_variables_and_imposed_acceptance_are_not_exported_as_cho
         assert any("NCCL_ALGO=Ring" in line for line in settings)
         assert not any("NCCL_P2P_DISABLE" in line for line in settings)
         assert "# left out: NCCL variables the study's driver inherited from its shell (NCCL_P2P_DISABLE=1)" in text
+
+
+def test_a_lead_within_noise_is_no_pay():
+    from orchestrator.schedule import speculation_stops_paying
+
+    rows = [
+        {"batch_size": 1, "num_draft_tokens": 4, "speedup_vs_plain": 1.40},
+        {"batch_size": 4, "num_draft_tokens": 2, "speedup_vs_plain": 1.01},  # 1% ahead, noise 1% of a measurement
+        {"batch_size": 16, "num_draft_tokens": 0, "speedup_vs_plain": 1.0},
+    ]
+    assert speculation_stops_paying(rows, noise_rel=0.01) == 4
+    assert speculation_stops_paying(rows, noise_rel=0.001) == 16
+    assert speculation_stops_paying(rows[:2], noise_rel=None) is None

@@ -45,7 +45,7 @@ def batch_summary(study, hidden: int | None, dtype: str) -> dict | None:
     return {
         "schedule": rows,
         "noise_rel": sched["noise_rel"],
-        "speculation_stops_paying_at": speculation_stops_paying(rows),
+        "speculation_stops_paying_at": speculation_stops_paying(rows, sched["noise_rel"]),
         "backend_changes": changes,
     }
 
@@ -105,7 +105,13 @@ def batch_sentences(s: dict) -> list[str]:
     if stop is None:
         out.append(f"Speculation pays at every measured batch size (up to {last}).")
     else:
-        out.append(f"Speculation stops paying at batch size {stop}: plain decoding is the best configuration measured there.")
+        row = next(r for r in s["schedule"] if r["batch_size"] == stop)
+        why = (
+            "plain decoding is the best configuration measured there"
+            if row["num_draft_tokens"] == 0
+            else f"its best configuration ({row['drafter']} k={row['num_draft_tokens']}, {row['speedup_vs_plain']:.3f}x plain) is within noise of plain decoding"
+        )
+        out.append(f"Speculation stops paying at batch size {stop}: {why}.")
     for c in s["backend_changes"]:
         size = f" (allreduce message {c['message_bytes'] / 1024:.0f} KiB at batch {c['to_batch']})" if c["message_bytes"] else ""
         out.append(
