@@ -145,3 +145,26 @@ def test_eagle3_in_the_rank_reads_each_rows_own_hidden_states(smollm2):
     assert [p.tokens for p in many.prompts] == [p.tokens for p in one.prompts]
     assert [(p.steps, p.accepted) for p in many.prompts] == [(p.steps, p.accepted) for p in one.prompts]
     assert sum(p.accepted for p in one.prompts) > 3  # the trained head keeps drafts: the comparison has teeth
+
+
+def test_greedy_decisions_from_host_argmaxes_equal_the_logits_rule():
+    """A batched step decides greedy rows from one transfer of every row's argmax: the same drafts
+    kept and the same next token as the rule on the logits, whatever the drafts."""
+    from types import SimpleNamespace
+
+    from workers.engine.link import Proposal
+    from workers.engine.strategies import StepStrategy
+    from workers.engine.verify import greedy_verify
+
+    g = torch.Generator().manual_seed(5)
+    rank = SimpleNamespace(w=Workload(prompts=((1,),), num_draft_tokens=4))
+    strategy = StepStrategy(rank)
+    for trial in range(50):
+        logits = torch.randn(5, 40, generator=g)
+        logits[:, 7] = logits.max() if trial % 5 == 0 else logits[:, 7]  # ties now and then: the first index wins in both
+        target = logits.argmax(dim=-1).tolist()
+        keep = trial % 5
+        draft = target[:keep] + [(target[keep] + 1) % 40] * (4 - keep) if keep < 4 else target[:4]
+        want = greedy_verify(draft, logits)
+        assert strategy.decide_greedy(None, Proposal(tokens=draft), target) == want
+        assert want[0] == keep

@@ -165,10 +165,15 @@ def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache
     base = list(cache.lengths)
     calls0, comm0 = rank.counters.calls, rank.counters.seconds
     logits = passes.run(feed, cache)  # [n, W, V]; every row +W
+    # greedy: every row's argmax crosses to the host in one transfer (margins, where recorded, need the logits)
+    targets = logits.argmax(dim=-1).tolist() if rank.w.temperature <= 0 else None
     kept = []
     for s in live:
         p = proposals[s.row]
-        n, new = strategy.decide(s, p, logits[s.row, : 1 + len(p.tokens)])
+        if targets is not None and s.top2 is None:
+            n, new = strategy.decide_greedy(s, p, targets[s.row][: 1 + len(p.tokens)])
+        else:
+            n, new = strategy.decide(s, p, logits[s.row, : 1 + len(p.tokens)])
         new, done = finish(new, s.n_generated, rank.w)
         res = rank.publish(VerifyResult(accepted=n, tokens=new, done=done))
         if hidden is not None:  # EAGLE-3 in the rank: this row's states of [last, accepted drafts] to its head

@@ -209,6 +209,14 @@ class StepStrategy:
         # all accepted: sample a bonus token from p (greedy: accept while d_i == argmax, then take the argmax)
         return verify(proposal.tokens, proposal.probs, logits, self.w.temperature, self.r.gen)
 
+    def decide_greedy(self, seq: Sequence, proposal: Proposal, targets: list[int]) -> tuple[int, list[int]]:
+        """`decide` under greedy decoding from the argmax of each logits row, already on the host (a batch
+        reads every row's argmax in one transfer): keep d_i while d_i == targets[i - 1], then targets[n]."""
+        draft, n = proposal.tokens, 0
+        while n < len(draft) and draft[n] == targets[n]:
+            n += 1
+        return n, draft[:n] + [targets[n]]
+
     def decode(self, seq: Sequence, stats: RunStats) -> None:
         while not seq.done:
             stats.steps.append(self.step(seq))
@@ -375,6 +383,12 @@ class SimulatedAcceptance(StepStrategy):
         n = min(len(proposal.tokens), int(self.credit))
         self.credit -= n
         return n, proposal.tokens[:n] + [int(logits[n].argmax())]
+
+    def decide_greedy(self, seq: Sequence, proposal: Proposal, targets: list[int]) -> tuple[int, list[int]]:
+        self.credit += self.accept_len - 1
+        n = min(len(proposal.tokens), int(self.credit))
+        self.credit -= n
+        return n, proposal.tokens[:n] + [targets[n]]
 
 
 def strategy_for(rank: Rank, drafter: Drafter | None, overlap: bool) -> StepStrategy:
