@@ -176,6 +176,8 @@ def plan(o: DecodeOptions) -> DecodePlan:
         raise UserError(f"--max-new-tokens {o.max_new_tokens} must be at least 1")
     if o.batch_size < 1:
         raise UserError(f"--batch-size {o.batch_size} must be at least 1")
+    if o.batch_size > 1 and o.ngram_actor and o.temperature > 0 and o.simulate_accept_len is None:
+        raise UserError("--batch-size > 1 with --ngram-actor (a drafter process) needs greedy decoding (--temperature 0)")
     if o.attention == "triton" and o.device != "cuda":
         raise UserError("--attention triton runs the CUDA graphs' attention kernel; this run is on CPU (use auto or sdpa)")
     try:

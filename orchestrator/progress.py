@@ -25,7 +25,7 @@ class QueueProgress:
     waiting for the put; the driver drains the queue while it waits for the run (cluster.RayGang.run)."""
 
     def __init__(self, queue, every_s: float = 1.0):
-        self.queue, self.every_s, self.last = queue, every_s, 0.0
+        self.queue, self.every_s, self.last = queue, every_s, float("-inf")
 
     def __call__(self, tokens: int, seconds: float) -> None:
         now = time.monotonic()
@@ -75,7 +75,7 @@ class LiveLine:
         if self.tty and self.shown:
             self.stream.write("\r\033[K")
             self.stream.flush()
-        self.shown, self.last = False, 0.0
+        self.shown, self.last = False, float("-inf")
 
 
 class Progress:
@@ -110,8 +110,8 @@ class Progress:
             perf = f"{OBJECTIVE} {value:.2f}{noise}, accepted length {m.get('accept_len_mean', 1.0):.2f}"
             if "objective_b1" in m:  # several batch sizes: the objective is their geometric mean
                 sizes = sorted(int(k.rsplit("_b", 1)[1]) for k in m if k.startswith("throughput_tok_s_b"))
-                per = ", ".join([f"b1 {m['objective_b1']:.2f}"] + [f"b{b} {m[f'throughput_tok_s_b{b}']:.2f}" for b in sizes])
-                perf = f"objective {value:.2f} (geometric mean of {OBJECTIVE} over batch sizes: {per}){noise}"
+                per = ", ".join([f"b1 {m['objective_b1']:.2f}{noise}"] + [f"b{b} {m[f'throughput_tok_s_b{b}']:.2f}" for b in sizes])
+                perf = f"objective {value:.2f} (geometric mean over batch sizes of {OBJECTIVE}, batch 1 noise-aware: {per})"
             perf += f", x{m['speedup_vs_baseline']:.2f} vs plain" if "speedup_vs_baseline" in m else ""
             head = f"[{len(done)}/{self.n_goal}] trial {number} COMPLETE"
         else:

@@ -111,6 +111,8 @@ def build_schedule(study, model: str = "", dtype: str = "") -> dict:
                 "plain_throughput_tok_s": round(plain_med, 2) if plain_med else None,
                 "speedup_vs_plain": round(value / plain_med, 3) if plain_med else None,
                 "noise_band_tok_s": round(noise * value, 2) if noise is not None else None,
+                "samples": len(_throughputs(trials, batch)),  # measurements behind the median (the noise rule's n)
+                "plain_samples": len(plain_values),
                 "trials": sorted(t.number for t in trials),
                 "trial": min(t.number for t in trials),
             }
@@ -129,12 +131,15 @@ def build_schedule(study, model: str = "", dtype: str = "") -> dict:
 
 def pays(row: dict, noise_rel: float | None) -> bool:
     """Speculation pays at this row's batch size: its best configuration drafts and beats plain decoding
-    by more than the noise (the ranking's rule for two single measurements: 2 x sqrt(2) x sigma_rel)."""
+    by more than the noise, by the ranking's rule (orchestrator/ranking.py): with s = speedup, n and
+    n_plain the measurements behind each median, s - 1 > 2 sigma_rel sqrt(s^2 / n + 1 / n_plain)."""
     if row["num_draft_tokens"] == 0:
         return False
-    if noise_rel is None or not row.get("speedup_vs_plain"):
+    s = row.get("speedup_vs_plain")
+    if noise_rel is None or not s:
         return True
-    return row["speedup_vs_plain"] - 1 > 2 * math.sqrt(2) * noise_rel
+    n, n_plain = max(1, row.get("samples", 1)), max(1, row.get("plain_samples", 1))
+    return s - 1 > 2 * noise_rel * math.sqrt(s * s / n + 1 / n_plain)
 
 
 def speculation_stops_paying(schedule: list[dict], noise_rel: float | None = None) -> int | None:

@@ -107,9 +107,12 @@ def test_a_lead_within_noise_is_no_pay():
 
     rows = [
         {"batch_size": 1, "num_draft_tokens": 4, "speedup_vs_plain": 1.40},
-        {"batch_size": 4, "num_draft_tokens": 2, "speedup_vs_plain": 1.01},  # 1% ahead, noise 1% of a measurement
+        {"batch_size": 4, "num_draft_tokens": 2, "speedup_vs_plain": 1.02},  # 2% ahead, one measurement each, noise 1%
         {"batch_size": 16, "num_draft_tokens": 0, "speedup_vs_plain": 1.0},
     ]
-    assert speculation_stops_paying(rows, noise_rel=0.01) == 4
+    assert speculation_stops_paying(rows, noise_rel=0.01) == 4  # 0.02 < 2 x 0.01 x sqrt(1.02^2 + 1) = 0.0286
     assert speculation_stops_paying(rows, noise_rel=0.001) == 16
     assert speculation_stops_paying(rows[:2], noise_rel=None) is None
+    # more measurements behind both medians narrow the band: the same 2% lead is clear with 8 each
+    rows[1].update(samples=8, plain_samples=8)
+    assert speculation_stops_paying(rows, noise_rel=0.01) == 16  # 0.02 > 2 x 0.01 x sqrt((1.02^2 + 1) / 8) = 0.0101

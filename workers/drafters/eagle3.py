@@ -300,8 +300,8 @@ class Eagle3Drafter(Drafter):
         self.prefill([])
 
     def fork(self) -> Eagle3Drafter:
-        """Another sequence's drafter on the same head: its own cache, drafting eagerly (no chain graphs)."""
-        other = Eagle3Drafter(self.head, chain=False)
+        """Another sequence's drafter on the same head: its own cache and chain (graphs on CUDA, once warmed)."""
+        other = Eagle3Drafter(self.head, chain=self.use_chain if not self.chain.capture else None)
         other.begin(self.temperature, int(self.generator.initial_seed()))
         return other
 

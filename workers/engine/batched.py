@@ -5,7 +5,7 @@
 
     prefill   each prompt on its own row of a B-row KV cache (eager, any length); first tokens
     steps     until every sequence of the batch is done:
-        propose   for each live sequence, by the run's strategy (plain, in-rank n-gram, simulated)
+        propose   for each live sequence, by the run's strategy (plain, in-rank drafter, drafter process, simulated)
         score     one pass over [B, W] tokens, W = 1 + the longest proposal: row b is
                   [last_b, d_1 .. d_n] padded with its last token; a finished row is fed its last
                   token W times (masked: its logits are ignored and its cache rolled back)
@@ -208,7 +208,7 @@ def decode_batches(
     """Every prompt of `w`, B at a time on the B rows of `passes.full`. `check(tokens)` runs on each
     finished sequence's output (the TP ranks' agreement check)."""
     if not rank.local:
-        raise ValueError("batched decoding needs every rank to decide for itself (no drafter process)")
+        raise ValueError("batched decoding needs every rank to decide for itself (greedy decoding or simulated acceptance)")
     B, full = w.batch_size, passes.full
     # hidden states (EAGLE-3 inside the rank) go to each row's own head here, not through Rank.publish (row 0's)
     hidden, rank.hidden = rank.hidden, None
@@ -269,8 +269,12 @@ def run_drafter_batched(drafter, link, w: Workload) -> None:
     the first tokens of every row; then per step a proposal for each live row (k > 0) and each live
     row's result, in row order."""
     drafter.begin(w.temperature, w.seed + 1)
-    link.drafter_ready()
     B, k = w.batch_size, w.num_draft_tokens
+    if k > 0:  # lazy kernels and allocations before the verifier's clock starts (the verifier warms its passes alike)
+        with torch.inference_mode():
+            drafter.begin_rows(B)
+            drafter.propose_rows([[1, 2, 3]] * B, list(range(B)), k)
+    link.drafter_ready()
     with torch.inference_mode():
         for first in range(0, len(w.prompts), B):
             committed = [list(p) for p in w.prompts[first : first + B]]

@@ -339,7 +339,11 @@ class InRankDrafting(StepStrategy):
 
     def row_drafters(self, n: int) -> list[Drafter | None]:
         """Each row its own copy: a drafter keeps per-sequence state (the n-gram index)."""
-        return [self.drafter] + [self.drafter.fork() for _ in range(n - 1)]
+        forks = [self.drafter.fork() for _ in range(n - 1)]
+        for i, f in enumerate(forks, 1):  # each its own seed; prepared (e.g. graphs captured) before any timing
+            f.begin(self.w.temperature, self.w.seed + 1 + i)
+            f.warm(self.k)
+        return [self.drafter, *forks]
 
     def begin_prompt(self, seq: Sequence) -> None:
         (seq.drafter or self.drafter).prefill(list(seq.tokens))
