@@ -263,6 +263,18 @@ def _vllm_speculative_config(rows: list[dict]) -> tuple[dict | None, list[str]]:
     return spec, notes
 
 
+def _launch(schedule: dict, first: dict, command: str, tp_flag: str, eager_flag: str) -> list[str]:
+    """An engine's launch command up to its speculative flags: model, dtype, TP size, and the flag that
+    turns CUDA graphs off where the winner ran without them."""
+    parts = [f"{command} {shlex.quote(str(schedule.get('model')))}"]
+    if schedule.get("dtype"):
+        parts.append(f"--dtype {shlex.quote(str(schedule['dtype']))}")
+    parts.append(f"{tp_flag} {int(first['tp'])}")
+    if not _cuda_graphs(first):
+        parts.append(eager_flag)
+    return parts
+
+
 def to_vllm(schedule: dict) -> str:
     """`vllm serve` for the schedule: env exports, --tensor-parallel-size, --speculative-config."""
     rows = _rows(schedule)
@@ -272,12 +284,7 @@ def to_vllm(schedule: dict) -> str:
     lines += notes
     lines += _one_engine_notes(rows, "vLLM")
     lines += _exports(first)
-    parts = [f"vllm serve {shlex.quote(str(schedule.get('model')))}"]
-    if schedule.get("dtype"):
-        parts.append(f"--dtype {shlex.quote(str(schedule['dtype']))}")
-    parts.append(f"--tensor-parallel-size {int(first['tp'])}")
-    if not _cuda_graphs(first):
-        parts.append("--enforce-eager")  # the winner ran without CUDA graphs
+    parts = _launch(schedule, first, "vllm serve", "--tensor-parallel-size", "--enforce-eager")
     if spec is not None:
         parts.append(f"--speculative-config {shlex.quote(json.dumps(spec))}")
     lines.append(_command(parts))
@@ -347,13 +354,7 @@ def to_sglang(schedule: dict) -> str:
     lines += _k_comment_table(rows, "SGLang")
     lines += _one_engine_notes(rows, "SGLang")
     lines += _exports(first)
-    parts = [f"python -m sglang.launch_server --model-path {shlex.quote(str(schedule.get('model')))}"]
-    if schedule.get("dtype"):
-        parts.append(f"--dtype {shlex.quote(str(schedule['dtype']))}")
-    parts.append(f"--tp-size {int(first['tp'])}")
-    if not _cuda_graphs(first):
-        parts.append("--disable-cuda-graph")  # the winner ran without CUDA graphs
-    parts += flags
+    parts = _launch(schedule, first, "python -m sglang.launch_server --model-path", "--tp-size", "--disable-cuda-graph") + flags
     lines.append(_command(parts))
     return "\n".join(lines) + "\n"
 

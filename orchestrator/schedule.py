@@ -43,7 +43,8 @@ def batch_metric(name: str, batch: int) -> str:
     return name if batch == 1 else f"{name}_b{batch}"
 
 
-def _batches(trials) -> list[int]:
+def batch_sizes_of(trials) -> list[int]:
+    """Batch sizes the trials were measured at (1, and every size with a throughput_tok_s_b<B>)."""
     sizes = {1}
     for t in trials:
         for key in t.user_attrs:
@@ -90,7 +91,7 @@ def build_schedule(study, model: str = "", dtype: str = "") -> dict:
     for t in done:
         groups.setdefault(config_key(trial_params(t)), []).append(t)
     rows = []
-    for batch in _batches(done):
+    for batch in batch_sizes_of(done):
         best = None
         for trials in groups.values():
             values = _throughputs(trials, batch)

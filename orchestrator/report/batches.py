@@ -11,7 +11,7 @@ import html
 import numpy as np
 
 from orchestrator.ranking import complete_trials, config_key, trial_params, trial_samples
-from orchestrator.schedule import batch_metric, build_schedule, speculation_stops_paying
+from orchestrator.schedule import batch_metric, batch_sizes_of, build_schedule, speculation_stops_paying
 from orchestrator.tracking import config_label
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -56,7 +56,7 @@ def _lines(study) -> tuple[list[int], list[tuple[str, bool, list[float | None]]]
     groups: dict[str, list] = {}
     for t in done:
         groups.setdefault(config_key(trial_params(t)), []).append(t)
-    sizes = sorted({1} | {int(k.rsplit("_b", 1)[1]) for t in done for k in t.user_attrs if k.startswith("throughput_tok_s_b")})
+    sizes = batch_sizes_of(done)
     lines = []
     for trials in groups.values():
         params = trial_params(trials[0])
