@@ -7,6 +7,7 @@
 # training.json).
 #
 #   OUT=$OUT bash infra/gpu-eagle3.sh            # TRAIN_S (default 240) caps the training's wall time
+#   STAGES="train heldout" ... then STAGES=chain ...  # the same work in two calls (WORK in /tmp persists on a warm machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -35,24 +36,31 @@ with open(BUNDLED_PROMPTS) as f, open(sys.argv[1], "w") as out:
             out.write(line)
 EOF
 
+STAGES=" ${STAGES:-train heldout chain} "
+stage() { [[ $STAGES == *" $1 "* ]]; }
+
 # 1. train on the GPU: every train-split prompt, longer responses than the CPU run could afford
-echo "=== train-drafter" >> "$log"
+stage train && { echo "=== train-drafter" >> "$log"
 timeout -k 10 "${TRAIN_S:-240}" $PY -m orchestrator train-drafter --model smollm2-135m --split train --max-new-tokens 384 \
     --gen-batch 128 --max-steps "${STEPS:-1500}" --batch 8 --ttt-steps 4 --lr 1e-3 --draft-vocab 4096 --save-every 100 \
-    --device cuda --out "$W/head" >> "$log" 2>&1 || echo "!!! train-drafter stopped (rc=$?; the last saved step is kept)" >> "$log"
+    --device cuda --out "$W/head" >> "$log" 2>&1 || echo "!!! train-drafter stopped (rc=$?; the last saved step is kept)" >> "$log"; }
 
 # 2. held-out acceptance and speed, each run with its own plain baseline on the same prompts
 H="decode --model smollm2-135m --tp 1 --device cuda --prompts $W/heldout.jsonl --num-prompts 56 --max-new-tokens 128 --json"
+stage heldout && {
 run heldout_ngram 200 $H --drafter ngram -k 4
 run heldout_eagle3_shipped 200 $H --drafter eagle3 --draft-model smollm2-135m-eagle3 -k 4 --draft-placement rank0
 [ -f "$W/head/model.safetensors" ] && run heldout_eagle3_gpu 200 $H --drafter eagle3 --draft-model "$W/head" -k 4 --draft-placement rank0
+}
 
 # 3. the chain of a head of Llama-3-8B's shape (random: acceptance imposed), in the rank and as its own process
+stage chain && {
 $PY -m workers.drafters.eagle3_ckpt --target random:llama-3-8b --draft-vocab 32000 --out "$W/head8b" >> "$log" 2>&1
 E="decode --model random:llama-3-8b --tp 1 --device cuda --category writing --num-prompts 4 --max-new-tokens 128 --json"
 for p in rank0 actor; do
   run random8b_eagle3_$p 240 $E --drafter eagle3 --draft-model "$W/head8b" --draft-placement $p -k 4 --simulate-accept-len 3
 done
+}
 
 tar -C "$W/json" -cf "$OUT/eagle3.tar" .
 [ -d "$W/head" ] && tar -C "$W/head" -cf "$OUT/head.tar" config.json model.safetensors training.json 2>/dev/null

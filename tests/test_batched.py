@@ -99,28 +99,45 @@ def test_batched_steps_count_acceptance_per_sequence():
     assert m["decode_tok_s"] == 5.0
 
 
-@torch.inference_mode()
-def test_the_static_pass_a_cuda_graph_captures_equals_the_eager_pass(tmp_path):
-    """What BatchSteps captures per (rows, width) on CUDA, run uncaptured: ragged rows (different
-    lengths, stale entries past a rolled-back row) over the whole static cache give the eager pass's
-    logits and K/V."""
-    from workers.engine.batched import BatchSteps, static_pass
-    from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
-
-    model = load_model(write_random_checkpoint(tmp_path, tiny_config(), seed=3), max_seq=64)
-    eager_cache, static_cache = model.new_cache(3), model.new_cache(3)
-    g = torch.Generator().manual_seed(1)
-    for cache in (eager_cache, static_cache):
+def _ragged_caches(model, n_caches: int):
+    """Caches of 3 rows at lengths 5, 11, 8 (row 1 rolled back to 9: stale K/V at 9, 10)."""
+    caches = [model.new_cache(3) for _ in range(n_caches)]
+    for cache in caches:
         for row, length in enumerate((5, 11, 8)):
             view = cache.view(row, 1)
             model(torch.randint(0, 512, (1, length), generator=torch.Generator().manual_seed(row)), view)
             cache.lengths[row] = view.lengths[0]
-        cache.rollback(1, 9)  # row 1 keeps stale K/V at positions 9, 10: masked, then overwritten
-    feed = torch.randint(0, 512, (3, 4), generator=g)
+        cache.rollback(1, 9)  # masked by position, then overwritten
+    return caches
+
+
+@pytest.mark.parametrize("body", ["plain", "fused_sdpa", "fused_triton"])
+@torch.inference_mode()
+def test_the_static_pass_a_cuda_graph_captures_equals_the_eager_pass(tmp_path, body, request):
+    """What BatchSteps captures per (rows, width) on CUDA, run uncaptured: ragged rows (different
+    lengths, stale entries past a rolled-back row) over the whole static cache give the eager pass's
+    logits and K/V, through the plain layers and through the fused step (merged weights; SDPA, or
+    the split-KV Triton attention under its interpreter, each row read up to its own positions)."""
+    from workers.engine.batched import BatchSteps, static_pass
+    from workers.engine.config import EngineConfig
+    from workers.engine.fused_step import FusedStep
+    from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
+
+    model = load_model(write_random_checkpoint(tmp_path, tiny_config(), seed=3), max_seq=64)
+    fast = None
+    if body != "plain":
+        attend_fn = None
+        if body == "fused_triton":
+            if request.getfixturevalue("kernel_device") != "cpu":
+                pytest.skip("CPU test of the Triton attention under its interpreter")
+            from workers.kernels.attention import decode_attend as attend_fn
+        fast = FusedStep(model, EngineConfig(compile=False, gemv="off"), None, attend_fn)
+    eager_cache, static_cache = _ragged_caches(model, 2)
+    feed = torch.randint(0, 512, (3, 4), generator=torch.Generator().manual_seed(1))
     starts = list(static_cache.lengths)
     want = BatchSteps(model, eager_cache, use_graphs=False).run(feed.tolist(), eager_cache)
     pos = torch.tensor(starts)[:, None] + torch.arange(4)
-    got = static_pass(model, feed, pos, static_cache)
+    got = static_pass(model, feed, pos, static_cache, fast)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     for row, start in enumerate(starts):
         torch.testing.assert_close(static_cache.k[0][row, :, : start + 4], eager_cache.k[0][row, :, : start + 4])

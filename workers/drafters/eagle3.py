@@ -208,7 +208,9 @@ class Eagle3Head(nn.Module):
         return h, self.lm_head(self.norm(h[-1:]))[0].float()
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
+        # index_select, not d2t[ids]: indexing by a 0-dim tensor (an argmax) reads it on the host,
+        # a sync that invalidates the chain's CUDA graph capture
+        return draft_ids + self.d2t.index_select(0, draft_ids.reshape(-1)).view(draft_ids.shape)
 
 
 def load_head(

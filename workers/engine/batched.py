@@ -22,8 +22,9 @@ row in one pass: `run_drafter_batched`), and simulated acceptance, wherever ever
 itself (greedy decoding or simulated acceptance). A drafter process then exchanges one proposal
 and one result per live sequence and step, in row order. On CUDA (engine.cuda_graphs) each pass shape (rows,
 width) is one CUDA graph over static inputs and the whole static cache, captured before timing
-(`BatchSteps`); it runs the plain model's layers with SDPA under the position mask (not the fused
-step's merged weights and Triton attention, which take one sequence). A batch's wall time (prefills included) is charged once to the run; each prompt's
+(`BatchSteps`); it runs the batch-1 steps' fused step (merged weights, compiled bodies, the GEMV
+picker, the split-KV Triton attention reading each row only up to its own positions) where the
+engine built one, else the plain layers with SDPA under the position mask. A batch's wall time (prefills included) is charged once to the run; each prompt's
 `seconds` runs from its batch's start to its own last token.
 
     passes = BatchSteps(model, model.new_cache(B), use_graphs=True, allreduce=allreduce)
@@ -44,18 +45,21 @@ from workers.model.transformer import KVCache, Transformer
 from workers.spec import PromptResult, Workload
 
 
-def static_pass(model: Transformer, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Logits [n, W, V] of `tokens` [n, W] at positions `pos` [n, W], attending to the whole static
-    cache under the position mask: no shape depends on the sequences' lengths (graph-safe)."""
-    return model.logits(model.hidden_at(tokens, pos, cache, cache.max_seq))
+def static_pass(model: Transformer, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, fast=None) -> torch.Tensor:
+    """Logits [n, W, V] of `tokens` [n, W] at positions `pos` [n, W] over the whole static cache: no
+    shape depends on the sequences' lengths (graph-safe). fast: the fused step (merged weights,
+    compiled bodies, the split-KV Triton attention reading each row up to its own positions), else
+    the plain layers with SDPA under the position mask."""
+    return model.logits((fast or model).hidden_at(tokens, pos, cache, cache.max_seq))
 
 
 class BatchSteps:
     """The verify passes of batched decoding on one B-row cache (`full`, kept for the graphs' life):
     eager, or on CUDA one graph per (rows, width). Every TP rank must warm and run the same shapes."""
 
-    def __init__(self, model: Transformer, full: KVCache, use_graphs: bool, allreduce=None):
+    def __init__(self, model: Transformer, full: KVCache, use_graphs: bool, allreduce=None, fast=None):
         self.model, self.full, self.allreduce = model, full, allreduce
+        self.fast = fast  # the batch-1 steps' FusedStep (workers/engine/fused_step.py): its bodies take B rows too
         self.device = model.embed_tokens.weight.device
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.graphs: dict[tuple[int, int], tuple] = {}  # (rows, width) -> (graph, inputs, staging, logits, allreduce calls)
@@ -92,6 +96,9 @@ class BatchSteps:
         cache is reset before each batch)."""
         if not self.use_graphs:
             return
+        gemv = getattr(self.fast, "gemv", None)
+        if gemv is not None:  # the GEMV races (compiling, timing) per token count n x W, before any collective
+            gemv.prepare(sorted({n * W for n in rows for W in widths}))
         if getattr(self.allreduce, "world_size", 1) > 1 and getattr(self.allreduce, "group", None) is not None:
             import torch.distributed as dist
 
@@ -124,13 +131,13 @@ class BatchSteps:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # lazy kernels and the allocator, before the capture
             for _ in range(2):
-                static_pass(self.model, inputs[0], inputs[1], cache)
+                static_pass(self.model, inputs[0], inputs[1], cache, self.fast)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         counters = getattr(self.allreduce, "counters", None)
         before = counters.calls if counters is not None else 0
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = static_pass(self.model, inputs[0], inputs[1], cache)
+            logits = static_pass(self.model, inputs[0], inputs[1], cache, self.fast)
         calls = (counters.calls - before) if counters is not None else 0
         if counters is not None:
             counters.calls = before  # the capture itself ran nothing

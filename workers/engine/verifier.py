@@ -166,7 +166,7 @@ class Verifier:
         passes = self._batch_steps
         if passes is None or len(passes.full.lengths) < w.batch_size:  # one cache (and its graphs) for every batch size
             cache = self.model.new_cache(w.batch_size, self.cache.max_seq)
-            passes = self._batch_steps = BatchSteps(self.model, cache, self.steps.use_graphs, self.allreduce)
+            passes = self._batch_steps = BatchSteps(self.model, cache, self.steps.use_graphs, self.allreduce, self.steps.fast)
         rank.cache = passes.full
         strategy.begin_run(capture=False)
         self.link.wait_for_drafter()

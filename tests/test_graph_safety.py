@@ -1,0 +1,79 @@
+"""The bodies spectune captures as CUDA graphs read nothing back to the host (CPU tests).
+
+A CUDA graph capture fails, and poisons the process, on any operation that waits for the device:
+`.item()`, `.tolist()`, indexing by a 0-dim tensor (it becomes `.item()`), boolean masks
+(`nonzero`), `torch.equal`... On CPU nothing fails, so a capture-breaking line passes every CPU
+test and surfaces only on the GPU (as the EAGLE-3 chain's `d2t[argmax]` did). Here each captured
+body runs on CPU under a dispatch mode that raises on the operators that sync a device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from workers.drafters.eagle3 import Eagle3Drafter
+from workers.drafters.eagle3_ckpt import head_config, random_head
+from workers.engine.batched import static_pass
+from workers.engine.config import EngineConfig
+from workers.engine.fused_step import FusedStep
+from workers.model.checkpoint import load_args, load_model
+
+aten = torch.ops.aten
+SYNCING = {
+    aten.item.default,  # .item(), int(t), t[0-dim index] (under inference_mode)
+    aten._local_scalar_dense.default,  # what item decomposes to elsewhere
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten.is_nonzero.default,
+    aten.equal.default,
+    aten._unique2.default,
+    aten.unique_consecutive.default,
+    aten.repeat_interleave.Tensor,
+}
+
+
+class NoHostSync(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in SYNCING:
+            raise AssertionError(f"{func} reads a device value on the host: a CUDA graph capture fails on it")
+        if func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default):
+            for ix in args[1]:
+                if ix is not None and ix.dtype == torch.bool:
+                    raise AssertionError(f"{func} with a boolean mask runs nonzero: a CUDA graph capture fails on it")
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_detector_catches_a_zero_dim_index():
+    table, i = torch.arange(10), torch.tensor([3, 4]).argmax()
+    with pytest.raises(AssertionError, match="item|_local_scalar_dense"), NoHostSync():
+        table[i]
+    with NoHostSync():
+        table.index_select(0, i.reshape(-1))
+
+
+@torch.inference_mode()
+def test_the_eagle3_chain_body_never_syncs(tiny_ckpt):
+    # a reduced draft vocabulary mapped to target ids 100..163: drafts go through d2t
+    head = random_head(head_config(load_args(tiny_ckpt), draft_vocab=64), d2t_from=list(range(100, 164)))
+    chain = Eagle3Drafter(head, chain=True).chain
+    T, k = 3, 4
+    chain._tok[:T] = torch.tensor([5, 6, 7])
+    chain._pos[0, :T] = torch.arange(T)
+    with NoHostSync():
+        out = chain._run(T, k)
+    assert out.shape == (k,) and all(100 <= t < 164 for t in out.tolist())
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@torch.inference_mode()
+def test_the_batched_pass_never_syncs(tiny_ckpt, fused):
+    model = load_model(tiny_ckpt, max_seq=64)
+    fast = FusedStep(model, EngineConfig(compile=False, gemv="off")) if fused else None
+    cache = model.new_cache(3)
+    tokens = torch.randint(0, 512, (3, 4))
+    pos = torch.tensor([5, 11, 8])[:, None] + torch.arange(4)
+    with NoHostSync():
+        logits = static_pass(model, tokens, pos, cache, fast)
+    assert logits.shape[:2] == (3, 4)
