@@ -349,6 +349,7 @@ def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
     if ref is not None and B > 1:
         plain = spec if o.num_draft_tokens == 0 else base
         out["batch1_baseline_throughput_tok_s"] = ref.metrics["throughput_tok_s"]
+        out["batch1_baseline_decode_tok_s"] = ref.metrics["decode_tok_s"]
         out["plain_batch_speedup"] = plain.metrics["throughput_tok_s"] / ref.metrics["throughput_tok_s"]  # plain at B over plain at 1
         if o.temperature == 0:
             verdict = outputs_verdict(
