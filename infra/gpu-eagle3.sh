@@ -23,19 +23,6 @@ run() {  # name, limit, args...: JSON to $W/json/name.json
   timeout -k 10 "$limit" $PY -m orchestrator "$@" > "$W/json/$name.json" 2>> "$log" || echo "!!! $name failed (rc=$?)" >> "$log"
 }
 
-# the held-out split as its own prompt file (train-drafter's --split rule: the 4th prompt of every 4 per category)
-$PY - "$W/heldout.jsonl" <<'EOF'
-import json, sys
-from orchestrator.prompts import BUNDLED_PROMPTS
-seen = {}
-with open(BUNDLED_PROMPTS) as f, open(sys.argv[1], "w") as out:
-    for line in f:
-        obj = json.loads(line)
-        i = seen[obj["category"]] = seen.get(obj["category"], -1) + 1
-        if i % 4 == 3:
-            out.write(line)
-EOF
-
 STAGES=" ${STAGES:-train heldout chain} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
@@ -45,8 +32,9 @@ timeout -k 10 "${TRAIN_S:-240}" $PY -m orchestrator train-drafter --model smollm
     --gen-batch 128 --max-steps "${STEPS:-1500}" --batch 8 --ttt-steps 4 --lr 1e-3 --draft-vocab 4096 --save-every 100 \
     --device cuda --out "$W/head" >> "$log" 2>&1 || echo "!!! train-drafter stopped (rc=$?; the last saved step is kept)" >> "$log"; }
 
-# 2. held-out acceptance and speed, each run with its own plain baseline on the same prompts
-H="decode --model smollm2-135m --tp 1 --device cuda --prompts $W/heldout.jsonl --num-prompts 56 --max-new-tokens 128 --json"
+# 2. held-out acceptance and speed (--split heldout: the 4th of every 4 prompts per category, never trained on),
+#    each run with its own plain baseline on the same prompts
+H="decode --model smollm2-135m --tp 1 --device cuda --split heldout --num-prompts 56 --max-new-tokens 128 --json"
 stage heldout && {
 run heldout_ngram 200 $H --drafter ngram -k 4
 run heldout_eagle3_shipped 200 $H --drafter eagle3 --draft-model smollm2-135m-eagle3 -k 4 --draft-placement rank0

@@ -22,6 +22,7 @@ from orchestrator.errors import INPUT_ERRORS, UserError
 
 def _add_decode(sub) -> None:
     from orchestrator.decode import DecodeOptions
+    from orchestrator.prompts import SPLITS
     from workers.engine.config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES
 
     d = DecodeOptions()
@@ -51,6 +52,7 @@ def _add_decode(sub) -> None:
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default 8)")
     p.add_argument("--category", action="append", dest="categories", help="keep prompts of this category (repeatable)")
     p.add_argument("--per-category", type=int, default=None, help="the first N prompts of each category")
+    p.add_argument("--split", choices=SPLITS, default=d.split, help="train: 3 of every 4 prompts per category; heldout: the 4th (score a trained drafter here)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--vocab-parallel", action="store_true", help="shard lm_head by vocabulary (logits all-gathered)")
@@ -171,7 +173,8 @@ def _bench(ns: argparse.Namespace) -> int:
 
 
 def _add_train_drafter(sub) -> None:
-    from orchestrator.train_drafter import SPLITS, TrainOptions
+    from orchestrator.prompts import SPLITS
+    from orchestrator.train_drafter import TrainOptions
 
     d = TrainOptions()
     p = sub.add_parser("train-drafter", help="train an EAGLE-3 head on the target's own responses (public checkpoint format)")

@@ -98,6 +98,9 @@ class WorkloadSection(_Section):
     num_prompts: int | None = Field(4, ge=1)
     per_category: int | None = Field(None, ge=1)
     categories: list[str] | None = None
+    # train: prompts 0-2 of every 4 per category, heldout: the 4th (orchestrator/prompts.py); score a
+    # drafter trained on one split (the demo EAGLE-3 head: train) on the other
+    split: Literal["all", "train", "heldout"] = "all"
     max_new_tokens: int = Field(32, ge=1)
     temperature: float = Field(0.0, ge=0)
     seed: int = 0

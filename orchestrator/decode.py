@@ -46,6 +46,7 @@ class DecodeOptions:
     num_prompts: int | None = None  # default: 8, unless per_category picks them
     categories: list[str] | None = None
     per_category: int | None = None
+    split: str = "all"  # all | train | heldout (orchestrator/prompts.py)
     max_new_tokens: int = 64
     seed: int = 0
     vocab_parallel: bool = False
@@ -133,6 +134,7 @@ def experiment(o: DecodeOptions, n_layers: int) -> ExperimentConfig:
             "prompts": o.prompts,
             "num_prompts": o.num_prompts if o.num_prompts is not None or o.per_category else 8,
             "per_category": o.per_category,
+            "split": o.split,
             "categories": o.categories,
             "max_new_tokens": o.max_new_tokens,
             "temperature": o.temperature,

@@ -67,8 +67,33 @@ def fixed_part(cfg: ExperimentConfig) -> dict[str, str]:
     return {k: json.dumps(v, sort_keys=True) for k, v in sorted(keep.items())}
 
 
+def _default(dotted: str) -> str | None:
+    """JSON of a config field's default (None if the path is not a field with a default)."""
+    model, parts = ExperimentConfig, dotted.split(".")
+    for i, name in enumerate(parts):
+        field = getattr(model, "model_fields", {}).get(name)
+        if field is None:
+            return None
+        if i == len(parts) - 1:
+            if field.is_required():
+                return None
+            value = field.get_default(call_default_factory=True)
+            return json.dumps(value.model_dump(mode="json") if hasattr(value, "model_dump") else value, sort_keys=True)
+        model = field.annotation
+    return None
+
+
 def differences(stored: dict[str, str], now: dict[str, str]) -> list[tuple[str, str | None, str | None]]:
-    return [(k, stored.get(k), now.get(k)) for k in sorted(stored.keys() | now.keys()) if stored.get(k) != now.get(k)]
+    """Fields whose values differ. A field the stored part lacks (added to spectune after the study
+    was created) matches when it holds its default: what the old study measured under."""
+    out = []
+    for k in sorted(stored.keys() | now.keys()):
+        a, b = stored.get(k), now.get(k)
+        if a is None and b is not None and b == _default(k):
+            continue
+        if a != b:
+            out.append((k, a, b))
+    return out
 
 
 def check_resume(storage, cfg: ExperimentConfig) -> None:

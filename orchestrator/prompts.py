@@ -6,6 +6,10 @@ without tokenizer files (tiny random test models) gets `ByteTokenizer`: UTF-8 by
 
 The bundled file `orchestrator/data/spec_bench_public.jsonl` holds 240 Spec-Bench questions
 (Apache-2.0, see SPEC_BENCH_LICENSE.txt beside it).
+
+Splits (`workload.split`, `--split`): `train` keeps prompts 0, 1, 2 of every 4 within each category
+of the file, `heldout` prompt 3 of every 4. A drafter trained on one split (`spectune train-drafter
+--split train`, the demo EAGLE-3 head) is scored on the other.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 from orchestrator.errors import UserError
 
 BUNDLED_PROMPTS = Path(__file__).parent / "data" / "spec_bench_public.jsonl"
+SPLITS = ("all", "train", "heldout")
 
 
 @dataclass(frozen=True)
@@ -28,9 +33,14 @@ class Prompt:
 
 
 def load_prompts(
-    path: str | Path, num_prompts: int | None = None, categories: list[str] | None = None, per_category: int | None = None
+    path: str | Path,
+    num_prompts: int | None = None,
+    categories: list[str] | None = None,
+    per_category: int | None = None,
+    split: str = "all",
 ) -> list[Prompt]:
-    """Prompts of `path`, filtered by category, then the first `per_category` of each, then the first `num_prompts`."""
+    """Prompts of `path`: the split (counted over the whole file), filtered by category, then the
+    first `per_category` of each, then the first `num_prompts`."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"prompts file {str(path)!r} does not exist")
@@ -48,6 +58,7 @@ def load_prompts(
         prompts.append(Prompt(turns[0], str(obj.get("category", "unknown")), str(obj.get("question_id", lineno))))
     if not prompts:
         raise UserError(f"prompts file {path} holds no prompts")
+    prompts = split_prompts(prompts, split)
     if categories:
         known = sorted({p.category for p in prompts})
         unknown = [c for c in categories if c not in known]
@@ -68,6 +79,21 @@ def load_prompts(
             raise UserError(f"num_prompts must be at least 1, not {num_prompts}")
         prompts = prompts[:num_prompts]
     return prompts
+
+
+def split_prompts(prompts: list[Prompt], split: str) -> list[Prompt]:
+    """`train`: prompts 0, 1, 2 of every 4 within each category; `heldout`: prompt 3 of every 4."""
+    if split not in SPLITS:
+        raise UserError(f"split {split!r} is not one of {', '.join(SPLITS)}")
+    if split == "all":
+        return prompts
+    seen: dict[str, int] = {}
+    kept = []
+    for p in prompts:
+        i = seen[p.category] = seen.get(p.category, -1) + 1
+        if (i % 4 == 3) == (split == "heldout"):
+            kept.append(p)
+    return kept
 
 
 class ByteTokenizer:

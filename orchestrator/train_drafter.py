@@ -27,10 +27,7 @@ from pathlib import Path
 import torch
 
 from orchestrator.errors import UserError
-from orchestrator.prompts import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
-
-SPLITS = ("all", "train", "heldout")
-
+from orchestrator.prompts import BUNDLED_PROMPTS, Tokenizer, load_prompts
 
 @dataclass
 class TrainOptions:
@@ -50,21 +47,6 @@ class TrainOptions:
     save_every: int = 50
     seed: int = 0
     out: str = ""
-
-
-def split_prompts(prompts: list[Prompt], split: str) -> list[Prompt]:
-    """`train`: prompts 0, 1, 2 of every 4 within each category; `heldout`: prompt 3 of every 4."""
-    if split not in SPLITS:
-        raise UserError(f"--split {split!r} is not one of {', '.join(SPLITS)}")
-    if split == "all":
-        return prompts
-    seen: dict[str, int] = {}
-    kept = []
-    for p in prompts:
-        i = seen[p.category] = seen.get(p.category, -1) + 1
-        if (i % 4 == 3) == (split == "heldout"):
-            kept.append(p)
-    return kept
 
 
 def _log(msg: str, end: str = "\n") -> None:
@@ -103,7 +85,7 @@ def train(o: TrainOptions) -> dict:
         _log(f"spectune: {len(data['samples'])} responses from {data_file}")
     else:
         tok = Tokenizer(path)
-        prompts = split_prompts(load_prompts(o.prompts), o.split)[: o.num_prompts]
+        prompts = load_prompts(o.prompts, split=o.split)[: o.num_prompts]
         if not prompts:
             raise UserError(f"--prompts {o.prompts}: no prompts in split {o.split!r}")
         eos = set(tok.eos_ids) | set(args.eos_token_ids)

@@ -73,7 +73,7 @@ def prepare(cfg: ExperimentConfig, k_max: int | None = None) -> PreparedWorkload
     path = resolve_model_path(cfg.model.path)
     args = load_args(path)
     w = cfg.workload
-    prompts = load_prompts(BUNDLED_PROMPTS if w.prompts == "bundled" else w.prompts, w.num_prompts, w.categories, w.per_category)
+    prompts = load_prompts(BUNDLED_PROMPTS if w.prompts == "bundled" else w.prompts, w.num_prompts, w.categories, w.per_category, w.split)
     tok = Tokenizer(path)
     ids = tuple(tuple(tok.encode_prompt(p.text)) for p in prompts)
     if any(i >= args.vocab_size for seq in ids for i in seq):

@@ -233,3 +233,29 @@ def test_engine_parameters_are_searchable(tmp_path, tiny_ckpt):
         study.tell(trial, 1.0)
     assert len(seen) == 4
     assert load_config(path, ["engine.gemv=off"]).engine.gemv == "off"  # YAML reads a bare off as false
+
+
+def test_the_train_and_heldout_splits_partition_every_category():
+    """workload.split / --split: train keeps prompts 0-2 of every 4 per category, heldout the 4th,
+    counted over the whole file before categories, per_category and num_prompts pick from it."""
+    from orchestrator.prompts import BUNDLED_PROMPTS, load_prompts
+
+    every = load_prompts(BUNDLED_PROMPTS)
+    train, held = load_prompts(BUNDLED_PROMPTS, split="train"), load_prompts(BUNDLED_PROMPTS, split="heldout")
+    ids = lambda ps: [p.question_id for p in ps]  # noqa: E731
+    assert not set(ids(train)) & set(ids(held)) and sorted(ids(train) + ids(held)) == sorted(ids(every))
+    for cat in {p.category for p in every}:
+        in_cat = [p.question_id for p in every if p.category == cat]
+        assert [p.question_id for p in held if p.category == cat] == in_cat[3::4]
+    picked = load_prompts(BUNDLED_PROMPTS, num_prompts=2, categories=["writing", "coding"], per_category=1, split="heldout")
+    assert [p.question_id for p in picked] == [
+        next(p.question_id for p in held if p.category == "writing"),
+        next(p.question_id for p in held if p.category == "coding"),
+    ]  # the file lists writing before coding
+    from orchestrator.config import ExperimentConfig
+
+    space = {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}}}
+    cfg = ExperimentConfig.model_validate({"name": "x", "search": space, "workload": {"split": "heldout"}})
+    assert cfg.workload.split == "heldout"
+    with pytest.raises(ValueError, match="split"):
+        ExperimentConfig.model_validate({"name": "x", "search": space, "workload": {"split": "test"}})

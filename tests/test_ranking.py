@@ -118,6 +118,15 @@ def test_a_resumed_study_with_another_fixed_part_is_refused():
     assert "\n" not in msg
 
 
+def test_a_study_from_before_a_field_existed_resumes_at_its_default():
+    """A field added to spectune later (workload.split) is missing from an old study's fixed part:
+    the old study measured under its default, so the default resumes and anything else is refused."""
+    old = {k: v for k, v in fixed_part(cfg()).items() if k not in ("workload.split", "workload.batch_sizes")}
+    assert differences(old, fixed_part(cfg())) == []
+    assert [k for k, _, _ in differences(old, fixed_part(cfg(workload__split="heldout")))] == ["workload.split"]
+    assert [k for k, _, _ in differences(old, fixed_part(cfg(workload__batch_sizes=[1, 4])))] == ["workload.batch_sizes"]
+
+
 def test_nccl_min_channels_above_max_is_a_violation():
     c = cfg(parallel__backend="nccl", parallel__device="cuda")
     assert constraint_violation(resolve({"nccl.NCCL_MIN_NCHANNELS": 8, "nccl.NCCL_MAX_NCHANNELS": 2, "comm.backend": "nccl"}, c)) == (
