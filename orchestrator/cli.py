@@ -185,6 +185,12 @@ def _add_train_drafter(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="response length per prompt")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help="optimizer steps")
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="draft steps unrolled in the training-time test")
+    p.add_argument(
+        "--no-prompt-labels",
+        dest="prompt_labels",
+        action="store_false",
+        help="train on response positions only (default: prompt positions too, labelled with the target's argmax)",
+    )
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help="reduced draft vocabulary (most frequent tokens)")
     p.add_argument("--batch", type=int, default=d.batch, help="responses per optimizer step")
     p.add_argument("--gen-batch", type=int, default=d.gen_batch, help="prompts the target answers together")
@@ -192,6 +198,9 @@ def _add_train_drafter(sub) -> None:
     p.add_argument("--device", default=d.device, help="cpu or cuda")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads")
     p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint (and resume point) every N steps")
+    p.add_argument(
+        "--val-every", type=int, default=d.val_every, help="keep every Nth response out of training; its accuracy picks the head saved (0: the last step)"
+    )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--out", required=True, help="output folder: config.json + model.safetensors (+ data.pt, train_state.pt)")
     p.set_defaults(handler=_train_drafter)

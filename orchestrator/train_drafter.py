@@ -38,6 +38,8 @@ class TrainOptions:
     max_new_tokens: int = 128
     max_steps: int = 200
     ttt_steps: int = 3
+    prompt_labels: bool = True  # prompt positions train too, labelled with the target's own argmax
+    val_every: int = 10  # every Nth response is kept out of training: its accuracy picks the checkpoint saved (0: none)
     draft_vocab: int = 4096
     batch: int = 4
     gen_batch: int = 16  # prompts answered together
@@ -56,7 +58,7 @@ def _log(msg: str, end: str = "\n") -> None:
 def train(o: TrainOptions) -> dict:
     from workers.drafters.eagle3 import default_aux_layers
     from workers.drafters.eagle3_ckpt import save_head
-    from workers.drafters.eagle3_train import draft_vocabulary, generate, ttt_loss, warm_start
+    from workers.drafters.eagle3_train import DECAY, draft_vocabulary, generate, ttt_loss, validation_accuracy, warm_start
     from workers.model.checkpoint import load_args, load_model, resolve_model_path
     from workers.model.random_weights import is_random
 
@@ -97,18 +99,24 @@ def train(o: TrainOptions) -> dict:
         data = {"samples": samples, "prompts": len(prompts), "generate_s": time.perf_counter() - t0}
         torch.save(data, data_file)
     samples = data["samples"]
+    # validation: responses to train-split prompts kept out of the optimizer (never held-out prompts);
+    # the public-format head in OUT is the step with the best validation accuracy, not the last
+    val = samples[o.val_every - 1 :: o.val_every] if o.val_every > 1 and len(samples) >= 2 * o.val_every else []
+    samples = [s for s in samples if all(s is not v for v in val)]
     draft_ids = draft_vocabulary(samples, min(o.draft_vocab, args.vocab_size), args.vocab_size)
     head = warm_start(model, aux_layers, draft_ids, seed=o.seed).to(device)
     del model
     params = [p for n, p in head.named_parameters() if n != "embed_tokens.weight"]
     opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0)
     step, history = 0, []
+    best = {"step": 0, "val_acc": -1.0}
     state_file = out / "train_state.pt"
     if state_file.is_file():
         st = torch.load(state_file, weights_only=False)
         head.load_state_dict(st["head"], strict=False)
         opt.load_state_dict(st["opt"])
         step, history = st["step"], st["history"]
+        best = st.get("best", best)
         _log(f"spectune: resuming at step {step}")
     rng = random.Random(o.seed * 1000003 + step)
     sched = lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + torch.cos(torch.tensor(s / o.max_steps * torch.pi)).item())  # noqa: E731
@@ -122,7 +130,7 @@ def train(o: TrainOptions) -> dict:
         opt.zero_grad(set_to_none=True)
         batch_loss = 0.0
         for s in rng.sample(samples, min(o.batch, len(samples))):
-            loss, c, k = ttt_loss(head, s, o.ttt_steps)
+            loss, c, k = ttt_loss(head, s, o.ttt_steps, o.prompt_labels)
             if loss.requires_grad:
                 (loss / o.batch).backward()
             batch_loss += float(loss.detach()) / o.batch
@@ -135,11 +143,18 @@ def train(o: TrainOptions) -> dict:
         acc = [c / max(1, n) for c, n in zip(correct, counts)]
         _log(f"\rspectune: step {step}/{o.max_steps} loss {loss_avg:.3f} acc " + " ".join(f"{a:.2f}" for a in acc), end="")
         if step % o.save_every == 0 or step == o.max_steps:
-            history.append({"step": step, "loss": loss_avg, "acc": acc})
+            entry = {"step": step, "loss": loss_avg, "acc": acc}
+            if val:
+                entry["val_acc"] = validation_accuracy(head, val, o.ttt_steps, o.prompt_labels)
+                _log(f"  val acc {' '.join(f'{a:.2f}' for a in entry['val_acc'])}", end="")
+            history.append(entry)
             counts, correct = [0] * o.ttt_steps, [0] * o.ttt_steps
+            score = sum(DECAY**j * a for j, a in enumerate(entry.get("val_acc", acc)))  # the loss's weighting
+            if not val or score > best["val_acc"]:
+                best = {"step": step, "val_acc": score}
+                save_head(head, out)
             weights = {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}  # the target's
-            torch.save({"head": weights, "opt": opt.state_dict(), "step": step, "history": history}, state_file)
-            save_head(head, out)
+            torch.save({"head": weights, "opt": opt.state_dict(), "step": step, "history": history, "best": best}, state_file)
     _log("")
     summary = {
         "out": str(out),
@@ -148,6 +163,8 @@ def train(o: TrainOptions) -> dict:
         "draft_vocab": len(draft_ids),
         "aux_layers": list(aux_layers),
         "steps": step,
+        "best_step": best["step"],
+        "validation_responses": len(val),
         "history": history,
         "generate_s": data.get("generate_s"),
         "train_s": time.perf_counter() - t_train,

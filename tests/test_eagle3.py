@@ -237,12 +237,19 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "512",
         "--save-every",
         "2",
+        "--val-every",
+        "2",
         "--out",
         str(out),
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "loss" in r.stderr and "acc" in r.stderr  # the progress line
+    assert "loss" in r.stderr and "acc" in r.stderr and "val acc" in r.stderr  # the progress line
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
+    training = json.loads((out / "training.json").read_text())
+    # 2 responses kept out of training; the head saved is the step whose validation accuracy was best
+    assert training["responses"] == 2 and training["validation_responses"] == 2
+    assert [h["step"] for h in training["history"]] == [2, 4] and all(len(h["val_acc"]) == 3 for h in training["history"])
+    assert training["best_step"] in (2, 4)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
     # resumable: a longer run with the same folder reuses the responses and starts at step 4
@@ -258,6 +265,8 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "5",
         "--draft-vocab",
         "512",
+        "--val-every",
+        "2",
         "--out",
         str(out),
     )
@@ -296,3 +305,28 @@ def test_validate_smoke_experiment_with_the_demo_head():
     assert r.returncode == 0, r.stderr
     r = _cli("validate", "experiments/eagle3-cpu.yaml", timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+@torch.inference_mode()
+def test_training_labels_are_the_targets_own_argmax_at_every_position(tiny_ckpt):
+    """generate() records the target's argmax after every position: in the response it is the next
+    token itself (greedy), in the prompt what the target would have said there, which a teacher-
+    forced pass over prompt + response predicts too. ttt_loss with prompt_labels scores those
+    prompt positions as well."""
+    from workers.drafters.eagle3_train import draft_vocabulary, generate, ttt_loss, warm_start
+
+    model = load_model(tiny_ckpt)
+    model.aux_layers = (0, 1, 1)
+    prompts = [list(range(5, 17)), list(range(40, 49))]
+    samples = generate(model, prompts, max_new=6, eos=set())
+    for p, s in zip(prompts, samples):
+        n = len(s.tokens)
+        assert s.argmax.shape == (n - 1,) and s.tokens[: len(p)].tolist() == p
+        assert s.argmax[len(p) - 1 :].tolist() == s.tokens[len(p) :].tolist()  # the response is the argmax
+        forced = model(s.tokens[None], model.new_cache(1))[0].argmax(-1)[: n - 1]  # teacher forcing
+        assert s.argmax.tolist() == forced.tolist()
+    head = warm_start(model, model.aux_layers, draft_vocabulary(samples, 512, 512))
+    _, resp_only, _ = ttt_loss(head, samples[0], 2)
+    _, with_prompt, _ = ttt_loss(head, samples[0], 2, prompt_labels=True)
+    # step j's entries predict positions 2 + j ..: the prompt adds positions 2 + j .. prompt_len - 1
+    assert [b - a for a, b in zip(resp_only, with_prompt)] == [len(prompts[0]) - 2 - j for j in range(2)]
