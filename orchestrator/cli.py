@@ -52,7 +52,12 @@ def _add_decode(sub) -> None:
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default 8)")
     p.add_argument("--category", action="append", dest="categories", help="keep prompts of this category (repeatable)")
     p.add_argument("--per-category", type=int, default=None, help="the first N prompts of each category")
-    p.add_argument("--split", choices=SPLITS, default=d.split, help="train: 3 of every 4 prompts per category; heldout: the 4th (score a trained drafter here)")
+    p.add_argument(
+        "--split",
+        choices=SPLITS,
+        default=d.split,
+        help="train: 3 of every 4 prompts per category; heldout: the 4th (score a trained drafter here)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--vocab-parallel", action="store_true", help="shard lm_head by vocabulary (logits all-gathered)")
@@ -199,7 +204,10 @@ def _add_train_drafter(sub) -> None:
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads")
     p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint (and resume point) every N steps")
     p.add_argument(
-        "--val-every", type=int, default=d.val_every, help="keep every Nth response out of training; its accuracy picks the head saved (0: the last step)"
+        "--val-every",
+        type=int,
+        default=d.val_every,
+        help="keep every Nth response out of training; its accuracy picks the head saved (0: the last step)",
     )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--out", required=True, help="output folder: config.json + model.safetensors (+ data.pt, train_state.pt)")

@@ -29,6 +29,7 @@ import torch
 from orchestrator.errors import UserError
 from orchestrator.prompts import BUNDLED_PROMPTS, Tokenizer, load_prompts
 
+
 @dataclass
 class TrainOptions:
     model: str = "smollm2-135m"
@@ -99,6 +100,8 @@ def train(o: TrainOptions) -> dict:
         data = {"samples": samples, "prompts": len(prompts), "generate_s": time.perf_counter() - t0}
         torch.save(data, data_file)
     samples = data["samples"]
+    if o.prompt_labels and any(getattr(s, "argmax", None) is None for s in samples):
+        _log(f"spectune: {data_file} holds no prompt argmaxes (an older version's data): response positions only")
     # validation: responses to train-split prompts kept out of the optimizer (never held-out prompts);
     # the public-format head in OUT is the step with the best validation accuracy, not the last
     val = samples[o.val_every - 1 :: o.val_every] if o.val_every > 1 and len(samples) >= 2 * o.val_every else []
@@ -117,6 +120,10 @@ def train(o: TrainOptions) -> dict:
         opt.load_state_dict(st["opt"])
         step, history = st["step"], st["history"]
         best = st.get("best", best)
+        if st.get("val_every", o.val_every) != o.val_every:
+            raise UserError(
+                f"--val-every {o.val_every}: {state_file} was trained with {st['val_every']} (another validation set); use it or a new --out"
+            )
         _log(f"spectune: resuming at step {step}")
     rng = random.Random(o.seed * 1000003 + step)
     sched = lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + torch.cos(torch.tensor(s / o.max_steps * torch.pi)).item())  # noqa: E731
@@ -145,16 +152,23 @@ def train(o: TrainOptions) -> dict:
         if step % o.save_every == 0 or step == o.max_steps:
             entry = {"step": step, "loss": loss_avg, "acc": acc}
             if val:
-                entry["val_acc"] = validation_accuracy(head, val, o.ttt_steps, o.prompt_labels)
+                entry["val_acc"] = validation_accuracy(head, val, o.ttt_steps)
                 _log(f"  val acc {' '.join(f'{a:.2f}' for a in entry['val_acc'])}", end="")
             history.append(entry)
             counts, correct = [0] * o.ttt_steps, [0] * o.ttt_steps
-            score = sum(DECAY**j * a for j, a in enumerate(entry.get("val_acc", acc)))  # the loss's weighting
-            if not val or score > best["val_acc"]:
-                best = {"step": step, "val_acc": score}
+            if val:  # the loss's weighting of the draft positions
+                score = sum(DECAY**j * a for j, a in enumerate(entry["val_acc"]))
+                if score > best["val_acc"]:
+                    best = {"step": step, "val_acc": score}
+                    save_head(head, out)
+            else:  # nothing to pick by: the latest step
+                best = {"step": step, "val_acc": -1.0}
                 save_head(head, out)
             weights = {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}  # the target's
-            torch.save({"head": weights, "opt": opt.state_dict(), "step": step, "history": history, "best": best}, state_file)
+            torch.save(
+                {"head": weights, "opt": opt.state_dict(), "step": step, "history": history, "best": best, "val_every": o.val_every},
+                state_file,
+            )
     _log("")
     summary = {
         "out": str(out),

@@ -313,7 +313,7 @@ def test_training_labels_are_the_targets_own_argmax_at_every_position(tiny_ckpt)
     token itself (greedy), in the prompt what the target would have said there, which a teacher-
     forced pass over prompt + response predicts too. ttt_loss with prompt_labels scores those
     prompt positions as well."""
-    from workers.drafters.eagle3_train import draft_vocabulary, generate, ttt_loss, warm_start
+    from workers.drafters.eagle3_train import draft_vocabulary, generate, training_labels, ttt_loss, warm_start
 
     model = load_model(tiny_ckpt)
     model.aux_layers = (0, 1, 1)
@@ -325,6 +325,11 @@ def test_training_labels_are_the_targets_own_argmax_at_every_position(tiny_ckpt)
         assert s.argmax[len(p) - 1 :].tolist() == s.tokens[len(p) :].tolist()  # the response is the argmax
         forced = model(s.tokens[None], model.new_cache(1))[0].argmax(-1)[: n - 1]  # teacher forcing
         assert s.argmax.tolist() == forced.tolist()
+    s = samples[0]
+    labels, first = training_labels(s, prompt_labels=True)
+    assert first == 1 and labels[1:].tolist() == s.argmax.tolist()  # label m: what the target said after m - 1
+    labels, first = training_labels(s, prompt_labels=False)
+    assert first == len(prompts[0]) and labels.tolist() == s.tokens.tolist()
     head = warm_start(model, model.aux_layers, draft_vocabulary(samples, 512, 512))
     _, resp_only, _ = ttt_loss(head, samples[0], 2)
     _, with_prompt, _ = ttt_loss(head, samples[0], 2, prompt_labels=True)

@@ -1,10 +1,12 @@
 """The bodies spectune captures as CUDA graphs read nothing back to the host (CPU tests).
 
 A CUDA graph capture fails, and poisons the process, on any operation that waits for the device:
-`.item()`, `.tolist()`, indexing by a 0-dim tensor (it becomes `.item()`), boolean masks
-(`nonzero`), `torch.equal`... On CPU nothing fails, so a capture-breaking line passes every CPU
-test and surfaces only on the GPU (as the EAGLE-3 chain's `d2t[argmax]` did). Here each captured
-body runs on CPU under a dispatch mode that raises on the operators that sync a device.
+`.item()`, indexing by a 0-dim tensor (it becomes `.item()`), boolean masks (`nonzero`),
+`torch.equal`... On CPU nothing fails, so a capture-breaking line passes every CPU test and
+surfaces only on the GPU (as the EAGLE-3 chain's `d2t[argmax]` did). Here the EAGLE-3 chain's body
+and the batched verify pass (plain layers, and the fused step with SDPA) run on CPU under a dispatch
+mode that raises on the operators that sync a device. (A copy to the host, `.tolist()` or `.cpu()`,
+is not an operator it sees on CPU.)
 """
 
 from __future__ import annotations

@@ -418,6 +418,8 @@ class SymmMemLLAllReduce(AllReduce):
     def add_norm(self, partial, residual, weight, eps):
         fits = (
             partial.numel() <= self.max_numel
+            # one program per row, all resident at once (a batched pass has B x W rows): wider, the plain allreduce
+            and partial.numel() // max(1, partial.shape[-1]) <= MAX_PROGRAMS
             and partial.dtype == self.buf.dtype
             and partial.shape[-1] <= self.MAX_HIDDEN
             and residual.dtype == partial.dtype

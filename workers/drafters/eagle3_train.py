@@ -136,6 +136,15 @@ def warm_start(model: Transformer, aux_layers: tuple[int, ...], draft_ids: list[
     return head
 
 
+def training_labels(s: Sample, prompt_labels: bool) -> tuple[torch.Tensor, int]:
+    """(labels [N], first labelled position): label m (m >= 1) is what the target said after position
+    m - 1, its argmax, which in the response is x_m itself. Without prompt labels (or data without
+    argmaxes) the labels are the tokens and only response positions count."""
+    if prompt_labels and s.argmax is not None:
+        return torch.cat([s.tokens[:1], s.argmax]), 1
+    return s.tokens, s.prompt_len
+
+
 def ttt_loss(head: Eagle3Head, s: Sample, steps: int, prompt_labels: bool = False) -> tuple[torch.Tensor, list[int], list[int]]:
     """Training-time-test loss of one sample over `steps` unrolled draft steps; per step the number of
     positions scored and of correct top-1 predictions. prompt_labels: score prompt positions too,
@@ -145,10 +154,8 @@ def ttt_loss(head: Eagle3Head, s: Sample, steps: int, prompt_labels: bool = Fals
     dtype, dev = head.fc.weight.dtype, head.fc.weight.device
     tokens = s.tokens.to(dev)
     N = tokens.shape[0]
-    # label of position m (m >= 1): the target's argmax after position m - 1, which is x_m in the response
-    use_argmax = prompt_labels and s.argmax is not None
-    labels = torch.cat([tokens[:1], s.argmax.to(dev)]) if use_argmax else tokens
-    first_label = 1 if use_argmax else s.prompt_len
+    labels, first_label = training_labels(s, prompt_labels)
+    labels = labels.to(dev)
     n = N - 1  # entries 0..N-2: (g_i, x_{i+1})
     g = head.fc(s.aux[:n].to(dev, dtype))
     ent = torch.arange(n, device=dev)
@@ -195,11 +202,12 @@ def ttt_loss(head: Eagle3Head, s: Sample, steps: int, prompt_labels: bool = Fals
 
 
 @torch.no_grad()
-def validation_accuracy(head: Eagle3Head, samples: list[Sample], steps: int, prompt_labels: bool = False) -> list[float]:
-    """Top-1 accuracy per unrolled draft step over samples the optimizer never sees."""
+def validation_accuracy(head: Eagle3Head, samples: list[Sample], steps: int) -> list[float]:
+    """Top-1 accuracy per unrolled draft step over samples the optimizer never sees, on response
+    positions only: drafting happens on the target's own responses."""
     counts, correct = [0] * steps, [0] * steps
     for s in samples:
-        _, c, k = ttt_loss(head, s, steps, prompt_labels)
+        _, c, k = ttt_loss(head, s, steps, prompt_labels=False)
         counts = [a + b for a, b in zip(counts, c)]
         correct = [a + b for a, b in zip(correct, k)]
     return [k / max(1, c) for k, c in zip(correct, counts)]
