@@ -104,7 +104,9 @@ class FusedStep:
         if engine.compile:
             import torch._dynamo
 
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            # one compiled graph per (rows, width): batch 1's widths and every batch size's (workers/engine/batched.py)
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+            torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
             self.norm_body = torch.compile(_norm_body, dynamic=False)
             self.add_norm_body = torch.compile(_add_norm_body, dynamic=False)
             self.qkv_from_normed = torch.compile(_qkv_from_normed, dynamic=False)

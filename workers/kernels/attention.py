@@ -330,6 +330,7 @@ SELFTEST_CASES = (
     (2, 4, 4, 3, 32, 64, 10),
     (1, 8, 2, 1, 128, 1100, 1000),
     (1, 5, 2, 4, 64, 130, 126),
+    (3, 4, 2, 5, 32, 400, 300),  # a batched verify pass: rows whose last keys lie in different splits
 )
 # bf16 on the GPU: both sides round (a wrong kernel is off by O(1)); float32 under the CPU interpreter
 SELFTEST_TOL = {"cuda": 5e-2, "cpu": 1e-4}
@@ -355,6 +356,8 @@ def check_case(case: tuple[int, ...], device: str, seed: int = 0) -> dict[str, f
     pos = (first + torch.arange(T))[None].repeat(B, 1).to(device)
     if B > 1:
         pos[1] -= 5  # sequences at different lengths
+    if B > 2:
+        pos[2] -= 150  # a row two splits shorter
     uneven = H % Hkv != 0 or H == 5
     kv_map = (torch.tensor([0, 0, 0, 1, 1]) if H == 5 else torch.arange(H) // (H // Hkv)).to(device)
     group = 0 if uneven else H // Hkv
