@@ -104,15 +104,16 @@ def train(o: TrainOptions) -> dict:
         _log(f"spectune: {data_file} holds no prompt argmaxes (an older version's data): response positions only")
     # validation: responses to train-split prompts kept out of the optimizer (never held-out prompts);
     # the public-format head in OUT is the step with the best validation accuracy, not the last
-    val = samples[o.val_every - 1 :: o.val_every] if o.val_every > 1 and len(samples) >= 2 * o.val_every else []
-    samples = [s for s in samples if all(s is not v for v in val)]
+    every = o.val_every if o.val_every > 1 and len(samples) >= 2 * o.val_every else 0
+    val = samples[every - 1 :: every] if every else []
+    samples = [s for i, s in enumerate(samples) if not every or i % every != every - 1]
     draft_ids = draft_vocabulary(samples, min(o.draft_vocab, args.vocab_size), args.vocab_size)
     head = warm_start(model, aux_layers, draft_ids, seed=o.seed).to(device)
     del model
     params = [p for n, p in head.named_parameters() if n != "embed_tokens.weight"]
     opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0)
     step, history = 0, []
-    best = {"step": 0, "val_acc": -1.0}
+    best = {"step": 0, "score": float("-inf")}  # the step whose head OUT holds
     state_file = out / "train_state.pt"
     if state_file.is_file():
         st = torch.load(state_file, weights_only=False)
@@ -156,13 +157,10 @@ def train(o: TrainOptions) -> dict:
                 _log(f"  val acc {' '.join(f'{a:.2f}' for a in entry['val_acc'])}", end="")
             history.append(entry)
             counts, correct = [0] * o.ttt_steps, [0] * o.ttt_steps
-            if val:  # the loss's weighting of the draft positions
-                score = sum(DECAY**j * a for j, a in enumerate(entry["val_acc"]))
-                if score > best["val_acc"]:
-                    best = {"step": step, "val_acc": score}
-                    save_head(head, out)
-            else:  # nothing to pick by: the latest step
-                best = {"step": step, "val_acc": -1.0}
+            # validation accuracy with the loss's weighting of the draft positions; without validation the latest step
+            score = sum(DECAY**j * a for j, a in enumerate(entry["val_acc"])) if val else float(step)
+            if score > best["score"]:
+                best = {"step": step, "score": score}
                 save_head(head, out)
             weights = {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}  # the target's
             torch.save(

@@ -303,7 +303,7 @@ class Eagle3Drafter(Drafter):
 
     def fork(self) -> Eagle3Drafter:
         """Another sequence's drafter on the same head: its own cache and chain (graphs on CUDA, once warmed)."""
-        other = Eagle3Drafter(self.head, chain=self.use_chain if not self.chain.capture else None)
+        other = Eagle3Drafter(self.head, chain=self.use_chain)
         other.begin(self.temperature, int(self.generator.initial_seed()))
         return other
 

@@ -382,16 +382,19 @@ class SimulatedAcceptance(StepStrategy):
         pad = [p.tokens[-1] if p.tokens else seq.tokens[-1]] * (self.k - len(p.tokens))
         return Proposal(tokens=p.tokens + pad, probs=p.probs, draft_s=p.draft_s)
 
-    def decide(self, seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> tuple[int, list[int]]:
+    def _accepted(self, proposal: Proposal) -> int:
+        """Drafts accepted this step: tau - 1 on average, carried as credit between steps."""
         self.credit += self.accept_len - 1
         n = min(len(proposal.tokens), int(self.credit))
         self.credit -= n
+        return n
+
+    def decide(self, seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> tuple[int, list[int]]:
+        n = self._accepted(proposal)
         return n, proposal.tokens[:n] + [int(logits[n].argmax())]
 
     def decide_greedy(self, seq: Sequence, proposal: Proposal, targets: list[int]) -> tuple[int, list[int]]:
-        self.credit += self.accept_len - 1
-        n = min(len(proposal.tokens), int(self.credit))
-        self.credit -= n
+        n = self._accepted(proposal)
         return n, proposal.tokens[:n] + [targets[n]]
 
 
