@@ -142,6 +142,49 @@ def test_device_chain_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_head):
             d.observe(more)
 
 
+@pytest.mark.parametrize("body", ["fused_sdpa", "fused_triton"])
+@torch.inference_mode()
+def test_the_fast_head_step_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_head, body, request):
+    """The chain through `HeadFastStep` (merged weights, the GEMV picker's layout, and SDPA under a
+    mask or the split-KV Triton attention under its interpreter, which writes the cache and reads
+    each query's slots up to its position): the eager loop's drafts and pre-norm states, over rounds
+    with rejected drafts rolled back."""
+    from workers.drafters.eagle3_chain import HeadFastStep
+    from workers.engine.config import EngineConfig
+
+    target = load_args(tiny_ckpt)
+    model = load_model(tiny_ckpt)
+    eager_head = load_head(tiny_head, model.embed_tokens.weight, target)
+    attend_fn = None
+    if body == "fused_triton":
+        if request.getfixturevalue("kernel_device") != "cpu":
+            pytest.skip("CPU test of the Triton attention under its interpreter")
+        from workers.kernels.attention import decode_attend as attend_fn
+    fast_head = load_head(tiny_head, model.embed_tokens.weight, target)  # the fast step merges its weights in place
+    engine = EngineConfig(compile=False, gemv="triton" if body == "fused_triton" else "cublas", attention="sdpa")
+    fast = HeadFastStep(fast_head, engine, attend_fn)
+    assert fast.fused.gemv is not None and "lm_head" in fast.fused.gemv.weights
+    eager, chain = Eagle3Drafter(eager_head, chain=False), Eagle3Drafter(fast_head, chain=True, fast=fast)
+    assert chain.chain.fast is fast
+    g = torch.Generator().manual_seed(6)
+    committed = list(range(5, 5 + 12))
+    states = torch.randn(len(committed) - 1, 192, generator=g)
+    for d in (eager, chain):
+        d.prefill(committed)
+        d.observe(states)
+    for rnd, (k, accepted) in enumerate([(4, 1), (3, 0), (4, 4), (2, 2)]):
+        pe, pc = eager.propose(committed, k), chain.propose(committed, k)
+        assert pc.tokens == pe.tokens and len(pc.tokens) == k, f"round {rnd}"
+        n = chain.cache.lengths[0]
+        assert n == eager.cache.lengths[0]
+        torch.testing.assert_close(chain.cache.k[0][:, :, :n], eager.cache.k[0][:, :, :n], atol=1e-4, rtol=1e-4)
+        new = pe.tokens[:accepted] + [int(torch.randint(3, 512, (1,), generator=g))]
+        more = torch.randn(len(new), 192, generator=g)
+        committed += new
+        for d in (eager, chain):
+            d.observe(more)
+
+
 @pytest.mark.parametrize("what, change", [("target_hidden_size", {"hidden_size": 32}), ("vocab_size", {"vocab_size": 1000})])
 def test_head_that_does_not_fit_exits_2_with_one_line(tmp_path, tiny_ckpt, what, change):
     head = write_head(tmp_path / "bad", tiny_config(**change))

@@ -55,11 +55,16 @@ def test_the_detector_catches_a_zero_dim_index():
         table.index_select(0, i.reshape(-1))
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @torch.inference_mode()
-def test_the_eagle3_chain_body_never_syncs(tiny_ckpt):
-    # a reduced draft vocabulary mapped to target ids 100..163: drafts go through d2t
+def test_the_eagle3_chain_body_never_syncs(tiny_ckpt, fast):
+    # a reduced draft vocabulary mapped to target ids 100..163: drafts go through d2t; fast: the
+    # head steps through HeadFastStep (merged weights, the picker's GEMMs, SDPA)
+    from workers.drafters.eagle3_chain import HeadFastStep
+
     head = random_head(head_config(load_args(tiny_ckpt), draft_vocab=64), d2t_from=list(range(100, 164)))
-    chain = Eagle3Drafter(head, chain=True).chain
+    step = HeadFastStep(head, EngineConfig(compile=False, gemv="cublas", attention="sdpa")) if fast else None
+    chain = Eagle3Drafter(head, chain=True, fast=step).chain
     T, k = 3, 4
     chain._tok[:T] = torch.tensor([5, 6, 7])
     chain._pos[0, :T] = torch.arange(T)

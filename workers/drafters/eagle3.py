@@ -30,6 +30,7 @@ verifier has sent states for since (every committed position but the last), then
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from safetensors import safe_open
 from torch import nn
 
 from workers.drafters.base import Drafter
+from workers.engine.config import EngineConfig
 from workers.engine.link import Proposal
 from workers.engine.verify import probs as softmax_t
 from workers.engine.verify import sample
@@ -281,29 +283,50 @@ def target_embedding(model_path: str, dtype=torch.float32, device="cpu") -> torc
     raise CheckpointError(f"checkpoint {model_path} has no embed_tokens.weight")
 
 
+def _fast_step(head: Eagle3Head, engine: EngineConfig):
+    """The head's one HeadFastStep (it merges the head's weights in place), or None with one line
+    on stderr where this torch cannot build it (the eager head step still works)."""
+    from workers.drafters.eagle3_chain import HeadFastStep
+
+    key = ("fast", engine)
+    if key not in head.__dict__:
+        try:
+            head.__dict__[key] = HeadFastStep(head, engine)
+        except Exception as e:  # noqa: BLE001 - the eager step still works
+            print(f"spectune: EAGLE-3 fast head step unavailable ({type(e).__name__}: {e}); eager head steps", file=sys.stderr)
+            head.__dict__[key] = None
+    return head.__dict__[key]
+
+
 class Eagle3Drafter(Drafter):
     """Chain drafting (top-1, or sampled at the trial temperature) from the verifier's hidden states."""
 
     kind = "eagle3"
     reads_hidden = True
 
-    def __init__(self, head: Eagle3Head, chain: bool | None = None):
+    def __init__(self, head: Eagle3Head, chain: bool | None = None, engine: EngineConfig | None = None, fast=None):
+        """engine: the trial's engine settings; on a GPU with compile and CUDA graphs on, the chain's
+        head steps go through `HeadFastStep` (built once per head). fast: that step given directly
+        (CPU tests of its body)."""
         from workers.drafters.eagle3_chain import Eagle3Chain
         from workers.engine.link import MAX_DRAFT_TOKENS
 
         self.head = head
         self.device = head.fc.weight.device
         self.cache = head.new_cache()
+        if fast is None and engine is not None and engine.compile and engine.cuda_graphs and self.device.type == "cuda":
+            fast = _fast_step(head, engine)
+        self.fast = fast
         # greedy proposals through the device-only chain (chain None: on a GPU, where it is one CUDA
         # graph per feed width; True on CPU runs the same body uncaptured, for tests)
-        self.chain = Eagle3Chain(head, self.cache, MAX_DRAFT_TOKENS + 1)
+        self.chain = Eagle3Chain(head, self.cache, MAX_DRAFT_TOKENS + 1, fast=fast)
         self.use_chain = self.chain.capture if chain is None else chain
         self.begin(0.0, 0)
         self.prefill([])
 
     def fork(self) -> Eagle3Drafter:
         """Another sequence's drafter on the same head: its own cache and chain (graphs on CUDA, once warmed)."""
-        other = Eagle3Drafter(self.head, chain=self.use_chain)
+        other = Eagle3Drafter(self.head, chain=self.use_chain, fast=self.fast)
         other.begin(self.temperature, int(self.generator.initial_seed()))
         return other
 

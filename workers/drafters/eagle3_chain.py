@@ -7,9 +7,16 @@ One replay runs the head's step on the `T` staged entries (tokens x_{i+1} and fu
 positions start..start+T-1), takes the argmax of the last entry's draft logits, maps it to a target
 id, and k - 1 times feeds that token with the head's own pre-norm output at the next position,
 all on the device: k drafts cost one launch and one host sync instead of ~30 kernels and a sync
-per draft. Positions live in a device buffer and attention reads the whole head cache under a
-position mask (`Eagle3Head.step_at` with kv_len = max_seq), so no shape depends on the sequence
-length. A graph is captured per (T, k) on first use, or ahead of timing by `warm`.
+per draft. Positions live in a device buffer, so no shape depends on the sequence length. A graph
+is captured per (T, k) on first use, or ahead of timing by `warm`.
+
+A head step is either the eager one (`Eagle3Head.step_at` with kv_len = max_seq: SDPA over the
+whole head cache under a position mask, separate norm, rope and cast kernels) or, given an
+`EngineConfig` with compile on, `HeadFastStep`: the verifier's fast pieces
+(workers/engine/fused_step.py) applied to the head's one layer, i.e. merged q/k/v and gate/up
+weights, the GEMV picker for every GEMM (the draft lm_head too), compiled norm bodies and the
+split-KV Triton attention, which applies rope, writes the cache and reads only the slots up to each
+query's position.
 
 Invariant (as the eager loop): after a chain the cache holds start + T + k - 1 entries; the last
 draft is not fed. Without capture (CPU) the same device-only body runs directly, which is how the
@@ -18,14 +25,70 @@ tests compare it with the eager loop.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
-from workers.model.transformer import KVCache
+from workers.engine.config import EngineConfig
+from workers.model.transformer import KVCache, rms_norm
+
+
+def _head_input(emb, g, w_emb, w_hidden, eps: float):
+    # [input_layernorm(embedding); hidden_norm(g)]: what the head's q/k/v read (2 x hidden wide)
+    return torch.cat([rms_norm(emb, w_emb, eps), rms_norm(g, w_hidden, eps)], dim=-1)
+
+
+class HeadFastStep:
+    """`Eagle3Head.step_at` through the verifier's FusedStep pieces (a FusedStep over the head's one
+    layer: merged weights, GEMV picker, compiled bodies, the attention `engine.attention` picks).
+    Merges the head's q/k/v and gate/up weights in place (the Linears become views): build one per head."""
+
+    def __init__(self, head, engine: EngineConfig, attend_fn=None):
+        """attend_fn: the attention core (None: the one `engine.attention` picks here; CPU tests
+        pass the Triton attention, which runs there under its interpreter)."""
+        from workers.engine.fused_step import FusedStep
+        from workers.engine.steps import pick_attention
+
+        self.head = head
+        if attend_fn is None:
+            attend_fn, self.attention = pick_attention(engine.attention, head.cfg.args.head_dim, head.fc.weight.device)
+        else:
+            self.attention = getattr(attend_fn, "__name__", "given")
+        # FusedStep reads only `layers` and the embedding's device of the model it is given
+        self.fused = FusedStep(SimpleNamespace(layers=[head.midlayer], embed_tokens=head.embed_tokens), engine, None, attend_fn)
+        self.head_input = torch.compile(_head_input, dynamic=False) if engine.compile else _head_input
+        if self.fused.gemv is not None:
+            self.fused.gemv.weights["lm_head"] = [head.lm_head.weight]
+
+    def prepare(self, widths) -> None:
+        """Race the GEMV picker at these step widths now (outside any capture or timing)."""
+        if self.fused.gemv is not None:
+            self.fused.gemv.prepare(widths)
+
+    def step_at(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache):
+        """As `Eagle3Head.step_at` with kv_len = cache.max_seq: (pre-norm outputs [T, hidden],
+        draft logits of the last entry, float32)."""
+        head, f = self.head, self.fused
+        layer, dtype = head.midlayer, head.fc.weight.dtype
+        a = layer.self_attn
+        cos, sin = head.rope_cos[pos][:, None].to(dtype), head.rope_sin[pos][:, None].to(dtype)
+        mask = None
+        if f.needs_mask:  # SDPA: the whole cache under a position mask
+            mask = (torch.arange(cache.max_seq, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
+        g = g[None].to(dtype)
+        eps = layer.input_layernorm.eps
+        x = self.head_input(head.embed_tokens(tokens)[None], g, layer.input_layernorm.weight, layer.hidden_norm.weight, eps)
+        wqkv, bqkv, wgu = f.merged[0]
+        core = f._attention(layer, x, wqkv, bqkv, cache.k[0], cache.v[0], pos, cos, sin, mask)
+        h, normed = f.add_norm_body(g, f._linear("o", core, a.o_proj.weight), layer.post_attention_layernorm.weight, eps)
+        h, out = f.add_norm_body(h, f._mlp(normed, wgu, layer.mlp.down_proj.weight), head.norm.weight, head.norm.eps)
+        return h[0], f._linear("lm_head", out[:, -1:], head.lm_head.weight)[0, 0].float()
 
 
 class Eagle3Chain:
-    def __init__(self, head, cache: KVCache, max_width: int, capture: bool | None = None):
+    def __init__(self, head, cache: KVCache, max_width: int, capture: bool | None = None, fast: HeadFastStep | None = None):
         self.head, self.cache, self.max_width = head, cache, max_width
+        self.fast = fast  # None: the head's eager step
         self.device = head.fc.weight.device
         self.capture = self.device.type == "cuda" if capture is None else capture
         dim, dtype = head.cfg.args.dim, head.fc.weight.dtype
@@ -67,6 +130,8 @@ class Eagle3Chain:
         outside any timing. Writes scratch entries from position 0: reset the cache after."""
         if not self.capture:
             return
+        if self.fast is not None:
+            self.fast.prepare(range(1, min(k + 1, self.max_width) + 1))
         for T in range(1, min(k + 1, self.max_width) + 1):
             self.cache.lengths[0] = 0
             self.draft([0] * T, torch.zeros(T, self._g.shape[1], dtype=self._g.dtype, device=self.device), k)
@@ -75,13 +140,17 @@ class Eagle3Chain:
     def _run(self, T: int, k: int) -> torch.Tensor:
         """Device ops only (graph-safe): the k drafts after the T staged entries, as target ids."""
         head, window = self.head, self.cache.max_seq
+        if self.fast is not None:
+            step = lambda tok, g, pos: self.fast.step_at(tok, g, pos, self.cache)  # noqa: E731
+        else:
+            step = lambda tok, g, pos: head.step_at(tok, g, pos, self.cache, window)  # noqa: E731
         pos = self._pos[:, :T]
-        h, logits = head.step_at(self._tok[:T], self._g[:T], pos, self.cache, window)
+        h, logits = step(self._tok[:T], self._g[:T], pos)
         nxt = head.to_target(logits.argmax())
         drafts, pos = [nxt], pos[:, -1:]
         for _ in range(k - 1):
             pos = pos + 1
-            h, logits = head.step_at(nxt.view(1), h[-1:], pos, self.cache, window)
+            h, logits = step(nxt.view(1), h[-1:], pos)
             nxt = head.to_target(logits.argmax())
             drafts.append(nxt)
         return torch.stack(drafts)

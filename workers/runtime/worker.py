@@ -83,7 +83,8 @@ def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> 
         return Eagle3Drafter(
             eagle3.load_head(
                 resolve_model_path(d.model_path), embed, load_args(spec.model_path), dtype=dtype, device=device, max_seq=spec.max_seq
-            )
+            ),
+            engine=spec.engine,
         )
     if d.kind == "ngram":
         return NgramDrafter(d.ngram_max, d.ngram_min)
