@@ -6,7 +6,7 @@
 # eagle3.tar (JSON per run, the log) and head.tar (the trained head: config.json, model.safetensors,
 # training.json).
 #
-#   OUT=$OUT bash infra/gpu-eagle3.sh            # TRAIN_S (default 240) caps the training's wall time
+#   OUT=$OUT bash infra/gpu-eagle3.sh            # TRAIN_S (default 570) caps the train stage's wall time
 #   STAGES="train heldout" ... then STAGES=chain ...  # the same work in two calls (WORK in /tmp persists on a warm machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,10 +26,13 @@ run() {  # name, limit, args...: JSON to $W/json/name.json
 STAGES=" ${STAGES:-train heldout chain} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
-# 1. train on the GPU: every train-split prompt, longer responses than the CPU run could afford
+# 1. train on the GPU: every train-split prompt plus SYNTH made-up ones (orchestrator/synth_prompts.py),
+#    TRAIN_TIME seconds of training after the responses (the schedule anneals to that budget); a
+#    second call with the same WORK resumes (responses cached in data.pt, the optimizer in train_state.pt)
 stage train && { echo "=== train-drafter" >> "$log"
-timeout -k 10 "${TRAIN_S:-240}" $PY -m orchestrator train-drafter --model smollm2-135m --split train --max-new-tokens 384 \
-    --gen-batch 128 --max-steps "${STEPS:-1500}" --batch 8 --ttt-steps 4 --lr 1e-3 --draft-vocab 4096 --save-every 100 \
+timeout -k 10 "${TRAIN_S:-570}" $PY -m orchestrator train-drafter --model smollm2-135m --split train --synthetic-prompts "${SYNTH:-4000}" \
+    --max-new-tokens 256 --gen-batch 256 --max-steps "${STEPS:-6000}" --max-time "${TRAIN_TIME:-300}" --batch 16 --ttt-steps 4 \
+    --lr 1e-3 --draft-vocab 4096 --save-every 200 --val-every 20 \
     --device cuda --out "$W/head" >> "$log" 2>&1 || echo "!!! train-drafter stopped (rc=$?; the last saved step is kept)" >> "$log"; }
 
 # 2. held-out acceptance and speed (--split heldout: the 4th of every 4 prompts per category, never trained on),

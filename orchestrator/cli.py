@@ -187,6 +187,12 @@ def _add_train_drafter(sub) -> None:
     p.add_argument("--prompts", default=d.prompts, help="Spec-Bench-style JSONL (default: the bundled questions)")
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (after --split)")
     p.add_argument("--split", choices=SPLITS, default=d.split, help="train: 3 of every 4 prompts per category; heldout: the 4th")
+    p.add_argument(
+        "--synthetic-prompts",
+        type=int,
+        default=d.synthetic_prompts,
+        help="add N made-up instruction prompts (orchestrator/synth_prompts.py)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="response length per prompt")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help="optimizer steps")
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="draft steps unrolled in the training-time test")
@@ -198,11 +204,15 @@ def _add_train_drafter(sub) -> None:
     )
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help="reduced draft vocabulary (most frequent tokens)")
     p.add_argument("--batch", type=int, default=d.batch, help="responses per optimizer step")
+    p.add_argument("--pack-tokens", type=int, default=d.pack_tokens, help="a batch runs packed in passes of at most N tokens")
     p.add_argument("--gen-batch", type=int, default=d.gen_batch, help="prompts the target answers together")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--device", default=d.device, help="cpu or cuda")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads")
     p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint (and resume point) every N steps")
+    p.add_argument(
+        "--max-time", type=float, default=d.max_time, help="stop training after S seconds, saved and summarised (0: --max-steps only)"
+    )
     p.add_argument(
         "--val-every",
         type=int,

@@ -12,12 +12,15 @@
 4. OUT/config.json + OUT/model.safetensors in the public format (SGLang / vLLM / spectune load it).
 
 `--split train` keeps 3 of every 4 prompts of each category (`heldout`: the 4th), so a head can be
-scored on prompts it never saw.
+scored on prompts it never saw. `--synthetic-prompts N` adds N prompts made by
+orchestrator/synth_prompts.py (templates with fresh topics, names and numbers, and passages of the
+standard library's docstrings): far more, and more varied, responses than the bundled file holds.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 import time
@@ -36,6 +39,7 @@ class TrainOptions:
     prompts: str = str(BUNDLED_PROMPTS)
     num_prompts: int | None = None
     split: str = "all"
+    synthetic_prompts: int = 0  # made-up instruction prompts added to the training set (orchestrator/synth_prompts.py)
     max_new_tokens: int = 128
     max_steps: int = 200
     ttt_steps: int = 3
@@ -43,11 +47,13 @@ class TrainOptions:
     val_every: int = 10  # every Nth response is kept out of training: its accuracy picks the checkpoint saved (0: none)
     draft_vocab: int = 4096
     batch: int = 4
+    pack_tokens: int = 4096  # a batch's samples run packed into passes of at most this many tokens (one sample may exceed it)
     gen_batch: int = 16  # prompts answered together
     lr: float = 5e-4
     device: str = "cpu"
     threads: int = 1
     save_every: int = 50
+    max_time: float = 0.0  # stop training (saved, summary written) after this many seconds of it; 0: no limit
     seed: int = 0
     out: str = ""
 
@@ -59,14 +65,14 @@ def _log(msg: str, end: str = "\n") -> None:
 def train(o: TrainOptions) -> dict:
     from workers.drafters.eagle3 import default_aux_layers
     from workers.drafters.eagle3_ckpt import save_head
-    from workers.drafters.eagle3_train import DECAY, draft_vocabulary, generate, ttt_loss, validation_accuracy, warm_start
+    from workers.drafters.eagle3_train import DECAY, draft_vocabulary, generate, pack_by_tokens, ttt_loss, validation_accuracy, warm_start
     from workers.model.checkpoint import load_args, load_model, resolve_model_path
     from workers.model.random_weights import is_random
 
     if not o.out:
         raise UserError("--out DIR is required")
-    if o.max_steps < 1 or o.ttt_steps < 1 or o.batch < 1 or o.draft_vocab < 2:
-        raise UserError("--max-steps, --ttt-steps, --batch must be >= 1 and --draft-vocab >= 2")
+    if o.max_steps < 1 or o.ttt_steps < 1 or o.batch < 1 or o.draft_vocab < 2 or o.pack_tokens < 1:
+        raise UserError("--max-steps, --ttt-steps, --batch, --pack-tokens must be >= 1 and --draft-vocab >= 2")
     if o.device not in ("cpu", "cuda") or (o.device == "cuda" and not torch.cuda.is_available()):
         raise UserError(f"--device {o.device!r}: cpu, or cuda on a machine with a GPU")
     path = resolve_model_path(o.model)
@@ -91,6 +97,10 @@ def train(o: TrainOptions) -> dict:
         prompts = load_prompts(o.prompts, split=o.split)[: o.num_prompts]
         if not prompts:
             raise UserError(f"--prompts {o.prompts}: no prompts in split {o.split!r}")
+        if o.synthetic_prompts:
+            from orchestrator.synth_prompts import synthetic_prompts
+
+            prompts += synthetic_prompts(o.synthetic_prompts, o.seed)
         eos = set(tok.eos_ids) | set(args.eos_token_ids)
         samples = []
         for i in range(0, len(prompts), o.gen_batch):
@@ -127,8 +137,14 @@ def train(o: TrainOptions) -> dict:
             )
         _log(f"spectune: resuming at step {step}")
     rng = random.Random(o.seed * 1000003 + step)
-    sched = lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + torch.cos(torch.tensor(s / o.max_steps * torch.pi)).item())  # noqa: E731
     t_train = time.perf_counter()
+
+    def progress(s: int) -> float:
+        # the cosine schedule runs on whichever budget is further along: steps, or --max-time
+        done = s / o.max_steps
+        return max(done, (time.perf_counter() - t_train) / o.max_time) if o.max_time else done
+
+    sched = lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(min(1.0, progress(s)) * math.pi))  # noqa: E731
     counts = [0] * o.ttt_steps
     correct = [0] * o.ttt_steps
     loss_avg = None
@@ -137,11 +153,12 @@ def train(o: TrainOptions) -> dict:
             gr["lr"] = o.lr * sched(step)
         opt.zero_grad(set_to_none=True)
         batch_loss = 0.0
-        for s in rng.sample(samples, min(o.batch, len(samples))):
-            loss, c, k = ttt_loss(head, s, o.ttt_steps, o.prompt_labels)
+        packs = pack_by_tokens(rng.sample(samples, min(o.batch, len(samples))), o.pack_tokens)
+        for pack in packs:  # each pack one pass (attention inside each sample), gradients accumulated
+            loss, c, k = ttt_loss(head, pack, o.ttt_steps, o.prompt_labels)
             if loss.requires_grad:
-                (loss / o.batch).backward()
-            batch_loss += float(loss.detach()) / o.batch
+                (loss / len(packs)).backward()
+            batch_loss += float(loss.detach()) / len(packs)
             counts = [a + b for a, b in zip(counts, c)]
             correct = [a + b for a, b in zip(correct, k)]
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -150,10 +167,11 @@ def train(o: TrainOptions) -> dict:
         loss_avg = batch_loss if loss_avg is None else 0.9 * loss_avg + 0.1 * batch_loss
         acc = [c / max(1, n) for c, n in zip(correct, counts)]
         _log(f"\rspectune: step {step}/{o.max_steps} loss {loss_avg:.3f} acc " + " ".join(f"{a:.2f}" for a in acc), end="")
-        if step % o.save_every == 0 or step == o.max_steps:
+        out_of_time = bool(o.max_time) and time.perf_counter() - t_train >= o.max_time
+        if step % o.save_every == 0 or step == o.max_steps or out_of_time:
             entry = {"step": step, "loss": loss_avg, "acc": acc}
             if val:
-                entry["val_acc"] = validation_accuracy(head, val, o.ttt_steps)
+                entry["val_acc"] = validation_accuracy(head, val, o.ttt_steps, o.pack_tokens)
                 _log(f"  val acc {' '.join(f'{a:.2f}' for a in entry['val_acc'])}", end="")
             history.append(entry)
             counts, correct = [0] * o.ttt_steps, [0] * o.ttt_steps
@@ -167,6 +185,9 @@ def train(o: TrainOptions) -> dict:
                 {"head": weights, "opt": opt.state_dict(), "step": step, "history": history, "best": best, "val_every": o.val_every},
                 state_file,
             )
+        if out_of_time:
+            _log(f"\nspectune: --max-time {o.max_time:g}s reached at step {step}")
+            break
     _log("")
     summary = {
         "out": str(out),
@@ -180,6 +201,7 @@ def train(o: TrainOptions) -> dict:
         "history": history,
         "generate_s": data.get("generate_s"),
         "train_s": time.perf_counter() - t_train,
+        "stopped_by_time": bool(o.max_time) and step < o.max_steps,
         "options": asdict(o),
     }
     (out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -271,7 +271,11 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "--model",
         "smollm2-135m",
         "--num-prompts",
-        "4",
+        "2",
+        "--synthetic-prompts",
+        "2",
+        "--pack-tokens",
+        "40",
         "--max-new-tokens",
         "16",
         "--max-steps",
@@ -289,7 +293,9 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     assert "loss" in r.stderr and "acc" in r.stderr and "val acc" in r.stderr  # the progress line
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
     training = json.loads((out / "training.json").read_text())
-    # 2 responses kept out of training; the head saved is the step whose validation accuracy was best
+    # 2 bundled + 2 synthetic prompts; 2 responses kept out of training; the head saved is the step
+    # whose validation accuracy was best
+    assert training["options"]["synthetic_prompts"] == 2
     assert training["responses"] == 2 and training["validation_responses"] == 2
     assert [h["step"] for h in training["history"]] == [2, 4] and all(len(h["val_acc"]) == 3 for h in training["history"])
     assert training["best_step"] in (2, 4)
@@ -378,3 +384,46 @@ def test_training_labels_are_the_targets_own_argmax_at_every_position(tiny_ckpt)
     _, with_prompt, _ = ttt_loss(head, samples[0], 2, prompt_labels=True)
     # step j's entries predict positions 2 + j ..: the prompt adds positions 2 + j .. prompt_len - 1
     assert [b - a for a, b in zip(resp_only, with_prompt)] == [len(prompts[0]) - 2 - j for j in range(2)]
+
+
+def test_a_packed_batch_scores_each_sample_as_it_alone_would(tiny_ckpt):
+    """ttt_loss over several samples in one pass (attention kept inside each sample, rotary positions
+    restarting per sample) counts and gets right exactly what the samples do one by one, and its
+    loss is their cross entropies weighted by scored positions (one step, the full vocabulary)."""
+    from workers.drafters.eagle3_train import draft_vocabulary, generate, pack_by_tokens, ttt_loss, warm_start
+
+    model = load_model(tiny_ckpt)
+    model.aux_layers = (0, 1, 1)
+    samples = generate(model, [list(range(5, 17)), list(range(40, 49)), list(range(60, 80))], max_new=6, eos=set())
+    head = warm_start(model, model.aux_layers, draft_vocabulary(samples, 512, 512))
+    for labels in (False, True):
+        alone = [ttt_loss(head, x, 3, labels) for x in samples]
+        loss, counts, correct = ttt_loss(head, samples, 3, labels)
+        assert counts == [sum(a[1][j] for a in alone) for j in range(3)]
+        assert correct == [sum(a[2][j] for a in alone) for j in range(3)]
+        one = [ttt_loss(head, x, 1, labels) for x in samples]
+        packed, n, _ = ttt_loss(head, samples, 1, labels)
+        want = sum(a[0] * a[1][0] for a in one) / n[0]
+        torch.testing.assert_close(packed, want, atol=1e-5, rtol=1e-5)
+    sizes = [len(x.tokens) for x in samples]  # 18, 15, 26 tokens
+    packs = pack_by_tokens(samples, 33)
+    assert [[len(x.tokens) for x in p] for p in packs] == [sizes[:2], sizes[2:]]
+    assert [len(p) for p in pack_by_tokens(samples, 10)] == [1, 1, 1]  # a sample longer than the budget goes alone
+
+
+def test_synthetic_prompts_are_many_distinct_and_repeatable():
+    from orchestrator.synth_prompts import synthetic_prompts
+
+    a, b = synthetic_prompts(600, seed=1), synthetic_prompts(600, seed=1)
+    assert [p.text for p in a] == [p.text for p in b] and len({p.text for p in a}) == 600
+    kinds = {p.category for p in a}
+    assert {"synthetic-math", "synthetic-coding", "synthetic-summarization", "synthetic-translation"} <= kinds
+    assert [p.text for p in synthetic_prompts(600, seed=2)] != [p.text for p in a]
+    bundled = {p.text for p in load_prompts_all()}
+    assert not bundled & {p.text for p in a}  # nothing of the scored file
+
+
+def load_prompts_all():
+    from orchestrator.prompts import BUNDLED_PROMPTS, load_prompts
+
+    return load_prompts(BUNDLED_PROMPTS)

@@ -145,33 +145,46 @@ def training_labels(s: Sample, prompt_labels: bool) -> tuple[torch.Tensor, int]:
     return s.tokens, s.prompt_len
 
 
-def ttt_loss(head: Eagle3Head, s: Sample, steps: int, prompt_labels: bool = False) -> tuple[torch.Tensor, list[int], list[int]]:
-    """Training-time-test loss of one sample over `steps` unrolled draft steps; per step the number of
-    positions scored and of correct top-1 predictions. prompt_labels: score prompt positions too,
-    against the target's argmax there (needs `s.argmax`)."""
+def ttt_loss(
+    head: Eagle3Head, samples: Sample | list[Sample], steps: int, prompt_labels: bool = False
+) -> tuple[torch.Tensor, list[int], list[int]]:
+    """Training-time-test loss of one sample, or of several packed into one pass (entries of all of
+    them in one sequence; attention stays inside each sample, rotary positions restart per sample,
+    so each sample's logits are what it alone gives), over `steps` unrolled draft steps; per step
+    the number of positions scored and of correct top-1 predictions. Each step's cross entropy is
+    the mean over the pack's scored positions. prompt_labels: score prompt positions too, against
+    the target's argmax there (needs `argmax`)."""
+    samples = [samples] if isinstance(samples, Sample) else list(samples)
     a = head.cfg.args
     attn, layer = head.midlayer.self_attn, head.midlayer
     dtype, dev = head.fc.weight.dtype, head.fc.weight.device
-    tokens = s.tokens.to(dev)
-    N = tokens.shape[0]
-    labels, first_label = training_labels(s, prompt_labels)
-    labels = labels.to(dev)
-    n = N - 1  # entries 0..N-2: (g_i, x_{i+1})
-    g = head.fc(s.aux[:n].to(dev, dtype))
-    ent = torch.arange(n, device=dev)
+    # packed layout: sample s's tokens at off_s .. off_s + N_s - 1; its entries (g_i, x_{i+1}),
+    # i = 0 .. N_s - 2, one per position but the last
+    tokens = torch.cat([x.tokens for x in samples]).to(dev)
+    labels = torch.cat([training_labels(x, prompt_labels)[0] for x in samples]).to(dev)
+    sizes = torch.tensor([len(x.tokens) for x in samples])
+    offs = torch.cumsum(sizes, 0) - sizes
+    n_ent = sizes - 1
+    seg = torch.repeat_interleave(torch.arange(len(samples)), n_ent).to(dev)  # each entry's sample
+    local = torch.cat([torch.arange(m) for m in n_ent.tolist()]).to(dev)  # its position in the sample
+    base = offs.to(dev)[seg] + local  # its token's index in the pack
+    end = (offs + sizes).to(dev)[seg]  # one past its sample's last token
+    first = (offs + torch.tensor([training_labels(x, prompt_labels)[1] for x in samples])).to(dev)[seg]
+    n = base.shape[0]
+    g = head.fc(torch.cat([x.aux[: len(x.tokens) - 1] for x in samples]).to(dev, dtype))
     t2d_index = torch.cumsum(head.t2d.long(), 0) - 1  # target id -> draft id (where t2d)
-    causal = ent[None, :] <= ent[:, None]
+    causal = (local[None, :] <= local[:, None]) & (seg[None, :] == seg[:, None])
     group = a.n_heads // a.n_kv_heads
     keys, values = [], []
     total = torch.zeros((), device=dev)
     counts, correct = [], []
     for j in range(steps):
-        idx = ent + 1 + j  # the token each entry reads
-        lab = ent + 2 + j  # the token it predicts
-        valid = lab < N
-        tok = tokens[idx.clamp_max(N - 1)]
+        idx = base + 1 + j  # the token each entry reads
+        lab = base + 2 + j  # the token it predicts
+        valid = lab < end
+        tok = tokens[torch.minimum(idx, end - 1)]
         x = layer.qkv_input(head.embed_tokens(tok)[None], g[None])
-        pos = (ent + j).clamp_max(head.rope_cos.shape[0] - 1)
+        pos = (local + j).clamp_max(head.rope_cos.shape[0] - 1)
         cos, sin = head.rope_cos[pos][None, None].to(dtype), head.rope_sin[pos][None, None].to(dtype)
         q = apply_rope(attn.q_proj(x).view(1, n, a.n_heads, a.head_dim).transpose(1, 2), cos, sin)[0]
         k = apply_rope(attn.k_proj(x).view(1, n, a.n_kv_heads, a.head_dim).transpose(1, 2), cos, sin)[0]
@@ -189,8 +202,8 @@ def ttt_loss(head: Eagle3Head, s: Sample, steps: int, prompt_labels: bool = Fals
         o = o.transpose(0, 1).reshape(1, n, -1)
         h = layer.finish(g[None], o)[0]
         logits = head.lm_head(head.norm(h)).float()
-        target = labels[lab.clamp_max(N - 1)]
-        mask = valid & (lab >= first_label)
+        target = labels[torch.minimum(lab, end - 1)]
+        mask = valid & (lab >= first)
         in_vocab = mask & head.t2d[target]
         if in_vocab.any():
             total = total + DECAY**j * F.cross_entropy(logits[in_vocab], t2d_index[target[in_vocab]])
@@ -201,13 +214,28 @@ def ttt_loss(head: Eagle3Head, s: Sample, steps: int, prompt_labels: bool = Fals
     return total, counts, correct
 
 
+def pack_by_tokens(samples: list[Sample], budget: int) -> list[list[Sample]]:
+    """Consecutive groups of samples of at most `budget` tokens each (a longer sample alone): the
+    packs `ttt_loss` runs in one pass each (its attention matrix is [heads, n, n] for n tokens)."""
+    packs: list[list[Sample]] = []
+    size = 0
+    for x in samples:
+        if packs and size + len(x.tokens) <= budget:
+            packs[-1].append(x)
+            size += len(x.tokens)
+        else:
+            packs.append([x])
+            size = len(x.tokens)
+    return packs
+
+
 @torch.no_grad()
-def validation_accuracy(head: Eagle3Head, samples: list[Sample], steps: int) -> list[float]:
+def validation_accuracy(head: Eagle3Head, samples: list[Sample], steps: int, pack_tokens: int = 4096) -> list[float]:
     """Top-1 accuracy per unrolled draft step over samples the optimizer never sees, on response
     positions only: drafting happens on the target's own responses."""
     counts, correct = [0] * steps, [0] * steps
-    for s in samples:
-        _, c, k = ttt_loss(head, s, steps, prompt_labels=False)
+    for group in pack_by_tokens(samples, pack_tokens):
+        _, c, k = ttt_loss(head, group, steps, prompt_labels=False)
         counts = [a + b for a, b in zip(counts, c)]
         correct = [a + b for a, b in zip(correct, k)]
     return [k / max(1, c) for k, c in zip(correct, counts)]

@@ -121,9 +121,13 @@ def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
     mask=None: every sequence starts at position 0 (a fresh prefill), plain causal attention over
     the T new slots, which SDPA runs without a mask (flash attention on GPUs)."""
     B, H, T, D = q.shape
-    for b in range(B):
-        k_cache[b].index_copy_(1, pos[b], k[b])
-        v_cache[b].index_copy_(1, pos[b], v[b])
+    if B == 1:
+        k_cache[0].index_copy_(1, pos[0], k[0])
+        v_cache[0].index_copy_(1, pos[0], v[0])
+    else:  # one scatter for all rows, not 2 x B launches per layer (train-drafter generates 128 rows at once)
+        rows = torch.arange(B, device=pos.device)[:, None]
+        k_cache[rows, :, pos] = k.transpose(1, 2)  # [B, T, Hkv, D] into slots (row, :, pos[row, t])
+        v_cache[rows, :, pos] = v.transpose(1, 2)
     kv_len = T if mask is None else mask.shape[-1]
     keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
     how = {"is_causal": True} if mask is None else {"attn_mask": mask}
