@@ -28,13 +28,16 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 
 from workers.engine.config import EngineConfig
 from workers.model.transformer import KVCache, rms_norm
 
 
-def _head_input(emb, g, w_emb, w_hidden, eps: float):
-    # [input_layernorm(embedding); hidden_norm(g)]: what the head's q/k/v read (2 x hidden wide)
+def _head_input(tokens, embed, g, w_emb, w_hidden, eps: float):
+    # [input_layernorm(embedding of tokens); hidden_norm(g)]: what the head's q/k/v read (2 x hidden
+    # wide); lookup, both norms and the concatenation in one compiled body
+    emb = F.embedding(tokens, embed)[None]
     return torch.cat([rms_norm(emb, w_emb, eps), rms_norm(g, w_hidden, eps)], dim=-1)
 
 
@@ -59,6 +62,9 @@ class HeadFastStep:
         self.head_input = torch.compile(_head_input, dynamic=False) if engine.compile else _head_input
         if self.fused.gemv is not None:
             self.fused.gemv.weights["lm_head"] = [head.lm_head.weight]
+        # rotary tables in the head's dtype once (a step gathers its rows: no cast kernels)
+        dtype = head.fc.weight.dtype
+        self.cos, self.sin = head.rope_cos.to(dtype), head.rope_sin.to(dtype)
 
     def prepare(self, widths) -> None:
         """Race the GEMV picker at these step widths now (outside any capture or timing)."""
@@ -67,22 +73,22 @@ class HeadFastStep:
 
     def step_at(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache):
         """As `Eagle3Head.step_at` with kv_len = cache.max_seq: (pre-norm outputs [T, hidden],
-        draft logits of the last entry, float32)."""
+        draft logits of the last entry in the head's dtype: the chain reads only their argmax)."""
         head, f = self.head, self.fused
         layer, dtype = head.midlayer, head.fc.weight.dtype
         a = layer.self_attn
-        cos, sin = head.rope_cos[pos][:, None].to(dtype), head.rope_sin[pos][:, None].to(dtype)
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
         mask = None
         if f.needs_mask:  # SDPA: the whole cache under a position mask
             mask = (torch.arange(cache.max_seq, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
         g = g[None].to(dtype)
         eps = layer.input_layernorm.eps
-        x = self.head_input(head.embed_tokens(tokens)[None], g, layer.input_layernorm.weight, layer.hidden_norm.weight, eps)
+        x = self.head_input(tokens, head.embed_tokens.weight, g, layer.input_layernorm.weight, layer.hidden_norm.weight, eps)
         wqkv, bqkv, wgu = f.merged[0]
         core = f._attention(layer, x, wqkv, bqkv, cache.k[0], cache.v[0], pos, cos, sin, mask)
         h, normed = f.add_norm_body(g, f._linear("o", core, a.o_proj.weight), layer.post_attention_layernorm.weight, eps)
         h, out = f.add_norm_body(h, f._mlp(normed, wgu, layer.mlp.down_proj.weight), head.norm.weight, head.norm.eps)
-        return h[0], f._linear("lm_head", out[:, -1:], head.lm_head.weight)[0, 0].float()
+        return h[0], f._linear("lm_head", out[:, -1:], head.lm_head.weight)[0, 0]
 
 
 class Eagle3Chain:

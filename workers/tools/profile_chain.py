@@ -1,0 +1,104 @@
+"""Where the time of the EAGLE-3 draft chain goes on a GPU: replay times against the roofline, and a kernel table.
+
+    python -m workers.drafters.eagle3_ckpt --target random:llama-3-8b --draft-vocab 32000 --out /tmp/head8b
+    python -m workers.tools.profile_chain --head /tmp/head8b --target random:llama-3-8b -k 4 --width 4 [--json OUT.json]
+
+Builds the head as a decode does (`load_head`, bf16, on the GPU), then per chain body (the fast
+head step of workers/drafters/eagle3_chain.py, and the eager head step) captures the chain of k
+drafts after `width` fed entries as the drafter does and times its replays (CUDA events, median).
+The roofline is the weight bytes k head steps stream (decoder layer, draft lm_head) over the
+measured copy bandwidth. Then torch.profiler lists the fast chain's kernels by total time, with
+their count per chain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+
+def chain_weight_bytes(head) -> int:
+    """Bytes one head step streams: the decoder layer and the draft lm_head (not fc: the verifier's
+    states are fused once per step, outside the chain; not the embedding: one row is read)."""
+    layer = sum(p.numel() * p.element_size() for p in head.midlayer.parameters())
+    return layer + head.lm_head.weight.numel() * head.lm_head.weight.element_size()
+
+
+def main(argv=None) -> None:
+    from workers.drafters.eagle3 import load_head, target_embedding
+    from workers.drafters.eagle3_chain import Eagle3Chain, HeadFastStep
+    from workers.engine.config import EngineConfig
+    from workers.engine.link import MAX_DRAFT_TOKENS
+    from workers.model.checkpoint import load_args, resolve_model_path
+    from workers.tools.profile_step import copy_bandwidth, replay_ms
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--head", required=True, help="EAGLE-3 head folder (public format)")
+    ap.add_argument("--target", default="random:llama-3-8b")
+    ap.add_argument("-k", type=int, default=4, help="drafts per chain")
+    ap.add_argument("--width", type=int, default=4, help="entries fed before drafting (accepted + 1)")
+    ap.add_argument("--max-seq", type=int, default=2048)
+    ap.add_argument("--position", type=int, default=300, help="cache length when the chain starts")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_chain: needs a CUDA device")
+    device = torch.device("cuda")
+    args = load_args(a.target)
+    embed = target_embedding(a.target, torch.bfloat16, device)
+    bw = copy_bandwidth(device)
+    out = {"k": a.k, "width": a.width, "copy_bw_tb_s": bw / 1e12, "bodies": {}}
+    for body in ("fast", "eager"):
+        head = load_head(resolve_model_path(a.head), embed, args, dtype=torch.bfloat16, device=device, max_seq=a.max_seq)
+        fast = HeadFastStep(head, EngineConfig()) if body == "fast" else None
+        cache = head.new_cache()
+        chain = Eagle3Chain(head, cache, MAX_DRAFT_TOKENS + 1, capture=True, fast=fast)
+        chain.warm(a.k)
+        g = torch.randn(a.width, args.dim, dtype=torch.bfloat16, device=device)
+        cache.lengths[0] = a.position
+        chain.draft(list(range(1, a.width + 1)), g, a.k)  # captures (width, k)
+        graph, _ = chain.graphs[(a.width, a.k)]
+        ms = replay_ms(graph, device)
+        nbytes = a.k * chain_weight_bytes(head)
+        roof_ms = nbytes / bw * 1e3
+        r = {"replay_ms": ms, "weight_gb": nbytes / 1e9, "roofline_ms": roof_ms, "roofline_fraction": roof_ms / ms}
+        if fast is not None:
+            r["attention"] = fast.attention
+            from torch.profiler import ProfilerActivity, profile
+
+            reps = 5
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    graph.replay()
+                torch.cuda.synchronize()
+            rows = []
+            for evt in prof.key_averages():
+                t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+                if t > 0:
+                    rows.append({"kernel": evt.key[:90], "us_per_chain": t / reps, "count_per_chain": evt.count / reps})
+            rows.sort(key=lambda x: -x["us_per_chain"])
+            r["kernels"] = rows[: a.top]
+            r["kernel_us_total"] = sum(x["us_per_chain"] for x in rows)
+            r["kernel_count"] = sum(x["count_per_chain"] for x in rows)
+        out["bodies"][body] = r
+        print(
+            f"[{body}] chain of {a.k} after {a.width}: replay {ms:.3f} ms, roofline {roof_ms:.3f} ms ({roof_ms / ms:.0%}), "
+            f"{nbytes / 1e9:.2f} GB at {bw / 1e12:.2f} TB/s",
+            flush=True,
+        )
+        for x in r.get("kernels", []):
+            print(f"  {x['us_per_chain']:8.1f} us  x{x['count_per_chain']:4.0f}  {x['kernel']}")
+        del head, chain, cache, fast
+        torch.cuda.empty_cache()
+    out["eager_over_fast"] = out["bodies"]["eager"]["replay_ms"] / out["bodies"]["fast"]["replay_ms"]
+    print(f"eager / fast: {out['eager_over_fast']:.2f}x")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
