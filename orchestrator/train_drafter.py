@@ -65,7 +65,16 @@ def _log(msg: str, end: str = "\n") -> None:
 def train(o: TrainOptions) -> dict:
     from workers.drafters.eagle3 import default_aux_layers
     from workers.drafters.eagle3_ckpt import save_head
-    from workers.drafters.eagle3_train import DECAY, draft_vocabulary, generate, pack_by_tokens, ttt_loss, validation_accuracy, warm_start
+    from workers.drafters.eagle3_train import (
+        DECAY,
+        batched_step,
+        draft_vocabulary,
+        generate,
+        pack_by_tokens,
+        ttt_loss,
+        validation_accuracy,
+        warm_start,
+    )
     from workers.model.checkpoint import load_args, load_model, resolve_model_path
     from workers.model.random_weights import is_random
 
@@ -103,8 +112,9 @@ def train(o: TrainOptions) -> dict:
             prompts += synthetic_prompts(o.synthetic_prompts, o.seed)
         eos = set(tok.eos_ids) | set(args.eos_token_ids)
         samples = []
+        fast = batched_step(model)
         for i in range(0, len(prompts), o.gen_batch):
-            samples += generate(model, [tok.encode_prompt(p.text) for p in prompts[i : i + o.gen_batch]], o.max_new_tokens, eos)
+            samples += generate(model, [tok.encode_prompt(p.text) for p in prompts[i : i + o.gen_batch]], o.max_new_tokens, eos, fast)
             _log(f"\rspectune: responses {len(samples)}/{len(prompts)} ({time.perf_counter() - t0:.0f}s)", end="")
         _log("")
         data = {"samples": samples, "prompts": len(prompts), "generate_s": time.perf_counter() - t0}

@@ -427,3 +427,27 @@ def load_prompts_all():
     from orchestrator.prompts import BUNDLED_PROMPTS, load_prompts
 
     return load_prompts(BUNDLED_PROMPTS)
+
+
+@torch.inference_mode()
+def test_generation_through_the_fused_batched_step_equals_the_plain_one(tiny_ckpt, kernel_device):
+    """train-drafter's responses on a GPU come from the engine's fused step with the split-KV Triton
+    attention (each row read up to its own position, no mask); here under the interpreter on CPU:
+    the same tokens, target argmaxes and aux states as the plain masked path, for ragged prompts."""
+    if kernel_device != "cpu":
+        pytest.skip("CPU test of the Triton attention under its interpreter")
+    from workers.drafters.eagle3_train import generate
+    from workers.engine.config import EngineConfig
+    from workers.engine.fused_step import FusedStep
+    from workers.kernels.attention import decode_attend
+
+    prompts = [list(range(5, 17)), list(range(40, 45)), list(range(60, 80))]
+    plain_model, fused_model = load_model(tiny_ckpt), load_model(tiny_ckpt)
+    for m in (plain_model, fused_model):
+        m.aux_layers = (0, 1, 1)
+    want = generate(plain_model, prompts, max_new=8, eos=set())
+    fast = FusedStep(fused_model, EngineConfig(compile=False, gemv="off"), None, decode_attend)
+    got = generate(fused_model, prompts, max_new=8, eos=set(), fast=fast)
+    for w, g in zip(want, got):
+        assert g.tokens.tolist() == w.tokens.tolist() and g.argmax.tolist() == w.argmax.tolist()
+        torch.testing.assert_close(g.aux.float(), w.aux.float(), atol=2e-2, rtol=2e-2)

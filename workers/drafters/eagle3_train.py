@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from workers.drafters.eagle3 import Eagle3Head
 from workers.drafters.eagle3_ckpt import head_config, set_vocab
+from workers.engine.batched import static_pass
 from workers.model.rope import apply_rope
 from workers.model.transformer import Transformer
 
@@ -48,12 +49,30 @@ class Sample:
     argmax: torch.Tensor | None = None  # [N - 1] the target's prediction after each position (None: data of older versions)
 
 
+def batched_step(model: Transformer):
+    """What `generate` steps its rows with on a GPU: the engine's fused step (workers/engine/fused_step.py)
+    with the split-KV Triton attention, which reads each row up to its own position; None where
+    that cannot run (CPU: the plain layers, SDPA under a per-row mask). The masked SDPA path with
+    grouped-query heads falls back to PyTorch's math attention on CUDA, which expands every
+    layer's K/V to all query heads at every step."""
+    from workers.engine.config import EngineConfig
+    from workers.engine.fused_step import try_fused
+    from workers.engine.steps import pick_attention
+
+    device = model.embed_tokens.weight.device
+    if device.type != "cuda":
+        return None
+    attend_fn, _ = pick_attention("auto", model.args.head_dim, device)
+    return try_fused(model, EngineConfig(compile=False, gemv="off"), None, attend_fn) if attend_fn is not None else None
+
+
 @torch.inference_mode()
-def generate(model: Transformer, prompts: list[list[int]], max_new: int, eos: set[int]) -> list[Sample]:
+def generate(model: Transformer, prompts: list[list[int]], max_new: int, eos: set[int], fast=None) -> list[Sample]:
     """Greedy responses to a batch of prompts through the engine's model and KV cache, aux states
     captured at every position. Each prompt is prefilled alone (its own cache row, copied into the
     batch cache), then all rows step together, each at its own position (`Transformer.hidden`
-    masks per row), so a row's tokens are its batch-1 greedy tokens up to float rounding."""
+    masks per row; with `fast`, `batched_step`'s fused step reads each row up to its position),
+    so a row's tokens are its batch-1 greedy tokens up to float rounding."""
     B = len(prompts)
     dev = model.embed_tokens.weight.device
     longest = max(len(p) for p in prompts)
@@ -76,7 +95,13 @@ def generate(model: Transformer, prompts: list[list[int]], max_new: int, eos: se
     for _ in range(max_new - 1):
         if not any(live):
             break
-        logits = model(torch.tensor([[o[-1]] for o in outs], device=dev), cache)[:, -1]
+        feed = torch.tensor([[o[-1]] for o in outs], device=dev)
+        if fast is None:
+            logits = model(feed, cache)[:, -1]
+        else:  # the static batched pass (workers/engine/batched.py), eager: positions per row, no mask
+            pos = torch.tensor(cache.lengths, device=dev)[:, None]
+            logits = static_pass(model, feed, pos, cache, fast)[:, -1]
+            cache.lengths = [n + 1 for n in cache.lengths]
         step_aux = torch.cat(model.aux, -1)[:, 0]
         nxt = logits.argmax(-1).tolist()
         for b in range(B):
