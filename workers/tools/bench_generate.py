@@ -5,7 +5,8 @@
 Runs workers/drafters/eagle3_train.py's `generate` on the same random prompts twice in one
 process, with the rows stepped by the plain layers (SDPA under a per-row mask) and by
 `batched_step` (the fused step with the split-KV Triton attention), and prints response tokens
-per second of each (prefills included, as train-drafter pays them) and the fraction of response
+per second of each (prefills included, as train-drafter pays them; the prefills alone and the
+time of one batched step are printed too) and the fraction of response
 tokens on which the two agree (float rounding can flip near-ties of a random model). GPU only.
 """
 
@@ -47,13 +48,22 @@ def main(argv=None) -> None:
         generate(model, prompts[:2], 4, set(), fast)  # warm-up (kernels, allocator)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        generate(model, prompts, 1, set(), fast)  # the prefills alone (one token each: no batched step)
+        torch.cuda.synchronize()
+        prefill_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
         samples = generate(model, prompts, a.new, set(), fast)
         torch.cuda.synchronize()
         s = time.perf_counter() - t0
         n = sum(len(x.tokens) - x.prompt_len for x in samples)
         results[path] = [x.tokens[x.prompt_len :] for x in samples]
-        out["paths"][path] = {"seconds": s, "response_tokens": n, "tok_s": n / s}
-        print(f"[{path}] {a.batch} rows x {a.new} new tokens: {s:.2f} s, {n / s:.0f} response tok/s", flush=True)
+        step_ms = (s - prefill_s) / max(1, a.new - 1) * 1e3
+        out["paths"][path] = {"seconds": s, "prefill_s": prefill_s, "step_ms": step_ms, "response_tokens": n, "tok_s": n / s}
+        print(
+            f"[{path}] {a.batch} rows x {a.new} new tokens: {s:.2f} s ({prefill_s:.2f} s of prefills, {step_ms:.1f} ms a batched step), "
+            f"{n / s:.0f} response tok/s",
+            flush=True,
+        )
         del model, fast, samples
         torch.cuda.empty_cache()
     same = sum(int((p == f).sum()) for p, f in zip(results["plain"], results["fused"]))
