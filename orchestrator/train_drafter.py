@@ -93,7 +93,10 @@ def train(o: TrainOptions) -> dict:
     args = load_args(path)
     aux_layers = default_aux_layers(args.n_layers)
     device = torch.device(o.device)
-    model = load_model(path, device=device, max_seq=args.max_position_embeddings)
+    # on a GPU the target answers in bf16, as it decodes there (and 256 rows of fp32 GEMMs are compute-bound);
+    # on CPU in float32, as it decodes there
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = load_model(path, dtype=dtype, device=device, max_seq=args.max_position_embeddings)
     model.aux_layers = aux_layers
     t0 = time.perf_counter()
 

@@ -29,15 +29,19 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=200)
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument(
+        "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="the target's dtype (train-drafter: bf16 on a GPU)"
+    )
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_generate: needs a CUDA device")
     g = torch.Generator().manual_seed(0)
-    out = {"model": a.model, "batch": a.batch, "prompt_len": a.prompt_len, "new": a.new, "paths": {}}
+    out = {"model": a.model, "dtype": a.dtype, "batch": a.batch, "prompt_len": a.prompt_len, "new": a.new, "paths": {}}
     results = {}
     for path in ("plain", "fused"):
-        model = load_model(resolve_model_path(a.model), device="cuda", max_seq=a.prompt_len + a.new + 8)
+        dtype = getattr(torch, a.dtype)
+        model = load_model(resolve_model_path(a.model), dtype=dtype, device="cuda", max_seq=a.prompt_len + a.new + 8)
         model.aux_layers = default_aux_layers(model.args.n_layers)
         vocab = model.args.vocab_size
         prompts = [torch.randint(3, vocab, (a.prompt_len - (i % 17),), generator=g).tolist() for i in range(a.batch)]
