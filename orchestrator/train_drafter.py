@@ -82,6 +82,8 @@ def train(o: TrainOptions) -> dict:
         raise UserError("--out DIR is required")
     if o.max_steps < 1 or o.ttt_steps < 1 or o.batch < 1 or o.draft_vocab < 2 or o.pack_tokens < 1:
         raise UserError("--max-steps, --ttt-steps, --batch, --pack-tokens must be >= 1 and --draft-vocab >= 2")
+    if o.max_time < 0 or o.synthetic_prompts < 0:
+        raise UserError("--max-time and --synthetic-prompts must be >= 0")
     if o.device not in ("cpu", "cuda") or (o.device == "cuda" and not torch.cuda.is_available()):
         raise UserError(f"--device {o.device!r}: cpu, or cuda on a machine with a GPU")
     path = resolve_model_path(o.model)
@@ -101,8 +103,15 @@ def train(o: TrainOptions) -> dict:
     t0 = time.perf_counter()
 
     data_file = out / "data.pt"
+    made_by = {k: getattr(o, k) for k in ("model", "prompts", "num_prompts", "split", "synthetic_prompts", "max_new_tokens", "seed")}
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
+        differ = [k for k, v in data.get("made_by", made_by).items() if made_by.get(k) != v]
+        if differ:
+            raise UserError(
+                f"{data_file} holds responses made with other options ({', '.join(f'--{k.replace(chr(95), chr(45))}' for k in differ)}); "
+                "use the same ones or a new --out"
+            )
         _log(f"spectune: {len(data['samples'])} responses from {data_file}")
     else:
         tok = Tokenizer(path)
@@ -120,7 +129,7 @@ def train(o: TrainOptions) -> dict:
             samples += generate(model, [tok.encode_prompt(p.text) for p in prompts[i : i + o.gen_batch]], o.max_new_tokens, eos, fast)
             _log(f"\rspectune: responses {len(samples)}/{len(prompts)} ({time.perf_counter() - t0:.0f}s)", end="")
         _log("")
-        data = {"samples": samples, "prompts": len(prompts), "generate_s": time.perf_counter() - t0}
+        data = {"samples": samples, "prompts": len(prompts), "generate_s": time.perf_counter() - t0, "made_by": made_by}
         torch.save(data, data_file)
     samples = data["samples"]
     if o.prompt_labels and any(getattr(s, "argmax", None) is None for s in samples):
@@ -138,11 +147,13 @@ def train(o: TrainOptions) -> dict:
     step, history = 0, []
     best = {"step": 0, "score": float("-inf")}  # the step whose head OUT holds
     state_file = out / "train_state.pt"
+    trained_s = 0.0  # training seconds of earlier runs of this OUT
     if state_file.is_file():
         st = torch.load(state_file, weights_only=False)
         head.load_state_dict(st["head"], strict=False)
         opt.load_state_dict(st["opt"])
         step, history = st["step"], st["history"]
+        trained_s = st.get("train_s", 0.0)
         best = st.get("best", best)
         if st.get("val_every", o.val_every) != o.val_every:
             raise UserError(
@@ -150,7 +161,8 @@ def train(o: TrainOptions) -> dict:
             )
         _log(f"spectune: resuming at step {step}")
     rng = random.Random(o.seed * 1000003 + step)
-    t_train = time.perf_counter()
+    # training time so far counts against --max-time (a resumed run continues its budget and schedule)
+    t_train = time.perf_counter() - trained_s
 
     def progress(s: int) -> float:
         # the cosine schedule runs on whichever budget is further along: steps, or --max-time
@@ -161,17 +173,19 @@ def train(o: TrainOptions) -> dict:
     counts = [0] * o.ttt_steps
     correct = [0] * o.ttt_steps
     loss_avg = None
-    while step < o.max_steps:
+    while step < o.max_steps and not (o.max_time and time.perf_counter() - t_train >= o.max_time):
         for gr in opt.param_groups:
             gr["lr"] = o.lr * sched(step)
         opt.zero_grad(set_to_none=True)
         batch_loss = 0.0
         packs = pack_by_tokens(rng.sample(samples, min(o.batch, len(samples))), o.pack_tokens)
+        batch_tokens = sum(len(x.tokens) for pack in packs for x in pack)
         for pack in packs:  # each pack one pass (attention inside each sample), gradients accumulated
             loss, c, k = ttt_loss(head, pack, o.ttt_steps, o.prompt_labels)
+            share = sum(len(x.tokens) for x in pack) / batch_tokens  # a pack weighs as much as its tokens
             if loss.requires_grad:
-                (loss / len(packs)).backward()
-            batch_loss += float(loss.detach()) / len(packs)
+                (loss * share).backward()
+            batch_loss += float(loss.detach()) * share
             counts = [a + b for a, b in zip(counts, c)]
             correct = [a + b for a, b in zip(correct, k)]
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -195,7 +209,15 @@ def train(o: TrainOptions) -> dict:
                 save_head(head, out)
             weights = {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}  # the target's
             torch.save(
-                {"head": weights, "opt": opt.state_dict(), "step": step, "history": history, "best": best, "val_every": o.val_every},
+                {
+                    "head": weights,
+                    "opt": opt.state_dict(),
+                    "step": step,
+                    "history": history,
+                    "best": best,
+                    "val_every": o.val_every,
+                    "train_s": time.perf_counter() - t_train,  # all runs of this OUT
+                },
                 state_file,
             )
         if out_of_time:
@@ -213,7 +235,7 @@ def train(o: TrainOptions) -> dict:
         "validation_responses": len(val),
         "history": history,
         "generate_s": data.get("generate_s"),
-        "train_s": time.perf_counter() - t_train,
+        "train_s": time.perf_counter() - t_train,  # all runs of this OUT
         "stopped_by_time": bool(o.max_time) and step < o.max_steps,
         "options": asdict(o),
     }

@@ -307,7 +307,9 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "--model",
         "smollm2-135m",
         "--num-prompts",
-        "4",
+        "2",
+        "--synthetic-prompts",
+        "2",
         "--max-new-tokens",
         "16",
         "--max-steps",
@@ -320,6 +322,9 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         str(out),
     )
     assert r.returncode == 0 and "resuming at step 4" in r.stderr and "responses from" in r.stderr, r.stderr[-2000:]
+    # responses made for other prompts are refused, not silently trained on
+    r = _cli("train-drafter", "--model", "smollm2-135m", "--num-prompts", "2", "--synthetic-prompts", "3", "--out", str(out))
+    assert r.returncode == 2 and "--synthetic-prompts" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
     r = _cli(
         "decode",
         "--model",

@@ -230,10 +230,7 @@ class StepRunner:
         gemv = getattr(self.fast, "gemv", None)
         if gemv is not None:  # the GEMV races (seconds of compiling and timing) before any collective
             gemv.prepare(sorted({T for T in widths if T <= self.max_width} | ({1} if chain or greedy else set())))
-        if getattr(self.allreduce, "world_size", 1) > 1 and getattr(self.allreduce, "group", None) is not None:
-            import torch.distributed as dist
-
-            dist.barrier(group=self.allreduce.group)  # every rank (picker or not) starts the warm-up steps together
+        self.line_up()  # every rank (picker or not) starts the warm-up steps together
         for T in widths:
             if T <= self.max_width and (T, self._comm_on()) not in self.graphs:
                 self.cache.lengths[0] = 0
@@ -248,6 +245,14 @@ class StepRunner:
         self.cache.lengths[0] = 0
         if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:
             check()  # a peer that arrived too late during the warm-up left wrong sums: say so now
+
+    def line_up(self) -> None:
+        """A barrier of the TP ranks (none at TP 1): after work of uneven length on each rank
+        (compiling, GEMV races), before the next collective is timed."""
+        if getattr(self.allreduce, "world_size", 1) > 1 and getattr(self.allreduce, "group", None) is not None:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.allreduce.group)
 
     def _run_static(self, T: int) -> torch.Tensor:
         tok, pos = self._inputs[0:1, :T], self._inputs[1:2, :T]

@@ -336,6 +336,7 @@ class InRankDrafting(StepStrategy):
         super().begin_run(capture)
         self.drafter.begin(self.w.temperature, self.w.seed + 1)
         self.drafter.warm(self.k)
+        self.r.steps.line_up()  # the drafter's warm-up (compiling, capturing) takes each rank its own time
 
     def row_drafters(self, n: int) -> list[Drafter | None]:
         """Each row its own copy: a drafter keeps per-sequence state (the n-gram index)."""
@@ -343,6 +344,8 @@ class InRankDrafting(StepStrategy):
         for i, f in enumerate(forks, 1):  # each its own seed; prepared (e.g. graphs captured) before any timing
             f.begin(self.w.temperature, self.w.seed + 1 + i)
             f.warm(self.k)
+        if forks:
+            self.r.steps.line_up()
         return [self.drafter, *forks]
 
     def begin_prompt(self, seq: Sequence) -> None:

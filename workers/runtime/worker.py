@@ -84,7 +84,9 @@ def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> 
             eagle3.load_head(
                 resolve_model_path(d.model_path), embed, load_args(spec.model_path), dtype=dtype, device=device, max_seq=spec.max_seq
             ),
-            engine=spec.engine,
+            # a head in every verifier rank (rank0 placement, TP > 1) must draft the same tokens on every
+            # rank: each rank's own GEMV race could pick another kernel, and bf16 rounding flip an argmax
+            engine=replace(spec.engine, gemv="cublas") if d.placement == "rank0" and spec.tp > 1 else spec.engine,
         )
     if d.kind == "ngram":
         return NgramDrafter(d.ngram_max, d.ngram_min)

@@ -46,6 +46,8 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_chain: needs a CUDA device")
+    if not (1 <= a.width <= MAX_DRAFT_TOKENS + 1 and a.k >= 1 and a.position + a.width + a.k - 1 <= a.max_seq):
+        raise SystemExit(f"profile_chain: need 1 <= --width <= {MAX_DRAFT_TOKENS + 1}, -k >= 1 and --position + width + k - 1 <= --max-seq")
     device = torch.device("cuda")
     args = load_args(a.target)
     embed = target_embedding(a.target, torch.bfloat16, device)
