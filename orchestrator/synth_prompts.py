@@ -5,8 +5,9 @@ not who wrote them. The bundled Spec-Bench file has 240 questions (180 in the tr
 too few: a head trained on their responses alone memorises them. This module makes as many as
 asked, deterministically from a seed, in the shapes of the public benchmark's categories:
 writing, roleplay, reasoning and math with fresh names and numbers, coding tasks, extraction,
-explanation (STEM, humanities), open questions, translation, and summarisation / questions over
-passages taken from the docstrings of Python's own standard library (text on every machine).
+explanation (STEM, humanities), open questions, translation, and summarisation / questions /
+rewriting over passages taken from the docstrings of Python's own standard library (text on every
+machine), some of them several passages long (copy-heavy responses, long positions).
 
     prompts = synthetic_prompts(3000, seed=0)       # list[Prompt], categories "synthetic-<kind>"
     python -m orchestrator.synth_prompts --n 20     # print a sample
@@ -381,6 +382,12 @@ def synthetic_prompts(n: int, seed: int = 0) -> list[Prompt]:
     def topic() -> str:
         return r.choice(TOPICS)
 
+    def long_passage() -> str:
+        # 3-6 consecutive passages (mostly of one module): up to ~1000 words, as long as the articles a
+        # summarisation prompt carries, so positions and copying that far back are trained too
+        i = r.randrange(len(passages))
+        return "\n\n".join(passages[i : i + r.randint(3, 6)])
+
     makers = {
         "writing": lambda: r.choice(WRITING).format(t=topic()),
         "roleplay": lambda: r.choice(ROLEPLAY).format(r=r.choice(ROLES), t=topic()),
@@ -393,9 +400,15 @@ def synthetic_prompts(n: int, seed: int = 0) -> list[Prompt]:
         "summarization": lambda: f"Summarize the following text in two sentences.\n\n{r.choice(passages)}",
         "extraction": lambda: f"Read the text below and list the technical terms it uses.\n\n{r.choice(passages)}",
         "rag": lambda: f"Using only the passage below, explain what it describes and when one would use it.\n\n{r.choice(passages)}",
+        # copy-heavy kinds: responses that repeat long stretches of their prompt (what n-gram drafting
+        # gets for free and a head must learn)
+        "summarization-long": lambda: f"Summarize the following document.\n\n{long_passage()}",
+        "qa-long": lambda: f"Read the document and answer: what are its main points, in its own words?\n\n{long_passage()}",
+        "rewrite": lambda: f"Rewrite the following text so that it is easier to read, keeping every detail.\n\n{r.choice(passages)}",
+        "continue": lambda: f"Repeat the following text, then continue it with one more paragraph.\n\n{r.choice(passages)}",
     }
     if not passages:  # no docstrings (python -OO): the kinds that need passages drop out
-        for kind in ("translation", "summarization", "extraction", "rag"):
+        for kind in ("translation", "summarization", "extraction", "rag", "summarization-long", "qa-long", "rewrite", "continue"):
             del makers[kind]
     kinds = list(makers)
     out, seen = [], set()

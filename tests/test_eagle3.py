@@ -422,7 +422,14 @@ def test_synthetic_prompts_are_many_distinct_and_repeatable():
     a, b = synthetic_prompts(600, seed=1), synthetic_prompts(600, seed=1)
     assert [p.text for p in a] == [p.text for p in b] and len({p.text for p in a}) == 600
     kinds = {p.category for p in a}
-    assert {"synthetic-math", "synthetic-coding", "synthetic-summarization", "synthetic-translation"} <= kinds
+    assert {
+        "synthetic-math",
+        "synthetic-coding",
+        "synthetic-summarization",
+        "synthetic-translation",
+        "synthetic-summarization-long",
+    } <= kinds
+    assert max(len(p.text.split()) for p in a if p.category == "synthetic-summarization-long") > 300  # long positions, copying far back
     assert [p.text for p in synthetic_prompts(600, seed=2)] != [p.text for p in a]
     bundled = {p.text for p in load_prompts_all()}
     assert not bundled & {p.text for p in a}  # nothing of the scored file
