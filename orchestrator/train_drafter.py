@@ -19,6 +19,7 @@ standard library's docstrings): far more, and more varied, responses than the bu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -103,30 +104,38 @@ def train(o: TrainOptions) -> dict:
     t0 = time.perf_counter()
 
     data_file = out / "data.pt"
-    made_by = {k: getattr(o, k) for k in ("model", "prompts", "num_prompts", "split", "synthetic_prompts", "max_new_tokens", "seed")}
+    prompts = load_prompts(o.prompts, split=o.split)[: o.num_prompts]
+    if not prompts:
+        raise UserError(f"--prompts {o.prompts}: no prompts in split {o.split!r}")
+    if o.synthetic_prompts:
+        from orchestrator.synth_prompts import synthetic_prompts
+
+        prompts += synthetic_prompts(o.synthetic_prompts, o.seed)
+    # what the responses answer: the prompt texts themselves (their file may move, the synthetic
+    # ones change with the generator's version and the Python's docstrings), the target, the length
+    made_by = {
+        "prompts_sha256": hashlib.sha256("\0".join(p.text for p in prompts).encode()).hexdigest(),
+        "target": str(path),
+        "max_new_tokens": o.max_new_tokens,
+    }
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
-        differ = [k for k, v in data.get("made_by", made_by).items() if made_by.get(k) != v]
-        if differ:
+        if data.get("made_by", made_by) != made_by:
             raise UserError(
-                f"{data_file} holds responses made with other options ({', '.join(f'--{k.replace(chr(95), chr(45))}' for k in differ)}); "
-                "use the same ones or a new --out"
+                f"{data_file} holds responses to other prompts or of another target or length (--prompts, --split, --num-prompts, "
+                "--synthetic-prompts, --seed, --model, --max-new-tokens); use the same ones or a new --out"
             )
         _log(f"spectune: {len(data['samples'])} responses from {data_file}")
     else:
         tok = Tokenizer(path)
-        prompts = load_prompts(o.prompts, split=o.split)[: o.num_prompts]
-        if not prompts:
-            raise UserError(f"--prompts {o.prompts}: no prompts in split {o.split!r}")
-        if o.synthetic_prompts:
-            from orchestrator.synth_prompts import synthetic_prompts
-
-            prompts += synthetic_prompts(o.synthetic_prompts, o.seed)
         eos = set(tok.eos_ids) | set(args.eos_token_ids)
         samples = []
         fast = batched_step(model)
         for i in range(0, len(prompts), o.gen_batch):
-            samples += generate(model, [tok.encode_prompt(p.text) for p in prompts[i : i + o.gen_batch]], o.max_new_tokens, eos, fast)
+            try:
+                samples += generate(model, [tok.encode_prompt(p.text) for p in prompts[i : i + o.gen_batch]], o.max_new_tokens, eos, fast)
+            except ValueError as e:  # a prompt too long for the target
+                raise UserError(f"--max-new-tokens {o.max_new_tokens}: {e}") from None
             _log(f"\rspectune: responses {len(samples)}/{len(prompts)} ({time.perf_counter() - t0:.0f}s)", end="")
         _log("")
         data = {"samples": samples, "prompts": len(prompts), "generate_s": time.perf_counter() - t0, "made_by": made_by}

@@ -326,7 +326,7 @@ class Eagle3Drafter(Drafter):
 
     def fork(self) -> Eagle3Drafter:
         """Another sequence's drafter on the same head: its own cache and chain (graphs on CUDA, once warmed)."""
-        other = Eagle3Drafter(self.head, chain=self.use_chain, fast=self.fast)
+        other = Eagle3Drafter(self.head, chain=self.use_chain, fast=self.chain.fast)  # None once the fast body failed
         other.begin(self.temperature, int(self.generator.initial_seed()))
         return other
 

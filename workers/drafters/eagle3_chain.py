@@ -178,7 +178,8 @@ class Eagle3Chain:
                 flush=True,
             )
             self.fast = None
-            self.graphs.clear()
+            self.graphs.clear()  # every width again with the eager body, in a fresh pool
+            self._pool = None
             return self._capture_body(T, k)
 
     def _capture_body(self, T: int, k: int):

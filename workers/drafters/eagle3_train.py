@@ -76,6 +76,8 @@ def generate(model: Transformer, prompts: list[list[int]], max_new: int, eos: se
     B = len(prompts)
     dev = model.embed_tokens.weight.device
     longest = max(len(p) for p in prompts)
+    if longest + max_new > model.max_seq:  # the static pass does not check positions against the rotary tables
+        raise ValueError(f"a prompt of {longest} tokens plus {max_new} new ones exceeds the model's {model.max_seq} positions")
     cache = model.new_cache(B, max_seq=longest + max_new + 1)
     one = model.new_cache(1, max_seq=longest + 1)
     aux: list[list[torch.Tensor]] = []

@@ -86,7 +86,9 @@ def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> 
             ),
             # a head in every verifier rank (rank0 placement, TP > 1) must draft the same tokens on every
             # rank: each rank's own GEMV race could pick another kernel, and bf16 rounding flip an argmax
-            engine=replace(spec.engine, gemv="cublas") if d.placement == "rank0" and spec.tp > 1 else spec.engine,
+            engine=replace(spec.engine, gemv="cublas")
+            if d.placement == "rank0" and spec.tp > 1 and spec.engine.gemv != "off"
+            else spec.engine,
         )
     if d.kind == "ngram":
         return NgramDrafter(d.ngram_max, d.ngram_min)
