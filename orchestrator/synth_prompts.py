@@ -26,105 +26,31 @@ import warnings
 
 from orchestrator.prompts import Prompt
 
-TOPICS = (
-    "volcanoes",
-    "the Roman Empire",
-    "machine learning",
-    "climate change",
-    "coffee",
-    "the human heart",
-    "black holes",
-    "the French Revolution",
-    "photosynthesis",
-    "electric cars",
-    "jazz music",
-    "the stock market",
-    "honeybees",
-    "the Internet",
-    "ancient Egypt",
-    "vaccines",
-    "chess",
-    "renewable energy",
-    "the Moon landing",
-    "sleep",
-    "social media",
-    "the Amazon rainforest",
-    "democracy",
-    "earthquakes",
-    "bread baking",
-    "the Renaissance",
-    "quantum computing",
-    "marathon running",
-    "the printing press",
-    "coral reefs",
-    "cryptocurrency",
-    "Shakespeare",
-    "plate tectonics",
-    "meditation",
-    "the Silk Road",
-    "recycling",
-    "dinosaurs",
-    "the water cycle",
-    "urban gardening",
-    "artificial intelligence ethics",
-    "the Olympic Games",
-    "inflation",
-    "antibiotics",
-    "the Great Wall of China",
-    "solar panels",
-    "video games",
-    "the immune system",
-    "mountain climbing",
-    "the Industrial Revolution",
-    "smartphones",
-    "ocean tides",
-    "minimalism",
-    "public libraries",
-    "the Cold War",
-    "DNA",
-    "remote work",
-    "tea ceremonies",
-    "wind turbines",
-    "the Mars rovers",
-    "classical music",
-    "nutrition",
-    "bridges",
-    "the Byzantine Empire",
-    "rainbows",
-    "personal finance",
-    "wolves",
-    "the Pythagorean theorem",
-    "film photography",
-    "desert ecosystems",
-    "the printing of money",
-    "volunteering",
-    "cybersecurity",
-    "glaciers",
-    "impressionist painting",
-    "public transport",
-    "the history of medicine",
-    "robotics",
-    "friendship",
-    "time management",
-    "origami",
-    "the Vikings",
-    "rain forests",
-    "nuclear power",
-    "language learning",
-    "board games",
-    "the periodic table",
-    "hurricanes",
-    "space telescopes",
-    "street food",
-    "architecture",
-    "the Aztecs",
-    "electric guitars",
-    "data privacy",
-    "birds migration",
-    "poetry",
-    "small businesses",
-    "the theory of evolution",
-    "compost",
+
+def _items(text: str) -> tuple[str, ...]:
+    """A comma-separated list written as one block of text (the formatter keeps it a paragraph)."""
+    return tuple(" ".join(t.split()) for t in text.split(",") if t.strip())
+
+
+TOPICS = _items(
+    """
+    volcanoes, the Roman Empire, machine learning, climate change, coffee, the human heart, black holes,
+    the French Revolution, photosynthesis, electric cars, jazz music, the stock market, honeybees, the
+    Internet, ancient Egypt, vaccines, chess, renewable energy, the Moon landing, sleep, social media,
+    the Amazon rainforest, democracy, earthquakes, bread baking, the Renaissance, quantum computing,
+    marathon running, the printing press, coral reefs, cryptocurrency, Shakespeare, plate tectonics,
+    meditation, the Silk Road, recycling, dinosaurs, the water cycle, urban gardening, artificial
+    intelligence ethics, the Olympic Games, inflation, antibiotics, the Great Wall of China, solar
+    panels, video games, the immune system, mountain climbing, the Industrial Revolution, smartphones,
+    ocean tides, minimalism, public libraries, the Cold War, DNA, remote work, tea ceremonies, wind
+    turbines, the Mars rovers, classical music, nutrition, bridges, the Byzantine Empire, rainbows,
+    personal finance, wolves, the Pythagorean theorem, film photography, desert ecosystems, the printing
+    of money, volunteering, cybersecurity, glaciers, impressionist painting, public transport, the
+    history of medicine, robotics, friendship, time management, origami, the Vikings, rain forests,
+    nuclear power, language learning, board games, the periodic table, hurricanes, space telescopes,
+    street food, architecture, the Aztecs, electric guitars, data privacy, birds migration, poetry,
+    small businesses, the theory of evolution, compost
+    """
 )
 
 WRITING = (
@@ -267,93 +193,23 @@ def _reasoning(r: random.Random) -> str:
     )
 
 
+STDLIB_MODULES = (
+    """
+    collections json argparse pathlib datetime random statistics string textwrap logging itertools
+    functools os re subprocess threading unittest csv decimal fractions heapq bisect calendar email
+    http.client urllib.parse sqlite3 zipfile tarfile shutil tempfile typing dataclasses enum contextlib
+    difflib pprint inspect ast dis asyncio socket ssl pickle copy math cmath array queue sched selectors
+    configparser gettext locale codecs unicodedata hashlib hmac secrets uuid base64 mailbox mimetypes
+    html.parser xml.dom.minidom wave colorsys optparse getopt trace timeit cProfile pdb doctest weakref
+    gc types abc numbers operator glob fnmatch
+    """
+).split()
+
+
 def docstring_passages(min_words: int = 30, max_words: int = 220) -> list[str]:
     """Paragraph-sized English passages from the standard library's docstrings, in a fixed order."""
     passages: list[str] = []
-    for name in (
-        "collections",
-        "json",
-        "argparse",
-        "pathlib",
-        "datetime",
-        "random",
-        "statistics",
-        "string",
-        "textwrap",
-        "logging",
-        "itertools",
-        "functools",
-        "os",
-        "re",
-        "subprocess",
-        "threading",
-        "unittest",
-        "csv",
-        "decimal",
-        "fractions",
-        "heapq",
-        "bisect",
-        "calendar",
-        "email",
-        "http.client",
-        "urllib.parse",
-        "sqlite3",
-        "zipfile",
-        "tarfile",
-        "shutil",
-        "tempfile",
-        "typing",
-        "dataclasses",
-        "enum",
-        "contextlib",
-        "difflib",
-        "pprint",
-        "inspect",
-        "ast",
-        "dis",
-        "asyncio",
-        "socket",
-        "ssl",
-        "pickle",
-        "copy",
-        "math",
-        "cmath",
-        "array",
-        "queue",
-        "sched",
-        "selectors",
-        "configparser",
-        "gettext",
-        "locale",
-        "codecs",
-        "unicodedata",
-        "hashlib",
-        "hmac",
-        "secrets",
-        "uuid",
-        "base64",
-        "mailbox",
-        "mimetypes",
-        "html.parser",
-        "xml.dom.minidom",
-        "wave",
-        "colorsys",
-        "optparse",
-        "getopt",
-        "trace",
-        "timeit",
-        "cProfile",
-        "pdb",
-        "doctest",
-        "weakref",
-        "gc",
-        "types",
-        "abc",
-        "numbers",
-        "operator",
-        "glob",
-        "fnmatch",
-    ):
+    for name in STDLIB_MODULES:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # deprecated modules still have docstrings

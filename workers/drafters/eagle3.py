@@ -316,7 +316,6 @@ class Eagle3Drafter(Drafter):
         self.cache = head.new_cache()
         if fast is None and engine is not None and engine.compile and engine.cuda_graphs and self.device.type == "cuda":
             fast = _fast_step(head, engine)
-        self.fast = fast
         # greedy proposals through the device-only chain (chain None: on a GPU, where it is one CUDA
         # graph per feed width; True on CPU runs the same body uncaptured, for tests)
         self.chain = Eagle3Chain(head, self.cache, MAX_DRAFT_TOKENS + 1, fast=fast)

@@ -188,7 +188,8 @@ def ttt_loss(
     # packed layout: sample s's tokens at off_s .. off_s + N_s - 1; its entries (g_i, x_{i+1}),
     # i = 0 .. N_s - 2, one per position but the last
     tokens = torch.cat([x.tokens for x in samples]).to(dev)
-    labels = torch.cat([training_labels(x, prompt_labels)[0] for x in samples]).to(dev)
+    labelled = [training_labels(x, prompt_labels) for x in samples]  # (labels, first labelled position) each
+    labels = torch.cat([lab for lab, _ in labelled]).to(dev)
     sizes = torch.tensor([len(x.tokens) for x in samples])
     offs = torch.cumsum(sizes, 0) - sizes
     n_ent = sizes - 1
@@ -196,7 +197,7 @@ def ttt_loss(
     local = torch.cat([torch.arange(m) for m in n_ent.tolist()]).to(dev)  # its position in the sample
     base = offs.to(dev)[seg] + local  # its token's index in the pack
     end = (offs + sizes).to(dev)[seg]  # one past its sample's last token
-    first = (offs + torch.tensor([training_labels(x, prompt_labels)[1] for x in samples])).to(dev)[seg]
+    first = (offs + torch.tensor([f for _, f in labelled])).to(dev)[seg]
     n = base.shape[0]
     g = head.fc(torch.cat([x.aux[: len(x.tokens) - 1] for x in samples]).to(dev, dtype))
     t2d_index = torch.cumsum(head.t2d.long(), 0) - 1  # target id -> draft id (where t2d)

@@ -32,7 +32,7 @@ def main(argv=None) -> None:
     from workers.engine.config import EngineConfig
     from workers.engine.link import MAX_DRAFT_TOKENS
     from workers.model.checkpoint import load_args, resolve_model_path
-    from workers.tools.profile_step import copy_bandwidth, replay_ms
+    from workers.tools.profile_step import copy_bandwidth, kernel_rows, replay_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--head", required=True, help="EAGLE-3 head folder (public format)")
@@ -69,19 +69,7 @@ def main(argv=None) -> None:
         r = {"replay_ms": ms, "weight_gb": nbytes / 1e9, "roofline_ms": roof_ms, "roofline_fraction": roof_ms / ms}
         if fast is not None:
             r["attention"] = fast.attention
-            from torch.profiler import ProfilerActivity, profile
-
-            reps = 5
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(reps):
-                    graph.replay()
-                torch.cuda.synchronize()
-            rows = []
-            for evt in prof.key_averages():
-                t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
-                if t > 0:
-                    rows.append({"kernel": evt.key[:90], "us_per_chain": t / reps, "count_per_chain": evt.count / reps})
-            rows.sort(key=lambda x: -x["us_per_chain"])
+            rows = kernel_rows(graph.replay, unit="chain")
             r["kernels"] = rows[: a.top]
             r["kernel_us_total"] = sum(x["us_per_chain"] for x in rows)
             r["kernel_count"] = sum(x["count_per_chain"] for x in rows)

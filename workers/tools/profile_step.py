@@ -77,21 +77,26 @@ def step_call_ms(runner, width: int, iters: int = 200) -> float:
     return times[len(times) // 2]
 
 
-def kernel_table(runner, width: int, top: int) -> tuple[list[dict], float, float]:
+def kernel_rows(run, reps: int = 5, unit: str = "step") -> list[dict]:
+    """The CUDA kernels of `run()` (replayed `reps` times under torch.profiler), by total time:
+    {"kernel", "us_per_<unit>", "count_per_<unit>"} per kernel name."""
     from torch.profiler import ProfilerActivity, profile
 
-    steps = 5
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            runner._run_static(width)
+        for _ in range(reps):
+            run()
         torch.cuda.synchronize()
     rows = []
     for evt in prof.key_averages():
         t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
-        if t <= 0:
-            continue
-        rows.append({"kernel": evt.key[:90], "us_per_step": t / steps, "count_per_step": evt.count / steps})
-    rows.sort(key=lambda r: -r["us_per_step"])
+        if t > 0:
+            rows.append({"kernel": evt.key[:90], f"us_per_{unit}": t / reps, f"count_per_{unit}": evt.count / reps})
+    rows.sort(key=lambda r: -r[f"us_per_{unit}"])
+    return rows
+
+
+def kernel_table(runner, width: int, top: int) -> tuple[list[dict], float, float]:
+    rows = kernel_rows(lambda: runner._run_static(width))
     return rows[:top], sum(r["us_per_step"] for r in rows), sum(r["count_per_step"] for r in rows)
 
 
