@@ -15,6 +15,9 @@
 scored on prompts it never saw. `--synthetic-prompts N` adds N prompts made by
 orchestrator/synth_prompts.py (templates with fresh topics, names and numbers, and passages of the
 standard library's docstrings): far more, and more varied, responses than the bundled file holds.
+`--self-prompts N` adds N user prompts the target writes itself: given its chat template up to
+where a user's message begins, a chat model samples a user's message (Magpie), so the head trains
+on the kind of requests the target was tuned to answer, on any topic, not on templates.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class TrainOptions:
     num_prompts: int | None = None
     split: str = "all"
     synthetic_prompts: int = 0  # made-up instruction prompts added to the training set (orchestrator/synth_prompts.py)
+    self_prompts: int = 0  # user prompts the target writes itself from its chat template (Magpie), added too
     max_new_tokens: int = 128
     max_steps: int = 200
     ttt_steps: int = 3
@@ -63,11 +67,28 @@ def _log(msg: str, end: str = "\n") -> None:
     print(msg, file=sys.stderr, end=end, flush=True)
 
 
+def _self_prompts(model, tok, eos: set[int], o: TrainOptions, fast) -> list[str]:
+    """The texts of --self-prompts user messages sampled by the target after its chat template's
+    opening of a user turn (eagle3_train.self_prompts)."""
+    from workers.drafters.eagle3_train import self_prompts
+
+    hf = getattr(tok, "hf", None)
+    if hf is None or not hf.chat_template:
+        raise UserError(f"--self-prompts: {o.model} has no chat template to open a user's turn with; use --synthetic-prompts")
+    mark = "\x00SPECTUNE\x00"
+    full = hf.apply_chat_template([{"role": "user", "content": mark}], tokenize=False, add_generation_prompt=True)
+    prefix = list(hf(full[: full.index(mark)], add_special_tokens=False)["input_ids"])
+    # the end of the user's turn: the template's first token after the message
+    after = hf(full[full.index(mark) + len(mark) :], add_special_tokens=False)["input_ids"]
+    stop = set(eos) | ({after[0]} if after else set())
+    rows = self_prompts(model, prefix, stop, o.self_prompts, o.seed, batch=min(o.gen_batch, o.self_prompts), fast=fast)
+    return [hf.decode(r, skip_special_tokens=True).strip() for r in rows]
+
+
 def train(o: TrainOptions) -> dict:
     from workers.drafters.eagle3 import default_aux_layers
     from workers.drafters.eagle3_ckpt import save_head
     from workers.drafters.eagle3_train import (
-        DECAY,
         batched_step,
         draft_vocabulary,
         generate,
@@ -83,8 +104,8 @@ def train(o: TrainOptions) -> dict:
         raise UserError("--out DIR is required")
     if o.max_steps < 1 or o.ttt_steps < 1 or o.batch < 1 or o.draft_vocab < 2 or o.pack_tokens < 1:
         raise UserError("--max-steps, --ttt-steps, --batch, --pack-tokens must be >= 1 and --draft-vocab >= 2")
-    if o.max_time < 0 or o.synthetic_prompts < 0:
-        raise UserError("--max-time and --synthetic-prompts must be >= 0")
+    if o.max_time < 0 or o.synthetic_prompts < 0 or o.self_prompts < 0:
+        raise UserError("--max-time, --synthetic-prompts and --self-prompts must be >= 0")
     if o.device not in ("cpu", "cuda") or (o.device == "cuda" and not torch.cuda.is_available()):
         raise UserError(f"--device {o.device!r}: cpu, or cuda on a machine with a GPU")
     path = resolve_model_path(o.model)
@@ -117,13 +138,14 @@ def train(o: TrainOptions) -> dict:
         "prompts_sha256": hashlib.sha256("\0".join(p.text for p in prompts).encode()).hexdigest(),
         "target": str(path),
         "max_new_tokens": o.max_new_tokens,
+        "self_prompts": [o.self_prompts, o.seed],  # sampled by the target: the count and the seed name them
     }
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
-        if data.get("made_by", made_by) != made_by:
+        if {"self_prompts": [0, o.seed]} | data.get("made_by", made_by) != made_by:  # data without self prompts
             raise UserError(
                 f"{data_file} holds responses to other prompts or of another target or length (--prompts, --split, --num-prompts, "
-                "--synthetic-prompts, --seed, --model, --max-new-tokens); use the same ones or a new --out"
+                "--synthetic-prompts, --self-prompts, --seed, --model, --max-new-tokens); use the same ones or a new --out"
             )
         _log(f"spectune: {len(data['samples'])} responses from {data_file}")
     else:
@@ -131,20 +153,32 @@ def train(o: TrainOptions) -> dict:
         eos = set(tok.eos_ids) | set(args.eos_token_ids)
         samples = []
         fast = batched_step(model)
-        for i in range(0, len(prompts), o.gen_batch):
+        encoded = [tok.encode_prompt(p.text) for p in prompts]
+        written = []
+        if o.self_prompts:
+            written = _self_prompts(model, tok, eos, o, fast)
+            encoded += [tok.encode_prompt(text) for text in written]
+            _log(f"spectune: {len(written)} prompts written by the target ({time.perf_counter() - t0:.0f}s)")
+        for i in range(0, len(encoded), o.gen_batch):
             try:
-                samples += generate(model, [tok.encode_prompt(p.text) for p in prompts[i : i + o.gen_batch]], o.max_new_tokens, eos, fast)
+                samples += generate(model, encoded[i : i + o.gen_batch], o.max_new_tokens, eos, fast)
             except ValueError as e:  # a prompt too long for the target
                 raise UserError(f"--max-new-tokens {o.max_new_tokens}: {e}") from None
-            _log(f"\rspectune: responses {len(samples)}/{len(prompts)} ({time.perf_counter() - t0:.0f}s)", end="")
+            _log(f"\rspectune: responses {len(samples)}/{len(encoded)} ({time.perf_counter() - t0:.0f}s)", end="")
         _log("")
-        data = {"samples": samples, "prompts": len(prompts), "generate_s": time.perf_counter() - t0, "made_by": made_by}
+        data = {
+            "samples": samples,
+            "prompts": len(encoded),
+            "self_prompts": written,  # their texts, for provenance
+            "generate_s": time.perf_counter() - t0,
+            "made_by": made_by,
+        }
         torch.save(data, data_file)
     samples = data["samples"]
     if o.prompt_labels and any(getattr(s, "argmax", None) is None for s in samples):
         _log(f"spectune: {data_file} holds no prompt argmaxes (an older version's data): response positions only")
     # validation: responses to train-split prompts kept out of the optimizer (never held-out prompts);
-    # the public-format head in OUT is the step with the best validation accuracy, not the last
+    # the public-format head in OUT is the step with the best validation accepted length, not the last
     every = o.val_every if o.val_every > 1 and len(samples) >= 2 * o.val_every else 0
     val = samples[every - 1 :: every] if every else []
     samples = [s for i, s in enumerate(samples) if not every or i % every != every - 1]
@@ -207,12 +241,12 @@ def train(o: TrainOptions) -> dict:
         if step % o.save_every == 0 or step == o.max_steps or out_of_time:
             entry = {"step": step, "loss": loss_avg, "acc": acc}
             if val:
-                entry["val_acc"] = validation_accuracy(head, val, o.ttt_steps, o.pack_tokens)
-                _log(f"  val acc {' '.join(f'{a:.2f}' for a in entry['val_acc'])}", end="")
+                entry["val_acc"], entry["val_accept_len"] = validation_accuracy(head, val, o.ttt_steps, o.pack_tokens)
+                _log(f"  val acc {' '.join(f'{a:.2f}' for a in entry['val_acc'])} accepted {entry['val_accept_len']:.2f}", end="")
             history.append(entry)
             counts, correct = [0] * o.ttt_steps, [0] * o.ttt_steps
-            # validation accuracy with the loss's weighting of the draft positions; without validation the latest step
-            score = sum(DECAY**j * a for j, a in enumerate(entry["val_acc"])) if val else float(step)
+            # the validation responses' accepted length (a --ttt-steps chain from each position); without validation the latest step
+            score = entry["val_accept_len"] if val else float(step)
             if score > best["score"]:
                 best = {"step": step, "score": score}
                 save_head(head, out)

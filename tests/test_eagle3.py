@@ -273,6 +273,10 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "--num-prompts",
         "2",
         "--synthetic-prompts",
+        "1",
+        "--self-prompts",
+        "1",
+        "--gen-batch",
         "2",
         "--pack-tokens",
         "40",
@@ -293,11 +297,13 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     assert "loss" in r.stderr and "acc" in r.stderr and "val acc" in r.stderr  # the progress line
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
     training = json.loads((out / "training.json").read_text())
-    # 2 bundled + 2 synthetic prompts; 2 responses kept out of training; the head saved is the step
-    # whose validation accuracy was best
-    assert training["options"]["synthetic_prompts"] == 2
+    # 2 bundled + 1 synthetic prompt + 1 the target wrote itself; every 2nd response kept out of
+    # training; the head saved is the step whose validation accepted length was best
+    written = torch.load(out / "data.pt", weights_only=False)["self_prompts"]
+    assert training["options"]["synthetic_prompts"] == 1 and len(written) == 1 and written[0].strip()
     assert training["responses"] == 2 and training["validation_responses"] == 2
     assert [h["step"] for h in training["history"]] == [2, 4] and all(len(h["val_acc"]) == 3 for h in training["history"])
+    assert all(1.0 <= h["val_accept_len"] <= 4.0 for h in training["history"])
     assert training["best_step"] in (2, 4)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
@@ -309,7 +315,9 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "--num-prompts",
         "2",
         "--synthetic-prompts",
-        "2",
+        "1",
+        "--self-prompts",
+        "1",
         "--max-new-tokens",
         "16",
         "--max-steps",
@@ -323,8 +331,8 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     )
     assert r.returncode == 0 and "resuming at step 4" in r.stderr and "responses from" in r.stderr, r.stderr[-2000:]
     # responses made for other prompts are refused, not silently trained on
-    r = _cli("train-drafter", "--model", "smollm2-135m", "--num-prompts", "2", "--synthetic-prompts", "3", "--out", str(out))
-    assert r.returncode == 2 and "--synthetic-prompts" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
+    r = _cli("train-drafter", "--model", "smollm2-135m", "--num-prompts", "2", "--synthetic-prompts", "1", "--self-prompts", "2", "--out", str(out))
+    assert r.returncode == 2 and "--self-prompts" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
     r = _cli(
         "decode",
         "--model",
@@ -373,6 +381,10 @@ def test_training_labels_are_the_targets_own_argmax_at_every_position(tiny_ckpt)
     model.aux_layers = (0, 1, 1)
     prompts = [list(range(5, 17)), list(range(40, 49))]
     samples = generate(model, prompts, max_new=6, eos=set())
+    # prompts prefilled together (padded) or one pass each: the same responses, argmaxes and states
+    for a, b in zip(samples, generate(model, prompts, max_new=6, eos=set(), prefill_tokens=1)):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.argmax.tolist() == b.argmax.tolist()
+        torch.testing.assert_close(a.aux.float(), b.aux.float(), atol=1e-2, rtol=1e-2)
     for p, s in zip(prompts, samples):
         n = len(s.tokens)
         assert s.argmax.shape == (n - 1,) and s.tokens[: len(p)].tolist() == p
@@ -433,6 +445,31 @@ def test_synthetic_prompts_are_many_distinct_and_repeatable():
     assert [p.text for p in synthetic_prompts(600, seed=2)] != [p.text for p in a]
     bundled = {p.text for p in load_prompts_all()}
     assert not bundled & {p.text for p in a}  # nothing of the scored file
+
+
+@torch.inference_mode()
+def test_prompts_the_target_writes_itself_are_its_samples_distinct_and_repeatable(tiny_ckpt):
+    """self_prompts (Magpie): rows sampled after the prefix until a stop token, the stop token
+    dropped, repeats and rows that never stop discarded; one seed gives the same prompts. Near zero
+    temperature every row is the greedy continuation, so exactly that one prompt remains."""
+    from workers.drafters.eagle3_train import self_prompts
+
+    model = load_model(tiny_ckpt)
+    prefix = [3, 1, 4, 1, 5]
+    stop = set(range(100, 140))  # 40 of 512 tokens: most rows stop well within max_len
+    a = self_prompts(model, prefix, stop, n=12, seed=1, max_len=64, batch=8)
+    assert a == self_prompts(model, prefix, stop, n=12, seed=1, max_len=64, batch=8)
+    assert a != self_prompts(model, prefix, stop, n=12, seed=2, max_len=64, batch=8)
+    assert 6 <= len(a) <= 12 and len({tuple(r) for r in a}) == len(a)
+    assert all(r and not stop & set(r) and len(r) < 64 for r in a)
+    cache = model.new_cache(1)
+    greedy, logits = [], model(torch.tensor([prefix]), cache)[0, -1]
+    for _ in range(8):
+        greedy.append(int(logits.argmax()))
+        logits = model(torch.tensor([[greedy[-1]]]), cache)[0, -1]
+    stop_at = next(i for i in range(1, 8) if greedy[i] not in greedy[:i])  # a token first seen at step i
+    got = self_prompts(model, prefix, {greedy[stop_at]}, n=5, seed=0, max_len=16, temperature=1e-4, batch=4)
+    assert got == [greedy[:stop_at]]
 
 
 def load_prompts_all():

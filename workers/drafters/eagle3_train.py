@@ -36,7 +36,7 @@ from workers.drafters.eagle3 import Eagle3Head
 from workers.drafters.eagle3_ckpt import head_config, set_vocab
 from workers.engine.batched import static_pass
 from workers.model.rope import apply_rope
-from workers.model.transformer import Transformer
+from workers.model.transformer import KVCache, Transformer
 
 DECAY = 0.8
 
@@ -66,44 +66,73 @@ def batched_step(model: Transformer):
     return try_fused(model, EngineConfig(compile=False, gemv="off"), None, attend_fn) if attend_fn is not None else None
 
 
+def _step(model: Transformer, feed: torch.Tensor, cache: KVCache, fast) -> torch.Tensor:
+    """Logits [B, V] of one token per row appended at each row's own length; advances the lengths.
+    Without `fast` the plain layers under the per-row position mask (dynamic shapes), with it the
+    static batched pass (workers/engine/batched.py), eager: each row read up to its position, no mask."""
+    if fast is None:
+        return model(feed, cache)[:, -1]
+    pos = torch.tensor(cache.lengths, device=feed.device)[:, None]
+    logits = static_pass(model, feed, pos, cache, fast)[:, -1]
+    cache.lengths = [n + 1 for n in cache.lengths]
+    return logits
+
+
+def _prefill(model: Transformer, prompts: list[list[int]], cache: KVCache, budget: int):
+    """Prefill every prompt into its row of `cache`: prompts of similar length together, right-
+    padded into passes of at most `budget` tokens (causal attention from position 0, so a row's
+    real positions never see its padding; the padding's cache slots lie past the row's length,
+    overwritten before they are read). Returns per row the target's argmax after each prompt
+    position and the aux states [len, 3 x dim]."""
+    dev = model.embed_tokens.weight.device
+    order = sorted(range(len(prompts)), key=lambda b: len(prompts[b]))
+    chunks: list[list[int]] = []
+    for b in order:  # ascending lengths: a chunk's width is its last prompt's length
+        if chunks and (len(chunks[-1]) + 1) * len(prompts[b]) <= budget:
+            chunks[-1].append(b)
+        else:
+            chunks.append([b])
+    preds: list = [None] * len(prompts)
+    aux: list = [None] * len(prompts)
+    for rows in chunks:
+        width = len(prompts[rows[-1]])
+        x = torch.tensor([prompts[b] + [0] * (width - len(prompts[b])) for b in rows], device=dev)
+        part = model.new_cache(len(rows), max_seq=width)
+        argmax = model(x, part).argmax(-1).tolist()
+        states = torch.cat(model.aux, -1)
+        for i, b in enumerate(rows):
+            n = len(prompts[b])
+            for dst, src in zip(cache.k + cache.v, part.k + part.v):
+                dst[b, :, :n] = src[i, :, :n]
+            cache.lengths[b] = n
+            preds[b] = argmax[i][:n]
+            aux[b] = states[i, :n]
+    return preds, aux
+
+
 @torch.inference_mode()
-def generate(model: Transformer, prompts: list[list[int]], max_new: int, eos: set[int], fast=None) -> list[Sample]:
+def generate(
+    model: Transformer, prompts: list[list[int]], max_new: int, eos: set[int], fast=None, prefill_tokens: int = 8192
+) -> list[Sample]:
     """Greedy responses to a batch of prompts through the engine's model and KV cache, aux states
-    captured at every position. Each prompt is prefilled alone (its own cache row, copied into the
-    batch cache), then all rows step together, each at its own position (`Transformer.hidden`
-    masks per row; with `fast`, `batched_step`'s fused step reads each row up to its position),
-    so a row's tokens are its batch-1 greedy tokens up to float rounding."""
+    captured at every position. The prompts are prefilled in padded passes of at most
+    `prefill_tokens` tokens (`_prefill`), then all rows step together, each at its own position
+    (`Transformer.hidden` masks per row; with `fast`, `batched_step`'s fused step reads each row up
+    to its position), so a row's tokens are its batch-1 greedy tokens up to float rounding."""
     B = len(prompts)
     dev = model.embed_tokens.weight.device
     longest = max(len(p) for p in prompts)
     if longest + max_new > model.max_seq:  # the static pass does not check positions against the rotary tables
         raise ValueError(f"a prompt of {longest} tokens plus {max_new} new ones exceeds the model's {model.max_seq} positions")
     cache = model.new_cache(B, max_seq=longest + max_new + 1)
-    one = model.new_cache(1, max_seq=longest + 1)
-    aux: list[list[torch.Tensor]] = []
-    last, preds = [], []  # preds: the target's argmax after each prompt position
-    for b, p in enumerate(prompts):
-        one.reset()
-        logits = model(torch.tensor([p], device=dev), one)[0]
-        preds.append(logits.argmax(-1).tolist())
-        logits = logits[-1]
-        for dst, src in zip(cache.k + cache.v, one.k + one.v):
-            dst[b, :, : len(p)] = src[0, :, : len(p)]
-        cache.lengths[b] = len(p)
-        aux.append([torch.cat(model.aux, -1)[0]])
-        last.append(int(logits.argmax()))
-    outs = [[t] for t in last]
-    live = [t not in eos for t in last]
+    preds, first_aux = _prefill(model, prompts, cache, prefill_tokens)
+    aux: list[list[torch.Tensor]] = [[a] for a in first_aux]
+    outs = [[p[-1]] for p in preds]  # the first response token: the argmax after the prompt
+    live = [t not in eos for t, *_ in outs]
     for _ in range(max_new - 1):
         if not any(live):
             break
-        feed = torch.tensor([[o[-1]] for o in outs], device=dev)
-        if fast is None:
-            logits = model(feed, cache)[:, -1]
-        else:  # the static batched pass (workers/engine/batched.py), eager: positions per row, no mask
-            pos = torch.tensor(cache.lengths, device=dev)[:, None]
-            logits = static_pass(model, feed, pos, cache, fast)[:, -1]
-            cache.lengths = [n + 1 for n in cache.lengths]
+        logits = _step(model, torch.tensor([[o[-1]] for o in outs], device=dev), cache, fast)
         step_aux = torch.cat(model.aux, -1)[:, 0]
         nxt = logits.argmax(-1).tolist()
         for b in range(B):
@@ -118,6 +147,48 @@ def generate(model: Transformer, prompts: list[list[int]], max_new: int, eos: se
         # kept on the host (a GPU run's responses do not pin GPU memory); ttt_loss moves one sample at a time
         samples.append(Sample(torch.tensor(tokens), torch.cat(a)[: len(tokens) - 1].to("cpu", torch.bfloat16), len(p), argmax))
     return samples
+
+
+@torch.inference_mode()
+def self_prompts(
+    model: Transformer,
+    prefix: list[int],
+    stop: set[int],
+    n: int,
+    seed: int,
+    max_len: int = 128,
+    temperature: float = 1.0,
+    batch: int = 256,
+    fast=None,
+) -> list[list[int]]:
+    """Up to `n` distinct user prompts the target writes itself (Magpie: a chat model, given its chat
+    template up to where a user's message begins, writes a user's message): each row samples at
+    `temperature` after `prefix` until a `stop` token; rows that stop within `max_len` tokens and
+    say something new are kept (their tokens, the stop token excluded). Repeatable for a seed on
+    one machine."""
+    dev = model.embed_tokens.weight.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    kept: dict[tuple[int, ...], None] = {}
+    for _ in range(4 * math.ceil(n / batch)):  # attempts: a few rows are dropped per batch (too long, repeats)
+        if len(kept) >= n:
+            break
+        cache = model.new_cache(batch, max_seq=len(prefix) + max_len + 1)
+        logits = model(torch.tensor([prefix] * batch, device=dev), cache)[:, -1]
+        rows = [[] for _ in range(batch)]
+        live = [True] * batch
+        for step in range(max_len):
+            nxt = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=g)
+            for b, t in enumerate(nxt[:, 0].tolist()):
+                if live[b]:
+                    rows[b].append(t)
+                    live[b] = t not in stop
+            if not any(live) or step == max_len - 1:
+                break
+            logits = _step(model, nxt, cache, fast)
+        for r in rows:
+            if r and r[-1] in stop and len(r) > 1:
+                kept.setdefault(tuple(r[:-1]))
+    return [list(r) for r in kept][:n]
 
 
 def draft_vocabulary(samples: list[Sample], size: int, vocab: int) -> list[int]:
@@ -173,14 +244,15 @@ def training_labels(s: Sample, prompt_labels: bool) -> tuple[torch.Tensor, int]:
 
 
 def ttt_loss(
-    head: Eagle3Head, samples: Sample | list[Sample], steps: int, prompt_labels: bool = False
+    head: Eagle3Head, samples: Sample | list[Sample], steps: int, prompt_labels: bool = False, hits: list | None = None
 ) -> tuple[torch.Tensor, list[int], list[int]]:
     """Training-time-test loss of one sample, or of several packed into one pass (entries of all of
     them in one sequence; attention stays inside each sample, rotary positions restart per sample,
     so each sample's logits are what it alone gives), over `steps` unrolled draft steps; per step
     the number of positions scored and of correct top-1 predictions. Each step's cross entropy is
     the mean over the pack's scored positions. prompt_labels: score prompt positions too, against
-    the target's argmax there (needs `argmax`)."""
+    the target's argmax there (needs `argmax`). `hits`, if given, receives per step the [entries]
+    mask of scored entries and of correct ones (what `accepted_length` counts)."""
     samples = [samples] if isinstance(samples, Sample) else list(samples)
     a = head.cfg.args
     attn, layer = head.midlayer.self_attn, head.midlayer
@@ -238,6 +310,8 @@ def ttt_loss(
         pred = head.to_target(logits.argmax(-1))
         counts.append(int(mask.sum()))
         correct.append(int(((pred == target) & mask).sum()))
+        if hits is not None:
+            hits.append((mask, (pred == target) & mask))
         g = h
     return total, counts, correct
 
@@ -258,12 +332,24 @@ def pack_by_tokens(samples: list[Sample], budget: int) -> list[list[Sample]]:
 
 
 @torch.no_grad()
-def validation_accuracy(head: Eagle3Head, samples: list[Sample], steps: int, pack_tokens: int = 4096) -> list[float]:
-    """Top-1 accuracy per unrolled draft step over samples the optimizer never sees, on response
-    positions only: drafting happens on the target's own responses."""
+def validation_accuracy(head: Eagle3Head, samples: list[Sample], steps: int, pack_tokens: int = 4096) -> tuple[list[float], float]:
+    """Over samples the optimizer never sees, on response positions only (drafting happens on the
+    target's own responses): top-1 accuracy per unrolled draft step, and the mean accepted length
+    of a `steps`-token chain started at each position whose `steps` drafts all have a label (1 +
+    the drafts before the first wrong one: step j's input token is the true one, which is the
+    chain's own draft whenever the drafts before it were right, so this is what greedy chain
+    drafting from that position accepts)."""
     counts, correct = [0] * steps, [0] * steps
+    chains, accepted = 0, 0
     for group in pack_by_tokens(samples, pack_tokens):
-        _, c, k = ttt_loss(head, group, steps, prompt_labels=False)
+        hits: list = []
+        _, c, k = ttt_loss(head, group, steps, prompt_labels=False, hits=hits)
         counts = [a + b for a, b in zip(counts, c)]
         correct = [a + b for a, b in zip(correct, k)]
-    return [k / max(1, c) for k, c in zip(correct, counts)]
+        full = hits[-1][0]  # chains whose last draft is scored (then every earlier one is)
+        run = torch.ones_like(full)
+        for _, ok in hits:
+            run = run & ok
+            accepted += int((run & full).sum())
+        chains += int(full.sum())
+    return [k / max(1, c) for k, c in zip(correct, counts)], 1 + accepted / max(1, chains)
