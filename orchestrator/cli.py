@@ -199,6 +199,12 @@ def _add_train_drafter(sub) -> None:
         default=d.self_prompts,
         help="add N user prompts the target writes itself from its chat template (Magpie; a chat model)",
     )
+    p.add_argument(
+        "--self-documents",
+        type=int,
+        default=d.self_documents,
+        help="add N copy-heavy prompts over the target's answers to --self-prompts (summarise, answer from, rewrite, translate)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="response length per prompt")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help="optimizer steps")
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="draft steps unrolled in the training-time test")

@@ -18,6 +18,10 @@ standard library's docstrings): far more, and more varied, responses than the bu
 `--self-prompts N` adds N user prompts the target writes itself: given its chat template up to
 where a user's message begins, a chat model samples a user's message (Magpie), so the head trains
 on the kind of requests the target was tuned to answer, on any topic, not on templates.
+`--self-documents N` then adds N copy-heavy prompts whose documents are the target's own answers
+to those (summarise it, answer from it as context, rewrite, translate, continue it:
+orchestrator/synth_prompts.document_prompts): natural prose on any topic that the response repeats,
+what a head must learn to copy where n-gram drafting copies for free.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class TrainOptions:
     split: str = "all"
     synthetic_prompts: int = 0  # made-up instruction prompts added to the training set (orchestrator/synth_prompts.py)
     self_prompts: int = 0  # user prompts the target writes itself from its chat template (Magpie), added too
+    self_documents: int = 0  # copy-heavy prompts over the target's own answers to those (summaries, context answers, ...)
     max_new_tokens: int = 128
     max_steps: int = 200
     ttt_steps: int = 3
@@ -85,13 +90,27 @@ def _self_prompts(model, tok, eos: set[int], o: TrainOptions, fast) -> list[str]
     return [hf.decode(r, skip_special_tokens=True).strip() for r in rows]
 
 
+def _answer(model, encoded: list[list[int]], eos: set[int], o: TrainOptions, fast, t0: float) -> list:
+    """The target's greedy responses to encoded prompts, --gen-batch at a time, with a progress line."""
+    from workers.drafters.eagle3_train import generate
+
+    samples = []
+    for i in range(0, len(encoded), o.gen_batch):
+        try:
+            samples += generate(model, encoded[i : i + o.gen_batch], o.max_new_tokens, eos, fast)
+        except ValueError as e:  # a prompt too long for the target
+            raise UserError(f"--max-new-tokens {o.max_new_tokens}: {e}") from None
+        _log(f"\rspectune: responses {len(samples)}/{len(encoded)} ({time.perf_counter() - t0:.0f}s)", end="")
+    _log("")
+    return samples
+
+
 def train(o: TrainOptions) -> dict:
     from workers.drafters.eagle3 import default_aux_layers
     from workers.drafters.eagle3_ckpt import save_head
     from workers.drafters.eagle3_train import (
         batched_step,
         draft_vocabulary,
-        generate,
         pack_by_tokens,
         ttt_loss,
         validation_accuracy,
@@ -104,8 +123,10 @@ def train(o: TrainOptions) -> dict:
         raise UserError("--out DIR is required")
     if o.max_steps < 1 or o.ttt_steps < 1 or o.batch < 1 or o.draft_vocab < 2 or o.pack_tokens < 1:
         raise UserError("--max-steps, --ttt-steps, --batch, --pack-tokens must be >= 1 and --draft-vocab >= 2")
-    if o.max_time < 0 or o.synthetic_prompts < 0 or o.self_prompts < 0:
-        raise UserError("--max-time, --synthetic-prompts and --self-prompts must be >= 0")
+    if min(o.max_time, o.synthetic_prompts, o.self_prompts, o.self_documents) < 0:
+        raise UserError("--max-time, --synthetic-prompts, --self-prompts and --self-documents must be >= 0")
+    if o.self_documents and not o.self_prompts:
+        raise UserError("--self-documents: its documents are the answers to --self-prompts; give --self-prompts N too")
     if o.device not in ("cpu", "cuda") or (o.device == "cuda" and not torch.cuda.is_available()):
         raise UserError(f"--device {o.device!r}: cpu, or cuda on a machine with a GPU")
     path = resolve_model_path(o.model)
@@ -139,37 +160,42 @@ def train(o: TrainOptions) -> dict:
         "target": str(path),
         "max_new_tokens": o.max_new_tokens,
         "self_prompts": [o.self_prompts, o.seed],  # sampled by the target: the count and the seed name them
+        "self_documents": o.self_documents,
     }
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
-        if {"self_prompts": [0, o.seed]} | data.get("made_by", made_by) != made_by:  # data without self prompts
+        if {"self_prompts": [0, o.seed], "self_documents": 0} | data.get("made_by", made_by) != made_by:  # older data: none of those
             raise UserError(
                 f"{data_file} holds responses to other prompts or of another target or length (--prompts, --split, --num-prompts, "
-                "--synthetic-prompts, --self-prompts, --seed, --model, --max-new-tokens); use the same ones or a new --out"
+                "--synthetic-prompts, --self-prompts, --self-documents, --seed, --model, --max-new-tokens); use the same ones or a new --out"
             )
         _log(f"spectune: {len(data['samples'])} responses from {data_file}")
     else:
         tok = Tokenizer(path)
         eos = set(tok.eos_ids) | set(args.eos_token_ids)
-        samples = []
         fast = batched_step(model)
         encoded = [tok.encode_prompt(p.text) for p in prompts]
-        written = []
+        written, documents = [], []
         if o.self_prompts:
             written = _self_prompts(model, tok, eos, o, fast)
             encoded += [tok.encode_prompt(text) for text in written]
             _log(f"spectune: {len(written)} prompts written by the target ({time.perf_counter() - t0:.0f}s)")
-        for i in range(0, len(encoded), o.gen_batch):
-            try:
-                samples += generate(model, encoded[i : i + o.gen_batch], o.max_new_tokens, eos, fast)
-            except ValueError as e:  # a prompt too long for the target
-                raise UserError(f"--max-new-tokens {o.max_new_tokens}: {e}") from None
-            _log(f"\rspectune: responses {len(samples)}/{len(encoded)} ({time.perf_counter() - t0:.0f}s)", end="")
-        _log("")
+        samples = _answer(model, encoded, eos, o, fast, t0)
+        if o.self_documents:
+            from orchestrator.synth_prompts import document_prompts
+
+            own = [(q, s.tokens[s.prompt_len :].tolist()) for q, s in zip(written, samples[len(samples) - len(written) :])]
+            long_enough = min(32, o.max_new_tokens)  # tokens: a one-line answer makes no document
+            own = [(q, tok.decode(r).strip()) for q, r in own if len(r) >= long_enough]
+            documents = document_prompts(own, o.self_documents, o.seed)
+            room = args.max_position_embeddings - o.max_new_tokens
+            more = [e for e in (tok.encode_prompt(d.text) for d in documents) if len(e) <= room]
+            samples += _answer(model, more, eos, o, fast, t0)
         data = {
             "samples": samples,
-            "prompts": len(encoded),
+            "prompts": len(samples),
             "self_prompts": written,  # their texts, for provenance
+            "document_prompts": [d.text for d in documents],
             "generate_s": time.perf_counter() - t0,
             "made_by": made_by,
         }

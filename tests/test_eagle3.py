@@ -276,6 +276,8 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "1",
         "--self-prompts",
         "1",
+        "--self-documents",
+        "1",
         "--gen-batch",
         "2",
         "--pack-tokens",
@@ -297,11 +299,14 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     assert "loss" in r.stderr and "acc" in r.stderr and "val acc" in r.stderr  # the progress line
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
     training = json.loads((out / "training.json").read_text())
-    # 2 bundled + 1 synthetic prompt + 1 the target wrote itself; every 2nd response kept out of
-    # training; the head saved is the step whose validation accepted length was best
-    written = torch.load(out / "data.pt", weights_only=False)["self_prompts"]
+    # 2 bundled + 1 synthetic prompt + 1 the target wrote itself + 1 over its own answer to that;
+    # every 2nd response kept out of training; the head saved is the step whose validation accepted
+    # length was best
+    data = torch.load(out / "data.pt", weights_only=False)
+    written, documents = data["self_prompts"], data["document_prompts"]
     assert training["options"]["synthetic_prompts"] == 1 and len(written) == 1 and written[0].strip()
-    assert training["responses"] == 2 and training["validation_responses"] == 2
+    assert len(documents) == 1 and tokenizer_text(data["samples"][3]) in documents[0]  # the answer to the written prompt is the document
+    assert training["responses"] == 3 and training["validation_responses"] == 2
     assert [h["step"] for h in training["history"]] == [2, 4] and all(len(h["val_acc"]) == 3 for h in training["history"])
     assert all(1.0 <= h["val_accept_len"] <= 4.0 for h in training["history"])
     assert training["best_step"] in (2, 4)
@@ -318,6 +323,8 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "1",
         "--self-prompts",
         "1",
+        "--self-documents",
+        "1",
         "--max-new-tokens",
         "16",
         "--max-steps",
@@ -333,6 +340,8 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     # responses made for other prompts are refused, not silently trained on
     r = _cli("train-drafter", "--model", "smollm2-135m", "--num-prompts", "2", "--synthetic-prompts", "1", "--self-prompts", "2", "--out", str(out))
     assert r.returncode == 2 and "--self-prompts" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
+    r = _cli("train-drafter", "--model", "smollm2-135m", "--self-documents", "2", "--out", str(tmp_path / "other"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("spectune: error: --self-documents"), r.stderr[-2000:]
     r = _cli(
         "decode",
         "--model",
@@ -470,6 +479,31 @@ def test_prompts_the_target_writes_itself_are_its_samples_distinct_and_repeatabl
     stop_at = next(i for i in range(1, 8) if greedy[i] not in greedy[:i])  # a token first seen at step i
     got = self_prompts(model, prefix, {greedy[stop_at]}, n=5, seed=0, max_len=16, temperature=1e-4, batch=4)
     assert got == [greedy[:stop_at]]
+
+
+def tokenizer_text(sample) -> str:
+    from orchestrator.prompts import Tokenizer
+    from workers.model.checkpoint import resolve_model_path
+
+    return Tokenizer(resolve_model_path("smollm2-135m")).decode(sample.tokens[sample.prompt_len :].tolist()).strip()
+
+
+def test_document_prompts_repeat_the_targets_own_texts():
+    """--self-documents: each prompt carries one to four of the given texts and a task over them;
+    a context-answer task asks the request that made its first text; repeatable for a seed."""
+    from orchestrator.synth_prompts import document_prompts
+
+    docs = [(f"Tell me about topic {i}", f"Text number {i} says something long about topic {i}.") for i in range(10)]
+    a = document_prompts(docs, 40, seed=3)
+    assert [p.text for p in a] == [p.text for p in document_prompts(docs, 40, seed=3)] and len(a) == 40
+    assert {p.category for p in a} >= {"document-summarization", "document-rag", "document-translation"}
+    for p in a:
+        inside = [i for _, t in [docs[i] for i in range(10)] for i in [int(t.split()[2])] if t in p.text]
+        assert 1 <= len(inside) <= 4
+        if "Question: " in p.text:
+            asked = int(p.text.rsplit("topic ", 1)[1])
+            assert asked in inside
+    assert document_prompts([], 5) == []
 
 
 def load_prompts_all():
