@@ -338,7 +338,19 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     )
     assert r.returncode == 0 and "resuming at step 4" in r.stderr and "responses from" in r.stderr, r.stderr[-2000:]
     # responses made for other prompts are refused, not silently trained on
-    r = _cli("train-drafter", "--model", "smollm2-135m", "--num-prompts", "2", "--synthetic-prompts", "1", "--self-prompts", "2", "--out", str(out))
+    r = _cli(
+        "train-drafter",
+        "--model",
+        "smollm2-135m",
+        "--num-prompts",
+        "2",
+        "--synthetic-prompts",
+        "1",
+        "--self-prompts",
+        "2",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 2 and "--self-prompts" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
     r = _cli("train-drafter", "--model", "smollm2-135m", "--self-documents", "2", "--out", str(tmp_path / "other"))
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("spectune: error: --self-documents"), r.stderr[-2000:]

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch.profiler import record_function
 
 from workers.comm.base import CommCounters
 from workers.drafters import Drafter
@@ -225,18 +226,23 @@ class StepStrategy:
     def step(self, seq: Sequence) -> StepRecord:
         r = self.r
         t0 = time.perf_counter()
-        proposal = self.propose(seq)
+        # the phase labels cost a flag check unless a profiler runs (workers/tools/trace_decode.py)
+        with record_function("spectune.propose"):
+            proposal = self.propose(seq)
         t1 = time.perf_counter()
         calls0, comm0 = r.counters.calls, r.counters.seconds
         base = r.cache.lengths[seq.row]
-        logits = r.score(seq, [seq.tokens[-1], *proposal.tokens])
+        with record_function("spectune.verify"):
+            logits = r.score(seq, [seq.tokens[-1], *proposal.tokens])
         mine = None
         if r.decides:
-            n, new = self.decide(seq, proposal, logits)
-            new, done = finish(new, seq.n_generated, self.w)
-            mine = VerifyResult(accepted=n, tokens=new, done=done)
+            with record_function("spectune.decide"):
+                n, new = self.decide(seq, proposal, logits)
+                new, done = finish(new, seq.n_generated, self.w)
+                mine = VerifyResult(accepted=n, tokens=new, done=done)
         t2 = time.perf_counter()
-        res = r.publish(mine)
+        with record_function("spectune.publish"):
+            res = r.publish(mine)
         # keep [last, d_1..d_accepted]; the correction / bonus token is fed next step
         r.cache.rollback(seq.row, base + 1 + res.accepted)
         seq.commit(res)
