@@ -26,6 +26,7 @@ def test_idle_time_is_the_part_of_each_phase_no_kernel_covers():
         _x("spectune.decide", 500, 50),  # nothing runs: 50 us idle
         _x("spectune.publish", 550, 50),
         _x("k4", 560, 100, "kernel"),  # runs past the window's end (600): 40 us counted, 10 idle
+        _x("spectune.verify", 120, 900, "gpu_user_annotation"),  # the label's mirror on the GPU timeline: not a host span
     ]
     s = summarize(events)
     assert s["steps"] == 1 and s["wall_ms"] == 0.6

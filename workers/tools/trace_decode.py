@@ -48,7 +48,10 @@ def summarize(events: list[dict]) -> dict:
     """From chrome-trace events (microseconds): the window of the timed run, the GPU's busy time in
     it, and per phase label its count, host time and GPU idle time within its spans."""
     kernels = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
-    spans = {p: [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e.get("name") == p] for p in PHASES}
+    # the host's spans (cat user_annotation); the profiler mirrors each label on the GPU's timeline too
+    # (gpu_user_annotation), which is not host time
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation"]
+    spans = {p: [(e["ts"], e["ts"] + e["dur"]) for e in host if e.get("name") == p] for p in PHASES}
     marks = [s for v in spans.values() for s in v]
     if not marks:
         return {"steps": 0}
