@@ -231,6 +231,67 @@ def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement):
             assert r.metrics["drafted_mean"] == k
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_drafts_left_on_the_device_verify_to_the_same_tokens(tiny_ckpt, tiny_head, tmp_path, overlap):
+    """engine.overlap with an in-rank greedy chain: the chain's drafts go to the verify pass as a
+    device tensor (StepRunner.step's tail) and come back with the argmaxes in one read. The verifier
+    rank runs in this process (the chain uncaptured on CPU): outputs equal the baseline for k in
+    {1, 2, 4}, every step took the device path (and none with overlap off), and simulated acceptance
+    still imposes its rate on device drafts."""
+
+    from workers.engine.config import EngineConfig
+    from workers.runtime.worker import Rendezvous, Worker
+
+    spec = GangSpec(
+        model_path=str(tiny_ckpt),
+        max_seq=256,
+        drafter=DrafterSpec(kind="eagle3", model_path=str(tiny_head), placement="rank0"),
+        engine=EngineConfig(overlap=overlap),
+    )
+    worker = Worker(0, spec)
+    worker.setup(Rendezvous(file=str(tmp_path / "store")))
+    try:
+        _check_device_drafts(worker, overlap)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _check_device_drafts(worker, overlap: bool) -> None:
+    from dataclasses import replace
+
+    drafter = worker.verifier.drafter
+    drafter.use_chain = True  # the device chain's body, uncaptured on CPU
+    prompts = _prompts()
+    base = worker.run(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=0))
+    # the random head rarely drafts right: after its chain ran, an oracle puts the baseline's next
+    # tokens in the device drafts, with the last one wrong every other step, so acceptance is real
+    full = [list(p) + b.tokens for p, b in zip(prompts, base.prompts)]
+    on_device = []
+    real = drafter.propose_on_device
+
+    def oracle(committed, k):
+        p = real(committed, k)
+        on_device.append(p.device_tokens is not None)
+        if p.device_tokens is not None:
+            right = next(f for f in full if f[: len(committed)] == committed)[len(committed) : len(committed) + k]
+            right += [0] * (k - len(right))
+            right[-1] += len(on_device) % 2
+            p.device_tokens = torch.tensor(right)
+        return p
+
+    drafter.propose_on_device = oracle
+    for k in (1, 2, 4):
+        r = worker.run(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=k))
+        assert [p.tokens for p in r.prompts] == [p.tokens for p in base.prompts], f"k={k}"
+        assert r.metrics["drafted_mean"] == k
+        if overlap:
+            assert 1.0 + (k - 1) * 0.5 <= r.metrics["accept_len_mean"] < k + 1, r.metrics["accept_len_mean"]
+    assert (len(on_device) > 0 and all(on_device)) if overlap else not on_device
+    sim = worker.run(replace(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=4), simulate_accept_len=2.5))
+    # tau - 1 drafts kept a step on average; a prompt's last step keeps fewer (its token budget ends)
+    assert sim.metrics["drafted_mean"] == 4 and 2.0 < sim.metrics["accept_len_mean"] <= 2.5
+
+
 def test_sampling_with_the_heads_probabilities_keeps_the_target_distribution(tiny_ckpt, tiny_head):
     """The head's q (zero outside its draft vocabulary) in rejection sampling: the first emitted token
     is distributed as the verifier's p (chi-square), at temperature 1."""

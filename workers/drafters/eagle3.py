@@ -340,15 +340,15 @@ class Eagle3Drafter(Drafter):
 
     def prefill(self, prompt: list[int]) -> None:
         self.cache.reset()
-        self.states: list[torch.Tensor] = []  # fused states g_i the verifier sent, not yet fed
+        self.states: list[torch.Tensor] = []  # aux states the verifier sent, not yet fed (fc not yet applied)
         self.n_states = 0  # positions the verifier has sent states for
         self.ctx = 0  # cache entries fed with the verifier's states (the rest are drafts)
 
     @torch.inference_mode()
     def observe(self, hidden: torch.Tensor) -> None:
         """The verifier's aux states [n, 3 x target_hidden] of the next n committed positions."""
-        if hidden.shape[0]:
-            self.states.append(self.head.fc(hidden.to(self.device, self.head.fc.weight.dtype)))
+        if hidden.shape[0]:  # fused by fc when fed: inside the chain's graph, or eagerly
+            self.states.append(hidden.to(self.device, self.head.fc.weight.dtype))
             self.n_states += hidden.shape[0]
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
@@ -357,8 +357,17 @@ class Eagle3Drafter(Drafter):
         q[self.head.to_target(torch.arange(logits.shape[0], device=logits.device))] = softmax_t(logits, self.temperature)
         return q
 
-    @torch.inference_mode()
     def propose(self, committed: list[int], k: int) -> Proposal:
+        return self._propose(committed, k, on_device=False)
+
+    def propose_on_device(self, committed: list[int], k: int) -> Proposal:
+        """As `propose`, but a greedy chain's drafts stay on the device (`Proposal.device_tokens`):
+        the verify pass reads them there and the step reads them back with its argmaxes, one sync
+        a step instead of two (engine.overlap). Where the chain does not apply: host tokens."""
+        return self._propose(committed, k, on_device=True)
+
+    @torch.inference_mode()
+    def _propose(self, committed: list[int], k: int, on_device: bool) -> Proposal:
         t0 = time.perf_counter()
         n = self.n_states  # entries 0..n-1 can be fed: (g_i, x_{i+1}); n == len(committed) - 1 in step
         if n != len(committed) - 1:
@@ -366,18 +375,27 @@ class Eagle3Drafter(Drafter):
         self.cache.rollback(0, self.ctx)
         if n + k > self.cache.max_seq:
             return Proposal(tokens=[], draft_s=time.perf_counter() - t0)
-        g = torch.cat(self.states) if len(self.states) > 1 else self.states[0]
+        aux = torch.cat(self.states) if len(self.states) > 1 else self.states[0]
         self.states = []
         feed = committed[self.ctx + 1 : n + 1]
-        if self.temperature <= 0 and self.use_chain:  # greedy: the whole chain in one replay
+        if self.temperature <= 0 and self.use_chain:  # greedy: fc and the whole chain in one replay
             if len(feed) > self.chain.max_width:  # the prompt's states: all but the last eagerly
-                self.head.step(torch.tensor(feed[:-1], device=self.device), g[:-1], self.cache)
-                feed, g = feed[-1:], g[-1:]
-            tokens = self.chain.draft(feed, g, k)
+                self.head.step(torch.tensor(feed[:-1], device=self.device), self.head.fc(aux[:-1]), self.cache)
+                feed, aux = feed[-1:], aux[-1:]
+            span = (
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if on_device and self.chain.capture else None
+            )
+            if span:
+                span[0].record()
+            tokens = self.chain.draft(feed, aux, k, on_device)
             if tokens is not None:
                 self.ctx = n
+                if on_device:
+                    if span:
+                        span[1].record()
+                    return Proposal(tokens=[], device_tokens=tokens, gpu_span=span, draft_s=time.perf_counter() - t0)
                 return Proposal(tokens=tokens, draft_s=time.perf_counter() - t0)
-        h, logits = self.head.step(torch.tensor(feed, device=self.device), g, self.cache)
+        h, logits = self.head.step(torch.tensor(feed, device=self.device), self.head.fc(aux), self.cache)
         self.ctx = n
         tokens, qs = [], []
         for i in range(k):

@@ -1,10 +1,10 @@
 """The greedy EAGLE-3 draft chain as one CUDA graph: feed the verifier's new states, then k drafts.
 
     chain = Eagle3Chain(head, cache, max_width=17)      # capture: CUDA graphs (default on a GPU)
-    drafts = chain.draft(tokens, g, k)                  # list of k target ids, or None (use the eager loop)
+    drafts = chain.draft(tokens, aux, k)                # list of k target ids, or None (use the eager loop)
 
-One replay runs the head's step on the `T` staged entries (tokens x_{i+1} and fused states g_i at
-positions start..start+T-1), takes the argmax of the last entry's draft logits, maps it to a target
+One replay fuses the verifier's aux states of the `T` staged entries (g_i = fc(aux_i)), runs the
+head's step on them (tokens x_{i+1} and states g_i at positions start..start+T-1), takes the argmax of the last entry's draft logits, maps it to a target
 id, and k - 1 times feeds that token with the head's own pre-norm output at the next position,
 all on the device: k drafts cost one launch and one host sync instead of ~30 kernels and a sync
 per draft. Positions live in a device buffer, so no shape depends on the sequence length. A graph
@@ -100,10 +100,10 @@ class Eagle3Chain:
         self.fast = fast  # None: the head's eager step
         self.device = head.fc.weight.device
         self.capture = self.device.type == "cuda" if capture is None else capture
-        dim, dtype = head.cfg.args.dim, head.fc.weight.dtype
+        dtype = head.fc.weight.dtype
         self._tok = torch.zeros(max_width, dtype=torch.long, device=self.device)
         self._pos = torch.zeros(1, max_width, dtype=torch.long, device=self.device)
-        self._g = torch.zeros(max_width, dim, dtype=dtype, device=self.device)
+        self._aux = torch.zeros(max_width, head.fc.in_features, dtype=dtype, device=self.device)  # fc's input
         pin = self.device.type == "cuda"
         self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory() if pin else torch.zeros(2, max_width, dtype=torch.long)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -112,9 +112,11 @@ class Eagle3Chain:
     def fits(self, T: int, k: int) -> bool:
         return 1 <= T <= self.max_width and k >= 1 and self.cache.lengths[0] + T + k - 1 <= self.cache.max_seq
 
-    def draft(self, tokens: list[int], g: torch.Tensor, k: int) -> list[int] | None:
-        """k greedy drafts (target ids) after feeding `tokens` with their fused states g [T, dim];
-        None where the chain does not apply (too wide a feed, a full cache)."""
+    def draft(self, tokens: list[int], aux: torch.Tensor, k: int, on_device: bool = False) -> list[int] | torch.Tensor | None:
+        """k greedy drafts (target ids) after feeding `tokens` with the verifier's aux states
+        aux [T, 3 x target_dim] (fc applied inside);
+        None where the chain does not apply (too wide a feed, a full cache). on_device: the drafts
+        as the chain's own output tensor [k], not read back (no sync; valid until the next draft)."""
         T = len(tokens)
         if not self.fits(T, k):
             return None
@@ -123,7 +125,7 @@ class Eagle3Chain:
         self._staging[1, :T] = torch.arange(start, start + T)
         self._tok[:T].copy_(self._staging[0, :T], non_blocking=True)
         self._pos[0, :T].copy_(self._staging[1, :T], non_blocking=True)
-        self._g[:T].copy_(g)
+        self._aux[:T].copy_(aux)
         if self.capture:
             if (T, k) not in self.graphs:
                 self.graphs[(T, k)] = self._capture(T, k)
@@ -132,7 +134,7 @@ class Eagle3Chain:
         else:
             out = self._run(T, k)
         self.cache.lengths[0] = start + T + k - 1
-        return out.tolist()
+        return out if on_device else out.tolist()
 
     def warm(self, k: int) -> None:
         """Capture the chains of k drafts after every feed width 1..k + 1 (what a step sends),
@@ -143,7 +145,7 @@ class Eagle3Chain:
             self.fast.prepare(range(1, min(k + 1, self.max_width) + 1))
         for T in range(1, min(k + 1, self.max_width) + 1):
             self.cache.lengths[0] = 0
-            self.draft([0] * T, torch.zeros(T, self._g.shape[1], dtype=self._g.dtype, device=self.device), k)
+            self.draft([0] * T, torch.zeros_like(self._aux[:T]), k)
         self.cache.lengths[0] = 0
 
     def _run(self, T: int, k: int) -> torch.Tensor:
@@ -154,7 +156,7 @@ class Eagle3Chain:
         else:
             step = lambda tok, g, pos: head.step_at(tok, g, pos, self.cache, window)  # noqa: E731
         pos = self._pos[:, :T]
-        h, logits = step(self._tok[:T], self._g[:T], pos)
+        h, logits = step(self._tok[:T], head.fc(self._aux[:T]), pos)
         nxt = head.to_target(logits.argmax())
         drafts, pos = [nxt], pos[:, -1:]
         for _ in range(k - 1):

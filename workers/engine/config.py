@@ -19,7 +19,9 @@ Fields (the only place they are documented; the schema and the registry copy the
                   compiled bodies)
 - fused_add_norm: where the allreduce backend can (symm_mem_ll), the residual add and the next
                   RMS norm run in the allreduce's kernel
-- overlap:        plain greedy decoding on CUDA graphs enqueues step n + 1 before reading step n
+- overlap:        greedy decoding overlaps the host with the device: plain steps on CUDA graphs
+                  enqueue step n + 1 before reading step n; an in-rank EAGLE-3 chain's drafts go to
+                  the verify pass on the device, read back once with its argmaxes
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ ENGINE_FIELDS: dict[str, tuple[tuple, str]] = {
     "compile": ((True, False), "merged weights and torch.compile'd layer bodies inside the graphs (off: the plain model)"),
     "gemv": (GEMV_CHOICES, "step GEMMs: auto (faster of cuBLAS and the Triton GEMV per shape), cublas, triton, or off"),
     "fused_add_norm": ((True, False), "residual add + next RMS norm inside the allreduce kernel where the backend can"),
-    "overlap": ((True, False), "plain greedy decoding enqueues step n + 1 before reading step n (CUDA graphs)"),
+    "overlap": (
+        (True, False),
+        "greedy decoding: plain steps enqueue step n + 1 before reading step n; in-rank EAGLE-3 drafts stay on the device",
+    ),
 }
 
 

@@ -25,6 +25,11 @@ class Proposal:
     tokens: list[int]  # the drafted tokens, at most k (an n-gram miss proposes none)
     probs: torch.Tensor | None = None  # [len(tokens), vocab] drafter distribution, stochastic only
     draft_s: float = 0.0  # time the drafter spent proposing
+    # an in-rank greedy chain under engine.overlap: the k drafts still on the device (`tokens` is
+    # filled when the step reads them together with the verify pass's argmaxes), and CUDA events
+    # around the chain on the GPU, whose elapsed time is then the draft time
+    device_tokens: torch.Tensor | None = None
+    gpu_span: tuple | None = None
 
 
 @dataclass

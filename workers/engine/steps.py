@@ -101,14 +101,21 @@ class StepRunner:
     def _comm_on(self) -> bool:
         return bool(getattr(self.allreduce, "enabled", True))
 
-    def step(self, tokens: list[int]) -> torch.Tensor:
-        T = len(tokens)
+    def step(self, tokens: list[int], tail: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [T, vocab] of `tokens` fed after the cached positions. tail: more tokens [n] on the
+        device (an in-rank chain's drafts), fed after `tokens` without reading them on the host
+        where the step is a graph (copied into its input on the device, behind the chain)."""
+        T = len(tokens) + (0 if tail is None else tail.shape[0])
         if not self.use_graphs or T > self.max_width:
+            if tail is not None:
+                tokens = tokens + tail.tolist()
             return self.model(torch.tensor([tokens], device=self.device), self.cache)[0]
         start = self.cache.lengths[0]
         if start + T > self.cache.max_seq:
             raise ValueError(f"sequence length {start + T} exceeds the cache ({self.cache.max_seq})")
-        self._stage(tokens, start)
+        self._stage(tokens, start, T)
+        if tail is not None:
+            self._inputs[0, len(tokens) : T].copy_(tail)
         key = (T, self._comm_on())
         if key not in self.graphs:
             self.graphs[key] = self._capture_or_fall_back(T)
@@ -200,9 +207,10 @@ class StepRunner:
             drafts.append(nxt)
         return torch.stack(drafts)
 
-    def _stage(self, tokens: list[int], start: int) -> None:
-        T = len(tokens)
-        self._staging[0, :T] = torch.tensor(tokens)
+    def _stage(self, tokens: list[int], start: int, T: int | None = None) -> None:
+        """Tokens and the positions of T entries (default: as many as tokens) into the step's input."""
+        T = len(tokens) if T is None else T
+        self._staging[0, : len(tokens)] = torch.tensor(tokens)
         self._staging[1, :T] = torch.arange(start, start + T)
         self._inputs.copy_(self._staging, non_blocking=True)
 

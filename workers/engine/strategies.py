@@ -140,9 +140,10 @@ class Rank:
     def decides(self) -> bool:
         return self.index == 0 or self.local
 
-    def score(self, seq: Sequence, tokens: list[int]) -> torch.Tensor:
-        """Logits [len(tokens), vocab] of `tokens` fed after the sequence's cached positions."""
-        return self.steps.step(tokens)
+    def score(self, seq: Sequence, tokens: list[int], tail: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [len(tokens) (+ len(tail)), vocab] of `tokens` (then the device tokens `tail`) fed
+        after the sequence's cached positions."""
+        return self.steps.step(tokens, tail)
 
     def first_token(self, logits: torch.Tensor) -> VerifyResult:
         w = self.w
@@ -203,6 +204,10 @@ class StepStrategy:
     def propose(self, seq: Sequence) -> Proposal:
         raise NotImplementedError
 
+    def propose_for_step(self, seq: Sequence) -> Proposal:
+        """The proposal of `step` (batch 1): `propose`, or drafts left on the device where the mode can."""
+        return self.propose(seq)
+
     def decide(self, seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> tuple[int, list[int]]:
         """Drafts kept and the new tokens (kept drafts + one more); deciding ranks only."""
         # p: the verifier's probability of draft d_i, q: the drafter's (q = 1 for a deterministic drafter)
@@ -228,19 +233,32 @@ class StepStrategy:
         t0 = time.perf_counter()
         # the phase labels cost a flag check unless a profiler runs (workers/tools/trace_decode.py)
         with record_function("spectune.propose"):
-            proposal = self.propose(seq)
+            proposal = self.propose_for_step(seq)
         t1 = time.perf_counter()
         calls0, comm0 = r.counters.calls, r.counters.seconds
         base = r.cache.lengths[seq.row]
+        on_device = proposal.device_tokens is not None
         with record_function("spectune.verify"):
-            logits = r.score(seq, [seq.tokens[-1], *proposal.tokens])
+            logits = r.score(seq, [seq.tokens[-1], *proposal.tokens], proposal.device_tokens)
         mine = None
         if r.decides:
             with record_function("spectune.decide"):
-                n, new = self.decide(seq, proposal, logits)
+                if on_device:  # greedy: the drafts and the verify pass's argmaxes in one transfer
+                    k = proposal.device_tokens.shape[0]
+                    read = torch.cat([proposal.device_tokens, logits.argmax(-1)]).tolist()
+                    proposal.tokens = read[:k]
+                    n, new = self.decide_greedy(seq, proposal, read[k:])
+                else:
+                    n, new = self.decide(seq, proposal, logits)
                 new, done = finish(new, seq.n_generated, self.w)
                 mine = VerifyResult(accepted=n, tokens=new, done=done)
         t2 = time.perf_counter()
+        draft_s, verify_s = proposal.draft_s, t2 - t1
+        if proposal.gpu_span is not None:  # the chain ran on the GPU while the host went on: its own time
+            if not r.decides:
+                proposal.gpu_span[1].synchronize()
+            draft_s = proposal.gpu_span[0].elapsed_time(proposal.gpu_span[1]) / 1e3
+            verify_s = max(0.0, t2 - t0 - draft_s)
         with record_function("spectune.publish"):
             res = r.publish(mine)
         # keep [last, d_1..d_accepted]; the correction / bonus token is fed next step
@@ -249,12 +267,12 @@ class StepStrategy:
         seq.steps += 1
         seq.accepted += len(res.tokens) - 1
         return StepRecord(
-            drafted=len(proposal.tokens),
+            drafted=proposal.device_tokens.shape[0] if on_device else len(proposal.tokens),
             accepted=res.accepted,
             emitted=len(res.tokens),
             step_s=time.perf_counter() - t0,
-            verify_s=t2 - t1,
-            draft_s=proposal.draft_s,
+            verify_s=verify_s,
+            draft_s=draft_s,
             comm_calls=r.counters.calls - calls0,
             comm_s=r.counters.seconds - comm0,
         )
@@ -332,11 +350,15 @@ class PlainSteps(StepStrategy):
 
 
 class InRankDrafting(StepStrategy):
-    """The drafter runs inside this rank (every rank a copy, fed the same committed tokens)."""
+    """The drafter runs inside this rank (every rank a copy, fed the same committed tokens).
+    overlap (engine.overlap) under greedy decoding: a drafter that can leaves its drafts on the
+    device for the verify pass (`propose_on_device`), so the host launches the verify graph while
+    the draft chain still runs and reads drafts and argmaxes back once."""
 
-    def __init__(self, rank: Rank, drafter: Drafter):
+    def __init__(self, rank: Rank, drafter: Drafter, overlap: bool = False):
         super().__init__(rank)
         self.drafter = drafter
+        self.on_device = overlap and self.w.temperature <= 0
 
     def begin_run(self, capture: bool = True) -> None:
         super().begin_run(capture)
@@ -359,6 +381,12 @@ class InRankDrafting(StepStrategy):
 
     def propose(self, seq: Sequence) -> Proposal:
         return (seq.drafter or self.drafter).propose(seq.tokens, self.k)
+
+    def propose_for_step(self, seq: Sequence) -> Proposal:
+        d = seq.drafter or self.drafter
+        if self.on_device and hasattr(d, "propose_on_device"):
+            return d.propose_on_device(seq.tokens, self.k)
+        return d.propose(seq.tokens, self.k)
 
 
 class LinkedDrafting(StepStrategy):
@@ -387,7 +415,15 @@ class SimulatedAcceptance(StepStrategy):
         self.source.begin_prompt(seq)
 
     def propose(self, seq: Sequence) -> Proposal:
-        p = self.source.propose(seq)
+        return self._pad(seq, self.source.propose(seq))
+
+    def propose_for_step(self, seq: Sequence) -> Proposal:
+        p = self.source.propose_for_step(seq)
+        return p if p.device_tokens is not None and p.device_tokens.shape[0] == self.k else self._pad(seq, p)
+
+    def _pad(self, seq: Sequence, p: Proposal) -> Proposal:
+        if p.device_tokens is not None:  # a short chain on the device: read it to pad (rare: the cache's end)
+            p = Proposal(tokens=p.device_tokens.tolist(), draft_s=p.draft_s)
         pad = [p.tokens[-1] if p.tokens else seq.tokens[-1]] * (self.k - len(p.tokens))
         return Proposal(tokens=p.tokens + pad, probs=p.probs, draft_s=p.draft_s)
 
@@ -413,5 +449,5 @@ def strategy_for(rank: Rank, drafter: Drafter | None, overlap: bool) -> StepStra
     w = rank.w
     if w.num_draft_tokens == 0:
         return PlainSteps(rank, overlap)
-    source = InRankDrafting(rank, drafter) if drafter is not None else LinkedDrafting(rank)
+    source = InRankDrafting(rank, drafter, overlap) if drafter is not None else LinkedDrafting(rank)
     return source if w.simulate_accept_len is None else SimulatedAcceptance(rank, source, w.simulate_accept_len)

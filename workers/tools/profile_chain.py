@@ -6,7 +6,7 @@
 Builds the head as a decode does (`load_head`, bf16, on the GPU), then per chain body (the fast
 head step of workers/drafters/eagle3_chain.py, and the eager head step) captures the chain of k
 drafts after `width` fed entries as the drafter does and times its replays (CUDA events, median).
-The roofline is the weight bytes k head steps stream (decoder layer, draft lm_head) over the
+The roofline is the weight bytes k head steps stream (decoder layer, draft lm_head), plus fc once, over the
 measured copy bandwidth. Then torch.profiler lists the fast chain's kernels by total time, with
 their count per chain.
 """
@@ -21,9 +21,13 @@ import torch
 
 def chain_weight_bytes(head) -> int:
     """Bytes one head step streams: the decoder layer and the draft lm_head (not fc: the verifier's
-    states are fused once per step, outside the chain; not the embedding: one row is read)."""
+    states are fused once per chain, `fc_bytes`; not the embedding: one row is read)."""
     layer = sum(p.numel() * p.element_size() for p in head.midlayer.parameters())
     return layer + head.lm_head.weight.numel() * head.lm_head.weight.element_size()
+
+
+def fc_bytes(head) -> int:
+    return head.fc.weight.numel() * head.fc.weight.element_size()
 
 
 def main(argv=None) -> None:
@@ -59,12 +63,12 @@ def main(argv=None) -> None:
         cache = head.new_cache()
         chain = Eagle3Chain(head, cache, MAX_DRAFT_TOKENS + 1, capture=True, fast=fast)
         chain.warm(a.k)
-        g = torch.randn(a.width, args.dim, dtype=torch.bfloat16, device=device)
+        aux = torch.randn(a.width, head.fc.in_features, dtype=torch.bfloat16, device=device)
         cache.lengths[0] = a.position
-        chain.draft(list(range(1, a.width + 1)), g, a.k)  # captures (width, k)
+        chain.draft(list(range(1, a.width + 1)), aux, a.k)  # captures (width, k)
         graph, _ = chain.graphs[(a.width, a.k)]
         ms = replay_ms(graph, device)
-        nbytes = a.k * chain_weight_bytes(head)
+        nbytes = a.k * chain_weight_bytes(head) + fc_bytes(head)
         roof_ms = nbytes / bw * 1e3
         r = {"replay_ms": ms, "weight_gb": nbytes / 1e9, "roofline_ms": roof_ms, "roofline_fraction": roof_ms / ms}
         if fast is not None:
