@@ -33,9 +33,10 @@ stage() { [[ $STAGES == *" $1 "* ]]; }
 #    data.pt, the optimizer in train_state.pt, saved every 100 steps); TRAIN_S caps this call's stage.
 #    A small run first: if the GPU generation path fails, it fails in seconds, not after the budget.
 stage train && { echo "=== train-drafter" >> "$log"
-[ -f "$W/head/data.pt" ] || timeout -k 10 120 $PY -m orchestrator train-drafter --model smollm2-135m --split train --num-prompts 8 \
+[ -f "$W/head/data.pt" ] || { rm -rf "$W/smoke"  # a fresh smoke run: its own cached responses would skip generation
+  timeout -k 10 120 $PY -m orchestrator train-drafter --model smollm2-135m --split train --num-prompts 8 \
     --self-prompts 8 --self-documents 4 --max-new-tokens 32 --max-steps 2 --device cuda --out "$W/smoke" >> "$log" 2>&1 \
-  || { echo "!!! train-drafter smoke failed" >> "$log"; STAGES=" "; }
+  || { echo "!!! train-drafter smoke failed" >> "$log"; STAGES=" "; }; }
 stage train && { timeout -k 10 "${TRAIN_S:-570}" $PY -m orchestrator train-drafter --model smollm2-135m --split train \
     --synthetic-prompts "${SYNTH:-4000}" --self-prompts "${SELF:-8000}" --self-documents "${SELF_DOCS:-3000}" \
     --max-new-tokens 256 --gen-batch 512 --max-steps "${STEPS:-20000}" --max-time "${TRAIN_TIME:-600}" --batch 32 --pack-tokens 8192 \

@@ -87,7 +87,13 @@ def _self_prompts(model, tok, eos: set[int], o: TrainOptions, fast) -> list[str]
     after = hf(full[full.index(mark) + len(mark) :], add_special_tokens=False)["input_ids"]
     stop = set(eos) | ({after[0]} if after else set())
     rows = self_prompts(model, prefix, stop, o.self_prompts, o.seed, batch=min(o.gen_batch, o.self_prompts), fast=fast)
-    return [hf.decode(r, skip_special_tokens=True).strip() for r in rows]
+    # distinct token rows can decode to one text (whitespace, special tokens): distinct non-empty texts
+    return [t for t in dict.fromkeys(hf.decode(r, skip_special_tokens=True).strip() for r in rows) if t]
+
+
+def _val_every(o: TrainOptions, n: int) -> int:
+    """Every how many of the first n responses one is kept for validation (0: none)."""
+    return o.val_every if o.val_every > 1 and n >= 2 * o.val_every else 0
 
 
 def _answer(model, encoded: list[list[int]], eos: set[int], o: TrainOptions, fast, t0: float) -> list:
@@ -159,15 +165,16 @@ def train(o: TrainOptions) -> dict:
         "prompts_sha256": hashlib.sha256("\0".join(p.text for p in prompts).encode()).hexdigest(),
         "target": str(path),
         "max_new_tokens": o.max_new_tokens,
-        "self_prompts": [o.self_prompts, o.seed],  # sampled by the target: the count and the seed name them
-        "self_documents": o.self_documents,
+        "self_prompts": [o.self_prompts, o.seed if o.self_prompts else None],  # sampled by the target: the count and the seed name them
+        # documents are made of training answers only: which ones depends on the validation split
+        "self_documents": [o.self_documents, o.val_every if o.self_documents else None],
     }
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
-        if {"self_prompts": [0, o.seed], "self_documents": 0} | data.get("made_by", made_by) != made_by:  # older data: none of those
+        if {"self_prompts": [0, None], "self_documents": [0, None]} | data.get("made_by", made_by) != made_by:  # older data: none of those
             raise UserError(
                 f"{data_file} holds responses to other prompts or of another target or length (--prompts, --split, --num-prompts, "
-                "--synthetic-prompts, --self-prompts, --self-documents, --seed, --model, --max-new-tokens); use the same ones or a new --out"
+                "--synthetic-prompts, --self-prompts, --self-documents, --val-every, --seed, --model, --max-new-tokens); use the same ones or a new --out"
             )
         _log(f"spectune: {len(data['samples'])} responses from {data_file}")
     else:
@@ -181,18 +188,26 @@ def train(o: TrainOptions) -> dict:
             encoded += [tok.encode_prompt(text) for text in written]
             _log(f"spectune: {len(written)} prompts written by the target ({time.perf_counter() - t0:.0f}s)")
         samples = _answer(model, encoded, eos, o, fast, t0)
+        first_round = len(samples)
         if o.self_documents:
             from orchestrator.synth_prompts import document_prompts
 
-            own = [(q, s.tokens[s.prompt_len :].tolist()) for q, s in zip(written, samples[len(samples) - len(written) :])]
+            # only answers that train: a validation answer inside a training document (or copied by
+            # its response) would score memorising as drafting
+            every = _val_every(o, first_round)
+            own = [
+                (q, s.tokens[s.prompt_len :].tolist())
+                for i, (q, s) in enumerate(zip(written, samples[first_round - len(written) :]), first_round - len(written))
+                if not every or i % every != every - 1
+            ]
             long_enough = min(32, o.max_new_tokens)  # tokens: a one-line answer makes no document
             own = [(q, tok.decode(r).strip()) for q, r in own if len(r) >= long_enough]
-            documents = document_prompts(own, o.self_documents, o.seed)
             room = args.max_position_embeddings - o.max_new_tokens
-            more = [e for e in (tok.encode_prompt(d.text) for d in documents) if len(e) <= room]
-            samples += _answer(model, more, eos, o, fast, t0)
+            documents = [d for d in document_prompts(own, o.self_documents, o.seed) if len(tok.encode_prompt(d.text)) <= room]
+            samples += _answer(model, [tok.encode_prompt(d.text) for d in documents], eos, o, fast, t0)
         data = {
             "samples": samples,
+            "first_round": first_round,  # validation is drawn from these; the document samples all train
             "prompts": len(samples),
             "self_prompts": written,  # their texts, for provenance
             "document_prompts": [d.text for d in documents],
@@ -205,9 +220,10 @@ def train(o: TrainOptions) -> dict:
         _log(f"spectune: {data_file} holds no prompt argmaxes (an older version's data): response positions only")
     # validation: responses to train-split prompts kept out of the optimizer (never held-out prompts);
     # the public-format head in OUT is the step with the best validation accepted length, not the last
-    every = o.val_every if o.val_every > 1 and len(samples) >= 2 * o.val_every else 0
-    val = samples[every - 1 :: every] if every else []
-    samples = [s for i, s in enumerate(samples) if not every or i % every != every - 1]
+    first_round = data.get("first_round", len(samples))
+    every = _val_every(o, first_round)
+    val = samples[every - 1 : first_round : every] if every else []
+    samples = [s for i, s in enumerate(samples) if not every or i >= first_round or i % every != every - 1]
     draft_ids = draft_vocabulary(samples, min(o.draft_vocab, args.vocab_size), args.vocab_size)
     head = warm_start(model, aux_layers, draft_ids, seed=o.seed).to(device)
     del model

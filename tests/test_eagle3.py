@@ -336,7 +336,7 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "--synthetic-prompts",
         "1",
         "--self-prompts",
-        "1",
+        "2",
         "--self-documents",
         "1",
         "--gen-batch",
@@ -360,14 +360,16 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     assert "loss" in r.stderr and "acc" in r.stderr and "val acc" in r.stderr  # the progress line
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
     training = json.loads((out / "training.json").read_text())
-    # 2 bundled + 1 synthetic prompt + 1 the target wrote itself + 1 over its own answer to that;
-    # every 2nd response kept out of training; the head saved is the step whose validation accepted
-    # length was best
+    # 2 bundled + 1 synthetic prompt + 2 the target wrote itself, every 2nd of those 5 responses kept
+    # for validation (the 2nd and the 4th); then 1 over its own training answer (the 5th: the 4th,
+    # a validation answer, never goes into a document); the head saved is the step whose validation
+    # accepted length was best
     data = torch.load(out / "data.pt", weights_only=False)
     written, documents = data["self_prompts"], data["document_prompts"]
-    assert training["options"]["synthetic_prompts"] == 1 and len(written) == 1 and written[0].strip()
-    assert len(documents) == 1 and tokenizer_text(data["samples"][3]) in documents[0]  # the answer to the written prompt is the document
-    assert training["responses"] == 3 and training["validation_responses"] == 2
+    assert training["options"]["synthetic_prompts"] == 1 and len(written) == 2 and all(w.strip() for w in written)
+    assert data["first_round"] == 5 and len(documents) == 1
+    assert tokenizer_text(data["samples"][4]) in documents[0] and tokenizer_text(data["samples"][3]) not in documents[0]
+    assert training["responses"] == 4 and training["validation_responses"] == 2
     assert [h["step"] for h in training["history"]] == [2, 4] and all(len(h["val_acc"]) == 3 for h in training["history"])
     assert all(1.0 <= h["val_accept_len"] <= 4.0 for h in training["history"])
     assert training["best_step"] in (2, 4)
@@ -383,7 +385,7 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "--synthetic-prompts",
         "1",
         "--self-prompts",
-        "1",
+        "2",
         "--self-documents",
         "1",
         "--max-new-tokens",
@@ -483,6 +485,34 @@ def test_training_labels_are_the_targets_own_argmax_at_every_position(tiny_ckpt)
     _, with_prompt, _ = ttt_loss(head, samples[0], 2, prompt_labels=True)
     # step j's entries predict positions 2 + j ..: the prompt adds positions 2 + j .. prompt_len - 1
     assert [b - a for a, b in zip(resp_only, with_prompt)] == [len(prompts[0]) - 2 - j for j in range(2)]
+
+
+@torch.no_grad()
+def test_validation_accepted_length_counts_only_chains_whose_every_draft_is_scored(tiny_ckpt):
+    """validation_accuracy's accepted length: over the entries whose `steps` drafts are all response
+    positions (not the ones near the prompt's end whose first drafts are prompt positions), 1 + the
+    drafts before the first wrong one."""
+    from workers.drafters.eagle3_train import draft_vocabulary, generate, ttt_loss, validation_accuracy, warm_start
+
+    model = load_model(tiny_ckpt)
+    model.aux_layers = (0, 1, 1)
+    samples = generate(model, [list(range(5, 17)), list(range(40, 49))], max_new=12, eos=set())
+    head = warm_start(model, model.aux_layers, draft_vocabulary(samples, 512, 512))
+    steps, chains, accepted = 3, 0, 0
+    for x in samples:
+        hits: list = []
+        ttt_loss(head, x, steps, hits=hits)
+        for i in range(len(x.tokens) - 1):
+            if all(mask[i] for mask, _ in hits):  # every draft of the chain from entry i is scored
+                assert x.prompt_len <= i + 2 and i + 1 + steps < len(x.tokens)
+                chains += 1
+                run = 0
+                while run < steps and hits[run][1][i]:
+                    run += 1
+                accepted += run
+    assert chains == sum(len(x.tokens) - x.prompt_len - steps + 1 for x in samples)  # entries P - 2 .. N - 2 - steps
+    _, mean = validation_accuracy(head, samples, steps)
+    assert mean == pytest.approx(1 + accepted / chains)
 
 
 def test_a_packed_batch_scores_each_sample_as_it_alone_would(tiny_ckpt):

@@ -346,7 +346,9 @@ def validation_accuracy(head: Eagle3Head, samples: list[Sample], steps: int, pac
         _, c, k = ttt_loss(head, group, steps, prompt_labels=False, hits=hits)
         counts = [a + b for a, b in zip(counts, c)]
         correct = [a + b for a, b in zip(correct, k)]
-        full = hits[-1][0]  # chains whose last draft is scored (then every earlier one is)
+        # chains whose every draft is scored: validity shrinks with the step and the first scored
+        # position grows with it, so the first and the last step's masks cover the ones between
+        full = hits[0][0] & hits[-1][0]
         run = torch.ones_like(full)
         for _, ok in hits:
             run = run & ok

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
+import torch.autograd.profiler as autograd_profiler
 from torch.profiler import record_function
 
 from workers.comm.base import CommCounters
@@ -175,6 +177,12 @@ class Rank:
         return self.link.recv_result()
 
 
+def phase(name: str):
+    """A labelled range of a spec step in a profiler's trace (workers/tools/trace_decode.py); nothing
+    unless a profiler runs (a label costs a dispatcher call on enter and exit, tens of us on a slow host)."""
+    return record_function(name) if autograd_profiler._is_profiler_enabled else nullcontext()
+
+
 class StepStrategy:
     """One mode of the decode loop. Subclasses say where drafts come from (`propose`) and how the
     deciding ranks pick the new tokens (`decide`); the step around them is shared."""
@@ -231,18 +239,17 @@ class StepStrategy:
     def step(self, seq: Sequence) -> StepRecord:
         r = self.r
         t0 = time.perf_counter()
-        # the phase labels cost a flag check unless a profiler runs (workers/tools/trace_decode.py)
-        with record_function("spectune.propose"):
+        with phase("spectune.propose"):
             proposal = self.propose_for_step(seq)
         t1 = time.perf_counter()
         calls0, comm0 = r.counters.calls, r.counters.seconds
         base = r.cache.lengths[seq.row]
         on_device = proposal.device_tokens is not None
-        with record_function("spectune.verify"):
+        with phase("spectune.verify"):
             logits = r.score(seq, [seq.tokens[-1], *proposal.tokens], proposal.device_tokens)
         mine = None
         if r.decides:
-            with record_function("spectune.decide"):
+            with phase("spectune.decide"):
                 if on_device:  # greedy: the drafts and the verify pass's argmaxes in one transfer
                     k = proposal.device_tokens.shape[0]
                     read = torch.cat([proposal.device_tokens, logits.argmax(-1)]).tolist()
@@ -254,12 +261,12 @@ class StepStrategy:
                 mine = VerifyResult(accepted=n, tokens=new, done=done)
         t2 = time.perf_counter()
         draft_s, verify_s = proposal.draft_s, t2 - t1
-        if proposal.gpu_span is not None:  # the chain ran on the GPU while the host went on: its own time
-            if not r.decides:
-                proposal.gpu_span[1].synchronize()
+        # the chain ran on the GPU while the host went on: its own time, complete once decide read the
+        # drafts (device drafts are greedy, where every rank decides)
+        if proposal.gpu_span is not None and r.decides:
             draft_s = proposal.gpu_span[0].elapsed_time(proposal.gpu_span[1]) / 1e3
             verify_s = max(0.0, t2 - t0 - draft_s)
-        with record_function("spectune.publish"):
+        with phase("spectune.publish"):
             res = r.publish(mine)
         # keep [last, d_1..d_accepted]; the correction / bonus token is fed next step
         r.cache.rollback(seq.row, base + 1 + res.accepted)

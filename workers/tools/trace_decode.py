@@ -47,7 +47,8 @@ def overlap(busy: list[tuple[float, float]], s: float, e: float) -> float:
 def summarize(events: list[dict]) -> dict:
     """From chrome-trace events (microseconds): the window of the timed run, the GPU's busy time in
     it, and per phase label its count, host time and GPU idle time within its spans."""
-    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    gpu_work = ("kernel", "gpu_memcpy", "gpu_memset")
+    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e.get("cat") in gpu_work]
     # the host's spans (cat user_annotation); the profiler mirrors each label on the GPU's timeline too
     # (gpu_user_annotation), which is not host time
     host = [e for e in events if e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation"]
