@@ -86,7 +86,7 @@ def _add_decode(sub) -> None:
         "--no-overlap",
         dest="overlap",
         action="store_false",
-        help="engine.overlap=false: plain greedy decoding reads each step before launching the next",
+        help="engine.overlap=false: greedy steps read each step back before launching the next (in-rank EAGLE-3 drafts too)",
     )
     p.add_argument(
         "--ray",
