@@ -13,25 +13,19 @@ the cache, calls `begin_prompt`, prefills, publishes the first token, calls `pre
 The modes, one class each (`strategy_for` picks one per run):
     PlainSteps            k = 0, the baseline: no drafts; greedy decoding on CUDA graphs keeps one
                           step in flight (`StepRunner.greedy_launch`) instead of stepping
-    InRankDrafting        a drafter inside every verifier rank (n-gram) proposes from the committed
+    InRankDrafting        a drafter inside every verifier rank (n-gram, EAGLE-3) proposes from the committed
                           tokens each rank holds: no link message per step
     LinkedDrafting        proposals arrive over the draft link from the drafter process
     SimulatedAcceptance   proposals from either source, padded to k, and tau - 1 of them accepted per
                           step on average: engine speed apart from drafter quality
 
-Extension points (what changes where, and what stays):
-- A hidden-state drafter (EAGLE-3 reads the verifier's hidden states of three layers at every
-  committed position): the score move is the one call of the model (`Rank.score`); it returns
-  those layers' rows too once the step runner captures them. `prefilled` receives the prompt's
-  rows, and the decide move's rows 0..accepted (the positions whose next token is now fixed) ride
-  in `VerifyResult.hidden`, which `publish` already carries to the drafter process; an in-rank
-  drafter gets them from its strategy before its next `propose`. The loop and the other modes
-  stay as they are.
-- A batch of B sequences (workers/engine/batched.py): all per-sequence state lives in `Sequence`
-  (tokens, done, steps, accepted, margins, its KV cache row, its copy of an in-rank drafter), and
-  `propose` / `decide` take one sequence and its rows of logits, so the batched loop reuses them
-  as they are: it proposes for each live sequence, scores B x W tokens in one pass, decides and
-  rolls back each row by its own acceptance.
+Hidden states (EAGLE-3): `Rank.score` is the one call of the model; `publish` hands the rows of the
+kept positions to an in-rank drafter, or in `VerifyResult.hidden` to the drafter process. Under
+`engine.overlap` an in-rank greedy chain leaves its drafts on the device (`propose_for_step`): the
+verify pass reads them there and `decide` reads them back with its argmaxes, one sync a step.
+A batch of B sequences (workers/engine/batched.py) reuses `propose` / `decide` per sequence: all
+per-sequence state lives in `Sequence` (tokens, done, steps, accepted, margins, its KV cache row,
+its copy of an in-rank drafter).
 """
 
 from __future__ import annotations
@@ -178,8 +172,7 @@ class Rank:
 
 
 def phase(name: str):
-    """A labelled range of a spec step in a profiler's trace (workers/tools/trace_decode.py); nothing
-    unless a profiler runs (a label costs a dispatcher call on enter and exit, tens of us on a slow host)."""
+    """A spec step's labelled range in a profiler's trace (workers/tools/trace_decode.py); else nothing (a label costs microseconds)."""
     return record_function(name) if autograd_profiler._is_profiler_enabled else nullcontext()
 
 
@@ -261,8 +254,7 @@ class StepStrategy:
                 mine = VerifyResult(accepted=n, tokens=new, done=done)
         t2 = time.perf_counter()
         draft_s, verify_s = proposal.draft_s, t2 - t1
-        # the chain ran on the GPU while the host went on: its own time, complete once decide read the
-        # drafts (device drafts are greedy, where every rank decides)
+        # device drafts (greedy: every rank decides): the chain's own GPU time, its events done once decide read
         if proposal.gpu_span is not None and r.decides:
             draft_s = proposal.gpu_span[0].elapsed_time(proposal.gpu_span[1]) / 1e3
             verify_s = max(0.0, t2 - t0 - draft_s)
@@ -357,10 +349,8 @@ class PlainSteps(StepStrategy):
 
 
 class InRankDrafting(StepStrategy):
-    """The drafter runs inside this rank (every rank a copy, fed the same committed tokens).
-    overlap (engine.overlap) under greedy decoding: a drafter that can leaves its drafts on the
-    device for the verify pass (`propose_on_device`), so the host launches the verify graph while
-    the draft chain still runs and reads drafts and argmaxes back once."""
+    """The drafter runs inside this rank (every rank a copy, fed the same committed tokens); with
+    overlap, greedy, a drafter that can leaves its drafts on the device (`propose_on_device`)."""
 
     def __init__(self, rank: Rank, drafter: Drafter, overlap: bool = False):
         super().__init__(rank)
