@@ -203,8 +203,9 @@ def train(o: TrainOptions) -> dict:
             long_enough = min(32, o.max_new_tokens)  # tokens: a one-line answer makes no document
             own = [(q, tok.decode(r).strip()) for q, r in own if len(r) >= long_enough]
             room = args.max_position_embeddings - o.max_new_tokens
-            documents = [d for d in document_prompts(own, o.self_documents, o.seed) if len(tok.encode_prompt(d.text)) <= room]
-            samples += _answer(model, [tok.encode_prompt(d.text) for d in documents], eos, o, fast, t0)
+            fit = [(d, e) for d in document_prompts(own, o.self_documents, o.seed) if len(e := tok.encode_prompt(d.text)) <= room]
+            documents = [d for d, _ in fit]
+            samples += _answer(model, [e for _, e in fit], eos, o, fast, t0)
         data = {
             "samples": samples,
             "first_round": first_round,  # validation is drawn from these; the document samples all train

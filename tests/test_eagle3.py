@@ -327,35 +327,9 @@ def _cli(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     out = tmp_path / "head"
-    r = _cli(
-        "train-drafter",
-        "--model",
-        "smollm2-135m",
-        "--num-prompts",
-        "2",
-        "--synthetic-prompts",
-        "1",
-        "--self-prompts",
-        "2",
-        "--self-documents",
-        "1",
-        "--gen-batch",
-        "2",
-        "--pack-tokens",
-        "40",
-        "--max-new-tokens",
-        "16",
-        "--max-steps",
-        "4",
-        "--draft-vocab",
-        "512",
-        "--save-every",
-        "2",
-        "--val-every",
-        "2",
-        "--out",
-        str(out),
-    )
+    prompts = "train-drafter --model smollm2-135m --num-prompts 2 --synthetic-prompts 1 --self-prompts 2".split()
+    same = [*prompts, *"--self-documents 1 --max-new-tokens 16 --draft-vocab 512 --val-every 2".split()]
+    r = _cli(*same, *"--gen-batch 2 --pack-tokens 40 --max-steps 4 --save-every 2 --out".split(), str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "loss" in r.stderr and "acc" in r.stderr and "val acc" in r.stderr  # the progress line
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
@@ -376,44 +350,10 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
     # resumable: a longer run with the same folder reuses the responses and starts at step 4
-    r = _cli(
-        "train-drafter",
-        "--model",
-        "smollm2-135m",
-        "--num-prompts",
-        "2",
-        "--synthetic-prompts",
-        "1",
-        "--self-prompts",
-        "2",
-        "--self-documents",
-        "1",
-        "--max-new-tokens",
-        "16",
-        "--max-steps",
-        "5",
-        "--draft-vocab",
-        "512",
-        "--val-every",
-        "2",
-        "--out",
-        str(out),
-    )
+    r = _cli(*same, "--max-steps", "5", "--out", str(out))
     assert r.returncode == 0 and "resuming at step 4" in r.stderr and "responses from" in r.stderr, r.stderr[-2000:]
     # responses made for other prompts are refused, not silently trained on
-    r = _cli(
-        "train-drafter",
-        "--model",
-        "smollm2-135m",
-        "--num-prompts",
-        "2",
-        "--synthetic-prompts",
-        "1",
-        "--self-prompts",
-        "2",
-        "--out",
-        str(out),
-    )
+    r = _cli(*prompts, "--out", str(out))
     assert r.returncode == 2 and "--self-prompts" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
     r = _cli("train-drafter", "--model", "smollm2-135m", "--self-documents", "2", "--out", str(tmp_path / "other"))
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("spectune: error: --self-documents"), r.stderr[-2000:]

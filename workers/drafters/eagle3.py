@@ -320,6 +320,8 @@ class Eagle3Drafter(Drafter):
         # graph per feed width; True on CPU runs the same body uncaptured, for tests)
         self.chain = Eagle3Chain(head, self.cache, MAX_DRAFT_TOKENS + 1, fast=fast)
         self.use_chain = self.chain.capture if chain is None else chain
+        # around a chain left on the device (propose_on_device): its GPU time, read after the step's sync
+        self._span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.chain.capture else None
         self.begin(0.0, 0)
         self.prefill([])
 
@@ -382,17 +384,15 @@ class Eagle3Drafter(Drafter):
             if len(feed) > self.chain.max_width:  # the prompt's states: all but the last eagerly
                 self.head.step(torch.tensor(feed[:-1], device=self.device), self.head.fc(aux[:-1]), self.cache)
                 feed, aux = feed[-1:], aux[-1:]
-            span = (
-                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if on_device and self.chain.capture else None
-            )
+            span = self._span if on_device else None
             if span:
                 span[0].record()
             tokens = self.chain.draft(feed, aux, k, on_device)
+            if span:
+                span[1].record()
             if tokens is not None:
                 self.ctx = n
                 if on_device:
-                    if span:
-                        span[1].record()
                     return Proposal(tokens=[], device_tokens=tokens, gpu_span=span, draft_s=time.perf_counter() - t0)
                 return Proposal(tokens=tokens, draft_s=time.perf_counter() - t0)
         h, logits = self.head.step(torch.tensor(feed, device=self.device), self.head.fc(aux), self.cache)

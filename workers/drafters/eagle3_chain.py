@@ -4,8 +4,8 @@
     drafts = chain.draft(tokens, aux, k)                # list of k target ids, or None (use the eager loop)
 
 One replay fuses the verifier's aux states of the `T` staged entries (g_i = fc(aux_i)), runs the
-head's step on them (tokens x_{i+1} and states g_i at positions start..start+T-1), takes the argmax of the last entry's draft logits, maps it to a target
-id, and k - 1 times feeds that token with the head's own pre-norm output at the next position,
+head's step on them (tokens x_{i+1} and states g_i at positions start..start+T-1), takes the
+argmax of the last entry's draft logits, maps it to a target id, and k - 1 times feeds that token with the head's own pre-norm output at the next position,
 all on the device: k drafts cost one launch and one host sync instead of ~30 kernels and a sync
 per draft. Positions live in a device buffer, so no shape depends on the sequence length. A graph
 is captured per (T, k) on first use, or ahead of timing by `warm`.
@@ -114,9 +114,9 @@ class Eagle3Chain:
 
     def draft(self, tokens: list[int], aux: torch.Tensor, k: int, on_device: bool = False) -> list[int] | torch.Tensor | None:
         """k greedy drafts (target ids) after feeding `tokens` with the verifier's aux states
-        aux [T, 3 x target_dim] (fc applied inside);
-        None where the chain does not apply (too wide a feed, a full cache). on_device: the drafts
-        as the chain's own output tensor [k], not read back (no sync; valid until the next draft)."""
+        aux [T, 3 x target_dim] (fc applied inside); None where the chain does not apply (too wide a
+        feed, a full cache). on_device: the drafts as the chain's own output tensor [k], not read
+        back (no sync; valid until the next draft)."""
         T = len(tokens)
         if not self.fits(T, k):
             return None

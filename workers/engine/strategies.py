@@ -416,11 +416,9 @@ class SimulatedAcceptance(StepStrategy):
 
     def propose_for_step(self, seq: Sequence) -> Proposal:
         p = self.source.propose_for_step(seq)
-        return p if p.device_tokens is not None and p.device_tokens.shape[0] == self.k else self._pad(seq, p)
+        return p if p.device_tokens is not None else self._pad(seq, p)  # a device chain is k drafts long
 
     def _pad(self, seq: Sequence, p: Proposal) -> Proposal:
-        if p.device_tokens is not None:  # a short chain on the device: read it to pad (rare: the cache's end)
-            p = Proposal(tokens=p.device_tokens.tolist(), draft_s=p.draft_s)
         pad = [p.tokens[-1] if p.tokens else seq.tokens[-1]] * (self.k - len(p.tokens))
         return Proposal(tokens=p.tokens + pad, probs=p.probs, draft_s=p.draft_s)
 
