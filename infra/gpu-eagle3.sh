@@ -28,17 +28,16 @@ STAGES=" ${STAGES:-train heldout chain} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
 # 1. train on the GPU: every train-split prompt, SYNTH made-up ones (orchestrator/synth_prompts.py),
-#    SELF written by the target itself (Magpie) and SELF_DOCS copy-heavy ones over its answers to
-#    those; TRAIN_TIME seconds of training after the responses (the schedule anneals to that budget); a second call with the same WORK resumes (responses cached in
+#    SELF written by the target itself (Magpie); TRAIN_TIME seconds of training after the responses (the schedule anneals to that budget); a second call with the same WORK resumes (responses cached in
 #    data.pt, the optimizer in train_state.pt, saved every 100 steps); TRAIN_S caps this call's stage.
 #    A small run first: if the GPU generation path fails, it fails in seconds, not after the budget.
 stage train && { echo "=== train-drafter" >> "$log"
 [ -f "$W/head/data.pt" ] || { rm -rf "$W/smoke"  # a fresh smoke run: its own cached responses would skip generation
   timeout -k 10 120 $PY -m orchestrator train-drafter --model smollm2-135m --split train --num-prompts 8 \
-    --self-prompts 8 --self-documents 4 --max-new-tokens 32 --max-steps 2 --device cuda --out "$W/smoke" >> "$log" 2>&1 \
+    --self-prompts 8 --max-new-tokens 32 --max-steps 2 --device cuda --out "$W/smoke" >> "$log" 2>&1 \
   || { echo "!!! train-drafter smoke failed" >> "$log"; STAGES=" "; }; }
 stage train && { timeout -k 10 "${TRAIN_S:-570}" $PY -m orchestrator train-drafter --model smollm2-135m --split train \
-    --synthetic-prompts "${SYNTH:-4000}" --self-prompts "${SELF:-8000}" --self-documents "${SELF_DOCS:-3000}" \
+    --synthetic-prompts "${SYNTH:-4000}" --self-prompts "${SELF:-8000}" \
     --max-new-tokens 256 --gen-batch 512 --max-steps "${STEPS:-20000}" --max-time "${TRAIN_TIME:-600}" --batch 32 --pack-tokens 8192 \
     --ttt-steps 4 --lr 1e-3 --draft-vocab 4096 --save-every 100 --val-every 20 \
     --device cuda --out "$W/head" >> "$log" 2>&1 || echo "!!! train-drafter stopped (rc=$?; the last saved step is kept)" >> "$log"; }

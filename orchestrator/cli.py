@@ -37,6 +37,12 @@ def _add_decode(sub) -> None:
         default=d.draft_placement,
         help="eagle3: actor (its own process; hidden states over the link) | rank0 (inside the verifier ranks)",
     )
+    p.add_argument(
+        "--draft-lookup",
+        type=int,
+        default=d.draft_lookup,
+        help="eagle3: where the last N tokens occurred earlier, draft what followed them instead of the head (0: never)",
+    )
     p.add_argument("--draft-layers", type=int, default=None, help="verifier layers that draft (--drafter layer_skip; default half)")
     p.add_argument("--ngram-max", type=int, default=d.ngram_max, help="longest n-gram the lookup drafter matches")
     p.add_argument(
@@ -198,12 +204,6 @@ def _add_train_drafter(sub) -> None:
         type=int,
         default=d.self_prompts,
         help="add N user prompts the target writes itself from its chat template (Magpie; a chat model)",
-    )
-    p.add_argument(
-        "--self-documents",
-        type=int,
-        default=d.self_documents,
-        help="add N copy-heavy prompts over the target's answers to --self-prompts (summarise, answer from, rewrite, translate)",
     )
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="response length per prompt")
     p.add_argument("--max-steps", type=int, default=d.max_steps, help="optimizer steps")

@@ -52,6 +52,7 @@ class DrafterSection(_Section):
     layers: int | None = _field("drafter.layers")
     ngram_max: int = _field("drafter.ngram_max")
     placement: Literal[PARAMS["drafter.placement"].choices] = _field("drafter.placement")
+    lookup: int = _field("drafter.lookup")
 
 
 class ParallelSection(_Section):

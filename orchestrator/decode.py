@@ -40,6 +40,7 @@ class DecodeOptions:
     ngram_max: int = 3
     ngram_actor: bool = False
     draft_placement: str = "actor"  # eagle3: actor | rank0
+    draft_lookup: int = 0  # eagle3: n-gram lookup before the head (drafter.lookup)
     num_draft_tokens: int = 4
     temperature: float = 0.0
     prompts: str = str(BUNDLED_PROMPTS)
@@ -87,6 +88,7 @@ FLAGS = {
     "drafter.kind": "--drafter",
     "drafter.model_path": "--draft-model",
     "drafter.placement": "--draft-placement",
+    "drafter.lookup": "--draft-lookup",
     "drafter.layers": "--draft-layers",
     "drafter.ngram_max": "--ngram-max",
     "drafter.num_draft_tokens": "--num-draft-tokens",
@@ -114,7 +116,7 @@ def experiment(o: DecodeOptions, n_layers: int) -> ExperimentConfig:
         "num_draft_tokens": k,
         "ngram_max": o.ngram_max,
         **({"model_path": o.draft_model} if o.drafter in ("draft_model", "eagle3") else {}),
-        **({"placement": o.draft_placement} if o.drafter == "eagle3" else {}),
+        **({"placement": o.draft_placement, "lookup": o.draft_lookup} if o.drafter == "eagle3" else {}),
         **({"layers": layers} if o.drafter == "layer_skip" else {}),
     }
     raw = {

@@ -83,7 +83,7 @@ def _speculates(row: dict) -> bool:
 
 # the drafter options that make a drafter another one for an engine (an EAGLE-3 head's placement
 # is where spectune ran it, which no engine takes)
-_DRAFTER_IDENTITY = ("model_path", "ngram_max", "ngram_min", "layers")
+_DRAFTER_IDENTITY = ("model_path", "ngram_max", "ngram_min", "layers", "lookup")
 
 
 def _same_drafter(a: dict, b: dict) -> bool:
@@ -243,7 +243,7 @@ def _vllm_speculative_config(rows: list[dict]) -> tuple[dict | None, list[str]]:
         spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": hi, "prompt_lookup_min": lo}
     else:  # draft_model | eagle3
         spec = {"method": drafter, "model": str(o["model_path"]), "num_speculative_tokens": k}
-    notes: list[str] = []
+    notes: list[str] = _lookup_notes(o, "vLLM")
     table = _vllm_k_table(rows)
     if table:
         spec["num_speculative_tokens"] = max(kk for _, _, kk in table)
@@ -339,7 +339,17 @@ def _sglang_speculative_flags(first: dict) -> tuple[list[str], list[str]]:
         "--speculative-eagle-topk 1",
         f"--speculative-num-draft-tokens {k + 1}",
     ]
-    return flags, []
+    return flags, _lookup_notes(o, "SGLang")
+
+
+def _lookup_notes(o: dict, engine: str) -> list[str]:
+    """An EAGLE-3 winner that drafted by n-gram lookup where the context repeated (drafter.lookup)."""
+    if not int(o.get("lookup") or 0):
+        return []
+    return [
+        f"# the winner drafted by n-gram lookup where its last {o['lookup']} tokens repeated, and with the head elsewhere",
+        f"#   (drafter.lookup); {engine} has no such mix: this runs the head alone, which accepts less on copy-heavy prompts",
+    ]
 
 
 def to_sglang(schedule: dict) -> str:

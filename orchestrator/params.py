@@ -122,6 +122,16 @@ PARAMS: dict[str, Param] = {
             choices=PLACEMENTS,
             needs=("drafter.kind", ("eagle3",)),
         ),
+        Param(
+            "drafter.lookup",
+            ("drafter", "lookup"),
+            0,
+            int,
+            "eagle3: where the last N tokens occurred earlier, draft what followed them (n-gram lookup) instead of the head; 0: the head always",
+            low=0,
+            high=8,
+            needs=("drafter.kind", ("eagle3",)),
+        ),
         *(
             Param(
                 f"engine.{f.name}",

@@ -27,7 +27,7 @@ from orchestrator.ranking import complete_trials, config_key, is_baseline, rank,
 DRAFTER_OPTIONS = {
     "ngram": {"drafter.ngram_max": "ngram_max", "drafter.ngram_min": "ngram_min"},
     "draft_model": {"drafter.model_path": "model_path"},
-    "eagle3": {"drafter.model_path": "model_path", "drafter.placement": "placement"},
+    "eagle3": {"drafter.model_path": "model_path", "drafter.placement": "placement", "drafter.lookup": "lookup"},
     "layer_skip": {"drafter.layers": "layers"},
     "none": {},
 }

@@ -46,6 +46,7 @@ class TrialConfig:
             "drafter.ngram_max": self.drafter.ngram_max,
             "drafter.model_path": self.drafter.model_path,
             "drafter.placement": self.drafter.placement,
+            "drafter.lookup": self.drafter.lookup,
             **{f"engine.{k}": v for k, v in self.engine.describe().items()},
         }
         assert values.keys() == registry.PARAMS.keys(), "a registry parameter the trial does not resolve"
@@ -160,6 +161,7 @@ def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:
         layers=int(get("drafter.layers") or 0) if kind == "layer_skip" else 0,
         ngram_max=int(get("drafter.ngram_max")),
         placement=str(get("drafter.placement")),
+        lookup=int(get("drafter.lookup") or 0) if kind == "eagle3" else 0,
     )
     backend = str(get("comm.backend"))
     env = dict(cfg.parallel.nccl_env) if backend == "nccl" else {}

@@ -283,39 +283,6 @@ def synthetic_prompts(n: int, seed: int = 0) -> list[Prompt]:
     return out
 
 
-DOCUMENT_TASKS = (
-    # (kind, template): {doc} a document, {q} the request that made its first part
-    ("summarization", "Summarize the following article.\n\n{doc}"),
-    ("summarization", "Write a summary of the text below in a few sentences.\n\n{doc}"),
-    ("rag", "Answer the question using only the context.\n\nContext:\n{doc}\n\nQuestion: {q}"),
-    ("rag", "{doc}\n\nBased on the passage above, {q}"),
-    ("extraction", "List the main points of the following text.\n\n{doc}"),
-    ("rewrite", "Rewrite the following text in simpler words, keeping every detail.\n\n{doc}"),
-    ("translation", "Translate the following text into {lang}.\n\n{doc}"),
-    ("continue", "Repeat the following text, then continue it with one more paragraph.\n\n{doc}"),
-)
-
-
-def document_prompts(documents: list[tuple[str, str]], n: int, seed: int = 0) -> list[Prompt]:
-    """n copy-heavy prompts over (request, text) pairs: the texts a target wrote itself answering the
-    requests (train-drafter's --self-documents), one to four of them joined into a document, with a
-    task that makes the response repeat it (summaries, answers from a context, rewriting,
-    translation, continuation): natural prose of any topic where n-gram drafting is strong and a
-    head has to learn to copy. Deterministic for a seed."""
-    r = random.Random(seed)
-    out: list[Prompt] = []
-    if not documents:
-        return out
-    for i in range(n):
-        first = r.randrange(len(documents))
-        parts = [documents[(first + j) % len(documents)][1] for j in range(r.choice((1, 1, 2, 3, 4)))]
-        kind, template = r.choice(DOCUMENT_TASKS)
-        question = documents[first][0]
-        text = template.format(doc="\n\n".join(parts), q=question[:1].lower() + question[1:], lang=r.choice(TARGETS))
-        out.append(Prompt(text, f"document-{kind}", f"document-{i}"))
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=20)

@@ -18,10 +18,6 @@ standard library's docstrings): far more, and more varied, responses than the bu
 `--self-prompts N` adds N user prompts the target writes itself: given its chat template up to
 where a user's message begins, a chat model samples a user's message (Magpie), so the head trains
 on the kind of requests the target was tuned to answer, on any topic, not on templates.
-`--self-documents N` then adds N copy-heavy prompts whose documents are the target's own answers
-to those (summarise it, answer from it as context, rewrite, translate, continue it:
-orchestrator/synth_prompts.document_prompts): natural prose on any topic that the response repeats,
-what a head must learn to copy where n-gram drafting copies for free.
 """
 
 from __future__ import annotations
@@ -49,7 +45,6 @@ class TrainOptions:
     split: str = "all"
     synthetic_prompts: int = 0  # made-up instruction prompts added to the training set (orchestrator/synth_prompts.py)
     self_prompts: int = 0  # user prompts the target writes itself from its chat template (Magpie), added too
-    self_documents: int = 0  # copy-heavy prompts over the target's own answers to those (summaries, context answers, ...)
     max_new_tokens: int = 128
     max_steps: int = 200
     ttt_steps: int = 3
@@ -92,7 +87,7 @@ def _self_prompts(model, tok, eos: set[int], o: TrainOptions, fast) -> list[str]
 
 
 def _val_every(o: TrainOptions, n: int) -> int:
-    """Every how many of the first n responses one is kept for validation (0: none)."""
+    """Every how many of n responses one is kept for validation (0: none)."""
     return o.val_every if o.val_every > 1 and n >= 2 * o.val_every else 0
 
 
@@ -129,10 +124,8 @@ def train(o: TrainOptions) -> dict:
         raise UserError("--out DIR is required")
     if o.max_steps < 1 or o.ttt_steps < 1 or o.batch < 1 or o.draft_vocab < 2 or o.pack_tokens < 1:
         raise UserError("--max-steps, --ttt-steps, --batch, --pack-tokens must be >= 1 and --draft-vocab >= 2")
-    if min(o.max_time, o.synthetic_prompts, o.self_prompts, o.self_documents) < 0:
-        raise UserError("--max-time, --synthetic-prompts, --self-prompts and --self-documents must be >= 0")
-    if o.self_documents and not o.self_prompts:
-        raise UserError("--self-documents: its documents are the answers to --self-prompts; give --self-prompts N too")
+    if min(o.max_time, o.synthetic_prompts, o.self_prompts) < 0:
+        raise UserError("--max-time, --synthetic-prompts and --self-prompts must be >= 0")
     if o.device not in ("cpu", "cuda") or (o.device == "cuda" and not torch.cuda.is_available()):
         raise UserError(f"--device {o.device!r}: cpu, or cuda on a machine with a GPU")
     path = resolve_model_path(o.model)
@@ -166,15 +159,13 @@ def train(o: TrainOptions) -> dict:
         "target": str(path),
         "max_new_tokens": o.max_new_tokens,
         "self_prompts": [o.self_prompts, o.seed if o.self_prompts else None],  # sampled by the target: the count and the seed name them
-        # documents are made of training answers only: which ones depends on the validation split
-        "self_documents": [o.self_documents, o.val_every if o.self_documents else None],
     }
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
-        if {"self_prompts": [0, None], "self_documents": [0, None]} | data.get("made_by", made_by) != made_by:  # older data: none of those
+        if {"self_prompts": [0, None]} | data.get("made_by", made_by) != made_by:  # older data: none of those
             raise UserError(
                 f"{data_file} holds responses to other prompts or of another target or length (--prompts, --split, --num-prompts, "
-                "--synthetic-prompts, --self-prompts, --self-documents, --val-every, --seed, --model, --max-new-tokens); use the same ones or a new --out"
+                "--synthetic-prompts, --self-prompts, --seed, --model, --max-new-tokens); use the same ones or a new --out"
             )
         _log(f"spectune: {len(data['samples'])} responses from {data_file}")
     else:
@@ -182,36 +173,16 @@ def train(o: TrainOptions) -> dict:
         eos = set(tok.eos_ids) | set(args.eos_token_ids)
         fast = batched_step(model)
         encoded = [tok.encode_prompt(p.text) for p in prompts]
-        written, documents = [], []
+        written = []
         if o.self_prompts:
             written = _self_prompts(model, tok, eos, o, fast)
             encoded += [tok.encode_prompt(text) for text in written]
             _log(f"spectune: {len(written)} prompts written by the target ({time.perf_counter() - t0:.0f}s)")
         samples = _answer(model, encoded, eos, o, fast, t0)
-        first_round = len(samples)
-        if o.self_documents:
-            from orchestrator.synth_prompts import document_prompts
-
-            # only answers that train: a validation answer inside a training document (or copied by
-            # its response) would score memorising as drafting
-            every = _val_every(o, first_round)
-            own = [
-                (q, s.tokens[s.prompt_len :].tolist())
-                for i, (q, s) in enumerate(zip(written, samples[first_round - len(written) :]), first_round - len(written))
-                if not every or i % every != every - 1
-            ]
-            long_enough = min(32, o.max_new_tokens)  # tokens: a one-line answer makes no document
-            own = [(q, tok.decode(r).strip()) for q, r in own if len(r) >= long_enough]
-            room = args.max_position_embeddings - o.max_new_tokens
-            fit = [(d, e) for d in document_prompts(own, o.self_documents, o.seed) if len(e := tok.encode_prompt(d.text)) <= room]
-            documents = [d for d, _ in fit]
-            samples += _answer(model, [e for _, e in fit], eos, o, fast, t0)
         data = {
             "samples": samples,
-            "first_round": first_round,  # validation is drawn from these; the document samples all train
             "prompts": len(samples),
             "self_prompts": written,  # their texts, for provenance
-            "document_prompts": [d.text for d in documents],
             "generate_s": time.perf_counter() - t0,
             "made_by": made_by,
         }
@@ -221,10 +192,9 @@ def train(o: TrainOptions) -> dict:
         _log(f"spectune: {data_file} holds no prompt argmaxes (an older version's data): response positions only")
     # validation: responses to train-split prompts kept out of the optimizer (never held-out prompts);
     # the public-format head in OUT is the step with the best validation accepted length, not the last
-    first_round = data.get("first_round", len(samples))
-    every = _val_every(o, first_round)
-    val = samples[every - 1 : first_round : every] if every else []
-    samples = [s for i, s in enumerate(samples) if not every or i >= first_round or i % every != every - 1]
+    every = _val_every(o, len(samples))
+    val = samples[every - 1 :: every] if every else []
+    samples = [s for i, s in enumerate(samples) if not every or i % every != every - 1]
     draft_ids = draft_vocabulary(samples, min(o.draft_vocab, args.vocab_size), args.vocab_size)
     head = warm_start(model, aux_layers, draft_ids, seed=o.seed).to(device)
     del model

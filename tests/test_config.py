@@ -168,6 +168,7 @@ OTHER = {
     "drafter.ngram_max": 5,
     "drafter.model_path": "some/ckpt",
     "drafter.placement": "rank0",
+    "drafter.lookup": 2,
     "engine.attention": "sdpa",
     "engine.cuda_graphs": False,
     "engine.compile": False,
@@ -205,7 +206,10 @@ def test_registry_round_trip(tmp_path):
     assert {n: params[n] for n in OTHER if n in params} == {n: v for n, v in OTHER.items() if n in params}
     # the drafter's own parameters appear only with that drafter (layer_skip: its layers, not the others)
     assert {"drafter.layers", "nccl.NCCL_PROTO"} | set(registry.ENGINE_PARAMS) <= params.keys()
-    assert "drafter.ngram_max" not in params and "drafter.model_path" not in params and "drafter.placement" not in params
+    assert not {"drafter.ngram_max", "drafter.model_path", "drafter.placement", "drafter.lookup"} & params.keys()
+    eagle3 = resolve({"drafter.kind": "eagle3"}, cfg)  # an EAGLE-3 trial: its own parameters reach the gang and MLflow
+    assert (eagle3.drafter.lookup, eagle3.drafter.placement) == (2, "rank0")
+    assert {"drafter.lookup": 2, "drafter.placement": "rank0"}.items() <= eagle3.params().items()
     # the report's best configuration: the winner's searched values written back at their YAML paths
     from orchestrator.report import best_yaml
 

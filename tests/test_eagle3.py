@@ -142,6 +142,42 @@ def test_device_chain_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_head):
             d.observe(more)
 
 
+@pytest.mark.parametrize("chain", [False, True])
+@torch.inference_mode()
+def test_lookup_drafts_a_repeat_and_the_head_then_catches_up(tiny_ckpt, tiny_head, chain):
+    """drafter.lookup = 2: where the last 2 committed tokens occurred before, the drafts are what
+    followed them (host tokens, one-hot q) and the head does not run; at the next step without a
+    repeat the head feeds every position it skipped, so its drafts and cache equal those of a head
+    that ran at every step."""
+    target = load_args(tiny_ckpt)
+    model = load_model(tiny_ckpt)
+    head = load_head(tiny_head, model.embed_tokens.weight, target)
+    plain, hybrid = Eagle3Drafter(head, chain=False), Eagle3Drafter(head, chain=chain, lookup=2)
+    g = torch.Generator().manual_seed(7)
+    committed = list(range(5, 17))
+    states = torch.randn(len(committed) - 1, 192, generator=g)
+    for d in (plain, hybrid):
+        d.prefill(committed)
+        d.observe(states)
+
+    def commit(tokens):
+        more = torch.randn(len(tokens), 192, generator=g)
+        committed.extend(tokens)
+        for d in (plain, hybrid):
+            d.observe(more)
+
+    assert hybrid.propose(committed, 4).tokens == plain.propose(committed, 4).tokens  # (15, 16) is new: the head
+    commit([7, 8])  # (7, 8) began at index 2: the lookup drafts 9, 10, 11, 12
+    before = list(hybrid.cache.lengths)
+    p = hybrid.propose(committed, 4)
+    assert p.tokens == [9, 10, 11, 12] and p.probs is None and p.device_tokens is None
+    assert hybrid.cache.lengths == before  # the head did not run
+    plain.propose(committed, 4)
+    commit([9, 300])  # no earlier (9, 300): the head again, after feeding the 4 positions since
+    assert hybrid.propose(committed, 4).tokens == plain.propose(committed, 4).tokens
+    assert hybrid.cache.lengths == plain.cache.lengths and hybrid.ctx == plain.ctx == len(committed) - 1
+
+
 @pytest.mark.parametrize("body", ["fused_sdpa", "fused_triton"])
 @torch.inference_mode()
 def test_the_fast_head_step_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_head, body, request):
@@ -216,18 +252,19 @@ def test_head_that_does_not_fit_exits_2_with_one_line(tmp_path, tiny_ckpt, what,
     assert len(lines) == 1 and lines[0].startswith("spectune: error: --draft-model") and what in lines[0], r.stderr
 
 
-@pytest.mark.parametrize("tp, placement", [(1, "actor"), (1, "rank0"), (2, "actor"), (2, "rank0")])
-def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement):
+@pytest.mark.parametrize(
+    "tp, placement, lookup", [(1, "actor", 0), (1, "rank0", 0), (2, "actor", 0), (2, "rank0", 0), (2, "rank0", 1), (1, "actor", 2)]
+)
+def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement, lookup):
     prompts = _prompts()
-    spec = GangSpec(
-        model_path=str(tiny_ckpt), tp=tp, max_seq=256, drafter=DrafterSpec(kind="eagle3", model_path=str(tiny_head), placement=placement)
-    )
+    drafter = DrafterSpec(kind="eagle3", model_path=str(tiny_head), placement=placement, lookup=lookup)
+    spec = GangSpec(model_path=str(tiny_ckpt), tp=tp, max_seq=256, drafter=drafter)
     with LocalGang(spec, timeout_s=300) as gang:
         gang.setup()
         base = gang.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=0))
         for k in (1, 2, 4):
             r = gang.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=k))
-            assert [p.tokens for p in r.prompts] == [p.tokens for p in base.prompts], f"k={k} tp={tp} {placement}"
+            assert [p.tokens for p in r.prompts] == [p.tokens for p in base.prompts], f"k={k} tp={tp} {placement} lookup={lookup}"
             assert r.metrics["drafted_mean"] == k
 
 
@@ -328,22 +365,18 @@ def _cli(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
 def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     out = tmp_path / "head"
     prompts = "train-drafter --model smollm2-135m --num-prompts 2 --synthetic-prompts 1 --self-prompts 2".split()
-    same = [*prompts, *"--self-documents 1 --max-new-tokens 16 --draft-vocab 512 --val-every 2".split()]
+    same = [*prompts, *"--max-new-tokens 16 --draft-vocab 512 --val-every 2".split()]
     r = _cli(*same, *"--gen-batch 2 --pack-tokens 40 --max-steps 4 --save-every 2 --out".split(), str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "loss" in r.stderr and "acc" in r.stderr and "val acc" in r.stderr  # the progress line
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
     training = json.loads((out / "training.json").read_text())
     # 2 bundled + 1 synthetic prompt + 2 the target wrote itself, every 2nd of those 5 responses kept
-    # for validation (the 2nd and the 4th); then 1 over its own training answer (the 5th: the 4th,
-    # a validation answer, never goes into a document); the head saved is the step whose validation
-    # accepted length was best
-    data = torch.load(out / "data.pt", weights_only=False)
-    written, documents = data["self_prompts"], data["document_prompts"]
+    # for validation (the 2nd and the 4th); the head saved is the step whose validation accepted
+    # length was best
+    written = torch.load(out / "data.pt", weights_only=False)["self_prompts"]
     assert training["options"]["synthetic_prompts"] == 1 and len(written) == 2 and all(w.strip() for w in written)
-    assert data["first_round"] == 5 and len(documents) == 1
-    assert tokenizer_text(data["samples"][4]) in documents[0] and tokenizer_text(data["samples"][3]) not in documents[0]
-    assert training["responses"] == 4 and training["validation_responses"] == 2
+    assert training["responses"] == 3 and training["validation_responses"] == 2
     assert [h["step"] for h in training["history"]] == [2, 4] and all(len(h["val_acc"]) == 3 for h in training["history"])
     assert all(1.0 <= h["val_accept_len"] <= 4.0 for h in training["history"])
     assert training["best_step"] in (2, 4)
@@ -355,8 +388,8 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     # responses made for other prompts are refused, not silently trained on
     r = _cli(*prompts, "--out", str(out))
     assert r.returncode == 2 and "--self-prompts" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
-    r = _cli("train-drafter", "--model", "smollm2-135m", "--self-documents", "2", "--out", str(tmp_path / "other"))
-    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("spectune: error: --self-documents"), r.stderr[-2000:]
+    r = _cli("train-drafter", "--model", "smollm2-135m", "--self-prompts", "-1", "--out", str(tmp_path / "other"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("spectune: error: --max-time"), r.stderr[-2000:]
     r = _cli(
         "decode",
         "--model",
@@ -522,31 +555,6 @@ def test_prompts_the_target_writes_itself_are_its_samples_distinct_and_repeatabl
     stop_at = next(i for i in range(1, 8) if greedy[i] not in greedy[:i])  # a token first seen at step i
     got = self_prompts(model, prefix, {greedy[stop_at]}, n=5, seed=0, max_len=16, temperature=1e-4, batch=4)
     assert got == [greedy[:stop_at]]
-
-
-def tokenizer_text(sample) -> str:
-    from orchestrator.prompts import Tokenizer
-    from workers.model.checkpoint import resolve_model_path
-
-    return Tokenizer(resolve_model_path("smollm2-135m")).decode(sample.tokens[sample.prompt_len :].tolist()).strip()
-
-
-def test_document_prompts_repeat_the_targets_own_texts():
-    """--self-documents: each prompt carries one to four of the given texts and a task over them;
-    a context-answer task asks the request that made its first text; repeatable for a seed."""
-    from orchestrator.synth_prompts import document_prompts
-
-    docs = [(f"Tell me about topic {i}", f"Text number {i} says something long about topic {i}.") for i in range(10)]
-    a = document_prompts(docs, 40, seed=3)
-    assert [p.text for p in a] == [p.text for p in document_prompts(docs, 40, seed=3)] and len(a) == 40
-    assert {p.category for p in a} >= {"document-summarization", "document-rag", "document-translation"}
-    for p in a:
-        inside = [i for _, t in [docs[i] for i in range(10)] for i in [int(t.split()[2])] if t in p.text]
-        assert 1 <= len(inside) <= 4
-        if "Question: " in p.text:
-            asked = int(p.text.rsplit("topic ", 1)[1])
-            assert asked in inside
-    assert document_prompts([], 5) == []
 
 
 def load_prompts_all():

@@ -154,6 +154,19 @@ def test_an_eagle3_heads_placement_is_no_other_drafter():
     assert "takes one drafter" in comments(to_vllm(schedule(*rows)))
 
 
+def test_an_eagle3_winner_with_lookup_exports_the_head_and_says_what_is_lost():
+    """drafter.lookup (n-gram lookup before the head) has no vLLM or SGLang equivalent: both get the
+    head alone, a comment says so, and a head with another lookup is another drafter."""
+    row = winner(1, k=4, drafter="eagle3")
+    row["drafter_options"]["lookup"] = 3
+    for text in (to_vllm(schedule(row)), to_sglang(schedule(row))):
+        assert "last 3 tokens repeated" in comments(text) and "runs the head alone" in comments(text)
+    assert speculative_config(to_vllm(schedule(row))) == {"method": "eagle3", "model": "/ckpt/eagle3-head", "num_speculative_tokens": 4}
+    assert "repeated" not in comments(to_vllm(schedule(winner(1, k=4, drafter="eagle3"))))
+    other = winner(8, k=2, drafter="eagle3")
+    assert "takes one drafter" in comments(to_vllm(schedule(row, other)))
+
+
 def test_vllm_same_k_everywhere_has_no_table():
     spec = speculative_config(to_vllm(schedule(winner(1, k=4), winner(4, k=4), winner(16, k=4))))
     assert spec == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}

@@ -22,6 +22,9 @@ class DrafterSpec:
     # travel to it) or inside the verifier ("rank0": every TP rank runs its copy of the head on the
     # states it holds anyway, so nothing crosses the link)
     placement: str = "actor"
+    # eagle3: an earlier occurrence of the last `lookup` committed tokens drafts its continuation
+    # (n-gram lookup) instead of the head; 0 = the head always
+    lookup: int = 0
 
     @property
     def in_verifier(self) -> bool:

@@ -40,6 +40,7 @@ from safetensors import safe_open
 from torch import nn
 
 from workers.drafters.base import Drafter
+from workers.drafters.ngram import NgramIndex
 from workers.engine.config import EngineConfig
 from workers.engine.link import Proposal
 from workers.engine.verify import probs as softmax_t
@@ -304,15 +305,18 @@ class Eagle3Drafter(Drafter):
     kind = "eagle3"
     reads_hidden = True
 
-    def __init__(self, head: Eagle3Head, chain: bool | None = None, engine: EngineConfig | None = None, fast=None):
+    def __init__(self, head: Eagle3Head, chain: bool | None = None, engine: EngineConfig | None = None, fast=None, lookup: int = 0):
         """engine: the trial's engine settings; on a GPU with compile and CUDA graphs on, the chain's
         head steps go through `HeadFastStep` (built once per head). fast: that step given directly
-        (CPU tests of its body)."""
+        (CPU tests of its body). lookup (drafter.lookup): where the committed sequence's last `lookup`
+        tokens occurred before, draft what followed them instead of running the head (0: never)."""
         from workers.drafters.eagle3_chain import Eagle3Chain
         from workers.engine.link import MAX_DRAFT_TOKENS
 
         self.head = head
         self.device = head.fc.weight.device
+        self.lookup = lookup
+        self.index = NgramIndex(lookup, lookup) if lookup else None
         self.cache = head.new_cache()
         if fast is None and engine is not None and engine.compile and engine.cuda_graphs and self.device.type == "cuda":
             fast = _fast_step(head, engine)
@@ -327,7 +331,7 @@ class Eagle3Drafter(Drafter):
 
     def fork(self) -> Eagle3Drafter:
         """Another sequence's drafter on the same head: its own cache and chain (graphs on CUDA, once warmed)."""
-        other = Eagle3Drafter(self.head, chain=self.use_chain, fast=self.chain.fast)  # None once the fast body failed
+        other = Eagle3Drafter(self.head, chain=self.use_chain, fast=self.chain.fast, lookup=self.lookup)  # fast: None once it failed
         other.begin(self.temperature, int(self.generator.initial_seed()))
         return other
 
@@ -345,6 +349,8 @@ class Eagle3Drafter(Drafter):
         self.states: list[torch.Tensor] = []  # aux states the verifier sent, not yet fed (fc not yet applied)
         self.n_states = 0  # positions the verifier has sent states for
         self.ctx = 0  # cache entries fed with the verifier's states (the rest are drafts)
+        if self.index:
+            self.index.reset()
 
     @torch.inference_mode()
     def observe(self, hidden: torch.Tensor) -> None:
@@ -374,6 +380,10 @@ class Eagle3Drafter(Drafter):
         n = self.n_states  # entries 0..n-1 can be fed: (g_i, x_{i+1}); n == len(committed) - 1 in step
         if n != len(committed) - 1:
             raise RuntimeError(f"EAGLE-3 drafter: hidden states for {n} positions, {len(committed)} tokens committed")
+        if self.index and (copied := self.index.propose(committed, k)):
+            # a repeat: its continuation is the draft; the states wait in self.states for the next
+            # chain, which feeds every position since ctx (so the head's cache never misses one)
+            return Proposal(tokens=copied, draft_s=time.perf_counter() - t0)
         self.cache.rollback(0, self.ctx)
         if n + k > self.cache.max_seq:
             return Proposal(tokens=[], draft_s=time.perf_counter() - t0)

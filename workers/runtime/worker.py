@@ -89,6 +89,7 @@ def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> 
             engine=replace(spec.engine, gemv="cublas")
             if d.placement == "rank0" and spec.tp > 1 and spec.engine.gemv != "off"
             else spec.engine,
+            lookup=d.lookup,
         )
     if d.kind == "ngram":
         return NgramDrafter(d.ngram_max, d.ngram_min)
