@@ -148,11 +148,15 @@ def test_lookup_drafts_a_repeat_and_the_head_then_catches_up(tiny_ckpt, tiny_hea
     """drafter.lookup = 2: where the last 2 committed tokens occurred before, the drafts are what
     followed them (host tokens, one-hot q) and the head does not run; at the next step without a
     repeat the head feeds every position it skipped, so its drafts and cache equal those of a head
-    that ran at every step."""
+    that ran at every step. A backlog wider than the chain's warmed feeds (k + 1 on a GPU) is fed
+    eagerly but its last entry, never captured inside a timed run."""
     target = load_args(tiny_ckpt)
     model = load_model(tiny_ckpt)
     head = load_head(tiny_head, model.embed_tokens.weight, target)
     plain, hybrid = Eagle3Drafter(head, chain=False), Eagle3Drafter(head, chain=chain, lookup=2)
+    hybrid.chain.ready_width = 5  # as after warm(4) on a GPU
+    widths, real_draft = [], hybrid.chain.draft
+    hybrid.chain.draft = lambda tokens, *a, **kw: widths.append(len(tokens)) or real_draft(tokens, *a, **kw)
     g = torch.Generator().manual_seed(7)
     committed = list(range(5, 17))
     states = torch.randn(len(committed) - 1, 192, generator=g)
@@ -173,9 +177,14 @@ def test_lookup_drafts_a_repeat_and_the_head_then_catches_up(tiny_ckpt, tiny_hea
     assert p.tokens == [9, 10, 11, 12] and p.probs is None and p.device_tokens is None
     assert hybrid.cache.lengths == before  # the head did not run
     plain.propose(committed, 4)
-    commit([9, 300])  # no earlier (9, 300): the head again, after feeding the 4 positions since
+    commit([9, 10, 11, 12, 13])  # all 4 accepted: (12, 13) began at index 7, a lookup again
+    assert hybrid.propose(committed, 4).tokens == [14, 15, 16, 7] and hybrid.cache.lengths == before
+    plain.propose(committed, 4)
+    commit([14, 300])  # no earlier (14, 300): the head again, after feeding the 9 positions since
     assert hybrid.propose(committed, 4).tokens == plain.propose(committed, 4).tokens
     assert hybrid.cache.lengths == plain.cache.lengths and hybrid.ctx == plain.ctx == len(committed) - 1
+    # the prompt's 11 entries and the 9-entry backlog: each fed eagerly but its last, which the chain takes
+    assert widths == ([1, 1] if chain else [])
 
 
 @pytest.mark.parametrize("body", ["fused_sdpa", "fused_triton"])

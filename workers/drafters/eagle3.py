@@ -391,7 +391,7 @@ class Eagle3Drafter(Drafter):
         self.states = []
         feed = committed[self.ctx + 1 : n + 1]
         if self.temperature <= 0 and self.use_chain:  # greedy: fc and the whole chain in one replay
-            if len(feed) > self.chain.max_width:  # the prompt's states: all but the last eagerly
+            if len(feed) > self.chain.ready_width:  # the prompt's states, a lookup backlog: all but the last eagerly
                 self.head.step(torch.tensor(feed[:-1], device=self.device), self.head.fc(aux[:-1]), self.cache)
                 feed, aux = feed[-1:], aux[-1:]
             span = self._span if on_device else None

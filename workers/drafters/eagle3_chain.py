@@ -108,6 +108,9 @@ class Eagle3Chain:
         self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory() if pin else torch.zeros(2, max_width, dtype=torch.long)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
+        # the widest feed `warm` captured: a wider one (a backlog after lookup steps, drafter.lookup)
+        # is fed eagerly by the drafter rather than captured inside a timed run
+        self.ready_width = max_width
 
     def fits(self, T: int, k: int) -> bool:
         return 1 <= T <= self.max_width and k >= 1 and self.cache.lengths[0] + T + k - 1 <= self.cache.max_seq
@@ -141,6 +144,7 @@ class Eagle3Chain:
         outside any timing. Writes scratch entries from position 0: reset the cache after."""
         if not self.capture:
             return
+        self.ready_width = min(k + 1, self.max_width)
         if self.fast is not None:
             self.fast.prepare(range(1, min(k + 1, self.max_width) + 1))
         for T in range(1, min(k + 1, self.max_width) + 1):
