@@ -274,7 +274,8 @@ def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement, look
         for k in (1, 2, 4):
             r = gang.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=k))
             assert [p.tokens for p in r.prompts] == [p.tokens for p in base.prompts], f"k={k} tp={tp} {placement} lookup={lookup}"
-            assert r.metrics["drafted_mean"] == k
+            # a lookup's continuation may end at the sequence's end: fewer than k drafts that step
+            assert r.metrics["drafted_mean"] == k if not lookup else 0 < r.metrics["drafted_mean"] <= k
 
 
 @pytest.mark.parametrize("overlap", [True, False])
