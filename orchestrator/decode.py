@@ -174,6 +174,8 @@ def plan(o: DecodeOptions) -> DecodePlan:
         raise UserError("--drafter eagle3 needs --draft-model PATH (an EAGLE-3 head, e.g. smollm2-135m-eagle3)")
     if why := PARAMS["drafter.placement"].problem(o.draft_placement):
         raise UserError(f"--draft-placement {why}")
+    if why := PARAMS["drafter.lookup"].problem(o.draft_lookup):
+        raise UserError(f"--draft-lookup {why}")
     if o.temperature < 0:
         raise UserError(f"--temperature {o.temperature} must be >= 0")
     if o.max_new_tokens < 1:

@@ -5,7 +5,7 @@ drafter.kind, then the rest as written in the YAML). A parameter is suggested on
   nccl.*              only when comm.backend == nccl
   drafter.*           only when spec.num_draft_tokens > 0
   drafter.layers      only for layer_skip; drafter.ngram_max only for ngram; drafter.model_path only for draft_model
-                      and eagle3; drafter.placement only for eagle3
+                      and eagle3; drafter.placement and drafter.lookup only for eagle3
   `when: {p: v}`      only when parameter p took value v (or one of a list)
 Inactive parameters are absent from the trial, so Optuna never learns from meaningless values.
 Names, defaults and those conditions come from the parameter registry (orchestrator/params.py).

@@ -162,7 +162,10 @@ def train(o: TrainOptions) -> dict:
     }
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
-        if {"self_prompts": [0, None]} | data.get("made_by", made_by) != made_by:  # older data: none of those
+        old = dict(data.get("made_by", made_by))
+        # older data: no self_prompts key; session 12's a self_documents one (the option is gone: none made)
+        documents = old.pop("self_documents", [0, None])
+        if {"self_prompts": [0, None]} | old != made_by or (documents[0] if isinstance(documents, list) else documents):
             raise UserError(
                 f"{data_file} holds responses to other prompts or of another target or length (--prompts, --split, --num-prompts, "
                 "--synthetic-prompts, --self-prompts, --seed, --model, --max-new-tokens); use the same ones or a new --out"

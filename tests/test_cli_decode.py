@@ -91,6 +91,7 @@ def bad_inputs(tmp_path, tiny_ckpt):
         "bad flag type": ([*m, "--tp", "two"], "invalid int value"),
         "unknown gemv choice": ([*m, "--gemv", "fast"], "argument --gemv: invalid choice: 'fast'"),
         "draft tokens past the limit": ([*m, "-k", "17"], "--num-draft-tokens 17 must be an integer between 0 and 16"),
+        "lookup past the limit": ([*m, "--draft-lookup", "9"], "--draft-lookup 9 must be an integer between 0 and 8"),
     }
 
 
@@ -108,6 +109,7 @@ CASES = [
     "bad flag type",
     "unknown gemv choice",
     "draft tokens past the limit",
+    "lookup past the limit",
 ]
 
 

@@ -276,6 +276,12 @@ def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement, look
             assert [p.tokens for p in r.prompts] == [p.tokens for p in base.prompts], f"k={k} tp={tp} {placement} lookup={lookup}"
             # a lookup's continuation may end at the sequence's end: fewer than k drafts that step
             assert r.metrics["drafted_mean"] == k if not lookup else 0 < r.metrics["drafted_mean"] <= k
+        if lookup:
+            # lookup steps ran: at k = 4 some continuation ended early (deterministic for these prompts
+            # and weights); sampling mixes one-hot lookup steps with the head's q, every rank alike
+            assert r.metrics["drafted_mean"] < 4
+            s = gang.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=4, temperature=1.0, seed=1))
+            assert all(0 < len(p.tokens) <= 32 for p in s.prompts) and 0 < s.metrics["drafted_mean"] <= 4
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -392,7 +398,11 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     assert training["best_step"] in (2, 4)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
-    # resumable: a longer run with the same folder reuses the responses and starts at step 4
+    # resumable: a longer run with the same folder reuses the responses and starts at step 4, also
+    # from session 12's data, which recorded the since-removed document prompts (none made)
+    data = torch.load(out / "data.pt", weights_only=False)
+    data["made_by"]["self_documents"] = [0, None]
+    torch.save(data, out / "data.pt")
     r = _cli(*same, "--max-steps", "5", "--out", str(out))
     assert r.returncode == 0 and "resuming at step 4" in r.stderr and "responses from" in r.stderr, r.stderr[-2000:]
     # responses made for other prompts are refused, not silently trained on

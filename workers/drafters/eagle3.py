@@ -391,12 +391,12 @@ class Eagle3Drafter(Drafter):
         self.states = []
         feed = committed[self.ctx + 1 : n + 1]
         if self.temperature <= 0 and self.use_chain:  # greedy: fc and the whole chain in one replay
+            span = self._span if on_device else None
+            if span:  # from here: an eager backlog is draft time too
+                span[0].record()
             if len(feed) > self.chain.ready_width:  # the prompt's states, a lookup backlog: all but the last eagerly
                 self.head.step(torch.tensor(feed[:-1], device=self.device), self.head.fc(aux[:-1]), self.cache)
                 feed, aux = feed[-1:], aux[-1:]
-            span = self._span if on_device else None
-            if span:
-                span[0].record()
             tokens = self.chain.draft(feed, aux, k, on_device)
             if span:
                 span[1].record()
