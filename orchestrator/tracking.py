@@ -42,13 +42,17 @@ RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED", "INV
 
 def config_label(params: dict[str, Any]) -> str:
     """A trial's configuration in a few words, the name of its MLflow run and its label in the report:
-    "ngram k=6 gloo tp2", "layer_skip L=8 k=4 nccl PROTO=LL tp2", "plain gloo tp2" (k = 0)."""
+    "ngram k=6 gloo tp2", "layer_skip L=8 k=4 nccl PROTO=LL tp2", "eagle3 rank0 lookup=2 k=4 gloo tp2",
+    "plain gloo tp2" (k = 0)."""
     k = int(params.get("spec.num_draft_tokens", 0) or 0)
     kind = str(params.get("drafter.kind", "none"))
     if k == 0:
         head = "plain"
     else:
         head = {"layer_skip": f"layer_skip L={params.get('drafter.layers', '?')}", "draft_model": "draft_model"}.get(kind, kind)
+        if kind == "eagle3":  # where the head runs, and whether n-gram lookup drafts before it
+            head += f" {params.get('drafter.placement', 'actor')}"
+            head += f" lookup={params['drafter.lookup']}" if int(params.get("drafter.lookup") or 0) else ""
         head += f" k={k}"
     nccl = "".join(
         f" {key.removeprefix('nccl.').removeprefix('NCCL_')}={v}" for key, v in sorted(params.items()) if key.startswith("nccl.")
@@ -69,6 +73,7 @@ def label_defaults(cfg) -> dict[str, Any]:
     }
     if d.layers is not None:
         out["drafter.layers"] = d.layers
+    out.update({"drafter.placement": d.placement, "drafter.lookup": d.lookup})  # labels use them for eagle3 only
     return out
 
 

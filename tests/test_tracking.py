@@ -50,6 +50,9 @@ def test_config_label_names_the_configuration():
         )
         == "layer_skip L=8 k=2 gloo tp2"
     )
+    eagle3 = {"spec.num_draft_tokens": 4, "drafter.kind": "eagle3", "comm.backend": "gloo", "parallel.tp": 2}
+    assert config_label({**eagle3, "drafter.placement": "actor", "drafter.lookup": 0}) == "eagle3 actor k=4 gloo tp2"
+    assert config_label({**eagle3, "drafter.placement": "rank0", "drafter.lookup": 2}) == "eagle3 rank0 lookup=2 k=4 gloo tp2"
 
 
 def test_rounded_keeps_four_significant_digits():
