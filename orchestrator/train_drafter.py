@@ -163,7 +163,7 @@ def train(o: TrainOptions) -> dict:
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
         old = dict(data.get("made_by", made_by))
-        # older data: no self_prompts key; session 12's a self_documents one (the option is gone: none made)
+        # older data: no self_prompts key, or a self_documents one (an option since removed: resumable if none made)
         documents = old.pop("self_documents", [0, None])
         if {"self_prompts": [0, None]} | old != made_by or (documents[0] if isinstance(documents, list) else documents):
             raise UserError(

@@ -399,7 +399,7 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
     # resumable: a longer run with the same folder reuses the responses and starts at step 4, also
-    # from session 12's data, which recorded the since-removed document prompts (none made)
+    # from data made while --self-documents existed, which recorded it (none made)
     data = torch.load(out / "data.pt", weights_only=False)
     data["made_by"]["self_documents"] = [0, None]
     torch.save(data, out / "data.pt")
