@@ -28,8 +28,9 @@ STAGES=" ${STAGES:-train heldout chain} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
 # 1. train on the GPU: every train-split prompt, SYNTH made-up ones (orchestrator/synth_prompts.py),
-#    SELF written by the target itself (Magpie); TRAIN_TIME seconds of training after the responses (the schedule anneals to that budget); a second call with the same WORK resumes (responses cached in
-#    data.pt, the optimizer in train_state.pt, saved every 100 steps); TRAIN_S caps this call's stage.
+#    SELF written by the target itself (Magpie); TRAIN_TIME seconds of training after the responses
+#    (the schedule anneals to that budget); a second call with the same WORK resumes (responses cached
+#    in data.pt, the optimizer in train_state.pt, saved every 100 steps); TRAIN_S caps this call's stage.
 #    A small run first: if the GPU generation path fails, it fails in seconds, not after the budget.
 stage train && { echo "=== train-drafter" >> "$log"
 [ -f "$W/head/data.pt" ] || { rm -rf "$W/smoke"  # a fresh smoke run: its own cached responses would skip generation

@@ -5,10 +5,11 @@
 
 One replay fuses the verifier's aux states of the `T` staged entries (g_i = fc(aux_i)), runs the
 head's step on them (tokens x_{i+1} and states g_i at positions start..start+T-1), takes the
-argmax of the last entry's draft logits, maps it to a target id, and k - 1 times feeds that token with the head's own pre-norm output at the next position,
-all on the device: k drafts cost one launch and one host sync instead of ~30 kernels and a sync
-per draft. Positions live in a device buffer, so no shape depends on the sequence length. A graph
-is captured per (T, k) on first use, or ahead of timing by `warm`.
+argmax of the last entry's draft logits, maps it to a target id, and k - 1 times feeds that token
+with the head's own pre-norm output at the next position, all on the device: k drafts cost one
+launch and one host sync instead of ~30 kernels and a sync per draft. Positions live in a device
+buffer, so no shape depends on the sequence length. A graph is captured per (T, k) on first use,
+or ahead of timing by `warm`.
 
 A head step is either the eager one (`Eagle3Head.step_at` with kv_len = max_seq: SDPA over the
 whole head cache under a position mask, separate norm, rope and cast kernels) or, given an
