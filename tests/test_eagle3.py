@@ -262,11 +262,13 @@ def test_head_that_does_not_fit_exits_2_with_one_line(tmp_path, tiny_ckpt, what,
 
 
 @pytest.mark.parametrize(
-    "tp, placement, lookup", [(1, "actor", 0), (1, "rank0", 0), (2, "actor", 0), (2, "rank0", 0), (2, "rank0", 1), (1, "actor", 2)]
+    "tp, placement, lookup, tree",
+    [(1, "actor", 0, 0), (1, "rank0", 0, 0), (2, "actor", 0, 0), (2, "rank0", 0, 0), (2, "rank0", 1, 0), (1, "actor", 2, 0)]
+    + [(2, "actor", 0, 3), (2, "rank0", 1, 2)],  # trees: over the link, and mixed with lookup's chains
 )
-def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement, lookup):
+def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement, lookup, tree):
     prompts = _prompts()
-    drafter = DrafterSpec(kind="eagle3", model_path=str(tiny_head), placement=placement, lookup=lookup)
+    drafter = DrafterSpec(kind="eagle3", model_path=str(tiny_head), placement=placement, lookup=lookup, tree_width=tree)
     spec = GangSpec(model_path=str(tiny_ckpt), tp=tp, max_seq=256, drafter=drafter)
     with LocalGang(spec, timeout_s=300) as gang:
         gang.setup()
@@ -274,9 +276,15 @@ def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement, look
         for k in (1, 2, 4):
             r = gang.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=k))
             assert [p.tokens for p in r.prompts] == [p.tokens for p in base.prompts], f"k={k} tp={tp} {placement} lookup={lookup}"
+            if tree:  # a tree step drafts k x tree_width nodes, a lookup step a chain of at most k
+                assert r.metrics["drafted_mean"] == k * tree if not lookup else 0 < r.metrics["drafted_mean"] <= k * tree
+                continue
             # a lookup's continuation may end at the sequence's end: fewer than k drafts that step
             assert r.metrics["drafted_mean"] == k if not lookup else 0 < r.metrics["drafted_mean"] <= k
-        if lookup:
+        if tree:
+            s = gang.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=4, temperature=1.0, seed=1))
+            assert all(0 < len(p.tokens) <= 32 for p in s.prompts) and s.metrics["drafted_mean"] > 4
+        elif lookup:
             # lookup steps ran: at k = 4 some continuation ended early (deterministic for these prompts
             # and weights); sampling mixes one-hot lookup steps with the head's q, every rank alike
             assert r.metrics["drafted_mean"] < 4

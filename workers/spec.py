@@ -25,6 +25,9 @@ class DrafterSpec:
     # eagle3: an earlier occurrence of the last `lookup` committed tokens drafts its continuation
     # (n-gram lookup) instead of the head; 0 = the head always
     lookup: int = 0
+    # eagle3: 0 or 1 drafts a chain; w >= 2 a tree: at each depth the head's top-w tokens, the first
+    # continuing the chain and the others leaves, verified in one pass under a tree mask
+    tree_width: int = 0
 
     @property
     def in_verifier(self) -> bool:

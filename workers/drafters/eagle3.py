@@ -305,17 +305,27 @@ class Eagle3Drafter(Drafter):
     kind = "eagle3"
     reads_hidden = True
 
-    def __init__(self, head: Eagle3Head, chain: bool | None = None, engine: EngineConfig | None = None, fast=None, lookup: int = 0):
+    def __init__(
+        self,
+        head: Eagle3Head,
+        chain: bool | None = None,
+        engine: EngineConfig | None = None,
+        fast=None,
+        lookup: int = 0,
+        tree_width: int = 0,
+    ):
         """engine: the trial's engine settings; on a GPU with compile and CUDA graphs on, the chain's
         head steps go through `HeadFastStep` (built once per head). fast: that step given directly
         (CPU tests of its body). lookup (drafter.lookup): where the committed sequence's last `lookup`
-        tokens occurred before, draft what followed them instead of running the head (0: never)."""
+        tokens occurred before, draft what followed them instead of running the head (0: never).
+        tree_width (drafter.tree_width): >= 2 drafts a tree, the head's top-w tokens at each depth
+        (`_tree`), with eager head steps; 0 or 1: a chain."""
         from workers.drafters.eagle3_chain import Eagle3Chain
         from workers.engine.link import MAX_DRAFT_TOKENS
 
         self.head = head
         self.device = head.fc.weight.device
-        self.lookup = lookup
+        self.lookup, self.tree_width = lookup, tree_width
         self.index = NgramIndex(lookup, lookup) if lookup else None
         self.cache = head.new_cache()
         if fast is None and engine is not None and engine.compile and engine.cuda_graphs and self.device.type == "cuda":
@@ -331,7 +341,9 @@ class Eagle3Drafter(Drafter):
 
     def fork(self) -> Eagle3Drafter:
         """Another sequence's drafter on the same head: its own cache and chain (graphs on CUDA, once warmed)."""
-        other = Eagle3Drafter(self.head, chain=self.use_chain, fast=self.chain.fast, lookup=self.lookup)  # fast: None once it failed
+        other = Eagle3Drafter(  # fast: None once it failed
+            self.head, chain=self.use_chain, fast=self.chain.fast, lookup=self.lookup, tree_width=self.tree_width
+        )
         other.begin(self.temperature, int(self.generator.initial_seed()))
         return other
 
@@ -390,7 +402,8 @@ class Eagle3Drafter(Drafter):
         aux = torch.cat(self.states) if len(self.states) > 1 else self.states[0]
         self.states = []
         feed = committed[self.ctx + 1 : n + 1]
-        if self.temperature <= 0 and self.use_chain:  # greedy: fc and the whole chain in one replay
+        tree = self.tree_width >= 2
+        if self.temperature <= 0 and self.use_chain and not tree:  # greedy: fc and the whole chain in one replay
             span = self._span if on_device else None
             if span:  # from here: an eager backlog is draft time too
                 span[0].record()
@@ -407,9 +420,13 @@ class Eagle3Drafter(Drafter):
                 return Proposal(tokens=tokens, draft_s=time.perf_counter() - t0)
         h, logits = self.head.step(torch.tensor(feed, device=self.device), self.head.fc(aux), self.cache)
         self.ctx = n
-        tokens, qs = [], []
+        tokens, qs, alternatives = [], [], []
         for i in range(k):
-            if self.temperature > 0:
+            if tree:  # deterministic under sampling too: the tree rule treats every draft as one-hot
+                top = self.head.to_target(logits.topk(min(self.tree_width, logits.shape[0])).indices).tolist()
+                tok = top[0]
+                alternatives.append(top[1:])
+            elif self.temperature > 0:
                 q = self._q(logits)
                 tok = sample(q, self.generator)
                 qs.append(q)
@@ -418,5 +435,21 @@ class Eagle3Drafter(Drafter):
             tokens.append(tok)
             if i + 1 < k:
                 h, logits = self.head.step(torch.tensor([tok], device=self.device), h[-1:], self.cache)
+        if tree:
+            return self._tree(tokens, alternatives, t0)
         q_all = torch.stack(qs).cpu() if qs else None
         return Proposal(tokens=tokens, probs=q_all, draft_s=time.perf_counter() - t0)
+
+    @staticmethod
+    def _tree(chain: list[int], alternatives: list[list[int]], t0: float) -> Proposal:
+        """The chain (top-1 at each depth) first, then each depth's other top-w tokens as leaves
+        under the chain node before them, depth 1 first, while the tree holds at most the link's
+        MAX_DRAFT_TOKENS."""
+        from workers.engine.link import MAX_DRAFT_TOKENS
+
+        tokens, parents = list(chain), list(range(-1, len(chain) - 1))
+        for depth, alts in enumerate(alternatives):
+            for t in alts[: MAX_DRAFT_TOKENS - len(tokens)]:
+                tokens.append(t)
+                parents.append(depth - 1)
+        return Proposal(tokens=tokens, parents=parents, draft_s=time.perf_counter() - t0)

@@ -166,6 +166,8 @@ def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache
     t1 = time.perf_counter()
     width = 1 + max(len(p.tokens) for p in proposals.values())
     feed = []
+    if any(p.parents is not None for p in proposals.values()):
+        raise ValueError("tree drafting (drafter.tree_width >= 2) runs at batch size 1")
     for s in seqs:
         row = [s.tokens[-1], *proposals[s.row].tokens] if s.row in proposals else [s.tokens[-1]]
         feed.append(row + [row[-1]] * (width - len(row)))

@@ -30,6 +30,9 @@ class Proposal:
     # around the chain on the GPU, whose elapsed time is then the draft time
     device_tokens: torch.Tensor | None = None
     gpu_span: tuple | None = None
+    # a tree (drafter.tree_width): parents[i] is draft i's parent, -1 for the last committed token;
+    # None: a chain. Trees list the chain (top-1 at each depth) first, so tokens[:k] are its chain.
+    parents: list[int] | None = None
 
 
 @dataclass
@@ -78,7 +81,7 @@ class DraftLink:
         if self.rank == 0 and self.drafter_rank is not None:
             dist.recv(torch.zeros(1, dtype=torch.int64), src=self.drafter_rank, group=self.group)
 
-    # header layout: [n_tokens, has_probs, draft_us, tokens(k)]
+    # header layout: [n_tokens, has_probs, draft_us, is_tree, tokens(k), parents(k)]
     def send_proposal(self, p: Proposal) -> None:
         self._exchange_proposal(p)
 
@@ -86,13 +89,18 @@ class DraftLink:
         return self._exchange_proposal(None)
 
     def _exchange_proposal(self, p: Proposal | None) -> Proposal:
-        header = torch.zeros(3 + self.k, dtype=torch.int64)
+        k = self.k
+        header = torch.zeros(4 + 2 * k, dtype=torch.int64)
         if p is not None:
             n = len(p.tokens)
             header[0], header[1], header[2] = n, int(p.probs is not None), int(p.draft_s * 1e6)
-            header[3 : 3 + n] = torch.tensor(p.tokens, dtype=torch.int64)
+            header[4 : 4 + n] = torch.tensor(p.tokens, dtype=torch.int64)
+            if p.parents is not None:
+                header[3] = 1
+                header[4 + k : 4 + k + n] = torch.tensor(p.parents, dtype=torch.int64)
         self._bcast(header, self.drafter_rank)
-        n, has_probs, draft_us = header[:3].tolist()
+        n, has_probs, draft_us, is_tree = header[:4].tolist()
+        parents = header[4 + k : 4 + k + n].tolist() if is_tree else None
         q = None
         if has_probs and p is not None:
             q = p.probs.float().contiguous()
@@ -100,7 +108,7 @@ class DraftLink:
         elif has_probs and self.rank == 0:
             q = torch.empty(n, self.vocab)
             dist.recv(q, src=self.drafter_rank, group=self.group)
-        return Proposal(tokens=header[3 : 3 + n].tolist(), probs=q, draft_s=draft_us / 1e6)
+        return Proposal(tokens=header[4 : 4 + n].tolist(), probs=q, draft_s=draft_us / 1e6, parents=parents)
 
     # header layout: [accepted, n_tokens, done, n_hidden, tokens(k + 1)]; then, when n_hidden > 0,
     # rank 0 sends the hidden states [n_hidden, hidden_width] to the drafter alone

@@ -101,10 +101,14 @@ class StepRunner:
     def _comm_on(self) -> bool:
         return bool(getattr(self.allreduce, "enabled", True))
 
-    def step(self, tokens: list[int], tail: torch.Tensor | None = None) -> torch.Tensor:
+    def step(self, tokens: list[int], tail: torch.Tensor | None = None, parents: list[int] | None = None) -> torch.Tensor:
         """Logits [T, vocab] of `tokens` fed after the cached positions. tail: more tokens [n] on the
         device (an in-rank chain's drafts), fed after `tokens` without reading them on the host
-        where the step is a graph (copied into its input on the device, behind the chain)."""
+        where the step is a graph (copied into its input on the device, behind the chain).
+        parents: `tokens` is a tree, parents[i] the index of entry i's parent (-1: entry 0, the
+        root); eager, under a tree mask (`Transformer.tree_logits`)."""
+        if parents is not None:
+            return self.model.tree_logits(tokens + ([] if tail is None else tail.tolist()), parents, self.cache)
         T = len(tokens) + (0 if tail is None else tail.shape[0])
         if not self.use_graphs or T > self.max_width:
             if tail is not None:

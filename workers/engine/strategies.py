@@ -44,7 +44,7 @@ from workers.drafters import Drafter
 from workers.engine.link import DraftLink, Proposal, VerifyResult
 from workers.engine.stats import RunStats, StepRecord
 from workers.engine.steps import StepRunner
-from workers.engine.verify import probs, sample, verify
+from workers.engine.verify import probs, sample, tree_path, tree_verify, verify
 from workers.model.transformer import KVCache, Transformer
 from workers.spec import Workload
 
@@ -105,8 +105,12 @@ class HiddenStates:
     to_link: bool  # a drafter process receives them with each result
     drafter: Drafter | None  # an in-rank drafter that reads them
 
-    def rows(self, n: int, row: int = 0) -> torch.Tensor:
-        """The last pass's first `n` positions of sequence `row` (a batch's row), [n, n_aux x dim]."""
+    def rows(self, n: int, row: int = 0, index: list[int] | None = None) -> torch.Tensor:
+        """The last pass's first `n` positions of sequence `row` (a batch's row), [n, n_aux x dim];
+        index: those positions instead (a tree's root and accepted path)."""
+        if index is not None:
+            at = torch.tensor(index, device=self.model.aux[0].device)
+            return torch.cat([a[row].index_select(0, at) for a in self.model.aux], dim=-1)
         return torch.cat([a[row, :n] for a in self.model.aux], dim=-1)
 
 
@@ -136,10 +140,11 @@ class Rank:
     def decides(self) -> bool:
         return self.index == 0 or self.local
 
-    def score(self, seq: Sequence, tokens: list[int], tail: torch.Tensor | None = None) -> torch.Tensor:
+    def score(self, seq: Sequence, tokens: list[int], tail: torch.Tensor | None = None, tree: list[int] | None = None) -> torch.Tensor:
         """Logits [len(tokens) (+ len(tail)), vocab] of `tokens` (then the device tokens `tail`) fed
-        after the sequence's cached positions."""
-        return self.steps.step(tokens, tail)
+        after the sequence's cached positions. tree: `tokens` is [last, drafts] and tree[i] the
+        parent of draft i (`Proposal.parents`)."""
+        return self.steps.step(tokens, tail, None if tree is None else [-1] + [p + 1 for p in tree])
 
     def first_token(self, logits: torch.Tensor) -> VerifyResult:
         w = self.w
@@ -147,17 +152,23 @@ class Rank:
         tokens, done = finish([tok], 0, w)
         return VerifyResult(accepted=0, tokens=tokens, done=done)
 
-    def publish(self, result: VerifyResult | None, rows: int | None = None) -> VerifyResult:
+    def publish(self, result: VerifyResult | None, rows: int | None = None, tree: Proposal | None = None) -> VerifyResult:
         """Deciding locally, rank 0 sends its result to the drafter process alone (if any); else rank 0
         broadcasts it to every rank and the drafter, and the other ranks return what they receive.
-        Hidden states of the pass's first `rows` positions (default: the kept ones, 1 + accepted) go
-        along to a drafter that reads them."""
+        Hidden states of the pass's first `rows` positions (default: the kept ones, 1 + accepted; a
+        tree's: the root and the accepted path) go along to a drafter that reads them."""
         h = self.hidden
+
+        def kept(res: VerifyResult) -> torch.Tensor:
+            if tree is not None:
+                return h.rows(0, index=[0] + [1 + i for i in tree_path(tree.tokens, tree.parents, res.tokens[: res.accepted])])
+            return h.rows(rows if rows is not None else 1 + res.accepted)
+
         if h is not None and h.to_link and self.index == 0 and result is not None:
-            result.hidden = h.rows(rows if rows is not None else 1 + result.accepted)
+            result.hidden = kept(result)
         res = self._send(result)
         if h is not None and h.drafter is not None:
-            h.drafter.observe(h.rows(rows if rows is not None else 1 + res.accepted))
+            h.drafter.observe(kept(res))
         return res
 
     def _send(self, result: VerifyResult | None) -> VerifyResult:
@@ -210,7 +221,11 @@ class StepStrategy:
         return self.propose(seq)
 
     def decide(self, seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> tuple[int, list[int]]:
-        """Drafts kept and the new tokens (kept drafts + one more); deciding ranks only."""
+        """Drafts kept and the new tokens (kept drafts + one more); deciding ranks only. A tree keeps
+        the path `tree_verify` walks (workers/engine/verify.py)."""
+        if proposal.parents is not None:
+            path, new = tree_verify(proposal.tokens, proposal.parents, logits, self.w.temperature, self.r.gen)
+            return len(path), new
         # p: the verifier's probability of draft d_i, q: the drafter's (q = 1 for a deterministic drafter)
         # p >= q: accept d_i; p < q: accept it with probability p / q, else sample norm(max(0, p - q)) and stop
         # all accepted: sample a bonus token from p (greedy: accept while d_i == argmax, then take the argmax)
@@ -238,8 +253,9 @@ class StepStrategy:
         calls0, comm0 = r.counters.calls, r.counters.seconds
         base = r.cache.lengths[seq.row]
         on_device = proposal.device_tokens is not None
+        tree = proposal.parents
         with phase("spectune.verify"):
-            logits = r.score(seq, [seq.tokens[-1], *proposal.tokens], proposal.device_tokens)
+            logits = r.score(seq, [seq.tokens[-1], *proposal.tokens], proposal.device_tokens, tree)
         mine = None
         if r.decides:
             with phase("spectune.decide"):
@@ -259,7 +275,10 @@ class StepStrategy:
             draft_s = proposal.gpu_span[0].elapsed_time(proposal.gpu_span[1]) / 1e3
             verify_s = max(0.0, t2 - t0 - draft_s)
         with phase("spectune.publish"):
-            res = r.publish(mine)
+            res = r.publish(mine, tree=proposal if tree is not None else None)
+        if tree is not None:  # the accepted path's K/V to base + 1, base + 2, ..., as a chain leaves them
+            path = tree_path(proposal.tokens, tree, res.tokens[: res.accepted])
+            r.cache.keep_path(seq.row, base + 1, [base + 1 + i for i in path])
         # keep [last, d_1..d_accepted]; the correction / bonus token is fed next step
         r.cache.rollback(seq.row, base + 1 + res.accepted)
         seq.commit(res)
@@ -419,13 +438,18 @@ class SimulatedAcceptance(StepStrategy):
         return p if p.device_tokens is not None else self._pad(seq, p)  # a device chain is k drafts long
 
     def _pad(self, seq: Sequence, p: Proposal) -> Proposal:
+        if p.parents is not None:  # a tree lists its k-chain first: the accepted drafts are that chain's
+            return p
         pad = [p.tokens[-1] if p.tokens else seq.tokens[-1]] * (self.k - len(p.tokens))
         return Proposal(tokens=p.tokens + pad, probs=p.probs, draft_s=p.draft_s)
 
     def _accepted(self, proposal: Proposal) -> int:
         """Drafts accepted this step: tau - 1 on average, carried as credit between steps."""
         self.credit += self.accept_len - 1
-        n = min(len(proposal.tokens), int(self.credit))
+        chain = len(proposal.tokens)
+        if proposal.parents is not None:  # a tree: its leading chain (parents -1, 0, 1, ...)
+            chain = next((i for i, p in enumerate(proposal.parents) if p != i - 1), chain)
+        n = min(chain, int(self.credit))
         self.credit -= n
         return n
 

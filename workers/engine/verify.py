@@ -14,6 +14,15 @@ bonus from p. Every emitted token is then distributed exactly as p. A determinis
 (n-gram lookup) has q = one-hot(d_i): keep with probability p(d_i), residual = p with d_i removed.
 
 Each call returns (number of drafts accepted, the new tokens: accepted drafts + one more).
+
+Trees (`tree_verify`): drafts with parents, scored in one pass under a tree mask (row 0: after
+the last committed token, row i + 1: after draft i). From the root, the walk takes a child the
+target agrees with and goes on from it, until no child fits: then the row it stands on gives the
+one more token. Greedy: the child equal to the row's argmax. Sampling: the children are
+deterministic drafts (the drafter's top-w), tried in order with the one-hot rule above: keep
+child c with probability r(c) / sum(r), where r starts as p and loses each rejected child's mass;
+if none is kept, sample from r. That is sampling from p and asking "is it c_1, else c_2, ...",
+so every emitted token is distributed exactly as p.
 """
 
 from __future__ import annotations
@@ -78,3 +87,50 @@ def verify(draft, draft_probs, logits, temperature, generator) -> tuple[int, lis
     if temperature <= 0:
         return greedy_verify(draft, logits)
     return rejection_verify(draft, draft_probs, logits, temperature, generator)
+
+
+def _children(parents: list[int]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    return kids
+
+
+def tree_verify(
+    draft: list[int], parents: list[int], logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> tuple[list[int], list[int]]:
+    """(the accepted path: draft indices root to leaf, the new tokens: the path's tokens + one more).
+    parents[i]: draft i's parent, -1 for the root (the last committed token); logits [1 + n, V]."""
+    kids, path, node = _children(parents), [], -1
+    if temperature <= 0:
+        targets = logits.argmax(dim=-1).tolist()
+        while True:
+            nxt = next((c for c in kids.get(node, []) if draft[c] == targets[node + 1]), None)
+            if nxt is None:
+                return path, [draft[i] for i in path] + [targets[node + 1]]
+            path.append(nxt)
+            node = nxt
+    p_rows = probs(logits, temperature)
+    while True:
+        r = p_rows[node + 1].clone()
+        for c in kids.get(node, []):
+            u = float(torch.rand(1, generator=generator))
+            if u * float(r.sum()) < float(r[draft[c]]):  # keep c with probability r(c) / sum(r)
+                path.append(c)
+                node = c
+                break
+            r[draft[c]] = 0.0
+        else:
+            return path, [draft[i] for i in path] + [sample(r, generator)]
+
+
+def tree_path(draft: list[int], parents: list[int], accepted: list[int]) -> list[int]:
+    """The draft indices of the path whose tokens are `accepted` (what `tree_verify` kept): how a
+    rank that did not decide, or the drafter, finds it from the result's tokens. A token that two
+    siblings share resolves to the first, as `tree_verify` keeps the first (sampling gives the
+    second no mass once the first is rejected)."""
+    kids, path, node = _children(parents), [], -1
+    for t in accepted:
+        node = next(c for c in kids.get(node, []) if draft[c] == t)
+        path.append(node)
+    return path

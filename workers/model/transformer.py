@@ -68,6 +68,18 @@ class KVCache:
     def reset(self) -> None:
         self.lengths = [0] * len(self.lengths)
 
+    def keep_path(self, seq: int, base: int, slots: list[int]) -> None:
+        """Move sequence `seq`'s K/V at `slots` (increasing, each >= base) to base, base + 1, ... in
+        order: a token tree's accepted path made contiguous before the rollback to its end.
+        Lengths are the caller's; a path already in place moves nothing."""
+        if slots == list(range(base, base + len(slots))):
+            return
+        device = self.k[0].device
+        src = torch.tensor(slots, device=device)
+        dst = torch.arange(base, base + len(slots), device=device)
+        for t in (*self.k, *self.v):  # gather first: a destination may be a later source's slot
+            t[seq].index_copy_(1, dst, t[seq].index_select(1, src))
+
     def view(self, start: int, n: int) -> KVCache:
         """Sequences start .. start + n - 1 as a cache of their own: the same storage (writes land
         here) and a copy of their lengths, which the caller writes back."""
@@ -225,15 +237,45 @@ class Transformer(nn.Module):
         With kv_len = cache.max_seq every shape is static (what a CUDA graph captures); the caller
         keeps `cache.lengths`. fresh: every sequence starts at 0 (causal attention, no mask)."""
         cos, sin, mask = self.rope_and_mask(pos, kv_len, masked=not fresh)
+        return self._layers(tokens, cos, sin, mask, pos, cache)
+
+    def _layers(self, tokens, cos, sin, mask, slots, cache: KVCache) -> torch.Tensor:
+        """Embedding, every layer (K/V written at `slots`), final norm; aux states captured on the way."""
         x = self.embed_tokens(tokens)
         seen = {}
         for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, cache.k, cache.v)):
             if i in self.aux_layers:
                 seen[i] = x
-            x = layer(x, cos, sin, mask, k_cache, v_cache, pos)
+            x = layer(x, cos, sin, mask, k_cache, v_cache, slots)
         if self.aux_layers:
             self.aux = [seen[i] for i in self.aux_layers]
         return self.norm(x)
+
+    def tree_logits(self, tokens: list[int], parents: list[int], cache: KVCache) -> torch.Tensor:
+        """Logits [T, vocab] of a token tree fed after sequence 0's cached positions (eager).
+        parents[i]: the index in `tokens` of entry i's parent, < i; entry 0 (parents[0] = -1) is
+        the one root. Entry i is written at slot start + i and rotated at position start + its
+        depth; it attends to the cache before start and to its own ancestors, itself included, so
+        each entry sees exactly the sequence it would extend. Advances cache.lengths[0] by T; the
+        caller keeps an accepted path with `KVCache.keep_path` and rolls back the rest."""
+        T, start = len(tokens), cache.lengths[0]
+        kv_len = start + T
+        if kv_len > min(cache.max_seq, self.max_seq):
+            raise ValueError(f"sequence length {kv_len} exceeds the cache ({min(cache.max_seq, self.max_seq)})")
+        if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+            raise ValueError(f"a token tree needs parents[0] = -1 and 0 <= parents[i] < i, got {parents}")
+        depth = [0] * T
+        ancestors = torch.eye(T, dtype=torch.bool)  # row i: the entries entry i sees among the new ones
+        for i in range(1, T):
+            depth[i] = depth[parents[i]] + 1
+            ancestors[i] |= ancestors[parents[i]]
+        device = self.embed_tokens.weight.device
+        slots = torch.arange(start, kv_len, device=device)[None]
+        cos, sin, _ = self.rope_and_mask(torch.tensor([depth], device=device) + start, kv_len, masked=False)
+        mask = torch.cat([torch.ones(T, start, dtype=torch.bool), ancestors], dim=1).to(device)[None, None]
+        h = self._layers(torch.tensor([tokens], device=device), cos, sin, mask, slots, cache)
+        cache.lengths[0] = kv_len
+        return self.logits(h)[0]
 
     def rope_and_mask(self, pos: torch.Tensor, kv_len: int, masked: bool = True):
         """Rope tables at `pos` and the attention mask (None when not `masked`: plain causal)."""

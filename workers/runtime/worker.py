@@ -90,6 +90,7 @@ def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> 
             if d.placement == "rank0" and spec.tp > 1 and spec.engine.gemv != "off"
             else spec.engine,
             lookup=d.lookup,
+            tree_width=d.tree_width,
         )
     if d.kind == "ngram":
         return NgramDrafter(d.ngram_max, d.ngram_min)
