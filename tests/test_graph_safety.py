@@ -84,3 +84,29 @@ def test_the_batched_pass_never_syncs(tiny_ckpt, fused):
     with NoHostSync():
         logits = static_pass(model, tokens, pos, cache, fast)
     assert logits.shape[:2] == (3, 4)
+
+
+@torch.inference_mode()
+def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt):
+    """The graphed tree step's body (static tokens, rotary positions, slots and mask) on CPU: no
+    host sync, and the logits of `Transformer.tree_logits` on the same cache."""
+    from workers.engine.steps import StepRunner
+    from workers.model.transformer import tree_layout
+
+    model = load_model(tiny_ckpt, max_seq=64)
+    cache = model.new_cache(1)
+    model(torch.tensor([list(range(20, 31))]), cache)  # 11 cached positions
+    runner = StepRunner(model, cache, 8, engine=EngineConfig(compile=False))
+    tokens, parents = [4, 5, 6, 7, 8], [-1, 0, 1, 0, 1]
+    depth, ancestors = tree_layout(parents)
+    runner._tree_buffers()
+    T, start = len(tokens), cache.lengths[0]
+    runner._tree_in[0, :T] = torch.tensor(tokens)
+    runner._tree_in[1, :T] = torch.tensor(depth) + start
+    runner._tree_in[2, :T] = torch.arange(start, start + T)
+    runner._tree_mask[:T, :start] = True
+    runner._tree_mask[:T, start : start + T] = ancestors
+    with NoHostSync():
+        graphed = runner._run_tree(T)[0]
+    eager = model.tree_logits(tokens, parents, cache)
+    torch.testing.assert_close(graphed, eager, atol=1e-4, rtol=1e-4)

@@ -36,7 +36,7 @@ import torch
 
 from workers.engine.config import ATTENTION_CHOICES, EngineConfig
 from workers.engine.fused_step import try_fused
-from workers.model.transformer import KVCache, Transformer
+from workers.model.transformer import KVCache, Transformer, tree_layout
 
 
 def no_cudnn_attention() -> None:
@@ -106,9 +106,12 @@ class StepRunner:
         device (an in-rank chain's drafts), fed after `tokens` without reading them on the host
         where the step is a graph (copied into its input on the device, behind the chain).
         parents: `tokens` is a tree, parents[i] the index of entry i's parent (-1: entry 0, the
-        root); eager, under a tree mask (`Transformer.tree_logits`)."""
+        root), scored under a tree mask (`Transformer.tree_logits`; a graph per width on CUDA)."""
         if parents is not None:
-            return self.model.tree_logits(tokens + ([] if tail is None else tail.tolist()), parents, self.cache)
+            tokens = tokens + ([] if tail is None else tail.tolist())
+            if not self.use_graphs or len(tokens) > self.max_width:
+                return self.model.tree_logits(tokens, parents, self.cache)
+            return self._tree_replay(tokens, parents)
         T = len(tokens) + (0 if tail is None else tail.shape[0])
         if not self.use_graphs or T > self.max_width:
             if tail is not None:
@@ -132,6 +135,62 @@ class StepRunner:
             self.allreduce.counters.calls += calls
         self.cache.lengths[0] = start + T
         return out[0]
+
+    def _tree_replay(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        """A tree step as a CUDA graph of its width: token ids, rotary positions (start + depth)
+        and cache slots (start + i) into static inputs, and the mask over the whole static cache
+        (the prefix, then each entry's ancestors) into a static [max_width, max_seq] buffer. The
+        plain model's layers (SDPA under that mask): the compiled body and the split-KV kernel
+        read every slot up to a query's position, which a tree does not allow."""
+        T, start = len(tokens), self.cache.lengths[0]
+        if start + T > self.cache.max_seq:
+            raise ValueError(f"sequence length {start + T} exceeds the cache ({self.cache.max_seq})")
+        depth, ancestors = tree_layout(parents)
+        self._tree_buffers()
+        self._tree_staging[0, :T] = torch.tensor(tokens)
+        self._tree_staging[1, :T] = torch.tensor(depth) + start
+        self._tree_staging[2, :T] = torch.arange(start, start + T)
+        m = self._mask_staging
+        m[:T].zero_()
+        m[:T, :start] = True
+        m[:T, start : start + T] = ancestors
+        self._tree_in.copy_(self._tree_staging, non_blocking=True)
+        self._tree_mask[:T].copy_(m[:T], non_blocking=True)
+        key = ("tree", T, self._comm_on())
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(T, tree=True)
+            self._aux[key] = list(self.model.aux)
+        graph, out, calls = self.graphs[key]
+        graph.replay()
+        if self.model.aux_layers:
+            self.model.aux = self._aux[key]
+        if calls and self.allreduce is not None:
+            self.allreduce.counters.calls += calls
+        self.cache.lengths[0] = start + T
+        return out[0]
+
+    def _tree_buffers(self) -> None:
+        """The tree step's static inputs (device) and their host staging (pinned on CUDA), once."""
+        if hasattr(self, "_tree_in"):
+            return
+        W, S, pin = self.max_width, self.cache.max_seq, self.device.type == "cuda"
+        staging = torch.zeros(3, W, dtype=torch.long)  # tokens, rotary positions, slots
+        mask = torch.zeros(W, S, dtype=torch.bool)
+        self._tree_staging, self._mask_staging = (staging.pin_memory(), mask.pin_memory()) if pin else (staging, mask)
+        self._tree_in = torch.zeros(3, W, dtype=torch.long, device=self.device)
+        self._tree_mask = torch.zeros(W, S, dtype=torch.bool, device=self.device)
+
+    def _run_tree(self, T: int) -> torch.Tensor:
+        tok, pos, slots = self._tree_in[0:1, :T], self._tree_in[1:2, :T], self._tree_in[2:3, :T]
+        cos, sin, _ = self.model.rope_and_mask(pos, 0, masked=False)
+        return self.model.logits(self.model._layers(tok, cos, sin, self._tree_mask[:T][None, None], slots, self.cache))
+
+    def warm_tree(self, width: int) -> None:
+        """Capture the tree step of `width` entries (the root and its drafts) before timing."""
+        if self.use_graphs and width <= self.max_width and ("tree", width, self._comm_on()) not in self.graphs:
+            self.cache.lengths[0] = 0
+            self.step([1] * width, parents=[-1] + [0] * (width - 1))
+            self.cache.lengths[0] = 0
 
     def draft_chain(self, tokens: list[int], k: int) -> list[int] | None:
         """Greedy drafting in one CUDA graph: the argmax after `tokens`, then k - 1 more, each
@@ -271,10 +330,12 @@ class StepRunner:
         body = self.fast.hidden_at if self.fast is not None else self.model.hidden_at
         return self.model.logits(body(tok, pos, self.cache, self.cache.max_seq))
 
-    def _capture(self, T: int, chain: int = 0, greedy: bool = False, margins: bool = False):
+    def _capture(self, T: int, chain: int = 0, greedy: bool = False, margins: bool = False, tree: bool = False):
         # Warm up on a side stream (lazy kernels, allocator), then capture. Every TP rank captures
         # the same width at the same step (SPMD), so the collectives inside line up.
         def run():
+            if tree:
+                return self._run_tree(T)
             if greedy:
                 return self._run_greedy(margins)
             return self._run_chain(T, chain) if chain else self._run_static(T)

@@ -127,6 +127,7 @@ class Rank:
     local: bool  # decides_locally: every rank verifies for itself
     on_progress: ProgressHook | None = None
     hidden: HiddenStates | None = None
+    tree_nodes: int = 0  # a tree drafter's drafts a step (drafter.tree_width): their width is captured too
     gen: torch.Generator = field(init=False)
 
     def __post_init__(self):
@@ -202,6 +203,8 @@ class StepStrategy:
         run (eager passes) captures nothing."""
         if capture:
             self.r.steps.warm(range(1, self.k + 2), greedy=self.overlapped, margins=self.margins)
+            if self.r.tree_nodes:
+                self.r.steps.warm_tree(1 + self.r.tree_nodes)
 
     def row_drafters(self, n: int) -> list[Drafter | None]:
         """One drafter per row of a batch (None: the mode drafts nothing by itself)."""

@@ -65,8 +65,10 @@ class Verifier:
         rank: int,
         engine: EngineConfig | None = None,
         drafter: Drafter | None = None,
+        tree_width: int = 0,
     ):
         self.model, self.allreduce, self.link, self.rank = model, allreduce, link, rank
+        self.tree_width = tree_width  # drafter.tree_width: >= 2, the drafter proposes trees (their width is warmed)
         self.drafter = drafter  # a drafter run inside this rank (n-gram), else proposals come over the link
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
@@ -123,6 +125,8 @@ class Verifier:
             local=decides_locally(w, self.link.drafter_rank is not None),
             on_progress=self.on_progress,
             hidden=self._hidden_states(w),
+            # a tree of k x tree_width drafts, capped at the link's capacity (Eagle3Drafter._tree)
+            tree_nodes=min(w.num_draft_tokens * self.tree_width, self.link.k) if self.tree_width >= 2 and w.num_draft_tokens else 0,
         )
         strategy = strategy_for(rank, self.drafter, overlap=self.steps.engine.overlap)  # fixed for the run: every rank picks it alike
         if w.batch_size != 1:

@@ -127,6 +127,20 @@ class Attention(nn.Module):
         return attend(q, k, v, mask, k_cache, v_cache, pos, self.gqa_group, self.kv_map)
 
 
+def tree_layout(parents: list[int]) -> tuple[list[int], torch.Tensor]:
+    """A token tree's depths and ancestor mask [T, T] (row i: the entries entry i sees, itself
+    included). parents[i]: the index of entry i's parent, < i; entry 0 is the one root (-1)."""
+    if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+        raise ValueError(f"a token tree needs parents[0] = -1 and 0 <= parents[i] < i, got {parents}")
+    T = len(parents)
+    depth = [0] * T
+    ancestors = torch.eye(T, dtype=torch.bool)
+    for i in range(1, T):
+        depth[i] = depth[parents[i]] + 1
+        ancestors[i] |= ancestors[parents[i]]
+    return depth, ancestors
+
+
 def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
     """Write k/v [B, Hkv, T, D] at `pos`, attend q [B, H, T, D] to the first mask.shape[-1] cache
     slots; returns [B, T, H * D] (before o_proj). A pure function, so compiled callers share it.
@@ -262,13 +276,7 @@ class Transformer(nn.Module):
         kv_len = start + T
         if kv_len > min(cache.max_seq, self.max_seq):
             raise ValueError(f"sequence length {kv_len} exceeds the cache ({min(cache.max_seq, self.max_seq)})")
-        if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
-            raise ValueError(f"a token tree needs parents[0] = -1 and 0 <= parents[i] < i, got {parents}")
-        depth = [0] * T
-        ancestors = torch.eye(T, dtype=torch.bool)  # row i: the entries entry i sees among the new ones
-        for i in range(1, T):
-            depth[i] = depth[parents[i]] + 1
-            ancestors[i] |= ancestors[parents[i]]
+        depth, ancestors = tree_layout(parents)
         device = self.embed_tokens.weight.device
         slots = torch.arange(start, kv_len, device=device)[None]
         cos, sin, _ = self.rope_and_mask(torch.tensor([depth], device=device) + start, kv_len, masked=False)

@@ -184,6 +184,7 @@ class Worker:
                 self.rank,
                 engine=engine,
                 drafter=build_drafter(spec, device, model.embed_tokens.weight) if spec.drafter.in_verifier else None,
+                tree_width=spec.drafter.tree_width if spec.drafter.kind == "eagle3" else 0,
             )
         info = {
             "rank": self.rank,
