@@ -43,6 +43,12 @@ def _add_decode(sub) -> None:
         default=d.draft_lookup,
         help="eagle3: where the last N tokens occurred earlier, draft what followed them instead of the head (0: never)",
     )
+    p.add_argument(
+        "--tree-width",
+        type=int,
+        default=d.tree_width,
+        help="eagle3: 0/1 drafts a chain; W >= 2 a tree of the head's top-W tokens per depth, verified in one pass (batch size 1)",
+    )
     p.add_argument("--draft-layers", type=int, default=None, help="verifier layers that draft (--drafter layer_skip; default half)")
     p.add_argument("--ngram-max", type=int, default=d.ngram_max, help="longest n-gram the lookup drafter matches")
     p.add_argument(

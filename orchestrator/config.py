@@ -53,6 +53,7 @@ class DrafterSection(_Section):
     ngram_max: int = _field("drafter.ngram_max")
     placement: Literal[PARAMS["drafter.placement"].choices] = _field("drafter.placement")
     lookup: int = _field("drafter.lookup")
+    tree_width: int = _field("drafter.tree_width")
 
 
 class ParallelSection(_Section):

@@ -41,6 +41,7 @@ class DecodeOptions:
     ngram_actor: bool = False
     draft_placement: str = "actor"  # eagle3: actor | rank0
     draft_lookup: int = 0  # eagle3: n-gram lookup before the head (drafter.lookup)
+    tree_width: int = 0  # eagle3: 0/1 a chain, w >= 2 a tree of the head's top-w tokens per depth (drafter.tree_width)
     num_draft_tokens: int = 4
     temperature: float = 0.0
     prompts: str = str(BUNDLED_PROMPTS)
@@ -89,6 +90,7 @@ FLAGS = {
     "drafter.model_path": "--draft-model",
     "drafter.placement": "--draft-placement",
     "drafter.lookup": "--draft-lookup",
+    "drafter.tree_width": "--tree-width",
     "drafter.layers": "--draft-layers",
     "drafter.ngram_max": "--ngram-max",
     "drafter.num_draft_tokens": "--num-draft-tokens",
@@ -116,7 +118,7 @@ def experiment(o: DecodeOptions, n_layers: int) -> ExperimentConfig:
         "num_draft_tokens": k,
         "ngram_max": o.ngram_max,
         **({"model_path": o.draft_model} if o.drafter in ("draft_model", "eagle3") else {}),
-        **({"placement": o.draft_placement, "lookup": o.draft_lookup} if o.drafter == "eagle3" else {}),
+        **({"placement": o.draft_placement, "lookup": o.draft_lookup, "tree_width": o.tree_width} if o.drafter == "eagle3" else {}),
         **({"layers": layers} if o.drafter == "layer_skip" else {}),
     }
     raw = {
@@ -176,6 +178,8 @@ def plan(o: DecodeOptions) -> DecodePlan:
         raise UserError(f"--draft-placement {why}")
     if why := PARAMS["drafter.lookup"].problem(o.draft_lookup):
         raise UserError(f"--draft-lookup {why}")
+    if why := PARAMS["drafter.tree_width"].problem(o.tree_width):
+        raise UserError(f"--tree-width {why}")
     if o.temperature < 0:
         raise UserError(f"--temperature {o.temperature} must be >= 0")
     if o.max_new_tokens < 1:
@@ -184,6 +188,8 @@ def plan(o: DecodeOptions) -> DecodePlan:
         raise UserError(f"--batch-size {o.batch_size} must be at least 1")
     if o.batch_size > 1 and o.ngram_actor and o.temperature > 0 and o.simulate_accept_len is None:
         raise UserError("--batch-size > 1 with --ngram-actor (a drafter process) needs greedy decoding (--temperature 0)")
+    if o.batch_size > 1 and o.drafter == "eagle3" and o.tree_width >= 2:
+        raise UserError(f"--tree-width {o.tree_width} drafts a tree, which runs at batch size 1 only (--batch-size {o.batch_size})")
     if o.attention == "triton" and o.device != "cuda":
         raise UserError("--attention triton runs the CUDA graphs' attention kernel; this run is on CPU (use auto or sdpa)")
     try:

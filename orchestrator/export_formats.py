@@ -48,6 +48,9 @@ DRAFTERS = ("none", "ngram", "draft_model", "eagle3", "layer_skip")
 NGRAM_MAX_DEFAULT = 3
 NGRAM_MIN_DEFAULT = 1
 
+# the most drafts one verify pass scores: workers/engine/link.py MAX_DRAFT_TOKENS (not imported: torch; a test holds them equal)
+MAX_TREE_NODES = 16
+
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -82,12 +85,24 @@ def _speculates(row: dict) -> bool:
 
 
 # the drafter options that make a drafter another one for an engine (an EAGLE-3 head's placement
-# is where spectune ran it, which no engine takes)
+# is where spectune ran it, which no engine takes; its tree_width is an engine option, like k)
 _DRAFTER_IDENTITY = ("model_path", "ngram_max", "ngram_min", "layers", "lookup")
 
 
 def _same_drafter(a: dict, b: dict) -> bool:
     return a.get("drafter") == b.get("drafter") and all(_opts(a).get(o) == _opts(b).get(o) for o in _DRAFTER_IDENTITY)
+
+
+def _tree_width(row: dict) -> int:
+    """An eagle3 winner's tree width (drafter.tree_width); 0 where it drafted a chain (0 or 1)."""
+    w = int(_opts(row).get("tree_width") or 0)
+    return w if row.get("drafter") == "eagle3" and w >= 2 else 0
+
+
+def _tree_nodes(k: int, w: int) -> int:
+    """Drafts in an eagle3 tree: k chain nodes, then each depth's w - 1 other top-w tokens, depth 1
+    first, while it holds at most MAX_TREE_NODES (workers/drafters/eagle3.py `Eagle3Drafter._tree`)."""
+    return min(k * w, max(k, MAX_TREE_NODES))
 
 
 def _ngram_window(row: dict) -> tuple[int, int]:
@@ -104,7 +119,7 @@ def _drafter_text(row: dict) -> str:
         return f"ngram k={_k(row)} (ngram_max={hi}, ngram_min={lo})"
     if d == "layer_skip":
         return f"layer_skip k={_k(row)} (layers={o.get('layers')})"
-    return f"{d} k={_k(row)} ({o.get('model_path')})"
+    return f"{d} k={_k(row)}{f' tree={_tree_width(row)}' if _tree_width(row) else ''} ({o.get('model_path')})"
 
 
 def _winner_text(row: dict) -> str:
@@ -243,7 +258,7 @@ def _vllm_speculative_config(rows: list[dict]) -> tuple[dict | None, list[str]]:
         spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": hi, "prompt_lookup_min": lo}
     else:  # draft_model | eagle3
         spec = {"method": drafter, "model": str(o["model_path"]), "num_speculative_tokens": k}
-    notes: list[str] = _lookup_notes(o, "vLLM")
+    notes: list[str] = _lookup_notes(o, "vLLM") + _tree_notes(first, "vLLM")
     table = _vllm_k_table(rows)
     if table:
         spec["num_speculative_tokens"] = max(kk for _, _, kk in table)
@@ -302,7 +317,8 @@ def _sglang_speculative_flags(first: dict) -> tuple[list[str], list[str]]:
     --speculative-draft-model-path. For chain drafting (top-k 1) SGLang verifies num_steps + 1 tokens
     (the last accepted one plus k drafts) and resets num-draft-tokens to that (spec_info.py,
     _handle_eagle_family): k -> --speculative-num-steps k --speculative-eagle-topk 1
-    --speculative-num-draft-tokens k+1.
+    --speculative-num-draft-tokens k+1. An eagle3 tree of width w (drafter.tree_width): top-k w and num-draft-tokens = its
+    drafts + 1, the root counted (organize_draft_results keeps the num_draft_tokens - 1 best-scored nodes).
     """
     if not _speculates(first):
         return [], [f"# plain decoding (no speculation) won at batch size {first['batch_size']}: no --speculative-* flags"]
@@ -332,14 +348,15 @@ def _sglang_speculative_flags(first: dict) -> tuple[list[str], list[str]]:
         ]
         return flags, notes
     algorithm = "EAGLE3" if drafter == "eagle3" else "STANDALONE"
+    w = _tree_width(first)  # 0: a chain
     flags = [
         f"--speculative-algorithm {algorithm}",
         f"--speculative-draft-model-path {shlex.quote(str(o['model_path']))}",
         f"--speculative-num-steps {k}",
-        "--speculative-eagle-topk 1",
-        f"--speculative-num-draft-tokens {k + 1}",
+        f"--speculative-eagle-topk {w or 1}",
+        f"--speculative-num-draft-tokens {(_tree_nodes(k, w) if w else k) + 1}",
     ]
-    return flags, _lookup_notes(o, "SGLang")
+    return flags, _lookup_notes(o, "SGLang") + _tree_notes(first, "SGLang")
 
 
 def _lookup_notes(o: dict, engine: str) -> list[str]:
@@ -349,6 +366,24 @@ def _lookup_notes(o: dict, engine: str) -> list[str]:
     return [
         f"# the winner drafted by n-gram lookup where its last {o['lookup']} tokens repeated, and with the head elsewhere",
         f"#   (drafter.lookup); {engine} has no such mix: this runs the head alone, which accepts less on copy-heavy prompts",
+    ]
+
+
+def _tree_notes(row: dict, engine: str) -> list[str]:
+    """An eagle3 winner that drafted a tree (drafter.tree_width). vLLM 0.25.0 drafts a chain only:
+    speculative_token_tree went with tree attention in vllm-project/vllm PR 42121 (merged 2026-05-08;
+    0.25.0 is of 2026-07-11) and gave every node of a level as many children (v1/spec_decode/eagle.py
+    child_drafts_per_level), which this tree, where only the chain branches, is not."""
+    if not (w := _tree_width(row)):
+        return []
+    k, n = _k(row), _tree_nodes(_k(row), w)
+    head = f"# the winner drafted a tree (drafter.tree_width {w}): the head's top-{w} at each of k={k} depths, the chain first, {n} drafts;"
+    if engine == "vLLM":
+        return [head, f"#   vLLM {ENGINE_VERSIONS['vllm']} has no trees (PR 42121): this runs the head's chain of k={k}, accepting less"]
+    return [
+        head,
+        f"#   SGLang expands the top-{w} of every node it keeps and verifies the {n} best-scored (+1: the root): its tree's shape can differ;",
+        "#   top-k > 1 runs SGLang's spec v1 (no overlap scheduler) and, with --page-size > 1, needs flashinfer or fa3",
     ]
 
 

@@ -132,6 +132,16 @@ PARAMS: dict[str, Param] = {
             high=8,
             needs=("drafter.kind", ("eagle3",)),
         ),
+        Param(
+            "drafter.tree_width",
+            ("drafter", "tree_width"),
+            0,
+            int,
+            "eagle3: 0/1 drafts a chain; w >= 2 a tree: the head's top-w tokens at each depth, verified in one pass under a tree mask",
+            low=0,
+            high=8,
+            needs=("drafter.kind", ("eagle3",)),
+        ),
         *(
             Param(
                 f"engine.{f.name}",

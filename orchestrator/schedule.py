@@ -27,7 +27,12 @@ from orchestrator.ranking import complete_trials, config_key, is_baseline, rank,
 DRAFTER_OPTIONS = {
     "ngram": {"drafter.ngram_max": "ngram_max", "drafter.ngram_min": "ngram_min"},
     "draft_model": {"drafter.model_path": "model_path"},
-    "eagle3": {"drafter.model_path": "model_path", "drafter.placement": "placement", "drafter.lookup": "lookup"},
+    "eagle3": {
+        "drafter.model_path": "model_path",
+        "drafter.placement": "placement",
+        "drafter.lookup": "lookup",
+        "drafter.tree_width": "tree_width",
+    },
     "layer_skip": {"drafter.layers": "layers"},
     "none": {},
 }

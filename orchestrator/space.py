@@ -5,7 +5,7 @@ drafter.kind, then the rest as written in the YAML). A parameter is suggested on
   nccl.*              only when comm.backend == nccl
   drafter.*           only when spec.num_draft_tokens > 0
   drafter.layers      only for layer_skip; drafter.ngram_max only for ngram; drafter.model_path only for draft_model
-                      and eagle3; drafter.placement and drafter.lookup only for eagle3
+                      and eagle3; drafter.placement, drafter.lookup and drafter.tree_width only for eagle3
   `when: {p: v}`      only when parameter p took value v (or one of a list)
 Inactive parameters are absent from the trial, so Optuna never learns from meaningless values.
 Names, defaults and those conditions come from the parameter registry (orchestrator/params.py).
@@ -47,6 +47,7 @@ class TrialConfig:
             "drafter.model_path": self.drafter.model_path,
             "drafter.placement": self.drafter.placement,
             "drafter.lookup": self.drafter.lookup,
+            "drafter.tree_width": self.drafter.tree_width,
             **{f"engine.{k}": v for k, v in self.engine.describe().items()},
         }
         assert values.keys() == registry.PARAMS.keys(), "a registry parameter the trial does not resolve"
@@ -162,6 +163,7 @@ def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:
         ngram_max=int(get("drafter.ngram_max")),
         placement=str(get("drafter.placement")),
         lookup=int(get("drafter.lookup") or 0) if kind == "eagle3" else 0,
+        tree_width=int(get("drafter.tree_width") or 0) if kind == "eagle3" else 0,
     )
     backend = str(get("comm.backend"))
     env = dict(cfg.parallel.nccl_env) if backend == "nccl" else {}

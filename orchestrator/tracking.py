@@ -43,16 +43,17 @@ RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED", "INV
 def config_label(params: dict[str, Any]) -> str:
     """A trial's configuration in a few words, the name of its MLflow run and its label in the report:
     "ngram k=6 gloo tp2", "layer_skip L=8 k=4 nccl PROTO=LL tp2", "eagle3 rank0 lookup=2 k=4 gloo tp2",
-    "plain gloo tp2" (k = 0)."""
+    "eagle3 rank0 tree=3 k=4 gloo tp2", "plain gloo tp2" (k = 0)."""
     k = int(params.get("spec.num_draft_tokens", 0) or 0)
     kind = str(params.get("drafter.kind", "none"))
     if k == 0:
         head = "plain"
     else:
         head = {"layer_skip": f"layer_skip L={params.get('drafter.layers', '?')}", "draft_model": "draft_model"}.get(kind, kind)
-        if kind == "eagle3":  # where the head runs, and whether n-gram lookup drafts before it
+        if kind == "eagle3":  # where the head runs, whether n-gram lookup drafts before it, and a tree's width
             head += f" {params.get('drafter.placement', 'actor')}"
             head += f" lookup={params['drafter.lookup']}" if int(params.get("drafter.lookup") or 0) else ""
+            head += f" tree={params['drafter.tree_width']}" if int(params.get("drafter.tree_width") or 0) >= 2 else ""
         head += f" k={k}"
     nccl = "".join(
         f" {key.removeprefix('nccl.').removeprefix('NCCL_')}={v}" for key, v in sorted(params.items()) if key.startswith("nccl.")
@@ -73,7 +74,8 @@ def label_defaults(cfg) -> dict[str, Any]:
     }
     if d.layers is not None:
         out["drafter.layers"] = d.layers
-    out.update({"drafter.placement": d.placement, "drafter.lookup": d.lookup})  # labels use them for eagle3 only
+    # labels use them for eagle3 only
+    out.update({"drafter.placement": d.placement, "drafter.lookup": d.lookup, "drafter.tree_width": d.tree_width})
     return out
 
 

@@ -15,8 +15,18 @@ from workers.model.args import ModelConfigError, check_tp
 from workers.model.checkpoint import load_args, resolve_model_path
 
 
+def most_drafts(cfg: ExperimentConfig, k: int) -> int:
+    """The most drafts one verify pass scores: k for a chain; an eagle3 tree (drafter.tree_width w >= 2)
+    holds min(k x w, the link's capacity), its k chain nodes first and then the other top-w tokens."""
+    if "eagle3" not in candidates(cfg, "drafter.kind"):
+        return k
+    w = max(1, *(int(v or 0) for v in candidates(cfg, "drafter.tree_width")))
+    return max(k, min(k * w, registry.PARAMS["spec.num_draft_tokens"].high))
+
+
 def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list) -> None:
-    """Batch sizes > 1 need a batch's worth of prompts and drafters that run batched (workers/engine/batched.py)."""
+    """Batch sizes > 1 need a batch's worth of prompts and drafters that run batched (workers/engine/batched.py):
+    an eagle3 head at placement rank0 drafting a chain (drafter.tree_width 0 or 1)."""
     big = max(cfg.workload.batch_sizes)
     if big == 1:
         return
@@ -27,6 +37,13 @@ def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list
     if "eagle3" in kinds and "actor" in candidates(cfg, "drafter.placement"):
         raise UserError(
             f"workload.batch_sizes: batch sizes > 1 run the eagle3 head at placement rank0 only; {registry.where(cfg, 'drafter.placement')} allows actor"
+        )
+    # a tree's verify pass is one sequence's (workers raise at B > 1): refuse it before any trial runs
+    wide = [w for w in candidates(cfg, "drafter.tree_width") if int(w or 0) >= 2] if "eagle3" in kinds else []
+    if wide:
+        raise UserError(
+            f"workload.batch_sizes: batch sizes > 1 run the eagle3 head as a chain only; {registry.where(cfg, 'drafter.tree_width')} "
+            f"allows tree width {wide[0]} (tree drafting runs at batch size 1)"
         )
     process = [k for k in kinds if k in ("draft_model", "layer_skip")]
     if process and cfg.workload.temperature > 0 and cfg.workload.simulate_accept_len is None:
@@ -50,7 +67,7 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
         return values
 
     ks = check_limits("spec.num_draft_tokens")
-    prepared = prepare(cfg, k_max=max(ks))  # the cache holds the longest prompt, max_new_tokens and the most drafts
+    prepared = prepare(cfg, k_max=most_drafts(cfg, max(ks)))  # the cache holds the longest prompt, max_new_tokens and the most drafts
     args = prepared.args
     for tp in check_limits("parallel.tp"):
         try:

@@ -92,6 +92,11 @@ def bad_inputs(tmp_path, tiny_ckpt):
         "unknown gemv choice": ([*m, "--gemv", "fast"], "argument --gemv: invalid choice: 'fast'"),
         "draft tokens past the limit": ([*m, "-k", "17"], "--num-draft-tokens 17 must be an integer between 0 and 16"),
         "lookup past the limit": ([*m, "--draft-lookup", "9"], "--draft-lookup 9 must be an integer between 0 and 8"),
+        "tree width past the limit": ([*m, "--tree-width", "9"], "--tree-width 9 must be an integer between 0 and 8"),
+        "tree at batch size 2": (
+            [*m, "--drafter", "eagle3", "--draft-model", "smollm2-135m-eagle3", "--tree-width", "3", "--batch-size", "2"],
+            "--tree-width 3 drafts a tree, which runs at batch size 1 only (--batch-size 2)",
+        ),
     }
 
 
@@ -110,6 +115,8 @@ CASES = [
     "unknown gemv choice",
     "draft tokens past the limit",
     "lookup past the limit",
+    "tree width past the limit",
+    "tree at batch size 2",
 ]
 
 

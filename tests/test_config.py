@@ -169,6 +169,7 @@ OTHER = {
     "drafter.model_path": "some/ckpt",
     "drafter.placement": "rank0",
     "drafter.lookup": 2,
+    "drafter.tree_width": 3,
     "engine.attention": "sdpa",
     "engine.cuda_graphs": False,
     "engine.compile": False,
@@ -206,10 +207,11 @@ def test_registry_round_trip(tmp_path):
     assert {n: params[n] for n in OTHER if n in params} == {n: v for n, v in OTHER.items() if n in params}
     # the drafter's own parameters appear only with that drafter (layer_skip: its layers, not the others)
     assert {"drafter.layers", "nccl.NCCL_PROTO"} | set(registry.ENGINE_PARAMS) <= params.keys()
-    assert not {"drafter.ngram_max", "drafter.model_path", "drafter.placement", "drafter.lookup"} & params.keys()
+    assert not {"drafter.ngram_max", "drafter.model_path", "drafter.placement", "drafter.lookup", "drafter.tree_width"} & params.keys()
+    assert tc.drafter.tree_width == 0  # an eagle3 option: another drafter drafts a chain
     eagle3 = resolve({"drafter.kind": "eagle3"}, cfg)  # an EAGLE-3 trial: its own parameters reach the gang and MLflow
-    assert (eagle3.drafter.lookup, eagle3.drafter.placement) == (2, "rank0")
-    assert {"drafter.lookup": 2, "drafter.placement": "rank0"}.items() <= eagle3.params().items()
+    assert (eagle3.drafter.lookup, eagle3.drafter.placement, eagle3.drafter.tree_width) == (2, "rank0", 3)
+    assert {"drafter.lookup": 2, "drafter.placement": "rank0", "drafter.tree_width": 3}.items() <= eagle3.params().items()
     # the report's best configuration: the winner's searched values written back at their YAML paths
     from orchestrator.report import best_yaml
 
@@ -263,3 +265,48 @@ def test_the_train_and_heldout_splits_partition_every_category():
     assert cfg.workload.split == "heldout"
     with pytest.raises(ValueError, match="split"):
         ExperimentConfig.model_validate({"name": "x", "search": space, "workload": {"split": "test"}})
+
+
+def test_tree_width_is_searched_for_eagle3_and_refused_at_batch_sizes_above_1(tmp_path):
+    """drafter.tree_width is suggested only for eagle3 trials; a tree widens the verify pass the cache
+    must hold (min(k x w, 16) drafts); and a space that lets a tree meet a batch size > 1 is refused
+    before any trial runs, in one line naming where the tree comes from."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from orchestrator.errors import UserError
+    from orchestrator.space import suggest
+    from orchestrator.validate import check_batches, most_drafts
+
+    raw = {
+        "name": "tree",
+        "drafter": {"kind": "eagle3", "model_path": "some/head", "placement": "rank0"},
+        "search": {"space": {"drafter.kind": {"choices": ["ngram", "eagle3"]}, "drafter.tree_width": {"choices": [0, 3]}}},
+    }
+    (tmp_path / "tree.yaml").write_text(yaml.safe_dump(raw))
+    cfg = load_config(tmp_path / "tree.yaml")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(20):
+        trial = study.ask()
+        tc = suggest(trial, cfg)
+        assert ("drafter.tree_width" in trial.params) == (tc.drafter.kind == "eagle3")
+        seen.add((tc.drafter.kind, tc.drafter.tree_width))
+        study.tell(trial, 1.0)
+    assert seen == {("ngram", 0), ("eagle3", 0), ("eagle3", 3)}
+    assert (most_drafts(cfg, 4), most_drafts(cfg, 6), most_drafts(cfg, 0)) == (12, 16, 0)
+    chain = load_config(tmp_path / "tree.yaml", ["search.space.drafter.tree_width=1"])
+    assert most_drafts(chain, 4) == 4
+    prepared = SimpleNamespace(token_ids=((1, 2),) * 4)
+    check_batches(cfg, prepared, ["ngram", "eagle3"])  # batch size 1 only: a tree is fine
+    batched = load_config(tmp_path / "tree.yaml", ["workload.batch_sizes=[1, 2]"])
+    with pytest.raises(
+        UserError,
+        match=r"^workload.batch_sizes: batch sizes > 1 run the eagle3 head as a chain only; "
+        r"search.space.drafter.tree_width allows tree width 3 \(tree drafting runs at batch size 1\)$",
+    ):
+        check_batches(batched, prepared, ["ngram", "eagle3"])
+    check_batches(
+        load_config(tmp_path / "tree.yaml", ["workload.batch_sizes=[1, 2]", "search.space.drafter.tree_width=1"]), prepared, ["eagle3"]
+    )

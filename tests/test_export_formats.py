@@ -167,6 +167,23 @@ def test_an_eagle3_winner_with_lookup_exports_the_head_and_says_what_is_lost():
     assert "takes one drafter" in comments(to_vllm(schedule(row, other)))
 
 
+def test_an_eagle3_tree_winner_is_a_chain_for_vllm_with_a_note():
+    """vLLM 0.25.0 has no tree drafting (speculative_token_tree went with tree attention, PR 42121):
+    a tree winner (drafter.tree_width 3, k 4: 12 drafts) exports the head's chain of k and says so;
+    the tree width is an engine option, not another drafter."""
+    row = winner(1, k=4, drafter="eagle3")
+    row["drafter_options"]["tree_width"] = 3
+    text = to_vllm(schedule(row))
+    assert speculative_config(text) == {"method": "eagle3", "model": "/ckpt/eagle3-head", "num_speculative_tokens": 4}
+    assert "speculative_token_tree" not in speculative_config(text)
+    notes = comments(text)
+    assert "drafter.tree_width 3" in notes and "12 drafts" in notes and "chain of k=4" in notes
+    assert "eagle3 k=4 tree=3 (/ckpt/eagle3-head)" in notes  # the winners' lines
+    assert "tree" not in comments(to_vllm(schedule(winner(1, k=4, drafter="eagle3"))))
+    chain = winner(8, k=2, drafter="eagle3")  # batch sizes > 1 draft a chain: the same head, another k
+    assert "takes one drafter" not in comments(to_vllm(schedule(row, chain)))
+
+
 def test_vllm_same_k_everywhere_has_no_table():
     spec = speculative_config(to_vllm(schedule(winner(1, k=4), winner(4, k=4), winner(16, k=4))))
     assert spec == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
@@ -225,6 +242,39 @@ def test_sglang_chain_drafting(drafter, algorithm, path):
     assert flag(argv, "--speculative-eagle-topk") == "1"
     assert flag(argv, "--speculative-num-draft-tokens") == "4"
     assert flag(argv, "--tp-size") == "4"
+
+
+@pytest.mark.parametrize(("k", "width", "drafts"), [(4, 3, 12), (6, 3, 16), (3, 8, 16), (5, 2, 10)])
+def test_sglang_eagle3_tree(k, width, drafts):
+    """An eagle3 tree winner (drafter.tree_width w): k steps, top-k w, and num-draft-tokens = its
+    drafts (k x w, at most 16) + the verified token SGLang counts as the tree's root."""
+    row = winner(k=k, drafter="eagle3")
+    row["drafter_options"]["tree_width"] = width
+    text = to_sglang(schedule(row))
+    argv = command(text)
+    assert flag(argv, "--speculative-algorithm") == "EAGLE3"
+    assert flag(argv, "--speculative-draft-model-path") == "/ckpt/eagle3-head"
+    assert flag(argv, "--speculative-num-steps") == str(k)
+    assert flag(argv, "--speculative-eagle-topk") == str(width)
+    assert flag(argv, "--speculative-num-draft-tokens") == str(drafts + 1)
+    assert f"drafter.tree_width {width}" in comments(text) and "shape can differ" in comments(text)
+
+
+@pytest.mark.parametrize("width", [0, 1])
+def test_sglang_eagle3_tree_width_0_or_1_is_a_chain(width):
+    row = winner(k=3, drafter="eagle3")
+    row["drafter_options"]["tree_width"] = width
+    text = to_sglang(schedule(row))
+    argv = command(text)
+    assert (flag(argv, "--speculative-eagle-topk"), flag(argv, "--speculative-num-draft-tokens")) == ("1", "4")
+    assert "tree" not in comments(text)
+
+
+def test_the_tree_limit_is_the_links():
+    from orchestrator.export_formats import MAX_TREE_NODES
+    from workers.engine.link import MAX_DRAFT_TOKENS
+
+    assert MAX_TREE_NODES == MAX_DRAFT_TOKENS
 
 
 @pytest.mark.parametrize("row", [winner(k=3, drafter="layer_skip"), winner(k=0, drafter="none")])

@@ -53,6 +53,10 @@ def test_config_label_names_the_configuration():
     eagle3 = {"spec.num_draft_tokens": 4, "drafter.kind": "eagle3", "comm.backend": "gloo", "parallel.tp": 2}
     assert config_label({**eagle3, "drafter.placement": "actor", "drafter.lookup": 0}) == "eagle3 actor k=4 gloo tp2"
     assert config_label({**eagle3, "drafter.placement": "rank0", "drafter.lookup": 2}) == "eagle3 rank0 lookup=2 k=4 gloo tp2"
+    assert config_label({**eagle3, "drafter.placement": "rank0", "drafter.tree_width": 3}) == "eagle3 rank0 tree=3 k=4 gloo tp2"
+    assert config_label({**eagle3, "drafter.placement": "rank0", "drafter.tree_width": 1}) == "eagle3 rank0 k=4 gloo tp2"  # a chain
+    both = {**eagle3, "drafter.placement": "actor", "drafter.lookup": 2, "drafter.tree_width": 4}
+    assert config_label(both) == "eagle3 actor lookup=2 tree=4 k=4 gloo tp2"
 
 
 def test_rounded_keeps_four_significant_digits():

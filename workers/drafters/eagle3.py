@@ -30,7 +30,6 @@ verifier has sent states for since (every committed position but the last), then
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,21 +283,6 @@ def target_embedding(model_path: str, dtype=torch.float32, device="cpu") -> torc
     raise CheckpointError(f"checkpoint {model_path} has no embed_tokens.weight")
 
 
-def _fast_step(head: Eagle3Head, engine: EngineConfig):
-    """The head's one HeadFastStep (it merges the head's weights in place), or None with one line
-    on stderr where this torch cannot build it (the eager head step still works)."""
-    from workers.drafters.eagle3_chain import HeadFastStep
-
-    key = ("fast", engine)
-    if key not in head.__dict__:
-        try:
-            head.__dict__[key] = HeadFastStep(head, engine)
-        except Exception as e:  # noqa: BLE001 - the eager step still works
-            print(f"spectune: EAGLE-3 fast head step unavailable ({type(e).__name__}: {e}); eager head steps", file=sys.stderr)
-            head.__dict__[key] = None
-    return head.__dict__[key]
-
-
 class Eagle3Drafter(Drafter):
     """Chain drafting (top-1, or sampled at the trial temperature) from the verifier's hidden states."""
 
@@ -320,7 +304,7 @@ class Eagle3Drafter(Drafter):
         tokens occurred before, draft what followed them instead of running the head (0: never).
         tree_width (drafter.tree_width): >= 2 drafts a tree, the head's top-w tokens at each depth
         (`_tree`), with eager head steps; 0 or 1: a chain."""
-        from workers.drafters.eagle3_chain import Eagle3Chain
+        from workers.drafters.eagle3_chain import Eagle3Chain, fast_step
         from workers.engine.link import MAX_DRAFT_TOKENS
 
         self.head = head
@@ -329,7 +313,7 @@ class Eagle3Drafter(Drafter):
         self.index = NgramIndex(lookup, lookup) if lookup else None
         self.cache = head.new_cache()
         if fast is None and engine is not None and engine.compile and engine.cuda_graphs and self.device.type == "cuda":
-            fast = _fast_step(head, engine)
+            fast = fast_step(head, engine)
         # greedy proposals through the device-only chain (chain None: on a GPU, where it is one CUDA
         # graph per feed width; True on CPU runs the same body uncaptured, for tests)
         self.chain = Eagle3Chain(head, self.cache, MAX_DRAFT_TOKENS + 1, fast=fast)

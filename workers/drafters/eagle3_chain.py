@@ -26,6 +26,7 @@ tests compare it with the eager loop.
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import torch
@@ -202,3 +203,16 @@ class Eagle3Chain:
             out = self._run(T, k)
         self._pool = graph.pool()
         return graph, out
+
+
+def fast_step(head, engine: EngineConfig):
+    """The head's one HeadFastStep (it merges the head's weights in place), or None with one line
+    on stderr where this torch cannot build it (the eager head step still works)."""
+    key = ("fast", engine)
+    if key not in head.__dict__:
+        try:
+            head.__dict__[key] = HeadFastStep(head, engine)
+        except Exception as e:  # noqa: BLE001 - the eager step still works
+            print(f"spectune: EAGLE-3 fast head step unavailable ({type(e).__name__}: {e}); eager head steps", file=sys.stderr)
+            head.__dict__[key] = None
+    return head.__dict__[key]

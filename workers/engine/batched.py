@@ -39,8 +39,9 @@ import time
 import torch
 
 from workers.engine.link import VerifyResult
+from workers.engine.rank import Rank, Sequence, finish
 from workers.engine.stats import RunStats, StepRecord, relative_margins
-from workers.engine.strategies import Rank, Sequence, StepStrategy, finish
+from workers.engine.strategies import StepStrategy
 from workers.model.transformer import KVCache, Transformer
 from workers.spec import PromptResult, Workload
 

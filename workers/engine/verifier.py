@@ -44,9 +44,10 @@ from workers.drafters import Drafter
 from workers.engine.batched import BatchSteps, decode_batches, run_drafter_batched, why_not_batched
 from workers.engine.config import EngineConfig
 from workers.engine.link import DraftLink
+from workers.engine.rank import HiddenStates, ProgressHook, Rank, Sequence
 from workers.engine.stats import RunStats, relative_margins
 from workers.engine.steps import StepRunner
-from workers.engine.strategies import HiddenStates, ProgressHook, Rank, Sequence, strategy_for
+from workers.engine.strategies import strategy_for
 from workers.model.transformer import Transformer
 from workers.spec import PromptResult, RunResult, Workload
 
