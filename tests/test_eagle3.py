@@ -115,15 +115,19 @@ def test_public_head_loads_with_its_names_and_maps(tiny_ckpt, tiny_head):
 
 
 @torch.inference_mode()
-def test_device_chain_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_head):
+@pytest.mark.parametrize("tree, temperature", [(0, 0.0), (3, 0.0), (3, 1.0)])
+def test_device_chain_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_head, tree, temperature):
     """The chain body a CUDA graph captures (static positions, the whole cache under a position
     mask, argmax fed back on the device), run uncaptured on CPU: the same drafts as the eager
     loop over rounds of verifier states, rejected drafts rolled back, and a prompt wider than the
-    graph's feed (fed eagerly but its last entry)."""
+    graph's feed (fed eagerly but its last entry). A tree (each depth's top-3 from the chain's
+    body; deterministic, so sampling runs it too): the same tokens and parents."""
     target = load_args(tiny_ckpt)
     model = load_model(tiny_ckpt)
     head = load_head(tiny_head, model.embed_tokens.weight, target)
-    eager, chain = Eagle3Drafter(head, chain=False), Eagle3Drafter(head, chain=True)
+    eager, chain = Eagle3Drafter(head, chain=False, tree_width=tree), Eagle3Drafter(head, chain=True, tree_width=tree)
+    for d in (eager, chain):
+        d.begin(temperature, 1)
     assert chain.use_chain and not chain.chain.capture  # CPU: the body runs directly
     g = torch.Generator().manual_seed(5)
     committed = list(range(5, 5 + chain.chain.max_width + 8))  # wider than one chain feed
@@ -133,7 +137,8 @@ def test_device_chain_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_head):
         d.observe(states)
     for rnd, (k, accepted) in enumerate([(4, 1), (3, 0), (4, 4), (2, 2), (1, 1)]):
         pe, pc = eager.propose(committed, k), chain.propose(committed, k)
-        assert pc.tokens == pe.tokens and len(pc.tokens) == k, f"round {rnd}"
+        assert pc.tokens == pe.tokens and len(pc.tokens) == k * max(tree, 1), f"round {rnd}"
+        assert pc.parents == pe.parents and (pc.parents is None) == (tree == 0)
         assert chain.cache.lengths == eager.cache.lengths
         new = pe.tokens[:accepted] + [int(torch.randint(3, 512, (1,), generator=g))]  # accepted drafts + the verifier's token
         more = torch.randn(len(new), 192, generator=g)

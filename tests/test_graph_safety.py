@@ -55,9 +55,9 @@ def test_the_detector_catches_a_zero_dim_index():
         table.index_select(0, i.reshape(-1))
 
 
-@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("fast, width", [(False, 1), (True, 1), (True, 3)])
 @torch.inference_mode()
-def test_the_eagle3_chain_body_never_syncs(tiny_ckpt, fast):
+def test_the_eagle3_chain_body_never_syncs(tiny_ckpt, fast, width):
     # a reduced draft vocabulary mapped to target ids 100..163: drafts go through d2t; fast: the
     # head steps through HeadFastStep (merged weights, the picker's GEMMs, SDPA)
     from workers.drafters.eagle3_chain import HeadFastStep
@@ -69,8 +69,8 @@ def test_the_eagle3_chain_body_never_syncs(tiny_ckpt, fast):
     chain._tok[:T] = torch.tensor([5, 6, 7])
     chain._pos[0, :T] = torch.arange(T)
     with NoHostSync():
-        out = chain._run(T, k)
-    assert out.shape == (k,) and all(100 <= t < 164 for t in out.tolist())
+        out = chain._run(T, k, width)  # width 3: each depth's top-3 (a tree)
+    assert out.shape == ((k,) if width == 1 else (k, width)) and all(100 <= t < 164 for t in out.flatten().tolist())
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -86,10 +86,12 @@ def test_the_batched_pass_never_syncs(tiny_ckpt, fused):
     assert logits.shape[:2] == (3, 4)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @torch.inference_mode()
-def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt):
-    """The graphed tree step's body (static tokens, rotary positions, slots and mask) on CPU: no
-    host sync, and the logits of `Transformer.tree_logits` on the same cache."""
+def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt, fused):
+    """The graphed tree step's body (static tokens, rotary positions, slots and mask; the plain
+    layers, or the fused step with its attention SDPA under the tree mask) on CPU: no host sync,
+    and the logits of `Transformer.tree_logits` on the same cache."""
     from workers.engine.steps import StepRunner
     from workers.model.transformer import tree_layout
 
@@ -97,6 +99,8 @@ def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt):
     cache = model.new_cache(1)
     model(torch.tensor([list(range(20, 31))]), cache)  # 11 cached positions
     runner = StepRunner(model, cache, 8, engine=EngineConfig(compile=False))
+    if fused:
+        runner.fast = FusedStep(model, EngineConfig(compile=False, gemv="off"))
     tokens, parents = [4, 5, 6, 7, 8], [-1, 0, 1, 0, 1]
     depth, ancestors = tree_layout(parents)
     runner._tree_buffers()

@@ -333,7 +333,7 @@ class Eagle3Drafter(Drafter):
 
     def warm(self, k: int) -> None:
         if self.use_chain:
-            self.chain.warm(k)
+            self.chain.warm(k, width=self._width())
         self.prefill([])
 
     def begin(self, temperature: float, seed: int) -> None:
@@ -387,18 +387,22 @@ class Eagle3Drafter(Drafter):
         self.states = []
         feed = committed[self.ctx + 1 : n + 1]
         tree = self.tree_width >= 2
-        if self.temperature <= 0 and self.use_chain and not tree:  # greedy: fc and the whole chain in one replay
+        # greedy, or a tree (its drafts are deterministic under sampling too): fc and the whole chain in one replay
+        if self.use_chain and (tree or self.temperature <= 0):
+            on_device = on_device and not tree  # a tree's parents are built on the host
             span = self._span if on_device else None
             if span:  # from here: an eager backlog is draft time too
                 span[0].record()
             if len(feed) > self.chain.ready_width:  # the prompt's states, a lookup backlog: all but the last eagerly
                 self.head.step(torch.tensor(feed[:-1], device=self.device), self.head.fc(aux[:-1]), self.cache)
                 feed, aux = feed[-1:], aux[-1:]
-            tokens = self.chain.draft(feed, aux, k, on_device)
+            tokens = self.chain.draft(feed, aux, k, on_device, width=self._width())
             if span:
                 span[1].record()
             if tokens is not None:
                 self.ctx = n
+                if tree:
+                    return self._tree([top[0] for top in tokens], [top[1:] for top in tokens], t0)
                 if on_device:
                     return Proposal(tokens=[], device_tokens=tokens, gpu_span=span, draft_s=time.perf_counter() - t0)
                 return Proposal(tokens=tokens, draft_s=time.perf_counter() - t0)
@@ -407,7 +411,7 @@ class Eagle3Drafter(Drafter):
         tokens, qs, alternatives = [], [], []
         for i in range(k):
             if tree:  # deterministic under sampling too: the tree rule treats every draft as one-hot
-                top = self.head.to_target(logits.topk(min(self.tree_width, logits.shape[0])).indices).tolist()
+                top = self.head.to_target(logits.topk(self._width()).indices).tolist()
                 tok = top[0]
                 alternatives.append(top[1:])
             elif self.temperature > 0:
@@ -423,6 +427,10 @@ class Eagle3Drafter(Drafter):
             return self._tree(tokens, alternatives, t0)
         q_all = torch.stack(qs).cpu() if qs else None
         return Proposal(tokens=tokens, probs=q_all, draft_s=time.perf_counter() - t0)
+
+    def _width(self) -> int:
+        """Tokens drafted at each depth: tree_width (at most the draft vocabulary) for a tree, else 1."""
+        return min(self.tree_width, self.head.lm_head.out_features) if self.tree_width >= 2 else 1
 
     @staticmethod
     def _tree(chain: list[int], alternatives: list[list[int]], t0: float) -> Proposal:

@@ -117,11 +117,12 @@ class Eagle3Chain:
     def fits(self, T: int, k: int) -> bool:
         return 1 <= T <= self.max_width and k >= 1 and self.cache.lengths[0] + T + k - 1 <= self.cache.max_seq
 
-    def draft(self, tokens: list[int], aux: torch.Tensor, k: int, on_device: bool = False) -> list[int] | torch.Tensor | None:
+    def draft(self, tokens: list[int], aux: torch.Tensor, k: int, on_device: bool = False, width: int = 1) -> list | torch.Tensor | None:
         """k greedy drafts (target ids) after feeding `tokens` with the verifier's aux states
         aux [T, 3 x target_dim] (fc applied inside); None where the chain does not apply (too wide a
         feed, a full cache). on_device: the drafts as the chain's own output tensor [k], not read
-        back (no sync; valid until the next draft)."""
+        back (no sync; valid until the next draft). width > 1 (a tree): each depth's top-`width`
+        target ids, [k][width], the chain following the first."""
         T = len(tokens)
         if not self.fits(T, k):
             return None
@@ -132,18 +133,19 @@ class Eagle3Chain:
         self._pos[0, :T].copy_(self._staging[1, :T], non_blocking=True)
         self._aux[:T].copy_(aux)
         if self.capture:
-            if (T, k) not in self.graphs:
-                self.graphs[(T, k)] = self._capture(T, k)
-            graph, out = self.graphs[(T, k)]
+            if (T, k, width) not in self.graphs:
+                self.graphs[(T, k, width)] = self._capture(T, k, width)
+            graph, out = self.graphs[(T, k, width)]
             graph.replay()
         else:
-            out = self._run(T, k)
+            out = self._run(T, k, width)
         self.cache.lengths[0] = start + T + k - 1
         return out if on_device else out.tolist()
 
-    def warm(self, k: int) -> None:
-        """Capture the chains of k drafts after every feed width 1..k + 1 (what a step sends),
-        outside any timing. Writes scratch entries from position 0: reset the cache after."""
+    def warm(self, k: int, width: int = 1) -> None:
+        """Capture the chains of k drafts (each depth's top-`width`: a tree) after every feed width
+        1..k + 1 (what a step sends), outside any timing. Writes scratch entries from position 0:
+        reset the cache after."""
         if not self.capture:
             return
         self.ready_width = min(k + 1, self.max_width)
@@ -151,30 +153,39 @@ class Eagle3Chain:
             self.fast.prepare(range(1, min(k + 1, self.max_width) + 1))
         for T in range(1, min(k + 1, self.max_width) + 1):
             self.cache.lengths[0] = 0
-            self.draft([0] * T, torch.zeros_like(self._aux[:T]), k)
+            self.draft([0] * T, torch.zeros_like(self._aux[:T]), k, width=width)
         self.cache.lengths[0] = 0
 
-    def _run(self, T: int, k: int) -> torch.Tensor:
-        """Device ops only (graph-safe): the k drafts after the T staged entries, as target ids."""
+    def _run(self, T: int, k: int, width: int = 1) -> torch.Tensor:
+        """Device ops only (graph-safe): the k drafts after the T staged entries, as target ids
+        [k]; width > 1: each depth's top-width [k, width], the chain fed its first."""
         head, window = self.head, self.cache.max_seq
         if self.fast is not None:
             step = lambda tok, g, pos: self.fast.step_at(tok, g, pos, self.cache)  # noqa: E731
         else:
             step = lambda tok, g, pos: head.step_at(tok, g, pos, self.cache, window)  # noqa: E731
+
+        def pick(logits):  # (the token the chain feeds next, what the depth drafts)
+            if width == 1:
+                nxt = head.to_target(logits.argmax())
+                return nxt, nxt
+            top = head.to_target(logits.topk(width).indices)
+            return top[0], top
+
         pos = self._pos[:, :T]
         h, logits = step(self._tok[:T], head.fc(self._aux[:T]), pos)
-        nxt = head.to_target(logits.argmax())
-        drafts, pos = [nxt], pos[:, -1:]
+        nxt, out = pick(logits)
+        drafts, pos = [out], pos[:, -1:]
         for _ in range(k - 1):
             pos = pos + 1
             h, logits = step(nxt.view(1), h[-1:], pos)
-            nxt = head.to_target(logits.argmax())
-            drafts.append(nxt)
+            nxt, out = pick(logits)
+            drafts.append(out)
         return torch.stack(drafts)
 
-    def _capture(self, T: int, k: int):
+    def _capture(self, T: int, k: int, width: int = 1):
         try:
-            return self._capture_body(T, k)
+            return self._capture_body(T, k, width)
         except Exception as e:  # noqa: BLE001 - the eager head step still works
             if self.fast is None:
                 raise
@@ -188,19 +199,19 @@ class Eagle3Chain:
             self.fast = None
             self.graphs.clear()  # every width again with the eager body, in a fresh pool
             self._pool = None
-            return self._capture_body(T, k)
+            return self._capture_body(T, k, width)
 
-    def _capture_body(self, T: int, k: int):
+    def _capture_body(self, T: int, k: int, width: int = 1):
         # warm up on a side stream (lazy kernels, allocator), then capture into the shared pool
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._run(T, k)
+                self._run(T, k, width)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._run(T, k)
+            out = self._run(T, k, width)
         self._pool = graph.pool()
         return graph, out
 

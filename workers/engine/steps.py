@@ -140,8 +140,8 @@ class StepRunner:
         """A tree step as a CUDA graph of its width: token ids, rotary positions (start + depth)
         and cache slots (start + i) into static inputs, and the mask over the whole static cache
         (the prefix, then each entry's ancestors) into a static [max_width, max_seq] buffer. The
-        plain model's layers (SDPA under that mask): the compiled body and the split-KV kernel
-        read every slot up to a query's position, which a tree does not allow."""
+        fused body where there is one, its attention SDPA under that mask (the split-KV kernel
+        reads every slot up to a query's position, which a tree does not allow)."""
         T, start = len(tokens), self.cache.lengths[0]
         if start + T > self.cache.max_seq:
             raise ValueError(f"sequence length {start + T} exceeds the cache ({self.cache.max_seq})")
@@ -158,7 +158,7 @@ class StepRunner:
         self._tree_mask[:T].copy_(m[:T], non_blocking=True)
         key = ("tree", T, self._comm_on())
         if key not in self.graphs:
-            self.graphs[key] = self._capture(T, tree=True)
+            self.graphs[key] = self._capture_or_fall_back(T, tree=True)
             self._aux[key] = list(self.model.aux)
         graph, out, calls = self.graphs[key]
         graph.replay()
@@ -182,12 +182,19 @@ class StepRunner:
 
     def _run_tree(self, T: int) -> torch.Tensor:
         tok, pos, slots = self._tree_in[0:1, :T], self._tree_in[1:2, :T], self._tree_in[2:3, :T]
+        mask = self._tree_mask[:T][None, None]
+        if self.fast is not None:
+            return self.model.logits(self.fast.hidden_tree(tok, pos, slots, mask, self.cache))
         cos, sin, _ = self.model.rope_and_mask(pos, 0, masked=False)
-        return self.model.logits(self.model._layers(tok, cos, sin, self._tree_mask[:T][None, None], slots, self.cache))
+        return self.model.logits(self.model._layers(tok, cos, sin, mask, slots, self.cache))
 
     def warm_tree(self, width: int) -> None:
         """Capture the tree step of `width` entries (the root and its drafts) before timing."""
         if self.use_graphs and width <= self.max_width and ("tree", width, self._comm_on()) not in self.graphs:
+            gemv = getattr(self.fast, "gemv", None)
+            if gemv is not None:  # the GEMV race at this width before any collective (as `warm`)
+                gemv.prepare([width])
+            self.line_up()
             self.cache.lengths[0] = 0
             self.step([1] * width, parents=[-1] + [0] * (width - 1))
             self.cache.lengths[0] = 0
@@ -277,9 +284,9 @@ class StepRunner:
         self._staging[1, :T] = torch.arange(start, start + T)
         self._inputs.copy_(self._staging, non_blocking=True)
 
-    def _capture_or_fall_back(self, T: int, chain: int = 0, greedy: bool = False, margins: bool = False):
+    def _capture_or_fall_back(self, T: int, chain: int = 0, greedy: bool = False, margins: bool = False, tree: bool = False):
         try:
-            return self._capture(T, chain, greedy, margins)
+            return self._capture(T, chain, greedy, margins, tree)
         except Exception as e:  # noqa: BLE001 - torch.compile fails lazily, here; the plain model still works
             if self.fast is None:
                 raise
@@ -289,7 +296,7 @@ class StepRunner:
                 flush=True,
             )
             self.fast = None
-            return self._capture(T, chain, greedy, margins)
+            return self._capture(T, chain, greedy, margins, tree)
 
     def warm(self, widths, chain: int = 0, greedy: bool = False, margins: bool = False) -> None:
         """Capture the graphs of these step widths now (compiling their bodies), outside any timing,
