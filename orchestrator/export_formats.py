@@ -85,8 +85,8 @@ def _speculates(row: dict) -> bool:
 
 
 # the drafter options that make a drafter another one for an engine (an EAGLE-3 head's placement
-# is where spectune ran it, which no engine takes; its tree_width is an engine option, like k)
-_DRAFTER_IDENTITY = ("model_path", "ngram_max", "ngram_min", "layers", "lookup")
+# and lookup are how spectune ran it, which no engine takes; its tree_width is an engine option, like k)
+_DRAFTER_IDENTITY = ("model_path", "ngram_max", "ngram_min", "layers")
 
 
 def _same_drafter(a: dict, b: dict) -> bool:

@@ -156,14 +156,17 @@ def test_an_eagle3_heads_placement_is_no_other_drafter():
 
 def test_an_eagle3_winner_with_lookup_exports_the_head_and_says_what_is_lost():
     """drafter.lookup (n-gram lookup before the head) has no vLLM or SGLang equivalent: both get the
-    head alone, a comment says so, and a head with another lookup is another drafter."""
+    head alone, a comment says so, and the same head with another lookup is the same drafter for
+    an engine (no "takes one drafter" note: both winners export that head)."""
     row = winner(1, k=4, drafter="eagle3")
     row["drafter_options"]["lookup"] = 3
     for text in (to_vllm(schedule(row)), to_sglang(schedule(row))):
         assert "last 3 tokens repeated" in comments(text) and "runs the head alone" in comments(text)
     assert speculative_config(to_vllm(schedule(row))) == {"method": "eagle3", "model": "/ckpt/eagle3-head", "num_speculative_tokens": 4}
     assert "repeated" not in comments(to_vllm(schedule(winner(1, k=4, drafter="eagle3"))))
-    other = winner(8, k=2, drafter="eagle3")
+    other = winner(8, k=2, drafter="eagle3")  # lookup 0
+    assert "takes one drafter" not in comments(to_vllm(schedule(row, other)))
+    other["drafter_options"]["model_path"] = "/ckpt/another-head"
     assert "takes one drafter" in comments(to_vllm(schedule(row, other)))
 
 

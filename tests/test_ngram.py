@@ -33,5 +33,7 @@ def test_index_agrees_with_scan_as_the_sequence_grows():
         for _ in range(60):
             assert index.propose(seq, 4) == lookup(seq, 4, 3, 1), (trial, seq)
             seq = seq + [rng.randrange(6) for _ in range(rng.randrange(1, 4))]
-        # a sequence that is not a continuation starts the index over
+        # a sequence that is not a continuation (another last token, or shorter) starts the index over
+        other = seq[:-1] + [seq[-1] + 1, 2]
+        assert index.propose(other, 4) == lookup(other, 4, 3, 1)
         assert index.propose([9, 1, 9], 2) == lookup([9, 1, 9], 2, 3, 1)

@@ -29,25 +29,31 @@ class NgramIndex:
     """Where each n-gram (n = min..max) last started, kept up to date as the sequence grows, so a
     proposal costs O(max_ngram) instead of a scan. Same answers as `lookup` (tested)."""
 
+    TAIL = 16  # tokens of the indexed sequence's end kept to recognise a continuation
+
     def __init__(self, max_ngram: int, min_ngram: int):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.tokens: list[int] = []
-        self.last: dict[tuple[int, ...], int] = {}
-        self.indexed = 0  # n-grams starting before this position... see _extend
+        self.reset()
 
     def reset(self) -> None:
-        self.tokens, self.last, self.indexed = [], {}, 0
+        self.last: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # the length of the sequence indexed so far
+        self.tail: list[int] = []  # its last TAIL tokens
 
     def _extend(self, seq: list[int]) -> None:
-        if seq[: len(self.tokens)] != self.tokens:  # not a continuation: start over
+        # Within a prompt the sequence only grows, so a continuation is recognised by its length and
+        # the indexed tail, not by comparing (and copying) the whole prefix: a step costs O(new
+        # tokens). A shorter sequence or another tail starts over.
+        n = self.indexed
+        if len(seq) < n or seq[n - len(self.tail) : n] != self.tail:
             self.reset()
-        self.tokens = list(seq)
         # an n-gram is indexed once a token follows it (a match must leave a continuation)
         for end in range(max(self.indexed, 1), len(seq)):
             for n in range(self.min_ngram, self.max_ngram + 1):
                 if end - n >= 0:
                     self.last[tuple(seq[end - n : end])] = end - n
-        self.indexed = max(self.indexed, len(seq))
+        self.indexed = len(seq)
+        self.tail = seq[max(0, len(seq) - self.TAIL) :]
 
     def propose(self, seq: list[int], k: int) -> list[int]:
         self._extend(seq)
