@@ -100,8 +100,7 @@ def _tree_width(row: dict) -> int:
 
 
 def _tree_nodes(k: int, w: int) -> int:
-    """Drafts in an eagle3 tree: k chain nodes, then each depth's w - 1 other top-w tokens, depth 1
-    first, while it holds at most MAX_TREE_NODES (workers/drafters/eagle3.py `Eagle3Drafter._tree`)."""
+    """Drafts in an eagle3 tree, at most MAX_TREE_NODES (workers/drafters/eagle3.py `Eagle3Drafter._tree`)."""
     return min(k * w, max(k, MAX_TREE_NODES))
 
 
@@ -182,6 +181,13 @@ def _one_engine_notes(rows: list[dict], engine: str) -> list[str]:
         notes.append(
             f"# {engine} takes one drafter: the batch-size-{first['batch_size']} winner ({_drafter_text(first)}) is used; "
             + "; ".join(f"batch size {r['batch_size']} was won by {_drafter_text(r)}" for r in others)
+        )
+    trees = [r for r in rows[1:] if _speculates(r) and r.get("drafter") == "eagle3" and _tree_width(r) != _tree_width(first)]
+    if _speculates(first) and first.get("drafter") == "eagle3" and trees:  # trees run at batch size 1, larger sizes chains
+        shape = {id(r): f"a tree of width {_tree_width(r)}" if _tree_width(r) else "a chain" for r in [first, *trees]}
+        notes.append(
+            f"# {engine} takes one draft shape: the batch-size-{first['batch_size']} winner's ({shape[id(first)]}) is used; "
+            + "; ".join(f"batch size {r['batch_size']} drafted {shape[id(r)]}" for r in trees)
         )
     return notes
 
@@ -370,21 +376,16 @@ def _lookup_notes(o: dict, engine: str) -> list[str]:
 
 
 def _tree_notes(row: dict, engine: str) -> list[str]:
-    """An eagle3 winner that drafted a tree (drafter.tree_width). vLLM 0.25.0 drafts a chain only:
-    speculative_token_tree went with tree attention in vllm-project/vllm PR 42121 (merged 2026-05-08;
-    0.25.0 is of 2026-07-11) and gave every node of a level as many children (v1/spec_decode/eagle.py
-    child_drafts_per_level), which this tree, where only the chain branches, is not."""
+    """An eagle3 winner that drafted a tree (drafter.tree_width). vLLM 0.25.0 drafts chains only: its
+    speculative_token_tree went with tree attention (vllm-project/vllm PR 42121, merged 2026-05-08)."""
     if not (w := _tree_width(row)):
         return []
     k, n = _k(row), _tree_nodes(_k(row), w)
     head = f"# the winner drafted a tree (drafter.tree_width {w}): the head's top-{w} at each of k={k} depths, the chain first, {n} drafts;"
     if engine == "vLLM":
         return [head, f"#   vLLM {ENGINE_VERSIONS['vllm']} has no trees (PR 42121): this runs the head's chain of k={k}, accepting less"]
-    return [
-        head,
-        f"#   SGLang expands the top-{w} of every node it keeps and verifies the {n} best-scored (+1: the root): its tree's shape can differ;",
-        "#   top-k > 1 runs SGLang's spec v1 (no overlap scheduler) and, with --page-size > 1, needs flashinfer or fa3",
-    ]
+    sglang = f"#   SGLang expands the top-{w} of every node it keeps and verifies the {n} best-scored (+1: the root): its tree's shape can differ;"
+    return [head, sglang, "#   top-k > 1 runs SGLang's spec v1 (no overlap scheduler) and, with --page-size > 1, needs flashinfer or fa3"]
 
 
 def to_sglang(schedule: dict) -> str:

@@ -163,7 +163,8 @@ def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:
         ngram_max=int(get("drafter.ngram_max")),
         placement=str(get("drafter.placement")),
         lookup=int(get("drafter.lookup") or 0) if kind == "eagle3" else 0,
-        tree_width=int(get("drafter.tree_width") or 0) if kind == "eagle3" else 0,
+        # widths 0 and 1 both draft a chain: one value, so they share a label and a run
+        tree_width=w if kind == "eagle3" and (w := int(get("drafter.tree_width") or 0)) >= 2 else 0,
     )
     backend = str(get("comm.backend"))
     env = dict(cfg.parallel.nccl_env) if backend == "nccl" else {}

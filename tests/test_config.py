@@ -282,7 +282,7 @@ def test_tree_width_is_searched_for_eagle3_and_refused_at_batch_sizes_above_1(tm
     raw = {
         "name": "tree",
         "drafter": {"kind": "eagle3", "model_path": "some/head", "placement": "rank0"},
-        "search": {"space": {"drafter.kind": {"choices": ["ngram", "eagle3"]}, "drafter.tree_width": {"choices": [0, 3]}}},
+        "search": {"space": {"drafter.kind": {"choices": ["ngram", "eagle3"]}, "drafter.tree_width": {"choices": [0, 1, 3]}}},
     }
     (tmp_path / "tree.yaml").write_text(yaml.safe_dump(raw))
     cfg = load_config(tmp_path / "tree.yaml")
@@ -294,7 +294,8 @@ def test_tree_width_is_searched_for_eagle3_and_refused_at_batch_sizes_above_1(tm
         assert ("drafter.tree_width" in trial.params) == (tc.drafter.kind == "eagle3")
         seen.add((tc.drafter.kind, tc.drafter.tree_width))
         study.tell(trial, 1.0)
-    assert seen == {("ngram", 0), ("eagle3", 0), ("eagle3", 3)}
+    assert seen == {("ngram", 0), ("eagle3", 0), ("eagle3", 3)}  # width 1 drafts a chain: resolved to 0
+    assert any(t.params.get("drafter.tree_width") == 1 for t in study.trials)  # it was suggested
     assert (most_drafts(cfg, 4), most_drafts(cfg, 6), most_drafts(cfg, 0)) == (12, 16, 0)
     chain = load_config(tmp_path / "tree.yaml", ["search.space.drafter.tree_width=1"])
     assert most_drafts(chain, 4) == 4

@@ -185,6 +185,9 @@ def test_an_eagle3_tree_winner_is_a_chain_for_vllm_with_a_note():
     assert "tree" not in comments(to_vllm(schedule(winner(1, k=4, drafter="eagle3"))))
     chain = winner(8, k=2, drafter="eagle3")  # batch sizes > 1 draft a chain: the same head, another k
     assert "takes one drafter" not in comments(to_vllm(schedule(row, chain)))
+    for text in (to_vllm(schedule(row, chain)), to_sglang(schedule(row, chain))):
+        assert "winner's (a tree of width 3) is used; batch size 8 drafted a chain" in comments(text)
+    assert "draft shape" not in comments(to_sglang(schedule(row)))
 
 
 def test_vllm_same_k_everywhere_has_no_table():

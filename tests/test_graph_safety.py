@@ -92,8 +92,7 @@ def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt, 
     """The graphed tree step's body (static tokens, rotary positions, slots and mask; the plain
     layers, or the fused step with its attention SDPA under the tree mask) on CPU: no host sync,
     and the logits of `Transformer.tree_logits` on the same cache."""
-    from workers.engine.steps import StepRunner
-    from workers.model.transformer import tree_layout
+    from workers.engine.steps import StepRunner, tree_step_inputs
 
     model = load_model(tiny_ckpt, max_seq=64)
     cache = model.new_cache(1)
@@ -102,14 +101,10 @@ def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt, 
     if fused:
         runner.fast = FusedStep(model, EngineConfig(compile=False, gemv="off"))
     tokens, parents = [4, 5, 6, 7, 8], [-1, 0, 1, 0, 1]
-    depth, ancestors = tree_layout(parents)
     runner._tree_buffers()
-    T, start = len(tokens), cache.lengths[0]
-    runner._tree_in[0, :T] = torch.tensor(tokens)
-    runner._tree_in[1, :T] = torch.tensor(depth) + start
-    runner._tree_in[2, :T] = torch.arange(start, start + T)
-    runner._tree_mask[:T, :start] = True
-    runner._tree_mask[:T, start : start + T] = ancestors
+    runner._tree_mask.fill_(True)  # a previous, wider step's rows: the staging must clear what it uses
+    T = len(tokens)
+    tree_step_inputs(tokens, parents, cache.lengths[0], runner._tree_in, runner._tree_mask)  # what _tree_replay stages
     with NoHostSync():
         graphed = runner._run_tree(T)[0]
     eager = model.tree_logits(tokens, parents, cache)

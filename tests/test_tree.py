@@ -65,12 +65,13 @@ def test_greedy_tree_walk_takes_the_agreeing_child_at_each_node():
 
 
 def test_sampled_tree_walk_emits_the_targets_distribution():
-    """Deterministic children at the root and under its first child: the first and second emitted
-    tokens are distributed as p (chi-square), the second given the first as that row's p."""
+    """Deterministic children at the root (one token twice) and under its first child: the first and
+    second emitted tokens are distributed as p (chi-square), the second given the first as that
+    row's p."""
     g = torch.Generator().manual_seed(0)
     V = 12
-    logits = torch.randn(4, V, generator=g)
-    draft, parents = [3, 7, 5], [-1, -1, 0]  # 3 and 7 under the root, 5 under 3
+    logits = torch.randn(5, V, generator=g)
+    draft, parents = [3, 7, 5, 3], [-1, -1, 0, -1]  # 3, 7 and 3 again under the root, 5 under the first 3
     gen = torch.Generator().manual_seed(1)
     first, second = np.zeros(V), np.zeros(V)
     n = 6000
@@ -183,3 +184,28 @@ def test_tree_decoding_equals_the_baseline_with_siblings_accepted(tiny_ckpt, tin
         torch.testing.assert_close(fed, torch.cat([a[0] for a in model.aux], -1), atol=1e-4, rtol=1e-4)
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_a_tree_over_the_link_at_tp2_with_the_demo_head_keeps_the_baseline():
+    """The shipped head (a real draft, so siblings and long paths are accepted) as its own process
+    at TP 2: each rank moves the accepted path's K/V in its shard, the head gets the path's states
+    over the link; greedy output equals the baseline's and the tree accepts more than one token a
+    step. Sampling runs the same gang: rank 1 learns each path from rank 0's result."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_eagle3 import ENV, ROOT
+
+    base = ["-m", "orchestrator", "decode", "--model", "smollm2-135m", "--tp", "2", "--drafter", "eagle3"]
+    base += ["--draft-model", "smollm2-135m-eagle3", "-k", "4", "--tree-width", "3", "--split", "heldout", "--json"]
+    for extra in (
+        ["--num-prompts", "2", "--max-new-tokens", "32"],
+        ["--num-prompts", "1", "--max-new-tokens", "24", "--temperature", "0.7"],
+    ):
+        r = subprocess.run([sys.executable, *base, *extra], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = json.loads(r.stdout)
+        assert out["drafted_mean"] == 12 and out["accept_len_mean"] > 1.3, out["accept_len_mean"]
+        if "--temperature" not in extra:
+            assert out["outputs_match_baseline"] == 1 and out["prompts_matching_baseline"] == 2

@@ -284,7 +284,8 @@ def target_embedding(model_path: str, dtype=torch.float32, device="cpu") -> torc
 
 
 class Eagle3Drafter(Drafter):
-    """Chain drafting (top-1, or sampled at the trial temperature) from the verifier's hidden states."""
+    """Chain drafting (top-1, or sampled at the trial temperature) or tree drafting (each depth's
+    top-W, `tree_width`) from the verifier's hidden states."""
 
     kind = "eagle3"
     reads_hidden = True
@@ -303,7 +304,7 @@ class Eagle3Drafter(Drafter):
         (CPU tests of its body). lookup (drafter.lookup): where the committed sequence's last `lookup`
         tokens occurred before, draft what followed them instead of running the head (0: never).
         tree_width (drafter.tree_width): >= 2 drafts a tree, the head's top-w tokens at each depth
-        (`_tree`), with eager head steps; 0 or 1: a chain."""
+        (`_tree`, through the chain's graph where it runs); 0 or 1: a chain."""
         from workers.drafters.eagle3_chain import Eagle3Chain, fast_step
         from workers.engine.link import MAX_DRAFT_TOKENS
 
@@ -444,4 +445,6 @@ class Eagle3Drafter(Drafter):
             for t in alts[: MAX_DRAFT_TOKENS - len(tokens)]:
                 tokens.append(t)
                 parents.append(depth - 1)
+        if len(tokens) == len(chain):  # no room for a sibling (k = MAX_DRAFT_TOKENS): a chain
+            return Proposal(tokens=tokens, draft_s=time.perf_counter() - t0)
         return Proposal(tokens=tokens, parents=parents, draft_s=time.perf_counter() - t0)

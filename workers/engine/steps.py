@@ -63,6 +63,20 @@ def pick_attention(choice: str, head_dim: int, device: torch.device):
     return None, f"sdpa ({why_not})"
 
 
+def tree_step_inputs(tokens: list[int], parents: list[int], start: int, ids: torch.Tensor, mask: torch.Tensor) -> None:
+    """A tree step's inputs for `_run_tree`, written into the first len(tokens) columns / rows:
+    ids [3, W] (token ids, rotary positions start + depth, cache slots start + i) and mask [W, S]
+    (row i: the cache before start, then entry i's ancestors among the new slots, nothing after)."""
+    T = len(tokens)
+    depth, ancestors = tree_layout(parents)
+    ids[0, :T] = torch.tensor(tokens)
+    ids[1, :T] = torch.tensor(depth) + start
+    ids[2, :T] = torch.arange(start, start + T)
+    mask[:T].zero_()
+    mask[:T, :start] = True
+    mask[:T, start : start + T] = ancestors
+
+
 class StepRunner:
     """engine: what runs (workers/engine/config.py); allreduce: the TP allreduce of `model`'s
     row-parallel outputs (None: one rank), handed on to the fused step."""
@@ -145,17 +159,10 @@ class StepRunner:
         T, start = len(tokens), self.cache.lengths[0]
         if start + T > self.cache.max_seq:
             raise ValueError(f"sequence length {start + T} exceeds the cache ({self.cache.max_seq})")
-        depth, ancestors = tree_layout(parents)
         self._tree_buffers()
-        self._tree_staging[0, :T] = torch.tensor(tokens)
-        self._tree_staging[1, :T] = torch.tensor(depth) + start
-        self._tree_staging[2, :T] = torch.arange(start, start + T)
-        m = self._mask_staging
-        m[:T].zero_()
-        m[:T, :start] = True
-        m[:T, start : start + T] = ancestors
+        tree_step_inputs(tokens, parents, start, self._tree_staging, self._mask_staging)
         self._tree_in.copy_(self._tree_staging, non_blocking=True)
-        self._tree_mask[:T].copy_(m[:T], non_blocking=True)
+        self._tree_mask[:T].copy_(self._mask_staging[:T], non_blocking=True)
         key = ("tree", T, self._comm_on())
         if key not in self.graphs:
             self.graphs[key] = self._capture_or_fall_back(T, tree=True)
@@ -368,16 +375,18 @@ class StepRunner:
         self._pool = graph.pool()
         return graph, out, calls
 
-    def time_step(self, width: int, iters: int) -> float:
+    def time_step(self, width: int, iters: int, tree: bool = False) -> float:
         """Median seconds of one step of `width` tokens at position 0 (scratch: the cache is reset
-        before the next prompt anyway). All TP ranks must call it together."""
+        before the next prompt anyway); tree: a tree step of that width. All TP ranks must call it
+        together."""
         times = []
+        parents = [-1] + [0] * (width - 1) if tree else None
         for _ in range(iters + 2):
             self.cache.lengths[0] = 0
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             t0 = time.perf_counter()
-            self.step([1] * width)
+            self.step([1] * width, parents=parents)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             times.append(time.perf_counter() - t0)

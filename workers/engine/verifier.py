@@ -69,7 +69,8 @@ class Verifier:
         tree_width: int = 0,
     ):
         self.model, self.allreduce, self.link, self.rank = model, allreduce, link, rank
-        self.tree_width = tree_width  # drafter.tree_width: >= 2, the drafter proposes trees (their width is warmed)
+        # drafter.tree_width (at most the head's draft vocabulary): >= 2, the drafter proposes trees (their width is warmed)
+        self.tree_width = tree_width
         self.drafter = drafter  # a drafter run inside this rank (n-gram), else proposals come over the link
         self.device = model.embed_tokens.weight.device
         self.cache = model.new_cache(1)
@@ -77,12 +78,12 @@ class Verifier:
         self._batch_steps: BatchSteps | None = None  # Workload.batch_size > 1 (workers/engine/batched.py)
         self.on_progress: ProgressHook | None = None  # set per run by the worker (rank 0), see ProgressHook
 
-    def comm_split(self, width: int, iters: int) -> dict[str, float]:
-        """Step time of `width` tokens with the allreduce and with it replaced by a no-op."""
-        with_comm = self.steps.time_step(width, iters)
+    def comm_split(self, width: int, iters: int, tree: bool = False) -> dict[str, float]:
+        """Step time of `width` tokens (tree: a tree step) with the allreduce and with it replaced by a no-op."""
+        with_comm = self.steps.time_step(width, iters, tree)
         self.allreduce.enabled = False
         try:
-            without = self.steps.time_step(width, iters)
+            without = self.steps.time_step(width, iters, tree)
         finally:
             self.allreduce.enabled = True
         return {
@@ -90,6 +91,13 @@ class Verifier:
             "compute_ms_per_step": without * 1e3,
             "comm_ms_per_step": max(0.0, with_comm - without) * 1e3,
         }
+
+    def _tree_nodes(self, w: Workload) -> int:
+        """The drafts of a tree step (Eagle3Drafter._tree): k x tree_width, capped at the link's
+        capacity; 0 where this run drafts chains (a tree with no room for a sibling is a chain)."""
+        if self.tree_width < 2 or not w.num_draft_tokens or w.num_draft_tokens >= self.link.k:
+            return 0
+        return min(w.num_draft_tokens * self.tree_width, self.link.k)
 
     def _hidden_states(self, w: Workload) -> HiddenStates | None:
         """Where a drafter reads the verifier's hidden states (EAGLE-3) and this run drafts: who gets them."""
@@ -126,8 +134,7 @@ class Verifier:
             local=decides_locally(w, self.link.drafter_rank is not None),
             on_progress=self.on_progress,
             hidden=self._hidden_states(w),
-            # a tree of k x tree_width drafts, capped at the link's capacity (Eagle3Drafter._tree)
-            tree_nodes=min(w.num_draft_tokens * self.tree_width, self.link.k) if self.tree_width >= 2 and w.num_draft_tokens else 0,
+            tree_nodes=self._tree_nodes(w),
         )
         strategy = strategy_for(rank, self.drafter, overlap=self.steps.engine.overlap)  # fixed for the run: every rank picks it alike
         if w.batch_size != 1:
@@ -183,7 +190,8 @@ class Verifier:
         k = w.num_draft_tokens
         # the comm/compute split times the batch-1 step: a batched run leaves it out rather than mislabel it
         ablate = w.comm_ablation_iters and self.allreduce.world_size > 1 and w.batch_size == 1
-        split = self.comm_split(k + 1, w.comm_ablation_iters) if ablate else {}
+        tree = self._tree_nodes(w)  # a tree trial's step is the tree's width, through the tree step
+        split = self.comm_split(1 + (tree or k), w.comm_ablation_iters, tree=bool(tree)) if ablate else {}
         if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:
             check()  # a rank that fell behind during the timed steps left wrong sums: this rank raises, the trial fails
         if self.rank != 0:

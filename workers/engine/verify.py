@@ -112,15 +112,25 @@ def tree_verify(
             node = nxt
     p_rows = probs(logits, temperature)
     while True:
-        r = p_rows[node + 1].clone()
-        for c in kids.get(node, []):
+        row, children = p_rows[node + 1], kids.get(node, [])
+        ids = torch.tensor([draft[c] for c in children], dtype=torch.long, device=row.device)
+        # the children's probabilities and the row's total in one transfer; the walk runs on the host
+        *p_kids, total = torch.cat([row.index_select(0, ids), row.sum().view(1)]).tolist()
+        rejected: set[int] = set()
+        for c, pc in zip(children, p_kids):
+            if draft[c] in rejected:  # a repeated token: its mass is gone already
+                continue
             u = float(torch.rand(1, generator=generator))
-            if u * float(r.sum()) < float(r[draft[c]]):  # keep c with probability r(c) / sum(r)
+            if u * total < pc:  # keep c with probability r(c) / sum(r)
                 path.append(c)
                 node = c
                 break
-            r[draft[c]] = 0.0
+            rejected.add(draft[c])
+            total -= pc
         else:
+            r = row.clone()
+            if rejected:
+                r.index_fill_(0, torch.tensor(sorted(rejected), device=r.device), 0.0)
             return path, [draft[i] for i in path] + [sample(r, generator)]
 
 

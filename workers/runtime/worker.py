@@ -73,6 +73,15 @@ def eagle3_aux_layers(spec: GangSpec) -> tuple[int, ...]:
     return eagle3.check_fits(eagle3.load_config(path), load_args(spec.model_path), path)
 
 
+def eagle3_tree_width(spec: GangSpec) -> int:
+    """The tokens an eagle3 tree drafts at each depth: drafter.tree_width, at most the head's draft
+    vocabulary (what Eagle3Drafter._width drafts), so the verifier warms the width that runs."""
+    d = spec.drafter
+    if d.kind != "eagle3" or d.tree_width < 2 or d.model_path is None:
+        return 0
+    return min(d.tree_width, eagle3.load_config(resolve_model_path(d.model_path)).draft_vocab)
+
+
 def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> Drafter:
     """`embed`: the verifier's token embedding where the drafter lives in a verifier rank (eagle3)."""
     d = spec.drafter
@@ -184,7 +193,7 @@ class Worker:
                 self.rank,
                 engine=engine,
                 drafter=build_drafter(spec, device, model.embed_tokens.weight) if spec.drafter.in_verifier else None,
-                tree_width=spec.drafter.tree_width if spec.drafter.kind == "eagle3" else 0,
+                tree_width=eagle3_tree_width(spec),
             )
         info = {
             "rank": self.rank,
