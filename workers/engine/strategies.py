@@ -24,6 +24,9 @@ Hidden states (EAGLE-3): `Rank.score` is the one call of the model; `publish` ha
 kept positions to an in-rank drafter, or in `VerifyResult.hidden` to the drafter process. Under
 `engine.overlap` an in-rank greedy chain leaves its drafts on the device (`propose_for_step`): the
 verify pass reads them there and `decide` reads them back with its argmaxes, one sync a step.
+Trees (`Proposal.parents`, drafter.tree_width): scored in one pass under a tree mask, decided by
+`tree_verify`, and the kept path's K/V moved behind the last token (`KVCache.keep_path`) before the
+rollback; every rank finds the path from the result's tokens (`tree_path`). Batch 1 only.
 A batch of B sequences (workers/engine/batched.py) reuses `propose` / `decide` per sequence: all
 per-sequence state lives in `Sequence` (tokens, done, steps, accepted, margins, its KV cache row,
 its copy of an in-rank drafter).
