@@ -149,7 +149,7 @@ class _EagerFeed(StepRunner):
         super().__init__(*a, **kw)
         self.use_graphs, self.launches, self._done = True, 0, {}
 
-    def warm(self, widths, chain=0, greedy=False, margins=False):
+    def warm(self, widths, chain=0, greedy=False, margins=False, tree=0):
         assert greedy  # the overlapped loop asked for its graph
 
     def greedy_launch(self, token=None, margins=False):

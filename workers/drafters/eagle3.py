@@ -41,7 +41,7 @@ from torch import nn
 from workers.drafters.base import Drafter
 from workers.drafters.ngram import NgramIndex
 from workers.engine.config import EngineConfig
-from workers.engine.link import Proposal
+from workers.engine.link import MAX_DRAFT_TOKENS, Proposal
 from workers.engine.verify import probs as softmax_t
 from workers.engine.verify import sample
 from workers.model.args import CheckpointError, ModelArgs, ModelConfigError
@@ -306,7 +306,6 @@ class Eagle3Drafter(Drafter):
         tree_width (drafter.tree_width): >= 2 drafts a tree, the head's top-w tokens at each depth
         (`_tree`, through the chain's graph where it runs); 0 or 1: a chain."""
         from workers.drafters.eagle3_chain import Eagle3Chain, fast_step
-        from workers.engine.link import MAX_DRAFT_TOKENS
 
         self.head = head
         self.device = head.fc.weight.device
@@ -438,8 +437,6 @@ class Eagle3Drafter(Drafter):
         """The chain (top-1 at each depth) first, then each depth's other top-w tokens as leaves
         under the chain node before them, depth 1 first, while the tree holds at most the link's
         MAX_DRAFT_TOKENS."""
-        from workers.engine.link import MAX_DRAFT_TOKENS
-
         tokens, parents = list(chain), list(range(-1, len(chain) - 1))
         for depth, alts in enumerate(alternatives):
             for t in alts[: MAX_DRAFT_TOKENS - len(tokens)]:

@@ -48,6 +48,9 @@ class VerifyResult:
     tokens: list[int]  # tokens appended to the sequence: accepted drafts + correction/bonus
     done: bool
     hidden: torch.Tensor | None = None
+    # a tree step's kept path (draft indices), found once per rank from the tokens (`Rank.publish`);
+    # never sent: every process derives it from the proposal it holds
+    path: list[int] | None = None
 
 
 class DraftLink:

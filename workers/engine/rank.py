@@ -128,20 +128,26 @@ class Rank:
         """Deciding locally, rank 0 sends its result to the drafter process alone (if any); else rank 0
         broadcasts it to every rank and the drafter, and the other ranks return what they receive.
         Hidden states of the pass's first `rows` positions (default: the kept ones, 1 + accepted; a
-        tree's: the root and the accepted path) go along to a drafter that reads them."""
+        tree's: the root and the accepted path) go along to a drafter that reads them. A tree's
+        result comes back with its `path`."""
         h = self.hidden
 
         def kept(res: VerifyResult) -> torch.Tensor:
             if tree is not None:
-                return h.rows(0, index=[0] + [1 + i for i in tree_path(tree.tokens, tree.parents, res.tokens[: res.accepted])])
+                return h.rows(0, index=[0] + [1 + i for i in with_path(res).path])
             return h.rows(rows if rows is not None else 1 + res.accepted)
+
+        def with_path(res: VerifyResult) -> VerifyResult:  # a tree's kept path, found once per result
+            if tree is not None and res.path is None:
+                res.path = tree_path(tree.tokens, tree.parents, res.tokens[: res.accepted])
+            return res
 
         if h is not None and h.to_link and self.index == 0 and result is not None:
             result.hidden = kept(result)
         res = self._send(result)
         if h is not None and h.drafter is not None:
             h.drafter.observe(kept(res))
-        return res
+        return with_path(res)
 
     def _send(self, result: VerifyResult | None) -> VerifyResult:
         if self.local:

@@ -195,17 +195,6 @@ class StepRunner:
         cos, sin, _ = self.model.rope_and_mask(pos, 0, masked=False)
         return self.model.logits(self.model._layers(tok, cos, sin, mask, slots, self.cache))
 
-    def warm_tree(self, width: int) -> None:
-        """Capture the tree step of `width` entries (the root and its drafts) before timing."""
-        if self.use_graphs and width <= self.max_width and ("tree", width, self._comm_on()) not in self.graphs:
-            gemv = getattr(self.fast, "gemv", None)
-            if gemv is not None:  # the GEMV race at this width before any collective (as `warm`)
-                gemv.prepare([width])
-            self.line_up()
-            self.cache.lengths[0] = 0
-            self.step([1] * width, parents=[-1] + [0] * (width - 1))
-            self.cache.lengths[0] = 0
-
     def draft_chain(self, tokens: list[int], k: int) -> list[int] | None:
         """Greedy drafting in one CUDA graph: the argmax after `tokens`, then k - 1 more, each
         fed back on the device. Advances cache.lengths[0] by len(tokens) + k - 1 (the last draft
@@ -305,16 +294,18 @@ class StepRunner:
             self.fast = None
             return self._capture(T, chain, greedy, margins, tree)
 
-    def warm(self, widths, chain: int = 0, greedy: bool = False, margins: bool = False) -> None:
+    def warm(self, widths, chain: int = 0, greedy: bool = False, margins: bool = False, tree: int = 0) -> None:
         """Capture the graphs of these step widths now (compiling their bodies), outside any timing,
-        and with `chain` = k the greedy draft chains of k drafts after each width. Writes scratch
-        K/V at positions 0.. (the cache is reset before the next prompt). TP ranks must warm the
-        same widths together."""
+        with `chain` = k the greedy draft chains of k drafts after each width, and with `tree` the
+        tree step of that many entries (the root and its drafts). Writes scratch K/V at positions
+        0.. (the cache is reset before the next prompt). TP ranks must warm the same widths together."""
         if not self.use_graphs:
             return
+        tree = tree if tree <= self.max_width else 0
         gemv = getattr(self.fast, "gemv", None)
         if gemv is not None:  # the GEMV races (seconds of compiling and timing) before any collective
-            gemv.prepare(sorted({T for T in widths if T <= self.max_width} | ({1} if chain or greedy else set())))
+            extra = ({1} if chain or greedy else set()) | ({tree} if tree else set())
+            gemv.prepare(sorted({T for T in widths if T <= self.max_width} | extra))
         self.line_up()  # every rank (picker or not) starts the warm-up steps together
         for T in widths:
             if T <= self.max_width and (T, self._comm_on()) not in self.graphs:
@@ -327,6 +318,9 @@ class StepRunner:
         if greedy and ("greedy", self._comm_on(), margins) not in self.graphs:
             self.cache.lengths[0] = 0
             self.greedy_result(self.greedy_launch(1, margins))
+        if tree and ("tree", tree, self._comm_on()) not in self.graphs:
+            self.cache.lengths[0] = 0
+            self.step([1] * tree, parents=[-1] + [0] * (tree - 1))
         self.cache.lengths[0] = 0
         if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:
             check()  # a peer that arrived too late during the warm-up left wrong sums: say so now

@@ -26,7 +26,7 @@ kept positions to an in-rank drafter, or in `VerifyResult.hidden` to the drafter
 verify pass reads them there and `decide` reads them back with its argmaxes, one sync a step.
 Trees (`Proposal.parents`, drafter.tree_width): scored in one pass under a tree mask, decided by
 `tree_verify`, and the kept path's K/V moved behind the last token (`KVCache.keep_path`) before the
-rollback; every rank finds the path from the result's tokens (`tree_path`). Batch 1 only.
+rollback; every rank finds the path once from the result's tokens (`Rank.publish`). Batch 1 only.
 A batch of B sequences (workers/engine/batched.py) reuses `propose` / `decide` per sequence: all
 per-sequence state lives in `Sequence` (tokens, done, steps, accepted, margins, its KV cache row,
 its copy of an in-rank drafter).
@@ -45,7 +45,7 @@ from workers.drafters import Drafter
 from workers.engine.link import Proposal, VerifyResult
 from workers.engine.rank import Rank, Sequence, finish
 from workers.engine.stats import RunStats, StepRecord
-from workers.engine.verify import tree_path, tree_verify, verify
+from workers.engine.verify import tree_verify, verify
 
 
 def phase(name: str):
@@ -67,9 +67,8 @@ class StepStrategy:
         """Before timing: capture every step width this mode uses (all TP ranks together); a batched
         run (eager passes) captures nothing."""
         if capture:
-            self.r.steps.warm(range(1, self.k + 2), greedy=self.overlapped, margins=self.margins)
-            if self.r.tree_nodes:
-                self.r.steps.warm_tree(1 + self.r.tree_nodes)
+            tree = 1 + self.r.tree_nodes if self.r.tree_nodes else 0
+            self.r.steps.warm(range(1, self.k + 2), greedy=self.overlapped, margins=self.margins, tree=tree)
 
     def row_drafters(self, n: int) -> list[Drafter | None]:
         """One drafter per row of a batch (None: the mode drafts nothing by itself)."""
@@ -145,8 +144,7 @@ class StepStrategy:
         with phase("spectune.publish"):
             res = r.publish(mine, tree=proposal if tree is not None else None)
         if tree is not None:  # the accepted path's K/V to base + 1, base + 2, ..., as a chain leaves them
-            path = tree_path(proposal.tokens, tree, res.tokens[: res.accepted])
-            r.cache.keep_path(seq.row, base + 1, [base + 1 + i for i in path])
+            r.cache.keep_path(seq.row, base + 1, [base + 1 + i for i in res.path])
         # keep [last, d_1..d_accepted]; the correction / bonus token is fed next step
         r.cache.rollback(seq.row, base + 1 + res.accepted)
         seq.commit(res)

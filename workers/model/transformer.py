@@ -15,6 +15,7 @@ entries past a sequence's length are masked out and overwritten later, never rea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -127,9 +128,15 @@ class Attention(nn.Module):
         return attend(q, k, v, mask, k_cache, v_cache, pos, self.gqa_group, self.kv_map)
 
 
-def tree_layout(parents: list[int]) -> tuple[list[int], torch.Tensor]:
+def tree_layout(parents: list[int]) -> tuple[tuple[int, ...], torch.Tensor]:
     """A token tree's depths and ancestor mask [T, T] (row i: the entries entry i sees, itself
-    included). parents[i]: the index of entry i's parent, < i; entry 0 is the one root (-1)."""
+    included). parents[i]: the index of entry i's parent, < i; entry 0 is the one root (-1).
+    A drafter's trees repeat one shape step after step: computed once per shape (read-only results)."""
+    return _tree_layout(tuple(parents))
+
+
+@functools.lru_cache(maxsize=64)
+def _tree_layout(parents: tuple[int, ...]) -> tuple[tuple[int, ...], torch.Tensor]:
     if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
         raise ValueError(f"a token tree needs parents[0] = -1 and 0 <= parents[i] < i, got {parents}")
     T = len(parents)
@@ -138,7 +145,7 @@ def tree_layout(parents: list[int]) -> tuple[list[int], torch.Tensor]:
     for i in range(1, T):
         depth[i] = depth[parents[i]] + 1
         ancestors[i] |= ancestors[parents[i]]
-    return depth, ancestors
+    return tuple(depth), ancestors
 
 
 def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
