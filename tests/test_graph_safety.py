@@ -11,6 +11,8 @@ is not an operator it sees on CPU.)
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -86,26 +88,35 @@ def test_the_batched_pass_never_syncs(tiny_ckpt, fused):
     assert logits.shape[:2] == (3, 4)
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "triton"])
 @torch.inference_mode()
-def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt, fused):
-    """The graphed tree step's body (static tokens, rotary positions, slots and mask; the plain
-    layers, or the fused step with its attention SDPA under the tree mask) on CPU: no host sync,
-    and the logits of `Transformer.tree_logits` on the same cache."""
+def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt, fused, request):
+    """The graphed tree step's body (static tokens, rotary positions, slots, ancestor bits and mask;
+    the plain layers, the fused step with SDPA under the tree mask, or the fused step with the
+    split-KV kernel reading the bits) on CPU: no host sync, and the logits of
+    `Transformer.tree_logits` on the same cache."""
     from workers.engine.steps import StepRunner, tree_step_inputs
 
     model = load_model(tiny_ckpt, max_seq=64)
     cache = model.new_cache(1)
     model(torch.tensor([list(range(20, 31))]), cache)  # 11 cached positions
     runner = StepRunner(model, cache, 8, engine=EngineConfig(compile=False))
-    if fused:
+    if fused == "triton":  # under Triton's interpreter (copies to numpy: no sync check)
+        request.getfixturevalue("kernel_device")
+        from workers.kernels.attention import decode_attend
+
+        runner.fast = FusedStep(model, EngineConfig(compile=False, gemv="off"), attend_fn=decode_attend)
+    elif fused:
         runner.fast = FusedStep(model, EngineConfig(compile=False, gemv="off"))
     tokens, parents = [4, 5, 6, 7, 8], [-1, 0, 1, 0, 1]
     runner._tree_buffers()
     runner._tree_mask.fill_(True)  # a previous, wider step's rows: the staging must clear what it uses
+    runner._tree_in.fill_(-1)
     T = len(tokens)
-    tree_step_inputs(tokens, parents, cache.lengths[0], runner._tree_in, runner._tree_mask)  # what _tree_replay stages
-    with NoHostSync():
+    mask = runner._tree_mask if runner._tree_needs_mask() else None
+    assert (mask is None) == (fused == "triton")
+    tree_step_inputs(tokens, parents, cache.lengths[0], runner._tree_in, mask)  # what _tree_replay stages
+    with NoHostSync() if fused != "triton" else contextlib.nullcontext():
         graphed = runner._run_tree(T)[0]
     eager = model.tree_logits(tokens, parents, cache)
     torch.testing.assert_close(graphed, eager, atol=1e-4, rtol=1e-4)

@@ -9,6 +9,7 @@ projection (rope and cache writes fused into one kernel); every head's arrival c
 from __future__ import annotations
 
 import pytest
+import torch
 
 from workers.kernels import attention
 
@@ -22,13 +23,36 @@ def test_split_kv_attention_matches_sdpa(kernel_device, case):
     assert errs["cache"] <= tol, f"the fused cache writes differ by {errs['cache']:.2e} (relative)"
 
 
+@pytest.mark.parametrize("case", attention.TREE_SELFTEST_CASES, ids=lambda c: "H{}-Hkv{}-D{}-S{}-first{}".format(*c[:5]) + f"-n{len(c[5])}")
+def test_tree_mask_matches_sdpa(kernel_device, case):
+    """A token tree's entries see the prefix and their own ancestors only, as SDPA under the tree mask."""
+    errs = attention.check_tree_case(case, kernel_device, seed=attention.TREE_SELFTEST_CASES.index(case))
+    tol = attention.SELFTEST_TOL[kernel_device]
+    assert errs["tree"] <= tol, f"decode_attend with tree bits differs from the tree mask by {errs['tree']:.2e}"
+    assert errs["tree_rope"] <= tol, f"rope_write_attend with tree bits differs by {errs['tree_rope']:.2e}"
+
+
+def test_a_wrong_tree_is_caught(kernel_device, monkeypatch):
+    """The tree check can fail: bits that let every entry see every earlier entry (a chain's causal
+    mask, as the kernel without bits would) differ from the tree mask by far more than the tolerance."""
+    real = attention.attend_cache
+
+    def causal(q, k_cache, v_cache, pos, kv_map, tree_bits=None):
+        T = pos.shape[1]
+        return real(q, k_cache, v_cache, pos, kv_map, torch.tensor([[(1 << (t + 1)) - 1 for t in range(T)]], device=pos.device))
+
+    monkeypatch.setattr(attention, "attend_cache", causal)
+    errs = attention.check_tree_case(attention.TREE_SELFTEST_CASES[0], kernel_device)
+    assert errs["tree"] > 10 * attention.SELFTEST_TOL[kernel_device]
+
+
 def test_a_wrong_answer_is_caught(kernel_device, monkeypatch):
     """The check can fail: a kernel that drops each query's last visible key (the first query of this
     case sees one key only, so its output is that key's value) is off by far more than the tolerance."""
     real = attention.attend_cache
 
-    def off_by_one(q, k_cache, v_cache, pos, kv_map):
-        return real(q, k_cache, v_cache, pos - 1, kv_map)
+    def off_by_one(q, k_cache, v_cache, pos, kv_map, tree_bits=None):
+        return real(q, k_cache, v_cache, pos - 1, kv_map, tree_bits)
 
     monkeypatch.setattr(attention, "attend_cache", off_by_one)
     errs = attention.check_case(attention.SELFTEST_CASES[1], kernel_device)

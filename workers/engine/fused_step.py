@@ -151,27 +151,31 @@ class FusedStep:
             partial = self.allreduce(partial)
         return self.add_norm_body(x, partial, norm.weight, norm.eps)
 
-    def _attention(self, layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask, sdpa: bool = False):
-        """QKV projection of the normed `h`, rope, cache write and attention: [B, T, H * D]. sdpa:
-        SDPA under `mask` whatever the step's attention (a tree's mask)."""
+    def _attention(self, layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask, tree=None):
+        """QKV projection of the normed `h`, rope, cache write and attention: [B, T, H * D]. tree:
+        a token tree's ancestor bits for the split-KV kernel, or "sdpa": SDPA under `mask` whatever
+        the step's attention."""
         a = layer.self_attn
-        if self.rope_attend is not None and not sdpa:
-            return self.rope_attend(self._linear("qkv", h, wqkv, bqkv), cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map)
+        if self.rope_attend is not None and not isinstance(tree, str):
+            qkv = self._linear("qkv", h, wqkv, bqkv)
+            return self.rope_attend(qkv, cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map, tree_bits=tree)
         q, k, v = self.qkv_from_normed(h, wqkv, bqkv, cos, sin, a.n_heads, a.n_kv_heads, a.head_dim)  # SDPA: compiled
-        return (attend if sdpa else self.attend_fn)(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
+        return (attend if isinstance(tree, str) else self.attend_fn)(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
 
     def hidden_at(self, tokens, pos, cache, kv_len: int) -> torch.Tensor:
         cos, sin, mask = self.model.rope_and_mask(pos, kv_len, masked=self.needs_mask)
         return self._layers(tokens, pos, cos, sin, mask, cache)
 
-    def hidden_tree(self, tokens, rope_pos, slots, mask, cache) -> torch.Tensor:
+    def hidden_tree(self, tokens, rope_pos, slots, cache, mask=None, bits=None) -> torch.Tensor:
         """A token tree (workers/engine/steps.py `_tree_replay`): rotated at `rope_pos`, K/V written
-        at `slots`, attention through SDPA under `mask` [1, 1, T, kv_len] (the Triton attention
-        reads every slot up to a query's position, which a tree does not allow)."""
+        at `slots`. With the split-KV attention it reads the ancestor `bits` [1, T]; otherwise SDPA
+        under `mask` [1, 1, T, kv_len] (the kernel without bits reads every slot up to a query's
+        slot, which a tree does not allow)."""
         cos, sin, _ = self.model.rope_and_mask(rope_pos, 0, masked=False)
-        return self._layers(tokens, slots, cos, sin, mask, cache, sdpa=True)
+        kernel_reads_bits = self.rope_attend is not None and bits is not None
+        return self._layers(tokens, slots, cos, sin, mask, cache, tree=bits if kernel_reads_bits else "sdpa")
 
-    def _layers(self, tokens, pos, cos, sin, mask, cache, sdpa: bool = False) -> torch.Tensor:
+    def _layers(self, tokens, pos, cos, sin, mask, cache, tree=None) -> torch.Tensor:
         model = self.model
         layers = model.layers
         x = model.embed_tokens(tokens)
@@ -183,7 +187,7 @@ class FusedStep:
         for i, (layer, (wqkv, bqkv, wgu), k_cache, v_cache) in enumerate(zip(layers, self.merged, cache.k, cache.v)):
             if i in model.aux_layers:  # EAGLE-3: the residual stream entering layer i (a copy: a join may write x in place)
                 seen[i] = x.clone()
-            core = self._attention(layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask, sdpa)
+            core = self._attention(layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask, tree)
             x, h = self._join(self._linear("o", core, layer.self_attn.o_proj.weight), x, layer.post_attention_layernorm)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.norm
             x, h = self._join(self._mlp(h, wgu, layer.mlp.down_proj.weight), x, nxt)

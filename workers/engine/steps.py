@@ -36,7 +36,7 @@ import torch
 
 from workers.engine.config import ATTENTION_CHOICES, EngineConfig
 from workers.engine.fused_step import try_fused
-from workers.model.transformer import KVCache, Transformer, tree_layout
+from workers.model.transformer import KVCache, Transformer, tree_bits, tree_layout
 
 
 def no_cudnn_attention() -> None:
@@ -63,18 +63,21 @@ def pick_attention(choice: str, head_dim: int, device: torch.device):
     return None, f"sdpa ({why_not})"
 
 
-def tree_step_inputs(tokens: list[int], parents: list[int], start: int, ids: torch.Tensor, mask: torch.Tensor) -> None:
+def tree_step_inputs(tokens: list[int], parents: list[int], start: int, ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
     """A tree step's inputs for `_run_tree`, written into the first len(tokens) columns / rows:
-    ids [3, W] (token ids, rotary positions start + depth, cache slots start + i) and mask [W, S]
-    (row i: the cache before start, then entry i's ancestors among the new slots, nothing after)."""
+    ids [4, W] (token ids, rotary positions start + depth, cache slots start + i, ancestor bits for
+    the split-KV attention) and, for SDPA, mask [W, S] (row i: the cache before start, then entry
+    i's ancestors among the new slots, nothing after)."""
     T = len(tokens)
     depth, ancestors = tree_layout(parents)
     ids[0, :T] = torch.tensor(tokens)
     ids[1, :T] = torch.tensor(depth) + start
     ids[2, :T] = torch.arange(start, start + T)
-    mask[:T].zero_()
-    mask[:T, :start] = True
-    mask[:T, start : start + T] = ancestors
+    ids[3, :T] = torch.tensor(tree_bits(parents))
+    if mask is not None:
+        mask[:T].zero_()
+        mask[:T, :start] = True
+        mask[:T, start : start + T] = ancestors
 
 
 class StepRunner:
@@ -151,22 +154,24 @@ class StepRunner:
         return out[0]
 
     def _tree_replay(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
-        """A tree step as a CUDA graph of its width: token ids, rotary positions (start + depth)
-        and cache slots (start + i) into static inputs, and the mask over the whole static cache
-        (the prefix, then each entry's ancestors) into a static [max_width, max_seq] buffer. The
-        fused body where there is one, its attention SDPA under that mask (the split-KV kernel
-        reads every slot up to a query's position, which a tree does not allow)."""
+        """A tree step as a CUDA graph of its width: token ids, rotary positions (start + depth),
+        cache slots (start + i) and ancestor bits into static inputs. The fused body where there is
+        one; its attention the split-KV kernel reading the bits where that runs, else SDPA under a
+        mask over the whole static cache (the prefix, then each entry's ancestors) staged into a
+        static [max_width, max_seq] buffer."""
         T, start = len(tokens), self.cache.lengths[0]
         if start + T > self.cache.max_seq:
             raise ValueError(f"sequence length {start + T} exceeds the cache ({self.cache.max_seq})")
         self._tree_buffers()
-        tree_step_inputs(tokens, parents, start, self._tree_staging, self._mask_staging)
+        tree_step_inputs(tokens, parents, start, self._tree_staging)
         self._tree_in.copy_(self._tree_staging, non_blocking=True)
-        self._tree_mask[:T].copy_(self._mask_staging[:T], non_blocking=True)
         key = ("tree", T, self._comm_on())
         if key not in self.graphs:
             self.graphs[key] = self._capture_or_fall_back(T, tree=True)
             self._aux[key] = list(self.model.aux)
+        if self._tree_needs_mask():  # known once the graph is built (a failed compile falls back to SDPA)
+            tree_step_inputs(tokens, parents, start, self._tree_staging, self._mask_staging)
+            self._tree_mask[:T].copy_(self._mask_staging[:T], non_blocking=True)
         graph, out, calls = self.graphs[key]
         graph.replay()
         if self.model.aux_layers:
@@ -176,22 +181,26 @@ class StepRunner:
         self.cache.lengths[0] = start + T
         return out[0]
 
+    def _tree_needs_mask(self) -> bool:
+        """Whether the tree step's attention is SDPA under a mask (not the split-KV kernel's bits)."""
+        return self.fast is None or self.fast.rope_attend is None
+
     def _tree_buffers(self) -> None:
         """The tree step's static inputs (device) and their host staging (pinned on CUDA), once."""
         if hasattr(self, "_tree_in"):
             return
         W, S, pin = self.max_width, self.cache.max_seq, self.device.type == "cuda"
-        staging = torch.zeros(3, W, dtype=torch.long)  # tokens, rotary positions, slots
+        staging = torch.zeros(4, W, dtype=torch.long)  # tokens, rotary positions, slots, ancestor bits
         mask = torch.zeros(W, S, dtype=torch.bool)
         self._tree_staging, self._mask_staging = (staging.pin_memory(), mask.pin_memory()) if pin else (staging, mask)
-        self._tree_in = torch.zeros(3, W, dtype=torch.long, device=self.device)
+        self._tree_in = torch.zeros(4, W, dtype=torch.long, device=self.device)
         self._tree_mask = torch.zeros(W, S, dtype=torch.bool, device=self.device)
 
     def _run_tree(self, T: int) -> torch.Tensor:
-        tok, pos, slots = self._tree_in[0:1, :T], self._tree_in[1:2, :T], self._tree_in[2:3, :T]
+        tok, pos, slots, bits = (self._tree_in[i : i + 1, :T] for i in range(4))
         mask = self._tree_mask[:T][None, None]
         if self.fast is not None:
-            return self.model.logits(self.fast.hidden_tree(tok, pos, slots, mask, self.cache))
+            return self.model.logits(self.fast.hidden_tree(tok, pos, slots, cache=self.cache, mask=mask, bits=bits))
         cos, sin, _ = self.model.rope_and_mask(pos, 0, masked=False)
         return self.model.logits(self.model._layers(tok, cos, sin, mask, slots, self.cache))
 

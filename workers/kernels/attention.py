@@ -15,7 +15,10 @@ CUDA graph captured once reads only the filled part of the cache at every replay
         on the H200, nearly all launch floor.)
 
 A key j is visible to the query at position p iff j <= p (causal inside the step, and rolled-back
-slots beyond the sequence are never read). Query heads map to KV heads through `kv_map` (GQA and
+slots beyond the sequence are never read). A token tree (EAGLE's tree drafts) writes its T entries
+at consecutive slots from `first` = pos[0]; with `tree_bits` [B, T] the query of entry t also needs
+bit (j - first) of tree_bits[t] for a key j >= first: its ancestors, itself included, and no
+sibling's branch. The prefix before `first` stays visible to every entry. Query heads map to KV heads through `kv_map` (GQA and
 uneven tensor-parallel head splits alike). `decode_attend` has `workers.model.transformer.attend`'s signature
 (it writes K/V into the cache the same way) and ignores the mask.
 
@@ -64,6 +67,7 @@ if triton is not None:
         K,
         V,
         POS,
+        BITS,
         KVMAP,
         M,
         L,
@@ -89,6 +93,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         T_PAD: tl.constexpr,
         D: tl.constexpr,
+        TREE: tl.constexpr,
     ):
         bh = tl.program_id(0)
         split = tl.program_id(1)
@@ -99,6 +104,9 @@ if triton is not None:
         d = tl.arange(0, D)
         tmask = t < T
         pos = tl.load(POS + b * T + t, mask=tmask, other=-1).to(tl.int32)  # loop bounds below stay int32
+        if TREE:  # query t also needs bit (j - first) of bits[t] set for a key j in the step's own slots
+            first = tl.load(POS + b * T)
+            bits = tl.load(BITS + b * T + t, mask=tmask, other=0).to(tl.int32)
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, tl.max(pos, axis=0) + 1)  # nothing past the last query's position
         q = tl.load(Q + b * sqb + h * sqh + t[:, None] * sqt + d[None, :], mask=tmask[:, None], other=0.0)
@@ -112,6 +120,10 @@ if triton is not None:
             k = tl.load(k_base + n[:, None] * sks + d[None, :], mask=(n < end)[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)) * scale  # [T_PAD, BLOCK_N], float32
             visible = (n[None, :] <= pos[:, None]) & tmask[:, None]
+            if TREE:
+                rel = n[None, :] - first  # < 0: the cache before the step, seen by every entry
+                bit = (bits[:, None] >> tl.minimum(tl.maximum(rel, 0), 31)) & 1
+                visible = visible & ((rel < 0) | (bit != 0))
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay 0
@@ -209,21 +221,23 @@ if triton is not None:
         tl.store(dst + HALF + d, y2.to(QOUT.dtype.element_ty))
 
 
-def decode_attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
+def decode_attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map, tree_bits=None):
     """`workers.model.transformer.attend` for T <= MAX_T: write k/v [B, Hkv, T, D] at `pos` [B, T], attend
-    q [B, H, T, D] to each query's visible cache slots; returns [B, T, H * D]. `mask` is unused."""
+    q [B, H, T, D] to each query's visible cache slots; returns [B, T, H * D]. `mask` is unused;
+    tree_bits: a token tree's ancestor bits (module docstring)."""
     _check_width(q.shape[2])
     for b in range(q.shape[0]):
         k_cache[b].index_copy_(1, pos[b], k[b])
         v_cache[b].index_copy_(1, pos[b], v[b])
-    return attend_cache(q, k_cache, v_cache, pos, kv_map)
+    return attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits)
 
 
-def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, kv_map):
+def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, kv_map, tree_bits=None):
     """One step's attention from the merged QKV projection `qkv` [B, T, (H + 2 Hkv) * D]: rope on q
     and k, k/v written into the caches at `pos` and q to a fresh tensor, all in one kernel (in place
     of two rope kernels and two cache writes per layer), then the split-KV attention. cos/sin:
-    [B, 1, T, D] at each token's position (`Transformer.rope_and_mask`). Returns [B, T, H * D]."""
+    [B, 1, T, D] at each token's rotary position (`Transformer.rope_and_mask`; a tree entry's is its
+    depth, not its slot). tree_bits: as `attend_cache`. Returns [B, T, H * D]."""
     B, T, _ = qkv.shape
     D = k_cache.shape[-1]
     _check_width(T)
@@ -259,7 +273,7 @@ def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_h
         v_cache.stride(2),
         HALF=D // 2,
     )
-    return attend_cache(q, k_cache, v_cache, pos, kv_map)
+    return attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits)
 
 
 decode_attend.with_rope = rope_write_attend  # what workers/engine/fused_step.py uses when given decode_attend
@@ -271,12 +285,16 @@ def _check_width(T: int) -> None:
         raise ValueError(f"decode attention takes at most {MAX_T} tokens per step, not {T}")
 
 
-def attend_cache(q, k_cache, v_cache, pos, kv_map):
-    """q [B, H, T, D] against the caches (already holding this step's k/v) up to each query's position."""
+def attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits=None):
+    """q [B, H, T, D] against the caches (already holding this step's k/v) up to each query's position.
+    tree_bits [B, T] (integers, bit i: entry i visible): the step is a token tree at consecutive
+    slots from pos[:, 0], and each entry sees only the entries its bits name (its ancestors)."""
     B, H, T, D = q.shape
     if q.stride(-1) != 1:
         q = q.contiguous()
     pos = pos.contiguous()
+    if tree_bits is not None:
+        tree_bits = tree_bits.contiguous()
     S = k_cache.shape[2]
     chunk = _chunk(S)
     nsplit = triton.cdiv(S, chunk)
@@ -291,6 +309,7 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map):
         k_cache,
         v_cache,
         pos,
+        pos if tree_bits is None else tree_bits,  # unread without TREE
         kv_map,
         m,
         lsum,
@@ -316,6 +335,7 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map):
         BLOCK_N=64,
         T_PAD=t_pad,
         D=D,
+        TREE=tree_bits is not None,
     )
     return out
 
@@ -331,6 +351,14 @@ SELFTEST_CASES = (
     (1, 8, 2, 1, 128, 1100, 1000),
     (1, 5, 2, 4, 64, 130, 126),
     (3, 4, 2, 5, 32, 400, 300),  # a batched verify pass: rows whose last keys lie in different splits
+)
+# token trees, each against `attend` under the tree mask: H, Hkv, D, max_seq, first slot, parents (a
+# chain with siblings as leaves, the shape workers/drafters/eagle3.py drafts; a branching tree of 17
+# entries, the most a step drafts; entries straddling a split boundary)
+TREE_SELFTEST_CASES = (
+    (4, 2, 64, 300, 250, (-1, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)),
+    (8, 2, 128, 1100, 1000, (-1, 0, 1, 1, 2, 3, 3, 4, 0, 8, 9, 5, 6, 7, 2, 12, 15)),
+    (6, 3, 32, 64, 0, (-1, 0, 0, 1, 2)),
 )
 # bf16 on the GPU: both sides round (a wrong kernel is off by O(1)); float32 under the CPU interpreter
 SELFTEST_TOL = {"cuda": 5e-2, "cpu": 1e-4}
@@ -385,6 +413,47 @@ def check_case(case: tuple[int, ...], device: str, seed: int = 0) -> dict[str, f
     return errs
 
 
+def check_tree_case(case: tuple, device: str, seed: int = 0) -> dict[str, float]:
+    """One token tree: the largest |difference| of `decode_attend` ("tree") and of `rope_write_attend`
+    ("tree_rope", rotated at each entry's depth) with tree bits to `attend` under the tree mask."""
+    from workers.model.rope import apply_rope
+    from workers.model.transformer import attend, tree_bits, tree_layout
+
+    H, Hkv, D, S, first, parents = case
+    T = len(parents)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    q, k, v = rnd(1, H, T, D), rnd(1, Hkv, T, D), rnd(1, Hkv, T, D)
+    kc, vc = rnd(1, Hkv, S, D), rnd(1, Hkv, S, D)
+    depth, ancestors = tree_layout(list(parents))
+    slots = torch.arange(first, first + T, device=device)[None]
+    bits = torch.tensor([tree_bits(list(parents))], device=device)
+    mask = torch.zeros(T, S, dtype=torch.bool)
+    mask[:, :first] = True
+    mask[:, first : first + T] = ancestors
+    mask = mask.to(device)[None, None]
+    kv_map = (torch.arange(H) // (H // Hkv)).to(device)
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = attend(q, k, v, mask, kc2, vc2, slots, H // Hkv, kv_map).float()
+    got = decode_attend(q, k, v, None, kc.clone(), vc.clone(), slots, H // Hkv, kv_map, tree_bits=bits).float()
+    assert counters_all_zero(), "the last split of a head left its arrival counter set"
+    errs = {"tree": (got - want).abs().max().item()}
+    angle = (torch.tensor(depth, device=device) + first).float()[None, None, :, None] * torch.linspace(
+        0.01, 1, D // 2, device=device
+    ).repeat(2)
+    cos_t, sin_t = angle.cos().to(dtype), angle.sin().to(dtype)
+    qkv = torch.cat([x.transpose(1, 2).reshape(1, T, -1) for x in (q, k, v)], dim=-1)
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = attend(apply_rope(q, cos_t, sin_t), apply_rope(k, cos_t, sin_t), v, mask, kc2, vc2, slots, H // Hkv, kv_map).float()
+    got = rope_write_attend(qkv, cos_t, sin_t, kc.clone(), vc.clone(), slots, H, Hkv, kv_map, tree_bits=bits).float()
+    errs["tree_rope"] = (got - want).abs().max().item()
+    return errs
+
+
 def selftest(device: str) -> float:
     """Every SELFTEST_CASES case (one line each); the worst error. tests/test_kernels_attention.py runs
     the same cases one by one."""
@@ -393,6 +462,13 @@ def selftest(device: str) -> float:
         errs = check_case(case, device, seed=i)
         print(
             "B={} H={} Hkv={} T={} D={} slots={} pos={}: ".format(*case)
+            + ", ".join(f"{name} max |diff| {err:.2e}" for name, err in errs.items())
+        )
+        worst = max(worst, *errs.values())
+    for i, case in enumerate(TREE_SELFTEST_CASES):
+        errs = check_tree_case(case, device, seed=i)
+        print(
+            "tree H={} Hkv={} D={} slots={} first={} entries={}: ".format(*case[:5], len(case[5]))
             + ", ".join(f"{name} max |diff| {err:.2e}" for name, err in errs.items())
         )
         worst = max(worst, *errs.values())

@@ -148,6 +148,18 @@ def _tree_layout(parents: tuple[int, ...]) -> tuple[tuple[int, ...], torch.Tenso
     return tuple(depth), ancestors
 
 
+def tree_bits(parents: list[int]) -> tuple[int, ...]:
+    """Row i of `tree_layout`'s ancestor mask as an integer (bit j: entry j visible to entry i), what
+    the split-KV attention reads (workers/kernels/attention.py). Cached like the layout."""
+    return _tree_bits(tuple(parents))
+
+
+@functools.lru_cache(maxsize=64)
+def _tree_bits(parents: tuple[int, ...]) -> tuple[int, ...]:
+    _, ancestors = _tree_layout(parents)
+    return tuple(sum(1 << j for j in row.nonzero().flatten().tolist()) for row in ancestors)
+
+
 def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
     """Write k/v [B, Hkv, T, D] at `pos`, attend q [B, H, T, D] to the first mask.shape[-1] cache
     slots; returns [B, T, H * D] (before o_proj). A pure function, so compiled callers share it.
