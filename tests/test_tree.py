@@ -209,3 +209,71 @@ def test_a_tree_over_the_link_at_tp2_with_the_demo_head_keeps_the_baseline():
         assert out["drafted_mean"] == 12 and out["accept_len_mean"] > 1.3, out["accept_len_mean"]
         if "--temperature" not in extra:
             assert out["outputs_match_baseline"] == 1 and out["prompts_matching_baseline"] == 2
+
+
+def test_the_tree_shape_shares_the_chain_then_gives_the_ngram_branch_the_deepest_siblings_places():
+    from workers.drafters.eagle3_tree import shape_tree, tree_size
+
+    chain, alts = [1, 2, 3, 4], [[5, 6], [7, 8], [9, 10], [11, 12]]  # k = 4, W = 3
+    assert tree_size(4, 3) == 12 and tree_size(4, 0) == 4 and tree_size(8, 4) == MAX_DRAFT_TOKENS
+    assert shape_tree(chain, alts) == (chain + [5, 6, 7, 8, 9, 10, 11, 12], [-1, 0, 1, 2, -1, -1, 0, 0, 1, 1, 2, 2])
+    assert shape_tree(chain, alts, [1, 2, 3, 4]) == shape_tree(chain, alts)  # all shared: nothing added
+    # shares 1, 2; 9 (also depth 3's first runner-up, not drafted twice) and 13 follow under 2
+    tokens, parents = shape_tree(chain, alts, [1, 2, 9, 13])
+    assert tokens == [1, 2, 3, 4, 9, 13, 5, 6, 7, 8, 10, 11]
+    assert parents == [-1, 0, 1, 2, 1, 4, -1, -1, 0, 0, 1, 2]
+    long_chain = list(range(MAX_DRAFT_TOKENS))
+    assert shape_tree(long_chain, [[100]] * MAX_DRAFT_TOKENS, [7]) == (long_chain, None)  # no room: a chain
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_tree_shape_holds_its_size_a_trie_and_the_branch(seed):
+    """Random chains, runners-up and n-gram branches: always tree_size(k, W) drafts, each parent
+    before its child, no token twice under one parent, and the branch's longest fitted prefix is a
+    path of the tree."""
+    from workers.drafters.eagle3_tree import shape_tree, tree_size
+
+    g = np.random.default_rng(seed)
+    k, width = int(g.integers(1, 14)), int(g.integers(2, 6))
+    vocab = 6  # small: the branch often shares tokens with the chain and the runners-up
+    chain = [int(t) for t in g.integers(0, vocab, k)]
+    alts = [[int(t) for t in g.choice([v for v in range(vocab + width) if v != c], width - 1, replace=False)] for c in chain]
+    branch = [int(t) for t in g.integers(0, vocab, int(g.integers(0, k + 1)))]
+    tokens, parents = shape_tree(chain, alts, branch)
+    assert len(tokens) == tree_size(k, width) and tokens[:k] == chain
+    assert all(-1 <= p < i for i, p in enumerate(parents))
+    assert len({(p, t) for p, t in zip(parents, tokens)}) == len(tokens)
+    node, walked = -1, 0
+    for t in branch:
+        children = [i for i, p in enumerate(parents) if p == node and tokens[i] == t]
+        if not children:
+            break
+        node, walked = children[0], walked + 1
+    if walked < len(branch):  # cut short only where its own nodes took every place beside the chain
+        assert node == len(tokens) - 1 and all(parents[i] == i - 1 for i in range(k + 1, len(tokens)))
+
+
+def test_lookup_joins_the_tree_as_a_branch_and_keeps_the_baseline(tiny_ckpt, tiny_head, tmp_path):  # noqa: F811
+    """drafter.lookup with a tree: the head drafts every step, the n-gram continuation is one more
+    branch of the same fixed-size tree; greedy output equals the baseline and the branch is used."""
+    from workers.runtime.worker import Rendezvous, Worker
+
+    spec = GangSpec(
+        model_path=str(tiny_ckpt),
+        max_seq=256,
+        drafter=DrafterSpec(kind="eagle3", model_path=str(tiny_head), placement="rank0", tree_width=3, lookup=2),
+    )
+    worker = Worker(0, spec)
+    worker.setup(Rendezvous(file=str(tmp_path / "store")))
+    try:
+        drafter = worker.verifier.drafter
+        prompts = tuple(p * 3 for p in _prompts(2, 8))  # repeats: the n-gram index finds continuations
+        base = worker.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=0))
+        real = drafter.index.propose
+        branches = []
+        drafter.index.propose = lambda seq, k: (branches.append(r := real(seq, k)), r)[1]
+        r = worker.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=4))
+        assert [p.tokens for p in r.prompts] == [p.tokens for p in base.prompts]
+        assert r.metrics["drafted_mean"] == 12 and sum(1 for b in branches if b) >= 3
+    finally:
+        torch.distributed.destroy_process_group()

@@ -39,6 +39,7 @@ from safetensors import safe_open
 from torch import nn
 
 from workers.drafters.base import Drafter
+from workers.drafters.eagle3_tree import shape_tree
 from workers.drafters.ngram import NgramIndex
 from workers.engine.config import EngineConfig
 from workers.engine.link import MAX_DRAFT_TOKENS, Proposal
@@ -302,9 +303,10 @@ class Eagle3Drafter(Drafter):
         """engine: the trial's engine settings; on a GPU with compile and CUDA graphs on, the chain's
         head steps go through `HeadFastStep` (built once per head). fast: that step given directly
         (CPU tests of its body). lookup (drafter.lookup): where the committed sequence's last `lookup`
-        tokens occurred before, draft what followed them instead of running the head (0: never).
-        tree_width (drafter.tree_width): >= 2 drafts a tree, the head's top-w tokens at each depth
-        (`_tree`, through the chain's graph where it runs); 0 or 1: a chain."""
+        tokens occurred before, draft what followed them: instead of running the head for a chain,
+        as one more branch of a tree (0: never). tree_width (drafter.tree_width): >= 2 drafts a
+        tree, the head's top-w tokens at each depth (workers/drafters/eagle3_tree.py, through the
+        chain's graph where it runs); 0 or 1: a chain."""
         from workers.drafters.eagle3_chain import Eagle3Chain, fast_step
 
         self.head = head
@@ -376,7 +378,8 @@ class Eagle3Drafter(Drafter):
         n = self.n_states  # entries 0..n-1 can be fed: (g_i, x_{i+1}); n == len(committed) - 1 in step
         if n != len(committed) - 1:
             raise RuntimeError(f"EAGLE-3 drafter: hidden states for {n} positions, {len(committed)} tokens committed")
-        if self.index and (copied := self.index.propose(committed, k)):
+        tree = self.tree_width >= 2
+        if self.index and not tree and (copied := self.index.propose(committed, k)):
             # a repeat: its continuation is the draft; the states wait in self.states for the next
             # chain, which feeds every position since ctx (so the head's cache never misses one)
             return Proposal(tokens=copied, draft_s=time.perf_counter() - t0)
@@ -386,7 +389,6 @@ class Eagle3Drafter(Drafter):
         aux = torch.cat(self.states) if len(self.states) > 1 else self.states[0]
         self.states = []
         feed = committed[self.ctx + 1 : n + 1]
-        tree = self.tree_width >= 2
         # greedy, or a tree (its drafts are deterministic under sampling too): fc and the whole chain in one replay
         if self.use_chain and (tree or self.temperature <= 0):
             on_device = on_device and not tree  # a tree's parents are built on the host
@@ -402,7 +404,7 @@ class Eagle3Drafter(Drafter):
             if tokens is not None:
                 self.ctx = n
                 if tree:
-                    return self._tree([top[0] for top in tokens], [top[1:] for top in tokens], t0)
+                    return self._tree([top[0] for top in tokens], [top[1:] for top in tokens], committed, k, t0)
                 if on_device:
                     return Proposal(tokens=[], device_tokens=tokens, gpu_span=span, draft_s=time.perf_counter() - t0)
                 return Proposal(tokens=tokens, draft_s=time.perf_counter() - t0)
@@ -424,7 +426,7 @@ class Eagle3Drafter(Drafter):
             if i + 1 < k:
                 h, logits = self.head.step(torch.tensor([tok], device=self.device), h[-1:], self.cache)
         if tree:
-            return self._tree(tokens, alternatives, t0)
+            return self._tree(tokens, alternatives, committed, k, t0)
         q_all = torch.stack(qs).cpu() if qs else None
         return Proposal(tokens=tokens, probs=q_all, draft_s=time.perf_counter() - t0)
 
@@ -432,16 +434,9 @@ class Eagle3Drafter(Drafter):
         """Tokens drafted at each depth: tree_width (at most the draft vocabulary) for a tree, else 1."""
         return min(self.tree_width, self.head.lm_head.out_features) if self.tree_width >= 2 else 1
 
-    @staticmethod
-    def _tree(chain: list[int], alternatives: list[list[int]], t0: float) -> Proposal:
-        """The chain (top-1 at each depth) first, then each depth's other top-w tokens as leaves
-        under the chain node before them, depth 1 first, while the tree holds at most the link's
-        MAX_DRAFT_TOKENS."""
-        tokens, parents = list(chain), list(range(-1, len(chain) - 1))
-        for depth, alts in enumerate(alternatives):
-            for t in alts[: MAX_DRAFT_TOKENS - len(tokens)]:
-                tokens.append(t)
-                parents.append(depth - 1)
-        if len(tokens) == len(chain):  # no room for a sibling (k = MAX_DRAFT_TOKENS): a chain
-            return Proposal(tokens=tokens, draft_s=time.perf_counter() - t0)
+    def _tree(self, chain: list[int], alternatives: list[list[int]], committed: list[int], k: int, t0: float) -> Proposal:
+        """The tree of the head's chain, its runners-up and, with lookup, the n-gram continuation
+        (workers/drafters/eagle3_tree.py)."""
+        branch = self.index.propose(committed, k) if self.index else None
+        tokens, parents = shape_tree(chain, alternatives, branch)
         return Proposal(tokens=tokens, parents=parents, draft_s=time.perf_counter() - t0)

@@ -41,6 +41,7 @@ import torch
 
 from workers.comm import AllReduce
 from workers.drafters import Drafter
+from workers.drafters.eagle3_tree import tree_size
 from workers.engine.batched import BatchSteps, decode_batches, run_drafter_batched, why_not_batched
 from workers.engine.config import EngineConfig
 from workers.engine.link import DraftLink
@@ -93,11 +94,13 @@ class Verifier:
         }
 
     def _tree_nodes(self, w: Workload) -> int:
-        """The drafts of a tree step (Eagle3Drafter._tree): k x tree_width, capped at the link's
-        capacity; 0 where this run drafts chains (a tree with no room for a sibling is a chain)."""
-        if self.tree_width < 2 or not w.num_draft_tokens or w.num_draft_tokens >= self.link.k:
+        """The drafts of a tree step (workers/drafters/eagle3_tree.py `tree_size`); 0 where this
+        run drafts chains (a tree with no room for a sibling is a chain)."""
+        k = w.num_draft_tokens
+        if self.tree_width < 2 or not k:
             return 0
-        return min(w.num_draft_tokens * self.tree_width, self.link.k)
+        n = tree_size(k, self.tree_width)
+        return 0 if n == k else n
 
     def _hidden_states(self, w: Workload) -> HiddenStates | None:
         """Where a drafter reads the verifier's hidden states (EAGLE-3) and this run drafts: who gets them."""
