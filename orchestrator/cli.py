@@ -41,7 +41,7 @@ def _add_decode(sub) -> None:
         "--draft-lookup",
         type=int,
         default=d.draft_lookup,
-        help="eagle3: where the last N tokens occurred earlier, draft what followed them instead of the head (0: never)",
+        help="eagle3: n-gram lookup of the last N tokens: instead of the head's chain, or as branches of its tree (0: never)",
     )
     p.add_argument(
         "--tree-width",

@@ -40,7 +40,7 @@ class DecodeOptions:
     ngram_max: int = 3
     ngram_actor: bool = False
     draft_placement: str = "actor"  # eagle3: actor | rank0
-    draft_lookup: int = 0  # eagle3: n-gram lookup before the head (drafter.lookup)
+    draft_lookup: int = 0  # eagle3: n-gram lookup, instead of the head's chain or as tree branches (drafter.lookup)
     tree_width: int = 0  # eagle3: 0/1 a chain, w >= 2 a tree of the head's top-w tokens per depth (drafter.tree_width)
     num_draft_tokens: int = 4
     temperature: float = 0.0

@@ -102,7 +102,8 @@ def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt, 
     model(torch.tensor([list(range(20, 31))]), cache)  # 11 cached positions
     runner = StepRunner(model, cache, 8, engine=EngineConfig(compile=False))
     if fused == "triton":  # under Triton's interpreter (copies to numpy: no sync check)
-        request.getfixturevalue("kernel_device")
+        if request.getfixturevalue("kernel_device") != "cpu":
+            pytest.skip("the CPU model's tree step through Triton runs under the interpreter only")
         from workers.kernels.attention import decode_attend
 
         runner.fast = FusedStep(model, EngineConfig(compile=False, gemv="off"), attend_fn=decode_attend)

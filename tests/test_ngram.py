@@ -37,3 +37,19 @@ def test_index_agrees_with_scan_as_the_sequence_grows():
         other = seq[:-1] + [seq[-1] + 1, 2]
         assert index.propose(other, 4) == lookup(other, 4, 3, 1)
         assert index.propose([9, 1, 9], 2) == lookup([9, 1, 9], 2, 3, 1)
+
+
+def test_continuations_are_each_match_lengths_distinct_answer_longest_first():
+    from workers.drafters.ngram import NgramIndex
+
+    seq = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    index = NgramIndex(max_ngram=3, min_ngram=1)
+    # (2, 3) last occurred at 6 -> 7, 8; (3,) also at 7 -> the same, skipped; (5, 2, 3) never
+    assert index.continuations(seq, 2, 3) == [[7, 8]]
+    seq = [4, 5, 6, 1, 5, 6, 2, 8, 6]
+    # (2, 8, 6) and (8, 6) never occurred before; (6,) last at 5 -> 2, 8
+    assert index.continuations(seq, 2, 3) == [[2, 8]]
+    seq = [7, 1, 2, 9, 3, 2, 5, 1, 2]
+    # (1, 2) at 1 -> 9, 3; (2,) last at 5 -> 5, 1
+    assert index.continuations(seq, 2, 3) == [[9, 3], [5, 1]]
+    assert index.continuations(seq, 2, 1) == [[9, 3]] == [index.propose(seq, 2)]

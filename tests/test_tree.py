@@ -217,13 +217,17 @@ def test_the_tree_shape_shares_the_chain_then_gives_the_ngram_branch_the_deepest
     chain, alts = [1, 2, 3, 4], [[5, 6], [7, 8], [9, 10], [11, 12]]  # k = 4, W = 3
     assert tree_size(4, 3) == 12 and tree_size(4, 0) == 4 and tree_size(8, 4) == MAX_DRAFT_TOKENS
     assert shape_tree(chain, alts) == (chain + [5, 6, 7, 8, 9, 10, 11, 12], [-1, 0, 1, 2, -1, -1, 0, 0, 1, 1, 2, 2])
-    assert shape_tree(chain, alts, [1, 2, 3, 4]) == shape_tree(chain, alts)  # all shared: nothing added
+    assert shape_tree(chain, alts, [[1, 2, 3, 4]]) == shape_tree(chain, alts)  # all shared: nothing added
     # shares 1, 2; 9 (also depth 3's first runner-up, not drafted twice) and 13 follow under 2
-    tokens, parents = shape_tree(chain, alts, [1, 2, 9, 13])
+    tokens, parents = shape_tree(chain, alts, [[1, 2, 9, 13]])
     assert tokens == [1, 2, 3, 4, 9, 13, 5, 6, 7, 8, 10, 11]
     assert parents == [-1, 0, 1, 2, 1, 4, -1, -1, 0, 0, 1, 2]
+    # a second continuation under the root: 5 is also depth 1's first runner-up, kept once
+    tokens, parents = shape_tree(chain, alts, [[1, 2, 9, 13], [5, 14]])
+    assert tokens == [1, 2, 3, 4, 9, 13, 5, 14, 6, 7, 8, 10]
+    assert parents == [-1, 0, 1, 2, 1, 4, -1, 6, -1, 0, 0, 1]
     long_chain = list(range(MAX_DRAFT_TOKENS))
-    assert shape_tree(long_chain, [[100]] * MAX_DRAFT_TOKENS, [7]) == (long_chain, None)  # no room: a chain
+    assert shape_tree(long_chain, [[100]] * MAX_DRAFT_TOKENS, [[7]]) == (long_chain, None)  # no room: a chain
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -239,7 +243,7 @@ def test_every_tree_shape_holds_its_size_a_trie_and_the_branch(seed):
     chain = [int(t) for t in g.integers(0, vocab, k)]
     alts = [[int(t) for t in g.choice([v for v in range(vocab + width) if v != c], width - 1, replace=False)] for c in chain]
     branch = [int(t) for t in g.integers(0, vocab, int(g.integers(0, k + 1)))]
-    tokens, parents = shape_tree(chain, alts, branch)
+    tokens, parents = shape_tree(chain, alts, [branch])
     assert len(tokens) == tree_size(k, width) and tokens[:k] == chain
     assert all(-1 <= p < i for i, p in enumerate(parents))
     assert len({(p, t) for p, t in zip(parents, tokens)}) == len(tokens)

@@ -22,8 +22,10 @@ class DrafterSpec:
     # travel to it) or inside the verifier ("rank0": every TP rank runs its copy of the head on the
     # states it holds anyway, so nothing crosses the link)
     placement: str = "actor"
-    # eagle3: an earlier occurrence of the last `lookup` committed tokens drafts its continuation
-    # (n-gram lookup) instead of the head; 0 = the head always
+    # eagle3: n-gram lookup of the last `lookup` committed tokens. A chain: an earlier occurrence
+    # drafts its continuation instead of the head. A tree (tree_width >= 2): the continuations of
+    # the longest matches (lookup down to 1 token, two at most) join the head's tree as branches.
+    # 0 = the head alone
     lookup: int = 0
     # eagle3: 0 or 1 drafts a chain; w >= 2 a tree: at each depth the head's top-w tokens, the first
     # continuing the chain and the others leaves, verified in one pass under a tree mask

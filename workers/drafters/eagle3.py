@@ -303,8 +303,9 @@ class Eagle3Drafter(Drafter):
         """engine: the trial's engine settings; on a GPU with compile and CUDA graphs on, the chain's
         head steps go through `HeadFastStep` (built once per head). fast: that step given directly
         (CPU tests of its body). lookup (drafter.lookup): where the committed sequence's last `lookup`
-        tokens occurred before, draft what followed them: instead of running the head for a chain,
-        as one more branch of a tree (0: never). tree_width (drafter.tree_width): >= 2 drafts a
+        tokens occurred before, draft what followed them instead of running the head for a chain;
+        with a tree, the continuations of the two longest matches (lookup down to 1 token) join it
+        as branches (0: never). tree_width (drafter.tree_width): >= 2 drafts a
         tree, the head's top-w tokens at each depth (workers/drafters/eagle3_tree.py, through the
         chain's graph where it runs); 0 or 1: a chain."""
         from workers.drafters.eagle3_chain import Eagle3Chain, fast_step
@@ -312,7 +313,7 @@ class Eagle3Drafter(Drafter):
         self.head = head
         self.device = head.fc.weight.device
         self.lookup, self.tree_width = lookup, tree_width
-        self.index = NgramIndex(lookup, lookup) if lookup else None
+        self.index = (NgramIndex(lookup, 1) if tree_width >= 2 else NgramIndex(lookup, lookup)) if lookup else None
         self.cache = head.new_cache()
         if fast is None and engine is not None and engine.compile and engine.cuda_graphs and self.device.type == "cuda":
             fast = fast_step(head, engine)
@@ -435,8 +436,8 @@ class Eagle3Drafter(Drafter):
         return min(self.tree_width, self.head.lm_head.out_features) if self.tree_width >= 2 else 1
 
     def _tree(self, chain: list[int], alternatives: list[list[int]], committed: list[int], k: int, t0: float) -> Proposal:
-        """The tree of the head's chain, its runners-up and, with lookup, the n-gram continuation
-        (workers/drafters/eagle3_tree.py)."""
-        branch = self.index.propose(committed, k) if self.index else None
-        tokens, parents = shape_tree(chain, alternatives, branch)
+        """The tree of the head's chain, its runners-up and, with lookup, up to two n-gram
+        continuations (workers/drafters/eagle3_tree.py)."""
+        branches = self.index.continuations(committed, k, 2) if self.index else []
+        tokens, parents = shape_tree(chain, alternatives, branches)
         return Proposal(tokens=tokens, parents=parents, draft_s=time.perf_counter() - t0)

@@ -4,14 +4,15 @@ A tree step (`drafter.tree_width` W >= 2) scores every entry in one verify pass 
 longest path the target agrees with (workers/engine/verify.py `tree_path`). The tree holds
 
     the chain: the head's top-1 at each of k depths, root first;
-    an n-gram branch (`drafter.lookup` > 0, when the committed sequence's last tokens occurred
-        before): what followed them, merged into the tree as a trie (tokens the chain already
-        holds are shared; from the first difference a branch of its own);
+    n-gram branches (`drafter.lookup` L > 0): what followed the latest earlier occurrence of the
+        committed sequence's last n tokens, for the two longest n from L down to 1 that give
+        different continuations, merged into the tree as a trie (tokens the tree already holds
+        are shared; from the first difference a branch of its own);
     siblings: each depth's other top-(W - 1) tokens as leaves under the chain node before them,
         depth 1 first, skipping a token already at that place.
 
 The size is fixed by (k, W) alone, min(k x W, MAX_DRAFT_TOKENS) drafts, whatever the n-gram
-branch holds: it takes the places of the deepest siblings, so every step of a trial is one tree
+branches hold: they take the places of the deepest siblings, so every step of a trial is one tree
 width and replays one graph. With no room for a sibling (k = MAX_DRAFT_TOKENS) the proposal is the
 chain. `tree_size` is the rule the verifier warms and the orchestrator counts (without torch there).
 
@@ -28,26 +29,27 @@ def tree_size(k: int, width: int) -> int:
     return min(k * width, MAX_DRAFT_TOKENS) if width >= 2 else k
 
 
-def shape_tree(chain: list[int], alternatives: list[list[int]], branch: list[int] | None = None) -> tuple[list[int], list[int] | None]:
+def shape_tree(chain: list[int], alternatives: list[list[int]], branches: list[list[int]] = ()) -> tuple[list[int], list[int] | None]:
     """(tokens, parents) of the drafts: parents[i] is the index of entry i's parent among the
     drafts, -1 for the root (the last committed token); parents None: a chain. alternatives[d]:
-    depth d's runners-up, best first; branch: an n-gram continuation (module docstring)."""
+    depth d's runners-up, best first; branches: n-gram continuations, best first (module docstring)."""
     size = min(len(chain) + sum(len(a) for a in alternatives), MAX_DRAFT_TOKENS)
     if size == len(chain):  # no room for a sibling: a chain
         return list(chain), None
     tokens, parents = list(chain), list(range(-1, len(chain) - 1))
     children: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
-    node = -1
-    for t in branch or ():
-        if (node, t) in children:  # the tree already holds this token here: share it
-            node = children[(node, t)]
-            continue
-        if len(tokens) == size:
-            break
-        tokens.append(t)
-        parents.append(node)
-        children[(node, t)] = len(tokens) - 1
-        node = len(tokens) - 1
+    for branch in branches:
+        node = -1
+        for t in branch:
+            if (node, t) in children:  # the tree already holds this token here: share it
+                node = children[(node, t)]
+                continue
+            if len(tokens) == size:
+                break
+            tokens.append(t)
+            parents.append(node)
+            children[(node, t)] = len(tokens) - 1
+            node = len(tokens) - 1
     for depth, alts in enumerate(alternatives):
         parent = depth - 1  # the chain node before this depth
         for t in alts:

@@ -56,13 +56,21 @@ class NgramIndex:
         self.tail = seq[max(0, len(seq) - self.TAIL) :]
 
     def propose(self, seq: list[int], k: int) -> list[int]:
+        found = self.continuations(seq, k, 1)
+        return found[0] if found else []
+
+    def continuations(self, seq: list[int], k: int, most: int) -> list[list[int]]:
+        """Up to `most` different continuations, longest match first: the most recent occurrence of
+        the last n tokens for each n from max_ngram down to min_ngram (`propose` is the first)."""
         self._extend(seq)
-        n_tok = len(seq)
+        n_tok, found = len(seq), []
         for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
             start = self.last.get(tuple(seq[n_tok - n :]))
-            if start is not None and start + n < n_tok:
-                return seq[start + n : start + n + k]
-        return []
+            if start is not None and start + n < n_tok and (cont := seq[start + n : start + n + k]) not in found:
+                found.append(cont)
+                if len(found) == most:
+                    break
+        return found
 
 
 class NgramDrafter(Drafter):
