@@ -100,7 +100,7 @@ def _tree_width(row: dict) -> int:
 
 
 def _tree_nodes(k: int, w: int) -> int:
-    """Drafts in an eagle3 tree, at most MAX_TREE_NODES (workers/drafters/eagle3.py `Eagle3Drafter._tree`)."""
+    """Drafts in an eagle3 tree, at most MAX_TREE_NODES (workers/drafters/eagle3_tree.py `tree_size`)."""
     return min(k * w, max(k, MAX_TREE_NODES))
 
 

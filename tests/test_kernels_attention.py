@@ -12,22 +12,23 @@ import pytest
 import torch
 
 from workers.kernels import attention
+from workers.kernels import attention_check as check
 
 
-@pytest.mark.parametrize("case", attention.SELFTEST_CASES, ids=lambda c: "B{}-H{}-Hkv{}-T{}-D{}-S{}-pos{}".format(*c))
+@pytest.mark.parametrize("case", check.SELFTEST_CASES, ids=lambda c: "B{}-H{}-Hkv{}-T{}-D{}-S{}-pos{}".format(*c))
 def test_split_kv_attention_matches_sdpa(kernel_device, case):
-    errs = attention.check_case(case, kernel_device, seed=attention.SELFTEST_CASES.index(case))
-    tol = attention.SELFTEST_TOL[kernel_device]
+    errs = check.check_case(case, kernel_device, seed=check.SELFTEST_CASES.index(case))
+    tol = check.SELFTEST_TOL[kernel_device]
     assert errs["attend"] <= tol, f"decode_attend differs from attend by {errs['attend']:.2e}"
     assert errs["rope_write"] <= tol, f"rope_write_attend differs from rope + attend by {errs['rope_write']:.2e}"
     assert errs["cache"] <= tol, f"the fused cache writes differ by {errs['cache']:.2e} (relative)"
 
 
-@pytest.mark.parametrize("case", attention.TREE_SELFTEST_CASES, ids=lambda c: "H{}-Hkv{}-D{}-S{}-first{}".format(*c[:5]) + f"-n{len(c[5])}")
+@pytest.mark.parametrize("case", check.TREE_SELFTEST_CASES, ids=lambda c: "H{}-Hkv{}-D{}-S{}-first{}".format(*c[:5]) + f"-n{len(c[5])}")
 def test_tree_mask_matches_sdpa(kernel_device, case):
     """A token tree's entries see the prefix and their own ancestors only, as SDPA under the tree mask."""
-    errs = attention.check_tree_case(case, kernel_device, seed=attention.TREE_SELFTEST_CASES.index(case))
-    tol = attention.SELFTEST_TOL[kernel_device]
+    errs = check.check_tree_case(case, kernel_device, seed=check.TREE_SELFTEST_CASES.index(case))
+    tol = check.SELFTEST_TOL[kernel_device]
     assert errs["tree"] <= tol, f"decode_attend with tree bits differs from the tree mask by {errs['tree']:.2e}"
     assert errs["tree_rope"] <= tol, f"rope_write_attend with tree bits differs by {errs['tree_rope']:.2e}"
 
@@ -42,8 +43,8 @@ def test_a_wrong_tree_is_caught(kernel_device, monkeypatch):
         return real(q, k_cache, v_cache, pos, kv_map, torch.tensor([[(1 << (t + 1)) - 1 for t in range(T)]], device=pos.device))
 
     monkeypatch.setattr(attention, "attend_cache", causal)
-    errs = attention.check_tree_case(attention.TREE_SELFTEST_CASES[2], kernel_device)  # no prefix: the tree is all it sees
-    assert errs["tree"] > 10 * attention.SELFTEST_TOL[kernel_device]
+    errs = check.check_tree_case(check.TREE_SELFTEST_CASES[2], kernel_device)  # no prefix: the tree is all it sees
+    assert errs["tree"] > 10 * check.SELFTEST_TOL[kernel_device]
 
 
 def test_a_wrong_answer_is_caught(kernel_device, monkeypatch):
@@ -55,5 +56,5 @@ def test_a_wrong_answer_is_caught(kernel_device, monkeypatch):
         return real(q, k_cache, v_cache, pos - 1, kv_map, tree_bits)
 
     monkeypatch.setattr(attention, "attend_cache", off_by_one)
-    errs = attention.check_case(attention.SELFTEST_CASES[1], kernel_device)
-    assert errs["attend"] > 10 * attention.SELFTEST_TOL[kernel_device]
+    errs = check.check_case(check.SELFTEST_CASES[1], kernel_device)
+    assert errs["attend"] > 10 * check.SELFTEST_TOL[kernel_device]

@@ -258,8 +258,8 @@ def test_every_tree_shape_holds_its_size_a_trie_and_the_branch(seed):
 
 
 def test_lookup_joins_the_tree_as_a_branch_and_keeps_the_baseline(tiny_ckpt, tiny_head, tmp_path):  # noqa: F811
-    """drafter.lookup with a tree: the head drafts every step, the n-gram continuation is one more
-    branch of the same fixed-size tree; greedy output equals the baseline and the branch is used."""
+    """drafter.lookup with a tree: the head drafts every step, the n-gram continuations are more
+    branches of the same fixed-size tree; greedy output equals the baseline and branches are used."""
     from workers.runtime.worker import Rendezvous, Worker
 
     spec = GangSpec(
@@ -273,9 +273,9 @@ def test_lookup_joins_the_tree_as_a_branch_and_keeps_the_baseline(tiny_ckpt, tin
         drafter = worker.verifier.drafter
         prompts = tuple(p * 3 for p in _prompts(2, 8))  # repeats: the n-gram index finds continuations
         base = worker.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=0))
-        real = drafter.index.propose
+        real = drafter.index.continuations
         branches = []
-        drafter.index.propose = lambda seq, k: (branches.append(r := real(seq, k)), r)[1]
+        drafter.index.continuations = lambda seq, k, most: (branches.append(r := real(seq, k, most)), r)[1]
         r = worker.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=4))
         assert [p.tokens for p in r.prompts] == [p.tokens for p in base.prompts]
         assert r.metrics["drafted_mean"] == 12 and sum(1 for b in branches if b) >= 3

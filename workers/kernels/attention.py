@@ -22,7 +22,7 @@ sibling's branch. The prefix before `first` stays visible to every entry. Query 
 uneven tensor-parallel head splits alike). `decode_attend` has `workers.model.transformer.attend`'s signature
 (it writes K/V into the cache the same way) and ignores the mask.
 
-    python -m workers.kernels.attention --selftest             # GPU: against SDPA, several shapes
+    python -m workers.kernels.attention_check --selftest       # GPU: against SDPA, several shapes
     python -m pytest tests/test_kernels_attention.py           # the same cases as tests (CPU: Triton's interpreter)
 """
 
@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from workers.kernels.support import arrival_counters, counters_all_zero, selftest_main
+from workers.kernels.support import arrival_counters
 
 try:
     import triton
@@ -338,146 +338,3 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits=None):
         TREE=tree_bits is not None,
     )
     return out
-
-
-# the self-test's shapes, each against `workers.model.transformer.attend`: B, H, Hkv, T, D, max_seq,
-# first position (GQA, uneven head maps, one or many query tokens, caches longer than one split,
-# queries in the middle of the cache, a batch of two sequences at different lengths)
-SELFTEST_CASES = (
-    (1, 4, 2, 1, 64, 200, 150),
-    (1, 4, 2, 5, 64, 200, 0),
-    (1, 6, 3, 17, 16, 300, 270),
-    (2, 4, 4, 3, 32, 64, 10),
-    (1, 8, 2, 1, 128, 1100, 1000),
-    (1, 5, 2, 4, 64, 130, 126),
-    (3, 4, 2, 5, 32, 400, 300),  # a batched verify pass: rows whose last keys lie in different splits
-)
-# token trees, each against `attend` under the tree mask: H, Hkv, D, max_seq, first slot, parents (a
-# chain with siblings as leaves, the shape workers/drafters/eagle3.py drafts; a branching tree of 17
-# entries, the most a step drafts; entries straddling a split boundary)
-TREE_SELFTEST_CASES = (
-    (4, 2, 64, 300, 250, (-1, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)),
-    (8, 2, 128, 1100, 1000, (-1, 0, 1, 1, 2, 3, 3, 4, 0, 8, 9, 5, 6, 7, 2, 12, 15)),
-    (6, 3, 32, 64, 0, (-1, 0, 0, 1, 2)),
-)
-# bf16 on the GPU: both sides round (a wrong kernel is off by O(1)); float32 under the CPU interpreter
-SELFTEST_TOL = {"cuda": 5e-2, "cpu": 1e-4}
-
-
-def check_case(case: tuple[int, ...], device: str, seed: int = 0) -> dict[str, float]:
-    """One self-test case: the largest |difference| of `decode_attend` ("attend") and of
-    `rope_write_attend` ("rope_write") to `attend` (after rope), and of the fused kernel's cache
-    writes relative to each value's size ("cache"). Asserts that decode_attend writes the cache
-    exactly as `attend` does and that every head's last split reset its arrival counter."""
-    from workers.model.rope import apply_rope
-    from workers.model.transformer import attend
-
-    B, H, Hkv, T, D, S, first = case
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
-
-    q, k, v = rnd(B, H, T, D), rnd(B, Hkv, T, D), rnd(B, Hkv, T, D)
-    kc, vc = rnd(B, Hkv, S, D), rnd(B, Hkv, S, D)  # slots past each sequence hold junk: must stay unread
-    pos = (first + torch.arange(T))[None].repeat(B, 1).to(device)
-    if B > 1:
-        pos[1] -= 5  # sequences at different lengths
-    if B > 2:
-        pos[2] -= 150  # a row two splits shorter
-    uneven = H % Hkv != 0 or H == 5
-    kv_map = (torch.tensor([0, 0, 0, 1, 1]) if H == 5 else torch.arange(H) // (H // Hkv)).to(device)
-    group = 0 if uneven else H // Hkv
-    mask = (torch.arange(S, device=device)[None, None, :] <= pos[:, :, None])[:, None]
-    kc2, vc2 = kc.clone(), vc.clone()
-    want = attend(q, k, v, mask, kc2, vc2, pos, group, kv_map).float()
-    got = decode_attend(q, k, v, mask, kc, vc, pos, group, kv_map).float()
-    assert torch.equal(kc, kc2) and torch.equal(vc, vc2), "decode_attend wrote the cache differently"
-    assert counters_all_zero(), "the last split of a head left its arrival counter set"
-    errs = {"attend": (got - want).abs().max().item()}
-    # the same step from the merged projection: rope + cache writes in one kernel
-    angle = rnd(B, 1, T, D // 2).float().repeat(1, 1, 1, 2) * 3  # real rotations, "rotate half" layout
-    cos_t, sin_t = angle.cos().to(dtype), angle.sin().to(dtype)
-    qkv = torch.cat([x.transpose(1, 2).reshape(B, T, -1) for x in (q, k, v)], dim=-1)
-    kc3, vc3 = kc2.clone(), vc2.clone()
-    kc2.copy_(kc), vc2.copy_(vc)
-    qr, kr = apply_rope(q, cos_t, sin_t), apply_rope(k, cos_t, sin_t)
-    want = attend(qr, kr, v, mask, kc2, vc2, pos, group, kv_map).float()
-    got = rope_write_attend(qkv, cos_t, sin_t, kc3, vc3, pos, H, Hkv, kv_map).float()
-    assert counters_all_zero(), "the last split of a head left its arrival counter set"
-    errs["rope_write"] = (got - want).abs().max().item()
-    # relative to each value's size: bf16 rounds the reference's three products and sums where the
-    # kernel rounds once, one ulp apart at most
-    errs["cache"] = max(((a.float() - b.float()).abs() / b.float().abs().clamp(min=1.0)).max().item() for a, b in ((kc3, kc2), (vc3, vc2)))
-    return errs
-
-
-def check_tree_case(case: tuple, device: str, seed: int = 0) -> dict[str, float]:
-    """One token tree: the largest |difference| of `decode_attend` ("tree") and of `rope_write_attend`
-    ("tree_rope", rotated at each entry's depth) with tree bits to `attend` under the tree mask."""
-    from workers.model.rope import apply_rope
-    from workers.model.transformer import attend, tree_bits, tree_layout
-
-    H, Hkv, D, S, first, parents = case
-    T = len(parents)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
-
-    q, k, v = rnd(1, H, T, D), rnd(1, Hkv, T, D), rnd(1, Hkv, T, D)
-    kc, vc = rnd(1, Hkv, S, D), rnd(1, Hkv, S, D)
-    depth, ancestors = tree_layout(list(parents))
-    slots = torch.arange(first, first + T, device=device)[None]
-    bits = torch.tensor([tree_bits(list(parents))], device=device)
-    mask = torch.zeros(T, S, dtype=torch.bool)
-    mask[:, :first] = True
-    mask[:, first : first + T] = ancestors
-    mask = mask.to(device)[None, None]
-    kv_map = (torch.arange(H) // (H // Hkv)).to(device)
-    kc2, vc2 = kc.clone(), vc.clone()
-    want = attend(q, k, v, mask, kc2, vc2, slots, H // Hkv, kv_map).float()
-    got = decode_attend(q, k, v, None, kc.clone(), vc.clone(), slots, H // Hkv, kv_map, tree_bits=bits).float()
-    assert counters_all_zero(), "the last split of a head left its arrival counter set"
-    errs = {"tree": (got - want).abs().max().item()}
-    angle = (torch.tensor(depth, device=device) + first).float()[None, None, :, None] * torch.linspace(
-        0.01, 1, D // 2, device=device
-    ).repeat(2)
-    cos_t, sin_t = angle.cos().to(dtype), angle.sin().to(dtype)
-    qkv = torch.cat([x.transpose(1, 2).reshape(1, T, -1) for x in (q, k, v)], dim=-1)
-    kc2, vc2 = kc.clone(), vc.clone()
-    want = attend(apply_rope(q, cos_t, sin_t), apply_rope(k, cos_t, sin_t), v, mask, kc2, vc2, slots, H // Hkv, kv_map).float()
-    got = rope_write_attend(qkv, cos_t, sin_t, kc.clone(), vc.clone(), slots, H, Hkv, kv_map, tree_bits=bits).float()
-    errs["tree_rope"] = (got - want).abs().max().item()
-    return errs
-
-
-def selftest(device: str) -> float:
-    """Every SELFTEST_CASES case (one line each); the worst error. tests/test_kernels_attention.py runs
-    the same cases one by one."""
-    worst = 0.0
-    for i, case in enumerate(SELFTEST_CASES):
-        errs = check_case(case, device, seed=i)
-        print(
-            "B={} H={} Hkv={} T={} D={} slots={} pos={}: ".format(*case)
-            + ", ".join(f"{name} max |diff| {err:.2e}" for name, err in errs.items())
-        )
-        worst = max(worst, *errs.values())
-    for i, case in enumerate(TREE_SELFTEST_CASES):
-        errs = check_tree_case(case, device, seed=i)
-        print(
-            "tree H={} Hkv={} D={} slots={} first={} entries={}: ".format(*case[:5], len(case[5]))
-            + ", ".join(f"{name} max |diff| {err:.2e}" for name, err in errs.items())
-        )
-        worst = max(worst, *errs.values())
-    return worst
-
-
-def main(argv=None) -> None:
-    selftest_main(argv, __doc__, selftest, "cuda", SELFTEST_TOL, "decode_attention")
-
-
-if __name__ == "__main__":
-    main()

@@ -10,3 +10,5 @@ R=results/2026-12-02/eagle3-tree-lookup-cpu
 export RAY_AUTH_MODE=disabled
 B="decode --model smollm2-135m --tp 1 --split heldout --per-category 2 --max-new-tokens 64 -k 4 --json --drafter eagle3 --draft-model smollm2-135m-eagle3 --draft-placement rank0"
 .venv/bin/spectune $B --tree-width 3 --draft-lookup 3 > $R/l3_t3.json
+# the same with a tree of width 4 (no baseline; outputs identical at width 3 above)
+.venv/bin/spectune $B --tree-width 4 --draft-lookup 3 --no-baseline > $R/l3_t4.json
