@@ -127,7 +127,7 @@ PARAMS: dict[str, Param] = {
             ("drafter", "lookup"),
             0,
             int,
-            "eagle3: n-gram lookup of the last N tokens: a chain drafts what followed their earlier occurrence instead of the head; a tree adds the continuations of the longest matches (N down to 1 token) as branches; 0: the head alone",
+            "eagle3: n-gram lookup of the last N tokens: a chain drafts what followed their earlier occurrence instead of the head; a tree adds the continuations of the two longest matches (N down to 1 token) as branches; 0: the head alone",
             low=0,
             high=8,
             needs=("drafter.kind", ("eagle3",)),

@@ -4,8 +4,10 @@ A CUDA graph capture fails, and poisons the process, on any operation that waits
 `.item()`, indexing by a 0-dim tensor (it becomes `.item()`), boolean masks (`nonzero`),
 `torch.equal`... On CPU nothing fails, so a capture-breaking line passes every CPU test and
 surfaces only on the GPU (as the EAGLE-3 chain's `d2t[argmax]` did). Here the EAGLE-3 chain's body
-and the batched verify pass (plain layers, and the fused step with SDPA) run on CPU under a dispatch
-mode that raises on the operators that sync a device. (A copy to the host, `.tolist()` or `.cpu()`,
+(also drafting each depth's top-W for a tree), the batched verify pass (plain layers, and the fused
+step with SDPA) and the tree verify step (plain, fused with SDPA under the tree mask; the fused
+step with the Triton attention reading ancestor bits runs under the interpreter, outside the check)
+run on CPU under a dispatch mode that raises on the operators that sync a device. (A copy to the host, `.tolist()` or `.cpu()`,
 is not an operator it sees on CPU.)
 """
 
@@ -91,11 +93,11 @@ def test_the_batched_pass_never_syncs(tiny_ckpt, fused):
 @pytest.mark.parametrize("fused", [False, True, "triton"])
 @torch.inference_mode()
 def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt, fused, request):
-    """The graphed tree step's body (static tokens, rotary positions, slots, ancestor bits and mask;
-    the plain layers, the fused step with SDPA under the tree mask, or the fused step with the
-    split-KV kernel reading the bits) on CPU: no host sync, and the logits of
-    `Transformer.tree_logits` on the same cache."""
-    from workers.engine.steps import StepRunner, tree_step_inputs
+    """The graphed tree step's body (static tokens, rotary positions, slots, ancestor bits and mask,
+    staged as `_tree_replay` stages them; the plain layers, the fused step with SDPA under the tree
+    mask, or the fused step with the split-KV kernel reading the bits) on CPU: no host sync, and
+    the logits of `Transformer.tree_logits` on the same cache."""
+    from workers.engine.steps import StepRunner
 
     model = load_model(tiny_ckpt, max_seq=64)
     cache = model.new_cache(1)
@@ -114,9 +116,8 @@ def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt, 
     runner._tree_mask.fill_(True)  # a previous, wider step's rows: the staging must clear what it uses
     runner._tree_in.fill_(-1)
     T = len(tokens)
-    mask = runner._tree_mask if runner._tree_needs_mask() else None
-    assert (mask is None) == (fused == "triton")
-    tree_step_inputs(tokens, parents, cache.lengths[0], runner._tree_in, mask)  # what _tree_replay stages
+    assert runner._tree_needs_mask() == (fused != "triton")
+    runner._stage_tree(tokens, parents, cache.lengths[0], ids=True, mask=runner._tree_needs_mask())  # as _tree_replay does
     with NoHostSync() if fused != "triton" else contextlib.nullcontext():
         graphed = runner._run_tree(T)[0]
     eager = model.tree_logits(tokens, parents, cache)

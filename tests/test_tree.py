@@ -122,6 +122,13 @@ def test_the_head_drafts_its_chain_first_then_each_depths_alternatives(tiny_ckpt
     for depth in range(4):  # siblings differ from their chain node
         sibs = [t.tokens[i] for i in range(4, 12) if t.parents[i] == depth - 1]
         assert len(sibs) == 2 and t.tokens[depth] not in sibs
+    # k = MAX_DRAFT_TOKENS leaves no room for a sibling: a chain, and a lookup hit replaces the head
+    looked = Eagle3Drafter(head, chain=False, tree_width=3, lookup=2)
+    repeat = prompt + prompt[:2]
+    looked.prefill(repeat)
+    looked.observe(torch.randn(len(repeat) - 1, 192, generator=torch.Generator().manual_seed(1)))
+    p = looked.propose(repeat, MAX_DRAFT_TOKENS)
+    assert p.parents is None and p.tokens == prompt[2:] + prompt[:2]
     wide = Eagle3Drafter(head, chain=False, tree_width=8)
     wide.prefill(prompt)
     wide.observe(states)
@@ -273,11 +280,13 @@ def test_lookup_joins_the_tree_as_a_branch_and_keeps_the_baseline(tiny_ckpt, tin
         drafter = worker.verifier.drafter
         prompts = tuple(p * 3 for p in _prompts(2, 8))  # repeats: the n-gram index finds continuations
         base = worker.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=0))
-        real = drafter.index.continuations
-        branches = []
-        drafter.index.continuations = lambda seq, k, most: (branches.append(r := real(seq, k, most)), r)[1]
+        real_propose = drafter.propose
+        trees = []
+        drafter.propose = drafter.propose_on_device = lambda committed, k: (trees.append(p := real_propose(committed, k)), p)[1]
         r = worker.run(Workload(prompts=prompts, max_new_tokens=32, num_draft_tokens=4))
         assert [p.tokens for p in r.prompts] == [p.tokens for p in base.prompts]
-        assert r.metrics["drafted_mean"] == 12 and sum(1 for b in branches if b) >= 3
+        assert r.metrics["drafted_mean"] == 12
+        # a branch's second node hangs under its first, beyond the chain (siblings are leaves under it)
+        assert sum(1 for t in trees if any(p >= 4 for p in t.parents)) >= 3
     finally:
         torch.distributed.destroy_process_group()

@@ -1,4 +1,4 @@
-"""EAGLE-3 draft head: the public checkpoint format, the head model and the chain drafter.
+"""EAGLE-3 draft head: the public checkpoint format, the head model and the drafter (chain or tree).
 
 Format (what SGLang, vLLM, SpecForge and the published heads share): `config.json` with
 `architectures: ["LlamaForCausalLMEagle3"]` and Llama fields for the one decoder layer, plus
@@ -24,7 +24,9 @@ own pre-norm output h instead (the chain).
 
 The drafter keeps its own one-layer KV cache. Entry i holds (g_i, x_{i+1}). Before each proposal
 it rolls back to the entries fed with the verifier's states, feeds the committed positions the
-verifier has sent states for since (every committed position but the last), then drafts k tokens.
+verifier has sent states for since (every committed position but the last), then drafts k tokens:
+a chain (top-1, or sampled), or with `tree_width` a tree (workers/drafters/eagle3_tree.py), with
+`lookup` n-gram continuations instead of the chain or as the tree's branches.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from safetensors import safe_open
 from torch import nn
 
 from workers.drafters.base import Drafter
-from workers.drafters.eagle3_tree import shape_tree
+from workers.drafters.eagle3_tree import shape_tree, tree_size
 from workers.drafters.ngram import NgramIndex
 from workers.engine.config import EngineConfig
 from workers.engine.link import MAX_DRAFT_TOKENS, Proposal
@@ -336,7 +338,7 @@ class Eagle3Drafter(Drafter):
 
     def warm(self, k: int) -> None:
         if self.use_chain:
-            self.chain.warm(k, width=self._width())
+            self.chain.warm(k, width=self._width(k))
         self.prefill([])
 
     def begin(self, temperature: float, seed: int) -> None:
@@ -379,7 +381,7 @@ class Eagle3Drafter(Drafter):
         n = self.n_states  # entries 0..n-1 can be fed: (g_i, x_{i+1}); n == len(committed) - 1 in step
         if n != len(committed) - 1:
             raise RuntimeError(f"EAGLE-3 drafter: hidden states for {n} positions, {len(committed)} tokens committed")
-        tree = self.tree_width >= 2
+        tree = self._width(k) > 1
         if self.index and not tree and (copied := self.index.propose(committed, k)):
             # a repeat: its continuation is the draft; the states wait in self.states for the next
             # chain, which feeds every position since ctx (so the head's cache never misses one)
@@ -399,7 +401,7 @@ class Eagle3Drafter(Drafter):
             if len(feed) > self.chain.ready_width:  # the prompt's states, a lookup backlog: all but the last eagerly
                 self.head.step(torch.tensor(feed[:-1], device=self.device), self.head.fc(aux[:-1]), self.cache)
                 feed, aux = feed[-1:], aux[-1:]
-            tokens = self.chain.draft(feed, aux, k, on_device, width=self._width())
+            tokens = self.chain.draft(feed, aux, k, on_device, width=self._width(k))
             if span:
                 span[1].record()
             if tokens is not None:
@@ -414,7 +416,7 @@ class Eagle3Drafter(Drafter):
         tokens, qs, alternatives = [], [], []
         for i in range(k):
             if tree:  # deterministic under sampling too: the tree rule treats every draft as one-hot
-                top = self.head.to_target(logits.topk(self._width()).indices).tolist()
+                top = self.head.to_target(logits.topk(self._width(k)).indices).tolist()
                 tok = top[0]
                 alternatives.append(top[1:])
             elif self.temperature > 0:
@@ -431,9 +433,12 @@ class Eagle3Drafter(Drafter):
         q_all = torch.stack(qs).cpu() if qs else None
         return Proposal(tokens=tokens, probs=q_all, draft_s=time.perf_counter() - t0)
 
-    def _width(self) -> int:
-        """Tokens drafted at each depth: tree_width (at most the draft vocabulary) for a tree, else 1."""
-        return min(self.tree_width, self.head.lm_head.out_features) if self.tree_width >= 2 else 1
+    def _width(self, k: int) -> int:
+        """Tokens drafted at each of k depths: tree_width (at most the draft vocabulary) for a tree,
+        else 1 (a chain; also a tree with no room for a sibling, k = MAX_DRAFT_TOKENS, whose lookup
+        then replaces the head as a chain's does)."""
+        w = min(self.tree_width, self.head.lm_head.out_features) if self.tree_width >= 2 else 1
+        return w if tree_size(k, w) > k else 1
 
     def _tree(self, chain: list[int], alternatives: list[list[int]], committed: list[int], k: int, t0: float) -> Proposal:
         """The tree of the head's chain, its runners-up and, with lookup, up to two n-gram

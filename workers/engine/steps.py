@@ -5,9 +5,12 @@
     runner.prefill(prompt)                      # eager, any length
 
 On CUDA each step width T (1 .. max_width) is captured once as a CUDA graph over static buffers:
-token ids and positions are copied in, K/V are written at those positions (index_copy_), and
-attention reads the whole static cache under a position mask, so no shape depends on the
-sequence length. The graphs share one memory pool. A graph's allreduces (NCCL or symmetric
+token ids and positions are copied in (through pinned staging, behind an event), K/V are
+written at those positions (index_copy_), and attention reads the static cache up to each query's
+position (the split-KV Triton kernel; SDPA under a position mask where it does not run), so no
+shape depends on the sequence length. A token tree (`step(..., parents=)`) is one graph per tree
+width: entries rotated at their depth, each seeing the prefix and its ancestors (ancestor bits
+for the kernel, a mask for SDPA). The graphs share one memory pool. A graph's allreduces (NCCL or symmetric
 memory) are captured with it; the allreduce object's `enabled` flag is part of the graph key, so
 the compute-only ablation replays its own graphs. The returned logits live in the graph's output
 buffer: consume them before the next step.
@@ -36,7 +39,7 @@ import torch
 
 from workers.engine.config import ATTENTION_CHOICES, EngineConfig
 from workers.engine.fused_step import try_fused
-from workers.model.transformer import KVCache, Transformer, tree_bits, tree_layout
+from workers.model.transformer import KVCache, Transformer, tree_layout, tree_shape
 
 
 def no_cudnn_attention() -> None:
@@ -63,21 +66,19 @@ def pick_attention(choice: str, head_dim: int, device: torch.device):
     return None, f"sdpa ({why_not})"
 
 
-def tree_step_inputs(tokens: list[int], parents: list[int], start: int, ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+def tree_step_inputs(tokens: list[int], parents: list[int], start: int, ids: torch.Tensor | None, mask: torch.Tensor | None = None) -> None:
     """A tree step's inputs for `_run_tree`, written into the first len(tokens) columns / rows:
     ids [4, W] (token ids, rotary positions start + depth, cache slots start + i, ancestor bits for
     the split-KV attention) and, for SDPA, mask [W, S] (row i: the cache before start, then entry
-    i's ancestors among the new slots, nothing after)."""
+    i's ancestors among the new slots, nothing after). None: not written."""
     T = len(tokens)
-    depth, ancestors = tree_layout(parents)
-    ids[0, :T] = torch.tensor(tokens)
-    ids[1, :T] = torch.tensor(depth) + start
-    ids[2, :T] = torch.arange(start, start + T)
-    ids[3, :T] = torch.tensor(tree_bits(parents))
+    if ids is not None:
+        depth, bits = tree_shape(parents)
+        ids[:, :T] = torch.tensor([tokens, [start + d for d in depth], list(range(start, start + T)), bits])
     if mask is not None:
         mask[:T].zero_()
         mask[:T, :start] = True
-        mask[:T, start : start + T] = ancestors
+        mask[:T, start : start + T] = tree_layout(parents)[1]
 
 
 class StepRunner:
@@ -102,6 +103,10 @@ class StepRunner:
         if self.use_graphs:
             self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory()
             self._inputs = torch.zeros(2, max_width, dtype=torch.long, device=self.device)  # tokens, positions
+            # recorded after each non-blocking copy out of pinned staging (`_stage`, the tree step's):
+            # the host waits on it before rewriting staging, so a copy the GPU has not run yet never
+            # reads the next step's values (whatever the caller synced in between)
+            self._staged = torch.cuda.Event()
             # greedy_launch: two result slots, one in flight while the host reads the other: the
             # argmax alone, or with margins (argmax, top-1 and top-2 logit); an event per slot says
             # its copy has landed
@@ -163,15 +168,14 @@ class StepRunner:
         if start + T > self.cache.max_seq:
             raise ValueError(f"sequence length {start + T} exceeds the cache ({self.cache.max_seq})")
         self._tree_buffers()
-        tree_step_inputs(tokens, parents, start, self._tree_staging)
-        self._tree_in.copy_(self._tree_staging, non_blocking=True)
+        needs_mask = self._tree_needs_mask()
+        self._stage_tree(tokens, parents, start, ids=True, mask=needs_mask)
         key = ("tree", T, self._comm_on())
         if key not in self.graphs:
             self.graphs[key] = self._capture_or_fall_back(T, tree=True)
             self._aux[key] = list(self.model.aux)
-        if self._tree_needs_mask():  # known once the graph is built (a failed compile falls back to SDPA)
-            tree_step_inputs(tokens, parents, start, self._tree_staging, self._mask_staging)
-            self._tree_mask[:T].copy_(self._mask_staging[:T], non_blocking=True)
+            if self._tree_needs_mask() and not needs_mask:  # the compiled body failed: SDPA reads the mask
+                self._stage_tree(tokens, parents, start, ids=False, mask=True)
         graph, out, calls = self.graphs[key]
         graph.replay()
         if self.model.aux_layers:
@@ -180,6 +184,20 @@ class StepRunner:
             self.allreduce.counters.calls += calls
         self.cache.lengths[0] = start + T
         return out[0]
+
+    def _stage_tree(self, tokens: list[int], parents: list[int], start: int, ids: bool, mask: bool) -> None:
+        """The tree step's inputs (ids: tokens, positions, slots, bits; mask: SDPA's rows) through
+        pinned staging into the static inputs."""
+        T, staged = len(tokens), getattr(self, "_staged", None)  # no event on CPU (tests of the body)
+        if staged is not None:
+            staged.synchronize()
+        tree_step_inputs(tokens, parents, start, self._tree_staging if ids else None, self._mask_staging if mask else None)
+        if ids:
+            self._tree_in.copy_(self._tree_staging, non_blocking=True)
+        if mask:
+            self._tree_mask[:T].copy_(self._mask_staging[:T], non_blocking=True)
+        if staged is not None:
+            staged.record()
 
     def _tree_needs_mask(self) -> bool:
         """Whether the tree step's attention is SDPA under a mask (not the split-KV kernel's bits)."""
@@ -285,9 +303,11 @@ class StepRunner:
     def _stage(self, tokens: list[int], start: int, T: int | None = None) -> None:
         """Tokens and the positions of T entries (default: as many as tokens) into the step's input."""
         T = len(tokens) if T is None else T
+        self._staged.synchronize()
         self._staging[0, : len(tokens)] = torch.tensor(tokens)
         self._staging[1, :T] = torch.arange(start, start + T)
         self._inputs.copy_(self._staging, non_blocking=True)
+        self._staged.record()
 
     def _capture_or_fall_back(self, T: int, chain: int = 0, greedy: bool = False, margins: bool = False, tree: bool = False):
         try:

@@ -17,6 +17,9 @@ from workers.kernels.support import counters_all_zero, selftest_main
 
 # bf16 on the GPU: both sides round (a wrong kernel is off by O(1)); float32 under the CPU interpreter
 SELFTEST_TOL = {"cuda": 5e-2, "cpu": 1e-4}
+# a tree's error stays under this share of the distance to a causal mask's result (the smallest
+# distance a wrong mask could make here: one case's prefix dilutes it to ~0.05)
+TREE_GAP_SHARE = 0.25
 
 # the self-test's shapes, each against `workers.model.transformer.attend`: B, H, Hkv, T, D, max_seq,
 # first position (GQA, uneven head maps, one or many query tokens, caches longer than one split,
@@ -31,11 +34,12 @@ SELFTEST_CASES = (
     (3, 4, 2, 5, 32, 400, 300),  # a batched verify pass: rows whose last keys lie in different splits
 )
 # token trees, each against `attend` under the tree mask: H, Hkv, D, max_seq, first slot, parents (a
-# chain with siblings as leaves, the shape workers/drafters/eagle3.py drafts; a branching tree of 17
-# entries, the most a step drafts; entries straddling a split boundary)
+# chain of 4 with two siblings a depth as leaves, a shape workers/drafters/eagle3_tree.py drafts,
+# straddling the split boundary at 128; a branching tree of 17 entries, the most a step drafts,
+# straddling 1024; no prefix at all)
 TREE_SELFTEST_CASES = (
-    (4, 2, 64, 300, 250, (-1, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)),
-    (8, 2, 128, 1100, 1000, (-1, 0, 1, 1, 2, 3, 3, 4, 0, 8, 9, 5, 6, 7, 2, 12, 15)),
+    (4, 2, 64, 300, 120, (-1, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)),
+    (8, 2, 128, 1100, 1010, (-1, 0, 1, 1, 2, 3, 3, 4, 0, 8, 9, 5, 6, 7, 2, 12, 15)),
     (6, 3, 32, 64, 0, (-1, 0, 0, 1, 2)),
 )
 
@@ -91,9 +95,11 @@ def check_case(case: tuple[int, ...], device: str, seed: int = 0) -> dict[str, f
 
 def check_tree_case(case: tuple, device: str, seed: int = 0) -> dict[str, float]:
     """One token tree: the largest |difference| of `decode_attend` ("tree") and of `rope_write_attend`
-    ("tree_rope", rotated at each entry's depth) with tree bits to `attend` under the tree mask."""
+    ("tree_rope", rotated at each entry's depth) with tree bits to `attend` under the tree mask, and
+    how far a wrong mask would land ("causal_gap": the tree's reference against a causal mask's,
+    in float32): an error must be a small part of it, or a long prefix could hide a wrong mask."""
     from workers.model.rope import apply_rope
-    from workers.model.transformer import attend, tree_bits, tree_layout
+    from workers.model.transformer import attend, tree_layout, tree_shape
 
     H, Hkv, D, S, first, parents = case
     T = len(parents)
@@ -107,7 +113,7 @@ def check_tree_case(case: tuple, device: str, seed: int = 0) -> dict[str, float]
     kc, vc = rnd(1, Hkv, S, D), rnd(1, Hkv, S, D)
     depth, ancestors = tree_layout(list(parents))
     slots = torch.arange(first, first + T, device=device)[None]
-    bits = torch.tensor([tree_bits(list(parents))], device=device)
+    bits = torch.tensor([tree_shape(list(parents))[1]], device=device)
     mask = torch.zeros(T, S, dtype=torch.bool)
     mask[:, :first] = True
     mask[:, first : first + T] = ancestors
@@ -118,6 +124,12 @@ def check_tree_case(case: tuple, device: str, seed: int = 0) -> dict[str, float]
     got = decode_attend(q, k, v, None, kc.clone(), vc.clone(), slots, H // Hkv, kv_map, tree_bits=bits).float()
     assert counters_all_zero(), "the last split of a head left its arrival counter set"
     errs = {"tree": (got - want).abs().max().item()}
+    causal = mask.clone()
+    causal[..., first : first + T] = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    f32 = [x.float() for x in (q, k, v, kc, vc)]
+    tree_ref = attend(*f32[:3], mask, f32[3].clone(), f32[4].clone(), slots, H // Hkv, kv_map)
+    chain_ref = attend(*f32[:3], causal, f32[3].clone(), f32[4].clone(), slots, H // Hkv, kv_map)
+    errs["causal_gap"] = (tree_ref - chain_ref).abs().max().item()
     angle = (torch.tensor(depth, device=device) + first).float()[None, None, :, None] * torch.linspace(
         0.01, 1, D // 2, device=device
     ).repeat(2)
@@ -143,6 +155,9 @@ def selftest(device: str) -> float:
         worst = max(worst, *errs.values())
     for i, case in enumerate(TREE_SELFTEST_CASES):
         errs = check_tree_case(case, device, seed=i)
+        gap = errs.pop("causal_gap")
+        if max(errs.values()) > TREE_GAP_SHARE * gap:  # a wrong mask could pass as rounding: fail loudly
+            errs["worse than a share of the causal gap"] = float("inf")
         print(
             "tree H={} Hkv={} D={} slots={} first={} entries={}: ".format(*case[:5], len(case[5]))
             + ", ".join(f"{name} max |diff| {err:.2e}" for name, err in errs.items())

@@ -15,7 +15,6 @@ entries past a sequence's length are masked out and overwritten later, never rea
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -128,36 +127,27 @@ class Attention(nn.Module):
         return attend(q, k, v, mask, k_cache, v_cache, pos, self.gqa_group, self.kv_map)
 
 
-def tree_layout(parents: list[int]) -> tuple[tuple[int, ...], torch.Tensor]:
-    """A token tree's depths and ancestor mask [T, T] (row i: the entries entry i sees, itself
-    included). parents[i]: the index of entry i's parent, < i; entry 0 is the one root (-1).
-    A drafter's trees repeat one shape step after step: computed once per shape (read-only results)."""
-    return _tree_layout(tuple(parents))
-
-
-@functools.lru_cache(maxsize=64)
-def _tree_layout(parents: tuple[int, ...]) -> tuple[tuple[int, ...], torch.Tensor]:
+def tree_shape(parents: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A token tree's depths and ancestor bits (bit j of bits[i]: entry j is entry i or one of its
+    ancestors, what the split-KV attention reads, workers/kernels/attention.py). parents[i]: the
+    index of entry i's parent, < i; entry 0 is the one root (-1). Plain Python, a few microseconds:
+    with n-gram branches a drafter's trees take many shapes."""
     if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
         raise ValueError(f"a token tree needs parents[0] = -1 and 0 <= parents[i] < i, got {parents}")
+    depth, bits = [0], [1]
+    for i, p in enumerate(parents[1:], 1):
+        depth.append(depth[p] + 1)
+        bits.append(bits[p] | 1 << i)
+    return tuple(depth), tuple(bits)
+
+
+def tree_layout(parents: list[int]) -> tuple[tuple[int, ...], torch.Tensor]:
+    """A token tree's depths and ancestor mask [T, T] (row i: the entries entry i sees, itself
+    included), for SDPA (the eager tree pass, the graphed step where the Triton attention does not run)."""
+    depth, bits = tree_shape(parents)
     T = len(parents)
-    depth = [0] * T
-    ancestors = torch.eye(T, dtype=torch.bool)
-    for i in range(1, T):
-        depth[i] = depth[parents[i]] + 1
-        ancestors[i] |= ancestors[parents[i]]
-    return tuple(depth), ancestors
-
-
-def tree_bits(parents: list[int]) -> tuple[int, ...]:
-    """Row i of `tree_layout`'s ancestor mask as an integer (bit j: entry j visible to entry i), what
-    the split-KV attention reads (workers/kernels/attention.py). Cached like the layout."""
-    return _tree_bits(tuple(parents))
-
-
-@functools.lru_cache(maxsize=64)
-def _tree_bits(parents: tuple[int, ...]) -> tuple[int, ...]:
-    _, ancestors = _tree_layout(parents)
-    return tuple(sum(1 << j for j in row.nonzero().flatten().tolist()) for row in ancestors)
+    ancestors = torch.tensor([[b >> j & 1 for j in range(T)] for b in bits], dtype=torch.bool)
+    return depth, ancestors
 
 
 def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
