@@ -435,8 +435,8 @@ class Eagle3Drafter(Drafter):
 
     def _width(self, k: int) -> int:
         """Tokens drafted at each of k depths: tree_width (at most the draft vocabulary) for a tree,
-        else 1 (a chain; also a tree with no room for a sibling, k = MAX_DRAFT_TOKENS, whose lookup
-        then replaces the head as a chain's does)."""
+        else 1 (a chain; also a tree with no room for a sibling, k = MAX_DRAFT_TOKENS, whose lookup,
+        matching `lookup` down to 1 token, then replaces the head as in a chain)."""
         w = min(self.tree_width, self.head.lm_head.out_features) if self.tree_width >= 2 else 1
         return w if tree_size(k, w) > k else 1
 
