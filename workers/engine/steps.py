@@ -39,7 +39,7 @@ import torch
 
 from workers.engine.config import ATTENTION_CHOICES, EngineConfig
 from workers.engine.fused_step import try_fused
-from workers.model.transformer import KVCache, Transformer, tree_layout, tree_shape
+from workers.model.transformer import KVCache, Transformer, tree_mask, tree_shape
 
 
 def no_cudnn_attention() -> None:
@@ -76,9 +76,7 @@ def tree_step_inputs(tokens: list[int], parents: list[int], start: int, ids: tor
         depth, bits = tree_shape(parents)
         ids[:, :T] = torch.tensor([tokens, [start + d for d in depth], list(range(start, start + T)), bits])
     if mask is not None:
-        mask[:T].zero_()
-        mask[:T, :start] = True
-        mask[:T, start : start + T] = tree_layout(parents)[1]
+        mask[:T] = tree_mask(parents, start, mask.shape[1])
 
 
 class StepRunner:
@@ -100,6 +98,7 @@ class StepRunner:
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
         self._pool = None
         self._aux: dict[tuple, list[torch.Tensor]] = {}
+        self._staged: torch.cuda.Event | None = None  # set below where steps are graphs (CUDA)
         if self.use_graphs:
             self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory()
             self._inputs = torch.zeros(2, max_width, dtype=torch.long, device=self.device)  # tokens, positions
@@ -188,7 +187,7 @@ class StepRunner:
     def _stage_tree(self, tokens: list[int], parents: list[int], start: int, ids: bool, mask: bool) -> None:
         """The tree step's inputs (ids: tokens, positions, slots, bits; mask: SDPA's rows) through
         pinned staging into the static inputs."""
-        T, staged = len(tokens), getattr(self, "_staged", None)  # no event on CPU (tests of the body)
+        T, staged = len(tokens), self._staged  # None on CPU (tests of the body)
         if staged is not None:
             staged.synchronize()
         tree_step_inputs(tokens, parents, start, self._tree_staging if ids else None, self._mask_staging if mask else None)

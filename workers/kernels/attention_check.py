@@ -44,6 +44,17 @@ TREE_SELFTEST_CASES = (
 )
 
 
+def _random(device: str, seed: int):
+    """The cases' dtype (bf16 on the GPU, float32 under the interpreter) and a seeded randn in it."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    return dtype, rnd
+
+
 def check_case(case: tuple[int, ...], device: str, seed: int = 0) -> dict[str, float]:
     """One self-test case: the largest |difference| of `decode_attend` ("attend") and of
     `rope_write_attend` ("rope_write") to `attend` (after rope), and of the fused kernel's cache
@@ -53,11 +64,7 @@ def check_case(case: tuple[int, ...], device: str, seed: int = 0) -> dict[str, f
     from workers.model.transformer import attend
 
     B, H, Hkv, T, D, S, first = case
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+    dtype, rnd = _random(device, seed)
 
     q, k, v = rnd(B, H, T, D), rnd(B, Hkv, T, D), rnd(B, Hkv, T, D)
     kc, vc = rnd(B, Hkv, S, D), rnd(B, Hkv, S, D)  # slots past each sequence hold junk: must stay unread
@@ -99,25 +106,18 @@ def check_tree_case(case: tuple, device: str, seed: int = 0) -> dict[str, float]
     how far a wrong mask would land ("causal_gap": the tree's reference against a causal mask's,
     in float32): an error must be a small part of it, or a long prefix could hide a wrong mask."""
     from workers.model.rope import apply_rope
-    from workers.model.transformer import attend, tree_layout, tree_shape
+    from workers.model.transformer import attend, tree_mask, tree_shape
 
     H, Hkv, D, S, first, parents = case
     T = len(parents)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+    dtype, rnd = _random(device, seed)
 
     q, k, v = rnd(1, H, T, D), rnd(1, Hkv, T, D), rnd(1, Hkv, T, D)
     kc, vc = rnd(1, Hkv, S, D), rnd(1, Hkv, S, D)
-    depth, ancestors = tree_layout(list(parents))
+    depth, bits = tree_shape(list(parents))
     slots = torch.arange(first, first + T, device=device)[None]
-    bits = torch.tensor([tree_shape(list(parents))[1]], device=device)
-    mask = torch.zeros(T, S, dtype=torch.bool)
-    mask[:, :first] = True
-    mask[:, first : first + T] = ancestors
-    mask = mask.to(device)[None, None]
+    bits = torch.tensor([bits], device=device)
+    mask = tree_mask(list(parents), first, S).to(device)[None, None]
     kv_map = (torch.arange(H) // (H // Hkv)).to(device)
     kc2, vc2 = kc.clone(), vc.clone()
     want = attend(q, k, v, mask, kc2, vc2, slots, H // Hkv, kv_map).float()

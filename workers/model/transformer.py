@@ -141,13 +141,14 @@ def tree_shape(parents: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(depth), tuple(bits)
 
 
-def tree_layout(parents: list[int]) -> tuple[tuple[int, ...], torch.Tensor]:
-    """A token tree's depths and ancestor mask [T, T] (row i: the entries entry i sees, itself
-    included), for SDPA (the eager tree pass, the graphed step where the Triton attention does not run)."""
-    depth, bits = tree_shape(parents)
-    T = len(parents)
-    ancestors = torch.tensor([[b >> j & 1 for j in range(T)] for b in bits], dtype=torch.bool)
-    return depth, ancestors
+def tree_mask(parents: list[int], start: int, width: int) -> torch.Tensor:
+    """SDPA's mask [T, width] of a token tree fed at slots start.. : row i sees the cache before
+    start and entry i's ancestors, itself included; nothing after."""
+    T, bits = len(parents), tree_shape(parents)[1]
+    mask = torch.zeros(T, width, dtype=torch.bool)
+    mask[:, :start] = True
+    mask[:, start : start + T] = torch.tensor([[b >> j & 1 for j in range(T)] for b in bits], dtype=torch.bool)
+    return mask
 
 
 def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
@@ -285,11 +286,11 @@ class Transformer(nn.Module):
         kv_len = start + T
         if kv_len > min(cache.max_seq, self.max_seq):
             raise ValueError(f"sequence length {kv_len} exceeds the cache ({min(cache.max_seq, self.max_seq)})")
-        depth, ancestors = tree_layout(parents)
+        depth, _ = tree_shape(parents)
         device = self.embed_tokens.weight.device
         slots = torch.arange(start, kv_len, device=device)[None]
         cos, sin, _ = self.rope_and_mask(torch.tensor([depth], device=device) + start, kv_len, masked=False)
-        mask = torch.cat([torch.ones(T, start, dtype=torch.bool), ancestors], dim=1).to(device)[None, None]
+        mask = tree_mask(parents, start, kv_len).to(device)[None, None]
         h = self._layers(torch.tensor([tokens], device=device), cos, sin, mask, slots, cache)
         cache.lengths[0] = kv_len
         return self.logits(h)[0]
