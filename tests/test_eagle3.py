@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import save_file
 from scipy.stats import chisquare
 
-from workers.drafters.eagle3 import Eagle3Drafter, load_config, load_head
+from workers.drafters.eagle3 import Eagle3Drafter, load_config
+from workers.drafters.eagle3_ckpt import load_head
 from workers.engine.verify import rejection_verify
 from workers.model.checkpoint import load_args, load_model, tiny_config
 from workers.runtime.local_gang import LocalGang
@@ -299,11 +300,13 @@ def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement, look
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_drafts_left_on_the_device_verify_to_the_same_tokens(tiny_ckpt, tiny_head, tmp_path, overlap):
-    """engine.overlap with an in-rank greedy chain: the chain's drafts go to the verify pass as a
-    device tensor (StepRunner.step's tail) and come back with the argmaxes in one read. The verifier
-    rank runs in this process (the chain uncaptured on CPU): outputs equal the baseline for k in
-    {1, 2, 4}, every step took the device path (and none with overlap off), and simulated acceptance
-    still imposes its rate on device drafts."""
+    """engine.overlap with an in-rank greedy chain: a prompt's first drafts go to the verify pass as
+    a device tensor (StepRunner.step's tail), and the device loop (workers/engine/device_loop.py)
+    runs the rest: acceptance on the device, the next chain fed there. The verifier rank runs in
+    this process (bodies uncaptured on CPU); an oracle overwrites the drafts with the baseline's
+    tokens, the last one wrong every other step, so acceptance is real: outputs equal the baseline
+    for k in {1, 2, 4}, every prompt took the device path (and none with overlap off), and
+    simulated acceptance imposes its rate through the device loop too."""
 
     from workers.engine.config import EngineConfig
     from workers.runtime.worker import Rendezvous, Worker
@@ -332,27 +335,39 @@ def _check_device_drafts(worker, overlap: bool) -> None:
     # the random head rarely drafts right: after its chain ran, an oracle puts the baseline's next
     # tokens in the device drafts, with the last one wrong every other step, so acceptance is real
     full = [list(p) + b.tokens for p, b in zip(prompts, base.prompts)]
-    on_device = []
-    real = drafter.propose_on_device
+    on_device, fed, now = [], [], {}
+    real, real_fed = drafter.propose_on_device, drafter.draft_fed
 
-    def oracle(committed, k):
+    def right(seq, at, k):  # the baseline's k tokens after position `at`, the last one wrong every other step
+        r = seq[at + 1 : at + 1 + k]
+        r += [0] * (k - len(r))
+        r[-1] += (len(on_device) + len(fed)) % 2
+        return r
+
+    def oracle(committed, k):  # a prompt's first step (the host-staged chain)
         p = real(committed, k)
         on_device.append(p.device_tokens is not None)
+        now["seq"] = next(f for f in full if f[: len(committed)] == committed)
         if p.device_tokens is not None:
-            right = next(f for f in full if f[: len(committed)] == committed)[len(committed) : len(committed) + k]
-            right += [0] * (k - len(right))
-            right[-1] += len(on_device) % 2
-            p.device_tokens = torch.tensor(right)
+            p.device_tokens = torch.tensor(right(now["seq"], len(committed) - 1, k))
         return p
 
-    drafter.propose_on_device = oracle
+    def oracle_fed(feed, k, span=None):  # every later step: the device loop's chain
+        real_fed(feed, k, span)
+        if "seq" not in now:  # the loop's warm-up, before any prompt
+            return
+        fed.append(k)
+        feed.drafts.copy_(torch.tensor(right(now["seq"], int(feed.positions[0, 0] + feed.at) + 1, k)))
+
+    drafter.propose_on_device, drafter.draft_fed = oracle, oracle_fed
     for k in (1, 2, 4):
         r = worker.run(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=k))
         assert [p.tokens for p in r.prompts] == [p.tokens for p in base.prompts], f"k={k}"
         assert r.metrics["drafted_mean"] == k
         if overlap:
             assert 1.0 + (k - 1) * 0.5 <= r.metrics["accept_len_mean"] < k + 1, r.metrics["accept_len_mean"]
-    assert (len(on_device) > 0 and all(on_device)) if overlap else not on_device
+    # with overlap every prompt's first step drafts on the device and the device loop runs the rest
+    assert (len(on_device) == 9 and all(on_device) and len(fed) > 9) if overlap else not on_device and not fed
     sim = worker.run(replace(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=4), simulate_accept_len=2.5))
     # tau - 1 drafts kept a step on average; a prompt's last step keeps fewer (its token budget ends)
     assert sim.metrics["drafted_mean"] == 4 and 2.0 < sim.metrics["accept_len_mean"] <= 2.5

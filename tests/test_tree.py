@@ -105,7 +105,7 @@ def test_a_tree_proposal_crosses_the_link(tmp_path):
 
 @torch.inference_mode()
 def test_the_head_drafts_its_chain_first_then_each_depths_alternatives(tiny_ckpt, tiny_head):  # noqa: F811
-    from workers.drafters.eagle3 import load_head
+    from workers.drafters.eagle3_ckpt import load_head
     from workers.model.checkpoint import load_args
 
     model = load_model(tiny_ckpt)

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from workers.drafters.base import Drafter
@@ -193,10 +192,13 @@ class Eagle3Head(nn.Module):
         cache.lengths[0] = kv_len
         return out
 
-    def step_at(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int):
+    def step_at(
+        self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int, at: torch.Tensor | None = None
+    ):
         """`step` at explicit positions pos [1, T], attending to the first kv_len cache slots under a
         position mask; leaves cache.lengths to the caller. kv_len = cache.max_seq makes every shape
-        static (what the chain's CUDA graph captures, workers/drafters/eagle3_chain.py)."""
+        static (what the chain's CUDA graph captures, workers/drafters/eagle3_chain.py). at [1]: the
+        entry whose logits are returned (a device index; default the last)."""
         T = tokens.shape[0]
         dtype = self.fc.weight.dtype
         cos, sin = self.rope_cos[pos][:, None].to(dtype), self.rope_sin[pos][:, None].to(dtype)
@@ -210,80 +212,12 @@ class Eagle3Head(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attend(q, k, v, mask, cache.k[0], cache.v[0], pos, attn.gqa_group, attn.kv_map)
         h = self.midlayer.finish(g[None].to(dtype), out)[0]
-        return h, self.lm_head(self.norm(h[-1:]))[0].float()
+        return h, self.lm_head(self.norm(h[-1:] if at is None else h.index_select(0, at)))[0].float()
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         # index_select, not d2t[ids]: indexing by a 0-dim tensor (an argmax) reads it on the host,
         # a sync that invalidates the chain's CUDA graph capture
         return draft_ids + self.d2t.index_select(0, draft_ids.reshape(-1)).view(draft_ids.shape)
-
-
-def load_head(
-    path: str | Path, target_embed: torch.Tensor, target: ModelArgs, *, dtype=torch.float32, device="cpu", max_seq: int = 2048
-) -> Eagle3Head:
-    """Shard-only style: one tensor at a time from the safetensors files into a head built on meta."""
-    path = Path(path)
-    cfg = load_config(path)
-    check_fits(cfg, target, path)
-    with torch.device("meta"):
-        head = Eagle3Head(cfg, max_seq=max_seq).to(dtype)  # maps and rotary tables keep their dtypes
-    head = head.to_empty(device=device)
-    shapes = {n: t.shape for n, t in head.state_dict().items()}
-    seen: set[str] = set()
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"EAGLE-3 head {str(path)!r} has no *.safetensors weights")
-    with torch.no_grad():
-        params = dict(head.named_parameters()) | dict(head.named_buffers())
-        for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    key = name.removeprefix("model.")
-                    if key not in shapes:
-                        continue
-                    t = f.get_tensor(name)
-                    if tuple(t.shape) != tuple(shapes[key]):
-                        raise ModelConfigError(
-                            f"EAGLE-3 head {path}: {key} has shape {list(t.shape)}, the config and the model need {list(shapes[key])}"
-                        )
-                    dst = params[key]
-                    dst.copy_(t.to(dst.dtype) if dst.dtype in (torch.long, torch.bool) else t.to(dtype))
-                    seen.add(key)
-    if "embed_tokens.weight" not in seen:
-        if tuple(target_embed.shape) != tuple(shapes["embed_tokens.weight"]):
-            raise ModelConfigError(f"EAGLE-3 head {path}: the model's embedding {list(target_embed.shape)} does not fit")
-        head.embed_tokens.weight = nn.Parameter(target_embed.detach().to(device, dtype), requires_grad=False)
-        seen.add("embed_tokens.weight")
-    missing = sorted(set(shapes) - seen - {"d2t", "t2d"})
-    if missing:
-        raise CheckpointError(f"EAGLE-3 head {path} lacks {len(missing)} tensors, e.g. {missing[0]!r}")
-    if cfg.draft_vocab < cfg.args.vocab_size and not {"d2t", "t2d"} <= seen:
-        raise CheckpointError(f"EAGLE-3 head {path}: a draft vocabulary of {cfg.draft_vocab} < {cfg.args.vocab_size} needs d2t and t2d")
-    cos, sin = rope_tables(cfg.args, max_seq)
-    head.rope_cos, head.rope_sin = cos.to(device), sin.to(device)
-    attn = head.midlayer.self_attn
-    attn.kv_map = (torch.arange(attn.n_heads) // (cfg.args.n_heads // cfg.args.n_kv_heads)).to(device)
-    if cfg.draft_vocab == cfg.args.vocab_size and not {"d2t", "t2d"} <= seen:  # the full vocabulary: identity maps
-        head.d2t.zero_()
-        head.t2d.fill_(True)
-    return head.eval()
-
-
-def target_embedding(model_path: str, dtype=torch.float32, device="cpu") -> torch.Tensor:
-    """The target's token embedding alone (one tensor read), for a head process that holds no target."""
-    from workers.model.random_weights import is_random
-
-    if is_random(model_path):  # a random target (timing runs): the embedding's values do not matter
-        from workers.model.checkpoint import load_args
-
-        a = load_args(model_path)
-        return torch.randn(a.vocab_size, a.dim, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-    for file in sorted(Path(model_path).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in ("model.embed_tokens.weight", "embed_tokens.weight"):
-                if name in f.keys():
-                    return f.get_tensor(name).to(device, dtype)
-    raise CheckpointError(f"checkpoint {model_path} has no embed_tokens.weight")
 
 
 class Eagle3Drafter(Drafter):
@@ -374,6 +308,21 @@ class Eagle3Drafter(Drafter):
         the verify pass reads them there and the step reads them back with its argmaxes, one sync
         a step instead of two (engine.overlap). Where the chain does not apply: host tokens."""
         return self._propose(committed, k, on_device=True)
+
+    def fed_ready(self, k: int) -> bool:
+        """Whether this run drafts greedy head chains that can be fed on the device
+        (workers/engine/device_loop.py): no lookup (a host decision per step), no tree."""
+        return self.use_chain and self.temperature <= 0 and not self.lookup and self._width(k) == 1
+
+    @torch.inference_mode()
+    def draft_fed(self, feed, k: int, span: tuple | None = None) -> None:
+        """The chain after a feed left on the device by the verifier's acceptance (`DeviceFeed`),
+        its drafts into `feed.drafts`; span: CUDA events recorded around it."""
+        if span:
+            span[0].record()
+        self.chain.draft_fed(feed, k)
+        if span:
+            span[1].record()
 
     @torch.inference_mode()
     def _propose(self, committed: list[int], k: int, on_device: bool) -> Proposal:

@@ -73,9 +73,10 @@ class HeadFastStep:
         if self.fused.gemv is not None:
             self.fused.gemv.prepare(widths)
 
-    def step_at(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache):
+    def step_at(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, at: torch.Tensor | None = None):
         """As `Eagle3Head.step_at` with kv_len = cache.max_seq: (pre-norm outputs [T, hidden],
-        draft logits of the last entry in the head's dtype: the chain reads only their argmax)."""
+        draft logits of the last entry, or of entry `at` [1] (a device index), in the head's dtype:
+        the chain reads only their argmax)."""
         head, f = self.head, self.fused
         layer, dtype = head.midlayer, head.fc.weight.dtype
         a = layer.self_attn
@@ -93,7 +94,8 @@ class HeadFastStep:
         post = layer.post_attention_layernorm
         h, normed = f.add_norm_body(g, f._linear("o", core, a.o_proj.weight), post.weight, post.eps)
         h, out = f.add_norm_body(h, f._mlp(normed, wgu, layer.mlp.down_proj.weight), head.norm.weight, head.norm.eps)
-        return h[0], f._linear("lm_head", out[:, -1:], head.lm_head.weight)[0, 0]
+        pick = out[:, -1:] if at is None else out.index_select(1, at)
+        return h[0], f._linear("lm_head", pick, head.lm_head.weight)[0, 0]
 
 
 class Eagle3Chain:
@@ -134,7 +136,7 @@ class Eagle3Chain:
         self._aux[:T].copy_(aux)
         if self.capture:
             if (T, k, width) not in self.graphs:
-                self.graphs[(T, k, width)] = self._capture(T, k, width)
+                self.graphs[(T, k, width)] = self._capture(lambda: self._run(T, k, width))
             graph, out = self.graphs[(T, k, width)]
             graph.replay()
         else:
@@ -156,14 +158,31 @@ class Eagle3Chain:
             self.draft([0] * T, torch.zeros_like(self._aux[:T]), k, width=width)
         self.cache.lengths[0] = 0
 
+    def draft_fed(self, feed, k: int) -> None:
+        """k greedy drafts after a feed that lives on the device (`DeviceFeed`,
+        workers/engine/device_loop.py), written into `feed.drafts` (the next verify pass's input):
+        the verify pass's T entries at their positions with fc over its aux rows, the first draft
+        from entry `feed.at` (the last accepted), then k - 1 more at the positions after it. No host
+        read and no host bookkeeping: entries past `at` hold rejected drafts until the chain's own
+        drafts overwrite them, and a query never reads a slot past its position."""
+        if not self.capture:
+            self._run_fed(feed, k)
+            return
+        key = ("fed", id(feed), k, tuple(a.data_ptr() for a in feed.aux))  # bound to the feed and the verify graph's aux rows
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(lambda: self._run_fed(feed, k))
+        self.graphs[key][0].replay()
+
+    def _step(self, tok, g, pos, at=None):
+        """One head step at device positions over the whole static cache (the fast body or the eager one)."""
+        if self.fast is not None:
+            return self.fast.step_at(tok, g, pos, self.cache, at)
+        return self.head.step_at(tok, g, pos, self.cache, self.cache.max_seq, at)
+
     def _run(self, T: int, k: int, width: int = 1) -> torch.Tensor:
         """Device ops only (graph-safe): the k drafts after the T staged entries, as target ids
         [k]; width > 1: each depth's top-width [k, width], the chain fed its first."""
-        head, window = self.head, self.cache.max_seq
-        if self.fast is not None:
-            step = lambda tok, g, pos: self.fast.step_at(tok, g, pos, self.cache)  # noqa: E731
-        else:
-            step = lambda tok, g, pos: head.step_at(tok, g, pos, self.cache, window)  # noqa: E731
+        head = self.head
 
         def pick(logits):  # (the token the chain feeds next, what the depth drafts)
             if width == 1:
@@ -173,45 +192,57 @@ class Eagle3Chain:
             return top[0], top
 
         pos = self._pos[:, :T]
-        h, logits = step(self._tok[:T], head.fc(self._aux[:T]), pos)
+        h, logits = self._step(self._tok[:T], head.fc(self._aux[:T]), pos)
         nxt, out = pick(logits)
         drafts, pos = [out], pos[:, -1:]
         for _ in range(k - 1):
             pos = pos + 1
-            h, logits = step(nxt.view(1), h[-1:], pos)
+            h, logits = self._step(nxt.view(1), h[-1:], pos)
             nxt, out = pick(logits)
             drafts.append(out)
         return torch.stack(drafts)
 
-    def _capture(self, T: int, k: int, width: int = 1):
+    def _run_fed(self, feed, k: int) -> None:
+        """`draft_fed`'s body (device ops only)."""
+        head, T = self.head, feed.tokens.shape[0]
+        aux = torch.cat([a[0, :T] for a in feed.aux], dim=-1).to(head.fc.weight.dtype)
+        h, logits = self._step(feed.tokens, head.fc(aux), feed.positions, feed.at)
+        nxt = head.to_target(logits.argmax())
+        drafts, h, pos = [nxt], h.index_select(0, feed.at), feed.positions[:, :1] + feed.at
+        for _ in range(k - 1):
+            pos = pos + 1
+            h, logits = self._step(nxt.view(1), h, pos)
+            nxt = head.to_target(logits.argmax())
+            drafts.append(nxt)
+        feed.drafts.copy_(torch.stack(drafts))
+
+    def _capture(self, run):
         try:
-            return self._capture_body(T, k, width)
+            return self._capture_body(run)
         except Exception as e:  # noqa: BLE001 - the eager head step still works
             if self.fast is None:
                 raise
-            import sys
-
             print(
                 f"spectune: EAGLE-3 fast head step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); eager head steps",
                 file=sys.stderr,
                 flush=True,
             )
-            self.fast = None
+            self.fast = None  # the bodies read it when they run
             self.graphs.clear()  # every width again with the eager body, in a fresh pool
             self._pool = None
-            return self._capture_body(T, k, width)
+            return self._capture_body(run)
 
-    def _capture_body(self, T: int, k: int, width: int = 1):
+    def _capture_body(self, run):
         # warm up on a side stream (lazy kernels, allocator), then capture into the shared pool
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._run(T, k, width)
+                run()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._run(T, k, width)
+            out = run()
         self._pool = graph.pool()
         return graph, out
 

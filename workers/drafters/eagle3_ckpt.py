@@ -1,4 +1,6 @@
-"""Write EAGLE-3 heads in the public format (config.json + model.safetensors; see eagle3.py).
+"""Read and write EAGLE-3 heads in the public format (config.json + model.safetensors; see eagle3.py).
+
+    head = load_head(path, target_embed, target_args, dtype=torch.bfloat16, device="cuda")
 
     python -m workers.drafters.eagle3_ckpt --target random:llama-3-8b --draft-vocab 32000 --out /tmp/head8b
 
@@ -12,10 +14,81 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
-from workers.drafters.eagle3 import Eagle3Config, Eagle3Head
-from workers.model.args import ModelArgs
+from workers.drafters.eagle3 import Eagle3Config, Eagle3Head, check_fits, load_config
+from workers.model.args import CheckpointError, ModelArgs, ModelConfigError
+from workers.model.rope import rope_tables
+
+
+def load_head(
+    path: str | Path, target_embed: torch.Tensor, target: ModelArgs, *, dtype=torch.float32, device="cpu", max_seq: int = 2048
+) -> Eagle3Head:
+    """Shard-only style: one tensor at a time from the safetensors files into a head built on meta."""
+    path = Path(path)
+    cfg = load_config(path)
+    check_fits(cfg, target, path)
+    with torch.device("meta"):
+        head = Eagle3Head(cfg, max_seq=max_seq).to(dtype)  # maps and rotary tables keep their dtypes
+    head = head.to_empty(device=device)
+    shapes = {n: t.shape for n, t in head.state_dict().items()}
+    seen: set[str] = set()
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"EAGLE-3 head {str(path)!r} has no *.safetensors weights")
+    with torch.no_grad():
+        params = dict(head.named_parameters()) | dict(head.named_buffers())
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    key = name.removeprefix("model.")
+                    if key not in shapes:
+                        continue
+                    t = f.get_tensor(name)
+                    if tuple(t.shape) != tuple(shapes[key]):
+                        raise ModelConfigError(
+                            f"EAGLE-3 head {path}: {key} has shape {list(t.shape)}, the config and the model need {list(shapes[key])}"
+                        )
+                    dst = params[key]
+                    dst.copy_(t.to(dst.dtype) if dst.dtype in (torch.long, torch.bool) else t.to(dtype))
+                    seen.add(key)
+    if "embed_tokens.weight" not in seen:
+        if tuple(target_embed.shape) != tuple(shapes["embed_tokens.weight"]):
+            raise ModelConfigError(f"EAGLE-3 head {path}: the model's embedding {list(target_embed.shape)} does not fit")
+        head.embed_tokens.weight = nn.Parameter(target_embed.detach().to(device, dtype), requires_grad=False)
+        seen.add("embed_tokens.weight")
+    missing = sorted(set(shapes) - seen - {"d2t", "t2d"})
+    if missing:
+        raise CheckpointError(f"EAGLE-3 head {path} lacks {len(missing)} tensors, e.g. {missing[0]!r}")
+    if cfg.draft_vocab < cfg.args.vocab_size and not {"d2t", "t2d"} <= seen:
+        raise CheckpointError(f"EAGLE-3 head {path}: a draft vocabulary of {cfg.draft_vocab} < {cfg.args.vocab_size} needs d2t and t2d")
+    cos, sin = rope_tables(cfg.args, max_seq)
+    head.rope_cos, head.rope_sin = cos.to(device), sin.to(device)
+    attn = head.midlayer.self_attn
+    attn.kv_map = (torch.arange(attn.n_heads) // (cfg.args.n_heads // cfg.args.n_kv_heads)).to(device)
+    if cfg.draft_vocab == cfg.args.vocab_size and not {"d2t", "t2d"} <= seen:  # the full vocabulary: identity maps
+        head.d2t.zero_()
+        head.t2d.fill_(True)
+    return head.eval()
+
+
+def target_embedding(model_path: str, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """The target's token embedding alone (one tensor read), for a head process that holds no target."""
+    from workers.model.random_weights import is_random
+
+    if is_random(model_path):  # a random target (timing runs): the embedding's values do not matter
+        from workers.model.checkpoint import load_args
+
+        a = load_args(model_path)
+        return torch.randn(a.vocab_size, a.dim, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in ("model.embed_tokens.weight", "embed_tokens.weight"):
+                if name in f.keys():
+                    return f.get_tensor(name).to(device, dtype)
+    raise CheckpointError(f"checkpoint {model_path} has no embed_tokens.weight")
 
 
 def head_config(target: ModelArgs, draft_vocab: int, aux_layers: tuple[int, ...] | None = None) -> Eagle3Config:

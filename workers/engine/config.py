@@ -20,8 +20,9 @@ Fields (the only place they are documented; the schema and the registry copy the
 - fused_add_norm: where the allreduce backend can (symm_mem_ll), the residual add and the next
                   RMS norm run in the allreduce's kernel
 - overlap:        greedy decoding overlaps the host with the device: plain steps on CUDA graphs
-                  enqueue step n + 1 before reading step n; an in-rank EAGLE-3 chain's drafts go to
-                  the verify pass on the device, read back once with its argmaxes
+                  enqueue step n + 1 before reading step n; with an in-rank EAGLE-3 chain, verify,
+                  acceptance and the next chain stay on the device (workers/engine/device_loop.py)
+                  and the host reads each step's result while the chain runs
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ ENGINE_FIELDS: dict[str, tuple[tuple, str]] = {
     "fused_add_norm": ((True, False), "residual add + next RMS norm inside the allreduce kernel where the backend can"),
     "overlap": (
         (True, False),
-        "greedy decoding: plain steps enqueue step n + 1 before reading step n; in-rank EAGLE-3 drafts stay on the device",
+        "greedy decoding: plain steps enqueue step n + 1 before reading step n; in-rank EAGLE-3 chains verify, accept and draft on the device",
     ),
 }
 

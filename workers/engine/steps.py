@@ -99,6 +99,8 @@ class StepRunner:
         self._pool = None
         self._aux: dict[tuple, list[torch.Tensor]] = {}
         self._staged: torch.cuda.Event | None = None  # set below where steps are graphs (CUDA)
+        # the device loops of this runner by k (workers/engine/device_loop.py): their graphs are bound to their buffers
+        self.device_loops: dict[int, object] = {}
         if self.use_graphs:
             self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory()
             self._inputs = torch.zeros(2, max_width, dtype=torch.long, device=self.device)  # tokens, positions
@@ -144,18 +146,30 @@ class StepRunner:
         self._stage(tokens, start, T)
         if tail is not None:
             self._inputs[0, len(tokens) : T].copy_(tail)
-        key = (T, self._comm_on())
-        if key not in self.graphs:
-            self.graphs[key] = self._capture_or_fall_back(T)
-            self._aux[key] = list(self.model.aux)  # captured hidden states: static outputs of this graph
+        out = self.replay((T, self._comm_on()), lambda: self._run_static(T))
+        self.cache.lengths[0] = start + T
+        return out[0]
+
+    def replay(self, key: tuple, run, restore: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+        """`run()` (device ops only, reading the static inputs) as the CUDA graph `key`, captured on
+        first use (its aux states kept as that graph's static outputs) and replayed; eagerly where
+        steps are not graphs (CPU: the same body, for tests). restore: more static tensors the body
+        writes besides `_inputs`, put back after the capture's warm-up runs."""
+        if not self.use_graphs:
+            return run()
+        self._ensure_graph(key, run, restore)
         graph, out, calls = self.graphs[key]
         graph.replay()
         if self.model.aux_layers:
             self.model.aux = self._aux[key]
         if calls and self.allreduce is not None:  # a replay issues the allreduces its capture recorded
             self.allreduce.counters.calls += calls
-        self.cache.lengths[0] = start + T
-        return out[0]
+        return out
+
+    def _ensure_graph(self, key: tuple, run, restore: tuple[torch.Tensor, ...] = ()) -> None:
+        if key not in self.graphs:
+            self.graphs[key] = self._capture_or_fall_back(run, restore)
+            self._aux[key] = list(self.model.aux)  # captured hidden states: static outputs of this graph
 
     def _tree_replay(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
         """A tree step as a CUDA graph of its width: token ids, rotary positions (start + depth),
@@ -171,16 +185,10 @@ class StepRunner:
         self._stage_tree(tokens, parents, start, ids=True, mask=needs_mask)
         key = ("tree", T, self._comm_on())
         if key not in self.graphs:
-            self.graphs[key] = self._capture_or_fall_back(T, tree=True)
-            self._aux[key] = list(self.model.aux)
+            self._ensure_graph(key, lambda: self._run_tree(T))
             if self._tree_needs_mask() and not needs_mask:  # the compiled body failed: SDPA reads the mask
                 self._stage_tree(tokens, parents, start, ids=False, mask=True)
-        graph, out, calls = self.graphs[key]
-        graph.replay()
-        if self.model.aux_layers:
-            self.model.aux = self._aux[key]
-        if calls and self.allreduce is not None:
-            self.allreduce.counters.calls += calls
+        out = self.replay(key, lambda: self._run_tree(T))
         self.cache.lengths[0] = start + T
         return out[0]
 
@@ -231,11 +239,7 @@ class StepRunner:
         if not self.use_graphs or k < 1 or T > self.max_width or start + T + k - 1 > self.cache.max_seq:
             return None
         self._stage(tokens, start)
-        key = ("chain", T, k)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture_or_fall_back(T, chain=k)
-        graph, out, _ = self.graphs[key]
-        graph.replay()
+        out = self.replay(("chain", T, k), lambda: self._run_chain(T, k))
         self.cache.lengths[0] = start + T + k - 1
         return out.tolist()
 
@@ -250,13 +254,7 @@ class StepRunner:
             raise ValueError(f"sequence length {start + 1} exceeds the cache ({self.cache.max_seq})")
         if token is not None:
             self._stage([token], start)
-        key = ("greedy", self._comm_on(), margins)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture_or_fall_back(1, greedy=True, margins=margins)
-        graph, out, calls = self.graphs[key]
-        graph.replay()
-        if calls and self.allreduce is not None:
-            self.allreduce.counters.calls += calls
+        out = self.replay(("greedy", self._comm_on(), margins), lambda: self._run_greedy(margins))
         slot = self._greedy_n % 2
         self._greedy_n += 1
         (self._greedy_out[slot] if margins else self._greedy_tok[slot]).copy_(out, non_blocking=True)
@@ -308,9 +306,9 @@ class StepRunner:
         self._inputs.copy_(self._staging, non_blocking=True)
         self._staged.record()
 
-    def _capture_or_fall_back(self, T: int, chain: int = 0, greedy: bool = False, margins: bool = False, tree: bool = False):
+    def _capture_or_fall_back(self, run, restore: tuple[torch.Tensor, ...] = ()):
         try:
-            return self._capture(T, chain, greedy, margins, tree)
+            return self._capture(run, restore)
         except Exception as e:  # noqa: BLE001 - torch.compile fails lazily, here; the plain model still works
             if self.fast is None:
                 raise
@@ -319,8 +317,8 @@ class StepRunner:
                 file=sys.stderr,
                 flush=True,
             )
-            self.fast = None
-            return self._capture(T, chain, greedy, margins, tree)
+            self.fast = None  # the bodies read it when they run: the capture below takes the plain model
+            return self._capture(run, restore)
 
     def warm(self, widths, chain: int = 0, greedy: bool = False, margins: bool = False, tree: int = 0) -> None:
         """Capture the graphs of these step widths now (compiling their bodies), outside any timing,
@@ -366,26 +364,21 @@ class StepRunner:
         body = self.fast.hidden_at if self.fast is not None else self.model.hidden_at
         return self.model.logits(body(tok, pos, self.cache, self.cache.max_seq))
 
-    def _capture(self, T: int, chain: int = 0, greedy: bool = False, margins: bool = False, tree: bool = False):
+    def _capture(self, run, restore: tuple[torch.Tensor, ...] = ()):
         # Warm up on a side stream (lazy kernels, allocator), then capture. Every TP rank captures
         # the same width at the same step (SPMD), so the collectives inside line up.
-        def run():
-            if tree:
-                return self._run_tree(T)
-            if greedy:
-                return self._run_greedy(margins)
-            return self._run_chain(T, chain) if chain else self._run_static(T)
-
-        # the greedy body feeds itself (writes the next token and position into `_inputs`): the
-        # warm-up runs must leave the staged inputs as they found them for the first replay
-        staged = self._inputs.clone()
+        # A body may feed itself (the greedy step, device acceptance: the next token and positions
+        # into `_inputs`): the warm-up runs must leave the static inputs as they found them
+        statics = (self._inputs, *restore)
+        saved = [t.clone() for t in statics]
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 run()
         torch.cuda.current_stream(self.device).wait_stream(side)
-        self._inputs.copy_(staged)
+        for t, before in zip(statics, saved):
+            t.copy_(before)
         graph = torch.cuda.CUDAGraph()
         counters = getattr(self.allreduce, "counters", None)
         before = counters.calls if counters is not None else 0

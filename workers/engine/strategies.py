@@ -35,22 +35,16 @@ its copy of an in-rank drafter).
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 
 import torch
-import torch.autograd.profiler as autograd_profiler
-from torch.profiler import record_function
 
 from workers.drafters import Drafter
+from workers.engine.device_loop import AcceptOnDevice, decode_on_device, fits, phase
+from workers.engine.device_loop import warm as warm_device_loop
 from workers.engine.link import Proposal, VerifyResult
 from workers.engine.rank import Rank, Sequence, finish
 from workers.engine.stats import RunStats, StepRecord
 from workers.engine.verify import tree_verify, verify
-
-
-def phase(name: str):
-    """A spec step's labelled range in a profiler's trace (workers/tools/trace_decode.py); else nothing (a label costs microseconds)."""
-    return record_function(name) if autograd_profiler._is_profiler_enabled else nullcontext()
 
 
 class StepStrategy:
@@ -241,12 +235,32 @@ class InRankDrafting(StepStrategy):
         super().__init__(rank)
         self.drafter = drafter
         self.on_device = overlap and self.w.temperature <= 0
+        self.simulated = False  # SimulatedAcceptance wraps this source: the device loop takes its planned n
+        self.loop: AcceptOnDevice | None = None  # the device loop, where this run takes it
 
     def begin_run(self, capture: bool = True) -> None:
         super().begin_run(capture)
         self.drafter.begin(self.w.temperature, self.w.seed + 1)
         self.drafter.warm(self.k)
-        self.r.steps.line_up()  # the drafter's warm-up (compiling, capturing) takes each rank its own time
+        r, fed = self.r, getattr(self.drafter, "fed_ready", None)
+        # a greedy head chain in this rank, drafting for this rank alone: verify, accept and draft
+        # stay on the device (workers/engine/device_loop.py); all ranks take it alike (SPMD)
+        self.loop = None
+        if capture and self.on_device and fed is not None and fed(self.k) and r.local and r.link.drafter_rank is None and not r.tree_nodes:
+            self.loop = AcceptOnDevice.for_steps(r.steps, self.k)
+            warm_device_loop(self.loop, self.drafter, self.simulated)
+        r.steps.line_up()  # the drafter's warm-up (compiling, capturing) takes each rank its own time
+
+    def device_loop_for(self, seq: Sequence) -> AcceptOnDevice | None:
+        """The device loop, where it takes this prompt whole (its steps fit both caches)."""
+        ok = self.loop is not None and seq.drafter is None and fits(self.r.steps, self.drafter, seq, self.k, self.w.max_new_tokens)
+        return self.loop if ok else None
+
+    def decode(self, seq: Sequence, stats: RunStats) -> None:
+        if (loop := self.device_loop_for(seq)) is not None and not seq.done:
+            decode_on_device(self.r, self.drafter, loop, seq, stats)
+        else:
+            super().decode(seq, stats)
 
     def row_drafters(self, n: int) -> list[Drafter | None]:
         """Each row its own copy: a drafter keeps per-sequence state (the n-gram index)."""
@@ -286,6 +300,22 @@ class SimulatedAcceptance(StepStrategy):
     def __init__(self, rank: Rank, source: StepStrategy, accept_len: float):
         super().__init__(rank)
         self.source, self.accept_len, self.credit = source, accept_len, 0.0
+        source.simulated = True
+
+    def decode(self, seq: Sequence, stats: RunStats) -> None:
+        """Through the device loop where the source takes it: each step's n planned here, from the
+        same credit, and taken on the device instead of the drafts' verdict."""
+        loop = self.source.device_loop_for(seq) if isinstance(self.source, InRankDrafting) and not seq.done else None
+        if loop is None:
+            return super().decode(seq, stats)
+        plan, credits = [], []
+        for _ in range(self.w.max_new_tokens):  # a step commits at least one token
+            self.credit += self.accept_len - 1
+            plan.append(min(self.k, int(self.credit)))
+            self.credit -= plan[-1]
+            credits.append(self.credit)
+        ran = decode_on_device(self.r, self.source.drafter, loop, seq, stats, plan)
+        self.credit = credits[ran - 1]  # the steps the prompt took
 
     def begin_run(self, capture: bool = True) -> None:
         self.source.begin_run(capture)

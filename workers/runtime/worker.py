@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_add_norm
-from workers.drafters import Drafter, Eagle3Drafter, ModelDrafter, NgramDrafter, eagle3
+from workers.drafters import Drafter, Eagle3Drafter, ModelDrafter, NgramDrafter, eagle3, eagle3_ckpt
 from workers.engine.link import MAX_DRAFT_TOKENS, DraftLink
 from workers.engine.steps import no_cudnn_attention
 from workers.engine.verifier import ProgressHook, Verifier, run_drafter
@@ -88,9 +88,9 @@ def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> 
     dtype = DTYPES[spec.dtype]
     if d.kind == "eagle3":
         if embed is None:
-            embed = eagle3.target_embedding(spec.model_path, dtype, device)
+            embed = eagle3_ckpt.target_embedding(spec.model_path, dtype, device)
         return Eagle3Drafter(
-            eagle3.load_head(
+            eagle3_ckpt.load_head(
                 resolve_model_path(d.model_path), embed, load_args(spec.model_path), dtype=dtype, device=device, max_seq=spec.max_seq
             ),
             # a head in every verifier rank (rank0 placement, TP > 1) must draft the same tokens on every

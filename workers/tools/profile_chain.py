@@ -31,8 +31,8 @@ def fc_bytes(head) -> int:
 
 
 def main(argv=None) -> None:
-    from workers.drafters.eagle3 import load_head, target_embedding
     from workers.drafters.eagle3_chain import Eagle3Chain, HeadFastStep
+    from workers.drafters.eagle3_ckpt import load_head, target_embedding
     from workers.engine.config import EngineConfig
     from workers.engine.link import MAX_DRAFT_TOKENS
     from workers.model.checkpoint import load_args, resolve_model_path
