@@ -38,9 +38,14 @@ def test_acceptance_on_the_device_keeps_what_the_host_rule_keeps(tiny_ckpt, wron
     """[last, d_1..d_4] with d_1..d_wrong the greedy continuation: the device keeps `wrong` drafts
     (all 4 when none is wrong), returns the pass's argmaxes, leaves the chain's feed (kept drafts,
     then a_n) at the pass's positions, and stages the next pass at a_n right after the kept ones."""
+    from workers.drafters.eagle3 import default_aux_layers
+
     model = load_model(tiny_ckpt, max_seq=64)
     prompt, k = [5, 6, 7, 11, 12], 4
-    cont = _greedy(model, prompt, k + 2)  # cont[0]: the first token, fed as `last`
+    cont = _greedy(model, prompt, k + 2)
+    model.aux_layers = default_aux_layers(
+        model.args.n_layers
+    )  # the states EAGLE-3 reads, as the pass keeps them  # cont[0]: the first token, fed as `last`
     drafts = cont[1 : k + 1]
     if wrong < k:
         drafts[wrong] = (drafts[wrong] + 1) % 512
@@ -56,7 +61,7 @@ def test_acceptance_on_the_device_keeps_what_the_host_rule_keeps(tiny_ckpt, wron
     assert steps.cache.lengths[0] == start + k + 1
     assert loop.feed.tokens[: n + 1].tolist() == drafts[:n] + [am[n]]
     assert loop.feed.positions.tolist() == [list(range(start, start + k + 1))] and loop.feed.at.tolist() == [n]
-    assert [a.shape[1] for a in loop.feed.aux] == [k + 1] * 3 or not model.aux_layers
+    assert [tuple(a.shape) for a in loop.feed.aux] == [(1, k + 1, model.args.dim)] * 3  # the pass's rows, for fc
     assert steps._inputs[0, 0].item() == am[n]
     assert steps._inputs[1, : k + 1].tolist() == list(range(start + n + 1, start + n + k + 2))
 

@@ -305,8 +305,9 @@ def test_drafts_left_on_the_device_verify_to_the_same_tokens(tiny_ckpt, tiny_hea
     runs the rest: acceptance on the device, the next chain fed there. The verifier rank runs in
     this process (bodies uncaptured on CPU); an oracle overwrites the drafts with the baseline's
     tokens, the last one wrong every other step, so acceptance is real: outputs equal the baseline
-    for k in {1, 2, 4}, every prompt took the device path (and none with overlap off), and
-    simulated acceptance imposes its rate through the device loop too."""
+    for k in {1, 2, 4}, every prompt took the device path (and none with overlap off), each pass
+    started where the host rolled back to, and simulated acceptance (the head's own drafts kept)
+    goes through the device loop at its rate, to the host path's tokens, steps and kept drafts."""
 
     from workers.engine.config import EngineConfig
     from workers.runtime.worker import Rendezvous, Worker
@@ -357,6 +358,10 @@ def _check_device_drafts(worker, overlap: bool) -> None:
         if "seq" not in now:  # the loop's warm-up, before any prompt
             return
         fed.append(k)
+        # the pass just launched starts where the host rolled the cache back to after the last step
+        assert int(feed.positions[0, 0]) == worker.verifier.cache.lengths[0] - (k + 1)
+        if now.get("real"):
+            return
         feed.drafts.copy_(torch.tensor(right(now["seq"], int(feed.positions[0, 0] + feed.at) + 1, k)))
 
     drafter.propose_on_device, drafter.draft_fed = oracle, oracle_fed
@@ -368,9 +373,22 @@ def _check_device_drafts(worker, overlap: bool) -> None:
             assert 1.0 + (k - 1) * 0.5 <= r.metrics["accept_len_mean"] < k + 1, r.metrics["accept_len_mean"]
     # with overlap every prompt's first step drafts on the device and the device loop runs the rest
     assert (len(on_device) == 9 and all(on_device) and len(fed) > 9) if overlap else not on_device and not fed
-    sim = worker.run(replace(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=4), simulate_accept_len=2.5))
+    drafter.propose_on_device = real
+    now["real"] = True  # the head's own drafts from here
+    sim_w = replace(Workload(prompts=prompts, max_new_tokens=24, num_draft_tokens=4), simulate_accept_len=2.3)
+    loops, sim = len(fed), worker.run(sim_w)
     # tau - 1 drafts kept a step on average; a prompt's last step keeps fewer (its token budget ends)
-    assert sim.metrics["drafted_mean"] == 4 and 2.0 < sim.metrics["accept_len_mean"] <= 2.5
+    assert sim.metrics["drafted_mean"] == 4 and 2.0 < sim.metrics["accept_len_mean"] <= 2.3
+    if overlap:  # through the device loop, and exactly as the host path: the kept drafts are the head's own
+        assert len(fed) > loops
+        engine = worker.verifier.steps.engine
+        worker.verifier.steps.engine = replace(engine, overlap=False)
+        try:
+            host = worker.run(sim_w)
+        finally:
+            worker.verifier.steps.engine = engine
+        assert [p.tokens for p in sim.prompts] == [p.tokens for p in host.prompts]
+        assert [(p.steps, p.accepted) for p in sim.prompts] == [(p.steps, p.accepted) for p in host.prompts]
 
 
 def test_sampling_with_the_heads_probabilities_keeps_the_target_distribution(tiny_ckpt, tiny_head):

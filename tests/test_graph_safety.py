@@ -7,7 +7,7 @@ surfaces only on the GPU (as the EAGLE-3 chain's `d2t[argmax]` did). Here the EA
 (also drafting each depth's top-W for a tree), the batched verify pass (plain layers, and the fused
 step with SDPA) and the tree verify step (plain, fused with SDPA under the tree mask; the fused
 step with the Triton attention reading ancestor bits runs under the interpreter, outside the check)
-run on CPU under a dispatch mode that raises on the operators that sync a device. (A copy to the host, `.tolist()` or `.cpu()`,
+and the device loop's verify + acceptance and fed chain run on CPU under a dispatch mode that raises on the operators that sync a device. (A copy to the host, `.tolist()` or `.cpu()`,
 is not an operator it sees on CPU.)
 """
 
@@ -122,3 +122,33 @@ def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt, 
         graphed = runner._run_tree(T)[0]
     eager = model.tree_logits(tokens, parents, cache)
     torch.testing.assert_close(graphed, eager, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fast, simulated", [(False, False), (True, True)])
+@torch.inference_mode()
+def test_the_device_loop_bodies_never_sync(tiny_ckpt, fast, simulated):
+    """The device loop's two graphs (workers/engine/device_loop.py): verify + acceptance (greedy, or
+    the planned n), then the head's chain fed from what acceptance left on the device."""
+    from workers.drafters.eagle3 import default_aux_layers
+    from workers.drafters.eagle3_chain import HeadFastStep
+    from workers.engine.device_loop import AcceptOnDevice
+    from workers.engine.steps import StepRunner
+
+    model = load_model(tiny_ckpt, max_seq=64)
+    model.aux_layers = default_aux_layers(model.args.n_layers)
+    k = 3
+    steps = StepRunner(model, model.new_cache(1), max_width=k + 1, engine=EngineConfig(compile=False, cuda_graphs=False))
+    steps.prefill([5, 6, 7, 8])
+    loop = AcceptOnDevice(steps, k, max_steps=8)
+    loop.plan[:1] = 2
+    loop.stage(9, torch.tensor([10, 11, 12]), steps.cache.lengths[0])
+    with NoHostSync():
+        result = loop._body(simulated)
+    loop.feed.aux = model.aux
+    head = random_head(head_config(load_args(tiny_ckpt), draft_vocab=64), d2t_from=list(range(100, 164)))
+    step = HeadFastStep(head, EngineConfig(compile=False, gemv="cublas", attention="sdpa")) if fast else None
+    chain = Eagle3Drafter(head, chain=True, fast=step).chain
+    with NoHostSync():
+        chain._run_fed(loop.feed, k)
+    assert result.shape == (2 * (k + 1),) and (result[0] == 2 or not simulated)
+    assert all(100 <= t < 164 for t in steps._inputs[0, 1 : k + 1].tolist())  # the drafts, in the next pass's input

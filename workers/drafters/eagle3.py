@@ -305,14 +305,18 @@ class Eagle3Drafter(Drafter):
 
     def propose_on_device(self, committed: list[int], k: int) -> Proposal:
         """As `propose`, but a greedy chain's drafts stay on the device (`Proposal.device_tokens`):
-        the verify pass reads them there and the step reads them back with its argmaxes, one sync
-        a step instead of two (engine.overlap). Where the chain does not apply: host tokens."""
+        the verify pass reads them there (engine.overlap: a prompt's first step in the device loop,
+        or every step where the loop does not run, read back with the argmaxes in one sync). Where
+        the chain does not apply: host tokens."""
         return self._propose(committed, k, on_device=True)
 
-    def fed_ready(self, k: int) -> bool:
+    def fed_ready(self, k: int, graphed: bool) -> bool:
         """Whether this run drafts greedy head chains that can be fed on the device
-        (workers/engine/device_loop.py): no lookup (a host decision per step), no tree."""
-        return self.use_chain and self.temperature <= 0 and not self.lookup and self._width(k) == 1
+        (workers/engine/device_loop.py): no lookup (a host decision per step), no tree, and the chain
+        captured exactly where the verify pass is (`graphed`; an eager pass on a GPU would hand a
+        captured chain new aux tensors each step, a capture per step)."""
+        plain_chain = self.use_chain and self.temperature <= 0 and not self.lookup and self._width(k) == 1
+        return plain_chain and self.chain.capture == graphed
 
     @torch.inference_mode()
     def draft_fed(self, feed, k: int, span: tuple | None = None) -> None:

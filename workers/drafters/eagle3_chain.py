@@ -2,14 +2,16 @@
 
     chain = Eagle3Chain(head, cache, max_width=17)      # capture: CUDA graphs (default on a GPU)
     drafts = chain.draft(tokens, aux, k)                # list of k target ids, or None (use the eager loop)
+    chain.draft_fed(feed, k)                            # the device loop's: feed and drafts on the device
 
 One replay fuses the verifier's aux states of the `T` staged entries (g_i = fc(aux_i)), runs the
 head's step on them (tokens x_{i+1} and states g_i at positions start..start+T-1), takes the
 argmax of the last entry's draft logits, maps it to a target id, and k - 1 times feeds that token
 with the head's own pre-norm output at the next position, all on the device: k drafts cost one
 launch and one host sync instead of ~30 kernels and a sync per draft. Positions live in a device
-buffer, so no shape depends on the sequence length. A graph is captured per (T, k) on first use,
-or ahead of timing by `warm`.
+buffer, so no shape depends on the sequence length. A graph is captured per (T, k, width) on first
+use, or ahead of timing by `warm`. `draft_fed` is the same chain after a feed the verifier's
+acceptance left on the device (workers/engine/device_loop.py): its graph is bound to that feed.
 
 A head step is either the eager one (`Eagle3Head.step_at` with kv_len = max_seq: SDPA over the
 whole head cache under a position mask, separate norm, rope and cast kernels) or, given an
@@ -19,8 +21,8 @@ weights, the GEMV picker for every GEMM (the draft lm_head too), compiled norm b
 split-KV Triton attention, which applies rope, writes the cache and reads only the slots up to each
 query's position.
 
-Invariant (as the eager loop): after a chain the cache holds start + T + k - 1 entries; the last
-draft is not fed. Without capture (CPU) the same device-only body runs directly, which is how the
+Invariant (as the eager loop): after `draft` the cache holds start + T + k - 1 entries; the last
+draft is not fed. `draft_fed` leaves the host's cache length alone (its positions are the feed's). Without capture (CPU) the same device-only body runs directly, which is how the
 tests compare it with the eager loop.
 """
 
@@ -69,9 +71,12 @@ class HeadFastStep:
         self.cos, self.sin = head.rope_cos.to(dtype), head.rope_sin.to(dtype)
 
     def prepare(self, widths) -> None:
-        """Race the GEMV picker at these step widths now (outside any capture or timing)."""
-        if self.fused.gemv is not None:
-            self.fused.gemv.prepare(widths)
+        """Race the GEMV picker at these step widths now (outside any capture or timing); the draft
+        lm_head at width 1 only (a step projects one entry: the last, or `at`)."""
+        gemv = self.fused.gemv
+        if gemv is not None:
+            gemv.prepare(widths, roles=[r for r in gemv.weights if r != "lm_head"])
+            gemv.prepare([1], roles=["lm_head"])
 
     def step_at(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, at: torch.Tensor | None = None):
         """As `Eagle3Head.step_at` with kv_len = cache.max_seq: (pre-norm outputs [T, hidden],
@@ -110,7 +115,7 @@ class Eagle3Chain:
         self._aux = torch.zeros(max_width, head.fc.in_features, dtype=dtype, device=self.device)  # fc's input
         pin = self.device.type == "cuda"
         self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory() if pin else torch.zeros(2, max_width, dtype=torch.long)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # (T, k, width) or ("fed", ...)
         self._pool = None
         # the widest feed `warm` captured: a wider one (a backlog after lookup steps, drafter.lookup)
         # is fed eagerly by the drafter rather than captured inside a timed run

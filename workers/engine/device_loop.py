@@ -3,7 +3,7 @@ enqueued back to back, with the host reading each step's result while the chain 
 
 The host path of a step (workers/engine/strategies.py `StepStrategy.step`) reads the verify pass's
 argmaxes, decides on the host, hands the kept rows' hidden states to the drafter and stages its
-next feed: the GPU idles for that round trip (~0.5 ms a step on the H200, docs/eagle3.md). Here,
+next feed: the GPU idles for that round trip (docs/eagle3.md, "GPU check"). Here,
 for an in-rank greedy chain drafter (EAGLE-3, `Eagle3Drafter.draft_fed`) under engine.overlap:
 
     verify + accept   one graph (`AcceptOnDevice`): the pass over [last, d_1..d_k] at the positions
@@ -117,7 +117,7 @@ class AcceptOnDevice:
         start = steps.cache.lengths[0]
         if start + self.T > steps.cache.max_seq:
             raise ValueError(f"sequence length {start + self.T} exceeds the cache ({steps.cache.max_seq})")
-        key = ("accept", self.T, steps._comm_on(), simulated)
+        key = ("accept", id(self), steps._comm_on(), simulated)  # bound to this loop's buffers
         out = steps.replay(key, lambda: self._body(simulated), restore=(self.step_no,))
         steps.cache.lengths[0] = start + self.T  # as a step leaves it: the caller rolls back to the kept entries
         self.feed.aux = steps.model.aux  # the graph's static aux rows (CPU: this pass's)

@@ -94,7 +94,8 @@ class StepRunner:
         fused = engine.compile and self.use_graphs
         attend_fn, self.attention = pick_attention(engine.attention, model.args.head_dim, self.device) if fused else (None, "sdpa")
         self.fast = try_fused(model, engine, allreduce, attend_fn) if fused else None
-        # (width, allreduce on) -> a step's graph; ("chain", width, k) -> a greedy draft chain's
+        # (width, allreduce on) -> a step's graph; ("chain", width, k) a greedy draft chain's; ("greedy", ...)
+        # the self-feeding greedy step's; ("tree", width, ...) a tree step's; ("accept", ...) the device loop's
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
         self._pool = None
         self._aux: dict[tuple, list[torch.Tensor]] = {}
@@ -307,8 +308,12 @@ class StepRunner:
         self._staged.record()
 
     def _capture_or_fall_back(self, run, restore: tuple[torch.Tensor, ...] = ()):
+        # a body may feed itself (the greedy step, device acceptance: the next token and positions
+        # into `_inputs`): whatever ran before a capture succeeds, the static inputs are put back
+        statics = (self._inputs, *restore)
+        saved = [t.clone() for t in statics]
         try:
-            return self._capture(run, restore)
+            return self._capture(run, statics, saved)
         except Exception as e:  # noqa: BLE001 - torch.compile fails lazily, here; the plain model still works
             if self.fast is None:
                 raise
@@ -318,7 +323,7 @@ class StepRunner:
                 flush=True,
             )
             self.fast = None  # the bodies read it when they run: the capture below takes the plain model
-            return self._capture(run, restore)
+            return self._capture(run, statics, saved)
 
     def warm(self, widths, chain: int = 0, greedy: bool = False, margins: bool = False, tree: int = 0) -> None:
         """Capture the graphs of these step widths now (compiling their bodies), outside any timing,
@@ -364,20 +369,18 @@ class StepRunner:
         body = self.fast.hidden_at if self.fast is not None else self.model.hidden_at
         return self.model.logits(body(tok, pos, self.cache, self.cache.max_seq))
 
-    def _capture(self, run, restore: tuple[torch.Tensor, ...] = ()):
+    def _capture(self, run, statics: tuple[torch.Tensor, ...], saved: list[torch.Tensor]):
         # Warm up on a side stream (lazy kernels, allocator), then capture. Every TP rank captures
         # the same width at the same step (SPMD), so the collectives inside line up.
-        # A body may feed itself (the greedy step, device acceptance: the next token and positions
-        # into `_inputs`): the warm-up runs must leave the static inputs as they found them
-        statics = (self._inputs, *restore)
-        saved = [t.clone() for t in statics]
+        for t, before in zip(statics, saved):
+            t.copy_(before)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 run()
         torch.cuda.current_stream(self.device).wait_stream(side)
-        for t, before in zip(statics, saved):
+        for t, before in zip(statics, saved):  # the warm-up runs' writes undone before the first replay
             t.copy_(before)
         graph = torch.cuda.CUDAGraph()
         counters = getattr(self.allreduce, "counters", None)

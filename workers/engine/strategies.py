@@ -22,7 +22,9 @@ The modes, one class each (`strategy_for` picks one per run):
 
 Hidden states (EAGLE-3): `Rank.score` is the one call of the model; `publish` hands the rows of the
 kept positions to an in-rank drafter, or in `VerifyResult.hidden` to the drafter process. Under
-`engine.overlap` an in-rank greedy chain leaves its drafts on the device (`propose_for_step`): the
+`engine.overlap` on CUDA graphs an in-rank greedy chain takes each prompt whole through the device
+loop (workers/engine/device_loop.py: verify, acceptance and the next chain enqueued back to back,
+no `publish`); where it does not, its drafts still stay on the device (`propose_for_step`): the
 verify pass reads them there and `decide` reads them back with its argmaxes, one sync a step.
 Trees (`Proposal.parents`, drafter.tree_width): scored in one pass under a tree mask, decided by
 `tree_verify`, and the kept path's K/V moved behind the last token (`KVCache.keep_path`) before the
@@ -228,8 +230,10 @@ class PlainSteps(StepStrategy):
 
 
 class InRankDrafting(StepStrategy):
-    """The drafter runs inside this rank (every rank a copy, fed the same committed tokens); with
-    overlap, greedy, a drafter that can leaves its drafts on the device (`propose_on_device`)."""
+    """The drafter runs inside this rank (every rank a copy, fed the same committed tokens). With
+    overlap, greedy, on CUDA graphs, a greedy head chain (EAGLE-3) runs each prompt through the
+    device loop (workers/engine/device_loop.py); elsewhere a drafter that can leaves its drafts on
+    the device for the verify pass (`propose_on_device`)."""
 
     def __init__(self, rank: Rank, drafter: Drafter, overlap: bool = False):
         super().__init__(rank)
@@ -246,10 +250,12 @@ class InRankDrafting(StepStrategy):
         # a greedy head chain in this rank, drafting for this rank alone: verify, accept and draft
         # stay on the device (workers/engine/device_loop.py); all ranks take it alike (SPMD)
         self.loop = None
-        if capture and self.on_device and fed is not None and fed(self.k) and r.local and r.link.drafter_rank is None and not r.tree_nodes:
-            self.loop = AcceptOnDevice.for_steps(r.steps, self.k)
-            warm_device_loop(self.loop, self.drafter, self.simulated)
         r.steps.line_up()  # the drafter's warm-up (compiling, capturing) takes each rank its own time
+        takes_loop = capture and self.on_device and fed is not None and fed(self.k, r.steps.use_graphs)
+        if takes_loop and r.local and r.link.drafter_rank is None and not r.tree_nodes:
+            self.loop = AcceptOnDevice.for_steps(r.steps, self.k)
+            warm_device_loop(self.loop, self.drafter, self.simulated)  # its verify pass holds the allreduces
+            r.steps.line_up()
 
     def device_loop_for(self, seq: Sequence) -> AcceptOnDevice | None:
         """The device loop, where it takes this prompt whole (its steps fit both caches)."""

@@ -230,12 +230,12 @@ class GemvPicker:
         config = self._config(role, x, w_gate_up, None, True)
         return _reference(x, w_gate_up, None, True, self.silu_mul) if config is None else gemv(x, w_gate_up, None, config, True)
 
-    def prepare(self, widths) -> None:
-        """Decide every role at these step widths now, on random inputs and the first layer's
-        weight: the races compile and time kernels for seconds, which must not happen between two
-        TP ranks' allreduces (StepRunner.warm calls this, then lines the ranks up)."""
+    def prepare(self, widths, roles=None) -> None:
+        """Decide every role (or those named in `roles`) at these step widths now, on random inputs
+        and the first layer's weight: the races compile and time kernels for seconds, which must not
+        happen between two TP ranks' allreduces (StepRunner.warm calls this, then lines the ranks up)."""
         for role, ws in self.weights.items():
-            if not ws:
+            if not ws or (roles is not None and role not in roles):
                 continue
             w = ws[0]
             for T in widths:

@@ -8,7 +8,9 @@ what the host does while the GPU waits.
 The verifier rank runs in this process (the gang's Worker, world size 1: the same engine, drafter
 and step strategy as `spectune decode --tp 1`; a drafter in its own process is not traced). After a
 warm-up run, one prompt decodes under the profiler. Each spec step's phases are labelled in the
-trace (`spectune.propose`, `.verify`, `.decide`, `.publish`: workers/engine/strategies.py). Written
+trace (`spectune.propose`, `.verify`, `.decide`, `.publish`: workers/engine/strategies.py; the
+device loop, workers/engine/device_loop.py, has no `.publish`, and its `.decide` holds the wait for
+the verify pass while the next chain is queued). Written
 to DIR: trace.json (chrome://tracing or Perfetto) and summary.json; printed: the run's wall time, the
 time some kernel ran (the union of kernel intervals), and, per phase, its host time and the GPU idle
 time inside it: what a fused verify + accept + draft would have to remove.
