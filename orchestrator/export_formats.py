@@ -29,6 +29,7 @@ import shlex
 from typing import Any
 
 from orchestrator.envpolicy import NVLS_OFF_ENV, refuse_nvls
+from workers.spec import tree_size
 
 # The engine versions whose documentation the flag names below were checked against.
 #   vLLM: the 0.25.0 documentation (docs/features/speculative_decoding/{draft_model,
@@ -47,9 +48,6 @@ DRAFTERS = ("none", "ngram", "draft_model", "eagle3", "layer_skip")
 # spectune's n-gram defaults (workers/spec.py DrafterSpec), for a schedule whose options omit them
 NGRAM_MAX_DEFAULT = 3
 NGRAM_MIN_DEFAULT = 1
-
-# the most drafts one verify pass scores: workers/engine/link.py MAX_DRAFT_TOKENS (not imported: torch; a test holds them equal)
-MAX_TREE_NODES = 16
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -97,11 +95,6 @@ def _tree_width(row: dict) -> int:
     """An eagle3 winner's tree width (drafter.tree_width); 0 where it drafted a chain (0 or 1)."""
     w = int(_opts(row).get("tree_width") or 0)
     return w if row.get("drafter") == "eagle3" and w >= 2 else 0
-
-
-def _tree_nodes(k: int, w: int) -> int:
-    """Drafts in an eagle3 tree, at most MAX_TREE_NODES (workers/drafters/eagle3_tree.py `tree_size`)."""
-    return min(k * w, max(k, MAX_TREE_NODES))
 
 
 def _ngram_window(row: dict) -> tuple[int, int]:
@@ -360,7 +353,7 @@ def _sglang_speculative_flags(first: dict) -> tuple[list[str], list[str]]:
         f"--speculative-draft-model-path {shlex.quote(str(o['model_path']))}",
         f"--speculative-num-steps {k}",
         f"--speculative-eagle-topk {w or 1}",
-        f"--speculative-num-draft-tokens {(_tree_nodes(k, w) if w else k) + 1}",
+        f"--speculative-num-draft-tokens {tree_size(k, w) + 1}",
     ]
     return flags, _lookup_notes(o, "SGLang") + _tree_notes(first, "SGLang")
 
@@ -380,7 +373,7 @@ def _tree_notes(row: dict, engine: str) -> list[str]:
     speculative_token_tree went with tree attention (vllm-project/vllm PR 42121, merged 2026-05-08)."""
     if not (w := _tree_width(row)):
         return []
-    k, n = _k(row), _tree_nodes(_k(row), w)
+    k, n = _k(row), tree_size(_k(row), w)
     head = f"# the winner drafted a tree (drafter.tree_width {w}): the head's top-{w} at each of k={k} depths, the chain first, {n} drafts;"
     if engine == "vLLM":
         return [head, f"#   vLLM {ENGINE_VERSIONS['vllm']} has no trees (PR 42121): this runs the head's chain of k={k}, accepting less"]

@@ -13,6 +13,7 @@ from orchestrator.workload import PreparedWorkload, prepare
 from workers.comm import GangInfo, refusal
 from workers.model.args import ModelConfigError, check_tp
 from workers.model.checkpoint import load_args, resolve_model_path
+from workers.spec import tree_size
 
 
 def most_drafts(cfg: ExperimentConfig, k: int) -> int:
@@ -21,7 +22,7 @@ def most_drafts(cfg: ExperimentConfig, k: int) -> int:
     if "eagle3" not in candidates(cfg, "drafter.kind"):
         return k
     w = max(1, *(int(v or 0) for v in candidates(cfg, "drafter.tree_width")))
-    return max(k, min(k * w, registry.PARAMS["spec.num_draft_tokens"].high))
+    return tree_size(k, w)
 
 
 def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list) -> None:

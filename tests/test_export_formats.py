@@ -276,13 +276,6 @@ def test_sglang_eagle3_tree_width_0_or_1_is_a_chain(width):
     assert "tree" not in comments(text)
 
 
-def test_the_tree_limit_is_the_links():
-    from orchestrator.export_formats import MAX_TREE_NODES
-    from workers.engine.link import MAX_DRAFT_TOKENS
-
-    assert MAX_TREE_NODES == MAX_DRAFT_TOKENS
-
-
 @pytest.mark.parametrize("row", [winner(k=3, drafter="layer_skip"), winner(k=0, drafter="none")])
 def test_sglang_without_speculation(row):
     text = to_sglang(schedule(row))

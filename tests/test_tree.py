@@ -219,7 +219,8 @@ def test_a_tree_over_the_link_at_tp2_with_the_demo_head_keeps_the_baseline():
 
 
 def test_the_tree_shape_shares_the_chain_then_gives_the_ngram_branch_the_deepest_siblings_places():
-    from workers.drafters.eagle3_tree import shape_tree, tree_size
+    from workers.drafters.eagle3_tree import shape_tree
+    from workers.spec import tree_size
 
     chain, alts = [1, 2, 3, 4], [[5, 6], [7, 8], [9, 10], [11, 12]]  # k = 4, W = 3
     assert tree_size(4, 3) == 12 and tree_size(4, 0) == 4 and tree_size(8, 4) == MAX_DRAFT_TOKENS
@@ -242,7 +243,8 @@ def test_every_tree_shape_holds_its_size_a_trie_and_the_branch(seed):
     """Random chains, runners-up and n-gram branches: always tree_size(k, W) drafts, each parent
     before its child, no token twice under one parent, and the branch's longest fitted prefix is a
     path of the tree."""
-    from workers.drafters.eagle3_tree import shape_tree, tree_size
+    from workers.drafters.eagle3_tree import shape_tree
+    from workers.spec import tree_size
 
     g = np.random.default_rng(seed)
     k, width = int(g.integers(1, 14)), int(g.integers(2, 6))

@@ -7,6 +7,14 @@ from dataclasses import dataclass, field
 from workers.engine.config import EngineConfig
 from workers.engine.stats import RunStats
 
+MAX_DRAFT_TOKENS = 16  # the draft link's capacity (workers/engine/link.py): drafts a step scores at most
+
+
+def tree_size(k: int, width: int) -> int:
+    """Drafts in an EAGLE-3 tree of k depths and `width` tokens at each (a chain: k): the rule the
+    verifier warms (workers/drafters/eagle3_tree.py) and the orchestrator counts, without torch."""
+    return min(k * width, MAX_DRAFT_TOKENS) if width >= 2 else k
+
 
 @dataclass(frozen=True)
 class DrafterSpec:

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from workers.drafters.base import Drafter
-from workers.drafters.eagle3_tree import shape_tree, tree_size
+from workers.drafters.eagle3_tree import shape_tree
 from workers.drafters.ngram import NgramIndex
 from workers.engine.config import EngineConfig
 from workers.engine.link import MAX_DRAFT_TOKENS, Proposal
@@ -49,6 +49,7 @@ from workers.engine.verify import sample
 from workers.model.args import CheckpointError, ModelArgs, ModelConfigError
 from workers.model.rope import apply_rope, rope_tables
 from workers.model.transformer import MLP, Attention, KVCache, RMSNorm, attend
+from workers.spec import tree_size
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 

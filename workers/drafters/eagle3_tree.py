@@ -14,19 +14,14 @@ longest path the target agrees with (workers/engine/verify.py `tree_path`). The 
 The size is fixed by (k, W) alone, min(k x W, MAX_DRAFT_TOKENS) drafts, whatever the n-gram
 branches hold: they take the places of the deepest siblings, so every step of a trial is one tree
 width and replays one graph. With no room for a sibling (k = MAX_DRAFT_TOKENS) the proposal is the
-chain. `tree_size` is the rule the verifier warms and the orchestrator counts (without torch there).
+chain. `tree_size` (workers/spec.py, torch-free) is the rule the verifier warms and the orchestrator counts.
 
     python -m pytest tests/test_tree.py      # shapes, the merge, and trees verified end to end
 """
 
 from __future__ import annotations
 
-from workers.engine.link import MAX_DRAFT_TOKENS
-
-
-def tree_size(k: int, width: int) -> int:
-    """Drafts in a tree of k depths and `width` tokens at each (a chain: k)."""
-    return min(k * width, MAX_DRAFT_TOKENS) if width >= 2 else k
+from workers.spec import MAX_DRAFT_TOKENS
 
 
 def shape_tree(chain: list[int], alternatives: list[list[int]], branches: list[list[int]] = ()) -> tuple[list[int], list[int] | None]:

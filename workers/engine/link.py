@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-MAX_DRAFT_TOKENS = 16  # message capacity: k per step is at most this
+from workers.spec import MAX_DRAFT_TOKENS  # noqa: F401 - message capacity: k per step is at most this
 
 
 @dataclass

@@ -41,7 +41,6 @@ import torch
 
 from workers.comm import AllReduce
 from workers.drafters import Drafter
-from workers.drafters.eagle3_tree import tree_size
 from workers.engine.batched import BatchSteps, decode_batches, run_drafter_batched, why_not_batched
 from workers.engine.config import EngineConfig
 from workers.engine.link import DraftLink
@@ -50,7 +49,7 @@ from workers.engine.stats import RunStats, relative_margins
 from workers.engine.steps import StepRunner
 from workers.engine.strategies import strategy_for
 from workers.model.transformer import Transformer
-from workers.spec import PromptResult, RunResult, Workload
+from workers.spec import PromptResult, RunResult, Workload, tree_size
 
 
 def decides_locally(w: Workload, has_drafter: bool) -> bool:
@@ -94,7 +93,7 @@ class Verifier:
         }
 
     def _tree_nodes(self, w: Workload) -> int:
-        """The drafts of a tree step (workers/drafters/eagle3_tree.py `tree_size`); 0 where this
+        """The drafts of a tree step (workers/spec.py `tree_size`); 0 where this
         run drafts chains (a tree with no room for a sibling is a chain)."""
         k = w.num_draft_tokens
         if self.tree_width < 2 or not k:
