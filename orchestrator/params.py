@@ -24,7 +24,7 @@ from typing import Any
 
 from workers.drafters import KINDS, PLACEMENTS
 from workers.engine.config import ENGINE_FIELDS, EngineConfig
-from workers.engine.link import MAX_DRAFT_TOKENS
+from workers.spec import MAX_DRAFT_TOKENS
 
 NCCL_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")
 

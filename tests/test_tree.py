@@ -13,10 +13,9 @@ from scipy.stats import chisquare
 
 from tests.test_eagle3 import _prompts, tiny_head  # noqa: F401 - the fixture
 from workers.drafters.eagle3 import Eagle3Drafter
-from workers.engine.link import MAX_DRAFT_TOKENS
 from workers.engine.verify import tree_path, tree_verify
 from workers.model.checkpoint import load_model
-from workers.spec import DrafterSpec, GangSpec, Workload
+from workers.spec import MAX_DRAFT_TOKENS, DrafterSpec, GangSpec, Workload
 
 # [last, a, b, c, d, e]: a and d under the root, b and e under a, c under b
 TREE_PARENTS = [-1, 0, 1, 2, 0, 1]

@@ -1,4 +1,5 @@
-"""Plain data passed from the driver to the workers and back (picklable; no Ray, no Optuna)."""
+"""Plain data passed from the driver to the workers and back (picklable; no Ray, no Optuna, no
+torch), and the draft-count rule both sides share (`MAX_DRAFT_TOKENS`, `tree_size`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ MAX_DRAFT_TOKENS = 16  # the draft link's capacity (workers/engine/link.py): dra
 
 
 def tree_size(k: int, width: int) -> int:
-    """Drafts in an EAGLE-3 tree of k depths and `width` tokens at each (a chain: k): the rule the
-    verifier warms (workers/drafters/eagle3_tree.py) and the orchestrator counts, without torch."""
+    """Drafts in an EAGLE-3 tree of k depths and `width` tokens at each (a chain: k): the width the
+    verifier warms (`Verifier._tree_nodes`), what `Eagle3Drafter._width` checks and `shape_tree`
+    builds, and what the orchestrator counts (validate's cache sizing, the SGLang export)."""
     return min(k * width, MAX_DRAFT_TOKENS) if width >= 2 else k
 
 

@@ -26,7 +26,9 @@ The drafter keeps its own one-layer KV cache. Entry i holds (g_i, x_{i+1}). Befo
 it rolls back to the entries fed with the verifier's states, feeds the committed positions the
 verifier has sent states for since (every committed position but the last), then drafts k tokens:
 a chain (top-1, or sampled), or with `tree_width` a tree (workers/drafters/eagle3_tree.py), with
-`lookup` n-gram continuations instead of the chain or as the tree's branches.
+`lookup` n-gram continuations instead of the chain or as the tree's branches. In the device loop
+(workers/engine/device_loop.py) a greedy chain is fed on the device instead (`draft_fed`: the verify
+pass's k + 1 entries, drafting from the last one kept). Loading heads: workers/drafters/eagle3_ckpt.py.
 """
 
 from __future__ import annotations
@@ -43,13 +45,13 @@ from workers.drafters.base import Drafter
 from workers.drafters.eagle3_tree import shape_tree
 from workers.drafters.ngram import NgramIndex
 from workers.engine.config import EngineConfig
-from workers.engine.link import MAX_DRAFT_TOKENS, Proposal
+from workers.engine.link import Proposal
 from workers.engine.verify import probs as softmax_t
 from workers.engine.verify import sample
 from workers.model.args import CheckpointError, ModelArgs, ModelConfigError
 from workers.model.rope import apply_rope, rope_tables
 from workers.model.transformer import MLP, Attention, KVCache, RMSNorm, attend
-from workers.spec import tree_size
+from workers.spec import MAX_DRAFT_TOKENS, tree_size
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 

@@ -8,7 +8,8 @@ One replay fuses the verifier's aux states of the `T` staged entries (g_i = fc(a
 head's step on them (tokens x_{i+1} and states g_i at positions start..start+T-1), takes the
 argmax of the last entry's draft logits, maps it to a target id, and k - 1 times feeds that token
 with the head's own pre-norm output at the next position, all on the device: k drafts cost one
-launch and one host sync instead of ~30 kernels and a sync per draft. Positions live in a device
+launch instead of ~30 kernels and a sync per draft (read back with the verify pass's argmaxes under
+engine.overlap, or, in the device loop, not at all). Positions live in a device
 buffer, so no shape depends on the sequence length. A graph is captured per (T, k, width) on first
 use, or ahead of timing by `warm`. `draft_fed` is the same chain after a feed the verifier's
 acceptance left on the device (workers/engine/device_loop.py): its graph is bound to that feed.

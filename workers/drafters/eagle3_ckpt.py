@@ -1,6 +1,7 @@
 """Read and write EAGLE-3 heads in the public format (config.json + model.safetensors; see eagle3.py).
 
     head = load_head(path, target_embed, target_args, dtype=torch.bfloat16, device="cuda")
+    embed = target_embedding(model_path)     # the target's embedding alone, for a head process
 
     python -m workers.drafters.eagle3_ckpt --target random:llama-3-8b --draft-vocab 32000 --out /tmp/head8b
 
@@ -143,7 +144,7 @@ def set_vocab(head: Eagle3Head, target_ids: list[int]) -> None:
 def main() -> None:
     from workers.model.checkpoint import load_args, resolve_model_path
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description="write a random EAGLE-3 head of the target's shape (GPU timing runs)")
     ap.add_argument("--target", required=True, help="the target checkpoint or alias (random:<preset> works)")
     ap.add_argument("--draft-vocab", type=int, default=32000)
     ap.add_argument("--out", required=True)

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from workers.spec import MAX_DRAFT_TOKENS  # noqa: F401 - message capacity: k per step is at most this
-
 
 @dataclass
 class Proposal:

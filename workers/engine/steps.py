@@ -19,6 +19,10 @@ buffer: consume them before the next step.
 k - 1 times its own argmax, each token fed on the device, so k drafts cost one replay and one
 host sync instead of k of each.
 
+Every graphed body goes through `replay(key, run, restore)`: captured on first use (a body that
+feeds itself has its static inputs restored after the capture's warm-up runs), replayed after; the
+device loop's verify + acceptance graph (workers/engine/device_loop.py) is one such key.
+
 `greedy_launch` / `greedy_result` overlap the host with the GPU in plain greedy decoding (k = 0):
 the step's graph writes its own argmax and next position into the input buffer, so step n + 1 is
 enqueued before the host reads step n's token (from a pinned slot, behind an event) and the GPU

@@ -3,7 +3,7 @@
 `Verifier.run` (workers/engine/verifier.py) is one prompt loop for every mode; the state it carries
 (`Sequence`, `Rank`, `HiddenStates`) is in workers/engine/rank.py. Per prompt it resets
 the cache, calls `begin_prompt`, prefills, publishes the first token, calls `prefilled`, then
-`decode`, which runs steps until the sequence is done. Every step is the same five moves:
+`decode`, which runs steps until the sequence is done. Every host-path step is the same five moves:
 
     propose   up to k drafts for the sequence                     (per mode: `propose`)
     score     one forward pass over [last, d_1..d_n]; TP allreduces inside
@@ -22,8 +22,8 @@ The modes, one class each (`strategy_for` picks one per run):
 
 Hidden states (EAGLE-3): `Rank.score` is the one call of the model; `publish` hands the rows of the
 kept positions to an in-rank drafter, or in `VerifyResult.hidden` to the drafter process. Under
-`engine.overlap` on CUDA graphs an in-rank greedy chain takes each prompt whole through the device
-loop (workers/engine/device_loop.py: verify, acceptance and the next chain enqueued back to back,
+`engine.overlap` on CUDA graphs an in-rank greedy chain (batch 1, no tree or lookup, the prompt
+fitting both caches) takes each prompt whole through the device loop (workers/engine/device_loop.py: verify, acceptance and the next chain enqueued back to back,
 no `publish`); where it does not, its drafts still stay on the device (`propose_for_step`): the
 verify pass reads them there and `decide` reads them back with its argmaxes, one sync a step.
 Trees (`Proposal.parents`, drafter.tree_width): scored in one pass under a tree mask, decided by

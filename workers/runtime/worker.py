@@ -19,13 +19,13 @@ import torch.distributed as dist
 
 from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_add_norm
 from workers.drafters import Drafter, Eagle3Drafter, ModelDrafter, NgramDrafter, eagle3, eagle3_ckpt
-from workers.engine.link import MAX_DRAFT_TOKENS, DraftLink
+from workers.engine.link import DraftLink
 from workers.engine.steps import no_cudnn_attention
 from workers.engine.verifier import ProgressHook, Verifier, run_drafter
 from workers.model.checkpoint import load_args, load_model, resolve_model_path
 from workers.model.tp import TPPart, hook
 from workers.runtime.errors import WorkerError
-from workers.spec import GangSpec, RunResult, Workload
+from workers.spec import MAX_DRAFT_TOKENS, GangSpec, RunResult, Workload
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

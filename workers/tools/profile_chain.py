@@ -34,8 +34,8 @@ def main(argv=None) -> None:
     from workers.drafters.eagle3_chain import Eagle3Chain, HeadFastStep
     from workers.drafters.eagle3_ckpt import load_head, target_embedding
     from workers.engine.config import EngineConfig
-    from workers.engine.link import MAX_DRAFT_TOKENS
     from workers.model.checkpoint import load_args, resolve_model_path
+    from workers.spec import MAX_DRAFT_TOKENS
     from workers.tools.profile_step import copy_bandwidth, kernel_rows, replay_ms
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
