@@ -63,8 +63,6 @@ class AcceptOnDevice:
     def __init__(self, steps: StepRunner, k: int, max_steps: int):
         self.steps, self.k, self.T = steps, k, k + 1
         dev = steps.device
-        if not hasattr(steps, "_inputs"):  # CPU: the same static input the graphed steps stage into
-            steps._inputs = torch.zeros(2, steps.max_width, dtype=torch.long, device=dev)
         T = self.T
         self.feed = DeviceFeed(
             tokens=torch.zeros(T, dtype=torch.long, device=dev),
@@ -79,6 +77,8 @@ class AcceptOnDevice:
         self._result = torch.zeros(2 * T, dtype=torch.long)
         self._result = self._result.pin_memory() if pin else self._result
         self._done = torch.cuda.Event() if pin else None
+        # CUDA events around each chain, two pairs in turn: a chain's pair is read the step after
+        self.spans = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(2)) for _ in range(2)] if pin else []
 
     def _body(self, simulated: bool) -> torch.Tensor:
         """Device ops only (graph-safe)."""
@@ -103,13 +103,8 @@ class AcceptOnDevice:
 
     def stage(self, last: int, drafts: torch.Tensor, start: int) -> None:
         """The first step of a prompt: [last] and the host-staged chain's device drafts at start.."""
-        steps = self.steps
-        if steps.use_graphs:
-            steps._stage([last], start, self.T)
-        else:
-            steps._inputs[0, 0] = last
-            steps._inputs[1, : self.T] = torch.arange(start, start + self.T)
-        steps._inputs[0, 1 : self.T].copy_(drafts)
+        self.steps._stage([last], start, self.T)
+        self.steps._inputs[0, 1 : self.T].copy_(drafts)
 
     def launch(self, simulated: bool) -> None:
         """Enqueue verify + accept (advances the step's input on the device) and the result's copy."""
@@ -170,9 +165,7 @@ def decode_on_device(r, drafter, loop: AcceptOnDevice, seq: Sequence, stats: Run
     if first.device_tokens is None:
         raise RuntimeError("EAGLE-3 device loop: the prompt's first chain did not run on the device")
     loop.stage(seq.tokens[-1], first.device_tokens, steps.cache.lengths[0])
-    # CUDA events around each chain, two pairs in turn: a chain's pair is read the step after
-    spans = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2)] if loop._done else []
-    span, ran = first.gpu_span, 0  # span: around the chain whose drafts this step verifies
+    spans, span, ran = loop.spans, first.gpu_span, 0  # span: around the chain whose drafts this step verifies
     while True:
         calls0, comm0 = r.counters.calls, r.counters.seconds
         base = steps.cache.lengths[0]

@@ -106,9 +106,10 @@ class StepRunner:
         self._staged: torch.cuda.Event | None = None  # set below where steps are graphs (CUDA)
         # the device loops of this runner by k (workers/engine/device_loop.py): their graphs are bound to their buffers
         self.device_loops: dict[int, object] = {}
+        # the graphed bodies' static input: tokens, positions (on CPU too, where the bodies run eagerly in tests)
+        self._inputs = torch.zeros(2, max_width, dtype=torch.long, device=self.device)
         if self.use_graphs:
             self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory()
-            self._inputs = torch.zeros(2, max_width, dtype=torch.long, device=self.device)  # tokens, positions
             # recorded after each non-blocking copy out of pinned staging (`_stage`, the tree step's):
             # the host waits on it before rewriting staging, so a copy the GPU has not run yet never
             # reads the next step's values (whatever the caller synced in between)
@@ -305,6 +306,10 @@ class StepRunner:
     def _stage(self, tokens: list[int], start: int, T: int | None = None) -> None:
         """Tokens and the positions of T entries (default: as many as tokens) into the step's input."""
         T = len(tokens) if T is None else T
+        if self._staged is None:  # no graphs (CPU): straight into the static input
+            self._inputs[0, : len(tokens)] = torch.tensor(tokens)
+            self._inputs[1, :T] = torch.arange(start, start + T)
+            return
         self._staged.synchronize()
         self._staging[0, : len(tokens)] = torch.tensor(tokens)
         self._staging[1, :T] = torch.arange(start, start + T)

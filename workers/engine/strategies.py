@@ -316,9 +316,7 @@ class SimulatedAcceptance(StepStrategy):
             return super().decode(seq, stats)
         plan, credits = [], []
         for _ in range(self.w.max_new_tokens):  # a step commits at least one token
-            self.credit += self.accept_len - 1
-            plan.append(min(self.k, int(self.credit)))
-            self.credit -= plan[-1]
+            plan.append(self._take(self.k))
             credits.append(self.credit)
         ran = decode_on_device(self.r, self.source.drafter, loop, seq, stats, plan)
         self.credit = credits[ran - 1]  # the steps the prompt took
@@ -347,10 +345,14 @@ class SimulatedAcceptance(StepStrategy):
 
     def _accepted(self, proposal: Proposal) -> int:
         """Drafts accepted this step: tau - 1 on average, carried as credit between steps."""
-        self.credit += self.accept_len - 1
         chain = len(proposal.tokens)
         if proposal.parents is not None:  # a tree: its leading chain (parents -1, 0, 1, ...)
             chain = next((i for i, p in enumerate(proposal.parents) if p != i - 1), chain)
+        return self._take(chain)
+
+    def _take(self, chain: int) -> int:
+        """This step's share of the credit, at most the `chain` drafts it can keep."""
+        self.credit += self.accept_len - 1
         n = min(chain, int(self.credit))
         self.credit -= n
         return n
