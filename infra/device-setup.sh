@@ -106,7 +106,7 @@ run = client.create_run(exp)
 client.log_metric(run.info.run_id, "m", 1.0)
 client.set_terminated(run.info.run_id)
 assert client.get_run(run.info.run_id).data.metrics["m"] == 1.0
-import orchestrator.cli, orchestrator.study, orchestrator.report  # noqa: F401 - the driver's imports resolve
+import orchestrator.cli, orchestrator.study.loop, orchestrator.explain.report  # noqa: F401 - the driver's imports resolve
 print(f"device-setup: check ok (imports, Optuna SQLite, MLflow SQLite) in {time.time() - t0:.1f} s")
 PY
   rm -rf "$dir"

@@ -27,7 +27,7 @@ run() {  # name, limit, args...: JSON to $W/json/name.json
 STAGES=" ${STAGES:-train heldout chain} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
-# 1. train on the GPU: every train-split prompt, SYNTH made-up ones (orchestrator/synth_prompts.py),
+# 1. train on the GPU: every train-split prompt, SYNTH made-up ones (orchestrator/prompts/synthesis.py),
 #    SELF written by the target itself (Magpie); TRAIN_TIME seconds of training after the responses
 #    (the schedule anneals to that budget); a second call with the same WORK resumes (responses cached
 #    in data.pt, the optimizer in train_state.pt, saved every 100 steps); TRAIN_S caps this call's stage.
@@ -55,7 +55,7 @@ run heldout_eagle3_shipped 200 $H --drafter eagle3 --draft-model smollm2-135m-ea
 
 # 3. the chain of a head of Llama-3-8B's shape (random: acceptance imposed), in the rank and as its own process
 stage chain && {
-$PY -m workers.drafters.eagle3_ckpt --target random:llama-3-8b --draft-vocab 32000 --out "$W/head8b" >> "$log" 2>&1
+$PY -m workers.drafters.eagle3.checkpoint --target random:llama-3-8b --draft-vocab 32000 --out "$W/head8b" >> "$log" 2>&1
 E="decode --model random:llama-3-8b --tp 1 --device cuda --category writing --num-prompts 4 --max-new-tokens 128 --json"
 for p in rank0 actor; do
   run random8b_eagle3_$p 240 $E --drafter eagle3 --draft-model "$W/head8b" --draft-placement $p -k 4 --simulate-accept-len 3

@@ -87,13 +87,13 @@ r_ray_tp2_draft() { ray_setup; run ray_tp2_draft $S decode --ray --model $M --tp
       --draft-model random:llama-3.2-1b; }
 ray_mode() { r_ray_tp2_nccl; r_ray_tp2_ll_ngram; r_ray_tp2_draft; }
 profile() {
-  timeout 300 $PY -m workers.tools.profile_step --model $M --widths 1 5 --max-seq 512 --attention triton --top 15 \
+  timeout 300 $PY -m scripts.profile_step --model $M --widths 1 5 --max-seq 512 --attention triton --top 15 \
       --json "$OUT/profile.json" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
   profile2
 }
 profile2() {
   # one backend, one width: model load + compile of both graph sets per backend took > 300 s for two
-  timeout 300 $PY -m workers.tools.profile_step --model $M --tp 2 --backend symm_mem_ll --widths 1 --max-seq 512 --top 20 \
+  timeout 300 $PY -m scripts.profile_step --model $M --tp 2 --backend symm_mem_ll --widths 1 --max-seq 512 --top 20 \
       --json "$OUT/profile_tp2.json" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/log.txt"
 }
 gemv() {  # cuBLAS against each Triton GEMV config on the model's step GEMMs at TP 1 and 2 (no gang needed)

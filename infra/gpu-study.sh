@@ -168,7 +168,7 @@ cp "$WORK/home/optuna.db" "$WORK/home/mlflow.db" "$OUT/"
 "$PY" - "$WORK/home/optuna.db" "$OUT/summary.json" "$killed" "$after_kill" "$at_end" "$rc2" "$rc3" "$((SECONDS - t_all))" "$kill_at" \
     "$exp" "${sets[@]}" > "$OUT/check.json" <<'PY'
 import json, sqlite3, sys
-from orchestrator.config import load_config
+from orchestrator.config.schema import load_config
 db, summary_path, killed, after_kill, at_end, rc2, rc3, wall, kill_at, exp = sys.argv[1:11]
 n_goal = load_config(exp, [v for k, v in zip(sys.argv[11::2], sys.argv[12::2]) if k == "--set"]).study.n_trials
 con = sqlite3.connect(db)

@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 import tempfile
 
-from orchestrator.envpolicy import NVLS_OFF_ENV, refuse_nvls
+from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls
 from orchestrator.errors import UserError
 from workers.comm import BACKENDS, GangInfo, refusal
 
@@ -56,7 +56,7 @@ def parse_env(items: list[str]) -> list[dict[str, str]]:
 def run_backend(
     backend: str, tp: int, device: str, sizes: list[int], dtype: str, iters: int, env: dict[str, str], timeout_s: float = 600
 ) -> list[dict]:
-    from workers.tools.bench_allreduce import bench_rank
+    from workers.comm.benchmark import bench_rank
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

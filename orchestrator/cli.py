@@ -21,8 +21,8 @@ from orchestrator.errors import INPUT_ERRORS, UserError
 
 
 def _add_decode(sub) -> None:
-    from orchestrator.decode import DecodeOptions
-    from orchestrator.prompts import SPLITS
+    from orchestrator.decode.run import DecodeOptions
+    from orchestrator.prompts.loading import SPLITS
     from workers.engine.config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES
 
     d = DecodeOptions()
@@ -124,7 +124,7 @@ def _add_decode(sub) -> None:
 
 
 def _decode(ns: argparse.Namespace) -> int:
-    from orchestrator.decode import DecodeOptions, decode
+    from orchestrator.decode.run import DecodeOptions, decode
 
     fields = DecodeOptions.__dataclass_fields__
     opts = DecodeOptions(**{k: v for k, v in vars(ns).items() if k in fields})
@@ -190,7 +190,7 @@ def _bench(ns: argparse.Namespace) -> int:
 
 
 def _add_train_drafter(sub) -> None:
-    from orchestrator.prompts import SPLITS
+    from orchestrator.prompts.loading import SPLITS
     from orchestrator.train_drafter import TrainOptions
 
     d = TrainOptions()
@@ -203,7 +203,7 @@ def _add_train_drafter(sub) -> None:
         "--synthetic-prompts",
         type=int,
         default=d.synthetic_prompts,
-        help="add N made-up instruction prompts (orchestrator/synth_prompts.py)",
+        help="add N made-up instruction prompts (orchestrator/prompts/synthesis.py)",
     )
     p.add_argument(
         "--self-prompts",
@@ -285,8 +285,8 @@ def _add_experiment_commands(sub) -> None:
 
 
 def _validate(ns: argparse.Namespace) -> int:
-    from orchestrator.config import load_config
-    from orchestrator.validate import check_experiment
+    from orchestrator.config.schema import load_config
+    from orchestrator.config.validate import check_experiment
 
     cfg = load_config(ns.experiment, ns.set)
     prepared = check_experiment(cfg)
@@ -298,9 +298,9 @@ def _validate(ns: argparse.Namespace) -> int:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from orchestrator.config import load_config
-    from orchestrator.report import after_run
-    from orchestrator.study import run_study
+    from orchestrator.config.schema import load_config
+    from orchestrator.explain.report import after_run
+    from orchestrator.study.loop import run_study
 
     cfg = load_config(ns.experiment, ns.set)
     summary = run_study(cfg)
@@ -311,18 +311,18 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def _report(ns: argparse.Namespace) -> int:
-    from orchestrator.config import load_config
-    from orchestrator.report import report
+    from orchestrator.config.schema import load_config
+    from orchestrator.explain.report import report
 
     report(load_config(ns.experiment, ns.set), ns.out, bench=ns.bench)
     return 0
 
 
 def _export(ns: argparse.Namespace) -> int:
-    from orchestrator.config import load_config
-    from orchestrator.export_formats import render
-    from orchestrator.perfcheck import open_study
-    from orchestrator.schedule import build_schedule
+    from orchestrator.config.schema import load_config
+    from orchestrator.explain.perfcheck import open_study
+    from orchestrator.export.formats import render
+    from orchestrator.export.schedule import build_schedule
     from workers.model.checkpoint import resolve_model_path
 
     cfg = load_config(ns.experiment, ns.set)
@@ -344,7 +344,7 @@ def _export(ns: argparse.Namespace) -> int:
 
 
 def _schema(ns: argparse.Namespace) -> int:
-    from orchestrator.config import json_schema
+    from orchestrator.config.schema import json_schema
 
     text = json.dumps(json_schema(), indent=1) + "\n"
     if ns.out:

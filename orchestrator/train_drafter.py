@@ -1,10 +1,10 @@
 """`spectune train-drafter`: train an EAGLE-3 head for a Llama-family target on its own responses.
 
-    spectune train-drafter --model smollm2-135m --prompts orchestrator/data/spec_bench_public.jsonl \
+    spectune train-drafter --model smollm2-135m --prompts orchestrator/prompts/data/spec_bench_public.jsonl \
         --split train --max-steps 400 --out /tmp/head
 
 1. Responses: the target answers each prompt greedily through spectune's engine, its aux layers'
-   states captured on the way (workers/drafters/eagle3_train.py); cached in OUT/data.pt.
+   states captured on the way (workers/drafters/eagle3/training.py); cached in OUT/data.pt.
 2. Draft vocabulary from token frequency; the head is warm-started from the target.
 3. Training-time test over --ttt-steps unrolled draft steps; a progress line with the loss and the
    top-1 accuracy of each draft position; OUT/train_state.pt every --save-every steps, and a run
@@ -13,7 +13,7 @@
 
 `--split train` keeps 3 of every 4 prompts of each category (`heldout`: the 4th), so a head can be
 scored on prompts it never saw. `--synthetic-prompts N` adds N prompts made by
-orchestrator/synth_prompts.py (templates with fresh topics, names and numbers, and passages of the
+orchestrator/prompts/synthesis.py (templates with fresh topics, names and numbers, and passages of the
 standard library's docstrings): far more, and more varied, responses than the bundled file holds.
 `--self-prompts N` adds N user prompts the target writes itself: given its chat template up to
 where a user's message begins, a chat model samples a user's message (Magpie), so the head trains
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from orchestrator.errors import UserError
-from orchestrator.prompts import BUNDLED_PROMPTS, Tokenizer, load_prompts
+from orchestrator.prompts.loading import BUNDLED_PROMPTS, Tokenizer, load_prompts
 
 
 @dataclass
@@ -43,7 +43,7 @@ class TrainOptions:
     prompts: str = str(BUNDLED_PROMPTS)
     num_prompts: int | None = None
     split: str = "all"
-    synthetic_prompts: int = 0  # made-up instruction prompts added to the training set (orchestrator/synth_prompts.py)
+    synthetic_prompts: int = 0  # made-up instruction prompts added to the training set (orchestrator/prompts/synthesis.py)
     self_prompts: int = 0  # user prompts the target writes itself from its chat template (Magpie), added too
     max_new_tokens: int = 128
     max_steps: int = 200
@@ -69,8 +69,8 @@ def _log(msg: str, end: str = "\n") -> None:
 
 def _self_prompts(model, tok, eos: set[int], o: TrainOptions, fast) -> list[str]:
     """The texts of --self-prompts user messages sampled by the target after its chat template's
-    opening of a user turn (eagle3_train.self_prompts)."""
-    from workers.drafters.eagle3_train import self_prompts
+    opening of a user turn (workers/drafters/eagle3/training.py self_prompts)."""
+    from workers.drafters.eagle3.training import self_prompts
 
     hf = getattr(tok, "hf", None)
     if hf is None or not hf.chat_template:
@@ -93,7 +93,7 @@ def _val_every(o: TrainOptions, n: int) -> int:
 
 def _answer(model, encoded: list[list[int]], eos: set[int], o: TrainOptions, fast, t0: float) -> list:
     """The target's greedy responses to encoded prompts, --gen-batch at a time, with a progress line."""
-    from workers.drafters.eagle3_train import generate
+    from workers.drafters.eagle3.training import generate
 
     samples = []
     for i in range(0, len(encoded), o.gen_batch):
@@ -107,9 +107,9 @@ def _answer(model, encoded: list[list[int]], eos: set[int], o: TrainOptions, fas
 
 
 def train(o: TrainOptions) -> dict:
-    from workers.drafters.eagle3 import default_aux_layers
-    from workers.drafters.eagle3_ckpt import save_head
-    from workers.drafters.eagle3_train import (
+    from workers.drafters.eagle3.checkpoint import save_head
+    from workers.drafters.eagle3.head import default_aux_layers
+    from workers.drafters.eagle3.training import (
         batched_step,
         draft_vocabulary,
         pack_by_tokens,
@@ -149,7 +149,7 @@ def train(o: TrainOptions) -> dict:
     if not prompts:
         raise UserError(f"--prompts {o.prompts}: no prompts in split {o.split!r}")
     if o.synthetic_prompts:
-        from orchestrator.synth_prompts import synthetic_prompts
+        from orchestrator.prompts.synthesis import synthetic_prompts
 
         prompts += synthetic_prompts(o.synthetic_prompts, o.seed)
     # what the responses answer: the prompt texts themselves (their file may move, the synthetic

@@ -103,7 +103,7 @@ def processes_with_env(var: str, value: str, folder: str | None = None) -> list[
     """Live processes (zombies excluded) whose environment has var=value, or (given `folder`, a
     test's Ray temp dir) that write a file there: catches Ray workers and agents too, which rename
     themselves (`ray::Worker`) and whose setproctitle may overwrite part of their environment."""
-    from orchestrator.drivers import _writes_under
+    from orchestrator.study.drivers import _writes_under
 
     out, needle = [], f"{var}={value}".encode()
     for pid in os.listdir("/proc"):

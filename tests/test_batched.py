@@ -148,7 +148,7 @@ def test_eagle3_in_the_rank_reads_each_rows_own_hidden_states(smollm2):
     """The shipped EAGLE-3 head at placement rank0, batch 3: each row's head is fed that row's
     verifier states, so every sequence drafts, and is accepted, exactly as at batch 1 (a head fed
     another row's states would draft other tokens and keep a different number of them)."""
-    from orchestrator.prompts import BUNDLED_PROMPTS, Tokenizer, load_prompts
+    from orchestrator.prompts.loading import BUNDLED_PROMPTS, Tokenizer, load_prompts
     from workers.model.checkpoint import resolve_model_path
 
     tok = Tokenizer(smollm2)

@@ -138,7 +138,7 @@ def test_decode_as_ray_actors(tmp_path, tiny_ckpt):
 
     from studyutil import ray_temp_dir
 
-    from orchestrator.drivers import _writes_under
+    from orchestrator.study.drivers import _writes_under
 
     ray_tmp = ray_temp_dir()
     env = {**os.environ, "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled"}

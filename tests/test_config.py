@@ -12,9 +12,9 @@ import pytest
 import yaml
 from studyutil import tiny_experiment
 
-from orchestrator.config import json_schema, load_config
+from orchestrator.config.schema import json_schema, load_config
+from orchestrator.config.space import suggest
 from orchestrator.errors import UserError
-from orchestrator.space import suggest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -184,8 +184,8 @@ def test_registry_round_trip(tmp_path):
     """Each registry parameter written into the YAML at its path (as the report writes the winner)
     reads back as that value, resolves into the trial's configuration (engine settings in its
     EngineConfig) and comes out under the same dotted name as an MLflow param."""
-    from orchestrator import params as registry
-    from orchestrator.space import resolve
+    from orchestrator.config import registry
+    from orchestrator.config.space import resolve
 
     assert set(OTHER) - {"nccl.NCCL_PROTO"} == set(registry.PARAMS)
     base = {"name": "round-trip", "search": {"space": {"spec.num_draft_tokens": 0}}}
@@ -213,7 +213,7 @@ def test_registry_round_trip(tmp_path):
     assert (eagle3.drafter.lookup, eagle3.drafter.placement, eagle3.drafter.tree_width) == (2, "rank0", 3)
     assert {"drafter.lookup": 2, "drafter.placement": "rank0", "drafter.tree_width": 3}.items() <= eagle3.params().items()
     # the report's best configuration: the winner's searched values written back at their YAML paths
-    from orchestrator.report import best_yaml
+    from orchestrator.explain.report import best_yaml
 
     best = yaml.safe_load(best_yaml(defaults, {"engine.gemv": "off", "spec.num_draft_tokens": 2, "nccl.NCCL_PROTO": "LL"}))
     assert best["engine"]["gemv"] == "off" and best["engine"]["attention"] == "auto"
@@ -244,7 +244,7 @@ def test_engine_parameters_are_searchable(tmp_path, tiny_ckpt):
 def test_the_train_and_heldout_splits_partition_every_category():
     """workload.split / --split: train keeps prompts 0-2 of every 4 per category, heldout the 4th,
     counted over the whole file before categories, per_category and num_prompts pick from it."""
-    from orchestrator.prompts import BUNDLED_PROMPTS, load_prompts
+    from orchestrator.prompts.loading import BUNDLED_PROMPTS, load_prompts
 
     every = load_prompts(BUNDLED_PROMPTS)
     train, held = load_prompts(BUNDLED_PROMPTS, split="train"), load_prompts(BUNDLED_PROMPTS, split="heldout")
@@ -258,7 +258,7 @@ def test_the_train_and_heldout_splits_partition_every_category():
         next(p.question_id for p in held if p.category == "writing"),
         next(p.question_id for p in held if p.category == "coding"),
     ]  # the file lists writing before coding
-    from orchestrator.config import ExperimentConfig
+    from orchestrator.config.schema import ExperimentConfig
 
     space = {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}}}
     cfg = ExperimentConfig.model_validate({"name": "x", "search": space, "workload": {"split": "heldout"}})
@@ -275,9 +275,9 @@ def test_tree_width_is_searched_for_eagle3_and_refused_at_batch_sizes_above_1(tm
 
     import optuna
 
+    from orchestrator.config.space import suggest
+    from orchestrator.config.validate import check_batches, most_drafts
     from orchestrator.errors import UserError
-    from orchestrator.space import suggest
-    from orchestrator.validate import check_batches, most_drafts
 
     raw = {
         "name": "tree",

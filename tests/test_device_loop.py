@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.drafters.eagle3 import Eagle3Drafter
-from workers.drafters.eagle3_ckpt import head_config, load_head, random_head, save_head
+from workers.drafters.eagle3.checkpoint import head_config, load_head, random_head, save_head
+from workers.drafters.eagle3.head import Eagle3Drafter
 from workers.engine.config import EngineConfig
 from workers.engine.device_loop import AcceptOnDevice
 from workers.engine.steps import StepRunner
@@ -38,7 +38,7 @@ def test_acceptance_on_the_device_keeps_what_the_host_rule_keeps(tiny_ckpt, wron
     """[last, d_1..d_4] with d_1..d_wrong the greedy continuation: the device keeps `wrong` drafts
     (all 4 when none is wrong), returns the pass's argmaxes, leaves the chain's feed (kept drafts,
     then a_n) at the pass's positions, and stages the next pass at a_n right after the kept ones."""
-    from workers.drafters.eagle3 import default_aux_layers
+    from workers.drafters.eagle3.head import default_aux_layers
 
     model = load_model(tiny_ckpt, max_seq=64)
     prompt, k = [5, 6, 7, 11, 12], 4

@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import save_file
 from scipy.stats import chisquare
 
-from workers.drafters.eagle3 import Eagle3Drafter, load_config
-from workers.drafters.eagle3_ckpt import load_head
+from workers.drafters.eagle3.checkpoint import load_head
+from workers.drafters.eagle3.head import Eagle3Drafter, load_config
 from workers.engine.verify import rejection_verify
 from workers.model.checkpoint import load_args, load_model, tiny_config
 from workers.runtime.local_gang import LocalGang
@@ -200,7 +200,7 @@ def test_the_fast_head_step_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_he
     mask or the split-KV Triton attention under its interpreter, which writes the cache and reads
     each query's slots up to its position): the eager loop's drafts and pre-norm states, over rounds
     with rejected drafts rolled back."""
-    from workers.drafters.eagle3_chain import HeadFastStep
+    from workers.drafters.eagle3.chain import HeadFastStep
     from workers.engine.config import EngineConfig
 
     target = load_args(tiny_ckpt)
@@ -498,7 +498,7 @@ def test_training_labels_are_the_targets_own_argmax_at_every_position(tiny_ckpt)
     token itself (greedy), in the prompt what the target would have said there, which a teacher-
     forced pass over prompt + response predicts too. ttt_loss with prompt_labels scores those
     prompt positions as well."""
-    from workers.drafters.eagle3_train import draft_vocabulary, generate, training_labels, ttt_loss, warm_start
+    from workers.drafters.eagle3.training import draft_vocabulary, generate, training_labels, ttt_loss, warm_start
 
     model = load_model(tiny_ckpt)
     model.aux_layers = (0, 1, 1)
@@ -531,7 +531,7 @@ def test_validation_accepted_length_counts_only_chains_whose_every_draft_is_scor
     """validation_accuracy's accepted length: over the entries whose `steps` drafts are all response
     positions (not the ones near the prompt's end whose first drafts are prompt positions), 1 + the
     drafts before the first wrong one."""
-    from workers.drafters.eagle3_train import draft_vocabulary, generate, ttt_loss, validation_accuracy, warm_start
+    from workers.drafters.eagle3.training import draft_vocabulary, generate, ttt_loss, validation_accuracy, warm_start
 
     model = load_model(tiny_ckpt)
     model.aux_layers = (0, 1, 1)
@@ -558,7 +558,7 @@ def test_a_packed_batch_scores_each_sample_as_it_alone_would(tiny_ckpt):
     """ttt_loss over several samples in one pass (attention kept inside each sample, rotary positions
     restarting per sample) counts and gets right exactly what the samples do one by one, and its
     loss is their cross entropies weighted by scored positions (one step, the full vocabulary)."""
-    from workers.drafters.eagle3_train import draft_vocabulary, generate, pack_by_tokens, ttt_loss, warm_start
+    from workers.drafters.eagle3.training import draft_vocabulary, generate, pack_by_tokens, ttt_loss, warm_start
 
     model = load_model(tiny_ckpt)
     model.aux_layers = (0, 1, 1)
@@ -580,7 +580,7 @@ def test_a_packed_batch_scores_each_sample_as_it_alone_would(tiny_ckpt):
 
 
 def test_synthetic_prompts_are_many_distinct_and_repeatable():
-    from orchestrator.synth_prompts import synthetic_prompts
+    from orchestrator.prompts.synthesis import synthetic_prompts
 
     a, b = synthetic_prompts(600, seed=1), synthetic_prompts(600, seed=1)
     assert [p.text for p in a] == [p.text for p in b] and len({p.text for p in a}) == 600
@@ -603,7 +603,7 @@ def test_prompts_the_target_writes_itself_are_its_samples_distinct_and_repeatabl
     """self_prompts (Magpie): rows sampled after the prefix until a stop token, the stop token
     dropped, repeats and rows that never stop discarded; one seed gives the same prompts. Near zero
     temperature every row is the greedy continuation, so exactly that one prompt remains."""
-    from workers.drafters.eagle3_train import self_prompts
+    from workers.drafters.eagle3.training import self_prompts
 
     model = load_model(tiny_ckpt)
     prefix = [3, 1, 4, 1, 5]
@@ -624,7 +624,7 @@ def test_prompts_the_target_writes_itself_are_its_samples_distinct_and_repeatabl
 
 
 def load_prompts_all():
-    from orchestrator.prompts import BUNDLED_PROMPTS, load_prompts
+    from orchestrator.prompts.loading import BUNDLED_PROMPTS, load_prompts
 
     return load_prompts(BUNDLED_PROMPTS)
 
@@ -636,7 +636,7 @@ def test_generation_through_the_fused_batched_step_equals_the_plain_one(tiny_ckp
     the same tokens, target argmaxes and aux states as the plain masked path, for ragged prompts."""
     if kernel_device != "cpu":
         pytest.skip("CPU test of the Triton attention under its interpreter")
-    from workers.drafters.eagle3_train import generate
+    from workers.drafters.eagle3.training import generate
     from workers.engine.config import EngineConfig
     from workers.engine.fused_step import FusedStep
     from workers.kernels.attention import decode_attend

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.equivalence import TOLERANCE, compare, first_difference, outputs_verdict
+from orchestrator.study.equivalence import TOLERANCE, compare, first_difference, outputs_verdict
 from workers.runtime.local_gang import LocalGang
 from workers.spec import GangSpec, Workload
 

@@ -1,4 +1,4 @@
-"""orchestrator/export_formats.py: a study's schedule rendered for vLLM, SGLang, an env file and JSON.
+"""orchestrator/export/formats.py: a study's schedule rendered for vLLM, SGLang, an env file and JSON.
 Pure string building: no GPU, no network. The shell lines are parsed back with shlex, and the JSON
 inside --speculative-config with json, so every check is on the values an engine would receive.
 
@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from orchestrator.export_formats import ENGINE_VERSIONS, FORMATS, render, to_env, to_json, to_sglang, to_vllm
+from orchestrator.export.formats import ENGINE_VERSIONS, FORMATS, render, to_env, to_json, to_sglang, to_vllm
 
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 OPTIONS = {

@@ -27,7 +27,7 @@ from studyutil import (
     wait_until_gone,
 )
 
-from orchestrator.drivers import TOKEN_VAR, reap_dead, start_time
+from orchestrator.study.drivers import TOKEN_VAR, reap_dead, start_time
 
 SPACE = {"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}, "drafter.kind": {"choices": ["ngram", "layer_skip"]}}}
 
@@ -188,7 +188,7 @@ def test_a_racing_mlflow_write_is_retried_and_other_errors_are_not():
     """Two drivers finishing one study together both set the parent run's best-trial tag; on a
     SQLite store the loser's insert fails with UNIQUE constraint (seen in CI). That write is
     retried (and then updates the row); any other error surfaces at once."""
-    from orchestrator.tracking import Tracker
+    from orchestrator.tracking.runs import Tracker
 
     calls = []
 
@@ -216,7 +216,7 @@ def test_a_driver_is_its_pid_and_start_time():
 
     import optuna
 
-    from orchestrator.study import DRIVER_ATTR, _stale, driver_id
+    from orchestrator.study.loop import DRIVER_ATTR, _stale, driver_id
 
     study = optuna.create_study()
     me, host, pid = driver_id(), socket.gethostname(), os.getpid()

@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from studyutil import tiny_experiment
 
 from orchestrator import cli
-from orchestrator.cluster import PlacementError
-from orchestrator.config import load_config
+from orchestrator.config.schema import load_config
+from orchestrator.execution.cluster import PlacementError
 
 
 @pytest.fixture
 def no_ray(monkeypatch):
     """`spectune run` must fail before connecting to (or starting) Ray."""
-    import orchestrator.study as study
+    import orchestrator.study.loop as study
 
     def refuse(*a, **k):
         raise AssertionError("Ray was started although the input was bad")
@@ -126,7 +126,7 @@ def test_gang_larger_than_the_machine_is_one_line_before_launch(tmp_path, tiny_c
 
 
 def test_gang_needs_more_gpus_than_on_offer(tmp_path, tiny_ckpt):
-    from orchestrator.study import check_gang_fits
+    from orchestrator.study.loop import check_gang_fits
 
     exp = tiny_experiment(tmp_path, tiny_ckpt)
     cfg = load_config(exp, ["parallel.device=cuda", "search.space.parallel.tp={choices: [1, 2, 4]}"])
@@ -266,10 +266,10 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
     (wrong allreduce sums) is FAIL too; the best trial is the baseline."""
     import optuna
 
-    from orchestrator.study import HEARTBEAT_ATTR
-    from orchestrator.tracking import Tracker
-    from orchestrator.trial import run_trial
-    from orchestrator.validate import check_experiment
+    from orchestrator.config.validate import check_experiment
+    from orchestrator.study.loop import HEARTBEAT_ATTR
+    from orchestrator.study.trial import run_trial
+    from orchestrator.tracking.runs import Tracker
     from workers.runtime.errors import GangError
 
     exp = tiny_experiment(tmp_path, tiny_ckpt, search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}})

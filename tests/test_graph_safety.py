@@ -19,8 +19,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from workers.drafters.eagle3 import Eagle3Drafter
-from workers.drafters.eagle3_ckpt import head_config, random_head
+from workers.drafters.eagle3.checkpoint import head_config, random_head
+from workers.drafters.eagle3.head import Eagle3Drafter
 from workers.engine.batched import static_pass
 from workers.engine.config import EngineConfig
 from workers.engine.fused_step import FusedStep
@@ -64,7 +64,7 @@ def test_the_detector_catches_a_zero_dim_index():
 def test_the_eagle3_chain_body_never_syncs(tiny_ckpt, fast, width):
     # a reduced draft vocabulary mapped to target ids 100..163: drafts go through d2t; fast: the
     # head steps through HeadFastStep (merged weights, the picker's GEMMs, SDPA)
-    from workers.drafters.eagle3_chain import HeadFastStep
+    from workers.drafters.eagle3.chain import HeadFastStep
 
     head = random_head(head_config(load_args(tiny_ckpt), draft_vocab=64), d2t_from=list(range(100, 164)))
     step = HeadFastStep(head, EngineConfig(compile=False, gemv="cublas", attention="sdpa")) if fast else None
@@ -129,8 +129,8 @@ def test_the_tree_step_body_never_syncs_and_scores_as_the_eager_tree(tiny_ckpt, 
 def test_the_device_loop_bodies_never_sync(tiny_ckpt, fast, simulated):
     """The device loop's two graphs (workers/engine/device_loop.py): verify + acceptance (greedy, or
     the planned n), then the head's chain fed from what acceptance left on the device."""
-    from workers.drafters.eagle3 import default_aux_layers
-    from workers.drafters.eagle3_chain import HeadFastStep
+    from workers.drafters.eagle3.chain import HeadFastStep
+    from workers.drafters.eagle3.head import default_aux_layers
     from workers.engine.device_loop import AcceptOnDevice
     from workers.engine.steps import StepRunner
 

@@ -8,7 +8,7 @@ import torch
 
 from workers.model.args import ModelArgs, ModelConfigError
 from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
-from workers.tools.parity import reference_logits
+from workers.model.parity import reference_logits
 
 VARIANTS = {
     "llama-gqa": tiny_config(),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.perfmodel import (
+from orchestrator.explain.perfmodel import (
     BenchComm,
     PerfModel,
     TrialPoint,

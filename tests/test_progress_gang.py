@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from orchestrator.cluster import RayGang, Resources
+from orchestrator.execution.cluster import RayGang, Resources
 from workers.spec import GangSpec, Workload
 
 
@@ -24,7 +24,7 @@ def local_ray():
 
 
 def test_rank0_reports_progress_through_the_gang(local_ray, tiny_ckpt, monkeypatch):
-    monkeypatch.setattr("orchestrator.progress.QueueProgress.__init__.__defaults__", (0.0,))  # every step, not once a second
+    monkeypatch.setattr("orchestrator.tracking.progress.QueueProgress.__init__.__defaults__", (0.0,))  # every step, not once a second
     heard: list[tuple[int, float]] = []
     with RayGang(GangSpec(model_path=str(tiny_ckpt), tp=2), {}, Resources(cpus_per_worker=0.1)) as gang:
         gang.setup()

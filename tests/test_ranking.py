@@ -1,5 +1,5 @@
-"""Noise-aware ranking (orchestrator/ranking.py), the noise-aware pruner, the fixed part of a resumed
-study (orchestrator/fixedpart.py) and the NCCL channel constraint of the space, on real Optuna
+"""Noise-aware ranking (orchestrator/study/ranking.py), the noise-aware pruner, the fixed part of a resumed
+study (orchestrator/config/fixed.py) and the NCCL channel constraint of the space, on real Optuna
 studies (in memory) with known measurements."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from orchestrator.config import ExperimentConfig, load_config
+from orchestrator.config.fixed import FIXED_ATTR, check_resume, differences, fixed_part, record
+from orchestrator.config.schema import ExperimentConfig, load_config
+from orchestrator.config.space import check_constraints, constraint_violation, resolve
 from orchestrator.errors import UserError
-from orchestrator.fixedpart import FIXED_ATTR, check_resume, differences, fixed_part, record
-from orchestrator.ranking import MAD_TO_SIGMA, PARAMS_ATTR, SAMPLES_ATTR, noise_aware_pruner, rank
-from orchestrator.space import check_constraints, constraint_violation, resolve
+from orchestrator.study.ranking import MAD_TO_SIGMA, PARAMS_ATTR, SAMPLES_ATTR, noise_aware_pruner, rank
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -156,8 +156,8 @@ def test_nccl_min_channels_above_max_is_a_violation():
 def test_a_constraint_violating_trial_is_recorded_pruned_and_never_run(tmp_path):
     """The real trial path (Optuna, an MLflow store): no gang is asked for (pool None), the MLflow run
     carries the reason."""
-    from orchestrator.tracking import Tracker
-    from orchestrator.trial import run_trial
+    from orchestrator.study.trial import run_trial
+    from orchestrator.tracking.runs import Tracker
 
     c = ExperimentConfig.model_validate(
         {

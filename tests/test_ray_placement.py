@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from orchestrator.cluster import RayGang, Resources
-from orchestrator.envpolicy import inherited_nccl_env
+from orchestrator.config.envpolicy import inherited_nccl_env
+from orchestrator.execution.cluster import RayGang, Resources
 from workers.spec import DrafterSpec, GangSpec
 
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from studyutil import mlflow_runs, optuna_study, spectune, summary, tiny_experiment
 
-from orchestrator.trial import noise_aware
+from orchestrator.study.trial import noise_aware
 
 
 def spectune_module(args: list[str], home) -> subprocess.CompletedProcess:
@@ -210,13 +210,15 @@ def _check_bench_term(tmp_path, exp, home, ckpt, study):
         path.write_text(json.dumps(rows))
         return path
 
-    check = spectune_module(["orchestrator.perfcheck", str(exp), "--bench", str(write("bench.json", 1.0)), "--allreduce", "bench"], home)
+    check = spectune_module(
+        ["orchestrator.explain.perfcheck", str(exp), "--bench", str(write("bench.json", 1.0)), "--allreduce", "bench"], home
+    )
     assert check.returncode == 0, check.stderr[-2000:]
     assert f"allreduce term bench-derived for tp2 gloo: {rounds} allreduces per step" in check.stdout
     assert "median |error| predicting decode tok/s of trials left out of the fit:" in check.stdout
     assert check.stdout.count(" bench-derived ") >= 3  # one line per held-out trial, each fit used the table
     # --max-error: the benchmark command fails when the model misses by more than that
-    strict = spectune_module(["orchestrator.perfcheck", str(exp), "--allreduce", "fitted", "--max-error", "0"], home)
+    strict = spectune_module(["orchestrator.explain.perfcheck", str(exp), "--allreduce", "fitted", "--max-error", "0"], home)
     assert strict.returncode == 1 and "allreduce term fitted" in strict.stdout
 
     out = tmp_path / "report-bench"
@@ -230,7 +232,7 @@ def _check_bench_term(tmp_path, exp, home, ckpt, study):
 
 
 def _row(number, label, value, k, accept_len=1.0, step_ms=100.0, breakeven=None, mad=0.0, repeats=1, comm_fraction=0.4, within_noise=None):
-    from orchestrator.report.rows import Row, per_token_split
+    from orchestrator.explain.report.rows import Row, per_token_split
 
     r = Row(
         number=number,
@@ -261,8 +263,8 @@ def _row(number, label, value, k, accept_len=1.0, step_ms=100.0, breakeven=None,
 
 
 def test_verdict_reads_like_one():
-    from orchestrator.report.rows import within_noise
-    from orchestrator.report.verdict import verdict
+    from orchestrator.explain.report.rows import within_noise
+    from orchestrator.explain.report.verdict import verdict
 
     best = _row(4, "ngram k=6 gloo tp2", 3.70, 6, accept_len=1.31, step_ms=126.0, breakeven=1.26, mad=0.05, repeats=3, comm_fraction=0.38)
     close = _row(2, "ngram k=4 gloo tp2", 3.64, 4, accept_len=1.25, breakeven=1.2, within_noise=True)
@@ -291,7 +293,7 @@ def test_verdict_pools_the_winners_configuration_and_names_another_as_runner_up(
     into one sentence, and the runner-up is the best other configuration."""
     from dataclasses import replace
 
-    from orchestrator.report.verdict import verdict
+    from orchestrator.explain.report.verdict import verdict
 
     best = _row(8, "ngram k=6 nccl tp1", 512.5, 6, accept_len=3.0, breakeven=1.06, within_noise=True)
     best = replace(best, config=0, pooled_trials=[7, 8, 9], pooled_median=442.2, pooled_n=3, pooled_speedup=2.21)
@@ -305,7 +307,7 @@ def test_verdict_pools_the_winners_configuration_and_names_another_as_runner_up(
 
 
 def test_time_per_token_divides_the_step_by_its_tokens():
-    from orchestrator.report.rows import per_token_split
+    from orchestrator.explain.report.rows import per_token_split
 
     # a speculative step 230 ms long that emits 1.31 tokens costs less per token than a 180 ms plain step
     spec = per_token_split(230.0, 190.0, 20.0, 80.0, 1.31)

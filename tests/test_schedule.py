@@ -1,5 +1,5 @@
-"""The per-batch-size schedule (orchestrator/schedule.py) and the report's batch section
-(orchestrator/report/batches.py) on an Optuna study built from recorded trials: the best
+"""The per-batch-size schedule (orchestrator/export/schedule.py) and the report's batch section
+(orchestrator/explain/report/batches.py) on an Optuna study built from recorded trials: the best
 configuration per batch size (configurations pooled), speedups over plain decoding at the same
 size, where speculation stops paying and where the best backend changes, with its message size."""
 
@@ -10,8 +10,8 @@ import math
 import optuna
 import pytest
 
-from orchestrator.report.batches import batch_html, batch_sentences, batch_summary, message_bytes
-from orchestrator.schedule import build_schedule
+from orchestrator.explain.report.batches import batch_html, batch_sentences, batch_summary, message_bytes
+from orchestrator.export.schedule import build_schedule
 
 
 def _trial(k: int, backend: str, b1: list[float], b4: float, b16: float, nccl: dict | None = None):
@@ -82,7 +82,7 @@ def test_a_batch_one_study_has_no_batch_section():
 def test_inherited_nccl_variables_and_imposed_acceptance_are_not_exported_as_choices():
     """NCCL_* from the driver's shell are that machine's environment, not the study's choice; a study
     that imposed its accepted length says so above any engine command it exports."""
-    from orchestrator.export_formats import render
+    from orchestrator.export.formats import render
 
     study = optuna.create_study(direction="maximize")
     t = _trial(4, "nccl", [200.0], 500, 900, {"NCCL_ALGO": "Ring", "NCCL_P2P_DISABLE": "1"})
@@ -103,7 +103,7 @@ def test_inherited_nccl_variables_and_imposed_acceptance_are_not_exported_as_cho
 
 
 def test_a_lead_within_noise_is_no_pay():
-    from orchestrator.schedule import speculation_stops_paying
+    from orchestrator.export.schedule import speculation_stops_paying
 
     rows = [
         {"batch_size": 1, "num_draft_tokens": 4, "speedup_vs_plain": 1.40},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.decode import DecodeOptions, decode
+from orchestrator.decode.run import DecodeOptions, decode
 
 pytestmark = pytest.mark.slow
 

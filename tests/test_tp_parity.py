@@ -7,8 +7,8 @@ import torch
 
 from workers.model.args import ModelConfigError, check_tp
 from workers.model.checkpoint import load_args, tiny_config, write_random_checkpoint
+from workers.model.parity import reference_logits, sharded_logits
 from workers.model.tp import head_range
-from workers.tools.parity import reference_logits, sharded_logits
 
 
 def _tokens(vocab: int, seq: int = 24, batch: int = 1) -> list[list[int]]:

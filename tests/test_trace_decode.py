@@ -1,4 +1,4 @@
-"""workers/tools/trace_decode.py: the GPU idle accounting on made-up trace events, and the tool on
+"""scripts/trace_decode.py: the GPU idle accounting on made-up trace events, and the tool on
 CPU end to end (the in-process verifier rank, the phase labels in the trace)."""
 
 import json
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workers.tools.trace_decode import busy_intervals, summarize
+from scripts.trace_decode import busy_intervals, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_trace_decode_on_cpu_writes_a_trace_with_every_phase(tmp_path):
         [
             sys.executable,
             "-m",
-            "workers.tools.trace_decode",
+            "scripts.trace_decode",
             "--drafter",
             "ngram",
             "-k",
@@ -63,7 +63,7 @@ def test_trace_decode_on_cpu_writes_a_trace_with_every_phase(tmp_path):
     names = {e.get("name") for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]}
     assert {"spectune.propose", "spectune.verify", "spectune.decide", "spectune.publish"} <= names
     bad = subprocess.run(
-        [sys.executable, "-m", "workers.tools.trace_decode", "--drafter", "ngram", "-k", "-1", "--out", str(tmp_path)],
+        [sys.executable, "-m", "scripts.trace_decode", "--drafter", "ngram", "-k", "-1", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=ROOT,

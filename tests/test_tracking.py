@@ -8,9 +8,9 @@ from __future__ import annotations
 import io
 import os
 
-from orchestrator.config import load_config
-from orchestrator.progress import LiveLine
-from orchestrator.tracking import (
+from orchestrator.config.schema import load_config
+from orchestrator.tracking.progress import LiveLine
+from orchestrator.tracking.runs import (
     FAIL_TAG,
     KIND_TAG,
     PRUNE_TAG,

@@ -12,7 +12,7 @@ import torch
 from scipy.stats import chisquare
 
 from tests.test_eagle3 import _prompts, tiny_head  # noqa: F401 - the fixture
-from workers.drafters.eagle3 import Eagle3Drafter
+from workers.drafters.eagle3.head import Eagle3Drafter
 from workers.engine.verify import tree_path, tree_verify
 from workers.model.checkpoint import load_model
 from workers.spec import MAX_DRAFT_TOKENS, DrafterSpec, GangSpec, Workload
@@ -104,7 +104,7 @@ def test_a_tree_proposal_crosses_the_link(tmp_path):
 
 @torch.inference_mode()
 def test_the_head_drafts_its_chain_first_then_each_depths_alternatives(tiny_ckpt, tiny_head):  # noqa: F811
-    from workers.drafters.eagle3_ckpt import load_head
+    from workers.drafters.eagle3.checkpoint import load_head
     from workers.model.checkpoint import load_args
 
     model = load_model(tiny_ckpt)
@@ -218,7 +218,7 @@ def test_a_tree_over_the_link_at_tp2_with_the_demo_head_keeps_the_baseline():
 
 
 def test_the_tree_shape_shares_the_chain_then_gives_the_ngram_branch_the_deepest_siblings_places():
-    from workers.drafters.eagle3_tree import shape_tree
+    from workers.drafters.eagle3.tree import shape_tree
     from workers.spec import tree_size
 
     chain, alts = [1, 2, 3, 4], [[5, 6], [7, 8], [9, 10], [11, 12]]  # k = 4, W = 3
@@ -242,7 +242,7 @@ def test_every_tree_shape_holds_its_size_a_trie_and_the_branch(seed):
     """Random chains, runners-up and n-gram branches: always tree_size(k, W) drafts, each parent
     before its child, no token twice under one parent, and the branch's longest fitted prefix is a
     path of the tree."""
-    from workers.drafters.eagle3_tree import shape_tree
+    from workers.drafters.eagle3.tree import shape_tree
     from workers.spec import tree_size
 
     g = np.random.default_rng(seed)

@@ -103,7 +103,7 @@ class Workload:
     comm_ablation_iters: int = 0
     # plain greedy decoding: also record each token's top-1 / top-2 logit margin (relative to the top
     # logit), so a speculative run that leaves this output at a numerical near tie can be told apart
-    # from a wrong one (orchestrator/equivalence.py)
+    # from a wrong one (orchestrator/study/equivalence.py)
     record_margins: bool = False
     # B > 1: the prompts decode in static batches of B (in order; the last batch may hold fewer),
     # one verify pass of B x (k + 1) tokens per step (workers/engine/batched.py)

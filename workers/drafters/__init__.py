@@ -4,7 +4,7 @@ verifier's first L layers and head), `eagle3` (an EAGLE-3 head on the verifier's
 from __future__ import annotations
 
 from workers.drafters.base import Drafter
-from workers.drafters.eagle3 import Eagle3Drafter
+from workers.drafters.eagle3.head import Eagle3Drafter
 from workers.drafters.model_drafter import ModelDrafter
 from workers.drafters.ngram import NgramDrafter
 

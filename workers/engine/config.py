@@ -2,8 +2,8 @@
 
 It travels in the `GangSpec` to every worker process (local gang or Ray actor) and is handed
 explicitly to `StepRunner`, `FusedStep`, the GEMV picker and the fused add + norm check. On the
-driver it is the YAML section `engine:` (orchestrator/config.py), the `spectune decode` flags and
-the MLflow params `engine.<field>` (orchestrator/params.py lists them from `ENGINE_FIELDS`).
+driver it is the YAML section `engine:` (orchestrator/config/schema.py), the `spectune decode` flags and
+the MLflow params `engine.<field>` (orchestrator/config/registry.py lists them from `ENGINE_FIELDS`).
 
     engine = EngineConfig(attention="sdpa", gemv="off")
     engine.describe()   # {"attention": "sdpa", "cuda_graphs": True, ...}

@@ -129,7 +129,7 @@ class AcceptOnDevice:
 
 
 def phase(name: str):
-    """A step's labelled range in a profiler's trace (workers/tools/trace_decode.py); else nothing."""
+    """A step's labelled range in a profiler's trace (scripts/trace_decode.py); else nothing."""
     return record_function(name) if autograd_profiler._is_profiler_enabled else nullcontext()
 
 

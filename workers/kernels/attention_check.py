@@ -34,7 +34,7 @@ SELFTEST_CASES = (
     (3, 4, 2, 5, 32, 400, 300),  # a batched verify pass: rows whose last keys lie in different splits
 )
 # token trees, each against `attend` under the tree mask: H, Hkv, D, max_seq, first slot, parents (a
-# chain of 4 with two siblings a depth as leaves, a shape workers/drafters/eagle3_tree.py drafts,
+# chain of 4 with two siblings a depth as leaves, a shape workers/drafters/eagle3/tree.py drafts,
 # straddling the split boundary at 128; a branching tree of 17 entries, the most a step drafts,
 # straddling 1024; no prefix at all)
 TREE_SELFTEST_CASES = (

@@ -44,7 +44,7 @@ DEMO_MODELS = {
 
 # alias: a checkpoint shipped in the repository (docs/eagle3.md says how it was trained)
 DEMO_HEADS = {
-    "smollm2-135m-eagle3": Path(__file__).resolve().parents[1] / "drafters" / "heads" / "smollm2-135m-eagle3",
+    "smollm2-135m-eagle3": Path(__file__).resolve().parents[1] / "drafters" / "eagle3" / "heads" / "smollm2-135m-eagle3",
 }
 
 

@@ -1,0 +1,328 @@
+"""Experiment YAML -> validated, typed `ExperimentConfig` (pydantic; unknown keys are errors).
+
+    spectune validate experiments/smoke-cpu.yaml --set parallel.tp=4
+
+Sections: name, model, drafter, parallel, engine, workload, search, study, tracking, limits. Values
+left out take the defaults below (a tunable parameter's default and limits come from its row in
+orchestrator/config/registry.py, the one parameter registry); `--set dotted.key=value` overrides any field before validation
+(the value is parsed as YAML, so numbers, booleans and lists work). Errors become one line
+naming the field: `search.space.nccl.NCCL_ALGO: NVLS ... is refused`.
+`spectune schema` writes the JSON schema editors use (experiments/spectune.schema.json).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls  # noqa: F401 - NVLS_OFF_ENV re-exported
+from orchestrator.config.registry import NCCL_VAR, PARAMS, lookup
+from orchestrator.errors import UserError
+from workers.engine.config import ATTENTION_CHOICES, GEMV_CHOICES, EngineConfig
+
+SEARCHABLE = tuple(PARAMS)
+
+
+def _field(name: str):
+    """A YAML field of a registry parameter: its default, limits and one line of documentation."""
+    p = PARAMS[name]
+    return Field(p.default, ge=p.low, le=p.high, description=p.doc)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Section):
+    path: str = "smollm2-135m"  # checkpoint directory or alias
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class DrafterSection(_Section):
+    """Defaults for the drafter; the search space can override each field."""
+
+    kind: Literal[PARAMS["drafter.kind"].choices] = _field("drafter.kind")
+    num_draft_tokens: int = _field("spec.num_draft_tokens")
+    model_path: str | None = _field("drafter.model_path")
+    layers: int | None = _field("drafter.layers")
+    ngram_max: int = _field("drafter.ngram_max")
+    placement: Literal[PARAMS["drafter.placement"].choices] = _field("drafter.placement")
+    lookup: int = _field("drafter.lookup")
+    tree_width: int = _field("drafter.tree_width")
+
+
+class ParallelSection(_Section):
+    tp: int = _field("parallel.tp")
+    device: Literal["cpu", "cuda"] = "cpu"
+    backend: str = _field("comm.backend")
+    nccl_env: dict[str, str] = Field(default_factory=dict)  # NCCL_* variables every trial gets
+    threads: int = Field(1, ge=1)  # torch threads per worker (CPU)
+    cpus_per_worker: float = Field(0.25, gt=0)  # Ray CPU resource per actor
+    vocab_parallel: bool = False
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _nccl_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for k, v in env.items():
+            if not NCCL_VAR.match(k):
+                raise ValueError(f"{k!r} is not an NCCL_* variable")
+            refuse_nvls(k, v)
+        return env
+
+
+class EngineSection(_Section):
+    """What the decode engine runs (workers/engine/config.py `EngineConfig`); each field is also
+    searchable as `engine.<field>` and logged as that MLflow param."""
+
+    attention: Literal[ATTENTION_CHOICES] = _field("engine.attention")
+    cuda_graphs: bool = _field("engine.cuda_graphs")
+    compile: bool = _field("engine.compile")
+    gemv: Literal[GEMV_CHOICES] = _field("engine.gemv")
+    fused_add_norm: bool = _field("engine.fused_add_norm")
+    overlap: bool = _field("engine.overlap")
+
+    @field_validator("gemv", mode="before")
+    @classmethod
+    def _yaml_off(cls, v):
+        return PARAMS["engine.gemv"].coerce(v)
+
+    def config(self) -> EngineConfig:
+        return EngineConfig(**self.model_dump())
+
+
+class WorkloadSection(_Section):
+    prompts: str = "bundled"  # a Spec-Bench-style JSONL file, or "bundled"
+    num_prompts: int | None = Field(4, ge=1)
+    per_category: int | None = Field(None, ge=1)
+    categories: list[str] | None = None
+    # train: prompts 0-2 of every 4 per category, heldout: the 4th (orchestrator/prompts/loading.py); score a
+    # drafter trained on one split (the demo EAGLE-3 head: train) on the other
+    split: Literal["all", "train", "heldout"] = "all"
+    max_new_tokens: int = Field(32, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    seed: int = 0
+    repeats: int = Field(1, ge=1, le=20)  # measure each trial this many times; objective = median - penalty x MAD
+    # engine speed apart from drafter quality: trials with k > 0 accept exactly tau - 1 drafts per step
+    # (on average); their tokens are not the model's output (no baseline comparison), their timing is real
+    simulate_accept_len: float | None = Field(None, ge=1, le=PARAMS["spec.num_draft_tokens"].high + 1)
+    # decode the prompts in static batches of each size too: batch 1 is always measured (repeated,
+    # pruned, the noise band); every size > 1 once per trial after it, as metrics *_b<B>
+    batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _batch_sizes(cls, v: list[int]) -> list[int]:
+        if any(b < 1 or b > MAX_BATCH for b in v):
+            raise ValueError(f"each batch size must be between 1 and {MAX_BATCH}, got {v}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"batch sizes repeat: {v}")
+        return sorted(set(v) | {1})
+
+
+MAX_BATCH = 64  # a gang keeps one B-row KV cache and, on CUDA, static logits per (B, width) graph
+
+
+class IntParam(_Section):
+    low: int
+    high: int
+    step: int = 1
+    log: bool = False
+    when: dict[str, Any] | None = None
+
+
+class FloatParam(_Section):
+    low: float
+    high: float
+    log: bool = False
+    when: dict[str, Any] | None = None
+
+
+class CategoricalParam(_Section):
+    choices: list[int | float | str | bool | None] = Field(min_length=1)
+    when: dict[str, Any] | None = None
+
+
+Param = CategoricalParam | IntParam | FloatParam
+
+
+class SearchSection(_Section):
+    """`space` maps a parameter's dotted name to {choices: [...]}, {low, high[, step|log]} or a fixed value.
+    Implicit conditions: nccl.* only when comm.backend is nccl; drafter.* only when spec.num_draft_tokens > 0.
+    An explicit `when: {other.param: value-or-list}` adds one."""
+
+    space: dict[str, Param | int | float | str | bool] = Field(default_factory=dict)
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _yaml_words(cls, space):
+        """A choice or fixed value YAML read as a boolean (`off`) back to the word a parameter takes."""
+        if not isinstance(space, dict):
+            return space
+        out = {}
+        for name, p in space.items():
+            row = PARAMS.get(name)
+            if row is not None and isinstance(p, dict) and isinstance(p.get("choices"), list):
+                p = {**p, "choices": [row.coerce(c) for c in p["choices"]]}
+            elif row is not None:
+                p = row.coerce(p)
+            out[name] = p
+        return out
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchSection:
+        if not self.space:
+            raise ValueError("space: is empty (give at least one parameter, e.g. spec.num_draft_tokens: {choices: [0, 2, 4]})")
+        for name, p in self.space.items():
+            try:
+                row = lookup(name)
+            except ValueError as e:
+                raise ValueError(f"space.{name}: {e}") from None
+            for v in _values(p):
+                if name.startswith("nccl."):
+                    refuse_nvls(name.removeprefix("nccl."), v)
+                elif why := row.problem(v):  # limits of the registry; those of the model: validate.py
+                    raise ValueError(f"space.{name}: {why}")
+            if isinstance(p, (IntParam, FloatParam)) and p.low > p.high:
+                raise ValueError(f"space.{name}: low {p.low} is above high {p.high}")
+            cond = getattr(p, "when", None) or {}
+            for other in cond:
+                if other not in self.space:
+                    raise ValueError(f"space.{name}.when: {other!r} is not a parameter of the space")
+        return self
+
+
+class StudySection(_Section):
+    name: str | None = None  # default: the experiment name
+    n_trials: int = Field(6, ge=1)  # total COMPLETE trials; rerunning resumes up to this
+    storage: str | None = None  # Optuna storage URL; default sqlite in $SPECTUNE_HOME
+    sampler: Literal["tpe", "random", "grid", "gp"] = "tpe"
+    seed: int | None = 0
+    pruner: Literal["percentile", "median", "none"] = "percentile"
+    baseline: bool = True  # enqueue k = 0 first (once per TP size), also when k is not searched
+    baseline_repeats: int = Field(3, ge=1, le=20)  # the baseline measures its workload this many times (noise band)
+    mad_penalty: float = Field(1.0, ge=0)  # objective = median throughput - mad_penalty x MAD over repeats
+    bench_allreduce: bool = False  # before the trials: time the allreduce backends, log table + plot to the parent run
+    max_failed_trials: int | None = Field(None, ge=0)  # default: n_trials
+
+
+class TrackingSection(_Section):
+    uri: str | None = None  # default: MLFLOW_TRACKING_URI, else sqlite in $SPECTUNE_HOME
+    experiment: str | None = None  # default: the experiment name
+
+
+class LimitsSection(_Section):
+    trial_timeout_s: float = Field(900, gt=0)
+    setup_timeout_s: float = Field(600, gt=0)
+    placement_timeout_s: float = Field(60, gt=0)
+    max_rel_spread: float = Field(0.1, gt=0)  # MAD / median above this: the trial is measured again (once)
+
+
+class ExperimentConfig(_Section):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    model: ModelSection = Field(default_factory=ModelSection)
+    drafter: DrafterSection = Field(default_factory=DrafterSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
+    search: SearchSection
+    study: StudySection = Field(default_factory=StudySection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+    limits: LimitsSection = Field(default_factory=LimitsSection)
+
+    @property
+    def study_name(self) -> str:
+        return self.study.name or self.name
+
+    @property
+    def experiment_name(self) -> str:
+        return self.tracking.experiment or self.name
+
+
+def _values(p) -> list:
+    if isinstance(p, CategoricalParam):
+        return p.choices
+    if isinstance(p, (IntParam, FloatParam)):
+        return [p.low, p.high]
+    return [p]
+
+
+# ------------------------------------------------------------------------------- loading
+def spectune_home() -> Path:
+    return Path(os.environ.get("SPECTUNE_HOME", Path.home() / ".spectune"))
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """`a.b.c=value` -> raw["a"]["b"]["c"] = yaml(value). Keys of `search.space` contain dots
+    themselves, so everything after `search.space.` up to the last known field is one key."""
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: expected dotted.key=value")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise UserError(f"--set {item!r}: empty key segment")
+        if parts[:2] == ["search", "space"] and len(parts) > 2:
+            parts = ["search", "space", ".".join(parts[2:])]
+        node = raw
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise UserError(f"--set {key}: {part!r} is not a section")
+            node = nxt
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    return raw
+
+
+def _flat(msg: str, limit: int = 500) -> str:
+    """One line, whatever the YAML held (keys and values can contain newlines)."""
+    msg = " ".join(msg.split())
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _one_line(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith(("function-", "union[", "tagged-union")))
+    # pydantic names union branches (CategoricalParam, int, ...) in loc: drop them for the user
+    loc = re.sub(r"\.(CategoricalParam|IntParam|FloatParam|int|float|str|bool)(?=\.|$)", "", loc)
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"experiment file {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise UserError(_flat(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})")) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: the top level must be a mapping of sections, not {type(raw).__name__}")
+    return validated(apply_overrides(raw, overrides or []), f"{path}: ")
+
+
+def validated(raw: dict, where: str = "") -> ExperimentConfig:
+    """ExperimentConfig of a YAML-shaped dict, or UserError naming the first bad field (one line)."""
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as e:
+        raise UserError(_flat(f"{where}{_one_line(e)}")) from None
+
+
+def json_schema() -> dict:
+    schema = ExperimentConfig.model_json_schema()
+    schema["title"] = "spectune experiment"
+    return schema

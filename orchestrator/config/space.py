@@ -1,0 +1,216 @@
+"""Search space: an Optuna trial -> `TrialConfig`. A pure function: no Ray, no storage access.
+
+Parameters are suggested in dependency order (parallel.tp, comm.backend, spec.num_draft_tokens,
+drafter.kind, then the rest as written in the YAML). A parameter is suggested only when active:
+  nccl.*              only when comm.backend == nccl
+  drafter.*           only when spec.num_draft_tokens > 0
+  drafter.layers      only for layer_skip; drafter.ngram_max only for ngram; drafter.model_path only for draft_model
+                      and eagle3; drafter.placement, drafter.lookup and drafter.tree_width only for eagle3
+  `when: {p: v}`      only when parameter p took value v (or one of a list)
+Inactive parameters are absent from the trial, so Optuna never learns from meaningless values.
+Names, defaults and those conditions come from the parameter registry (orchestrator/config/registry.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.config import registry
+from orchestrator.config.schema import CategoricalParam, ExperimentConfig, FloatParam, IntParam
+from orchestrator.errors import UserError
+from workers.engine.config import EngineConfig
+from workers.spec import DrafterSpec
+
+PRIORITY = ("parallel.tp", "comm.backend", "spec.num_draft_tokens", "drafter.kind")
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    tp: int
+    backend: str
+    num_draft_tokens: int
+    drafter: DrafterSpec
+    nccl_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def params(self) -> dict[str, Any]:
+        """Every resolved parameter by its registry name: the MLflow params of the contract. A
+        drafter's own parameter appears only with that drafter (`Param.needs`)."""
+        values: dict[str, Any] = {
+            "parallel.tp": self.tp,
+            "comm.backend": self.backend,
+            "spec.num_draft_tokens": self.num_draft_tokens,
+            "drafter.kind": self.drafter.kind,
+            "drafter.layers": self.drafter.layers,
+            "drafter.ngram_max": self.drafter.ngram_max,
+            "drafter.model_path": self.drafter.model_path,
+            "drafter.placement": self.drafter.placement,
+            "drafter.lookup": self.drafter.lookup,
+            "drafter.tree_width": self.drafter.tree_width,
+            **{f"engine.{k}": v for k, v in self.engine.describe().items()},
+        }
+        assert values.keys() == registry.PARAMS.keys(), "a registry parameter the trial does not resolve"
+        p = {n: v for n, v in values.items() if (needs := registry.PARAMS[n].needs) is None or values[needs[0]] in needs[1]}
+        for k, v in self.nccl_env:
+            p[f"nccl.{k}"] = v
+        return p
+
+    def describe(self) -> str:
+        d = self.drafter.kind if self.num_draft_tokens else "-"
+        extra = f" L={self.drafter.layers}" if self.drafter.kind == "layer_skip" else ""
+        nccl = "".join(f" {k.removeprefix('NCCL_')}={v}" for k, v in self.nccl_env)
+        default = EngineConfig().describe()
+        engine = "".join(f" {k}={v}" for k, v in self.engine.describe().items() if v != default[k])
+        return f"tp={self.tp} {self.backend}{nccl} k={self.num_draft_tokens} {d}{extra}{engine}"
+
+
+def ordered_names(cfg: ExperimentConfig) -> list[str]:
+    names = list(cfg.search.space)
+    return [n for n in PRIORITY if n in names] + [n for n in names if n not in PRIORITY]
+
+
+def check_conditions(cfg: ExperimentConfig) -> None:
+    """Each `when` must refer to a parameter suggested before it."""
+    order = ordered_names(cfg)
+    for i, name in enumerate(order):
+        for other in getattr(cfg.search.space[name], "when", None) or {}:
+            if other not in order[:i]:
+                raise UserError(f"search.space.{name}.when: {other!r} is decided after {name} (order: {', '.join(order)})")
+
+
+def _active(name: str, p, values: dict[str, Any], cfg: ExperimentConfig) -> bool:
+    if not registry.active(name, values, lambda other: registry.value(cfg, other)):
+        return False
+    for other, allowed in (getattr(p, "when", None) or {}).items():
+        allowed = allowed if isinstance(allowed, list) else [allowed]
+        if values.get(other) not in allowed:
+            return False
+    return True
+
+
+def _suggest_one(trial, name: str, p) -> Any:
+    if isinstance(p, CategoricalParam):
+        return trial.suggest_categorical(name, p.choices)
+    if isinstance(p, IntParam):
+        return trial.suggest_int(name, p.low, p.high, step=p.step, log=p.log)
+    if isinstance(p, FloatParam):
+        return trial.suggest_float(name, p.low, p.high, log=p.log)
+    return p  # a fixed value
+
+
+def suggest(trial, cfg: ExperimentConfig, fixed: dict[str, Any] | None = None) -> TrialConfig:
+    """Ask `trial` (an optuna.Trial, or anything with suggest_*) for every active parameter.
+    `fixed` values (e.g. k = 0 for the baseline of a study that does not search k) are decided
+    before the space and never suggested; parameters they deactivate are not suggested either."""
+    values: dict[str, Any] = dict(fixed or {})
+    for name in ordered_names(cfg):
+        p = cfg.search.space[name]
+        if name not in values and _active(name, p, values, cfg):
+            values[name] = _suggest_one(trial, name, p)
+    return resolve(values, cfg)
+
+
+# (lower, upper) NCCL variable pairs: a trial whose lower bound is above its upper bound is not run
+NCCL_ORDERED = (("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"), ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS"))
+
+
+def constraint_violation(tc: TrialConfig) -> str | None:
+    """Why `tc` must not run (one line), or None. Rule: min <= max for each pair of NCCL_ORDERED."""
+    env = dict(tc.nccl_env)
+    for lo, hi in NCCL_ORDERED:
+        try:
+            if lo in env and hi in env and int(env[lo]) > int(env[hi]):
+                return f"constraint: {lo}={env[lo]} is above {hi}={env[hi]} (min must be <= max); not run"
+        except ValueError:
+            continue  # not integers: NCCL itself rejects them at start-up
+    return None
+
+
+def check_constraints(cfg: ExperimentConfig) -> None:
+    """A space whose every trial would violate a constraint is bad input (the study would never finish)."""
+    for lo, hi in NCCL_ORDERED:
+        values = [
+            [
+                v
+                for v in (candidates(cfg, f"nccl.{var}") if f"nccl.{var}" in cfg.search.space else [cfg.parallel.nccl_env.get(var)])
+                if v is not None
+            ]
+            for var in (lo, hi)
+        ]
+        try:
+            never = all(values) and min(int(v) for v in values[0]) > max(int(v) for v in values[1])
+        except ValueError:
+            continue  # not integers: NCCL itself rejects them at start-up
+        if never:
+            raise UserError(f"search.space.nccl.{lo}: every value is above every {hi} value (min must be <= max)")
+
+
+def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:
+    """Searched values on top of the YAML defaults (every name through the registry)."""
+
+    def get(name: str) -> Any:
+        return values[name] if name in values else registry.value(cfg, name)
+
+    k = int(get("spec.num_draft_tokens"))
+    kind = get("drafter.kind") if k > 0 else "none"
+    if k > 0 and kind == "none":
+        raise UserError("spec.num_draft_tokens > 0 needs a drafter: set drafter.kind or search it")
+    drafter = DrafterSpec(
+        kind=kind,
+        model_path=get("drafter.model_path") if kind in ("draft_model", "eagle3") else None,
+        layers=int(get("drafter.layers") or 0) if kind == "layer_skip" else 0,
+        ngram_max=int(get("drafter.ngram_max")),
+        placement=str(get("drafter.placement")),
+        lookup=int(get("drafter.lookup") or 0) if kind == "eagle3" else 0,
+        # widths 0 and 1 both draft a chain: one value, so they share a label and a run
+        tree_width=w if kind == "eagle3" and (w := int(get("drafter.tree_width") or 0)) >= 2 else 0,
+    )
+    backend = str(get("comm.backend"))
+    env = dict(cfg.parallel.nccl_env) if backend == "nccl" else {}
+    env.update({n.removeprefix("nccl."): str(v) for n, v in values.items() if n.startswith("nccl.")})
+    try:
+        engine = registry.engine_config(values, get)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    return TrialConfig(
+        tp=int(get("parallel.tp")),
+        backend=backend,
+        num_draft_tokens=k,
+        drafter=drafter,
+        nccl_env=tuple(sorted(env.items())),
+        engine=engine,
+    )
+
+
+def candidates(cfg: ExperimentConfig, name: str) -> list[Any]:
+    """Every value `name` can take (for validation): its choices, its range ends, or its default."""
+    p = cfg.search.space.get(name)
+    if isinstance(p, CategoricalParam):
+        return list(p.choices)
+    if isinstance(p, IntParam):
+        return list(range(p.low, p.high + 1, p.step))
+    if isinstance(p, FloatParam):
+        return [p.low, p.high]
+    if p is not None:
+        return [p]
+    return [registry.value(cfg, name)]
+
+
+def baseline_params(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Params of the k = 0 trial enqueued first: no drafting, the first backend choice."""
+    params: dict[str, Any] = {"spec.num_draft_tokens": 0}
+    for name in ("parallel.tp", "comm.backend"):
+        if isinstance(cfg.search.space.get(name), CategoricalParam):
+            params[name] = cfg.search.space[name].choices[0]
+    return params
+
+
+def grid_space(cfg: ExperimentConfig) -> dict[str, list]:
+    space = {}
+    for name, p in cfg.search.space.items():
+        if isinstance(p, FloatParam):
+            raise UserError(f"search.space.{name}: the grid sampler needs choices or an int range, not a float range")
+        if isinstance(p, (CategoricalParam, IntParam)):
+            space[name] = candidates(cfg, name)
+    return space

@@ -1,0 +1,134 @@
+"""Everything `spectune validate` checks, and `spectune run` checks before launching anything:
+the YAML against the model (TP sizes, drafter layers, draft-model vocabulary), the backends
+against the device, the search space's values and conditions, and the prompts. A value is named by
+its `search.space` entry where the study searches it, else by its YAML path (orchestrator/config/registry.py)."""
+
+from __future__ import annotations
+
+from orchestrator.config import registry
+from orchestrator.config.schema import ExperimentConfig
+from orchestrator.config.space import candidates, check_conditions
+from orchestrator.errors import UserError
+from orchestrator.execution.workload import PreparedWorkload, prepare
+from workers.comm import GangInfo, refusal
+from workers.model.args import ModelConfigError, check_tp
+from workers.model.checkpoint import load_args, resolve_model_path
+from workers.spec import tree_size
+
+
+def most_drafts(cfg: ExperimentConfig, k: int) -> int:
+    """The most drafts one verify pass scores: k for a chain; an eagle3 tree (drafter.tree_width w >= 2)
+    holds min(k x w, the link's capacity), its k chain nodes first and then the other top-w tokens."""
+    if "eagle3" not in candidates(cfg, "drafter.kind"):
+        return k
+    w = max(1, *(int(v or 0) for v in candidates(cfg, "drafter.tree_width")))
+    return tree_size(k, w)
+
+
+def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list) -> None:
+    """Batch sizes > 1 need a batch's worth of prompts and drafters that run batched (workers/engine/batched.py):
+    an eagle3 head at placement rank0 drafting a chain (drafter.tree_width 0 or 1)."""
+    big = max(cfg.workload.batch_sizes)
+    if big == 1:
+        return
+    if big > len(prepared.token_ids):
+        raise UserError(
+            f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (more prompts: workload.num_prompts, or --num-prompts)"
+        )
+    if "eagle3" in kinds and "actor" in candidates(cfg, "drafter.placement"):
+        raise UserError(
+            f"workload.batch_sizes: batch sizes > 1 run the eagle3 head at placement rank0 only; {registry.where(cfg, 'drafter.placement')} allows actor"
+        )
+    # a tree's verify pass is one sequence's (workers raise at B > 1): refuse it before any trial runs
+    wide = [w for w in candidates(cfg, "drafter.tree_width") if int(w or 0) >= 2] if "eagle3" in kinds else []
+    if wide:
+        raise UserError(
+            f"workload.batch_sizes: batch sizes > 1 run the eagle3 head as a chain only; {registry.where(cfg, 'drafter.tree_width')} "
+            f"allows tree width {wide[0]} (tree drafting runs at batch size 1)"
+        )
+    process = [k for k in kinds if k in ("draft_model", "layer_skip")]
+    if process and cfg.workload.temperature > 0 and cfg.workload.simulate_accept_len is None:
+        raise UserError(
+            f"workload.batch_sizes: batch sizes > 1 with the {process[0]} drafter (a process of its own) need greedy decoding "
+            "(workload.temperature 0) or workload.simulate_accept_len"
+        )
+
+
+def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
+    check_conditions(cfg)
+
+    def where(name: str) -> str:
+        return registry.where(cfg, name)
+
+    def check_limits(name: str) -> list:
+        values = candidates(cfg, name)
+        for v in values:
+            if why := registry.lookup(name).problem(v):
+                raise UserError(f"{where(name)}: {why}")
+        return values
+
+    ks = check_limits("spec.num_draft_tokens")
+    prepared = prepare(cfg, k_max=most_drafts(cfg, max(ks)))  # the cache holds the longest prompt, max_new_tokens and the most drafts
+    args = prepared.args
+    for tp in check_limits("parallel.tp"):
+        try:
+            check_tp(args, tp)
+        except ModelConfigError as e:
+            raise UserError(f"{where('parallel.tp')}: {e}") from None
+        for backend in candidates(cfg, "comm.backend"):
+            # peer access and message sizes are checked by the workers, which can see the GPUs
+            gang = GangInfo(world_size=tp, device_type=cfg.parallel.device, devices=tuple(range(tp)), p2p_ok=True)
+            why = refusal(str(backend), gang)
+            if why and tp > 1:
+                raise UserError(f"{where('comm.backend')}: {why}")
+    tau = cfg.workload.simulate_accept_len
+    if tau is not None and any(0 < k < tau - 1 for k in ks):
+        k_min = min(k for k in ks if k > 0)
+        raise UserError(
+            f"workload.simulate_accept_len: {tau:g} needs at least {tau - 1:g} drafts per step, but "
+            f"{where('spec.num_draft_tokens')} allows k = {k_min}"
+        )
+    if cfg.study.baseline and "spec.num_draft_tokens" in cfg.search.space and 0 not in ks:  # k not searched: the baseline is added
+        raise UserError(
+            f"{where('spec.num_draft_tokens')}: must allow 0, the baseline every speedup is measured against (or set study.baseline: false)"
+        )
+    kinds = check_limits("drafter.kind")
+    if any(k > 0 for k in ks) and kinds == ["none"]:
+        raise UserError(f"{where('drafter.kind')}: spec.num_draft_tokens > 0 needs a drafter")
+    if "layer_skip" in kinds:
+        for layers in candidates(cfg, "drafter.layers"):
+            if layers is None or not isinstance(layers, int) or not 1 <= layers < args.n_layers:
+                raise UserError(
+                    f"{where('drafter.layers')}: {layers!r} must be between 1 and {args.n_layers - 1} for layer_skip (the model has {args.n_layers} layers)"
+                )
+    if "draft_model" in kinds:
+        for path in candidates(cfg, "drafter.model_path"):
+            if not path:
+                raise UserError(f"{where('drafter.model_path')}: drafter.kind draft_model needs a checkpoint path")
+            try:
+                dargs = load_args(resolve_model_path(path))
+            except (ValueError, OSError) as e:
+                raise UserError(f"{where('drafter.model_path')}: {e}") from None
+            if dargs.vocab_size != args.vocab_size:
+                raise UserError(f"{where('drafter.model_path')}: vocabulary {dargs.vocab_size} differs from the model's {args.vocab_size}")
+    if "eagle3" in kinds:
+        from workers.drafters.eagle3.head import check_fits, load_config
+
+        for path in candidates(cfg, "drafter.model_path"):
+            if not path:
+                raise UserError(f"{where('drafter.model_path')}: drafter.kind eagle3 needs an EAGLE-3 head (e.g. smollm2-135m-eagle3)")
+            try:
+                hpath = resolve_model_path(path)
+                check_fits(load_config(hpath), args, hpath)
+            except (ValueError, OSError) as e:
+                raise UserError(f"{where('drafter.model_path')}: {e}") from None
+        check_limits("drafter.placement")
+    check_batches(cfg, prepared, kinds)
+    for name in registry.ENGINE_PARAMS:
+        check_limits(name)
+    if cfg.parallel.device != "cuda" and "triton" in candidates(cfg, "engine.attention"):
+        raise UserError(
+            f"{where('engine.attention')}: triton runs the CUDA graphs' attention kernel; parallel.device is "
+            f"{cfg.parallel.device} (use auto or sdpa)"
+        )
+    return prepared

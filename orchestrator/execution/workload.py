@@ -1,0 +1,86 @@
+"""The workload of a study (or of `spectune decode`), prepared once on the driver: prompts
+tokenized, then per trial its GangSpec (engine settings included) and its Workload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.config.registry import PARAMS
+from orchestrator.config.schema import ExperimentConfig
+from orchestrator.config.space import TrialConfig, resolve
+from orchestrator.errors import UserError
+from orchestrator.prompts.loading import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
+from workers.model.args import ModelArgs
+from workers.model.checkpoint import load_args, resolve_model_path
+from workers.model.random_weights import is_random
+from workers.spec import GangSpec, Workload
+
+
+@dataclass
+class PreparedWorkload:
+    model_path: str
+    args: ModelArgs
+    prompts: list[Prompt]
+    token_ids: tuple[tuple[int, ...], ...]
+    eos_ids: tuple[int, ...]
+    max_seq: int
+    tokenizer: Tokenizer
+
+    def workload(
+        self, cfg: ExperimentConfig, tc: TrialConfig, prompts: tuple[tuple[int, ...], ...] | None = None, batch_size: int = 1
+    ) -> Workload:
+        w = cfg.workload
+        return Workload(
+            prompts=prompts if prompts is not None else self.token_ids,
+            max_new_tokens=w.max_new_tokens,
+            num_draft_tokens=tc.num_draft_tokens,
+            temperature=w.temperature,
+            seed=w.seed,
+            eos_ids=self.eos_ids,
+            simulate_accept_len=w.simulate_accept_len if tc.num_draft_tokens > 0 else None,
+            # the batch-1 baseline other trials are checked against
+            record_margins=tc.num_draft_tokens == 0 and w.temperature == 0 and batch_size == 1,
+            batch_size=batch_size,
+        )
+
+    def gang_spec(self, cfg: ExperimentConfig, tc: TrialConfig) -> GangSpec:
+        drafter = tc.drafter
+        if tc.num_draft_tokens == 0 and cfg.drafter.kind != "none":
+            # a plain-decoding trial still launches the YAML's default drafter (it only listens), so the
+            # speculative trials after it can reuse the gang instead of launching a new one
+            drafter = resolve({"spec.num_draft_tokens": 1}, cfg).drafter
+        if drafter.kind == "draft_model" and drafter.model_path:
+            drafter = type(drafter)(**{**drafter.__dict__, "model_path": str(resolve_model_path(drafter.model_path))})
+        return GangSpec(
+            model_path=self.model_path,
+            tp=tc.tp,
+            backend=tc.backend,
+            drafter=drafter,
+            dtype=cfg.model.dtype,
+            device=cfg.parallel.device,
+            max_seq=self.max_seq,
+            vocab_parallel=cfg.parallel.vocab_parallel,
+            threads=cfg.parallel.threads,
+            engine=tc.engine,
+            max_batch=max(cfg.workload.batch_sizes),
+        )
+
+
+def prepare(cfg: ExperimentConfig, k_max: int | None = None) -> PreparedWorkload:
+    """Prompts tokenized and checked against the model; room in the cache for k_max drafts (default:
+    the most any trial may draft)."""
+    k_max = PARAMS["spec.num_draft_tokens"].high if k_max is None else k_max
+    path = resolve_model_path(cfg.model.path)
+    args = load_args(path)
+    w = cfg.workload
+    prompts = load_prompts(BUNDLED_PROMPTS if w.prompts == "bundled" else w.prompts, w.num_prompts, w.categories, w.per_category, w.split)
+    tok = Tokenizer(path)
+    ids = tuple(tuple(tok.encode_prompt(p.text)) for p in prompts)
+    if any(i >= args.vocab_size for seq in ids for i in seq):
+        raise UserError(f"workload.prompts: the tokenizer of {path} produces ids beyond the model's vocabulary ({args.vocab_size})")
+    need = max(len(s) for s in ids) + w.max_new_tokens + k_max + 1
+    if need > args.max_position_embeddings:
+        raise UserError(f"workload: longest prompt + max_new_tokens needs {need} positions, the model has {args.max_position_embeddings}")
+    # random weights' tokens mean nothing: an EOS among them would only cut the measured run short
+    eos = () if is_random(path) else tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
+    return PreparedWorkload(str(path), args, prompts, ids, eos, min(args.max_position_embeddings, -(-need // 256) * 256), tok)

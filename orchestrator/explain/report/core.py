@@ -1,0 +1,231 @@
+"""`spectune report EXP.yaml`: why the winner wins.
+
+Prints and saves (a self-contained HTML file, its path printed; both also logged to the study's
+parent MLflow run, the charts as PNGs under report/charts): a verdict paragraph (the winner by
+configuration, its accepted length against its breakeven, its allreduce share, the runner-up and
+whether it is within noise), a table of the trials (objective with noise band, accepted length,
+breakeven, comm fraction, ms per generated token by part), charts labelled by configuration,
+parameter importances, the performance model (orchestrator/explain/perfmodel.py):
+which allreduce term it used per setup (bench-derived from an allreduce table, or fitted), its
+prediction of every trial left out of the fit and the median error, the breakeven accepted length of
+each allreduce setup (untried ones of the table too), what-if estimates at other TP sizes and
+interconnects (labelled as estimates), and the best configuration as a ready-to-use YAML snippet.
+
+    spectune report experiments/smoke-cpu.yaml [--set study.storage=...] [--out DIR] [--bench bench.json]
+
+The allreduce table is `--bench FILE` (a `spectune bench-allreduce --json` output), else the one
+`study.bench_allreduce` logged to the study's parent MLflow run, else none (every term fitted).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+
+from orchestrator.config.registry import set_yaml
+from orchestrator.config.schema import ExperimentConfig, spectune_home
+from orchestrator.errors import UserError
+from orchestrator.explain.perfcheck import (
+    bench_comm,
+    load_bench_rows,
+    model_summary,
+    open_study,
+    trial_points,
+)
+from orchestrator.explain.perfmodel import (
+    BenchComm,
+    latency_us,
+    what_if_interconnect,
+    what_if_tp,
+)
+from orchestrator.explain.report.batches import batch_chart, batch_sentences, batch_summary
+from orchestrator.explain.report.charts import all_charts
+from orchestrator.explain.report.page import render
+from orchestrator.explain.report.rows import OBJECTIVE, Row, rows_of, within_noise
+from orchestrator.explain.report.verdict import terminal_text, verdict
+from orchestrator.tracking.runs import rounded
+
+
+def best_yaml(cfg: ExperimentConfig, params: dict) -> str:
+    """The experiment with its search space replaced by the winner's values: ready for `spectune decode`-like reuse."""
+    raw = cfg.model_dump(mode="json", exclude_none=True)
+    for name, value in params.items():  # each searched parameter into its YAML place (orchestrator/config/registry.py)
+        set_yaml(raw, name, value)
+    k = raw["drafter"]["num_draft_tokens"]
+    raw["search"] = {"space": {"spec.num_draft_tokens": k}}
+    raw["study"] = {"n_trials": 1, "baseline": k == 0}  # one trial of the winner (plus nothing to compare)
+    for key in ("tracking", "limits"):
+        raw.pop(key, None)
+    return yaml.safe_dump(raw, sort_keys=False)
+
+
+def interconnect_what_ifs(trial, comm: BenchComm, label: str) -> dict[str, str]:
+    """ESTIMATES of `trial`'s step under every (backend, env) of a bench-allreduce table, e.g. a
+    PCIe stand-in (NCCL_P2P_DISABLE=1): measured compute + rounds x that setup's latency."""
+    u = trial.user_attrs
+    comm_ms, step = u.get("comm_ms_per_step"), u.get("step_ms_p50")
+    rounds = u.get("allreduce_per_step") or comm.rounds  # graphed steps count no calls
+    if comm_ms is None or not step:
+        return {}
+    k = int(trial.params.get("spec.num_draft_tokens", 0))
+    size = comm.size(k)
+    out = {}
+    for backend, env in sorted({(r["backend"], r["env"]) for r in comm.rows}):
+        lat = latency_us(comm.rows, backend, env, size, comm.mode)
+        if lat is None:
+            lat = latency_us(comm.rows, backend, env, size, "eager" if comm.mode == "graph" else "graph")
+        if lat is not None and (est := what_if_interconnect(step, comm_ms, rounds, lat)) > 0:
+            out[f"estimate: {label} with its allreduces over {backend} {env} ({lat:.1f} us x {rounds:g} allreduces of {size} B)"] = (
+                f"step {est:.2f} ms, about {u.get('accept_len_mean', 1.0) * 1000 / est:.1f} decode tok/s"
+            )
+    return out
+
+
+def tp_what_ifs(row: Row) -> dict[str, str]:
+    """ESTIMATES of `row`'s step at other TP sizes: compute scales as tp / tp_to (each rank streams
+    1/tp of the weights); at TP 1 there is no allreduce, elsewhere each allreduce is assumed to cost
+    what it costs now."""
+    out = {}
+    if not row.step_ms:
+        return out
+    for tp_to in sorted({1, 2, 4, 8} - {row.tp}):
+        comm_to = 0.0 if tp_to == 1 else row.comm_ms
+        est = what_if_tp(row.step_ms, row.comm_ms, row.tp, tp_to, comm_to)
+        if est <= 0:  # the measured allreduce time covers the whole step: nothing left to scale
+            continue
+        how = "no allreduce" if tp_to == 1 else "each allreduce as slow as now"
+        out[f"estimate: {row.label} at TP {tp_to} ({how})"] = f"step {est:.2f} ms, about {row.accept_len * 1000 / est:.1f} decode tok/s"
+    return out
+
+
+def hidden_size(cfg: ExperimentConfig) -> int | None:
+    """The model's hidden size (the allreduce message per token), None where its config cannot be read."""
+    try:
+        from workers.model.checkpoint import load_args, resolve_model_path
+
+        return load_args(resolve_model_path(cfg.model.path)).dim
+    except (OSError, ValueError):
+        return None
+
+
+def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[dict] | None = None) -> tuple[str, Path, dict]:
+    """Writes report.html, charts/*.png, best_config.yaml and summary.json to `out_dir`; returns
+    (terminal text, the HTML path, the summary)."""
+    from optuna.trial import TrialState
+
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    if not done:
+        raise UserError(f"study {cfg.study_name!r} has no COMPLETE trial yet: run `spectune run` first")
+    try:
+        import warnings
+
+        import optuna
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "some regimes have less than 2 trials": expected in small studies
+            importances = optuna.importance.get_param_importances(study) if len(done) > 2 else {}
+    except Exception:  # noqa: BLE001 - needs varied params
+        importances = {}
+    points = trial_points(done, cfg)
+    comm, note = bench_comm(cfg, bench_rows)
+    model, preds, facts = model_summary(points, comm, note)
+    rows = rows_of(done, cfg, model)
+    best = rows[0]
+    base = next((r for r in rows if r.k == 0), None)
+    by_number = {t.number: t for t in done}
+    summary = {
+        "study": cfg.study_name,
+        "objective": OBJECTIVE,
+        "complete_trials": len(done),
+        "best_trial": best.number,
+        "best_label": best.label,
+        "best_value": best.value,
+        "best_params": best.params,
+        "verdict": verdict(rows),
+        "runners_up_within_noise": [r.number for r in rows[1:] if within_noise(best, r)],
+        "trials": [{**asdict(r), "band": list(r.band)} for r in rows],
+        "importances": importances,
+        "comm_fraction_baseline": base.comm_fraction if base else None,
+        "comm_fraction_best": best.comm_fraction,
+        **facts,
+        "breakeven": {},
+        "what_if": {},
+    }
+    if model is not None:
+        ks = sorted({p.k for p in points if p.k > 0}) or [4]
+        for env in model.envs:
+            for kind in model.kinds:
+                summary["breakeven"][f"{env} | {kind}"] = {k: round(model.breakeven(env, kind, k), 3) for k in ks}
+    for r in [x for x in (base, best) if x is not None and x.tp > 1][:1]:
+        summary["what_if"].update(tp_what_ifs(r))
+    if comm is not None:
+        for r in ([base] if base is not None and base is not best else []) + [best]:
+            summary["what_if"].update(interconnect_what_ifs(by_number[r.number], comm, r.label))
+    summary["batches"] = batch_summary(study, hidden_size(cfg), cfg.model.dtype)
+    text = terminal_text(cfg.study_name, rows, summary)
+    if summary["batches"] is not None:
+        text += "\n" + "\n".join(batch_sentences(summary["batches"]))
+    snippet = best_yaml(cfg, best.params)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    charts = all_charts(rows, model, preds)
+    if summary["batches"] is not None and (chart := batch_chart(study)) is not None:
+        charts["batches"] = chart
+    (out_dir / "charts").mkdir(exist_ok=True)
+    for name, data in charts.items():
+        (out_dir / "charts" / f"{name}.png").write_bytes(data)
+    path = out_dir / "report.html"
+    path.write_text(render(cfg.study_name, rows, summary, snippet, charts))
+    (out_dir / "best_config.yaml").write_text(snippet)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return text + "\n\nbest config:\n" + snippet, path, summary
+
+
+def log_report(client, run_id: str, out_dir: Path, summary: dict) -> None:
+    """The report's files on the study's parent MLflow run: report/ (page, YAML, summary) and
+    report/charts/ (each chart as a PNG, so the MLflow UI shows them without opening the page)."""
+    for name in ("report.html", "best_config.yaml", "summary.json"):
+        client.log_artifact(run_id, str(out_dir / name), artifact_path="report")
+    for png in sorted((out_dir / "charts").glob("*.png")):
+        client.log_artifact(run_id, str(png), artifact_path="report/charts")
+    if summary["model_loo_median_rel_error"] == summary["model_loo_median_rel_error"]:
+        client.log_metric(run_id, "perf_model_loo_error", rounded(summary["model_loo_median_rel_error"]))
+
+
+def report(cfg: ExperimentConfig, out: str | None, log=None, bench: str | None = None, echo: bool = True) -> dict:
+    """Build the report (in `out`, default $SPECTUNE_HOME/reports/<study>), print its text (`echo`),
+    log its files and charts to the study's parent MLflow run."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    study = open_study(cfg)
+    out_dir = Path(out) if out else spectune_home() / "reports" / cfg.study_name
+    rows = load_bench_rows(cfg, study, bench)
+    text, path, summary = build_report(cfg, study, out_dir, rows)
+    if echo:
+        print(text)
+    log(f"spectune: report written to {path}")
+    run_id = study.user_attrs.get("mlflow_parent_run_id")
+    if run_id:
+        try:
+            from mlflow.tracking import MlflowClient
+
+            from orchestrator.tracking.runs import resolve_uri
+
+            log_report(MlflowClient(tracking_uri=resolve_uri(cfg.tracking.uri, spectune_home())), run_id, out_dir, summary)
+        except Exception as e:  # noqa: BLE001 - the files on disk are the report; MLflow is a copy
+            log(f"spectune: could not log the report to MLflow run {run_id}: {type(e).__name__}: {e}")
+    summary["html"] = str(path)
+    return summary
+
+
+def after_run(cfg: ExperimentConfig, log=None) -> None:
+    """At the end of `spectune run`: the report written and logged to the parent run (its charts
+    under report/charts), so the MLflow UI explains the winner without a `spectune report`. A
+    failure here is one line: the study's results stand without it."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        report(cfg, None, log=log, echo=False)
+    except Exception as e:  # noqa: BLE001 - `spectune report` can build it later
+        log(f"spectune: no report this time ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")

@@ -1,0 +1,159 @@
+"""The report's words: the verdict paragraph (who wins and why, in sentences) and the terminal text.
+
+The verdict names the winner by configuration, its objective with the noise band, its accepted
+length against the breakeven of its setup, the allreduce share of its step, and the runner-up
+with whether the two can be told apart.
+"""
+
+from __future__ import annotations
+
+from orchestrator.explain.report.rows import OBJECTIVE, Row, within_noise
+
+OBJECTIVE_MEANS = (
+    f"{OBJECTIVE} is the study's objective: generated tokens per second of wall time, prompt prefill "
+    "included, the median over the trial's repeats minus study.mad_penalty x their MAD (one repeat: "
+    "the value itself). decode_tok_s, where shown, counts decode steps only (no prefill): it is what "
+    "the performance model predicts, and it is higher than " + OBJECTIVE + ". Everything above the batch-size "
+    "section is at batch size 1; with workload.batch_sizes, Optuna's objective is the geometric mean of the "
+    "throughput over the batch sizes."
+)
+
+
+def value_text(r: Row) -> str:
+    if r.repeats > 1 and r.median is not None:
+        return f"{r.value:.2f} tok/s (median {r.median:.2f} +- {r.mad:.2f} MAD over {r.repeats} repeats)"
+    return f"{r.value:.2f} tok/s (one repeat, no noise band)"
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{100 * x:.0f}%"
+
+
+def verdict(rows: list[Row]) -> list[str]:
+    """Sentences of the first paragraph (plain text; the HTML page escapes them)."""
+    best = rows[0]
+    plain = next((r for r in rows if r.k == 0), None)
+    out = [
+        f"{best.label} wins (trial {best.number}): {OBJECTIVE} {value_text(best)}"
+        + (f", {best.value / plain.value:.2f}x plain decoding ({plain.value:.2f})." if plain and best is not plain else ".")
+    ]
+    if len(best.pooled_trials) > 1 and best.pooled_median is not None:
+        times = f", {best.pooled_speedup:.2f}x plain decoding's" if best.pooled_speedup else ""
+        out.append(
+            f"The same configuration ran in {len(best.pooled_trials)} trials ({', '.join(map(str, best.pooled_trials))}): "
+            f"pooled median {best.pooled_median:.2f} tok/s over {best.pooled_n} measurements{times}."
+        )
+    if best.k > 0 and best.breakeven:
+        margin = best.accept_len / best.breakeven - 1
+        source = (
+            "measured: its step over the plain step of the same setup"
+            if best.breakeven_source == "measured"
+            else "estimated by the performance model"
+        )
+        out.append(
+            f"It accepts {best.accept_len:.2f} tokens a step where this setup breaks even at {best.breakeven:.2f} "
+            f"({source}), so each step pays for itself with {margin:+.0%} to spare."
+        )
+    elif best.k == 0:
+        spec = [r for r in rows if r.k > 0 and r.breakeven]
+        if spec:
+            s = max(spec, key=lambda r: r.accept_len / r.breakeven)
+            if s.accept_len < s.breakeven:
+                out.append(
+                    f"No drafter accepted enough to pay for its longer step: the closest, {s.label}, accepts "
+                    f"{s.accept_len:.2f} tokens a step where it would break even at {s.breakeven:.2f}."
+                )
+            else:
+                out.append(
+                    f"{s.label} accepts {s.accept_len:.2f} tokens a step, above its breakeven of {s.breakeven:.2f} by "
+                    f"median step time, yet measured a lower {OBJECTIVE}: prefill, slow steps and the spread between "
+                    "repeats outweighed its gain in these measurements."
+                )
+    if best.comm_fraction is not None and best.tp > 1:
+        tail = (
+            f" (plain decoding: {_pct(plain.comm_fraction)})"
+            if plain is not None and plain is not best and plain.comm_fraction is not None
+            else ""
+        )
+        why = "; speculation spends one round of allreduces on k + 1 tokens instead of one" if best.k > 0 else ""
+        if best.comm_fraction >= 0.95:  # the ablation's two timings differ by the whole step: they measured noise
+            why += " (the step timed with and without its allreduces differed by about the whole step: read it as noise)"
+        out.append(f"Allreduce is {_pct(best.comm_fraction)} of its step{tail}{why}.")
+    # the runner-up is the best other configuration (trials of the winner's own are pooled above)
+    second = next((r for r in rows[1:] if r.config is None or r.config != best.config), None)
+    if second is not None:
+        gap = 1 - second.value / best.value
+        close = within_noise(best, second)
+        if close is None:
+            out.append(
+                f"Runner-up: {second.label} (trial {second.number}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
+                "the noise is unknown (no configuration was measured twice), so this is not a clear win."
+            )
+        elif close:
+            out.append(
+                f"Runner-up: {second.label} (trial {second.number}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
+                "within noise, so these measurements do not separate the two."
+            )
+        else:
+            out.append(
+                f"Runner-up: {second.label} (trial {second.number}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
+                "outside the noise band, the winner is clear."
+            )
+    return out
+
+
+def terminal_text(study: str, rows: list[Row], s: dict) -> str:
+    """What `spectune report` prints: the verdict, the trials, the model's figures, the estimates."""
+    best = rows[0]
+    lines = [
+        f"study {study}: {len(rows)} complete trials",
+        "",
+        " ".join(verdict(rows)),
+        "",
+        f"best: trial {best.number}, {best.label}, {OBJECTIVE} {value_text(best)}",
+        "",
+    ]
+    lines.append(f"{'trial':>5}  {'configuration':<34} {OBJECTIVE:>16} {'+-MAD':>6} {'accepted':>8} {'breakeven':>9} {'comm%':>6}")
+    for r in rows:
+        be = f"{r.breakeven:.2f}" + ("*" if r.breakeven_source == "model" else "") if r.breakeven else "-"
+        lines.append(
+            f"{r.number:>5}  {r.label[:34]:<34} {r.value:>16.2f} {r.mad:>6.2f} {r.accept_len:>8.2f} {be:>9} {_pct(r.comm_fraction):>6}"
+        )
+    lines.append("(* breakeven estimated by the performance model: no plain trial of that setup)")
+    if s["importances"]:
+        lines.append("parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in s["importances"].items()))
+    fb, fbest = s["comm_fraction_baseline"], s["comm_fraction_best"]
+    lines.append(f"comm_fraction: baseline {fb if fb is None else round(fb, 3)}, best {fbest if fbest is None else round(fbest, 3)}")
+    lines.append(
+        f"performance model: median |error| predicting left-out trials = {s['model_loo_median_rel_error']:.1%} "
+        f"of decode_tok_s ({s['model_loo_trials']} trials, each predicted by a fit on the others)"
+    )
+    terms: dict[tuple[str, str], list[str]] = {}
+    for env, term in s["allreduce_term"].items():
+        terms.setdefault((term, s["allreduce_term_why"][env]), []).append(env)
+    for (term, why), envs in terms.items():
+        lines.append(f"allreduce term {term} for {', '.join(envs)}: {why}")
+    if "model_loo_median_rel_error_fitted_term" in s:
+        lines.append(f"  (with every allreduce term fitted instead: {s['model_loo_median_rel_error_fitted_term']:.1%})")
+    if s["comm_check"]:
+        lines.append(
+            "measured / bench-derived allreduce time per step (min, median, max over trials): "
+            + ", ".join(f"{env} x{lo:.2f}, x{med:.2f}, x{hi:.2f}" for env, (lo, med, hi) in s["comm_check"].items())
+        )
+    if s["model_loo_predictions"]:
+        mixed = any(r["allreduce_term"] != "fitted" for r in s["model_loo_predictions"])
+        lines.append(
+            "held-out trials (measured -> predicted decode tok/s): "
+            + "; ".join(
+                f"#{r['trial']} {r['kind']} k={r['k']} {r['measured_tok_s']:.2f} -> {r['predicted_tok_s']:.2f} ({r['rel_error']:+.1%}"
+                + (f", {r['allreduce_term']})" if mixed else ")")
+                + ("" if r["drafter_in_fit"] else " [drafter in no other trial: draft time taken as 0]")
+                for r in s["model_loo_predictions"]
+            )
+        )
+    for key, table in s["breakeven"].items():
+        lines.append(f"breakeven accepted length ({key}): " + ", ".join(f"k={k}: {v}" for k, v in table.items()))
+    for key, value in s["what_if"].items():
+        lines.append(f"{key}: {value}")
+    lines += ["", OBJECTIVE_MEANS]
+    return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""The per-batch-size schedule of a study: for each batch size in `workload.batch_sizes`, the best
+configuration measured at that size, its throughput, its speedup over plain decoding at the same
+batch size and TP, and its noise band. `spectune export` renders it for serving engines
+(orchestrator/export/formats.py); the report plots it.
+
+    spectune export experiments/smoke-cpu.yaml --to json [--out schedule.json]
+
+Where the numbers come from (COMPLETE trials only; invalid and pruned trials never count):
+- batch 1: each configuration's per-repeat throughputs pooled over its trials (as the ranking does,
+  orchestrator/study/ranking.py); batch B > 1: the trials' `throughput_tok_s_b<B>` (one run per trial,
+  pooled by median over the configuration's trials);
+- plain decoding at B: the same, over the k = 0 configurations at the same TP;
+- noise band: sigma_rel x throughput, with sigma_rel the study's relative noise of one measurement
+  (ranking.noise_rel: from the configurations measured at least twice at batch 1); None where no
+  configuration was measured twice.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from orchestrator.study.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
+
+# what a schedule entry's drafter needs, by kind (dotted param -> option name)
+DRAFTER_OPTIONS = {
+    "ngram": {"drafter.ngram_max": "ngram_max", "drafter.ngram_min": "ngram_min"},
+    "draft_model": {"drafter.model_path": "model_path"},
+    "eagle3": {
+        "drafter.model_path": "model_path",
+        "drafter.placement": "placement",
+        "drafter.lookup": "lookup",
+        "drafter.tree_width": "tree_width",
+    },
+    "layer_skip": {"drafter.layers": "layers"},
+    "none": {},
+}
+
+
+# NCCL_* variables the driver's shell passed to the actors (a trial's params name them too): the
+# environment of that machine, not a setting the study chose; an export leaves them out
+INHERITED_ATTR = "spectune.nccl_inherited"
+
+
+def batch_metric(name: str, batch: int) -> str:
+    """The name a per-batch metric is logged under: batch 1 keeps the plain name."""
+    return name if batch == 1 else f"{name}_b{batch}"
+
+
+def batch_sizes_of(trials) -> list[int]:
+    """Batch sizes the trials were measured at (1, and every size with a throughput_tok_s_b<B>)."""
+    sizes = {1}
+    for t in trials:
+        for key in t.user_attrs:
+            if key.startswith("throughput_tok_s_b") and key[len("throughput_tok_s_b") :].isdigit():
+                sizes.add(int(key[len("throughput_tok_s_b") :]))
+    return sorted(sizes)
+
+
+def _throughputs(trials, batch: int) -> list[float]:
+    if batch == 1:
+        return [x for t in trials for x in trial_samples(t)]
+    key = batch_metric("throughput_tok_s", batch)
+    return [float(t.user_attrs[key]) for t in trials if key in t.user_attrs]
+
+
+def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
+    """A schedule entry's configuration, from a trial's resolved parameters (`inherited`: NCCL
+    variables from the driver's environment, listed apart)."""
+    k = int(params.get("spec.num_draft_tokens", 0))
+    kind = str(params.get("drafter.kind", "none")) if k > 0 else "none"
+    options = {opt: params[name] for name, opt in DRAFTER_OPTIONS.get(kind, {}).items() if name in params}
+    if kind == "ngram":
+        options.setdefault("ngram_min", 1)
+    return {
+        "batch_size": batch,
+        "tp": int(params.get("parallel.tp", 1)),
+        "num_draft_tokens": k,
+        "drafter": kind,
+        "drafter_options": options,
+        "backend": str(params.get("comm.backend", "")),
+        "nccl_env": {n: str(v) for name, v in params.items() if name.startswith("nccl.") and (n := name.split(".", 1)[1]) not in inherited},
+        "inherited_nccl_env": {
+            n: str(v) for name, v in params.items() if name.startswith("nccl.") and (n := name.split(".", 1)[1]) in inherited
+        },
+        "engine": {name.split(".", 1)[1]: v for name, v in params.items() if name.startswith("engine.")},
+    }
+
+
+def build_schedule(study, model: str = "", dtype: str = "") -> dict:
+    """{"model", "dtype", "study", "noise_rel", "schedule": [one entry per batch size, ascending]}."""
+    done = complete_trials(study.trials)
+    noise = rank(done).noise_rel
+    groups: dict[str, list] = {}
+    for t in done:
+        groups.setdefault(config_key(trial_params(t)), []).append(t)
+    rows = []
+    for batch in batch_sizes_of(done):
+        best = None
+        for trials in groups.values():
+            values = _throughputs(trials, batch)
+            if values and (best is None or np.median(values) > best[0]):
+                best = (float(np.median(values)), trials)
+        if best is None:
+            continue
+        value, trials = best
+        params = trial_params(trials[0])
+        tp = int(params.get("parallel.tp", 1))
+        plain = [t for t in done if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp]
+        plain_values = _throughputs(plain, batch)
+        plain_med = float(np.median(plain_values)) if plain_values else None
+        rows.append(
+            {
+                **entry(params, batch, tuple(trials[0].user_attrs.get(INHERITED_ATTR, ()))),
+                "throughput_tok_s": round(value, 2),
+                "plain_throughput_tok_s": round(plain_med, 2) if plain_med else None,
+                "speedup_vs_plain": round(value / plain_med, 3) if plain_med else None,
+                "noise_band_tok_s": round(noise * value, 2) if noise is not None else None,
+                "samples": len(_throughputs(trials, batch)),  # measurements behind the median (the noise rule's n)
+                "plain_samples": len(plain_values),
+                "trials": sorted(t.number for t in trials),
+                "trial": min(t.number for t in trials),
+            }
+        )
+    tau = next((trial_params(t).get("workload.simulate_accept_len") for t in done), None)
+    return {
+        "model": model,
+        "dtype": dtype,
+        "study": study.study_name,
+        "noise_rel": noise,
+        # acceptance was imposed: the schedule ranks engine speed, not what these drafters accept on real text
+        "simulated_accept_len": tau,
+        "schedule": rows,
+    }
+
+
+def pays(row: dict, noise_rel: float | None) -> bool:
+    """Speculation pays at this row's batch size: its best configuration drafts and beats plain decoding
+    by more than the noise, by the ranking's rule (orchestrator/study/ranking.py): with s = speedup, n and
+    n_plain the measurements behind each median, s - 1 > 2 sigma_rel sqrt(s^2 / n + 1 / n_plain)."""
+    if row["num_draft_tokens"] == 0:
+        return False
+    s = row.get("speedup_vs_plain")
+    if noise_rel is None or not s:
+        return True
+    n, n_plain = max(1, row.get("samples", 1)), max(1, row.get("plain_samples", 1))
+    return s - 1 > 2 * noise_rel * math.sqrt(s * s / n + 1 / n_plain)
+
+
+def speculation_stops_paying(schedule: list[dict], noise_rel: float | None = None) -> int | None:
+    """The smallest batch size where speculation does not pay (None: it pays at every size measured)."""
+    return next((row["batch_size"] for row in schedule if not pays(row, noise_rel)), None)

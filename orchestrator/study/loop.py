@@ -1,0 +1,379 @@
+"""`spectune run`: the Optuna study loop. Create or load the study (a resumed study must keep its
+fixed part, orchestrator/config/fixed.py), recover trials a dead driver left RUNNING (a driver is its
+host, pid and the pid's start time), enqueue the k = 0 baseline once per TP size (searched k or
+not), then ask -> run on a Ray gang -> tell until `study.n_trials` trials are COMPLETE, or until
+`study.max_failed_trials` trials failed in this run. Rerunning the same command resumes; Ctrl-C,
+`ray job stop` (SIGTERM) and crashes never lose a finished trial, and the interrupted one is retried
+with the same params. The summary's "ranking" (orchestrator/study/ranking.py) pools repeated
+configurations and says whether the winner is ahead of the runner-up by more than the noise.
+
+    spectune run experiments/smoke-cpu.yaml --set study.n_trials=8
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import sys
+import time
+import warnings
+
+from orchestrator.config.fixed import check_resume
+from orchestrator.config.fixed import record as record_fixed
+from orchestrator.config.schema import ExperimentConfig, spectune_home
+from orchestrator.config.space import CategoricalParam, IntParam, baseline_params, candidates, check_constraints, grid_space
+from orchestrator.config.validate import check_experiment
+from orchestrator.errors import UserError
+from orchestrator.execution.cluster import GangPool, PlacementError, Resources, check_capacity, connect
+from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
+from orchestrator.study.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
+from orchestrator.study.storage import frozen_trial, make_storage, set_trial_user_attr, study_lock
+from orchestrator.study.trial import TrialOutcome, run_trial
+from orchestrator.tracking.progress import Progress
+from orchestrator.tracking.runs import RETRY_TAG, Tracker, config_label, experiment_params, label_defaults, resolve_uri
+from workers.spec import DrafterSpec, GangSpec
+
+DRIVER_ATTR = "spectune.driver"  # host:pid:start time of the driver running the trial (pid and start time: a process)
+HEARTBEAT_ATTR = "spectune.heartbeat"  # unix time, refreshed after every prompt
+
+
+def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> None:
+    """`study.bench_allreduce`: the allreduce table of the study's backends at its verify-step sizes,
+    logged to the parent run as an MLflow table, JSON and a latency-vs-size plot. Runs on the
+    driver's machine (which must hold the devices); a failure is logged and the study goes on."""
+    import tempfile
+    from pathlib import Path
+
+    from orchestrator.bench import bench, latency_plot, step_sizes
+    from orchestrator.config.space import candidates
+
+    tps = [t for t in candidates(cfg, "parallel.tp") if isinstance(t, int) and t > 1]
+    if not tps:
+        log("spectune: study.bench_allreduce: no TP size above 1 in this study, nothing to time")
+        return
+    cuda = cfg.parallel.device == "cuda"
+    itemsize = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
+    ks = sorted({k for k in candidates(cfg, "spec.num_draft_tokens") if isinstance(k, int)})
+    sizes = sorted(set(step_sizes(prepared.args.dim, ks=ks, itemsize=itemsize)))
+    backends = sorted({str(b) for b in candidates(cfg, "comm.backend")})
+    try:
+        rows, failures = bench(
+            backends,
+            max(tps),
+            cfg.parallel.device,
+            sizes,
+            cfg.model.dtype,
+            100 if cuda else 50,  # gloo on 2 cores: 10 iterations were mostly noise
+            [dict(cfg.parallel.nccl_env)],
+            log,
+        )
+    except Exception as e:  # noqa: BLE001 - a measurement that could not run here must not stop the study
+        log(f"spectune: study.bench_allreduce skipped: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        return
+    for failure in failures:
+        log(f"spectune: study.bench_allreduce: {failure}")
+    if not rows:
+        return
+    columns = {key: [r[key] for r in rows] for key in rows[0]}
+    tracker.client.log_table(tracker.parent_run_id, data=columns, artifact_file="bench_allreduce_table.json")
+    tracker.log_json(tracker.parent_run_id, rows, "bench_allreduce.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        plot = Path(tmp) / "bench_allreduce_latency.png"
+        latency_plot(rows, plot)
+        tracker.log_file(tracker.parent_run_id, plot)
+    log(f"spectune: bench-allreduce: {len(rows)} rows logged to the parent run")
+
+
+def make_sampler(cfg: ExperimentConfig, offset: int = 0):
+    """The configured sampler. `offset` (the number of trials already in the study) shifts the seed,
+    so a resumed study does not replay the proposals of its first run."""
+    import optuna
+
+    s, seed = cfg.study.sampler, (None if cfg.study.seed is None else cfg.study.seed + offset)
+    if s == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if s == "grid":
+        return optuna.samplers.GridSampler(grid_space(cfg), seed=seed)
+    if s == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=3)
+
+
+def make_pruner(cfg: ExperimentConfig):
+    import optuna
+
+    if cfg.study.pruner == "none":
+        return optuna.pruners.NopPruner()
+    if cfg.study.pruner == "median":
+        inner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1)
+    else:  # "clearly losing": below the 25th percentile of earlier trials at the same prompt
+        inner = optuna.pruners.PercentilePruner(25.0, n_startup_trials=3, n_warmup_steps=1)
+    # ... and not within noise of the best (the noise band from repeats; limits.max_rel_spread until then)
+    return noise_aware_pruner(inner, MAD_TO_SIGMA * cfg.limits.max_rel_spread)
+
+
+def driver_id() -> str:
+    """This process as a trial's driver: host, pid and the pid's start time (a reused pid is another process)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{start_time(os.getpid()) or ''}"
+
+
+def _alive_here(driver: str) -> bool:
+    host, pid, born = (driver.split(":") + ["", ""])[:3]  # host:pid:start time (host:pid from older drivers)
+    if host != socket.gethostname():
+        return True  # another machine's driver: judged by its heartbeat only
+    try:
+        return process_alive(int(pid), int(born) if born else None)
+    except ValueError:
+        return False
+
+
+def recover_stale(study, storage, tracker: Tracker, stale_after_s: float, log) -> int:
+    """Fail trials left RUNNING by a dead driver, mark their MLflow runs FAILED, retry their params."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    recovered = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        driver = t.user_attrs.get(DRIVER_ATTR, "")
+        if not _stale(t, stale_after_s):
+            continue  # a live driver (another `spectune run`) is still on it
+        reason = f"driver {driver or 'unknown'} died mid-trial"
+        try:
+            set_trial_user_attr(storage, study, t.number, "spectune.fail_reason", reason)
+            study.tell(t.number, state=TrialState.FAIL)
+        except (RuntimeError, ValueError, UpdateFinishedTrialError):
+            continue  # someone else finished or recovered it first
+        study.set_user_attr(f"recovered.{t.number}", f"driver {driver or '?'} died; params retried")
+        if run_id := t.user_attrs.get("mlflow_run_id"):
+            tracker.finish_trial(run_id, "FAIL", reason)
+        params = t.system_attrs.get("fixed_params") or t.params
+        again = {"spectune.retry_of": t.number, **({"spectune.baseline": True} if t.user_attrs.get("spectune.baseline") else {})}
+        study.enqueue_trial(params, user_attrs=again, skip_if_exists=False)
+        recovered += 1
+        log(f"spectune: trial {t.number} was left RUNNING by dead driver {driver or '?'}: marked FAIL, params re-enqueued")
+    return recovered
+
+
+def _stale(t, stale_after_s: float) -> bool:
+    """A RUNNING trial whose driver is dead (same host: its pid is gone) or silent for too long."""
+    driver = t.user_attrs.get(DRIVER_ATTR, "")
+    if not driver:  # just asked by a driver that has not tagged it yet, or one killed right then
+        started = t.datetime_start or datetime.datetime.now()
+        return (datetime.datetime.now() - started).total_seconds() > stale_after_s
+    host = driver.split(":")[0]
+    if host == socket.gethostname():
+        return not _alive_here(driver)  # same host: pid and start time decide (a long model load is not death)
+    beat = float(t.user_attrs.get(HEARTBEAT_ATTR, 0) or 0)
+    return time.time() - beat >= stale_after_s
+
+
+def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
+    """One k = 0 trial per TP size of the study (searched or fixed, k searched or not), unless one is
+    done, running or queued. Without k in the space it is marked by the user attr `spectune.baseline`
+    (trial.trial_config runs it with k = 0)."""
+    from optuna.trial import TrialState
+
+    if not cfg.study.baseline:
+        return
+    space_tp = cfg.search.space.get("parallel.tp")
+    tps = [int(t) for t in candidates(cfg, "parallel.tp")] if "parallel.tp" in cfg.search.space else [cfg.parallel.tp]
+    have = set()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)):
+        queued = t.system_attrs.get("fixed_params", {})  # a WAITING trial keeps its params there
+        if is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or t.user_attrs.get("spectune.baseline"):
+            have.add(int({**trial_params(t), **queued}.get("parallel.tp", cfg.parallel.tp)))
+    for tp in tps:
+        if tp in have:
+            continue
+        params = baseline_params(cfg)
+        if "spec.num_draft_tokens" not in cfg.search.space:
+            params.pop("spec.num_draft_tokens")  # not a parameter of the space: the user attr says k = 0
+        if isinstance(space_tp, (CategoricalParam, IntParam)):  # suggested (a fixed value in the space is not)
+            params["parallel.tp"] = tp
+        study.enqueue_trial(params, user_attrs={"spectune.baseline": True})
+
+
+def count(study, *states) -> int:
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def _live_running(study, stale_after_s: float, below: int | None = None) -> list:
+    from optuna.trial import TrialState
+
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if (below is None or t.number < below) and not _stale(t, stale_after_s)
+    ]
+
+
+def _release_surplus(study, trial) -> None:
+    """Another driver took the last open slot between our count and our ask: give the trial back
+    (FAIL, never run, no MLflow run) and put enqueued params (a baseline, a retry) back in the queue."""
+    from optuna.trial import TrialState
+
+    frozen = frozen_trial(study, trial.number)
+    trial.set_user_attr("spectune.fail_reason", "surplus: other drivers already hold the last open slots; not run")
+    study.tell(trial, state=TrialState.FAIL)
+    if fixed := frozen.system_attrs.get("fixed_params"):
+        attrs = {k: v for k, v in frozen.user_attrs.items() if k in ("spectune.baseline", "spectune.retry_of")}
+        study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)
+
+
+def check_gang_fits(cfg: ExperimentConfig, nodes: list[dict]) -> None:
+    """The largest gang the space can ask for against the nodes on offer, before anything launches."""
+    tps = [t for t in candidates(cfg, "parallel.tp") if isinstance(t, int)] or [cfg.parallel.tp]
+    kinds = [cfg.drafter.kind, *candidates(cfg, "drafter.kind")]
+    # model drafters run as a process of their own (eagle3 unless placed in the verifier ranks); the
+    # n-gram drafter runs inside the verifier ranks
+    drafter = any(DrafterSpec(kind=k).runs_a_model for k in kinds)
+    for tp in sorted(set(tps), reverse=True):
+        spec = GangSpec(model_path="", tp=tp, device=cfg.parallel.device, drafter=DrafterSpec(kind="draft_model" if drafter else "none"))
+        try:
+            check_capacity(spec, Resources(cfg.parallel.cpus_per_worker), nodes)
+        except PlacementError as e:
+            field = "search.space.parallel.tp" if "parallel.tp" in cfg.search.space else "parallel.tp"
+            raise PlacementError(f"{field}: {e}") from None
+
+
+def _local_nodes() -> list[dict]:
+    """What an embedded local Ray will offer: this machine's CPUs and CUDA devices."""
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001
+        pass
+    return [{"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}]
+
+
+def run_study(cfg: ExperimentConfig, log=None) -> dict:
+    import optuna
+    import ray
+    from optuna.trial import TrialState
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Some regimes for parameter")
+    # every input is checked before anything launches or is written: YAML, model, prompts, storage, resources
+    prepared = check_experiment(cfg)
+    check_constraints(cfg)
+    home = spectune_home()
+    embedded = not os.environ.get("RAY_ADDRESS") and not ray.is_initialized()
+    if embedded:
+        check_gang_fits(cfg, _local_nodes())
+    storage, storage_url = make_storage(cfg)
+    check_resume(storage, cfg)  # a resumed study keeps its fixed part: checked before anything starts
+    record = DriverRecord(home) if embedded else None
+    stale_after = cfg.limits.trial_timeout_s + 120
+    pool, tracker, progress, status = None, None, None, "KILLED"
+    try:
+        if record is not None:
+            reap_dead(home, log)
+            record.start(os.environ.get("SPECTUNE_RAY_TMPDIR"))
+        where = connect()
+        if not embedded:  # the address the cluster itself reports (loopback for a loopback cluster), not the one we were handed
+            where = f"ray cluster at {ray.get_runtime_context().gcs_address}"
+        if record is not None:
+            record.note_session(ray_session_dir())
+        check_gang_fits(cfg, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        study = optuna.create_study(
+            study_name=cfg.study_name,
+            storage=storage,
+            direction="maximize",
+            sampler=make_sampler(cfg),
+            pruner=make_pruner(cfg),
+            load_if_exists=True,
+        )
+        study.sampler = make_sampler(cfg, offset=len(study.trials))
+        if study.metric_names is None:
+            # optuna-dashboard names the objective instead of "Objective 0"
+            study.set_metric_names(["throughput_tok_s" if cfg.workload.batch_sizes == [1] else "throughput_tok_s_geomean_over_batch_sizes"])
+        with study_lock(home, cfg, storage_url):
+            check_resume(storage, cfg)  # another driver may have created it meanwhile
+            record_fixed(study, cfg)
+            tracker = Tracker(
+                resolve_uri(cfg.tracking.uri, home),
+                cfg.experiment_name,
+                cfg.study_name,
+                home,
+                study=study,
+                base_params=experiment_params(cfg),
+            )
+            recover_stale(study, storage, tracker, stale_after, log)
+            _ensure_baseline(study, cfg)
+        n_goal = cfg.study.n_trials
+        max_failed = cfg.study.max_failed_trials if cfg.study.max_failed_trials is not None else n_goal
+        if cfg.study.bench_allreduce and not study.user_attrs.get("bench_allreduce_logged"):
+            bench_into_study(cfg, prepared, tracker, log)
+            study.set_user_attr("bench_allreduce_logged", True)
+        progress = Progress(study, n_goal, log, defaults=label_defaults(cfg))
+        log(
+            f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
+            f"{tracker.where()} (parent run {tracker.parent_run_id})"
+        )
+        res = Resources(
+            cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s
+        )
+        pool = GangPool(res, log)
+        failed_here, waiting = 0, False
+        me = driver_id()
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            while (done := count(study, TrialState.COMPLETE)) < n_goal:
+                if failed_here and failed_here >= max_failed:  # max_failed failures end the run (0: the first does)
+                    raise UserError(
+                        f"study: {failed_here} trials failed in this run (limit study.max_failed_trials={max_failed}); see the MLflow runs' spectune.fail_reason"
+                    )
+                if done + len(_live_running(study, stale_after)) >= n_goal:
+                    # other drivers hold the open slots: wait; one of their trials may still fail
+                    if not waiting:
+                        log("spectune: the remaining trials are running in other drivers; waiting for them")
+                    waiting = True
+                    pool.close()
+                    time.sleep(1.0)
+                    recover_stale(study, storage, tracker, stale_after, log)
+                    continue
+                waiting = False
+                trial = study.ask()
+                trial.set_user_attr(DRIVER_ATTR, me)
+                trial.set_user_attr(HEARTBEAT_ATTR, time.time())
+                if count(study, TrialState.COMPLETE) + len(_live_running(study, stale_after, below=trial.number)) >= n_goal:
+                    _release_surplus(study, trial)
+                    continue
+                if RETRY_TAG in trial.user_attrs:
+                    fixed = frozen_trial(study, trial.number).system_attrs.get("fixed_params") or trial.params
+                    log(
+                        f"spectune: trial {trial.number} retries trial {trial.user_attrs[RETRY_TAG]} ({config_label({**label_defaults(cfg), **fixed})}), "
+                        "which was interrupted before it finished"
+                    )
+                outcome: TrialOutcome = run_trial(study, trial, cfg, prepared, pool, tracker, HEARTBEAT_ATTR, live=progress.live)
+                failed_here += outcome.state == "FAIL"
+                progress.trial_done(trial.number, outcome)
+            status = "FINISHED"
+        except KeyboardInterrupt:  # the CLI prints this one line (and nothing else) for it
+            progress.live.done()
+            raise KeyboardInterrupt("spectune: interrupted; finished trials are saved, run the same command to resume") from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    finally:
+        launched = pool.launched if pool is not None else 0
+        if pool is not None:
+            pool.close()
+        if record is not None:
+            ray.shutdown()
+            record.close()
+        if tracker is not None and progress is not None:
+            tracker.log_metrics(tracker.parent_run_id, {"gangs_launched_last_run": launched})
+            summary = progress.finish(tracker, status)
+            summary["gangs_launched"] = launched
+            summary["ranking"] = rank(study.trials).as_dict()  # noise-aware: pooled repeats, winner within noise?
+    return summary
+
+
+def _raise_interrupt(signum, frame):  # SIGTERM (ray job stop) -> the same clean path as Ctrl-C
+    raise KeyboardInterrupt

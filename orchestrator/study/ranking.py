@@ -1,0 +1,220 @@
+"""Ranking a study's configurations with their measurement noise (pure: reads finished Optuna trials).
+
+A configuration is one set of resolved parameters (`trial_params`, the trial's user attr
+`spectune.params`). Trials that ran the same configuration (TPE re-proposes finished ones in a small
+discrete space; the baseline is measured `study.baseline_repeats` times) are pooled: their per-repeat
+throughputs (user attr `spectune.repeat_tok_s`) are samples of one configuration, summarised by the
+median and the MAD (median absolute deviation from it).
+
+Noise band. The relative noise of one measurement is estimated from every configuration measured at
+least twice: sigma_rel = 1.4826 x median over their samples of |x - median_config| / median_config
+(1.4826 MAD is the standard deviation of a normal sample). A configuration measured n times has a
+median with standard error se = sigma_rel x median / sqrt(n). The winner (highest pooled median) is
+clearly ahead of another configuration iff
+
+    median_winner - median_other > 2 x sqrt(se_winner^2 + se_other^2)
+
+otherwise the other is within noise of it. No configuration measured twice: the noise is unknown
+(`noise_rel` None) and nothing is called a clear win.
+
+    from orchestrator.study.ranking import rank
+    r = rank(study.trials)            # r.as_dict(): the study summary's "ranking" entry
+    print(r.verdict())                # "trial 7 (...) is within noise of trial 3 (...)" or "... is ahead ..."
+
+`noise_aware_pruner(inner, fallback_rel)` wraps an Optuna pruner so that a trial whose value at a step
+is within noise of the best COMPLETE trial's value at that step is never pruned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PARAMS_ATTR = "spectune.params"  # every resolved parameter of a trial (searched or fixed), dotted names
+SAMPLES_ATTR = "spectune.repeat_tok_s"  # throughput of each repeat of the trial's workload
+MAD_TO_SIGMA = 1.4826
+
+
+def trial_params(t) -> dict:
+    """The trial's resolved parameters (what it ran), falling back to Optuna's suggested ones."""
+    return dict(t.user_attrs.get(PARAMS_ATTR) or t.params)
+
+
+def is_baseline(t) -> bool:
+    return int(trial_params(t).get("spec.num_draft_tokens", -1)) == 0
+
+
+def trial_samples(t) -> list[float]:
+    """Per-repeat throughputs of a finished trial (one value for trials recorded without them)."""
+    samples = t.user_attrs.get(SAMPLES_ATTR)
+    if samples:
+        return [float(x) for x in samples]
+    value = t.user_attrs.get("throughput_median", t.user_attrs.get("throughput_tok_s", t.value))
+    return [float(value)] if value is not None else []
+
+
+def median_mad(values: list[float]) -> tuple[float, float]:
+    med = float(np.median(values))
+    return med, float(np.median(np.abs(np.asarray(values) - med)))
+
+
+def config_key(params: dict) -> str:
+    return json.dumps({k: str(v) for k, v in sorted(params.items())}, sort_keys=True)
+
+
+def complete_trials(trials) -> list:
+    from optuna.trial import TrialState
+
+    return [t for t in trials if t.state == TrialState.COMPLETE and trial_samples(t)]
+
+
+def baseline_median(trials, tp: int) -> float | None:
+    """Pooled median throughput of the COMPLETE k = 0 trials at TP `tp` (None: no such trial)."""
+    samples = [
+        x for t in complete_trials(trials) if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp for x in trial_samples(t)
+    ]
+    return median_mad(samples)[0] if samples else None
+
+
+@dataclass
+class ConfigStats:
+    params: dict
+    trials: list[int]
+    samples: list[float]
+    median: float
+    mad: float
+    speedup_vs_baseline: float | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    def se(self, sigma_rel: float) -> float:
+        return sigma_rel * self.median / math.sqrt(self.n)
+
+    def label(self) -> str:
+        who = f"trial {self.trials[0]}" if len(self.trials) == 1 else "trials " + "+".join(map(str, self.trials))
+        return f"{who} ({self.median:.2f} tok/s, n={self.n})"
+
+
+@dataclass
+class Ranking:
+    configs: list[ConfigStats]  # best first, by pooled median throughput
+    noise_rel: float | None  # sigma of one measurement relative to its median (None: nothing measured twice)
+    noise_from: list[int] = field(default_factory=list)  # trials of the configurations it was estimated from
+
+    def within_noise(self, i: int, of: int = 0) -> bool | None:
+        """Config i within noise of config `of` (default: the winner); None: noise unknown."""
+        if self.noise_rel is None:
+            return None
+        w, o = self.configs[of], self.configs[i]
+        return abs(w.median - o.median) <= 2 * math.hypot(w.se(self.noise_rel), o.se(self.noise_rel))
+
+    def config_of(self, trial: int) -> int | None:
+        """Index of the configuration trial number `trial` was pooled into (None: not a COMPLETE trial)."""
+        return next((i for i, c in enumerate(self.configs) if trial in c.trials), None)
+
+    @property
+    def runners_up_within_noise(self) -> list[ConfigStats]:
+        return [c for i, c in enumerate(self.configs[1:], 1) if self.within_noise(i)]
+
+    @property
+    def winner_is_clear(self) -> bool | None:
+        """The winner is ahead of the runner-up by more than the noise (None: unknown or one config)."""
+        if len(self.configs) < 2 or self.noise_rel is None:
+            return None
+        return not self.within_noise(1)
+
+    def verdict(self) -> str:
+        if not self.configs:
+            return "no COMPLETE trial"
+        w = self.configs[0]
+        if len(self.configs) == 1:
+            return f"{w.label()} is the only configuration measured"
+        r = self.configs[1]
+        if self.noise_rel is None:
+            return f"{w.label()} leads {r.label()}, but the noise is unknown (no configuration measured twice): not a clear win"
+        how = "is ahead of" if self.winner_is_clear else "is within noise of"
+        return f"{w.label()} {how} {r.label()} (noise {self.noise_rel:.1%} of a measurement)"
+
+    def as_dict(self) -> dict:
+        return {
+            "noise_rel": self.noise_rel,
+            "noise_from_trials": self.noise_from,
+            "winner_is_clear": self.winner_is_clear,
+            "verdict": self.verdict(),
+            "runners_up_within_noise": [c.trials for c in self.runners_up_within_noise],
+            "configs": [
+                {
+                    "params": c.params,
+                    "trials": c.trials,
+                    "n": c.n,
+                    "median_tok_s": c.median,
+                    "mad_tok_s": c.mad,
+                    "speedup_vs_baseline": c.speedup_vs_baseline,
+                    "within_noise_of_winner": self.within_noise(i) if i else None,
+                }
+                for i, c in enumerate(self.configs)
+            ],
+        }
+
+
+def noise_rel(configs: list[ConfigStats]) -> tuple[float | None, list[int]]:
+    """sigma_rel pooled over every configuration measured at least twice, and the trials it came from."""
+    devs, trials = [], []
+    for c in configs:
+        if c.n >= 2 and c.median > 0:
+            devs += [abs(x - c.median) / c.median for x in c.samples]
+            trials += c.trials
+    if not devs:
+        return None, []
+    return MAD_TO_SIGMA * float(np.median(devs)), sorted(trials)
+
+
+def rank(trials) -> Ranking:
+    """Pool the COMPLETE trials by configuration and rank them by median throughput."""
+    groups: dict[str, ConfigStats] = {}
+    done = complete_trials(trials)
+    for t in sorted(done, key=lambda t: t.number):
+        params = trial_params(t)
+        c = groups.setdefault(config_key(params), ConfigStats(params, [], [], 0.0, 0.0))
+        c.trials.append(t.number)
+        c.samples += trial_samples(t)
+    for c in groups.values():
+        c.median, c.mad = median_mad(c.samples)
+        base = baseline_median(done, int(c.params.get("parallel.tp", 1)))
+        c.speedup_vs_baseline = c.median / base if base else None
+    configs = sorted(groups.values(), key=lambda c: -c.median)
+    rel, used = noise_rel(configs)
+    return Ranking(configs, rel, used)
+
+
+def noise_aware_pruner(inner, fallback_rel: float):
+    """`inner` (an Optuna pruner) that never prunes a trial within noise of the best COMPLETE trial at
+    the same step: pruned only if value < best x (1 - 2 sqrt(2) sigma_rel), sigma_rel from `rank`
+    (two single measurements), `fallback_rel` while nothing was measured twice."""
+    import optuna
+    from optuna.trial import TrialState
+
+    class NoiseAwarePruner(optuna.pruners.BasePruner):
+        def __init__(self):
+            self.inner = inner
+
+        def prune(self, study, trial) -> bool:
+            if not self.inner.prune(study, trial):
+                return False
+            step = trial.last_step
+            if step is None:
+                return True
+            done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            best = max((t.intermediate_values[step] for t in done if step in t.intermediate_values), default=None)
+            if best is None:
+                return True
+            rel = rank(done).noise_rel
+            band = 2 * math.sqrt(2) * (fallback_rel if rel is None else rel)
+            return trial.intermediate_values[step] < best * (1 - band)
+
+    return NoiseAwarePruner()

@@ -1,0 +1,115 @@
+"""The study's Optuna storage: opened (tables created) before anything else is written, so a storage
+that cannot be used is one line and exit 2; and the per-host lock drivers of one study take turns
+under at start-up.
+
+    storage, url = make_storage(cfg)      # RDBStorage on cfg.study.storage, default sqlite in $SPECTUNE_HOME
+    with study_lock(home, cfg, url): ...  # parent run, recovery, baseline: one driver at a time
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import time
+
+from orchestrator.config.schema import ExperimentConfig, spectune_home
+from orchestrator.errors import UserError, is_write_race
+
+
+def make_storage(cfg: ExperimentConfig):
+    """The Optuna storage, opened (and its tables created) before anything else is written:
+    a storage that cannot be used is one line and exit 2, with no MLflow run, no Ray, no files elsewhere."""
+    import optuna
+
+    url = cfg.study.storage or f"sqlite:///{spectune_home() / 'optuna.db'}"
+    kwargs: dict = {"pool_pre_ping": True}
+    if url.startswith("sqlite:///"):
+        path = os.path.expanduser(url.removeprefix("sqlite:///"))
+        url = f"sqlite:///{path}"
+        folder = os.path.dirname(os.path.abspath(path)) or "."
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except FileExistsError:
+            raise UserError(f"study.storage: {folder} is not a directory") from None
+        except OSError as e:
+            raise UserError(f"study.storage: cannot create {folder} ({e.strerror})") from None
+        if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+            raise UserError(f"study.storage: {path} is not writable")
+        kwargs = {"connect_args": {"timeout": 60}}
+    elif url.startswith(("postgresql", "mysql")):
+        kwargs["connect_args"] = {"connect_timeout": 10}  # an unreachable host fails in seconds, not minutes
+    try:
+        return _open_rdb(optuna, url, kwargs), url
+    except ImportError as e:  # optuna wraps the driver's ModuleNotFoundError
+        missing = next((x.name for x in (e, e.__cause__, e.__context__) if isinstance(x, ModuleNotFoundError)), None)
+        hint = {"psycopg": "pip install 'psycopg[binary]'", "psycopg2": "pip install psycopg2-binary", "pymysql": "pip install pymysql"}
+        raise UserError(
+            f"study.storage: {_redact(url)} needs the database driver {missing or 'module'!r}, which is not installed "
+            f"({hint.get(missing or '', 'install the driver SQLAlchemy names for this URL')})"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - any driver error: one line naming the storage
+        msg = " ".join(str(e).split())[:200]
+        raise UserError(f"study.storage: cannot open {_redact(url)} ({type(e).__name__}: {msg})") from None
+
+
+def _open_rdb(optuna, url: str, kwargs: dict, attempts: int = 5):
+    """RDBStorage. Two drivers starting together would both create the schema: on SQLite a file
+    lock beside the database makes them take turns; elsewhere the loser of that race (a "table
+    already exists" or a duplicate alembic version) tries again and finds the tables."""
+    lock = None
+    if url.startswith("sqlite:///"):
+        import fcntl
+
+        lock = open(url.removeprefix("sqlite:///") + ".lock", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        for attempt in range(attempts):
+            try:
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            except Exception as e:  # noqa: BLE001 - only the schema race is retried
+                if not is_write_race(e) or attempt == attempts - 1:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+    finally:
+        if lock is not None:
+            lock.close()  # releases the flock
+
+
+def _redact(url: str) -> str:
+    """The URL without its password."""
+    import re
+
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+@contextlib.contextmanager
+def study_lock(home, cfg: ExperimentConfig, storage_url: str):
+    """Drivers of one study on this host take turns at start-up (parent run, recovery, baseline)."""
+    import fcntl
+
+    folder = home / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(f"{storage_url}\0{cfg.study_name}".encode()).hexdigest()[:16]
+    with open(folder / f"{key}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def frozen_trial(study, number: int):
+    """Trial `number` of `study` as Optuna stores it (system attributes included: an enqueued
+    trial's `fixed_params`), through the public API only."""
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number:
+            return t
+    raise KeyError(f"trial {number} is not in study {study.study_name}")
+
+
+def set_trial_user_attr(storage, study, number: int, key: str, value) -> None:
+    """Set a user attribute of trial `number`, which this process may not hold as a live `Trial`
+    (a RUNNING trial a dead driver left behind)."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    storage.set_trial_user_attr(storage.get_trial_id_from_study_id_trial_number(study_id, number), key, value)

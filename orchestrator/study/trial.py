@@ -1,0 +1,354 @@
+"""One trial: suggest its config, get a gang, decode the workload prompt by prompt (reporting to
+the pruner), compare with the baseline, and record everything in Optuna and MLflow.
+
+The baseline (k = 0) decodes its workload max(workload.repeats, study.baseline_repeats) times, so the
+noise of a measurement is known before anything is ranked. speedup_vs_baseline = the trial's median
+throughput over its repeats / the median over every repeat of the k = 0 trials at the same TP size.
+User attrs for readers (orchestrator/study/ranking.py): `spectune.params` (every resolved parameter, also
+the MLflow params) and `spectune.repeat_tok_s` (throughput of each repeat). A trial that violates a
+constraint of the space (space.constraint_violation) is recorded PRUNED with the reason, never run.
+
+Outcomes: COMPLETE (a value), PRUNED (clearly losing), FAIL (the gang failed, a backend refused,
+or the result is invalid: greedy output that differs from the baseline). FAIL and invalid
+trials never become the best. The MLflow run always ends, whatever happens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from orchestrator.config.envpolicy import inherited_nccl_env
+from orchestrator.config.schema import ExperimentConfig
+from orchestrator.config.space import TrialConfig, constraint_violation, suggest
+from orchestrator.errors import INPUT_ERRORS
+from orchestrator.execution.cluster import GangPool
+from orchestrator.execution.workload import PreparedWorkload
+from orchestrator.export.schedule import INHERITED_ATTR, batch_metric
+from orchestrator.study.equivalence import outputs_verdict
+from orchestrator.study.ranking import PARAMS_ATTR, SAMPLES_ATTR, baseline_median, is_baseline, median_mad, trial_params
+from orchestrator.tracking.runs import PRUNE_TAG, RETRY_TAG, Tracker, config_label, experiment_params, rounded
+from workers.runtime.errors import GangError
+from workers.spec import RunResult
+
+# the baseline trial's tokens and per-token logit margins, for telling a near-tie divergence of a
+# later trial's greedy output from a wrong one (orchestrator/study/equivalence.py): a JSON artifact of the
+# baseline's MLflow run (bulky: not an Optuna user attr); studies recorded before kept the attr
+BASELINE_OUTPUTS_FILE = "baseline_outputs.json"
+BASELINE_OUTPUTS_ATTR = "spectune.baseline_outputs"
+
+
+def baseline_outputs(base, tracker: Tracker) -> dict | None:
+    """{"tokens": [...], "margins": [...]} of a baseline trial, or None."""
+    if BASELINE_OUTPUTS_ATTR in base.user_attrs:
+        return json.loads(base.user_attrs[BASELINE_OUTPUTS_ATTR])
+    run_id = base.user_attrs.get("mlflow_run_id")
+    return tracker.load_json(run_id, BASELINE_OUTPUTS_FILE) if run_id else None
+
+
+ABLATION_ITERS = {"cpu": 3, "cuda": 50}  # steps timed with and without the allreduce, once per trial
+
+
+@dataclass
+class TrialOutcome:
+    state: str  # COMPLETE | PRUNED | FAIL
+    config: TrialConfig | None
+    metrics: dict = field(default_factory=dict)
+    reason: str | None = None
+
+
+def outputs_digest(result: RunResult) -> list[str]:
+    return [hashlib.sha256(json.dumps(p.tokens).encode()).hexdigest()[:16] for p in result.prompts]
+
+
+def find_baseline(study, tp: int):
+    """The first COMPLETE k = 0 trial to compare outputs with: same TP if there is one, else the first."""
+    from optuna.trial import TrialState
+
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_baseline(t)]
+    same = [t for t in done if int(trial_params(t).get("parallel.tp", tp)) == tp and "outputs_sha" in t.user_attrs]
+    return (same or done or [None])[0]
+
+
+def logged_params(cfg: ExperimentConfig, tc: TrialConfig) -> dict:
+    """Every resolved parameter of a trial, searched or fixed (MLflow params, user attr spectune.params):
+    the trial's own (TrialConfig.params) and the fixed settings every trial of the study shares."""
+    return {**experiment_params(cfg), **tc.params()}
+
+
+def trial_config(trial, cfg: ExperimentConfig) -> TrialConfig:
+    """The trial's configuration. An enqueued baseline of a study that does not search k is k = 0
+    all the same (k is decided before the space, so no drafter parameter is suggested for it)."""
+    baseline = trial.user_attrs.get("spectune.baseline") and "spec.num_draft_tokens" not in cfg.search.space
+    return suggest(trial, cfg, {"spec.num_draft_tokens": 0} if baseline else None)
+
+
+def _acceptance_plot(metrics: dict, k: int, out: Path) -> Path | None:
+    if k == 0:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pos = [i for i in range(1, k + 1) if f"accept_rate_pos_{i}" in metrics]
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.bar(pos, [metrics[f"accept_rate_pos_{i}"] for i in pos], color="#3b7dd8")
+    ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1), title=f"accepted length {metrics.get('accept_len_mean', 1):.2f}")
+    fig.tight_layout()
+    path = out / "acceptance_per_position.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _shown(live, number: int, tc, mine: list[RunResult], i: int, n: int, r: int, repeats: int):
+    """The live line's view of prompt i (0-based) while it decodes: this repeat's tokens and seconds
+    so far (earlier prompts plus the running one), or None without a live line."""
+    if live is None:
+        return None
+    before = RunResult.merge(mine).stats if mine else None
+    tokens0, seconds0 = (before.tokens, before.seconds) if before else (0, 0.0)
+    label = config_label(tc.params())
+    return lambda tokens, seconds: live.update(number, label, i + 1, n, tokens0 + tokens, seconds0 + seconds, r, repeats)
+
+
+def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int, live=None) -> tuple[RunResult | None, bool, list[float]]:
+    """Run prompt by prompt, `repeats` times, within limits.trial_timeout_s in all; `live`
+    (progress.LiveLine) shows each prompt as it finishes.
+    Returns (merged result, pruned?, throughput of each repeat). The last prompt of the last repeat
+    also times the step with and without its allreduces (the comm/compute split)."""
+    parts: list[RunResult] = []
+    per_repeat: list[float] = []
+    deadline = time.monotonic() + cfg.limits.trial_timeout_s
+    n = len(prepared.token_ids)
+    first = repeats
+    r = 0
+    while r < repeats:
+        mine: list[RunResult] = []
+        for i, prompt in enumerate(prepared.token_ids):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise GangError(f"run: the trial's decode did not finish within limits.trial_timeout_s={cfg.limits.trial_timeout_s:g}s")
+            w = prepared.workload(cfg, tc, (prompt,))
+            if r == repeats - 1 and i == n - 1 and tc.tp > 1:
+                w = replace(w, comm_ablation_iters=ABLATION_ITERS[cfg.parallel.device])
+            shown = _shown(live, trial.number, tc, mine, i, n, r, repeats)
+            mine.append(gang.run(w, timeout_s=left, **({"on_progress": shown} if shown else {})))
+            if live is not None:
+                so_far = RunResult.merge(mine).stats
+                live.update(trial.number, config_label(tc.params()), i + 1, n, so_far.tokens, so_far.seconds, r, repeats, force=i == n - 1)
+            trial.report(RunResult.merge(parts + mine).metrics["throughput_tok_s"], r * n + i)
+            trial.set_user_attr(heartbeat_attr, time.time())
+            # the baseline is the reference: never pruned; nor is a trial whose larger batch sizes are still to come
+            # (batch 1 alone would prune a configuration that wins at batch 32)
+            if tc.num_draft_tokens > 0 and len(cfg.workload.batch_sizes) == 1 and trial.should_prune():
+                return RunResult.merge(parts + mine), True, per_repeat
+        parts += mine
+        per_repeat.append(RunResult.merge(mine).metrics["throughput_tok_s"])
+        r += 1
+        # noisy: measure again once, as many repeats more (the spread decides, not the value)
+        if r == repeats and repeats == first and repeats > 1 and _rel_spread(per_repeat) > cfg.limits.max_rel_spread:
+            repeats *= 2
+    return RunResult.merge(parts), False, per_repeat
+
+
+def _batched(cfg, prepared, gang, tc, reference: dict | None, heartbeat, deadline: float) -> dict[str, float]:
+    """Every batch size > 1 of workload.batch_sizes, once over all prompts: metrics *_b<B>. Greedy
+    (and not simulated): each sequence's tokens against `reference` ({"tokens", "margins"}: the batch-1
+    baseline's), near ties allowed as at batch 1 (outputs_match_b<B>)."""
+    out: dict[str, float] = {}
+    for batch in cfg.workload.batch_sizes:
+        if batch == 1:
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GangError(f"run: the trial's decode did not finish within limits.trial_timeout_s={cfg.limits.trial_timeout_s:g}s")
+        r = gang.run(prepared.workload(cfg, tc, batch_size=batch), timeout_s=left)
+        heartbeat()
+        m = r.metrics
+        for name in ("throughput_tok_s", "decode_tok_s", "accept_len_mean", "step_ms_p50"):
+            if name in m:
+                out[batch_metric(name, batch)] = m[name]
+        if reference is not None:
+            got = [p.tokens for p in r.prompts]
+            verdict = outputs_verdict(reference["tokens"], reference["margins"], got, cfg.model.dtype)
+            out[batch_metric("outputs_match", batch)] = verdict["outputs_match_baseline"]
+    return out
+
+
+def batch_objective(metrics: dict, cfg: ExperimentConfig) -> dict[str, float]:
+    """Several batch sizes: Optuna's objective is the geometric mean over them of the throughput (batch 1:
+    the noise-aware objective), so a relative gain at any batch size counts alike; `objective_b1` keeps
+    batch 1's."""
+    values = [metrics.get("objective", metrics["throughput_tok_s"])]
+    values += [metrics[batch_metric("throughput_tok_s", b)] for b in cfg.workload.batch_sizes if b > 1]
+    if any(v <= 0 for v in values):
+        return {"objective_b1": values[0], "objective": 0.0}
+    return {"objective_b1": values[0], "objective": math.exp(sum(math.log(v) for v in values) / len(values))}
+
+
+def batch_speedups(metrics: dict, cfg: ExperimentConfig, study, tp: int, is_plain: bool) -> dict[str, float]:
+    """speedup_vs_baseline_b<B>: over the pooled k = 0 trials' throughput at the same batch size and TP."""
+    from optuna.trial import TrialState
+
+    out = {}
+    plain = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_baseline(t)]
+    plain = [t for t in plain if int(trial_params(t).get("parallel.tp", tp)) == tp]
+    for b in cfg.workload.batch_sizes:
+        key = batch_metric("throughput_tok_s", b)
+        if b == 1 or key not in metrics:
+            continue
+        values = [float(t.user_attrs[key]) for t in plain if key in t.user_attrs] + ([metrics[key]] if is_plain else [])
+        if values:
+            out[batch_metric("speedup_vs_baseline", b)] = metrics[key] / median_mad(values)[0]
+    return out
+
+
+def _batch_mismatch(metrics: dict, cfg: ExperimentConfig) -> int | None:
+    """The first batch size whose sequences parted from the batch-1 baseline (None: none did)."""
+    return next((b for b in cfg.workload.batch_sizes if metrics.get(batch_metric("outputs_match", b)) == 0), None)
+
+
+def _rel_spread(values: list[float]) -> float:
+    med, mad = median_mad(values)
+    return mad / med if med > 0 else 0.0
+
+
+def noise_aware(per_repeat: list[float], penalty: float) -> dict[str, float]:
+    """Objective = median - penalty x MAD of the per-repeat throughputs (one repeat: the value)."""
+    med, mad = median_mad(per_repeat)
+    return {"throughput_median": med, "throughput_mad": mad, "repeats": float(len(per_repeat)), "objective": med - penalty * mad}
+
+
+def run_trial(
+    study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker, heartbeat_attr: str, live=None
+) -> TrialOutcome:
+    from optuna.trial import TrialState
+
+    tc = trial_config(trial, cfg)
+    # NCCL_* in the driver's shell reach the actors too: logged as nccl.* params and named in a tag
+    inherited = {k: v for k, v in inherited_nccl_env().items() if k not in dict(tc.nccl_env)}
+    params = {**{f"nccl.{k}": v for k, v in inherited.items()}, **logged_params(cfg, tc)}
+    trial.set_user_attr(PARAMS_ATTR, params)
+    tags = {"spectune.baseline": "1"} if tc.num_draft_tokens == 0 else {}
+    if inherited:
+        tags["spectune.nccl_inherited"] = ",".join(inherited)
+        trial.set_user_attr(INHERITED_ATTR, sorted(inherited))  # not the trial's choice: left out of exports
+    if why := constraint_violation(tc):  # recorded (an MLflow run with the reason), never run
+        run_id = tracker.start_trial(trial.number, params, tags)
+        trial.set_user_attr("mlflow_run_id", run_id)
+        trial.set_user_attr(PRUNE_TAG, why)  # one tag name in Optuna and MLflow (docs/tags.md)
+        study.tell(trial, state=TrialState.PRUNED)
+        tracker.finish_trial(run_id, "PRUNED", why)
+        return TrialOutcome(state="PRUNED", config=tc, reason=why)
+    simulated = cfg.workload.simulate_accept_len is not None and tc.num_draft_tokens > 0
+    if simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
+        tags["spectune.simulated_accept_len"] = f"{cfg.workload.simulate_accept_len:g}"
+    if RETRY_TAG in trial.user_attrs:
+        tags[RETRY_TAG] = str(trial.user_attrs[RETRY_TAG])
+    run_id = tracker.start_trial(trial.number, params, tags)
+    trial.set_user_attr("mlflow_run_id", run_id)
+    state, reason, metrics = "FAIL", None, {}
+    try:
+        tracker.log_json(run_id, {"experiment": cfg.model_dump(mode="json"), "trial": params}, "trial_config.json")
+        before, started = pool.launched, time.monotonic()
+        gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=tc.num_draft_tokens == 0)
+        trial.set_user_attr(heartbeat_attr, time.time())  # a gang launch can take minutes
+        # the baseline is measured several times: the noise band every ranking uses comes from its repeats
+        repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if tc.num_draft_tokens == 0 else cfg.workload.repeats
+        result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats, live)
+        metrics = {
+            **result.metrics,
+            "setup_s": pool.setup_s if pool.launched > before else 0.0,
+            "rank_peak_rss_mb_max": max(gang.peak_rss_mb()[: tc.tp]),
+        }
+        if per_repeat:
+            metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
+        digest = outputs_digest(result)[: len(prepared.token_ids)]  # one repeat: every repeat decodes the same prompts
+        base = find_baseline(study, tc.tp)
+        # medians of repeats on both sides; the baseline's pooled over every k = 0 trial at this TP
+        base_med = baseline_median(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), tc.tp)
+        if per_repeat and base_med:
+            metrics["speedup_vs_baseline"] = metrics["throughput_median"] / base_med
+        elif tc.num_draft_tokens == 0 and per_repeat:
+            metrics["speedup_vs_baseline"] = 1.0
+        first = result.prompts[: len(prepared.token_ids)]
+        if cfg.workload.temperature == 0 and not pruned and not simulated:
+            want = base.user_attrs.get("outputs_sha") if base is not None else (digest if tc.num_draft_tokens == 0 else None)
+            if want is not None:
+                metrics["outputs_match_baseline"] = int(want == digest)
+            recorded = baseline_outputs(base, tracker) if base is not None and want is not None and want != digest else None
+            if recorded:  # parted ways: at a numerical near tie only?
+                metrics.update(outputs_verdict(recorded["tokens"], recorded["margins"], [p.tokens for p in first], cfg.model.dtype))
+        if not pruned and max(cfg.workload.batch_sizes) > 1:
+            plain = tc.num_draft_tokens == 0
+            reference = None
+            if cfg.workload.temperature == 0 and not simulated:
+                # the batch-1 baseline's tokens and margins; without one yet, this trial's own batch-1 tokens, exactly
+                reference = baseline_outputs(base, tracker) if base is not None and not plain else None
+                reference = reference or {"tokens": [p.tokens for p in first], "margins": [p.margins for p in first]}
+            beat = lambda: trial.set_user_attr(heartbeat_attr, time.time())  # noqa: E731
+            metrics.update(_batched(cfg, prepared, gang, tc, reference, beat, started + cfg.limits.trial_timeout_s))
+            metrics.update(batch_speedups(metrics, cfg, study, tc.tp, plain))
+            if "objective" in metrics:
+                metrics.update(batch_objective(metrics, cfg))
+        tracker.log_metrics(run_id, metrics)
+        tracker.log_step_series(
+            run_id,
+            {
+                "prompt_throughput_tok_s": [len(p.tokens) / p.seconds for p in result.prompts],
+                "prompt_accept_len": [p.accept_len for p in result.prompts],
+            },
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            if plot := _acceptance_plot(metrics, tc.num_draft_tokens, Path(tmp)):
+                tracker.log_file(run_id, plot)
+        for key, value in metrics.items():  # every metric: the report's performance model reads them
+            if isinstance(value, (int, float)):
+                trial.set_user_attr(key, rounded(value))  # 4 significant digits, as in MLflow
+        trial.set_user_attr("outputs_sha", digest)
+        trial.set_user_attr(SAMPLES_ATTR, per_repeat)
+        if tc.num_draft_tokens == 0 and cfg.workload.temperature == 0 and first and first[0].margins:
+            tracker.log_json(
+                run_id,
+                {"tokens": [p.tokens for p in first], "margins": [[round(m, 6) for m in p.margins] for p in first]},
+                BASELINE_OUTPUTS_FILE,
+            )
+        if pruned:
+            state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt, and outside the noise band of the best"
+            study.tell(trial, state=TrialState.PRUNED)
+        elif metrics.get("outputs_match_baseline") == 0 or (bad := _batch_mismatch(metrics, cfg)):
+            at = "" if metrics.get("outputs_match_baseline") == 0 else f" at batch size {bad}"
+            state, reason = "FAIL", f"invalid: greedy output{at} differs from the baseline"
+            trial.set_user_attr("spectune.invalid", reason)
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            state = "COMPLETE"
+            study.tell(trial, metrics.get("objective", metrics["throughput_tok_s"]))
+    except (GangError, *INPUT_ERRORS) as e:
+        reason = f"{type(e).__name__}: {e}"
+        pool.close()
+        trial.set_user_attr("spectune.fail_reason", reason)
+        study.tell(trial, state=TrialState.FAIL)
+    except BaseException as e:  # Ctrl-C, SIGTERM, a bug: the trial fails (and is retried on resume)
+        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+        pool.close()
+        try:
+            trial.set_user_attr("spectune.fail_reason", reason)
+            study.tell(trial, state=TrialState.FAIL)
+            again = {
+                "spectune.retry_of": trial.number,
+                **({"spectune.baseline": True} if trial.user_attrs.get("spectune.baseline") else {}),
+            }
+            study.enqueue_trial(trial.params, user_attrs=again, skip_if_exists=False)
+        finally:
+            tracker.finish_trial(run_id, "FAIL", reason)
+        raise
+    tracker.finish_trial(run_id, state, reason)
+    return TrialOutcome(state=state, config=tc, metrics=metrics, reason=reason)

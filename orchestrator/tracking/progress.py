@@ -1,0 +1,176 @@
+"""Terminal progress for a study and the study-level MLflow record.
+
+Console: a live line while a trial decodes (`LiveLine`: prompt i of n, tokens, current tok/s;
+rewritten in place on a terminal, a line every few seconds elsewhere), one line per finished trial
+(the counter of COMPLETE trials only on COMPLETE lines), a final ranked table. MLflow (the parent
+run): the best trial's metrics, its config, Optuna's plots.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from orchestrator.tracking.runs import Tracker, config_label
+
+OBJECTIVE = "throughput_tok_s"
+
+
+class QueueProgress:
+    """The progress hook handed to verifier rank 0 inside a Ray gang (workers.engine.verifier.ProgressHook):
+    at most every `every_s` it puts (tokens, seconds) of the current prompt into a Ray queue, without
+    waiting for the put; the driver drains the queue while it waits for the run (cluster.RayGang.run)."""
+
+    def __init__(self, queue, every_s: float = 1.0):
+        self.queue, self.every_s, self.last = queue, every_s, float("-inf")
+
+    def __call__(self, tokens: int, seconds: float) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self.queue.actor.put_nowait.remote((tokens, seconds))
+
+
+class LiveLine:
+    """The line under way during a trial. `update` is cheap to call often: on a terminal it rewrites
+    the line at most every `tty_every_s`; elsewhere (a log file, `ray job logs`) it prints a new
+    line at most every `every_s`. `done` clears a terminal line before the trial's result line."""
+
+    def __init__(self, stream=None, every_s: float = 10.0, tty_every_s: float = 0.2):
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.every_s = tty_every_s if self.tty else every_s
+        self.last, self.shown = float("-inf"), False  # the first update always shows (monotonic time may be small: a fresh boot)
+
+    def update(
+        self,
+        trial: int,
+        label: str,
+        prompt: int,
+        prompts: int,
+        tokens: int,
+        seconds: float,
+        repeat: int = 0,
+        repeats: int = 1,
+        force: bool = False,
+    ) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.every_s:
+            return
+        self.last = now
+        rep = f", repeat {repeat + 1} of {repeats}" if repeats > 1 else ""
+        rate = f"{tokens / seconds:.2f} tok/s" if seconds > 0 else "-"
+        text = f"  trial {trial} {label}: prompt {prompt} of {prompts}{rep}, {tokens} tokens, {rate}"
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.shown = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+        self.shown, self.last = False, float("-inf")
+
+
+class Progress:
+    def __init__(self, study, n_goal: int, log, live: LiveLine | None = None, defaults: dict | None = None):
+        self.study, self.n_goal, self.log = study, n_goal, log
+        self.live = live or LiveLine()
+        self.defaults = defaults or {}  # tracking.label_defaults: what the searched params leave out
+
+    def label(self, params: dict) -> str:
+        return config_label({**self.defaults, **params})
+
+    def _complete(self):
+        from optuna.trial import TrialState
+
+        return self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+    def trial_done(self, number: int, outcome) -> None:
+        """One line: `[3/6] trial 4 COMPLETE ngram k=4 gloo tp2: throughput_tok_s 3.60 (...) | best ...`;
+        a PRUNED or FAIL trial's line has no counter (it did not add a COMPLETE trial) and says why."""
+        self.live.done()
+        done = self._complete()
+        best = max(done, key=lambda t: t.value) if done else None
+        m = outcome.metrics
+        label = self.label(outcome.config.params()) if outcome.config else "?"
+        if outcome.state == "COMPLETE":
+            value = m.get("objective", m.get(OBJECTIVE))
+            noise = (
+                f" (median {m['throughput_median']:.2f} +- {m['throughput_mad']:.2f} MAD, {m['repeats']:g} repeats)"
+                if m.get("repeats", 1) > 1
+                else ""
+            )
+            perf = f"{OBJECTIVE} {value:.2f}{noise}, accepted length {m.get('accept_len_mean', 1.0):.2f}"
+            if "objective_b1" in m:  # several batch sizes: the objective is their geometric mean
+                sizes = sorted(int(k.rsplit("_b", 1)[1]) for k in m if k.startswith("throughput_tok_s_b"))
+                per = ", ".join([f"b1 {m['objective_b1']:.2f}{noise}"] + [f"b{b} {m[f'throughput_tok_s_b{b}']:.2f}" for b in sizes])
+                perf = f"objective {value:.2f} (geometric mean over batch sizes of {OBJECTIVE}, batch 1 noise-aware: {per})"
+            perf += f", x{m['speedup_vs_baseline']:.2f} vs plain" if "speedup_vs_baseline" in m else ""
+            head = f"[{len(done)}/{self.n_goal}] trial {number} COMPLETE"
+        else:
+            so_far = f" at {m[OBJECTIVE]:.2f} tok/s so far" if OBJECTIVE in m else ""
+            perf = f"{outcome.reason or 'no reason recorded'}{so_far}"
+            head = f"{' ' * (len(str(self.n_goal)) * 2 + 3)} trial {number} {outcome.state}"
+        best_s = f" | best: #{best.number} {self.label(best.params)} {best.value:.2f}" if best else ""
+        self.log(f"{head} {label}: {perf}{best_s}")
+
+    def table(self) -> str:
+        rows = sorted(self._complete(), key=lambda t: -t.value)
+        lines = [f"{'rank':>4} {'trial':>5} {OBJECTIVE:>16} {'speedup':>7} {'accept':>6} {'comm%':>6}  configuration"]
+        for i, t in enumerate(rows, 1):
+            u = t.user_attrs
+            lines.append(
+                f"{i:>4} {t.number:>5} {t.value:>16.2f} {u.get('speedup_vs_baseline', float('nan')):>7.2f} "
+                f"{u.get('accept_len_mean', 1.0):>6.2f} {100 * u.get('comm_fraction', 0.0):>5.1f}%  {self.label(t.params)}"
+            )
+        return "\n".join(lines)
+
+    def finish(self, tracker: Tracker, status: str) -> dict:
+        done = self._complete()
+        summary = {"complete": len(done), "n_trials": self.n_goal, "parent_run_id": tracker.parent_run_id}
+        if done:
+            best = max(done, key=lambda t: t.value)
+            summary.update(best_trial=best.number, best_value=best.value, best_params=best.params)
+            self.log("\n" + self.table())
+            numeric = {k: v for k, v in best.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            tracker.log_metrics(tracker.parent_run_id, {**numeric, "best_trial": best.number, "complete_trials": len(done)})
+            tracker.set_tag(tracker.parent_run_id, "spectune.best_params", str(best.params))
+            tracker.set_tag(tracker.parent_run_id, "spectune.best_config", f"{self.label(best.params)} (trial {best.number})")
+            tracker.log_json(tracker.parent_run_id, {"trial": best.number, "params": best.params, "metrics": numeric}, "best_trial.json")
+            self._plots(tracker)
+        tracker.finish_study("FINISHED" if status == "FINISHED" and len(done) >= self.n_goal else "KILLED")
+        return summary
+
+    def _plots(self, tracker: Tracker) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import optuna.visualization.matplotlib as ovm
+
+        plots = {
+            "optuna_history.png": ovm.plot_optimization_history,
+            "optuna_parallel_coordinate.png": ovm.plot_parallel_coordinate,
+            "optuna_importances.png": ovm.plot_param_importances,
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, fn in plots.items():
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # small studies: "too few trials", "identical ylims"
+                        ax = fn(self.study)
+                    fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+                    fig.set_size_inches(8, 5)
+                    fig.tight_layout()
+                    fig.savefig(Path(tmp) / name, dpi=90)
+                    plt.close(fig)
+                    tracker.log_file(tracker.parent_run_id, Path(tmp) / name)
+                except Exception as e:  # noqa: BLE001 - e.g. importances need 2+ trials with varied params
+                    self.log(f"spectune: skipped {name}: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
