@@ -262,6 +262,10 @@ def _add_experiment_commands(sub) -> None:
         p = sub.add_parser(name, help=help_)
         p.add_argument("experiment", help="experiment YAML (see experiments/)")
         p.add_argument("--set", action="append", default=[], metavar="dotted.key=value", help="override a YAML field (repeatable)")
+        if name == "run":
+            p.add_argument(
+                "--json", action="store_true", help="print the full JSON summary on stdout (it always goes to the file the run names)"
+            )
         p.set_defaults(handler=handler)
     p = sub.add_parser("report", help="explain the winner: summary, performance model, breakeven, HTML report")
     p.add_argument("experiment")
@@ -298,7 +302,7 @@ def _validate(ns: argparse.Namespace) -> int:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from orchestrator.config.schema import load_config
+    from orchestrator.config.schema import load_config, spectune_home
     from orchestrator.explain.report import after_run
     from orchestrator.study.loop import run_study
 
@@ -306,7 +310,17 @@ def _run(ns: argparse.Namespace) -> int:
     summary = run_study(cfg)
     if summary.get("complete"):
         after_run(cfg)  # the report's page and charts on the parent MLflow run
-    print(json.dumps(summary, default=str))
+    # the ranked table went to stderr with the progress lines; stdout ends with where the whole
+    # summary is and the verdict, each one short line (the JSON itself with --json)
+    path = spectune_home() / "summaries" / f"{cfg.study_name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, default=str, indent=1) + "\n")
+    if ns.json:
+        print(json.dumps(summary, default=str))
+    else:
+        print(f"spectune: summary: {path}")
+        verdict = (summary.get("ranking") or {}).get("verdict") or "no COMPLETE trial"
+        print(f"spectune: {summary['complete']}/{summary['n_trials']} trials complete; {verdict}")
     return 0 if summary["complete"] >= summary["n_trials"] else 1
 
 

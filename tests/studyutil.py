@@ -78,8 +78,16 @@ def processes_mentioning(needle: str) -> list[str]:
 
 
 def summary(r: subprocess.CompletedProcess) -> dict:
+    """The JSON summary of a `spectune run`: stdout with --json, else the file its stdout names
+    (stdout then holds short lines only: the summary's path and the verdict)."""
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    lines = r.stdout.strip().splitlines()
+    if lines and lines[-1].startswith("{"):
+        return json.loads(lines[-1])
+    assert all(len(line) <= 300 for line in lines), lines
+    named = [line.removeprefix("spectune: summary: ") for line in lines if line.startswith("spectune: summary: ")]
+    assert named, r.stdout[-2000:]
+    return json.loads(Path(named[-1]).read_text())
 
 
 def optuna_study(storage: str, name: str):

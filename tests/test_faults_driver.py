@@ -216,7 +216,8 @@ def test_a_driver_is_its_pid_and_start_time():
 
     import optuna
 
-    from orchestrator.study.loop import DRIVER_ATTR, _stale, driver_id
+    from orchestrator.study.keys import DRIVER_ATTR
+    from orchestrator.study.loop import _stale, driver_id
 
     study = optuna.create_study()
     me, host, pid = driver_id(), socket.gethostname(), os.getpid()

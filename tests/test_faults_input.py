@@ -267,7 +267,7 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
     import optuna
 
     from orchestrator.config.validate import check_experiment
-    from orchestrator.study.loop import HEARTBEAT_ATTR
+    from orchestrator.study.keys import HEARTBEAT_ATTR
     from orchestrator.study.trial import run_trial
     from orchestrator.tracking.runs import Tracker
     from workers.runtime.errors import GangError

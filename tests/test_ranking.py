@@ -12,11 +12,12 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from orchestrator.config.fixed import FIXED_ATTR, check_resume, differences, fixed_part, record
+from orchestrator.config.fixed import check_resume, differences, fixed_part, record
 from orchestrator.config.schema import ExperimentConfig, load_config
 from orchestrator.config.space import check_constraints, constraint_violation, resolve
 from orchestrator.errors import UserError
-from orchestrator.study.ranking import MAD_TO_SIGMA, PARAMS_ATTR, SAMPLES_ATTR, noise_aware_pruner, rank
+from orchestrator.study.keys import FIXED_ATTR, PARAMS_ATTR, SAMPLES_ATTR
+from orchestrator.study.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

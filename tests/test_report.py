@@ -181,7 +181,7 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     # the MLflow runs carry the report's labels: a reader can match a chart's bar to a run by name
     _, trial_runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
     names_by_trial = {int(run.data.tags["spectune.trial"]): run.info.run_name for run in trial_runs}
-    assert all(names_by_trial[row["number"]] == row["label"] for row in rows)
+    assert all(names_by_trial[row["number"]].split(": ")[-1] == row["label"] for row in rows)
 
 
 def _check_bench_term(tmp_path, exp, home, ckpt, study):

@@ -9,17 +9,9 @@ import io
 import os
 
 from orchestrator.config.schema import load_config
+from orchestrator.study.keys import FAIL_TAG, PRUNE_TAG, RETRY_TAG
 from orchestrator.tracking.progress import LiveLine
-from orchestrator.tracking.runs import (
-    FAIL_TAG,
-    KIND_TAG,
-    PRUNE_TAG,
-    RETRY_TAG,
-    Tracker,
-    config_label,
-    experiment_params,
-    rounded,
-)
+from orchestrator.tracking.runs import KIND_TAG, Tracker, config_label, experiment_params, rounded
 
 SPACE = {"spec.num_draft_tokens": {"choices": [0, 6]}}
 
@@ -80,7 +72,9 @@ def test_mlflow_runs_as_users_read_them(tmp_path):
         tracker.finish_trial(run_id, state, reason)
         runs[number] = client.get_run(run_id)
     for number, run in runs.items():
-        assert run.info.run_name == "ngram k=6 gloo tp2" and run.data.tags["spectune.trial"] == str(number)
+        # a pruned and a failed run are told apart by name in MLflow's run list (one icon for both)
+        mark = {0: "", 1: "pruned: ", 2: "failed: "}[number]
+        assert run.info.run_name == f"{mark}ngram k=6 gloo tp2" and run.data.tags["spectune.trial"] == str(number)
         p = run.data.params
         assert p["model.path"] == "smollm2-135m" and p["model.dtype"] == "float32" and p["parallel.tp"] == "2"
         assert p["workload.num_prompts"] == "3" and p["workload.max_new_tokens"] == "16" and p["workload.prompts"] == "bundled"

@@ -20,8 +20,8 @@ import json
 
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.errors import UserError
+from orchestrator.study.keys import FIXED_ATTR
 
-FIXED_ATTR = "spectune.fixed"
 CHANGEABLE = (
     "name",
     "study.name",

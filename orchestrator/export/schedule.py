@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from orchestrator.study.keys import INHERITED_ATTR
 from orchestrator.study.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
 
 # what a schedule entry's drafter needs, by kind (dotted param -> option name)
@@ -40,7 +41,6 @@ DRAFTER_OPTIONS = {
 
 # NCCL_* variables the driver's shell passed to the actors (a trial's params name them too): the
 # environment of that machine, not a setting the study chose; an export leaves them out
-INHERITED_ATTR = "spectune.nccl_inherited"
 
 
 def batch_metric(name: str, batch: int) -> str:

@@ -28,15 +28,13 @@ from orchestrator.config.validate import check_experiment
 from orchestrator.errors import UserError
 from orchestrator.execution.cluster import GangPool, PlacementError, Resources, check_capacity, connect
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
+from orchestrator.study.keys import BASELINE_ATTR, DRIVER_ATTR, FAIL_ATTR, HEARTBEAT_ATTR, RETRY_TAG, flag, requeue
 from orchestrator.study.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
 from orchestrator.study.storage import frozen_trial, make_storage, set_trial_user_attr, study_lock
 from orchestrator.study.trial import TrialOutcome, run_trial
 from orchestrator.tracking.progress import Progress
-from orchestrator.tracking.runs import RETRY_TAG, Tracker, config_label, experiment_params, label_defaults, resolve_uri
+from orchestrator.tracking.runs import Tracker, config_label, experiment_params, label_defaults, resolve_uri
 from workers.spec import DrafterSpec, GangSpec
-
-DRIVER_ATTR = "spectune.driver"  # host:pid:start time of the driver running the trial (pid and start time: a process)
-HEARTBEAT_ATTR = "spectune.heartbeat"  # unix time, refreshed after every prompt
 
 
 def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> None:
@@ -141,16 +139,14 @@ def recover_stale(study, storage, tracker: Tracker, stale_after_s: float, log) -
             continue  # a live driver (another `spectune run`) is still on it
         reason = f"driver {driver or 'unknown'} died mid-trial"
         try:
-            set_trial_user_attr(storage, study, t.number, "spectune.fail_reason", reason)
+            set_trial_user_attr(storage, study, t.number, FAIL_ATTR, reason)
             study.tell(t.number, state=TrialState.FAIL)
         except (RuntimeError, ValueError, UpdateFinishedTrialError):
             continue  # someone else finished or recovered it first
         study.set_user_attr(f"recovered.{t.number}", f"driver {driver or '?'} died; params retried")
         if run_id := t.user_attrs.get("mlflow_run_id"):
             tracker.finish_trial(run_id, "FAIL", reason)
-        params = t.system_attrs.get("fixed_params") or t.params
-        again = {"spectune.retry_of": t.number, **({"spectune.baseline": True} if t.user_attrs.get("spectune.baseline") else {})}
-        study.enqueue_trial(params, user_attrs=again, skip_if_exists=False)
+        requeue(study, t.system_attrs.get("fixed_params") or t.params, t.user_attrs, t.number)
         recovered += 1
         log(f"spectune: trial {t.number} was left RUNNING by dead driver {driver or '?'}: marked FAIL, params re-enqueued")
     return recovered
@@ -182,7 +178,7 @@ def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
     have = set()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)):
         queued = t.system_attrs.get("fixed_params", {})  # a WAITING trial keeps its params there
-        if is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or t.user_attrs.get("spectune.baseline"):
+        if is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or flag(t.user_attrs.get(BASELINE_ATTR)):
             have.add(int({**trial_params(t), **queued}.get("parallel.tp", cfg.parallel.tp)))
     for tp in tps:
         if tp in have:
@@ -192,7 +188,7 @@ def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
             params.pop("spec.num_draft_tokens")  # not a parameter of the space: the user attr says k = 0
         if isinstance(space_tp, (CategoricalParam, IntParam)):  # suggested (a fixed value in the space is not)
             params["parallel.tp"] = tp
-        study.enqueue_trial(params, user_attrs={"spectune.baseline": True})
+        study.enqueue_trial(params, user_attrs={BASELINE_ATTR: True})
 
 
 def count(study, *states) -> int:
@@ -215,11 +211,11 @@ def _release_surplus(study, trial) -> None:
     from optuna.trial import TrialState
 
     frozen = frozen_trial(study, trial.number)
-    trial.set_user_attr("spectune.fail_reason", "surplus: other drivers already hold the last open slots; not run")
+    trial.set_user_attr(FAIL_ATTR, "surplus: other drivers already hold the last open slots; not run")
     study.tell(trial, state=TrialState.FAIL)
     if fixed := frozen.system_attrs.get("fixed_params"):
-        attrs = {k: v for k, v in frozen.user_attrs.items() if k in ("spectune.baseline", "spectune.retry_of")}
-        study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)
+        attrs = {k: v for k, v in frozen.user_attrs.items() if k in (BASELINE_ATTR, RETRY_TAG)}
+        study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)  # given back as it was, not a retry
 
 
 def check_gang_fits(cfg: ExperimentConfig, nodes: list[dict]) -> None:

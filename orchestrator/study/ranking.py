@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PARAMS_ATTR = "spectune.params"  # every resolved parameter of a trial (searched or fixed), dotted names
-SAMPLES_ATTR = "spectune.repeat_tok_s"  # throughput of each repeat of the trial's workload
+from orchestrator.study.keys import PARAMS_ATTR, SAMPLES_ATTR
+
 MAD_TO_SIGMA = 1.4826
 
 

@@ -29,10 +29,26 @@ from orchestrator.config.space import TrialConfig, constraint_violation, suggest
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.execution.cluster import GangPool
 from orchestrator.execution.workload import PreparedWorkload
-from orchestrator.export.schedule import INHERITED_ATTR, batch_metric
+from orchestrator.export.schedule import batch_metric
 from orchestrator.study.equivalence import outputs_verdict
-from orchestrator.study.ranking import PARAMS_ATTR, SAMPLES_ATTR, baseline_median, is_baseline, median_mad, trial_params
-from orchestrator.tracking.runs import PRUNE_TAG, RETRY_TAG, Tracker, config_label, experiment_params, rounded
+from orchestrator.study.keys import (
+    BASELINE_ATTR,
+    BASELINE_OUTPUTS_ATTR,
+    BASELINE_TAG,
+    FAIL_ATTR,
+    INHERITED_ATTR,
+    INHERITED_TAG,
+    INVALID_TAG,
+    PARAMS_ATTR,
+    PRUNE_TAG,
+    RETRY_TAG,
+    SAMPLES_ATTR,
+    SIMULATED_TAG,
+    flag,
+    requeue,
+)
+from orchestrator.study.ranking import baseline_median, is_baseline, median_mad, trial_params
+from orchestrator.tracking.runs import Tracker, config_label, experiment_params, rounded
 from workers.runtime.errors import GangError
 from workers.spec import RunResult
 
@@ -40,7 +56,6 @@ from workers.spec import RunResult
 # later trial's greedy output from a wrong one (orchestrator/study/equivalence.py): a JSON artifact of the
 # baseline's MLflow run (bulky: not an Optuna user attr); studies recorded before kept the attr
 BASELINE_OUTPUTS_FILE = "baseline_outputs.json"
-BASELINE_OUTPUTS_ATTR = "spectune.baseline_outputs"
 
 
 def baseline_outputs(base, tracker: Tracker) -> dict | None:
@@ -84,7 +99,7 @@ def logged_params(cfg: ExperimentConfig, tc: TrialConfig) -> dict:
 def trial_config(trial, cfg: ExperimentConfig) -> TrialConfig:
     """The trial's configuration. An enqueued baseline of a study that does not search k is k = 0
     all the same (k is decided before the space, so no drafter parameter is suggested for it)."""
-    baseline = trial.user_attrs.get("spectune.baseline") and "spec.num_draft_tokens" not in cfg.search.space
+    baseline = flag(trial.user_attrs.get(BASELINE_ATTR)) and "spec.num_draft_tokens" not in cfg.search.space
     return suggest(trial, cfg, {"spec.num_draft_tokens": 0} if baseline else None)
 
 
@@ -236,9 +251,9 @@ def run_trial(
     inherited = {k: v for k, v in inherited_nccl_env().items() if k not in dict(tc.nccl_env)}
     params = {**{f"nccl.{k}": v for k, v in inherited.items()}, **logged_params(cfg, tc)}
     trial.set_user_attr(PARAMS_ATTR, params)
-    tags = {"spectune.baseline": "1"} if tc.num_draft_tokens == 0 else {}
+    tags = {BASELINE_TAG: "true"} if tc.num_draft_tokens == 0 else {}
     if inherited:
-        tags["spectune.nccl_inherited"] = ",".join(inherited)
+        tags[INHERITED_TAG] = ",".join(inherited)
         trial.set_user_attr(INHERITED_ATTR, sorted(inherited))  # not the trial's choice: left out of exports
     if why := constraint_violation(tc):  # recorded (an MLflow run with the reason), never run
         run_id = tracker.start_trial(trial.number, params, tags)
@@ -249,7 +264,7 @@ def run_trial(
         return TrialOutcome(state="PRUNED", config=tc, reason=why)
     simulated = cfg.workload.simulate_accept_len is not None and tc.num_draft_tokens > 0
     if simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
-        tags["spectune.simulated_accept_len"] = f"{cfg.workload.simulate_accept_len:g}"
+        tags[SIMULATED_TAG] = f"{cfg.workload.simulate_accept_len:g}"
     if RETRY_TAG in trial.user_attrs:
         tags[RETRY_TAG] = str(trial.user_attrs[RETRY_TAG])
     run_id = tracker.start_trial(trial.number, params, tags)
@@ -322,11 +337,12 @@ def run_trial(
             )
         if pruned:
             state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt, and outside the noise band of the best"
+            trial.set_user_attr(PRUNE_TAG, reason)  # every pruned trial says why, in Optuna as in MLflow
             study.tell(trial, state=TrialState.PRUNED)
         elif metrics.get("outputs_match_baseline") == 0 or (bad := _batch_mismatch(metrics, cfg)):
             at = "" if metrics.get("outputs_match_baseline") == 0 else f" at batch size {bad}"
             state, reason = "FAIL", f"invalid: greedy output{at} differs from the baseline"
-            trial.set_user_attr("spectune.invalid", reason)
+            trial.set_user_attr(INVALID_TAG, reason)
             study.tell(trial, state=TrialState.FAIL)
         else:
             state = "COMPLETE"
@@ -334,19 +350,15 @@ def run_trial(
     except (GangError, *INPUT_ERRORS) as e:
         reason = f"{type(e).__name__}: {e}"
         pool.close()
-        trial.set_user_attr("spectune.fail_reason", reason)
+        trial.set_user_attr(FAIL_ATTR, reason)
         study.tell(trial, state=TrialState.FAIL)
     except BaseException as e:  # Ctrl-C, SIGTERM, a bug: the trial fails (and is retried on resume)
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
         pool.close()
         try:
-            trial.set_user_attr("spectune.fail_reason", reason)
+            trial.set_user_attr(FAIL_ATTR, reason)
             study.tell(trial, state=TrialState.FAIL)
-            again = {
-                "spectune.retry_of": trial.number,
-                **({"spectune.baseline": True} if trial.user_attrs.get("spectune.baseline") else {}),
-            }
-            study.enqueue_trial(trial.params, user_attrs=again, skip_if_exists=False)
+            requeue(study, trial.params, trial.user_attrs, trial.number)
         finally:
             tracker.finish_trial(run_id, "FAIL", reason)
         raise

@@ -14,9 +14,8 @@ import time
 import warnings
 from pathlib import Path
 
+from orchestrator.study.keys import BEST_CONFIG_TAG, BEST_PARAMS_TAG, OBJECTIVE, RECORD_ONLY
 from orchestrator.tracking.runs import Tracker, config_label
-
-OBJECTIVE = "throughput_tok_s"
 
 
 class QueueProgress:
@@ -139,10 +138,13 @@ class Progress:
             best = max(done, key=lambda t: t.value)
             summary.update(best_trial=best.number, best_value=best.value, best_params=best.params)
             self.log("\n" + self.table())
-            numeric = {k: v for k, v in best.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            # measurements only: the driver's heartbeat and the retry / baseline marks are bookkeeping
+            numeric = {
+                k: v for k, v in best.user_attrs.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in RECORD_ONLY
+            }
             tracker.log_metrics(tracker.parent_run_id, {**numeric, "best_trial": best.number, "complete_trials": len(done)})
-            tracker.set_tag(tracker.parent_run_id, "spectune.best_params", str(best.params))
-            tracker.set_tag(tracker.parent_run_id, "spectune.best_config", f"{self.label(best.params)} (trial {best.number})")
+            tracker.set_tag(tracker.parent_run_id, BEST_PARAMS_TAG, str(best.params))
+            tracker.set_tag(tracker.parent_run_id, BEST_CONFIG_TAG, f"{self.label(best.params)} (trial {best.number})")
             tracker.log_json(tracker.parent_run_id, {"trial": best.number, "params": best.params, "metrics": numeric}, "best_trial.json")
             self._plots(tracker)
         tracker.finish_study("FINISHED" if status == "FINISHED" and len(done) >= self.n_goal else "KILLED")

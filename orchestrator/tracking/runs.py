@@ -22,22 +22,24 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import is_write_race
+from orchestrator.study.keys import (
+    FAIL_TAG,
+    PARENT_ATTR,
+    PARENT_TAG,
+    PRUNE_TAG,
+    ROLE_TAG,
+    STATE_TAG,
+    STUDY_TAG,
+    TRIAL_TAG,
+)
 
 # Tag names, shared by MLflow (run tags) and Optuna (trial user attrs); docs/tags.md is their table.
-STUDY_TAG = "spectune.study"
-ROLE_TAG = "spectune.role"  # "study" on the parent run, "trial" on a trial's run
-TRIAL_TAG = "spectune.trial"
-STATE_TAG = "spectune.state"  # the Optuna outcome: RUNNING, COMPLETE, PRUNED, FAIL
-FAIL_TAG = "spectune.fail_reason"
-PRUNE_TAG = "spectune.prune_reason"
-RETRY_TAG = "spectune.retry_of"
-PARENT_TAG = "mlflow.parentRunId"
-PARENT_ATTR = "mlflow_parent_run_id"  # the Optuna study's user attr naming the parent run
 # MLflow 3 picks the UI of an experiment from this tag (mlflow/assistant/skills/mlflow-onboarding/SKILL.md:
 # "custom_model_development" -> traditional ML, i.e. the training-runs view, not the GenAI one)
 KIND_TAG, KIND_CLASSIC = "mlflow.experimentKind", "custom_model_development"
 # MLflow run status of each Optuna outcome: a pruned trial was stopped on purpose (KILLED), not finished
 RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED", "INVALID": "FAILED"}
+RUN_NAME_MARK = {"PRUNED": "pruned: ", "FAIL": "failed: ", "INVALID": "invalid: "}
 
 
 def config_label(params: dict[str, Any]) -> str:
@@ -256,6 +258,11 @@ class Tracker:
         self.set_tag(run_id, STATE_TAG, state)
         if reason:
             self.set_tag(run_id, PRUNE_TAG if state == "PRUNED" else FAIL_TAG, reason[:4000])
+        if mark := RUN_NAME_MARK.get(state):
+            # MLflow's run list draws one icon for KILLED and FAILED: the name tells them apart
+            name = self.client.get_run(run_id).info.run_name or ""
+            if not name.startswith(mark):
+                self._write(self.client.update_run, run_id, name=f"{mark}{name}")
         self.client.set_terminated(run_id, status=RUN_STATUS.get(state, "FAILED"))
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:

@@ -45,8 +45,9 @@ from orchestrator.explain.perfmodel import (
 from orchestrator.explain.report.batches import batch_chart, batch_sentences, batch_summary
 from orchestrator.explain.report.charts import all_charts
 from orchestrator.explain.report.page import render
-from orchestrator.explain.report.rows import OBJECTIVE, Row, rows_of, within_noise
+from orchestrator.explain.report.rows import Row, rows_of, within_noise
 from orchestrator.explain.report.verdict import terminal_text, verdict
+from orchestrator.study.keys import OBJECTIVE
 from orchestrator.tracking.runs import rounded
 
 

@@ -8,8 +8,9 @@ import html
 import math
 
 from orchestrator.explain.report.batches import batch_html
-from orchestrator.explain.report.rows import OBJECTIVE, Row, within_noise
+from orchestrator.explain.report.rows import Row, within_noise
 from orchestrator.explain.report.verdict import OBJECTIVE_MEANS, verdict
+from orchestrator.study.keys import OBJECTIVE
 
 CAPTIONS = {
     "objective": f"Every complete trial by configuration, ranked by {OBJECTIVE}; whiskers span median +- MAD of its repeats.",

@@ -15,8 +15,6 @@ from orchestrator.explain.perfcheck import _setup
 from orchestrator.study.ranking import rank
 from orchestrator.tracking.runs import config_label, label_defaults
 
-OBJECTIVE = "throughput_tok_s"  # the study's objective everywhere: Optuna metric name, MLflow metric, report
-
 
 @dataclass
 class Row:

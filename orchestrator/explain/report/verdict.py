@@ -7,7 +7,8 @@ with whether the two can be told apart.
 
 from __future__ import annotations
 
-from orchestrator.explain.report.rows import OBJECTIVE, Row, within_noise
+from orchestrator.explain.report.rows import Row, within_noise
+from orchestrator.study.keys import OBJECTIVE
 
 OBJECTIVE_MEANS = (
     f"{OBJECTIVE} is the study's objective: generated tokens per second of wall time, prompt prefill "

@@ -1,0 +1,64 @@
+"""The names a study's record is keyed by, in one place: Optuna user attributes, MLflow tags and
+the objective. Every writer and reader imports them from here; nothing else spells `spectune.*`.
+
+Types, one per value: a boolean attribute is stored as a JSON boolean (Optuna) or the string
+"true" (MLflow tags are strings); `flag()` reads both, and the forms earlier records hold
+(`True`, "1", "true"), so resume, report and export read finished studies of any age.
+"""
+
+from __future__ import annotations
+
+OBJECTIVE = "throughput_tok_s"  # the study's objective: Optuna value, MLflow metric, report
+
+# MLflow tags (strings)
+STUDY_TAG = "spectune.study"
+ROLE_TAG = "spectune.role"  # "study" on the parent run, "trial" on a trial's run
+TRIAL_TAG = "spectune.trial"
+STATE_TAG = "spectune.state"  # the Optuna outcome: RUNNING, COMPLETE, PRUNED, FAIL
+FAIL_TAG = "spectune.fail_reason"  # also the Optuna user attr of a failed trial
+PRUNE_TAG = "spectune.prune_reason"  # also the Optuna user attr of a pruned trial
+RETRY_TAG = "spectune.retry_of"  # the trial number whose params this trial retries (an int attr)
+BASELINE_TAG = "spectune.baseline"  # the k = 0 trial of its TP size: tag "true", attr True
+INHERITED_TAG = "spectune.nccl_inherited"  # NCCL_* from the driver's shell, comma separated
+BEST_PARAMS_TAG = "spectune.best_params"
+BEST_CONFIG_TAG = "spectune.best_config"
+INVALID_TAG = "spectune.invalid"
+SIMULATED_TAG = "spectune.simulated_accept_len"
+PARENT_TAG = "mlflow.parentRunId"
+
+# Optuna trial user attributes
+DRIVER_ATTR = "spectune.driver"  # host:pid:start time of the driver running the trial
+HEARTBEAT_ATTR = "spectune.heartbeat"  # unix time, refreshed after every prompt (a user attr only)
+PARAMS_ATTR = "spectune.params"  # every resolved parameter of a trial (searched or fixed), dotted names
+SAMPLES_ATTR = "spectune.repeat_tok_s"  # throughput of each repeat of the trial's workload
+BASELINE_OUTPUTS_ATTR = "spectune.baseline_outputs"
+INHERITED_ATTR = INHERITED_TAG  # the same names as a sorted list
+FAIL_ATTR = FAIL_TAG
+PRUNE_ATTR = PRUNE_TAG
+BASELINE_ATTR = BASELINE_TAG
+RUN_ID_ATTR = "mlflow_run_id"
+
+# Optuna study user attributes
+FIXED_ATTR = "spectune.fixed"
+PARENT_ATTR = "mlflow_parent_run_id"  # names the study's parent MLflow run
+
+# what a trial's record may carry that is bookkeeping, not a measurement (never logged as a metric)
+RECORD_ONLY = frozenset({DRIVER_ATTR, HEARTBEAT_ATTR, RETRY_TAG, BASELINE_ATTR})
+
+
+def flag(value) -> bool:
+    """A boolean as any spectune record stored it: True, "true" or "1" (older tags)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes")
+    return bool(value)
+
+
+def requeue_attrs(user_attrs: dict, number: int) -> dict:
+    """The user attributes a retry of trial `number` is enqueued with: who it retries, and whether
+    it is the baseline. The one rule every path that re-queues a trial's params follows."""
+    return {RETRY_TAG: number, **({BASELINE_ATTR: True} if flag(user_attrs.get(BASELINE_ATTR)) else {})}
+
+
+def requeue(study, params: dict, user_attrs: dict, number: int) -> None:
+    """Put trial `number`'s params back in the queue (it failed before it could finish)."""
+    study.enqueue_trial(params, user_attrs=requeue_attrs(user_attrs, number), skip_if_exists=False)
