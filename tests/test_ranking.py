@@ -4,6 +4,7 @@ studies (in memory) with known measurements."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -124,6 +125,11 @@ def test_a_study_from_before_a_field_existed_resumes_at_its_default():
     the old study measured under its default, so the default resumes and anything else is refused."""
     old = {k: v for k, v in fixed_part(cfg()).items() if k not in ("workload.split", "workload.batch_sizes")}
     assert differences(old, fixed_part(cfg())) == []
+    # studies recorded before kept each value as JSON text ('"auto"'): read the same way
+    as_text = {k: json.dumps(v, sort_keys=True) for k, v in fixed_part(cfg()).items()}
+    assert differences(as_text, fixed_part(cfg())) == []
+    assert [k for k, _, _ in differences(as_text, fixed_part(cfg(parallel__tp=1)))] == ["parallel.tp"]
+    assert not any(isinstance(v, str) and v.startswith('"') for v in fixed_part(cfg()).values())
     assert [k for k, _, _ in differences(old, fixed_part(cfg(workload__split="heldout")))] == ["workload.split"]
     assert [k for k, _, _ in differences(old, fixed_part(cfg(workload__batch_sizes=[1, 4])))] == ["workload.batch_sizes"]
 

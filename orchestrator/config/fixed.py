@@ -55,8 +55,9 @@ def _field(param: str) -> str:
     return SEARCHED_FIELD.get(param, param)
 
 
-def fixed_part(cfg: ExperimentConfig) -> dict[str, str]:
-    """Dotted field -> JSON of its value, for every field that must not change on resume."""
+def fixed_part(cfg: ExperimentConfig) -> dict:
+    """Dotted field -> its value (JSON types, stored as they are: no JSON inside JSON), for every
+    field that must not change on resume."""
     flat = _flatten(cfg.model_dump(mode="json", exclude={"search"}))
     searched = {_field(name) for name in cfg.search.space}
     keep = {
@@ -64,7 +65,25 @@ def fixed_part(cfg: ExperimentConfig) -> dict[str, str]:
     }
     for name, p in cfg.search.space.items():
         keep[f"search.space.{name}"] = p.model_dump(mode="json", exclude_none=True) if hasattr(p, "model_dump") else p
-    return {k: json.dumps(v, sort_keys=True) for k, v in sorted(keep.items())}
+    return dict(sorted(keep.items()))
+
+
+def _as_json(part: dict) -> dict[str, str]:
+    """Dotted field -> JSON text of its value, whichever way the part was stored: as plain values
+    (today's), or as JSON text per value (studies created before; every value a string that
+    parses). A plain part always holds numbers or booleans too (trial budgets, token counts), so
+    the two forms are told apart by the whole record, never per value."""
+
+    def parses(v) -> bool:
+        try:
+            json.loads(v)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    if part and all(isinstance(v, str) and parses(v) for v in part.values()):
+        return dict(part)
+    return {k: json.dumps(v, sort_keys=True) for k, v in part.items()}
 
 
 def _default(dotted: str) -> str | None:
@@ -83,10 +102,11 @@ def _default(dotted: str) -> str | None:
     return None
 
 
-def differences(stored: dict[str, str], now: dict[str, str]) -> list[tuple[str, str | None, str | None]]:
+def differences(stored: dict, now: dict) -> list[tuple[str, str | None, str | None]]:
     """Fields whose values differ. A field the stored part lacks (added to spectune after the study
     was created) matches when it holds its default: what the old study measured under."""
     out = []
+    stored, now = _as_json(stored), _as_json(now)
     for k in sorted(stored.keys() | now.keys()):
         a, b = stored.get(k), now.get(k)
         if a is None and b is not None and b == _default(k):
