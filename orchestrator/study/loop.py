@@ -28,7 +28,7 @@ from orchestrator.config.validate import check_experiment
 from orchestrator.errors import UserError
 from orchestrator.execution.cluster import GangPool, PlacementError, Resources, check_capacity, connect
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
-from orchestrator.study.keys import BASELINE_ATTR, DRIVER_ATTR, FAIL_ATTR, HEARTBEAT_ATTR, RETRY_TAG, flag, requeue
+from orchestrator.study.keys import BASELINE_ATTR, DRIVER_ATTR, FAIL_ATTR, HEARTBEAT_ATTR, RETRY_TAG, RUN_ID_ATTR, flag, requeue
 from orchestrator.study.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
 from orchestrator.study.storage import frozen_trial, make_storage, set_trial_user_attr, study_lock
 from orchestrator.study.trial import TrialOutcome, run_trial
@@ -144,7 +144,7 @@ def recover_stale(study, storage, tracker: Tracker, stale_after_s: float, log) -
         except (RuntimeError, ValueError, UpdateFinishedTrialError):
             continue  # someone else finished or recovered it first
         study.set_user_attr(f"recovered.{t.number}", f"driver {driver or '?'} died; params retried")
-        if run_id := t.user_attrs.get("mlflow_run_id"):
+        if run_id := t.user_attrs.get(RUN_ID_ATTR):
             tracker.finish_trial(run_id, "FAIL", reason)
         requeue(study, t.system_attrs.get("fixed_params") or t.params, t.user_attrs, t.number)
         recovered += 1

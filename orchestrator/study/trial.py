@@ -42,6 +42,7 @@ from orchestrator.study.keys import (
     PARAMS_ATTR,
     PRUNE_TAG,
     RETRY_TAG,
+    RUN_ID_ATTR,
     SAMPLES_ATTR,
     SIMULATED_TAG,
     flag,
@@ -62,7 +63,7 @@ def baseline_outputs(base, tracker: Tracker) -> dict | None:
     """{"tokens": [...], "margins": [...]} of a baseline trial, or None."""
     if BASELINE_OUTPUTS_ATTR in base.user_attrs:
         return json.loads(base.user_attrs[BASELINE_OUTPUTS_ATTR])
-    run_id = base.user_attrs.get("mlflow_run_id")
+    run_id = base.user_attrs.get(RUN_ID_ATTR)
     return tracker.load_json(run_id, BASELINE_OUTPUTS_FILE) if run_id else None
 
 
@@ -241,112 +242,191 @@ def noise_aware(per_repeat: list[float], penalty: float) -> dict[str, float]:
     return {"throughput_median": med, "throughput_mad": mad, "repeats": float(len(per_repeat)), "objective": med - penalty * mad}
 
 
-def run_trial(
-    study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker, heartbeat_attr: str, live=None
-) -> TrialOutcome:
-    from optuna.trial import TrialState
+@dataclass
+class _Trial:
+    """What the phases of one trial share: decided once in `configure`."""
 
+    study: object
+    trial: object
+    cfg: ExperimentConfig
+    tracker: Tracker
+    tc: TrialConfig
+    params: dict  # the MLflow params (and `spectune.params`)
+    tags: dict
+    plain: bool  # k = 0: the baseline's rules (more repeats, the reference outputs) apply
+    simulated: bool  # acceptance imposed: outputs are not compared with the baseline's
+    run_id: str | None = None
+
+
+@dataclass
+class _Measured:
+    result: RunResult
+    pruned: bool
+    per_repeat: list[float]
+    metrics: dict
+    gang: object
+    started: float
+    digest: list[str] = field(default_factory=list)  # per-prompt output digests (set by compare)
+
+
+def configure(study, trial, cfg: ExperimentConfig, tracker: Tracker) -> _Trial:
+    """Phase 1: the trial's configuration, its params and tags; nothing runs yet."""
     tc = trial_config(trial, cfg)
+    plain = tc.num_draft_tokens == 0
     # NCCL_* in the driver's shell reach the actors too: logged as nccl.* params and named in a tag
     inherited = {k: v for k, v in inherited_nccl_env().items() if k not in dict(tc.nccl_env)}
     params = {**{f"nccl.{k}": v for k, v in inherited.items()}, **logged_params(cfg, tc)}
     trial.set_user_attr(PARAMS_ATTR, params)
-    tags = {BASELINE_TAG: "true"} if tc.num_draft_tokens == 0 else {}
+    tags = {BASELINE_TAG: "true"} if plain else {}
     if inherited:
         tags[INHERITED_TAG] = ",".join(inherited)
         trial.set_user_attr(INHERITED_ATTR, sorted(inherited))  # not the trial's choice: left out of exports
-    if why := constraint_violation(tc):  # recorded (an MLflow run with the reason), never run
-        run_id = tracker.start_trial(trial.number, params, tags)
-        trial.set_user_attr("mlflow_run_id", run_id)
-        trial.set_user_attr(PRUNE_TAG, why)  # one tag name in Optuna and MLflow (docs/tags.md)
-        study.tell(trial, state=TrialState.PRUNED)
-        tracker.finish_trial(run_id, "PRUNED", why)
-        return TrialOutcome(state="PRUNED", config=tc, reason=why)
-    simulated = cfg.workload.simulate_accept_len is not None and tc.num_draft_tokens > 0
-    if simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
-        tags[SIMULATED_TAG] = f"{cfg.workload.simulate_accept_len:g}"
-    if RETRY_TAG in trial.user_attrs:
-        tags[RETRY_TAG] = str(trial.user_attrs[RETRY_TAG])
-    run_id = tracker.start_trial(trial.number, params, tags)
-    trial.set_user_attr("mlflow_run_id", run_id)
+    simulated = cfg.workload.simulate_accept_len is not None and not plain
+    return _Trial(study, trial, cfg, tracker, tc, params, tags, plain, simulated)
+
+
+def prune_unrunnable(t: _Trial) -> TrialOutcome | None:
+    """A configuration that breaks a constraint of the space is recorded (an MLflow run with the
+    reason) and PRUNED, never run."""
+    from optuna.trial import TrialState
+
+    if not (why := constraint_violation(t.tc)):
+        return None
+    run_id = t.tracker.start_trial(t.trial.number, t.params, t.tags)
+    t.trial.set_user_attr(RUN_ID_ATTR, run_id)
+    t.trial.set_user_attr(PRUNE_TAG, why)  # one tag name in Optuna and MLflow (docs/tags.md)
+    t.study.tell(t.trial, state=TrialState.PRUNED)
+    t.tracker.finish_trial(run_id, "PRUNED", why)
+    return TrialOutcome(state="PRUNED", config=t.tc, reason=why)
+
+
+def start_run(t: _Trial) -> None:
+    if t.simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
+        t.tags[SIMULATED_TAG] = f"{t.cfg.workload.simulate_accept_len:g}"
+    if RETRY_TAG in t.trial.user_attrs:
+        t.tags[RETRY_TAG] = str(t.trial.user_attrs[RETRY_TAG])
+    t.run_id = t.tracker.start_trial(t.trial.number, t.params, t.tags)
+    t.trial.set_user_attr(RUN_ID_ATTR, t.run_id)
+
+
+def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, heartbeat_attr: str, live) -> _Measured:
+    """Phase 2: a gang, the workload's repeats at batch 1 (reporting to the pruner), the noise of them."""
+    cfg, tc = t.cfg, t.tc
+    t.tracker.log_json(t.run_id, {"experiment": cfg.model_dump(mode="json"), "trial": t.params}, "trial_config.json")
+    before, started = pool.launched, time.monotonic()
+    gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=t.plain)
+    t.trial.set_user_attr(heartbeat_attr, time.time())  # a gang launch can take minutes
+    # the baseline is measured several times: the noise band every ranking uses comes from its repeats
+    repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if t.plain else cfg.workload.repeats
+    result, pruned, per_repeat = _decode(t.trial, cfg, prepared, gang, tc, heartbeat_attr, repeats, live)
+    metrics = {
+        **result.metrics,
+        "setup_s": pool.setup_s if pool.launched > before else 0.0,
+        "rank_peak_rss_mb_max": max(gang.peak_rss_mb()[: tc.tp]),
+    }
+    if per_repeat:
+        metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
+    return _Measured(result, pruned, per_repeat, metrics, gang, started)
+
+
+def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload, heartbeat_attr: str) -> None:
+    """Phase 3: against the baseline: speedup, the same greedy outputs, and the larger batch sizes
+    (measured here, since their reference is the batch-1 outputs). Adds to m.metrics."""
+    from optuna.trial import TrialState
+
+    cfg, tc, study, metrics = t.cfg, t.tc, t.study, m.metrics
+    digest = outputs_digest(m.result)[: len(prepared.token_ids)]  # one repeat: every repeat decodes the same prompts
+    m.digest = digest
+    base = find_baseline(study, tc.tp)
+    # medians of repeats on both sides; the baseline's pooled over every k = 0 trial at this TP
+    base_med = baseline_median(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), tc.tp)
+    if m.per_repeat and base_med:
+        metrics["speedup_vs_baseline"] = metrics["throughput_median"] / base_med
+    elif t.plain and m.per_repeat:
+        metrics["speedup_vs_baseline"] = 1.0
+    first = m.result.prompts[: len(prepared.token_ids)]
+    if cfg.workload.temperature == 0 and not m.pruned and not t.simulated:
+        want = base.user_attrs.get("outputs_sha") if base is not None else (digest if t.plain else None)
+        if want is not None:
+            metrics["outputs_match_baseline"] = int(want == digest)
+        recorded = baseline_outputs(base, t.tracker) if base is not None and want is not None and want != digest else None
+        if recorded:  # parted ways: at a numerical near tie only?
+            metrics.update(outputs_verdict(recorded["tokens"], recorded["margins"], [p.tokens for p in first], cfg.model.dtype))
+    if not m.pruned and max(cfg.workload.batch_sizes) > 1:
+        reference = None
+        if cfg.workload.temperature == 0 and not t.simulated:
+            # the batch-1 baseline's tokens and margins; without one yet, this trial's own batch-1 tokens, exactly
+            reference = baseline_outputs(base, t.tracker) if base is not None and not t.plain else None
+            reference = reference or {"tokens": [p.tokens for p in first], "margins": [p.margins for p in first]}
+        beat = lambda: t.trial.set_user_attr(heartbeat_attr, time.time())  # noqa: E731
+        metrics.update(_batched(cfg, prepared, m.gang, tc, reference, beat, m.started + cfg.limits.trial_timeout_s))
+        metrics.update(batch_speedups(metrics, cfg, study, tc.tp, t.plain))
+        if "objective" in metrics:
+            metrics.update(batch_objective(metrics, cfg))
+
+
+def record(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> tuple[str, str | None]:
+    """Phase 4: metrics, series and files to MLflow, every metric as a user attr (the report's model
+    reads them), then the outcome told to Optuna. Returns (state, reason)."""
+    from optuna.trial import TrialState
+
+    cfg, trial, tracker, metrics, run_id = t.cfg, t.trial, t.tracker, m.metrics, t.run_id
+    result = m.result
+    tracker.log_metrics(run_id, metrics)
+    tracker.log_step_series(
+        run_id,
+        {
+            "prompt_throughput_tok_s": [len(p.tokens) / p.seconds for p in result.prompts],
+            "prompt_accept_len": [p.accept_len for p in result.prompts],
+        },
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        if plot := _acceptance_plot(metrics, t.tc.num_draft_tokens, Path(tmp)):
+            tracker.log_file(run_id, plot)
+    for key, value in metrics.items():  # every metric: the report's performance model reads them
+        if isinstance(value, (int, float)):
+            trial.set_user_attr(key, rounded(value))  # 4 significant digits, as in MLflow
+    trial.set_user_attr("outputs_sha", m.digest)
+    trial.set_user_attr(SAMPLES_ATTR, m.per_repeat)
+    first = result.prompts[: len(prepared.token_ids)]
+    if t.plain and cfg.workload.temperature == 0 and first and first[0].margins:
+        tracker.log_json(
+            run_id,
+            {"tokens": [p.tokens for p in first], "margins": [[round(x, 6) for x in p.margins] for p in first]},
+            BASELINE_OUTPUTS_FILE,
+        )
+    if m.pruned:
+        reason = "throughput below the pruner's percentile at the same prompt, and outside the noise band of the best"
+        trial.set_user_attr(PRUNE_TAG, reason)  # every pruned trial says why, in Optuna as in MLflow
+        t.study.tell(trial, state=TrialState.PRUNED)
+        return "PRUNED", reason
+    if metrics.get("outputs_match_baseline") == 0 or (bad := _batch_mismatch(metrics, cfg)):
+        at = "" if metrics.get("outputs_match_baseline") == 0 else f" at batch size {bad}"
+        reason = f"invalid: greedy output{at} differs from the baseline"
+        trial.set_user_attr(INVALID_TAG, reason)
+        t.study.tell(trial, state=TrialState.FAIL)
+        return "FAIL", reason
+    t.study.tell(trial, metrics.get("objective", metrics["throughput_tok_s"]))
+    return "COMPLETE", None
+
+
+def run_trial(
+    study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker, heartbeat_attr: str, live=None
+) -> TrialOutcome:
+    """One trial in four phases: configure, measure, compare with the baseline, record. The MLflow
+    run always ends; an interrupted trial fails and its params are queued again."""
+    from optuna.trial import TrialState
+
+    t = configure(study, trial, cfg, tracker)
+    if (outcome := prune_unrunnable(t)) is not None:
+        return outcome
+    start_run(t)
     state, reason, metrics = "FAIL", None, {}
     try:
-        tracker.log_json(run_id, {"experiment": cfg.model_dump(mode="json"), "trial": params}, "trial_config.json")
-        before, started = pool.launched, time.monotonic()
-        gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=tc.num_draft_tokens == 0)
-        trial.set_user_attr(heartbeat_attr, time.time())  # a gang launch can take minutes
-        # the baseline is measured several times: the noise band every ranking uses comes from its repeats
-        repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if tc.num_draft_tokens == 0 else cfg.workload.repeats
-        result, pruned, per_repeat = _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats, live)
-        metrics = {
-            **result.metrics,
-            "setup_s": pool.setup_s if pool.launched > before else 0.0,
-            "rank_peak_rss_mb_max": max(gang.peak_rss_mb()[: tc.tp]),
-        }
-        if per_repeat:
-            metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
-        digest = outputs_digest(result)[: len(prepared.token_ids)]  # one repeat: every repeat decodes the same prompts
-        base = find_baseline(study, tc.tp)
-        # medians of repeats on both sides; the baseline's pooled over every k = 0 trial at this TP
-        base_med = baseline_median(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), tc.tp)
-        if per_repeat and base_med:
-            metrics["speedup_vs_baseline"] = metrics["throughput_median"] / base_med
-        elif tc.num_draft_tokens == 0 and per_repeat:
-            metrics["speedup_vs_baseline"] = 1.0
-        first = result.prompts[: len(prepared.token_ids)]
-        if cfg.workload.temperature == 0 and not pruned and not simulated:
-            want = base.user_attrs.get("outputs_sha") if base is not None else (digest if tc.num_draft_tokens == 0 else None)
-            if want is not None:
-                metrics["outputs_match_baseline"] = int(want == digest)
-            recorded = baseline_outputs(base, tracker) if base is not None and want is not None and want != digest else None
-            if recorded:  # parted ways: at a numerical near tie only?
-                metrics.update(outputs_verdict(recorded["tokens"], recorded["margins"], [p.tokens for p in first], cfg.model.dtype))
-        if not pruned and max(cfg.workload.batch_sizes) > 1:
-            plain = tc.num_draft_tokens == 0
-            reference = None
-            if cfg.workload.temperature == 0 and not simulated:
-                # the batch-1 baseline's tokens and margins; without one yet, this trial's own batch-1 tokens, exactly
-                reference = baseline_outputs(base, tracker) if base is not None and not plain else None
-                reference = reference or {"tokens": [p.tokens for p in first], "margins": [p.margins for p in first]}
-            beat = lambda: trial.set_user_attr(heartbeat_attr, time.time())  # noqa: E731
-            metrics.update(_batched(cfg, prepared, gang, tc, reference, beat, started + cfg.limits.trial_timeout_s))
-            metrics.update(batch_speedups(metrics, cfg, study, tc.tp, plain))
-            if "objective" in metrics:
-                metrics.update(batch_objective(metrics, cfg))
-        tracker.log_metrics(run_id, metrics)
-        tracker.log_step_series(
-            run_id,
-            {
-                "prompt_throughput_tok_s": [len(p.tokens) / p.seconds for p in result.prompts],
-                "prompt_accept_len": [p.accept_len for p in result.prompts],
-            },
-        )
-        with tempfile.TemporaryDirectory() as tmp:
-            if plot := _acceptance_plot(metrics, tc.num_draft_tokens, Path(tmp)):
-                tracker.log_file(run_id, plot)
-        for key, value in metrics.items():  # every metric: the report's performance model reads them
-            if isinstance(value, (int, float)):
-                trial.set_user_attr(key, rounded(value))  # 4 significant digits, as in MLflow
-        trial.set_user_attr("outputs_sha", digest)
-        trial.set_user_attr(SAMPLES_ATTR, per_repeat)
-        if tc.num_draft_tokens == 0 and cfg.workload.temperature == 0 and first and first[0].margins:
-            tracker.log_json(
-                run_id,
-                {"tokens": [p.tokens for p in first], "margins": [[round(m, 6) for m in p.margins] for p in first]},
-                BASELINE_OUTPUTS_FILE,
-            )
-        if pruned:
-            state, reason = "PRUNED", "throughput below the pruner's percentile at the same prompt, and outside the noise band of the best"
-            trial.set_user_attr(PRUNE_TAG, reason)  # every pruned trial says why, in Optuna as in MLflow
-            study.tell(trial, state=TrialState.PRUNED)
-        elif metrics.get("outputs_match_baseline") == 0 or (bad := _batch_mismatch(metrics, cfg)):
-            at = "" if metrics.get("outputs_match_baseline") == 0 else f" at batch size {bad}"
-            state, reason = "FAIL", f"invalid: greedy output{at} differs from the baseline"
-            trial.set_user_attr(INVALID_TAG, reason)
-            study.tell(trial, state=TrialState.FAIL)
-        else:
-            state = "COMPLETE"
-            study.tell(trial, metrics.get("objective", metrics["throughput_tok_s"]))
+        m = measure(t, prepared, pool, heartbeat_attr, live)
+        metrics = m.metrics
+        compare(t, m, prepared, heartbeat_attr)
+        state, reason = record(t, m, prepared)
     except (GangError, *INPUT_ERRORS) as e:
         reason = f"{type(e).__name__}: {e}"
         pool.close()
@@ -360,7 +440,7 @@ def run_trial(
             study.tell(trial, state=TrialState.FAIL)
             requeue(study, trial.params, trial.user_attrs, trial.number)
         finally:
-            tracker.finish_trial(run_id, "FAIL", reason)
+            tracker.finish_trial(t.run_id, "FAIL", reason)
         raise
-    tracker.finish_trial(run_id, state, reason)
-    return TrialOutcome(state=state, config=tc, metrics=metrics, reason=reason)
+    tracker.finish_trial(t.run_id, state, reason)
+    return TrialOutcome(state=state, config=t.tc, metrics=metrics, reason=reason)
