@@ -1,6 +1,6 @@
 """`spectune decode`: one configuration, no study. Runs the greedy baseline (k = 0) and the
 speculative configuration on the same prompts in one gang of worker processes and prints one
-JSON object with the metric names of DESIGN.md (plus per-category acceptance).
+JSON object with the metric names of docs/reference.md (plus per-category acceptance).
 
     spectune decode --model smollm2-135m --tp 2 --drafter ngram --num-draft-tokens 4 \
         --category summarization --num-prompts 4 --max-new-tokens 64 --json

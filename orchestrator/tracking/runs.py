@@ -1,4 +1,4 @@
-"""MLflow side of a study: one parent run per study, one nested run per trial (names from DESIGN.md).
+"""MLflow side of a study: one parent run per study, one nested run per trial (names: docs/tags.md, orchestrator/study/keys.py).
 
     tracker = Tracker(uri, experiment, study_name, home, study, base_params)  # finds or creates the parent run (resume = same run)
     run_id = tracker.start_trial(number, params)     # nested run named by its configuration, RUNNING
