@@ -14,8 +14,29 @@ from workers.engine.link import Proposal
 
 
 class Drafter(ABC):
+    """Capabilities are declared here, fixed by the class (and, for `fed_ready`, the run's settings),
+    never probed with getattr / hasattr: the engine asks these and nothing else.
+
+    - reads_hidden: `observe` wants the verifier's hidden states (EAGLE-3)
+    - proposes_on_device: `propose_on_device` may leave a greedy chain's drafts on the device
+    - fed_ready(k, graphed): the verifier may feed it on the device (the device loop's drafter side)
+    - batched: `begin_rows` / `propose_rows` draft every row of a batch in one pass (else one copy per row)
+    - drafts_trees: a proposal may be a token tree (verified by the tree step, batch 1 only)
+    """
+
     kind = "base"
-    reads_hidden = False  # True: `observe` wants the verifier's hidden states (EAGLE-3)
+    reads_hidden = False
+    proposes_on_device = False
+    batched = False
+    drafts_trees = False
+
+    def fed_ready(self, k: int, graphed: bool) -> bool:
+        """Whether this run's proposals can be fed on the device (workers/engine/device_loop.py)."""
+        return False
+
+    def propose_on_device(self, committed: list[int], k: int) -> Proposal:
+        """`propose`, where drafts may stay on the device; by default the host's proposal."""
+        return self.propose(committed, k)
 
     def begin(self, temperature: float, seed: int) -> None:  # noqa: B027 - optional hook
         """Called at the start of each workload run (temperature and seed may change between runs)."""

@@ -133,6 +133,13 @@ def phase(name: str):
     return record_function(name) if autograd_profiler._is_profiler_enabled else nullcontext()
 
 
+def takes_device_loop(r, drafter, k: int) -> bool:
+    """The one rule for whether a greedy run on overlapping CUDA graphs takes the device loop: the
+    drafter says it can be fed on the device for this k where the verify pass is captured (or not),
+    it drafts in this rank for this rank alone (no draft link), and no step is a tree."""
+    return drafter.fed_ready(k, r.steps.use_graphs) and r.local and r.link.drafter_rank is None and not r.tree_nodes
+
+
 def fits(steps: StepRunner, drafter, seq: Sequence, k: int, max_new: int) -> bool:
     """Whether the prompt's every step fits both caches (the loop never leaves mid-prompt)."""
     end = len(seq.tokens) + max_new + 2 * k + 2

@@ -41,7 +41,7 @@ import time
 import torch
 
 from workers.drafters import Drafter
-from workers.engine.device_loop import AcceptOnDevice, decode_on_device, fits, phase
+from workers.engine.device_loop import AcceptOnDevice, decode_on_device, fits, phase, takes_device_loop
 from workers.engine.device_loop import warm as warm_device_loop
 from workers.engine.link import Proposal, VerifyResult
 from workers.engine.rank import Rank, Sequence, finish
@@ -246,13 +246,12 @@ class InRankDrafting(StepStrategy):
         super().begin_run(capture)
         self.drafter.begin(self.w.temperature, self.w.seed + 1)
         self.drafter.warm(self.k)
-        r, fed = self.r, getattr(self.drafter, "fed_ready", None)
+        r = self.r
         # a greedy head chain in this rank, drafting for this rank alone: verify, accept and draft
         # stay on the device (workers/engine/device_loop.py); all ranks take it alike (SPMD)
         self.loop = None
         r.steps.line_up()  # the drafter's warm-up (compiling, capturing) takes each rank its own time
-        takes_loop = capture and self.on_device and fed is not None and fed(self.k, r.steps.use_graphs)
-        if takes_loop and r.local and r.link.drafter_rank is None and not r.tree_nodes:
+        if capture and self.on_device and takes_device_loop(r, self.drafter, self.k):
             self.loop = AcceptOnDevice.for_steps(r.steps, self.k)
             warm_device_loop(self.loop, self.drafter, self.simulated)  # its verify pass holds the allreduces
             r.steps.line_up()
@@ -286,9 +285,7 @@ class InRankDrafting(StepStrategy):
 
     def propose_for_step(self, seq: Sequence) -> Proposal:
         d = seq.drafter or self.drafter
-        if self.on_device and hasattr(d, "propose_on_device"):
-            return d.propose_on_device(seq.tokens, self.k)
-        return d.propose(seq.tokens, self.k)
+        return d.propose_on_device(seq.tokens, self.k) if self.on_device else d.propose(seq.tokens, self.k)
 
 
 class LinkedDrafting(StepStrategy):

@@ -227,6 +227,9 @@ class Eagle3Drafter(Drafter):
     """Chain drafting (top-1, or sampled at the trial temperature) or tree drafting (each depth's
     top-W, `tree_width`) from the verifier's hidden states."""
 
+    proposes_on_device = True
+    drafts_trees = True
+
     kind = "eagle3"
     reads_hidden = True
 
