@@ -23,7 +23,7 @@ if ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
 fi
 "${pip[@]}" install -e '.[test]'
 if [ $system_torch = 0 ] && [ "$(uname -sm)" = "Linux x86_64" ] && ! "$VENV/bin/python" -c 'import triton' >/dev/null 2>&1; then
-  # Triton's CPU interpreter runs the GPU kernels' tests (tests/test_decode_attention.py);
+  # Triton's CPU interpreter runs the GPU kernels' tests (tests/engine/test_kernels_*.py);
   # GPU hosts keep the Triton that came with their torch.
   "${pip[@]}" install "triton==${SPECTUNE_TRITON_VERSION:-3.6.0}"
 fi

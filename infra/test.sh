@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/setup.sh
-# headless Chromium renders the HTML report in tests/test_report.py (Debian's package; root on CI)
+# headless Chromium renders the HTML report in tests/e2e/test_report.py (Debian's package; root on CI)
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null

@@ -5,20 +5,41 @@ Triton reads TRITON_INTERPRET when a kernel is decorated, that is when its modul
 it is set here, before any test module imports one: on a machine without CUDA every kernel runs
 under Triton's CPU interpreter; on a GPU machine the kernels are built for the GPU (unless the
 variable is set to 1 already: then the interpreter runs them there too).
+
+The tests sit in tiers, one folder each: tests/unit (pure logic, fast), tests/engine (the workers'
+engine, kernels, model and drafters, decoding through local gangs), tests/e2e (Ray, `spectune`
+subprocesses, studies, fault injection). Every test is marked by its folder, so `pytest -m unit`
+runs the fast tier. tests/ itself is put on sys.path so the tiers import `studyutil` from here.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "engine", "e2e")
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))  # `from studyutil import ...` from every tier's folder
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from workers.model.checkpoint import resolve_model_path, tiny_config, write_random_checkpoint  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test by its tier's folder (tests/unit -> unit, tests/engine -> engine, tests/e2e -> e2e)."""
+    for item in items:
+        path = Path(item.path).resolve()
+        tier = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ Ray renames some of its Python processes (setproctitle), which overwrites the st
 environment block in /proc; for such a process the variables that survive are checked and its
 parent, whose environment it inherited, must carry all three.
 
-    .venv/bin/python -m pytest tests/test_nvls_env.py
+    .venv/bin/python -m pytest tests/e2e/test_nvls_env.py
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from workers.model.checkpoint import load_args, load_model, tiny_config
 from workers.runtime.local_gang import LocalGang
 from workers.spec import DrafterSpec, GangSpec, Workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
 DRAFT_VOCAB = 200
 
@@ -424,6 +424,7 @@ def _cli(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "orchestrator", *argv], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=timeout)
 
 
+@pytest.mark.timeout(1800)
 def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     out = tmp_path / "head"
     prompts = "train-drafter --model smollm2-135m --num-prompts 2 --synthetic-prompts 1 --self-prompts 2".split()
@@ -477,6 +478,7 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     assert res["outputs_match_baseline"] == 1 and res["accept_len_mean"] >= 1.0
 
 
+@pytest.mark.timeout(900)
 def test_validate_smoke_experiment_with_the_demo_head():
     r = _cli(
         "validate",

@@ -19,6 +19,8 @@ from studyutil import mlflow_runs, optuna_study, spectune, summary, tiny_experim
 
 from orchestrator.study.trial import noise_aware
 
+pytestmark = pytest.mark.timeout(1800)  # several studies of up to 600 s each
+
 
 def spectune_module(args: list[str], home) -> subprocess.CompletedProcess:
     """`python -m <module> ...` against the study's stores (SPECTUNE_HOME = home)."""

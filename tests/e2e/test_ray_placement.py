@@ -2,7 +2,7 @@
 stands in for GPUs, so the placement group, the actors' assigned instances and the model drafter's
 0.1 share are Ray's own decisions (real Ray, no mocks); the driver's NCCL_* reach the actors.
 
-    .venv/bin/python -m pytest tests/test_ray_placement.py
+    .venv/bin/python -m pytest tests/e2e/test_ray_placement.py
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ splits, junk past each sequence, a batch at two lengths; the same step from the 
 projection (rope and cache writes fused into one kernel); every head's arrival counter reset; token
 trees (each entry's ancestor bits) against SDPA under the tree mask, with a wrong mask caught.
 
-    python -m pytest tests/test_kernels_attention.py     # CPU: Triton's interpreter (tests/conftest.py); GPU: bf16
+    python -m pytest tests/engine/test_kernels_attention.py     # CPU: Triton's interpreter (tests/conftest.py); GPU: bf16
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ orchestrator/ and workers/ grouped by concern (packages, not size splits: a modu
 concern needs it), one direction of flow (workers/ never imports the driver; the driver <-> worker
 contract stays free of torch), no Optuna internals, and no engine switch read from the environment.
 
-    .venv/bin/python -m pytest tests/test_layout.py
+    .venv/bin/python -m pytest tests/unit/test_layout.py
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("orchestrator", "workers")
 
 

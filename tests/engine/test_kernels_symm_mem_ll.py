@@ -5,7 +5,7 @@ ranks over several calls, a real -0.0 not read as "not arrived", each phase's sl
 sentinel after its reduce, the phase counter cycling, the fused add + RMS norm and the all-gather
 between plain calls (they share the phases), and a reader that gives up on a missing peer.
 
-    python -m pytest tests/test_kernels_symm_mem_ll.py    # CPU, Triton's interpreter (tests/conftest.py)
+    python -m pytest tests/engine/test_kernels_symm_mem_ll.py    # CPU, Triton's interpreter (tests/conftest.py)
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ configuration, shape and epilogue: ragged token rows (1-17) and weight shapes, a
 epilogue on a merged gate/up weight, split K with its last-arrival reduction, each run twice (the
 split-K counters must be back at zero).
 
-    python -m pytest tests/test_kernels_gemv.py     # CPU: Triton's interpreter (tests/conftest.py); GPU: bf16
+    python -m pytest tests/engine/test_kernels_gemv.py     # CPU: Triton's interpreter (tests/conftest.py); GPU: bf16
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from studyutil import mlflow_runs, optuna_study, processes_mentioning, spectune, summary, tiny_experiment
 
+pytestmark = pytest.mark.timeout(1800)  # several studies of up to 600 s each
+
 CONTRACT_PARAMS = ("spec.num_draft_tokens", "comm.backend", "parallel.tp", "drafter.kind")
 CONTRACT_METRICS = (
     "throughput_tok_s",

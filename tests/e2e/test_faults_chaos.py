@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 
+import pytest
 from studyutil import mlflow_runs, optuna_study, ray_workers, sql, start_spectune, tiny_experiment, wait_until_gone
 
 TRIAL_TIMEOUT_S = 12.0
@@ -66,6 +67,7 @@ class Injector(threading.Thread):
             done += 1
 
 
+@pytest.mark.timeout(900)
 def test_chaos_random_actor_kills_and_a_hang(tmp_path, tiny_ckpt):
     seed = int(os.environ.get("SPECTUNE_CHAOS_SEED", random.randrange(1 << 30)))
     print(f"chaos seed {seed} (SPECTUNE_CHAOS_SEED={seed} replays the schedule)")

@@ -182,6 +182,7 @@ for i, (cfg, norms_in_allreduce, triton_gemv) in enumerate(runs):
 """
 
 
+@pytest.mark.timeout(900)
 def test_fused_step_with_triton_rope_and_attention(tmp_path):
     """The GPU step's layout: rope, cache writes and split-KV attention in Triton (run by Triton's
     CPU interpreter, which needs its own process), and then every GEMM in Triton too, give the plain

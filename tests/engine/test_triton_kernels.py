@@ -1,6 +1,6 @@
 """Around the Triton kernels of the GPU path: the choice between the split-KV attention and SDPA,
 made or refused with a reason; every kernel built for Hopper (sm_90) without a GPU; and the GEMV
-bench's shapes. The kernels' numerics are tests/test_kernels_*.py (CPU: Triton's interpreter).
+bench's shapes. The kernels' numerics are tests/engine/test_kernels_*.py (CPU: Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ build(da._rope_write, {"QKV": "*bf16", "COS": "*bf16", "SIN": "*bf16", "POS": "*
 """
 
 
+@pytest.mark.timeout(900)
 def test_kernels_compile_for_hopper():
     """The interpreter runs kernel bodies as Python, so it accepts code the GPU compiler rejects (a
     plain module global read inside @triton.jit is one such case). Build every GPU kernel

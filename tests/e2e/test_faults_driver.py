@@ -59,6 +59,7 @@ def _stop_mid_trial(p: subprocess.Popen, db, deadline_s: float = 240) -> int:
     raise AssertionError("no trial was ever seen running")
 
 
+@pytest.mark.timeout(900)
 def test_sigkilled_driver_resumes_without_loss_or_leak(tmp_path, tiny_ckpt):
     """SIGKILL the driver mid-trial: its Ray processes and actors are gone within seconds (the
     watchdog), the next run fails the interrupted trial (reason in Optuna, MLflow run FAILED),
@@ -108,12 +109,13 @@ def test_sigkilled_driver_resumes_without_loss_or_leak(tmp_path, tiny_ckpt):
     assert list((home / "drivers").glob("*.json")) == []  # no driver record left
 
 
+@pytest.mark.timeout(900)
 def test_two_drivers_on_one_study(tmp_path, tiny_ckpt):
     """Two `spectune run` at once on the same study and storage: exactly n_trials COMPLETE, one
     parent MLflow run, every trial its own MLflow run, no process left."""
     exp = tiny_experiment(tmp_path, tiny_ckpt, search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3, 4]}}})
     home, tags = tmp_path / "home", [uuid.uuid4().hex, uuid.uuid4().hex]
-    procs = [start_spectune(["run", str(exp)], home, tag) for tag in tags]
+    procs = [start_spectune(["run", str(exp), "--json"], home, tag) for tag in tags]
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=420)

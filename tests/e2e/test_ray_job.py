@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from studyutil import mlflow_runs, optuna_study, tiny_experiment
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env_file(path: Path) -> dict[str, str]:
@@ -29,6 +30,7 @@ def _alive(pgid: int) -> bool:
         return False
 
 
+@pytest.mark.timeout(1200)
 def test_ray_job_submit_streams_a_study(tmp_path, tiny_ckpt):
     state = tmp_path / "services"
     services = ["bash", str(ROOT / "infra" / "services.sh")]

@@ -157,7 +157,7 @@ def test_nccl_min_channels_above_max_is_a_violation():
     )
     with pytest.raises(UserError, match="search.space.nccl.NCCL_MIN_NCHANNELS: every value is above"):
         check_constraints(never)
-    check_constraints(load_config(Path(__file__).parents[1] / "experiments" / "tp8-pcie.yaml"))
+    check_constraints(load_config(Path(__file__).parents[2] / "experiments" / "tp8-pcie.yaml"))
 
 
 def test_a_constraint_violating_trial_is_recorded_pruned_and_never_run(tmp_path):

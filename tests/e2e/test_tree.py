@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from tests.test_eagle3 import _prompts, tiny_head  # noqa: F401 - the fixture
+from tests.e2e.test_eagle3 import _prompts, tiny_head  # noqa: F401 - the fixture
 from workers.drafters.eagle3.head import Eagle3Drafter
 from workers.engine.verify import tree_path, tree_verify
 from workers.model.checkpoint import load_model
@@ -192,6 +192,7 @@ def test_tree_decoding_equals_the_baseline_with_siblings_accepted(tiny_ckpt, tin
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.timeout(1800)
 def test_a_tree_over_the_link_at_tp2_with_the_demo_head_keeps_the_baseline():
     """The shipped head (a real draft, so siblings and long paths are accepted) as its own process
     at TP 2: each rank moves the accepted path's K/V in its shard, the head gets the path's states
@@ -201,7 +202,7 @@ def test_a_tree_over_the_link_at_tp2_with_the_demo_head_keeps_the_baseline():
     import subprocess
     import sys
 
-    from tests.test_eagle3 import ENV, ROOT
+    from tests.e2e.test_eagle3 import ENV, ROOT
 
     base = ["-m", "orchestrator", "decode", "--model", "smollm2-135m", "--tp", "2", "--drafter", "eagle3"]
     base += ["--draft-model", "smollm2-135m-eagle3", "-k", "4", "--tree-width", "3", "--split", "heldout", "--json"]

@@ -16,7 +16,7 @@ from orchestrator.config.schema import json_schema, load_config
 from orchestrator.config.space import suggest
 from orchestrator.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def validate(path: Path, *sets: str) -> subprocess.CompletedProcess:

@@ -2,7 +2,7 @@
 Pure string building: no GPU, no network. The shell lines are parsed back with shlex, and the JSON
 inside --speculative-config with json, so every check is on the values an engine would receive.
 
-    .venv/bin/python -m pytest -q tests/test_export_formats.py
+    .venv/bin/python -m pytest -q tests/unit/test_export_formats.py
 """
 
 from __future__ import annotations

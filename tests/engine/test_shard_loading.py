@@ -2,7 +2,7 @@
 the full tensors (workers/model/tp.py `parts`), the loader takes no more bytes from the file than
 the part, and a random model's parts equal the same parts of the full random model.
 
-    .venv/bin/python -m pytest tests/test_shard_loading.py
+    .venv/bin/python -m pytest tests/engine/test_shard_loading.py
 """
 
 from __future__ import annotations

@@ -1,0 +1,48 @@
+"""scripts/trace_decode.py on CPU end to end: the in-process verifier rank, the phase labels in the
+trace (the idle accounting: tests/unit/test_trace_decode.py)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(1200)
+def test_trace_decode_on_cpu_writes_a_trace_with_every_phase(tmp_path):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scripts.trace_decode",
+            "--drafter",
+            "ngram",
+            "-k",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["steps"] >= 1 and s["gpu_busy_ms"] is None  # CPU: no kernels
+    assert all(v["count"] == s["steps"] for v in s["phases"].values())
+    names = {e.get("name") for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]}
+    assert {"spectune.propose", "spectune.verify", "spectune.decide", "spectune.publish"} <= names
+    bad = subprocess.run(
+        [sys.executable, "-m", "scripts.trace_decode", "--drafter", "ngram", "-k", "-1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("trace_decode: --num-draft-tokens")
