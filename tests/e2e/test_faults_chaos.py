@@ -81,7 +81,7 @@ def test_chaos_random_actor_kills_and_a_hang(tmp_path, tiny_ckpt):
         limits={"trial_timeout_s": TRIAL_TIMEOUT_S, "setup_timeout_s": SETUP_TIMEOUT_S},
     )
     home, tag = tmp_path / "home", uuid.uuid4().hex
-    p = start_spectune(["run", str(exp)], home, tag)
+    p = start_spectune(["run", str(exp), "--json"], home, tag)
     inj = Injector(tag, home / "optuna.db", rng)
     inj.start()
     try:
