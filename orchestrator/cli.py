@@ -262,11 +262,10 @@ def _add_experiment_commands(sub) -> None:
         p = sub.add_parser(name, help=help_)
         p.add_argument("experiment", help="experiment YAML (see experiments/)")
         p.add_argument("--set", action="append", default=[], metavar="dotted.key=value", help="override a YAML field (repeatable)")
-        if name == "run":
-            p.add_argument(
-                "--json", action="store_true", help="print the full JSON summary on stdout (it always goes to the file the run names)"
-            )
         p.set_defaults(handler=handler)
+    sub.choices["run"].add_argument(
+        "--json", action="store_true", help="print the full JSON summary on stdout (it always goes to the file the run names)"
+    )
     p = sub.add_parser("report", help="explain the winner: summary, performance model, breakeven, HTML report")
     p.add_argument("experiment")
     p.add_argument("--set", action="append", default=[], metavar="dotted.key=value")

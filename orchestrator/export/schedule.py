@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from orchestrator.study.keys import INHERITED_ATTR
+from orchestrator.study.keys import INHERITED_TAG
 from orchestrator.study.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
 
 # what a schedule entry's drafter needs, by kind (dotted param -> option name)
@@ -112,7 +112,7 @@ def build_schedule(study, model: str = "", dtype: str = "") -> dict:
         plain_med = float(np.median(plain_values)) if plain_values else None
         rows.append(
             {
-                **entry(params, batch, tuple(trials[0].user_attrs.get(INHERITED_ATTR, ()))),
+                **entry(params, batch, tuple(trials[0].user_attrs.get(INHERITED_TAG, ()))),
                 "throughput_tok_s": round(value, 2),
                 "plain_throughput_tok_s": round(plain_med, 2) if plain_med else None,
                 "speedup_vs_plain": round(value / plain_med, 3) if plain_med else None,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 OBJECTIVE = "throughput_tok_s"  # the study's objective: Optuna value, MLflow metric, report
 
-# MLflow tags (strings)
+# MLflow tags (strings). The reasons, the retry, the baseline mark and the inherited NCCL names are
+# Optuna user attributes of the trial under the same name (a list, an int, a boolean there)
 STUDY_TAG = "spectune.study"
 ROLE_TAG = "spectune.role"  # "study" on the parent run, "trial" on a trial's run
 TRIAL_TAG = "spectune.trial"
@@ -32,10 +33,6 @@ HEARTBEAT_ATTR = "spectune.heartbeat"  # unix time, refreshed after every prompt
 PARAMS_ATTR = "spectune.params"  # every resolved parameter of a trial (searched or fixed), dotted names
 SAMPLES_ATTR = "spectune.repeat_tok_s"  # throughput of each repeat of the trial's workload
 BASELINE_OUTPUTS_ATTR = "spectune.baseline_outputs"
-INHERITED_ATTR = INHERITED_TAG  # the same names as a sorted list
-FAIL_ATTR = FAIL_TAG
-PRUNE_ATTR = PRUNE_TAG
-BASELINE_ATTR = BASELINE_TAG
 RUN_ID_ATTR = "mlflow_run_id"
 
 # Optuna study user attributes
@@ -43,7 +40,7 @@ FIXED_ATTR = "spectune.fixed"
 PARENT_ATTR = "mlflow_parent_run_id"  # names the study's parent MLflow run
 
 # what a trial's record may carry that is bookkeeping, not a measurement (never logged as a metric)
-RECORD_ONLY = frozenset({DRIVER_ATTR, HEARTBEAT_ATTR, RETRY_TAG, BASELINE_ATTR})
+RECORD_ONLY = frozenset({DRIVER_ATTR, HEARTBEAT_ATTR, RETRY_TAG, BASELINE_TAG})
 
 
 def flag(value) -> bool:
@@ -56,7 +53,7 @@ def flag(value) -> bool:
 def requeue_attrs(user_attrs: dict, number: int) -> dict:
     """The user attributes a retry of trial `number` is enqueued with: who it retries, and whether
     it is the baseline. The one rule every path that re-queues a trial's params follows."""
-    return {RETRY_TAG: number, **({BASELINE_ATTR: True} if flag(user_attrs.get(BASELINE_ATTR)) else {})}
+    return {RETRY_TAG: number, **({BASELINE_TAG: True} if flag(user_attrs.get(BASELINE_TAG)) else {})}
 
 
 def requeue(study, params: dict, user_attrs: dict, number: int) -> None:

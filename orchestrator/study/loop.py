@@ -28,10 +28,10 @@ from orchestrator.config.validate import check_experiment
 from orchestrator.errors import UserError
 from orchestrator.execution.cluster import GangPool, PlacementError, Resources, check_capacity, connect
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
-from orchestrator.study.keys import BASELINE_ATTR, DRIVER_ATTR, FAIL_ATTR, HEARTBEAT_ATTR, RETRY_TAG, RUN_ID_ATTR, flag, requeue
+from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RETRY_TAG, RUN_ID_ATTR, flag, requeue
 from orchestrator.study.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
 from orchestrator.study.storage import frozen_trial, make_storage, set_trial_user_attr, study_lock
-from orchestrator.study.trial import TrialOutcome, run_trial
+from orchestrator.study.trial import TrialOutcome, beat, run_trial
 from orchestrator.tracking.progress import Progress
 from orchestrator.tracking.runs import Tracker, config_label, experiment_params, label_defaults, resolve_uri
 from workers.spec import DrafterSpec, GangSpec
@@ -139,7 +139,7 @@ def recover_stale(study, storage, tracker: Tracker, stale_after_s: float, log) -
             continue  # a live driver (another `spectune run`) is still on it
         reason = f"driver {driver or 'unknown'} died mid-trial"
         try:
-            set_trial_user_attr(storage, study, t.number, FAIL_ATTR, reason)
+            set_trial_user_attr(storage, study, t.number, FAIL_TAG, reason)
             study.tell(t.number, state=TrialState.FAIL)
         except (RuntimeError, ValueError, UpdateFinishedTrialError):
             continue  # someone else finished or recovered it first
@@ -161,8 +161,8 @@ def _stale(t, stale_after_s: float) -> bool:
     host = driver.split(":")[0]
     if host == socket.gethostname():
         return not _alive_here(driver)  # same host: pid and start time decide (a long model load is not death)
-    beat = float(t.user_attrs.get(HEARTBEAT_ATTR, 0) or 0)
-    return time.time() - beat >= stale_after_s
+    last_beat = float(t.user_attrs.get(HEARTBEAT_ATTR, 0) or 0)
+    return time.time() - last_beat >= stale_after_s
 
 
 def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
@@ -178,7 +178,7 @@ def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
     have = set()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)):
         queued = t.system_attrs.get("fixed_params", {})  # a WAITING trial keeps its params there
-        if is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or flag(t.user_attrs.get(BASELINE_ATTR)):
+        if is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or flag(t.user_attrs.get(BASELINE_TAG)):
             have.add(int({**trial_params(t), **queued}.get("parallel.tp", cfg.parallel.tp)))
     for tp in tps:
         if tp in have:
@@ -188,7 +188,7 @@ def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
             params.pop("spec.num_draft_tokens")  # not a parameter of the space: the user attr says k = 0
         if isinstance(space_tp, (CategoricalParam, IntParam)):  # suggested (a fixed value in the space is not)
             params["parallel.tp"] = tp
-        study.enqueue_trial(params, user_attrs={BASELINE_ATTR: True})
+        study.enqueue_trial(params, user_attrs={BASELINE_TAG: True})
 
 
 def count(study, *states) -> int:
@@ -211,10 +211,10 @@ def _release_surplus(study, trial) -> None:
     from optuna.trial import TrialState
 
     frozen = frozen_trial(study, trial.number)
-    trial.set_user_attr(FAIL_ATTR, "surplus: other drivers already hold the last open slots; not run")
+    trial.set_user_attr(FAIL_TAG, "surplus: other drivers already hold the last open slots; not run")
     study.tell(trial, state=TrialState.FAIL)
     if fixed := frozen.system_attrs.get("fixed_params"):
-        attrs = {k: v for k, v in frozen.user_attrs.items() if k in (BASELINE_ATTR, RETRY_TAG)}
+        attrs = {k: v for k, v in frozen.user_attrs.items() if k in (BASELINE_TAG, RETRY_TAG)}
         study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)  # given back as it was, not a retry
 
 
@@ -337,7 +337,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
                 waiting = False
                 trial = study.ask()
                 trial.set_user_attr(DRIVER_ATTR, me)
-                trial.set_user_attr(HEARTBEAT_ATTR, time.time())
+                beat(trial)
                 if count(study, TrialState.COMPLETE) + len(_live_running(study, stale_after, below=trial.number)) >= n_goal:
                     _release_surplus(study, trial)
                     continue
@@ -347,7 +347,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
                         f"spectune: trial {trial.number} retries trial {trial.user_attrs[RETRY_TAG]} ({config_label({**label_defaults(cfg), **fixed})}), "
                         "which was interrupted before it finished"
                     )
-                outcome: TrialOutcome = run_trial(study, trial, cfg, prepared, pool, tracker, HEARTBEAT_ATTR, live=progress.live)
+                outcome: TrialOutcome = run_trial(study, trial, cfg, prepared, pool, tracker, live=progress.live)
                 failed_here += outcome.state == "FAIL"
                 progress.trial_done(trial.number, outcome)
             status = "FINISHED"

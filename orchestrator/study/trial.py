@@ -32,11 +32,10 @@ from orchestrator.execution.workload import PreparedWorkload
 from orchestrator.export.schedule import batch_metric
 from orchestrator.study.equivalence import outputs_verdict
 from orchestrator.study.keys import (
-    BASELINE_ATTR,
     BASELINE_OUTPUTS_ATTR,
     BASELINE_TAG,
-    FAIL_ATTR,
-    INHERITED_ATTR,
+    FAIL_TAG,
+    HEARTBEAT_ATTR,
     INHERITED_TAG,
     INVALID_TAG,
     PARAMS_ATTR,
@@ -100,7 +99,7 @@ def logged_params(cfg: ExperimentConfig, tc: TrialConfig) -> dict:
 def trial_config(trial, cfg: ExperimentConfig) -> TrialConfig:
     """The trial's configuration. An enqueued baseline of a study that does not search k is k = 0
     all the same (k is decided before the space, so no drafter parameter is suggested for it)."""
-    baseline = flag(trial.user_attrs.get(BASELINE_ATTR)) and "spec.num_draft_tokens" not in cfg.search.space
+    baseline = flag(trial.user_attrs.get(BASELINE_TAG)) and "spec.num_draft_tokens" not in cfg.search.space
     return suggest(trial, cfg, {"spec.num_draft_tokens": 0} if baseline else None)
 
 
@@ -134,11 +133,17 @@ def _shown(live, number: int, tc, mine: list[RunResult], i: int, n: int, r: int,
     return lambda tokens, seconds: live.update(number, label, i + 1, n, tokens0 + tokens, seconds0 + seconds, r, repeats)
 
 
-def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int, live=None) -> tuple[RunResult | None, bool, list[float]]:
+def beat(trial) -> None:
+    """The driver's sign of life on its trial (a live driver's RUNNING trial is never recovered)."""
+    trial.set_user_attr(HEARTBEAT_ATTR, time.time())
+
+
+def _decode(t: _Trial, prepared, gang, repeats: int, live=None) -> tuple[RunResult | None, bool, list[float]]:
     """Run prompt by prompt, `repeats` times, within limits.trial_timeout_s in all; `live`
     (progress.LiveLine) shows each prompt as it finishes.
     Returns (merged result, pruned?, throughput of each repeat). The last prompt of the last repeat
     also times the step with and without its allreduces (the comm/compute split)."""
+    trial, cfg, tc = t.trial, t.cfg, t.tc
     parts: list[RunResult] = []
     per_repeat: list[float] = []
     deadline = time.monotonic() + cfg.limits.trial_timeout_s
@@ -160,10 +165,10 @@ def _decode(trial, cfg, prepared, gang, tc, heartbeat_attr, repeats: int, live=N
                 so_far = RunResult.merge(mine).stats
                 live.update(trial.number, config_label(tc.params()), i + 1, n, so_far.tokens, so_far.seconds, r, repeats, force=i == n - 1)
             trial.report(RunResult.merge(parts + mine).metrics["throughput_tok_s"], r * n + i)
-            trial.set_user_attr(heartbeat_attr, time.time())
+            beat(trial)
             # the baseline is the reference: never pruned; nor is a trial whose larger batch sizes are still to come
             # (batch 1 alone would prune a configuration that wins at batch 32)
-            if tc.num_draft_tokens > 0 and len(cfg.workload.batch_sizes) == 1 and trial.should_prune():
+            if not t.plain and len(cfg.workload.batch_sizes) == 1 and trial.should_prune():
                 return RunResult.merge(parts + mine), True, per_repeat
         parts += mine
         per_repeat.append(RunResult.merge(mine).metrics["throughput_tok_s"])
@@ -266,7 +271,8 @@ class _Measured:
     metrics: dict
     gang: object
     started: float
-    digest: list[str] = field(default_factory=list)  # per-prompt output digests (set by compare)
+    first: list  # the first repeat's prompts (every repeat decodes the same prompts)
+    digest: list[str]  # per-prompt digests of their greedy outputs
 
 
 def configure(study, trial, cfg: ExperimentConfig, tracker: Tracker) -> _Trial:
@@ -280,7 +286,7 @@ def configure(study, trial, cfg: ExperimentConfig, tracker: Tracker) -> _Trial:
     tags = {BASELINE_TAG: "true"} if plain else {}
     if inherited:
         tags[INHERITED_TAG] = ",".join(inherited)
-        trial.set_user_attr(INHERITED_ATTR, sorted(inherited))  # not the trial's choice: left out of exports
+        trial.set_user_attr(INHERITED_TAG, sorted(inherited))  # not the trial's choice: left out of exports
     simulated = cfg.workload.simulate_accept_len is not None and not plain
     return _Trial(study, trial, cfg, tracker, tc, params, tags, plain, simulated)
 
@@ -309,16 +315,16 @@ def start_run(t: _Trial) -> None:
     t.trial.set_user_attr(RUN_ID_ATTR, t.run_id)
 
 
-def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, heartbeat_attr: str, live) -> _Measured:
+def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live) -> _Measured:
     """Phase 2: a gang, the workload's repeats at batch 1 (reporting to the pruner), the noise of them."""
     cfg, tc = t.cfg, t.tc
     t.tracker.log_json(t.run_id, {"experiment": cfg.model_dump(mode="json"), "trial": t.params}, "trial_config.json")
     before, started = pool.launched, time.monotonic()
     gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=t.plain)
-    t.trial.set_user_attr(heartbeat_attr, time.time())  # a gang launch can take minutes
+    beat(t.trial)  # a gang launch can take minutes
     # the baseline is measured several times: the noise band every ranking uses comes from its repeats
     repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if t.plain else cfg.workload.repeats
-    result, pruned, per_repeat = _decode(t.trial, cfg, prepared, gang, tc, heartbeat_attr, repeats, live)
+    result, pruned, per_repeat = _decode(t, prepared, gang, repeats, live)
     metrics = {
         **result.metrics,
         "setup_s": pool.setup_s if pool.launched > before else 0.0,
@@ -326,17 +332,18 @@ def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, heartbeat_att
     }
     if per_repeat:
         metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
-    return _Measured(result, pruned, per_repeat, metrics, gang, started)
+    first = result.prompts[: len(prepared.token_ids)]
+    digest = outputs_digest(result)[: len(prepared.token_ids)]
+    return _Measured(result, pruned, per_repeat, metrics, gang, started, first, digest)
 
 
-def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload, heartbeat_attr: str) -> None:
+def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> None:
     """Phase 3: against the baseline: speedup, the same greedy outputs, and the larger batch sizes
     (measured here, since their reference is the batch-1 outputs). Adds to m.metrics."""
     from optuna.trial import TrialState
 
     cfg, tc, study, metrics = t.cfg, t.tc, t.study, m.metrics
-    digest = outputs_digest(m.result)[: len(prepared.token_ids)]  # one repeat: every repeat decodes the same prompts
-    m.digest = digest
+    digest, first = m.digest, m.first
     base = find_baseline(study, tc.tp)
     # medians of repeats on both sides; the baseline's pooled over every k = 0 trial at this TP
     base_med = baseline_median(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), tc.tp)
@@ -344,7 +351,6 @@ def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload, heartbeat_attr:
         metrics["speedup_vs_baseline"] = metrics["throughput_median"] / base_med
     elif t.plain and m.per_repeat:
         metrics["speedup_vs_baseline"] = 1.0
-    first = m.result.prompts[: len(prepared.token_ids)]
     if cfg.workload.temperature == 0 and not m.pruned and not t.simulated:
         want = base.user_attrs.get("outputs_sha") if base is not None else (digest if t.plain else None)
         if want is not None:
@@ -358,14 +364,13 @@ def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload, heartbeat_attr:
             # the batch-1 baseline's tokens and margins; without one yet, this trial's own batch-1 tokens, exactly
             reference = baseline_outputs(base, t.tracker) if base is not None and not t.plain else None
             reference = reference or {"tokens": [p.tokens for p in first], "margins": [p.margins for p in first]}
-        beat = lambda: t.trial.set_user_attr(heartbeat_attr, time.time())  # noqa: E731
-        metrics.update(_batched(cfg, prepared, m.gang, tc, reference, beat, m.started + cfg.limits.trial_timeout_s))
+        metrics.update(_batched(cfg, prepared, m.gang, tc, reference, lambda: beat(t.trial), m.started + cfg.limits.trial_timeout_s))
         metrics.update(batch_speedups(metrics, cfg, study, tc.tp, t.plain))
         if "objective" in metrics:
             metrics.update(batch_objective(metrics, cfg))
 
 
-def record(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> tuple[str, str | None]:
+def record(t: _Trial, m: _Measured) -> tuple[str, str | None]:
     """Phase 4: metrics, series and files to MLflow, every metric as a user attr (the report's model
     reads them), then the outcome told to Optuna. Returns (state, reason)."""
     from optuna.trial import TrialState
@@ -388,7 +393,7 @@ def record(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> tuple[str, st
             trial.set_user_attr(key, rounded(value))  # 4 significant digits, as in MLflow
     trial.set_user_attr("outputs_sha", m.digest)
     trial.set_user_attr(SAMPLES_ATTR, m.per_repeat)
-    first = result.prompts[: len(prepared.token_ids)]
+    first = m.first
     if t.plain and cfg.workload.temperature == 0 and first and first[0].margins:
         tracker.log_json(
             run_id,
@@ -410,9 +415,7 @@ def record(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> tuple[str, st
     return "COMPLETE", None
 
 
-def run_trial(
-    study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker, heartbeat_attr: str, live=None
-) -> TrialOutcome:
+def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker, live=None) -> TrialOutcome:
     """One trial in four phases: configure, measure, compare with the baseline, record. The MLflow
     run always ends; an interrupted trial fails and its params are queued again."""
     from optuna.trial import TrialState
@@ -423,20 +426,20 @@ def run_trial(
     start_run(t)
     state, reason, metrics = "FAIL", None, {}
     try:
-        m = measure(t, prepared, pool, heartbeat_attr, live)
+        m = measure(t, prepared, pool, live)
         metrics = m.metrics
-        compare(t, m, prepared, heartbeat_attr)
-        state, reason = record(t, m, prepared)
+        compare(t, m, prepared)
+        state, reason = record(t, m)
     except (GangError, *INPUT_ERRORS) as e:
         reason = f"{type(e).__name__}: {e}"
         pool.close()
-        trial.set_user_attr(FAIL_ATTR, reason)
+        trial.set_user_attr(FAIL_TAG, reason)
         study.tell(trial, state=TrialState.FAIL)
     except BaseException as e:  # Ctrl-C, SIGTERM, a bug: the trial fails (and is retried on resume)
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
         pool.close()
         try:
-            trial.set_user_attr(FAIL_ATTR, reason)
+            trial.set_user_attr(FAIL_TAG, reason)
             study.tell(trial, state=TrialState.FAIL)
             requeue(study, trial.params, trial.user_attrs, trial.number)
         finally:

@@ -267,7 +267,6 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
     import optuna
 
     from orchestrator.config.validate import check_experiment
-    from orchestrator.study.keys import HEARTBEAT_ATTR
     from orchestrator.study.trial import run_trial
     from orchestrator.tracking.runs import Tracker
     from workers.runtime.errors import GangError
@@ -285,7 +284,7 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
         (4, _FakePool(error=GangError("setup: rank 1: WorkerError: allreduce backend 'gloo' returned wrong sums"))),
     ):
         study.enqueue_trial({"spec.num_draft_tokens": k})
-        outcomes.append(run_trial(study, study.ask(), cfg, prepared, pool, tracker, HEARTBEAT_ATTR))
+        outcomes.append(run_trial(study, study.ask(), cfg, prepared, pool, tracker))
     assert [o.state for o in outcomes] == ["COMPLETE", "FAIL", "FAIL"]
     base, invalid, wrong = study.trials
     assert invalid.user_attrs["outputs_match_baseline"] == 0 and "differs from the baseline" in invalid.user_attrs["spectune.invalid"]

@@ -176,7 +176,7 @@ def test_a_constraint_violating_trial_is_recorded_pruned_and_never_run(tmp_path)
     study = optuna.create_study(direction="maximize")
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "x", "x", tmp_path, study=study)
     trial = study.ask()
-    out = run_trial(study, trial, c, None, None, tracker, "spectune.heartbeat")
+    out = run_trial(study, trial, c, None, None, tracker)
     assert out.state == "PRUNED" and "NCCL_MIN_NCHANNELS=8 is above NCCL_MAX_NCHANNELS=2" in out.reason
     frozen = study.trials[0]
     assert frozen.state == TrialState.PRUNED and frozen.user_attrs["spectune.prune_reason"] == out.reason

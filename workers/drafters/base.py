@@ -20,15 +20,11 @@ class Drafter(ABC):
     - reads_hidden: `observe` wants the verifier's hidden states (EAGLE-3)
     - proposes_on_device: `propose_on_device` may leave a greedy chain's drafts on the device
     - fed_ready(k, graphed): the verifier may feed it on the device (the device loop's drafter side)
-    - batched: `begin_rows` / `propose_rows` draft every row of a batch in one pass (else one copy per row)
-    - drafts_trees: a proposal may be a token tree (verified by the tree step, batch 1 only)
     """
 
     kind = "base"
     reads_hidden = False
     proposes_on_device = False
-    batched = False
-    drafts_trees = False
 
     def fed_ready(self, k: int, graphed: bool) -> bool:
         """Whether this run's proposals can be fed on the device (workers/engine/device_loop.py)."""

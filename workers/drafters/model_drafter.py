@@ -28,7 +28,6 @@ from workers.model.transformer import Transformer
 
 class ModelDrafter(Drafter):
     kind = "draft_model"
-    batched = True  # begin_rows / propose_rows: every row in one pass
 
     def __init__(self, model: Transformer, kind: str | None = None, max_width: int = 17, engine: EngineConfig | None = None):
         self.model = model

@@ -228,7 +228,6 @@ class Eagle3Drafter(Drafter):
     top-W, `tree_width`) from the verifier's hidden states."""
 
     proposes_on_device = True
-    drafts_trees = True
 
     kind = "eagle3"
     reads_hidden = True
