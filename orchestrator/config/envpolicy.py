@@ -31,6 +31,6 @@ NOT_NCCL_SETTINGS = frozenset({"NCCL_VERSION"})
 
 def inherited_nccl_env(environ=None) -> dict[str, str]:
     """The NCCL_* settings of the driver's own environment (its shell), NVLS ones aside: Ray actors
-    get them too (orchestrator/execution/cluster.py), so a trial's params record them as `nccl.*`."""
+    get them too (orchestrator/execution/gang.py), so a trial's params record them as `nccl.*`."""
     environ = os.environ if environ is None else environ
     return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_") and k not in NVLS_OFF_ENV and k not in NOT_NCCL_SETTINGS}

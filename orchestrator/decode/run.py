@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from orchestrator.config.registry import PARAMS
@@ -26,6 +27,7 @@ from orchestrator.errors import UserError
 from orchestrator.prompts.loading import BUNDLED_PROMPTS, Prompt, Tokenizer
 from orchestrator.study.equivalence import outputs_verdict
 from workers.model.checkpoint import load_args, resolve_model_path
+from workers.runtime.gang import Gang
 from workers.spec import GangSpec, RunResult, Workload
 
 
@@ -297,7 +299,8 @@ def _decode_on_ray(o: DecodeOptions, p: DecodePlan) -> dict:
 
     import ray
 
-    from orchestrator.execution.cluster import RayGang, Resources, connect
+    from orchestrator.execution.cluster import Resources, connect
+    from orchestrator.execution.gang import RayGang
 
     embedded = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
     log(f"gang as Ray actors: {connect()}")
@@ -309,7 +312,7 @@ def _decode_on_ray(o: DecodeOptions, p: DecodePlan) -> dict:
             ray.shutdown()
 
 
-def decode(o: DecodeOptions, gang_factory=None) -> dict:
+def decode(o: DecodeOptions, gang_factory: Callable[[GangSpec], Gang] | None = None) -> dict:
     from workers.runtime.local_gang import LocalGang
 
     p = plan(o)  # bad input fails here, before any process or Ray starts
@@ -318,7 +321,7 @@ def decode(o: DecodeOptions, gang_factory=None) -> dict:
     return _decode(o, p, gang_factory or (lambda spec: LocalGang(spec, timeout_s=o.timeout_s)))
 
 
-def _decode(o: DecodeOptions, p: DecodePlan, make) -> dict:
+def _decode(o: DecodeOptions, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> dict:
     workload = p.workload
     n_tokens = sum(len(s) for s in p.token_ids)
     log(

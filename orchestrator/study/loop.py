@@ -26,7 +26,8 @@ from orchestrator.config.schema import ExperimentConfig, spectune_home
 from orchestrator.config.space import CategoricalParam, IntParam, baseline_params, candidates, check_constraints, grid_space
 from orchestrator.config.validate import check_experiment
 from orchestrator.errors import UserError
-from orchestrator.execution.cluster import GangPool, PlacementError, Resources, check_capacity, connect
+from orchestrator.execution.cluster import PlacementError, Resources, check_capacity, connect
+from orchestrator.execution.pool import GangPool
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
 from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RETRY_TAG, RUN_ID_ATTR, flag, requeue
 from orchestrator.study.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params

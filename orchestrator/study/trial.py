@@ -27,7 +27,7 @@ from orchestrator.config.envpolicy import inherited_nccl_env
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import TrialConfig, constraint_violation, suggest
 from orchestrator.errors import INPUT_ERRORS
-from orchestrator.execution.cluster import GangPool
+from orchestrator.execution.pool import GangPool
 from orchestrator.execution.workload import PreparedWorkload
 from orchestrator.export.schedule import batch_metric
 from orchestrator.study.equivalence import outputs_verdict

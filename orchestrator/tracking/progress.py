@@ -18,21 +18,6 @@ from orchestrator.study.keys import BEST_CONFIG_TAG, BEST_PARAMS_TAG, OBJECTIVE,
 from orchestrator.tracking.runs import Tracker, config_label
 
 
-class QueueProgress:
-    """The progress hook handed to verifier rank 0 inside a Ray gang (workers.engine.verifier.ProgressHook):
-    at most every `every_s` it puts (tokens, seconds) of the current prompt into a Ray queue, without
-    waiting for the put; the driver drains the queue while it waits for the run (cluster.RayGang.run)."""
-
-    def __init__(self, queue, every_s: float = 1.0):
-        self.queue, self.every_s, self.last = queue, every_s, float("-inf")
-
-    def __call__(self, tokens: int, seconds: float) -> None:
-        now = time.monotonic()
-        if now - self.last >= self.every_s:
-            self.last = now
-            self.queue.actor.put_nowait.remote((tokens, seconds))
-
-
 class LiveLine:
     """The line under way during a trial. `update` is cheap to call often: on a terminal it rewrites
     the line at most every `tty_every_s`; elsewhere (a log file, `ray job logs`) it prints a new

@@ -1,6 +1,7 @@
-"""Decode progress from inside a real Ray gang: verifier rank 0's hook (Verifier.on_progress) puts
-(tokens, seconds) into a Ray queue at most once per QueueProgress.every_s, and RayGang.run hands
-the latest to the driver's callback while it waits for the run."""
+"""Decode progress from inside a gang, through the one Gang interface (workers/runtime/gang.py): verifier
+rank 0's hook (Verifier.on_progress) forwards (tokens, seconds) at most once per `every_s`, into a Ray
+queue (RayGang, orchestrator/execution/gang.py) or over its pipe (LocalGang), and `run` hands them to
+the driver's callback while it waits for the run."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import os
 
 import pytest
 
-from orchestrator.execution.cluster import RayGang, Resources
+from orchestrator.execution.cluster import Resources
+from orchestrator.execution.gang import RayGang
+from workers.runtime.gang import Gang
+from workers.runtime.local_gang import LocalGang
 from workers.spec import GangSpec, Workload
 
 
@@ -23,13 +27,22 @@ def local_ray():
     ray.shutdown()
 
 
-def test_rank0_reports_progress_through_the_gang(local_ray, tiny_ckpt, monkeypatch):
-    monkeypatch.setattr("orchestrator.tracking.progress.QueueProgress.__init__.__defaults__", (0.0,))  # every step, not once a second
+@pytest.mark.parametrize("kind", ["ray", "local"])
+def test_rank0_reports_progress_through_the_gang(kind, request, tiny_ckpt, monkeypatch):
+    spec = GangSpec(model_path=str(tiny_ckpt), tp=2)
+    if kind == "ray":
+        request.getfixturevalue("local_ray")
+        monkeypatch.setattr("orchestrator.execution.gang.QueueProgress.__init__.__defaults__", (0.0,))  # every step, not once a second
+        make = lambda: RayGang(spec, {}, Resources(cpus_per_worker=0.1))  # noqa: E731
+    else:  # a spawned rank throttles at its own default: the first step is always heard
+        make = lambda: LocalGang(spec, timeout_s=300)  # noqa: E731
     heard: list[tuple[int, float]] = []
-    with RayGang(GangSpec(model_path=str(tiny_ckpt), tp=2), {}, Resources(cpus_per_worker=0.1)) as gang:
+    with make() as gang:
+        assert isinstance(gang, Gang)
         gang.setup()
         w = Workload(prompts=((1, 2, 3, 4, 5),), max_new_tokens=300, num_draft_tokens=0)
-        result = gang.run(w, on_progress=lambda tokens, seconds: heard.append((tokens, seconds)))
+        result = gang.run(w, timeout_s=300, on_progress=lambda tokens, seconds: heard.append((tokens, seconds)))
+        assert len(gang.pids()) == 2 and len(gang.peak_rss_mb()) == 2
     assert heard, "the driver heard nothing while rank 0 decoded"
     tokens = [t for t, _ in heard]
     assert tokens == sorted(tokens) and 1 <= tokens[-1] <= len(result.prompts[0].tokens)

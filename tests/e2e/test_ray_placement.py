@@ -12,7 +12,8 @@ import os
 import pytest
 
 from orchestrator.config.envpolicy import inherited_nccl_env
-from orchestrator.execution.cluster import RayGang, Resources
+from orchestrator.execution.cluster import Resources
+from orchestrator.execution.gang import RayGang
 from workers.spec import DrafterSpec, GangSpec
 
 

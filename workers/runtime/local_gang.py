@@ -1,14 +1,16 @@
 """A gang of worker processes on this machine, without Ray (tests, `spectune decode` without `--ray`).
 
-    with LocalGang(spec) as gang:
+    with LocalGang(spec) as gang:           # the workers.runtime.gang.Gang interface
         gang.setup()
-        result = gang.run(workload)
+        result = gang.run(workload, timeout_s=600, on_progress=print)
 
 Processes are spawned fresh (no inherited threads or CUDA state) and meet through a FileStore in
 a temporary directory, so no port is ever chosen. They start with NVLink multicast off in their
 environment (workers/runtime/nvls.py), inherited from this process. Each serves typed commands from a pipe. Any
 failure, a process that dies, or a deadline that passes tears the whole gang down (a rank that
-lost its peers would otherwise wait in a collective forever) and raises `GangError`.
+lost its peers would otherwise wait in a collective forever) and raises `GangError`. Rank 0's
+progress (when the driver asks for it) travels over its pipe as `_Progress` messages between the
+command and its reply.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from workers.runtime.errors import GangError
+from workers.runtime.gang import Gang, OnProgress, ThrottledProgress
 from workers.runtime.nvls import nvls_off_here
 from workers.runtime.worker import Rendezvous
 from workers.spec import GangSpec, RunResult, Workload
@@ -36,6 +39,13 @@ class _Setup:
 @dataclass
 class _Run:
     workload: Workload
+    progress: bool = False  # rank 0 sends _Progress messages while it decodes
+
+
+@dataclass
+class _Progress:
+    tokens: int
+    seconds: float
 
 
 @dataclass
@@ -55,6 +65,15 @@ class _Failure:
     trace: str
 
 
+class _PipeProgress(ThrottledProgress):
+    def __init__(self, conn):
+        super().__init__()
+        self.conn = conn
+
+    def send(self, tokens: int, seconds: float) -> None:
+        self.conn.send(_Progress(tokens, seconds))
+
+
 def _serve(rank: int, spec: GangSpec, conn) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     from workers.runtime.worker import Worker
@@ -62,7 +81,7 @@ def _serve(rank: int, spec: GangSpec, conn) -> None:
     worker = Worker(rank, spec)
     handlers = {
         _Setup: lambda c: worker.setup(c.rendezvous, c.timeout_s),
-        _Run: lambda c: worker.run(c.workload),
+        _Run: lambda c: worker.run(c.workload, _PipeProgress(conn) if c.progress and rank == 0 else None),
         _PeakRss: lambda c: worker.peak_rss_mb(),
     }
     try:
@@ -82,8 +101,9 @@ def _serve(rank: int, spec: GangSpec, conn) -> None:
         return
 
 
-class LocalGang:
+class LocalGang(Gang):
     def __init__(self, spec: GangSpec, timeout_s: float = 600.0):
+        """`timeout_s`: the deadline of each call unless the call names its own."""
         self.spec, self.timeout_s = spec, timeout_s
         self._tmp = tempfile.TemporaryDirectory(prefix="spectune-gang-")
         nvls_off_here()  # a spawned process starts with this process's environment
@@ -98,11 +118,10 @@ class LocalGang:
             self.conns.append(parent)
             self.procs.append(proc)
 
-    @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def _call_all(self, cmd, timeout_s: float) -> list:
+    def _call_all(self, cmd, timeout_s: float, on_progress: OnProgress | None = None) -> list:
         for rank, conn in enumerate(self.conns):
             try:
                 conn.send(cmd)
@@ -128,6 +147,10 @@ class LocalGang:
                     out = _Failure(rank, f"process exited with code {self.procs[rank].exitcode}", "")
                 else:
                     continue
+                if isinstance(out, _Progress):
+                    if on_progress is not None:
+                        on_progress(out.tokens, out.seconds)
+                    continue
                 if isinstance(out, _Failure):
                     self.close(force=True)
                     raise GangError(f"rank {rank}: {out.message}") from _RemoteTrace(out.trace)
@@ -139,8 +162,9 @@ class LocalGang:
         rdv = Rendezvous(file=os.path.join(self._tmp.name, "rendezvous"))
         return self._call_all(_Setup(rdv, self.timeout_s), self.timeout_s)
 
-    def run(self, workload: Workload) -> RunResult:
-        return self._call_all(_Run(workload), self.timeout_s)[0]
+    def run(self, workload: Workload, timeout_s: float | None = None, on_progress: OnProgress | None = None) -> RunResult:
+        limit = self.timeout_s if timeout_s is None else max(0.0, timeout_s)
+        return self._call_all(_Run(workload, progress=on_progress is not None), limit, on_progress)[0]
 
     def peak_rss_mb(self) -> list[float]:
         """Each process's peak resident memory so far, in MiB (verifier ranks first, then the drafter)."""
@@ -167,9 +191,6 @@ class LocalGang:
         for conn in self.conns:
             conn.close()
         self._tmp.cleanup()
-
-    def __enter__(self) -> LocalGang:
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close(force=exc[0] is not None)

@@ -6,7 +6,7 @@ environment a process starts with, not set later inside it:
 
     nvls_off_here()   # before starting any process (spawned ranks, an embedded Ray): they inherit it
 
-Ray actors also get NVLS_OFF_ENV through their runtime_env (orchestrator/execution/cluster.py).
+Ray actors also get NVLS_OFF_ENV through their runtime_env (orchestrator/execution/gang.py).
 """
 
 from __future__ import annotations

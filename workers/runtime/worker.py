@@ -1,7 +1,7 @@
 """One process of a gang: a verifier rank (0..tp-1) or the drafter (rank tp).
 
 The same class runs as a local process (`workers/runtime/local_gang.py`) or as a Ray actor
-(orchestrator/execution/cluster.py): `setup` joins the process groups, loads this rank's part and checks
+(orchestrator/execution/gang.py): `setup` joins the process groups, loads this rank's part and checks
 the allreduce backend against a reference sum; `run` decodes one Workload; `shutdown` leaves
 the process groups. Verifier rank 0 returns the RunResult, everyone else returns None.
 """
@@ -50,7 +50,7 @@ NO_GPU_ASSIGNED = -1
 
 def _ray_gpu_index() -> int | None:
     """The torch device index of the GPU Ray assigned to this actor, when Ray was asked not to mask
-    CUDA_VISIBLE_DEVICES (orchestrator/execution/cluster.py sets RAY_NOSET_CUDA_ENV for GPU gangs): None
+    CUDA_VISIBLE_DEVICES (orchestrator/execution/gang.py sets RAY_NOSET_CUDA_ENV for GPU gangs): None
     outside such an actor, NO_GPU_ASSIGNED for an actor Ray gave no GPU (it sees every GPU of the
     node and must touch none). Ray's GPU ids name devices as the node's CUDA_VISIBLE_DEVICES lists
     them (or 0..n-1 without it)."""

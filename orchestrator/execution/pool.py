@@ -1,0 +1,63 @@
+"""Gangs reused across trials: a trial whose gang would be the same as the live one (spec and NCCL
+env) runs on it; a plain-decoding trial runs on any gang with its verifier setup.
+
+    pool = GangPool(Resources()); gang = pool.get(spec, env, plain=False); ...; pool.close()
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+
+from orchestrator.execution.cluster import Resources
+from orchestrator.execution.gang import RayGang
+from workers.spec import GangSpec, Workload
+
+
+class GangPool:
+    """Holds at most one live gang and reuses it while trials need the same env and placement.
+
+    A plain-decoding trial (k = 0) can run on any gang with the same verifier setup: its drafter
+    only listens. NCCL reads its env when a communicator is created, so another env means new actors.
+    """
+
+    def __init__(self, res: Resources, log=None):
+        self.res = res
+        self.gang: RayGang | None = None
+        self.key: tuple | None = None
+        self.launched = 0
+        self.setup_s = 0.0
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    def get(self, spec: GangSpec, env: dict[str, str], plain: bool) -> RayGang:
+        key = (spec, tuple(sorted(env.items())))
+        if self.gang is not None and not self.gang._closed:
+            if key == self.key:
+                return self.gang
+            same_verifier = replace(spec, drafter=self.key[0].drafter) == self.key[0] and key[1] == self.key[1]
+            if plain and same_verifier:
+                return self.gang
+        self.close()
+        t0 = time.perf_counter()
+        gang = RayGang(spec, env, self.res)
+        try:
+            gang.setup()
+            # warm-up: first calls pay for lazy initialisation, which no trial should be charged for
+            warm = Workload(prompts=((1, 2, 3, 4),), max_new_tokens=2, num_draft_tokens=1 if spec.drafts else 0)
+            gang.run(warm)
+        except BaseException:
+            gang.close()
+            raise
+        self.gang, self.key = gang, key
+        self.launched += 1
+        self.setup_s = time.perf_counter() - t0
+        self.log(
+            f"spectune: launched gang #{self.launched} (tp={spec.tp}, drafter={spec.drafter.kind}, {len(env)} NCCL vars) in {self.setup_s:.1f}s"
+        )
+        return gang
+
+    def close(self) -> None:
+        if self.gang is not None:
+            self.gang.close()
+        self.gang, self.key = None, None
