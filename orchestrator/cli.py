@@ -21,115 +21,20 @@ from orchestrator.errors import INPUT_ERRORS, UserError
 
 
 def _add_decode(sub) -> None:
-    from orchestrator.decode.run import DecodeOptions
-    from orchestrator.prompts.loading import SPLITS
-    from workers.engine.config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES
+    from orchestrator.decode.flags import add_flags
 
-    d = DecodeOptions()
     p = sub.add_parser("decode", help="run one configuration (baseline + speculative) and print its metrics")
-    p.add_argument("--model", default=d.model, help="checkpoint directory or the alias smollm2-135m")
-    p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel verifier ranks")
-    p.add_argument("--backend", default=d.backend, help="allreduce backend: gloo (CPU), nccl, symm_mem, symm_mem_ll")
-    p.add_argument("--drafter", default=d.drafter, help="none | draft_model | ngram | layer_skip | eagle3")
-    p.add_argument("--draft-model", default=None, help="checkpoint of the draft model (--drafter draft_model) or the EAGLE-3 head (eagle3)")
-    p.add_argument(
-        "--draft-placement",
-        default=d.draft_placement,
-        help="eagle3: actor (its own process; hidden states over the link) | rank0 (inside the verifier ranks)",
-    )
-    p.add_argument(
-        "--draft-lookup",
-        type=int,
-        default=d.draft_lookup,
-        help="eagle3: n-gram lookup of the last N tokens: instead of the head's chain, or as branches of its tree (0: never)",
-    )
-    p.add_argument(
-        "--tree-width",
-        type=int,
-        default=d.tree_width,
-        help="eagle3: 0/1 drafts a chain; W >= 2 a tree of the head's top-W tokens per depth, verified in one pass (batch size 1)",
-    )
-    p.add_argument("--draft-layers", type=int, default=None, help="verifier layers that draft (--drafter layer_skip; default half)")
-    p.add_argument("--ngram-max", type=int, default=d.ngram_max, help="longest n-gram the lookup drafter matches")
-    p.add_argument(
-        "--ngram-actor",
-        action="store_true",
-        help="run the n-gram drafter as its own process on the draft link (default: inside every verifier rank)",
-    )
-    p.add_argument("--num-draft-tokens", "-k", type=int, default=d.num_draft_tokens, help="k, tokens drafted per step (0 = baseline)")
-    p.add_argument(
-        "--temperature", type=float, default=d.temperature, help="0 = greedy; > 0 = sampling with rejection-sampling verification"
-    )
-    p.add_argument("--prompts", default=d.prompts, help="Spec-Bench-style JSONL (default: the bundled 240 questions)")
-    p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default 8)")
-    p.add_argument("--category", action="append", dest="categories", help="keep prompts of this category (repeatable)")
-    p.add_argument("--per-category", type=int, default=None, help="the first N prompts of each category")
-    p.add_argument(
-        "--split",
-        choices=SPLITS,
-        default=d.split,
-        help="train: 3 of every 4 prompts per category; heldout: the 4th (score a trained drafter here)",
-    )
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--vocab-parallel", action="store_true", help="shard lm_head by vocabulary (logits all-gathered)")
-    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker process")
-    p.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the k=0 baseline run")
-    p.add_argument("--timeout", type=float, dest="timeout_s", default=d.timeout_s, help="seconds before a silent gang is torn down")
-    p.add_argument("--device", default=d.device, help="cpu or cuda (one GPU per TP rank)")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bfloat16 on cuda)")
-    # the engine: the flags of the YAML section `engine:` (workers/engine/config.py documents each)
-    p.add_argument("--attention", choices=ATTENTION_CHOICES, default=d.attention, help="engine.attention: " + ENGINE_FIELDS["attention"][1])
-    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="engine.cuda_graphs=false: run CUDA steps eagerly")
-    p.add_argument(
-        "--no-compile",
-        dest="compile",
-        action="store_false",
-        help="engine.compile=false: CUDA graphs of the plain model (no merged weights, no torch.compile)",
-    )
-    p.add_argument("--gemv", choices=GEMV_CHOICES, default=d.gemv, help="engine.gemv: " + ENGINE_FIELDS["gemv"][1])
-    p.add_argument(
-        "--no-fused-add-norm",
-        dest="fused_add_norm",
-        action="store_false",
-        help="engine.fused_add_norm=false: allreduce, then add and norm, even where the backend fuses them",
-    )
-    p.add_argument(
-        "--no-overlap",
-        dest="overlap",
-        action="store_false",
-        help="engine.overlap=false: greedy steps read each step back before launching the next (in-rank EAGLE-3 drafts too)",
-    )
-    p.add_argument(
-        "--ray",
-        action="store_true",
-        help="run the gang as Ray actors (the cluster in RAY_ADDRESS, else an embedded local Ray) instead of local processes",
-    )
-    p.add_argument(
-        "--simulate-accept-len",
-        type=float,
-        default=None,
-        help="accept exactly tau - 1 drafts per step (engine speed apart from drafter quality)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=d.batch_size,
-        help="decode B sequences per verify pass (static batches); B > 1 also runs plain decoding at batch 1 and at B",
-    )
-    p.add_argument("--ablation-iters", type=int, default=None, help="steps timed with and without the allreduce (comm_fraction)")
-    p.add_argument("--peer-baseline", action="store_true", help="also time transformers' generate (and assisted generation)")
-    p.add_argument("--json", action="store_true", help="print only the JSON object")
+    add_flags(p)  # each flag sets one YAML field of the experiment schema, or an option of the run (orchestrator/decode/flags.py)
     p.set_defaults(handler=_decode)
 
 
 def _decode(ns: argparse.Namespace) -> int:
-    from orchestrator.decode.run import DecodeOptions, decode
+    from orchestrator.decode.flags import namespace_parts
+    from orchestrator.decode.run import decode
 
-    fields = DecodeOptions.__dataclass_fields__
-    opts = DecodeOptions(**{k: v for k, v in vars(ns).items() if k in fields})
-    out = decode(opts)
-    if not ns.json:
+    given, run = namespace_parts(ns)
+    out = decode(given, run)
+    if not run.json:
         for key in (
             "throughput_tok_s",
             "baseline_throughput_tok_s",
@@ -142,7 +47,7 @@ def _decode(ns: argparse.Namespace) -> int:
         ):
             if key in out:
                 print(f"{key:>28}: {out[key]:.4g}" if isinstance(out[key], float) else f"{key:>28}: {out[key]}")
-    print(json.dumps(out, indent=None if ns.json else 1, sort_keys=False))
+    print(json.dumps(out, indent=None if run.json else 1, sort_keys=False))
     return 0
 
 

@@ -79,7 +79,8 @@ def summarize(events: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.decode.run import DecodeOptions, plan
+    from orchestrator.decode.flags import DecodeRun
+    from orchestrator.decode.run import plan
     from orchestrator.errors import UserError
     from workers.runtime.worker import Rendezvous, Worker
     from workers.spec import Workload
@@ -96,20 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--category", default="writing")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    o = DecodeOptions(
-        model=a.model,
-        device=a.device,
-        drafter=a.drafter,
-        draft_model=a.draft_model,
-        draft_placement=a.draft_placement,
-        num_draft_tokens=a.k,
-        simulate_accept_len=a.simulate_accept_len,
-        max_new_tokens=a.max_new_tokens,
-        categories=[a.category],
-        num_prompts=1,
-    )
+    given = {  # the YAML fields of `spectune decode`'s flags (orchestrator/decode/flags.py)
+        "model.path": a.model,
+        "parallel.device": a.device,
+        "drafter.kind": a.drafter,
+        "drafter.model_path": a.draft_model,
+        "drafter.placement": a.draft_placement,
+        "drafter.num_draft_tokens": a.k,
+        "workload.simulate_accept_len": a.simulate_accept_len,
+        "workload.max_new_tokens": a.max_new_tokens,
+        "workload.categories": [a.category],
+        "workload.num_prompts": 1,
+    }
     try:
-        p = plan(o)
+        p = plan(given, DecodeRun())
     except UserError as e:
         print(f"trace_decode: {e}", file=sys.stderr)
         return 2

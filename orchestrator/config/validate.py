@@ -33,7 +33,7 @@ def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list
         return
     if big > len(prepared.token_ids):
         raise UserError(
-            f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (more prompts: workload.num_prompts, or --num-prompts)"
+            f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (more prompts: workload.num_prompts)"
         )
     if "eagle3" in kinds and "actor" in candidates(cfg, "drafter.placement"):
         raise UserError(

@@ -15,6 +15,9 @@ from workers.model.checkpoint import load_args, resolve_model_path
 from workers.model.random_weights import is_random
 from workers.spec import GangSpec, Workload
 
+# steps timed with and without the allreduce (the comm/compute split), once per trial or decode
+ABLATION_ITERS = {"cpu": 3, "cuda": 50}
+
 
 @dataclass
 class PreparedWorkload:

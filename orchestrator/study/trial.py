@@ -28,7 +28,7 @@ from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import TrialConfig, constraint_violation, suggest
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.execution.pool import GangPool
-from orchestrator.execution.workload import PreparedWorkload
+from orchestrator.execution.workload import ABLATION_ITERS, PreparedWorkload
 from orchestrator.export.schedule import batch_metric
 from orchestrator.study.equivalence import outputs_verdict
 from orchestrator.study.keys import (
@@ -64,9 +64,6 @@ def baseline_outputs(base, tracker: Tracker) -> dict | None:
         return json.loads(base.user_attrs[BASELINE_OUTPUTS_ATTR])
     run_id = base.user_attrs.get(RUN_ID_ATTR)
     return tracker.load_json(run_id, BASELINE_OUTPUTS_FILE) if run_id else None
-
-
-ABLATION_ITERS = {"cpu": 3, "cuda": 50}  # steps timed with and without the allreduce, once per trial
 
 
 @dataclass

@@ -87,15 +87,16 @@ def bad_inputs(tmp_path, tiny_ckpt):
         "missing prompts": ([*m, "--prompts", str(tmp_path / "none.jsonl")], "does not exist"),
         "backend that cannot run here": ([*m, "--tp", "2", "--backend", "nccl"], "nccl needs CUDA"),
         "unknown drafter": ([*m, "--drafter", "medusa"], "--drafter 'medusa' is not one of"),
-        "draft model without path": ([*m, "--drafter", "draft_model"], "needs --draft-model"),
+        "draft model without path": ([*m, "--drafter", "draft_model"], "--draft-model: --drafter draft_model needs a checkpoint path"),
         "bad flag type": ([*m, "--tp", "two"], "invalid int value"),
         "unknown gemv choice": ([*m, "--gemv", "fast"], "argument --gemv: invalid choice: 'fast'"),
         "draft tokens past the limit": ([*m, "-k", "17"], "--num-draft-tokens 17 must be an integer between 0 and 16"),
         "lookup past the limit": ([*m, "--draft-lookup", "9"], "--draft-lookup 9 must be an integer between 0 and 8"),
         "tree width past the limit": ([*m, "--tree-width", "9"], "--tree-width 9 must be an integer between 0 and 8"),
         "tree at batch size 2": (
-            [*m, "--drafter", "eagle3", "--draft-model", "smollm2-135m-eagle3", "--tree-width", "3", "--batch-size", "2"],
-            "--tree-width 3 drafts a tree, which runs at batch size 1 only (--batch-size 2)",
+            ["--model", "smollm2-135m", "--drafter", "eagle3", "--draft-model", "smollm2-135m-eagle3", "--draft-placement", "rank0"]
+            + ["--tree-width", "3", "--batch-size", "2", "--num-prompts", "2"],
+            "--batch-size: batch sizes > 1 run the eagle3 head as a chain only; --tree-width allows tree width 3",
         ),
     }
 
@@ -123,7 +124,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_line_exit_2(bad_inputs, case):
     args, needle = bad_inputs[case]
-    r = spectune("decode", *args, "--num-prompts", "1", "--max-new-tokens", "4", timeout=120)
+    r = spectune("decode", "--num-prompts", "1", "--max-new-tokens", "4", *args, timeout=120)  # a case's flags win
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, r.stderr

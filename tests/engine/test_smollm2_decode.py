@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.decode.run import DecodeOptions, decode
+from orchestrator.decode.flags import parse
+from orchestrator.decode.run import decode
 
 pytestmark = pytest.mark.slow
 
 
 def test_ngram_on_summarization_accepts_more_than_1_3(smollm2):
     out = decode(
-        DecodeOptions(
-            model="smollm2-135m", tp=1, drafter="ngram", num_draft_tokens=4, categories=["summarization"], num_prompts=4, max_new_tokens=48
-        )
+        *parse("--model smollm2-135m --tp 1 --drafter ngram -k 4 --category summarization --num-prompts 4 --max-new-tokens 48".split())
     )
     assert out["outputs_match_baseline"] == 1
     assert out["accept_len_mean"] > 1.3, out["accept_len_mean"]
@@ -22,18 +21,7 @@ def test_ngram_on_summarization_accepts_more_than_1_3(smollm2):
 
 
 def test_layer_skip_at_tp2_is_lossless(smollm2):
-    out = decode(
-        DecodeOptions(
-            model="smollm2-135m",
-            tp=2,
-            drafter="layer_skip",
-            draft_layers=12,
-            num_draft_tokens=3,
-            per_category=1,
-            num_prompts=2,
-            max_new_tokens=24,
-        )
-    )
+    out = decode(*parse("--tp 2 --drafter layer_skip --draft-layers 12 -k 3 --per-category 1 --num-prompts 2 --max-new-tokens 24".split()))
     assert out["outputs_match_baseline"] == 1
     assert out["allreduce_per_step"] == 60  # 30 layers x (attention + MLP)
     assert 0 < out["comm_fraction"] < 1

@@ -1,0 +1,243 @@
+"""The flags of `spectune decode`, as fields of the experiment schema (orchestrator/config/schema.py).
+
+Each flag either sets one YAML field of an experiment (`--tp 2` is `parallel.tp: 2`, `-k 4` is
+`drafter.num_draft_tokens: 4`) or is an option of the decode run itself (`DecodeRun`: the baseline,
+the peer baseline, Ray, deadlines). A flag left out leaves its field to the schema's default, except
+the few where one decode measures more than a study's trial (`DECODE_DEFAULTS`). Errors of the
+study's checks are named by the flag that set the field (`flag_of`).
+
+    cfg, run = parse(["--model", "smollm2-135m", "--tp", "2", "-k", "4"])   # ExperimentConfig, DecodeRun
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, fields
+
+from orchestrator.config.schema import ExperimentConfig, validated
+from orchestrator.errors import UserError
+from orchestrator.prompts.loading import SPLITS
+from workers.engine.config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES
+
+
+@dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]  # e.g. ("--num-draft-tokens", "-k")
+    field: str  # the YAML field it sets, dotted (workload.batch_sizes takes [B])
+    kwargs: dict  # argparse's (type, action, choices, help)
+
+
+def _f(names: str | tuple[str, ...], field: str, help: str, **kwargs) -> Flag:
+    return Flag((names,) if isinstance(names, str) else names, field, {"help": help, **kwargs})
+
+
+YAML_FLAGS = (
+    _f("--model", "model.path", "checkpoint directory or the alias smollm2-135m"),
+    _f("--dtype", "model.dtype", "float32 | bfloat16 | float16 (default: bfloat16 on cuda, float32 on cpu)"),
+    _f("--tp", "parallel.tp", "tensor-parallel verifier ranks", type=int),
+    _f("--backend", "parallel.backend", "allreduce backend: gloo (CPU), nccl, symm_mem, symm_mem_ll"),
+    _f("--device", "parallel.device", "cpu or cuda (one GPU per TP rank)"),
+    _f("--threads", "parallel.threads", "torch threads per worker process", type=int),
+    _f("--vocab-parallel", "parallel.vocab_parallel", "shard lm_head by vocabulary (logits all-gathered)", action="store_true"),
+    _f("--drafter", "drafter.kind", "none | draft_model | ngram | layer_skip | eagle3"),
+    _f(("--num-draft-tokens", "-k"), "drafter.num_draft_tokens", "k, tokens drafted per step (0 = baseline)", type=int),
+    _f("--draft-model", "drafter.model_path", "checkpoint of the draft model (--drafter draft_model) or the EAGLE-3 head (eagle3)"),
+    _f("--draft-layers", "drafter.layers", "verifier layers that draft (--drafter layer_skip; default half)", type=int),
+    _f("--ngram-max", "drafter.ngram_max", "longest n-gram the lookup drafter matches", type=int),
+    _f(
+        "--draft-placement",
+        "drafter.placement",
+        "eagle3: actor (its own process; hidden states over the link) | rank0 (inside the verifier ranks)",
+    ),
+    _f(
+        "--draft-lookup",
+        "drafter.lookup",
+        "eagle3: n-gram lookup of the last N tokens: instead of the head's chain, or as branches of its tree (0: never)",
+        type=int,
+    ),
+    _f(
+        "--tree-width",
+        "drafter.tree_width",
+        "eagle3: 0/1 drafts a chain; W >= 2 a tree of the head's top-W tokens per depth, verified in one pass (batch size 1)",
+        type=int,
+    ),
+    _f("--prompts", "workload.prompts", "Spec-Bench-style JSONL (default: the bundled 240 questions)"),
+    _f("--num-prompts", "workload.num_prompts", "use the first N prompts (default 8)", type=int),
+    _f("--category", "workload.categories", "keep prompts of this category (repeatable)", action="append"),
+    _f("--per-category", "workload.per_category", "the first N prompts of each category", type=int),
+    _f(
+        "--split",
+        "workload.split",
+        "train: 3 of every 4 prompts per category; heldout: the 4th (score a trained drafter here)",
+        choices=SPLITS,
+    ),
+    _f("--max-new-tokens", "workload.max_new_tokens", "tokens generated per prompt (default 64)", type=int),
+    _f("--temperature", "workload.temperature", "0 = greedy; > 0 = sampling with rejection-sampling verification", type=float),
+    _f("--seed", "workload.seed", "sampling seed", type=int),
+    _f(
+        "--simulate-accept-len",
+        "workload.simulate_accept_len",
+        "accept exactly tau - 1 drafts per step (engine speed apart from drafter quality)",
+        type=float,
+    ),
+    _f(
+        "--batch-size",
+        "workload.batch_sizes",
+        "decode B sequences per verify pass (static batches); B > 1 also runs plain decoding at batch 1 and at B",
+        type=int,
+    ),
+    # the engine: the fields of the YAML section `engine:` (workers/engine/config.py documents each)
+    _f("--attention", "engine.attention", "engine.attention: " + ENGINE_FIELDS["attention"][1], choices=ATTENTION_CHOICES),
+    _f("--gemv", "engine.gemv", "engine.gemv: " + ENGINE_FIELDS["gemv"][1], choices=GEMV_CHOICES),
+    _f("--no-cuda-graphs", "engine.cuda_graphs", "engine.cuda_graphs=false: run CUDA steps eagerly", action="store_false"),
+    _f(
+        "--no-compile",
+        "engine.compile",
+        "engine.compile=false: CUDA graphs of the plain model (no merged weights, no torch.compile)",
+        action="store_false",
+    ),
+    _f(
+        "--no-fused-add-norm",
+        "engine.fused_add_norm",
+        "engine.fused_add_norm=false: allreduce, then add and norm, even where the backend fuses them",
+        action="store_false",
+    ),
+    _f(
+        "--no-overlap",
+        "engine.overlap",
+        "engine.overlap=false: greedy steps read each step back before launching the next (in-rank EAGLE-3 drafts too)",
+        action="store_false",
+    ),
+)
+
+# where one decode measures more than a study's trial does by default
+DECODE_DEFAULTS = {"drafter.num_draft_tokens": 4, "workload.num_prompts": 8, "workload.max_new_tokens": 64}
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """What `spectune decode` does with the configuration: not part of an experiment."""
+
+    baseline: bool = True  # also run plain decoding (k = 0) on the same prompts and gang
+    ngram_actor: bool = False  # the n-gram drafter as its own process on the draft link
+    timeout_s: float = 1800.0  # seconds before a silent gang is torn down
+    ablation_iters: int | None = None  # comm/compute split; default: a study trial's (orchestrator/execution/workload.py ABLATION_ITERS)
+    peer_baseline: bool = False  # also time transformers' generate (and assisted generation with --draft-model)
+    ray: bool = False  # the gang as Ray actors (RAY_ADDRESS or an embedded local Ray) instead of local processes
+    json: bool = False  # print only the JSON object
+
+
+RUN_FLAGS = (
+    _f(
+        "--ngram-actor",
+        "ngram_actor",
+        "run the n-gram drafter as its own process on the draft link (default: inside every verifier rank)",
+        action="store_true",
+    ),
+    _f("--no-baseline", "baseline", "skip the k=0 baseline run", action="store_false"),
+    _f("--timeout", "timeout_s", "seconds before a silent gang is torn down", type=float),
+    _f("--ablation-iters", "ablation_iters", "steps timed with and without the allreduce (comm_fraction)", type=int),
+    _f("--peer-baseline", "peer_baseline", "also time transformers' generate (and assisted generation)", action="store_true"),
+    _f(
+        "--ray",
+        "ray",
+        "run the gang as Ray actors (the cluster in RAY_ADDRESS, else an embedded local Ray) instead of local processes",
+        action="store_true",
+    ),
+    _f("--json", "json", "print only the JSON object", action="store_true"),
+)
+
+
+def _dest(flag: Flag) -> str:
+    return flag.field.replace(".", "__")
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Every flag, with no argparse default: a flag left out is absent from the namespace."""
+    for flag in YAML_FLAGS + RUN_FLAGS:
+        kwargs = dict(flag.kwargs)
+        if flag in YAML_FLAGS:
+            kwargs["help"] += f" [{flag.field}]"  # the YAML field it sets
+        if kwargs.get("action") not in ("store_true", "store_false"):
+            kwargs.setdefault("metavar", flag.field.split(".")[-1].upper())
+        parser.add_argument(*flag.names, dest=_dest(flag), default=argparse.SUPPRESS, **kwargs)
+
+
+def flag_of(field: str) -> str | None:
+    """The flag that sets `field`, a YAML field or the search-space entry of one (None: no flag does)."""
+    if field.startswith("search.space."):
+        from orchestrator.config.registry import lookup
+
+        try:
+            field = lookup(field.removeprefix("search.space.")).yaml_key
+        except (KeyError, ValueError):
+            return None
+    return next((f.names[0] for f in YAML_FLAGS if f.field == field), None)
+
+
+_FIELD = re.compile(r"(?<![\w.-])(?:search\.space\.)?[a-z_]+\.[a-z_]+(?![\w.])")  # a dotted YAML field in a message
+
+
+def flag_message(msg: str) -> str:
+    """A study check's error, named by the flags the user typed: `search.space.spec.num_draft_tokens: ...`
+    or `drafter.model_path: ...` becomes `--num-draft-tokens: ...` / `--draft-model: ...`, and so do the
+    fields the message names."""
+    field, sep, why = msg.partition(": ")
+    flag = flag_of(field) if sep else None
+    if not flag:
+        return msg
+
+    def named(m: re.Match) -> str:
+        return flag_of(m.group(0)) or m.group(0)
+
+    return f"{flag}: {_FIELD.sub(named, why)}"
+
+
+def _registry_problem(given: dict) -> str | None:
+    """The first given value a registry parameter refuses, in the registry's words (as validate's)."""
+    from orchestrator.config.registry import PARAMS
+
+    by_field = {p.yaml_key: p for p in PARAMS.values()}
+    for field, v in given.items():
+        p = by_field.get(field)
+        if p is not None and (why := p.problem(v)):
+            return f"{flag_of(field)} {why}"
+    return None
+
+
+def experiment(given: dict) -> ExperimentConfig:
+    """The experiment of one decode from the YAML fields the flags set (dotted name -> value)."""
+    if why := _registry_problem(given):
+        raise UserError(why)
+    values = {**DECODE_DEFAULTS, **given}
+    if "workload.per_category" in given and "workload.num_prompts" not in given:
+        values["workload.num_prompts"] = None  # every category's first N, however many that makes
+    if "model.dtype" not in values:
+        values["model.dtype"] = "bfloat16" if values.get("parallel.device") == "cuda" else "float32"
+    if "workload.batch_sizes" in values:
+        values["workload.batch_sizes"] = [values["workload.batch_sizes"]]
+    # one trial: a space of one point (k, fixed), no baseline trial of its own
+    k = values["drafter.num_draft_tokens"]
+    raw: dict = {"name": "decode", "search": {"space": {"spec.num_draft_tokens": k}}, "study": {"n_trials": 1, "baseline": False}}
+    for dotted, v in values.items():
+        section, key = dotted.split(".")
+        raw.setdefault(section, {})[key] = v
+    return validated(raw)
+
+
+def namespace_parts(ns: argparse.Namespace) -> tuple[dict, DecodeRun]:
+    """Split a parsed namespace into the YAML fields given and the run's options."""
+    given = {f.field: getattr(ns, _dest(f)) for f in YAML_FLAGS if hasattr(ns, _dest(f))}
+    run = DecodeRun(**{f.field: getattr(ns, _dest(f)) for f in RUN_FLAGS if hasattr(ns, _dest(f))})
+    return given, run
+
+
+def parse(argv: list[str]) -> tuple[dict, DecodeRun]:
+    """The YAML fields and run options of decode flags (tests, scripts): `decode(*parse([...]))`."""
+    parser = argparse.ArgumentParser(prog="spectune decode")
+    add_flags(parser)
+    return namespace_parts(parser.parse_args(argv))
+
+
+assert {f.name for f in fields(DecodeRun)} == {f.field for f in RUN_FLAGS}, "every run option has its flag"
