@@ -18,6 +18,25 @@ def tree_size(k: int, width: int) -> int:
     return min(k * width, MAX_DRAFT_TOKENS) if width >= 2 else k
 
 
+def batch_refusal(batch_size: int, *, drafter_process: bool, hidden_over_link: bool, tree: bool, sampled: bool) -> str | None:
+    """The one rule of batch sizes > 1 (workers/engine/batched.py runs what it allows), None where a
+    run at `batch_size` can decode in batches. `drafter_process`: the drafter runs in a process of its
+    own (a draft model, layer-skip, an eagle3 head at placement actor, the n-gram actor); `hidden_over_link`:
+    an eagle3 head reads the verifier's hidden states over the draft link; `tree`: it drafts a tree
+    (drafter.tree_width >= 2); `sampled`: temperature > 0 without simulated acceptance."""
+    if batch_size < 1:
+        return f"batch size must be at least 1, not {batch_size}"
+    if batch_size == 1:
+        return None
+    if hidden_over_link:
+        return "batch sizes > 1 run the eagle3 head inside the verifier ranks (placement rank0), not as a process of its own"
+    if tree:
+        return "batch sizes > 1 draft chains only: a tree (drafter.tree_width >= 2) runs at batch size 1"
+    if drafter_process and sampled:
+        return "batch sizes > 1 with a drafter process of its own need greedy decoding (temperature 0) or simulated acceptance"
+    return None
+
+
 @dataclass(frozen=True)
 class DrafterSpec:
     kind: str = "none"  # none | draft_model | ngram | layer_skip | eagle3

@@ -13,7 +13,7 @@ from orchestrator.execution.workload import PreparedWorkload, prepare
 from workers.comm import GangInfo, refusal
 from workers.model.args import ModelConfigError, check_tp
 from workers.model.checkpoint import load_args, resolve_model_path
-from workers.spec import tree_size
+from workers.spec import batch_refusal, tree_size
 
 
 def most_drafts(cfg: ExperimentConfig, k: int) -> int:
@@ -35,23 +35,20 @@ def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list
         raise UserError(
             f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (more prompts: workload.num_prompts)"
         )
-    if "eagle3" in kinds and "actor" in candidates(cfg, "drafter.placement"):
-        raise UserError(
-            f"workload.batch_sizes: batch sizes > 1 run the eagle3 head at placement rank0 only; {registry.where(cfg, 'drafter.placement')} allows actor"
-        )
-    # a tree's verify pass is one sequence's (workers raise at B > 1): refuse it before any trial runs
-    wide = [w for w in candidates(cfg, "drafter.tree_width") if int(w or 0) >= 2] if "eagle3" in kinds else []
-    if wide:
-        raise UserError(
-            f"workload.batch_sizes: batch sizes > 1 run the eagle3 head as a chain only; {registry.where(cfg, 'drafter.tree_width')} "
-            f"allows tree width {wide[0]} (tree drafting runs at batch size 1)"
-        )
-    process = [k for k in kinds if k in ("draft_model", "layer_skip")]
-    if process and cfg.workload.temperature > 0 and cfg.workload.simulate_accept_len is None:
-        raise UserError(
-            f"workload.batch_sizes: batch sizes > 1 with the {process[0]} drafter (a process of its own) need greedy decoding "
-            "(workload.temperature 0) or workload.simulate_accept_len"
-        )
+    # the workers' one rule (workers.spec.batch_refusal), over every drafter setup the study can draw
+    sampled = cfg.workload.temperature > 0 and cfg.workload.simulate_accept_len is None
+    for kind in kinds:
+        setups = [("drafter.kind", kind, {"drafter_process": kind in ("draft_model", "layer_skip")})]
+        if kind == "eagle3":
+            setups = [
+                ("drafter.placement", p, {"hidden_over_link": p == "actor", "drafter_process": p == "actor"})
+                for p in candidates(cfg, "drafter.placement")
+            ]
+            setups += [("drafter.tree_width", w, {"tree": int(w or 0) >= 2}) for w in candidates(cfg, "drafter.tree_width")]
+        for name, value, facts in setups:
+            facts = {"drafter_process": False, "hidden_over_link": False, "tree": False, **facts}
+            if why := batch_refusal(big, sampled=sampled, **facts):
+                raise UserError(f"workload.batch_sizes: {why}; {registry.where(cfg, name)} allows {value}")
 
 
 def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:

@@ -29,7 +29,7 @@ from orchestrator.prompts.loading import Prompt, Tokenizer
 from orchestrator.study.equivalence import outputs_verdict
 from workers.model.checkpoint import load_args, resolve_model_path
 from workers.runtime.gang import Gang
-from workers.spec import GangSpec, RunResult, Workload
+from workers.spec import GangSpec, RunResult, Workload, batch_refusal
 
 
 @dataclass
@@ -67,8 +67,9 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
         if torch.cuda.device_count() < 1:
             raise UserError("--device cuda: this machine has no CUDA device")
     batch = max(w.batch_sizes)
-    if batch > 1 and run.ngram_actor and w.temperature > 0 and w.simulate_accept_len is None:
-        raise UserError("--batch-size > 1 with --ngram-actor (a drafter process) needs greedy decoding (--temperature 0)")
+    sampled = w.temperature > 0 and w.simulate_accept_len is None
+    if run.ngram_actor and (why := batch_refusal(batch, drafter_process=True, hidden_over_link=False, tree=False, sampled=sampled)):
+        raise UserError(f"--batch-size: {why} (--ngram-actor)")
     tc = resolve({}, cfg)
     gang = prepared.gang_spec(cfg, tc)
     if run.ngram_actor and gang.drafter.kind == "ngram":  # the n-gram drafter as its own process on the draft link

@@ -96,7 +96,7 @@ def bad_inputs(tmp_path, tiny_ckpt):
         "tree at batch size 2": (
             ["--model", "smollm2-135m", "--drafter", "eagle3", "--draft-model", "smollm2-135m-eagle3", "--draft-placement", "rank0"]
             + ["--tree-width", "3", "--batch-size", "2", "--num-prompts", "2"],
-            "--batch-size: batch sizes > 1 run the eagle3 head as a chain only; --tree-width allows tree width 3",
+            "--batch-size: batch sizes > 1 draft chains only: a tree (--tree-width >= 2) runs at batch size 1; --tree-width allows 3",
         ),
     }
 

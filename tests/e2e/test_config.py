@@ -304,8 +304,8 @@ def test_tree_width_is_searched_for_eagle3_and_refused_at_batch_sizes_above_1(tm
     batched = load_config(tmp_path / "tree.yaml", ["workload.batch_sizes=[1, 2]"])
     with pytest.raises(
         UserError,
-        match=r"^workload.batch_sizes: batch sizes > 1 run the eagle3 head as a chain only; "
-        r"search.space.drafter.tree_width allows tree width 3 \(tree drafting runs at batch size 1\)$",
+        match=r"^workload.batch_sizes: batch sizes > 1 draft chains only: a tree \(drafter.tree_width >= 2\) runs at batch size 1; "
+        r"search.space.drafter.tree_width allows 3$",
     ):
         check_batches(batched, prepared, ["ngram", "eagle3"])
     check_batches(

@@ -303,7 +303,11 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
         ({"batch_sizes": [2, 0]}, None, "workload.batch_sizes: each batch size must be between 1 and 64"),
         ({"batch_sizes": [2, 2]}, None, "batch sizes repeat"),
         ({"batch_sizes": [8]}, None, "workload.batch_sizes: 8 exceeds the 3 prompts of the workload"),
-        ({"batch_sizes": [2], "temperature": 0.7}, None, "with the layer_skip drafter (a process of its own) need greedy decoding"),
+        (
+            {"batch_sizes": [2], "temperature": 0.7},
+            None,
+            "with a drafter process of its own need greedy decoding (temperature 0) or simulated acceptance; search.space.drafter.kind allows layer_skip",
+        ),
     ],
 )
 def test_batch_sizes_that_cannot_run_are_one_line(tmp_path, tiny_ckpt, capsys, workload, drafter, words):

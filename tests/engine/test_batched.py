@@ -83,7 +83,7 @@ def test_a_drafter_process_drafts_every_sequence_of_a_batch(tiny_ckpt, tiny_draf
         if kind == "self":
             assert many.metrics["accept_len_mean"] > 3.5  # k + 1 = 4, less only where EOS / max_new_tokens cut a step
         # sampling needs rank 0 to verify alone with the drafter's q: not batched, and said so
-        with pytest.raises(GangError, match="needs greedy decoding"):
+        with pytest.raises(GangError, match="need greedy decoding"):
             gang.run(Workload(prompts=prompts, max_new_tokens=8, num_draft_tokens=2, temperature=0.7, batch_size=2))
 
 

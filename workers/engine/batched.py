@@ -43,7 +43,7 @@ from workers.engine.rank import Rank, Sequence, finish
 from workers.engine.stats import RunStats, StepRecord, relative_margins
 from workers.engine.strategies import StepStrategy
 from workers.model.transformer import KVCache, Transformer
-from workers.spec import PromptResult, Workload
+from workers.spec import PromptResult, Workload, batch_refusal
 
 
 def static_pass(model: Transformer, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, fast=None) -> torch.Tensor:
@@ -147,17 +147,15 @@ class BatchSteps:
         return graph, inputs, staging, logits, calls
 
 
-def why_not_batched(w: Workload, linked_drafter: bool, hidden_over_link: bool) -> str | None:
-    """Why this run cannot decode in batches (None: it can)."""
-    if w.batch_size < 1:
-        return f"batch_size must be >= 1, not {w.batch_size}"
-    if w.batch_size == 1:
-        return None
-    if linked_drafter and w.temperature > 0 and w.simulate_accept_len is None:
-        return "batch_size > 1 with a drafter process needs greedy decoding (temperature 0) or simulated acceptance"
-    if hidden_over_link:
-        return "batch_size > 1 runs the eagle3 head inside the verifier ranks (placement rank0), not as a drafter process"
-    return None
+def why_not_batched(w: Workload, linked_drafter: bool, hidden_over_link: bool, tree: bool = False) -> str | None:
+    """Why this run cannot decode in batches (None: it can): workers.spec.batch_refusal on the run's facts."""
+    return batch_refusal(
+        w.batch_size,
+        drafter_process=linked_drafter,
+        hidden_over_link=hidden_over_link,
+        tree=tree and w.num_draft_tokens > 0,
+        sampled=w.temperature > 0 and w.simulate_accept_len is None,
+    )
 
 
 def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache, seqs: list[Sequence], hidden) -> StepRecord:
@@ -168,7 +166,7 @@ def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache
     width = 1 + max(len(p.tokens) for p in proposals.values())
     feed = []
     if any(p.parents is not None for p in proposals.values()):
-        raise ValueError("tree drafting (drafter.tree_width >= 2) runs at batch size 1")
+        raise ValueError(batch_refusal(2, drafter_process=False, hidden_over_link=False, tree=True, sampled=False))
     for s in seqs:
         row = [s.tokens[-1], *proposals[s.row].tokens] if s.row in proposals else [s.tokens[-1]]
         feed.append(row + [row[-1]] * (width - len(row)))

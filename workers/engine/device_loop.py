@@ -36,7 +36,7 @@ from torch.profiler import record_function
 from workers.engine.link import VerifyResult
 from workers.engine.rank import Sequence, finish
 from workers.engine.stats import RunStats, StepRecord
-from workers.engine.steps import StepRunner
+from workers.engine.steps import AcceptGraph, StepRunner
 
 
 @dataclass
@@ -112,7 +112,7 @@ class AcceptOnDevice:
         start = steps.cache.lengths[0]
         if start + self.T > steps.cache.max_seq:
             raise ValueError(f"sequence length {start + self.T} exceeds the cache ({steps.cache.max_seq})")
-        key = ("accept", id(self), steps._comm_on(), simulated)  # bound to this loop's buffers
+        key = AcceptGraph(id(self), steps._comm_on(), simulated)  # bound to this loop's buffers
         out = steps.replay(key, lambda: self._body(simulated), restore=(self.step_no,))
         steps.cache.lengths[0] = start + self.T  # as a step leaves it: the caller rolls back to the kept entries
         self.feed.aux = steps.model.aux  # the graph's static aux rows (CPU: this pass's)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -83,6 +84,51 @@ def tree_step_inputs(tokens: list[int], parents: list[int], start: int, ids: tor
         mask[:T] = tree_mask(parents, start, mask.shape[1])
 
 
+@dataclass(frozen=True)
+class StepGraph:
+    """A verify step of `width` tokens; `comm`: the allreduce on (off: the compute-only ablation)."""
+
+    width: int
+    comm: bool
+
+
+@dataclass(frozen=True)
+class TreeGraph:
+    """A tree step of `width` entries (the root and its drafts)."""
+
+    width: int
+    comm: bool
+
+
+@dataclass(frozen=True)
+class ChainGraph:
+    """A greedy draft chain: feed `width` tokens, then k - 1 of its own argmaxes."""
+
+    width: int
+    k: int
+    comm: bool
+
+
+@dataclass(frozen=True)
+class GreedyGraph:
+    """The self-feeding greedy width-1 step (k = 0), with or without near-tie margins."""
+
+    comm: bool
+    margins: bool
+
+
+@dataclass(frozen=True)
+class AcceptGraph:
+    """A device loop's verify + acceptance (workers/engine/device_loop.py), bound to that loop's buffers."""
+
+    loop: int  # id() of the DeviceLoop
+    comm: bool
+    simulated: bool
+
+
+GraphKey = StepGraph | TreeGraph | ChainGraph | GreedyGraph | AcceptGraph
+
+
 class StepRunner:
     """engine: what runs (workers/engine/config.py); allreduce: the TP allreduce of `model`'s
     row-parallel outputs (None: one rank), handed on to the fused step."""
@@ -98,11 +144,10 @@ class StepRunner:
         fused = engine.compile and self.use_graphs
         attend_fn, self.attention = pick_attention(engine.attention, model.args.head_dim, self.device) if fused else (None, "sdpa")
         self.fast = try_fused(model, engine, allreduce, attend_fn) if fused else None
-        # (width, allreduce on) -> a step's graph; ("chain", width, k) a greedy draft chain's; ("greedy", ...)
-        # the self-feeding greedy step's; ("tree", width, ...) a tree step's; ("accept", ...) the device loop's
-        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
+        # one (graph, output, allreduce calls) per kind and shape of graphed body (GraphKey)
+        self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
         self._pool = None
-        self._aux: dict[tuple, list[torch.Tensor]] = {}
+        self._aux: dict[GraphKey, list[torch.Tensor]] = {}
         self._staged: torch.cuda.Event | None = None  # set below where steps are graphs (CUDA)
         # the device loops of this runner by k (workers/engine/device_loop.py): their graphs are bound to their buffers
         self.device_loops: dict[int, object] = {}
@@ -152,11 +197,11 @@ class StepRunner:
         self._stage(tokens, start, T)
         if tail is not None:
             self._inputs[0, len(tokens) : T].copy_(tail)
-        out = self.replay((T, self._comm_on()), lambda: self._run_static(T))
+        out = self.replay(StepGraph(T, self._comm_on()), lambda: self._run_static(T))
         self.cache.lengths[0] = start + T
         return out[0]
 
-    def replay(self, key: tuple, run, restore: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+    def replay(self, key: GraphKey, run, restore: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
         """`run()` (device ops only, reading the static inputs) as the CUDA graph `key`, captured on
         first use (its aux states kept as that graph's static outputs) and replayed; eagerly where
         steps are not graphs (CPU: the same body, for tests). restore: more static tensors the body
@@ -172,7 +217,7 @@ class StepRunner:
             self.allreduce.counters.calls += calls
         return out
 
-    def _ensure_graph(self, key: tuple, run, restore: tuple[torch.Tensor, ...] = ()) -> None:
+    def _ensure_graph(self, key: GraphKey, run, restore: tuple[torch.Tensor, ...] = ()) -> None:
         if key not in self.graphs:
             self.graphs[key] = self._capture_or_fall_back(run, restore)
             self._aux[key] = list(self.model.aux)  # captured hidden states: static outputs of this graph
@@ -189,7 +234,7 @@ class StepRunner:
         self._tree_buffers()
         needs_mask = self._tree_needs_mask()
         self._stage_tree(tokens, parents, start, ids=True, mask=needs_mask)
-        key = ("tree", T, self._comm_on())
+        key = TreeGraph(T, self._comm_on())
         if key not in self.graphs:
             self._ensure_graph(key, lambda: self._run_tree(T))
             if self._tree_needs_mask() and not needs_mask:  # the compiled body failed: SDPA reads the mask
@@ -245,7 +290,7 @@ class StepRunner:
         if not self.use_graphs or k < 1 or T > self.max_width or start + T + k - 1 > self.cache.max_seq:
             return None
         self._stage(tokens, start)
-        out = self.replay(("chain", T, k), lambda: self._run_chain(T, k))
+        out = self.replay(ChainGraph(T, k, self._comm_on()), lambda: self._run_chain(T, k))
         self.cache.lengths[0] = start + T + k - 1
         return out.tolist()
 
@@ -260,7 +305,7 @@ class StepRunner:
             raise ValueError(f"sequence length {start + 1} exceeds the cache ({self.cache.max_seq})")
         if token is not None:
             self._stage([token], start)
-        out = self.replay(("greedy", self._comm_on(), margins), lambda: self._run_greedy(margins))
+        out = self.replay(GreedyGraph(self._comm_on(), margins), lambda: self._run_greedy(margins))
         slot = self._greedy_n % 2
         self._greedy_n += 1
         (self._greedy_out[slot] if margins else self._greedy_tok[slot]).copy_(out, non_blocking=True)
@@ -348,17 +393,17 @@ class StepRunner:
             gemv.prepare(sorted({T for T in widths if T <= self.max_width} | extra))
         self.line_up()  # every rank (picker or not) starts the warm-up steps together
         for T in widths:
-            if T <= self.max_width and (T, self._comm_on()) not in self.graphs:
+            if T <= self.max_width and StepGraph(T, self._comm_on()) not in self.graphs:
                 self.cache.lengths[0] = 0
                 self.step([1] * T)
         for T in widths if chain else ():
-            if T <= self.max_width and ("chain", T, chain) not in self.graphs:
+            if T <= self.max_width and ChainGraph(T, chain, self._comm_on()) not in self.graphs:
                 self.cache.lengths[0] = 0
                 self.draft_chain([1] * T, chain)
-        if greedy and ("greedy", self._comm_on(), margins) not in self.graphs:
+        if greedy and GreedyGraph(self._comm_on(), margins) not in self.graphs:
             self.cache.lengths[0] = 0
             self.greedy_result(self.greedy_launch(1, margins))
-        if tree and ("tree", tree, self._comm_on()) not in self.graphs:
+        if tree and TreeGraph(tree, self._comm_on()) not in self.graphs:
             self.cache.lengths[0] = 0
             self.step([1] * tree, parents=[-1] + [0] * (tree - 1))
         self.cache.lengths[0] = 0

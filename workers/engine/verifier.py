@@ -175,7 +175,7 @@ class Verifier:
     def _run_batched(self, w: Workload, rank: Rank, strategy) -> RunResult | None:
         """B sequences per pass (workers/engine/batched.py) on a B-row cache of this run's own."""
         over_link = rank.hidden is not None and rank.hidden.to_link
-        if why := why_not_batched(w, self.link.drafter_rank is not None, over_link):
+        if why := why_not_batched(w, self.link.drafter_rank is not None, over_link, tree=self.tree_width >= 2):
             raise ValueError(why)
         passes = self._batch_steps
         if passes is None or len(passes.full.lengths) < w.batch_size:  # one cache (and its graphs) for every batch size
