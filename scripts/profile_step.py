@@ -103,6 +103,7 @@ def kernel_table(runner, width: int, top: int) -> tuple[list[dict], float, float
 def _tp_rank(rank: int, tp: int, init_file: str, spec_kwargs: dict, widths: list[int], top: int, queue) -> None:
     """One verifier rank of a TP profile (spawned): graph replays with and without the allreduce."""
     try:
+        from workers.engine.steps import StepGraph
         from workers.runtime.worker import Rendezvous, Worker
         from workers.spec import GangSpec
 
@@ -117,8 +118,8 @@ def _tp_rank(rank: int, tp: int, init_file: str, spec_kwargs: dict, widths: list
         runner.allreduce.enabled = True
         for w in widths:
             r = {
-                "replay_ms": replay_ms(runner.graphs[(w, True)][0], device),
-                "compute_only_ms": replay_ms(runner.graphs[(w, False)][0], device),
+                "replay_ms": replay_ms(runner.graphs[StepGraph(w, True)][0], device),
+                "compute_only_ms": replay_ms(runner.graphs[StepGraph(w, False)][0], device),
             }
             r["comm_ms"] = r["replay_ms"] - r["compute_only_ms"]
             rows, total_us, kernels = kernel_table(runner, w, top)  # every rank runs it: collectives pair up
@@ -187,7 +188,7 @@ def main(argv=None) -> None:
         return
 
     from workers.engine.config import EngineConfig
-    from workers.engine.steps import StepRunner, no_cudnn_attention
+    from workers.engine.steps import StepGraph, StepRunner, no_cudnn_attention
     from workers.model.checkpoint import load_model, resolve_model_path
 
     device = torch.device("cuda")
@@ -204,7 +205,7 @@ def main(argv=None) -> None:
         runner = StepRunner(model, cache, max_width=max(a.widths), engine=EngineConfig(compile=fused, attention=attention))
         runner.warm(a.widths)
         for w in a.widths:
-            graph = runner.graphs[(w, True)][0]
+            graph = runner.graphs[StepGraph(w, True)][0]
             r = {"replay_ms": replay_ms(graph, device), "step_call_ms": step_call_ms(runner, w)}
             r["roofline_fraction"] = roof_ms / r["replay_ms"]
             if fused:

@@ -315,7 +315,7 @@ def test_decode_with_simulation_and_peer_baseline(tmp_path):
     assert out["hf_generate_tok_s"] > 0 and out["baseline_vs_hf_generate"] > 0
     assert "outputs_match_baseline" not in out  # simulated tokens are not the model's output
     bad = _spectune("decode", "--model", f"random:{cfg}", "-k", "2", "--simulate-accept-len", "5")
-    assert bad.returncode == 2 and "must be between 1 and k + 1" in bad.stderr
+    assert bad.returncode == 2 and "--simulate-accept-len: 5 needs at least 4 drafts per step" in bad.stderr
 
 
 def test_sigterm_during_the_peer_baseline_keeps_our_figures(tmp_path):
