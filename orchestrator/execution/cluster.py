@@ -56,7 +56,14 @@ def connect(num_cpus: int | None = None) -> str:
         return f"ray cluster at {address}"
     extra = {"_temp_dir": os.environ["SPECTUNE_RAY_TMPDIR"]} if os.environ.get("SPECTUNE_RAY_TMPDIR") else {}
     ray.init(
-        address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=True, **extra
+        address="local",
+        num_cpus=num_cpus or os.cpu_count(),
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=True,
+        # gangs start their own actor processes: idle workers started up front only cost CPU (~1.4 s a start)
+        _system_config={"prestart_worker_first_driver": False},
+        **extra,
     )
     return f"embedded local ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
 

@@ -65,7 +65,7 @@ def test_sigkilled_driver_resumes_without_loss_or_leak(tmp_path, tiny_ckpt):
     watchdog), the next run fails the interrupted trial (reason in Optuna, MLflow run FAILED),
     retries its params and stops at exactly n_trials COMPLETE, one MLflow run per trial."""
     exp = tiny_experiment(
-        tmp_path, tiny_ckpt, search=SPACE, workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 40}
+        tmp_path, tiny_ckpt, search=SPACE, workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 24}
     )
     home, tag = tmp_path / "home", uuid.uuid4().hex
     db = home / "optuna.db"

@@ -39,7 +39,12 @@ def test_ray_job_submit_streams_a_study(tmp_path, tiny_ckpt):
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         env = _env_file(state / "env")
-        exp = tiny_experiment(tmp_path, tiny_ckpt, study={"n_trials": 2, "sampler": "random", "seed": 0, "pruner": "none"})
+        exp = tiny_experiment(
+            tmp_path,
+            tiny_ckpt,
+            search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}},
+            study={"n_trials": 2, "sampler": "random", "seed": 0, "pruner": "none"},
+        )
         job = subprocess.run(
             [
                 str(Path(sys.executable).parent / "ray"),

@@ -43,7 +43,12 @@ def test_noise_aware_objective():
 
 
 def test_report_end_to_end(tmp_path, tiny_ckpt):
-    exp = tiny_experiment(tmp_path, tiny_ckpt, study={"n_trials": 4, "sampler": "random", "seed": 3, "pruner": "none"})
+    exp = tiny_experiment(
+        tmp_path,
+        tiny_ckpt,
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}},
+        study={"n_trials": 4, "sampler": "random", "seed": 3, "pruner": "none"},
+    )
     raw = yaml.safe_load(exp.read_text())
     raw["workload"]["repeats"] = 2
     exp.write_text(yaml.safe_dump(raw))

@@ -207,7 +207,7 @@ def test_a_tree_over_the_link_at_tp2_with_the_demo_head_keeps_the_baseline():
     base = ["-m", "orchestrator", "decode", "--model", "smollm2-135m", "--tp", "2", "--drafter", "eagle3"]
     base += ["--draft-model", "smollm2-135m-eagle3", "-k", "4", "--tree-width", "3", "--split", "heldout", "--json"]
     for extra in (
-        ["--num-prompts", "2", "--max-new-tokens", "32"],
+        ["--num-prompts", "2", "--max-new-tokens", "24"],
         ["--num-prompts", "1", "--max-new-tokens", "24", "--temperature", "0.7"],
     ):
         r = subprocess.run([sys.executable, *base, *extra], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900)

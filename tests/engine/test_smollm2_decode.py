@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 def test_ngram_on_summarization_accepts_more_than_1_3(smollm2):
     out = decode(
-        *parse("--model smollm2-135m --tp 1 --drafter ngram -k 4 --category summarization --num-prompts 4 --max-new-tokens 48".split())
+        *parse("--model smollm2-135m --tp 1 --drafter ngram -k 4 --category summarization --num-prompts 2 --max-new-tokens 40".split())
     )
     assert out["outputs_match_baseline"] == 1
     assert out["accept_len_mean"] > 1.3, out["accept_len_mean"]
