@@ -34,6 +34,8 @@ CHANGEABLE = (
     "study.bench_allreduce",
     "study.max_failed_trials",
     "study.baseline_repeats",
+    "study.max_concurrent_trials",
+    "study.isolation",
     "limits.",
     "tracking.",
 )

@@ -208,6 +208,17 @@ class StudySection(_Section):
     mad_penalty: float = Field(1.0, ge=0)  # objective = median throughput - mad_penalty x MAD over repeats
     bench_allreduce: bool = False  # before the trials: time the allreduce backends, log table + plot to the parent run
     max_failed_trials: int | None = Field(None, ge=0)  # default: n_trials
+    # trials measured at once, each on its own gang ("auto": every isolated slot of the cluster)
+    max_concurrent_trials: int | Literal["auto"] = Field(1)
+    # what concurrent trials may share: node (one trial a Ray node), gpu (disjoint GPUs of a node), none
+    isolation: Literal["node", "gpu", "none"] = "node"
+
+    @field_validator("max_concurrent_trials")
+    @classmethod
+    def _concurrency(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"{v} must be at least 1 (or auto)")
+        return v
 
 
 class TrackingSection(_Section):

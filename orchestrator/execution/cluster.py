@@ -30,6 +30,8 @@ class Resources:
     # the resource a verifier rank takes one unit of: GPU on cuda, none on cpu; a custom resource
     # (declared unit-instance: RAY_custom_unit_instance_resources) stands in for GPUs in CPU tests
     gpu_resource: str | None = None
+    # the Ray node the gang must land on (its `ray.io/node-id` label): a slot of an isolated study
+    node_id: str | None = None
 
 
 def assigned_instances(resource: str) -> list[int]:

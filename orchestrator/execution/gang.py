@@ -66,7 +66,8 @@ class RayGang(Gang):
             bundles.append({"CPU": res.cpus_per_worker, **({accel: share} if share else {})})
         self.instances: list[list[int]] = []
         self.drafter_note: str | None = None
-        self.pg = placement_group(bundles, strategy="STRICT_PACK", name="")
+        pin = {"bundle_label_selector": [{"ray.io/node-id": res.node_id}] * len(bundles)} if res.node_id else {}
+        self.pg = placement_group(bundles, strategy="STRICT_PACK", name="", **pin)
         try:
             ray.get(self.pg.ready(), timeout=res.placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -148,6 +149,16 @@ class RayGang(Gang):
             )
             print(self.drafter_note, file=sys.stderr, flush=True)
         return self.instances
+
+    def node(self) -> tuple[str, str]:
+        """(node id, host) of the gang's node: STRICT_PACK puts every bundle on one."""
+        from ray.util.placement_group import placement_group_table
+
+        node_id = next(iter(placement_group_table(self.pg).get("bundles_to_node_id", {}).values()), "")
+        host = next(
+            (n.get("NodeManagerHostname") or n.get("NodeManagerAddress", "") for n in self._ray.nodes() if n["NodeID"] == node_id), ""
+        )
+        return node_id, host
 
     def setup(self) -> list[dict]:
         self.check_placement()

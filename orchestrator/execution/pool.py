@@ -29,6 +29,16 @@ class GangPool:
         self.launched = 0
         self.setup_s = 0.0
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.interrupted = False  # set by `interrupt()`: the gang was closed under a running trial on purpose
+        # the trials beside the current one on its node (the study loop's SlotBook; none by default)
+        self.neighbours = lambda: []
+        self.on_placed = lambda node_id: None
+
+    def interrupt(self) -> None:
+        """Stop the running trial from another thread (Ctrl-C, `ray job stop`): its gang goes, and the
+        trial, seeing `interrupted`, fails as interrupted and is queued again."""
+        self.interrupted = True
+        self.close()
 
     def get(self, spec: GangSpec, env: dict[str, str], plain: bool) -> RayGang:
         key = (spec, tuple(sorted(env.items())))

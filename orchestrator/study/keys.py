@@ -34,13 +34,19 @@ PARAMS_ATTR = "spectune.params"  # every resolved parameter of a trial (searched
 SAMPLES_ATTR = "spectune.repeat_tok_s"  # throughput of each repeat of the trial's workload
 BASELINE_OUTPUTS_ATTR = "spectune.baseline_outputs"
 RUN_ID_ATTR = "mlflow_run_id"
+# where a trial ran (also MLflow tags): the Ray node's id and host, the GPU ids of its ranks, and
+# the trials that ran at the same time on the same node (a list of numbers; tag: comma separated)
+NODE_ATTR = "spectune.node"
+HOST_ATTR = "spectune.host"
+GPUS_ATTR = "spectune.gpus"
+CO_RUNNING_ATTR = "spectune.co_running"
 
 # Optuna study user attributes
 FIXED_ATTR = "spectune.fixed"
 PARENT_ATTR = "mlflow_parent_run_id"  # names the study's parent MLflow run
 
 # what a trial's record may carry that is bookkeeping, not a measurement (never logged as a metric)
-RECORD_ONLY = frozenset({DRIVER_ATTR, HEARTBEAT_ATTR, RETRY_TAG, BASELINE_TAG})
+RECORD_ONLY = frozenset({DRIVER_ATTR, HEARTBEAT_ATTR, RETRY_TAG, BASELINE_TAG, NODE_ATTR, HOST_ATTR, GPUS_ATTR, CO_RUNNING_ATTR})
 
 
 def flag(value) -> bool:

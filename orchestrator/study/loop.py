@@ -28,6 +28,8 @@ from orchestrator.config.validate import check_experiment
 from orchestrator.errors import UserError
 from orchestrator.execution.cluster import PlacementError, Resources, check_capacity, connect
 from orchestrator.execution.pool import GangPool
+from orchestrator.execution.slots import GangNeed, Slot, plan_slots
+from orchestrator.study.concurrent import StudyContext, cluster_nodes, describe, largest_gang, run_concurrent
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
 from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RETRY_TAG, RUN_ID_ATTR, flag, requeue
 from orchestrator.study.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
@@ -97,7 +99,9 @@ def make_sampler(cfg: ExperimentConfig, offset: int = 0):
         return optuna.samplers.GridSampler(grid_space(cfg), seed=seed)
     if s == "gp":
         return optuna.samplers.GPSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=3)
+    # constant liar: a running trial (this driver's concurrent ones, another driver's) counts as a poor result, so TPE
+    # does not propose the same point beside it
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=3, constant_liar=True)
 
 
 def make_pruner(cfg: ExperimentConfig):
@@ -247,6 +251,25 @@ def _local_nodes() -> list[dict]:
     return [{"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}]
 
 
+def study_slots(cfg: ExperimentConfig, log) -> list:
+    """The slots concurrent trials run in (one unpinned slot: one trial at a time), said in one line
+    when the cluster gives fewer than `study.max_concurrent_trials` asked for."""
+    asked = cfg.study.max_concurrent_trials
+    if asked == 1:
+        return plan_slots([], GangNeed(0), "none", 1) or [Slot(0)]
+    tps = [t for t in candidates(cfg, "parallel.tp") if isinstance(t, int)] or [cfg.parallel.tp]
+    kinds = [cfg.drafter.kind, *candidates(cfg, "drafter.kind")]
+    world = max(tps) + (1 if any(DrafterSpec(kind=k).runs_a_model for k in kinds) else 0)
+    nodes = cluster_nodes()
+    slots = plan_slots(nodes, largest_gang(cfg, world, max(tps)), cfg.study.isolation, asked) or [Slot(0)]
+    if asked != "auto" and len(slots) < asked:
+        log(
+            f"spectune: study.max_concurrent_trials={asked}, but isolation {cfg.study.isolation} gives {len(slots)} slot(s) "
+            f"on this cluster ({len(nodes)} node(s)): {len(slots)} at a time"
+        )
+    return slots
+
+
 def run_study(cfg: ExperimentConfig, log=None) -> dict:
     import optuna
     import ray
@@ -268,6 +291,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
     record = DriverRecord(home) if embedded else None
     stale_after = cfg.limits.trial_timeout_s + 120
     pool, tracker, progress, status = None, None, None, "KILLED"
+    pools: list[GangPool] = []
     try:
         if record is not None:
             reap_dead(home, log)
@@ -319,9 +343,29 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         pool = GangPool(res, log)
         failed_here, waiting = 0, False
         me = driver_id()
+        slots = study_slots(cfg, log)
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            while (done := count(study, TrialState.COMPLETE)) < n_goal:
+            if len(slots) > 1:
+                log(f"spectune: {describe(slots, cfg)}")
+                ctx = StudyContext(
+                    study,
+                    cfg,
+                    prepared,
+                    tracker,
+                    progress,
+                    res,
+                    storage,
+                    stale_after,
+                    n_goal,
+                    max_failed,
+                    me,
+                    log,
+                    recover=lambda: recover_stale(study, storage, tracker, stale_after, log),
+                    others_running=lambda: len([t for t in _live_running(study, stale_after) if t.user_attrs.get(DRIVER_ATTR) != me]),
+                )
+                failed_here, pools = run_concurrent(ctx, slots)
+            while len(slots) <= 1 and (done := count(study, TrialState.COMPLETE)) < n_goal:
                 if failed_here and failed_here >= max_failed:  # max_failed failures end the run (0: the first does)
                     raise UserError(
                         f"study: {failed_here} trials failed in this run (limit study.max_failed_trials={max_failed}); see the MLflow runs' spectune.fail_reason"
@@ -358,9 +402,10 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         finally:
             signal.signal(signal.SIGTERM, previous)
     finally:
-        launched = pool.launched if pool is not None else 0
-        if pool is not None:
-            pool.close()
+        launched = (pool.launched if pool is not None else 0) + sum(p.launched for p in pools)
+        for each in [pool, *pools]:
+            if each is not None:
+                each.close()
         if record is not None:
             ray.shutdown()
             record.close()

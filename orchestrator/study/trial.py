@@ -34,10 +34,14 @@ from orchestrator.study.equivalence import outputs_verdict
 from orchestrator.study.keys import (
     BASELINE_OUTPUTS_ATTR,
     BASELINE_TAG,
+    CO_RUNNING_ATTR,
     FAIL_TAG,
+    GPUS_ATTR,
     HEARTBEAT_ATTR,
+    HOST_ATTR,
     INHERITED_TAG,
     INVALID_TAG,
+    NODE_ATTR,
     PARAMS_ATTR,
     PRUNE_TAG,
     RETRY_TAG,
@@ -270,6 +274,7 @@ class _Measured:
     started: float
     first: list  # the first repeat's prompts (every repeat decodes the same prompts)
     digest: list[str]  # per-prompt digests of their greedy outputs
+    pool: GangPool | None = None  # where the gang came from (who ran beside it)
 
 
 def configure(study, trial, cfg: ExperimentConfig, tracker: Tracker) -> _Trial:
@@ -312,6 +317,25 @@ def start_run(t: _Trial) -> None:
     t.trial.set_user_attr(RUN_ID_ATTR, t.run_id)
 
 
+def note_placement(t: _Trial, pool: GangPool, gang) -> None:
+    """Where the trial runs: its node (id, host) and its ranks' GPUs, in Optuna and on the MLflow run."""
+    if not hasattr(gang, "node"):
+        return
+    node_id, host = gang.node()
+    pool.on_placed(node_id)
+    gpus = sorted({i for ids in getattr(gang, "instances", [])[: t.tc.tp] for i in ids}) if t.cfg.parallel.device == "cuda" else []
+    for key, value in ((NODE_ATTR, node_id), (HOST_ATTR, host), (GPUS_ATTR, gpus)):
+        t.trial.set_user_attr(key, value)
+        t.tracker.set_tag(t.run_id, key, ",".join(map(str, value)) if isinstance(value, list) else str(value))
+
+
+def note_neighbours(t: _Trial, pool: GangPool) -> None:
+    """The trials that ran beside this one on its node (concurrent studies), recorded before the outcome is told."""
+    if beside := pool.neighbours():
+        t.trial.set_user_attr(CO_RUNNING_ATTR, beside)
+        t.tracker.set_tag(t.run_id, CO_RUNNING_ATTR, ",".join(map(str, beside)))
+
+
 def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live) -> _Measured:
     """Phase 2: a gang, the workload's repeats at batch 1 (reporting to the pruner), the noise of them."""
     cfg, tc = t.cfg, t.tc
@@ -319,6 +343,7 @@ def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live) -> _Mea
     before, started = pool.launched, time.monotonic()
     gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=t.plain)
     beat(t.trial)  # a gang launch can take minutes
+    note_placement(t, pool, gang)
     # the baseline is measured several times: the noise band every ranking uses comes from its repeats
     repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if t.plain else cfg.workload.repeats
     result, pruned, per_repeat = _decode(t, prepared, gang, repeats, live)
@@ -331,7 +356,7 @@ def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live) -> _Mea
         metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
     first = result.prompts[: len(prepared.token_ids)]
     digest = outputs_digest(result)[: len(prepared.token_ids)]
-    return _Measured(result, pruned, per_repeat, metrics, gang, started, first, digest)
+    return _Measured(result, pruned, per_repeat, metrics, gang, started, first, digest, pool)
 
 
 def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> None:
@@ -374,6 +399,8 @@ def record(t: _Trial, m: _Measured) -> tuple[str, str | None]:
 
     cfg, trial, tracker, metrics, run_id = t.cfg, t.trial, t.tracker, m.metrics, t.run_id
     result = m.result
+    if m.pool is not None:
+        note_neighbours(t, m.pool)
     tracker.log_metrics(run_id, metrics)
     tracker.log_step_series(
         run_id,
@@ -412,6 +439,19 @@ def record(t: _Trial, m: _Measured) -> tuple[str, str | None]:
     return "COMPLETE", None
 
 
+def _interrupted(study, trial, t: _Trial, reason: str) -> TrialOutcome:
+    """FAIL with `reason`, the params queued again, the MLflow run ended: a trial stopped from outside."""
+    from optuna.trial import TrialState
+
+    try:
+        trial.set_user_attr(FAIL_TAG, reason)
+        study.tell(trial, state=TrialState.FAIL)
+        requeue(study, trial.params, trial.user_attrs, trial.number)
+    finally:
+        t.tracker.finish_trial(t.run_id, "FAIL", reason)
+    return TrialOutcome(state="FAIL", config=t.tc, reason=reason)
+
+
 def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker, live=None) -> TrialOutcome:
     """One trial in four phases: configure, measure, compare with the baseline, record. The MLflow
     run always ends; an interrupted trial fails and its params are queued again."""
@@ -428,8 +468,11 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
         compare(t, m, prepared)
         state, reason = record(t, m)
     except (GangError, *INPUT_ERRORS) as e:
+        if pool.interrupted:  # another thread closed this gang on purpose: Ctrl-C / ray job stop in a concurrent study
+            return _interrupted(study, trial, t, "interrupted")
         reason = f"{type(e).__name__}: {e}"
         pool.close()
+        note_neighbours(t, pool)
         trial.set_user_attr(FAIL_TAG, reason)
         study.tell(trial, state=TrialState.FAIL)
     except BaseException as e:  # Ctrl-C, SIGTERM, a bug: the trial fails (and is retried on resume)

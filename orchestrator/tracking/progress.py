@@ -19,15 +19,22 @@ from orchestrator.tracking.runs import Tracker, config_label
 
 
 class LiveLine:
-    """The line under way during a trial. `update` is cheap to call often: on a terminal it rewrites
-    the line at most every `tty_every_s`; elsewhere (a log file, `ray job logs`) it prints a new
-    line at most every `every_s`. `done` clears a terminal line before the trial's result line."""
+    """The lines under way while trials decode, one per running trial. `update` is cheap to call
+    often (from several trial threads at once): on a terminal it rewrites the line, every running
+    trial side by side, at most every `tty_every_s`; elsewhere (a log file, `ray job logs`) it
+    prints a trial's line at most every `every_s` per trial. `done` clears a terminal line before a
+    trial's result line."""
 
     def __init__(self, stream=None, every_s: float = 10.0, tty_every_s: float = 0.2):
+        import threading
+
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.every_s = tty_every_s if self.tty else every_s
-        self.last, self.shown = float("-inf"), False  # the first update always shows (monotonic time may be small: a fresh boot)
+        self.last: dict[int, float] = {}  # per trial; the first update always shows (monotonic time may be small: a fresh boot)
+        self.texts: dict[int, str] = {}
+        self.shown = False
+        self.lock = threading.Lock()
 
     def update(
         self,
@@ -42,24 +49,35 @@ class LiveLine:
         force: bool = False,
     ) -> None:
         now = time.monotonic()
-        if not force and now - self.last < self.every_s:
-            return
-        self.last = now
-        rep = f", repeat {repeat + 1} of {repeats}" if repeats > 1 else ""
-        rate = f"{tokens / seconds:.2f} tok/s" if seconds > 0 else "-"
-        text = f"  trial {trial} {label}: prompt {prompt} of {prompts}{rep}, {tokens} tokens, {rate}"
-        if self.tty:
-            self.stream.write("\r\033[K" + text)
-            self.shown = True
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+        with self.lock:
+            if not force and now - self.last.get(trial, float("-inf")) < self.every_s:
+                return
+            self.last[trial] = now
+            rep = f", repeat {repeat + 1} of {repeats}" if repeats > 1 else ""
+            rate = f"{tokens / seconds:.2f} tok/s" if seconds > 0 else "-"
+            upto = "prompt 1" if prompt == 1 else f"prompts 1-{prompt}"  # the count sums this repeat's prompts so far
+            text = f"trial {trial} {label}: prompt {prompt} of {prompts}{rep}, {tokens} tokens over {upto}, {rate}"
+            self.texts[trial] = text
+            if self.tty:
+                self.stream.write("\r\033[K  " + " | ".join(self.texts[n] for n in sorted(self.texts)))
+                self.shown = True
+            else:
+                self.stream.write("  " + text + "\n")
+            self.stream.flush()
+
+    def finished(self, trial: int) -> None:
+        """A trial's line is no longer under way."""
+        with self.lock:
+            self.texts.pop(trial, None)
+            self.last.pop(trial, None)
 
     def done(self) -> None:
-        if self.tty and self.shown:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-        self.shown, self.last = False, float("-inf")
+        with self.lock:
+            if self.tty and self.shown:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+            self.shown = False
+            self.last = {}  # the next update of any trial shows
 
 
 class Progress:

@@ -99,8 +99,8 @@ def test_live_line_on_a_pipe_is_throttled():
     live.update(4, "ngram k=6 gloo tp2", 2, 3, 48, 16.0)  # within every_s: not printed
     live.update(4, "ngram k=6 gloo tp2", 3, 3, 72, 18.0, repeat=1, repeats=2, force=True)
     assert out.getvalue().splitlines() == [
-        "  trial 4 ngram k=6 gloo tp2: prompt 1 of 3, 24 tokens, 3.00 tok/s",
-        "  trial 4 ngram k=6 gloo tp2: prompt 3 of 3, repeat 2 of 2, 72 tokens, 4.00 tok/s",
+        "  trial 4 ngram k=6 gloo tp2: prompt 1 of 3, 24 tokens over prompt 1, 3.00 tok/s",
+        "  trial 4 ngram k=6 gloo tp2: prompt 3 of 3, repeat 2 of 2, 72 tokens over prompts 1-3, 4.00 tok/s",
     ]
 
 
@@ -115,7 +115,7 @@ def test_live_line_on_a_terminal_rewrites_itself():
     text = os.read(master, 4096).decode()
     os.close(master)
     assert text.count("\r\x1b[K") == 3 and "\n" not in text.replace("\r\n", "")  # one line, rewritten, then cleared
-    assert "prompt 2 of 2, 20 tokens, 5.00 tok/s" in text
+    assert "prompt 2 of 2, 20 tokens over prompts 1-2, 5.00 tok/s" in text
 
 
 def test_experiment_params_hold_model_and_workload(tmp_path):
