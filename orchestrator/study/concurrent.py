@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from orchestrator.errors import UserError
 from orchestrator.execution.cluster import Resources
 from orchestrator.execution.pool import GangPool
-from orchestrator.execution.slots import GangNeed, NodeInfo, Slot, SlotBook
+from orchestrator.execution.slots import NodeInfo, Slot, SlotBook
 from orchestrator.study.keys import DRIVER_ATTR, NODE_ATTR, PRUNE_TAG, requeue
 from orchestrator.study.storage import frozen_trial
 from orchestrator.study.trial import TrialOutcome, beat, run_trial, trial_config
@@ -75,10 +75,6 @@ def node_alive(node_id: str) -> bool:
     return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
 
 
-def largest_gang(cfg, world_size: int, tp: int) -> GangNeed:
-    return GangNeed(cpus=world_size * cfg.parallel.cpus_per_worker, gpus=float(tp if cfg.parallel.device == "cuda" else 0))
-
-
 @dataclass
 class StudyContext:
     """What the loop hands over: the study and everything a trial needs, and the run's counters."""
@@ -89,8 +85,6 @@ class StudyContext:
     tracker: object
     progress: object
     res: Resources
-    storage: object
-    stale_after: float
     n_goal: int
     max_failed: int
     driver: str

@@ -29,7 +29,7 @@ from orchestrator.errors import UserError
 from orchestrator.execution.cluster import PlacementError, Resources, check_capacity, connect
 from orchestrator.execution.pool import GangPool
 from orchestrator.execution.slots import GangNeed, Slot, plan_slots
-from orchestrator.study.concurrent import StudyContext, cluster_nodes, describe, largest_gang, run_concurrent
+from orchestrator.study.concurrent import StudyContext, cluster_nodes, describe, run_concurrent
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
 from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RETRY_TAG, RUN_ID_ATTR, flag, requeue
 from orchestrator.study.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
@@ -223,14 +223,19 @@ def _release_surplus(study, trial) -> None:
         study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)  # given back as it was, not a retry
 
 
-def check_gang_fits(cfg: ExperimentConfig, nodes: list[dict]) -> None:
-    """The largest gang the space can ask for against the nodes on offer, before anything launches."""
+def gang_shapes(cfg: ExperimentConfig) -> tuple[list[int], bool]:
+    """The TP sizes the space can ask for (largest first), and whether some trial runs a model
+    drafter as a process of its own (eagle3 unless placed in the verifier ranks; the n-gram drafter
+    runs inside the verifier ranks)."""
     tps = [t for t in candidates(cfg, "parallel.tp") if isinstance(t, int)] or [cfg.parallel.tp]
     kinds = [cfg.drafter.kind, *candidates(cfg, "drafter.kind")]
-    # model drafters run as a process of their own (eagle3 unless placed in the verifier ranks); the
-    # n-gram drafter runs inside the verifier ranks
-    drafter = any(DrafterSpec(kind=k).runs_a_model for k in kinds)
-    for tp in sorted(set(tps), reverse=True):
+    return sorted(set(tps), reverse=True), any(DrafterSpec(kind=k).runs_a_model for k in kinds)
+
+
+def check_gang_fits(cfg: ExperimentConfig, nodes: list[dict]) -> None:
+    """The largest gang the space can ask for against the nodes on offer, before anything launches."""
+    tps, drafter = gang_shapes(cfg)
+    for tp in tps:
         spec = GangSpec(model_path="", tp=tp, device=cfg.parallel.device, drafter=DrafterSpec(kind="draft_model" if drafter else "none"))
         try:
             check_capacity(spec, Resources(cfg.parallel.cpus_per_worker), nodes)
@@ -256,12 +261,11 @@ def study_slots(cfg: ExperimentConfig, log) -> list:
     when the cluster gives fewer than `study.max_concurrent_trials` asked for."""
     asked = cfg.study.max_concurrent_trials
     if asked == 1:
-        return plan_slots([], GangNeed(0), "none", 1) or [Slot(0)]
-    tps = [t for t in candidates(cfg, "parallel.tp") if isinstance(t, int)] or [cfg.parallel.tp]
-    kinds = [cfg.drafter.kind, *candidates(cfg, "drafter.kind")]
-    world = max(tps) + (1 if any(DrafterSpec(kind=k).runs_a_model for k in kinds) else 0)
+        return [Slot(0)]
+    tps, drafter = gang_shapes(cfg)
+    need = GangNeed(cpus=(tps[0] + drafter) * cfg.parallel.cpus_per_worker, gpus=float(tps[0] if cfg.parallel.device == "cuda" else 0))
     nodes = cluster_nodes()
-    slots = plan_slots(nodes, largest_gang(cfg, world, max(tps)), cfg.study.isolation, asked) or [Slot(0)]
+    slots = plan_slots(nodes, need, cfg.study.isolation, asked) or [Slot(0)]
     if asked != "auto" and len(slots) < asked:
         log(
             f"spectune: study.max_concurrent_trials={asked}, but isolation {cfg.study.isolation} gives {len(slots)} slot(s) "
@@ -355,8 +359,6 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
                     tracker,
                     progress,
                     res,
-                    storage,
-                    stale_after,
                     n_goal,
                     max_failed,
                     me,
