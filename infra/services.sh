@@ -1,31 +1,86 @@
 #!/usr/bin/env bash
-# Local services for spectune, on loopback with free ports: a Ray head (with the job server),
-# an MLflow tracking server (SQLite backend + artifact store) and optuna-dashboard.
-# Each runs in its own process group; `stop` kills exactly those groups, nothing else on the machine,
-# and removes the temporary directories `start` made (listed in STATE_DIR/tmpdirs).
+# Local services for spectune: PostgreSQL (the Optuna storage and the MLflow server's store), a Ray head
+# (with the job server) and, on request, worker raylets on this machine, an MLflow tracking server
+# (artifacts in STATE_DIR) and optuna-dashboard. Every listener is on 127.0.0.1 at a free port, unless
+# SPECTUNE_BIND_ADDRESS names this machine's address for other Ray nodes: then Ray's node ports use it
+# (Ray listens on every interface for them) and Ray's token authentication is on; PostgreSQL, MLflow,
+# the dashboards and the job server stay on 127.0.0.1 (drivers run on this head node; UIs via `ssh -L`).
+# Each service runs in its own process group; `stop` ends exactly those groups, nothing else on the
+# machine, and removes the temporary directories `start` made (listed in STATE_DIR/tmpdirs). The
+# studies stay (PostgreSQL's data, MLflow's artifacts) for the next `start`; `purge` deletes them.
 #
-#   bash infra/services.sh start [STATE_DIR]   # default STATE_DIR: ~/.spectune/services
-#   source STATE_DIR/env                       # RAY_ADDRESS, MLFLOW_TRACKING_URI, SPECTUNE_STORAGE, URLs
+#   bash infra/services.sh start  [STATE_DIR]   # default STATE_DIR: ${SPECTUNE_HOME:-~/.spectune}/services
+#   source STATE_DIR/env
+#   ray job submit --working-dir . -- spectune run experiments/smoke-cpu.yaml --set "study.storage=$SPECTUNE_STORAGE"
 #   bash infra/services.sh status [STATE_DIR]
-#   bash infra/services.sh stop  [STATE_DIR]
+#   bash infra/services.sh stop   [STATE_DIR]
+#   bash infra/services.sh purge  [STATE_DIR]   # stop, then delete the PostgreSQL data, artifacts and state files
+#
+# Settings (the environment of `start`):
+#   SPECTUNE_RAY_CPUS         CPUs of the Ray head (default: nproc)
+#   SPECTUNE_RAY_WORKERS      worker raylets started beside the head (default 0): a real multi-node Ray
+#                             cluster on one machine, e.g. for study.max_concurrent_trials with study.isolation: node
+#   SPECTUNE_RAY_WORKER_CPUS  CPUs of each worker raylet (default: SPECTUNE_RAY_CPUS, else nproc)
+#   SPECTUNE_BIND_ADDRESS     this machine's cluster address (default 127.0.0.1: nothing leaves loopback)
+#   RAY_AUTH_MODE             on loopback `disabled` unless set (`token` works too); with SPECTUNE_BIND_ADDRESS
+#                             always `token` (the token is made once, STATE_DIR/ray-token, mode 600)
+#   SPECTUNE_VENV             the virtual environment (default: .venv of this checkout)
+#
+# STATE_DIR/env (mode 600) exports, for `ray job submit`, drivers and clients on this machine:
+#   RAY_ADDRESS               http://127.0.0.1:PORT, Ray's job server and dashboard (`ray job submit` reads it)
+#   RAY_GCS_ADDRESS           HOST:PORT of the GCS (`ray start --address` of another node, `ray.init`)
+#   RAY_AUTH_MODE             disabled | token
+#   RAY_AUTH_TOKEN_PATH       (token mode only) the token file `ray job submit`, drivers and other nodes present
+#   MLFLOW_TRACKING_URI       http://127.0.0.1:PORT, the MLflow server (tracking.uri defaults to it)
+#   SPECTUNE_STORAGE          postgresql+psycopg://spectune@127.0.0.1:PORT/optuna?passfile=STATE_DIR/pgpass, for
+#                             study.storage: it names the password file (libpq's passfile), not the password
+#   PGHOST PGPORT PGUSER PGPASSFILE   libpq's own: `psql -d optuna` (or mlflow) just works; PGPASSFILE is
+#                             STATE_DIR/pgpass (mode 600), the one place the generated password is kept
+#   OPTUNA_DASHBOARD_URL      http://127.0.0.1:PORT
+# The Ray processes start with MLFLOW_TRACKING_URI, SPECTUNE_STORAGE and PGPASSFILE in their environment,
+# so a job's driver reaches both stores; no password is ever on a command line or in a URL.
+#
+# PostgreSQL comes from the distribution (`apt-get install postgresql` here when root and it is missing);
+# as root it runs as the user `postgres` (it refuses root), with its data in STATE_DIR/pg, or, where that
+# user cannot reach STATE_DIR (a folder above it closed to others, like /root), in
+# /var/lib/spectune/pg-<hash of STATE_DIR>, which STATE_DIR/pg then links to.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 cmd=${1:-}
 STATE=$(realpath -m "${2:-${SPECTUNE_HOME:-$HOME/.spectune}/services}")
 BIN=${SPECTUNE_VENV:-$ROOT/.venv}/bin
-export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 export PATH="$BIN:$PATH"  # so `ray job submit -- spectune ...` finds this install
+
+BIND=${SPECTUNE_BIND_ADDRESS:-127.0.0.1}
+case "$BIND" in 127.0.0.1 | localhost | ::1) LOOPBACK=1; NODE_IP=127.0.0.1 ;; *) LOOPBACK=0; NODE_IP=$BIND ;; esac
+
+die() { echo "spectune: $*" >&2; exit 1; }
 
 free_port() { "$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+secret() { "$BIN/python" -c 'import secrets, sys; print(secrets.token_hex(int(sys.argv[1])))' "$1"; }  # N bytes, in hex
+
+# an HTTP GET that succeeds; Ray's servers (name ray*) are sent Ray's token where it is on (read from its file)
+HTTP_OK='import os, sys, urllib.request
+token = os.environ.get("RAY_AUTH_TOKEN_PATH") if sys.argv[2].startswith("ray") else None
+headers = {"Authorization": "Bearer " + open(token).read().strip()} if token else {}
+urllib.request.urlopen(urllib.request.Request(sys.argv[1], headers=headers), timeout=2)'
+
 wait_http() {  # url seconds name
   for _ in $(seq 1 "$2"); do
-    if "$BIN/python" -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)" "$1" >/dev/null 2>&1; then return 0; fi
+    if "$BIN/python" -c "$HTTP_OK" "$1" "$3" >/dev/null 2>&1; then return 0; fi
     sleep 1
   done
-  echo "spectune: $3 did not come up at $1 (log: $STATE/$3.log)" >&2
-  return 1
+  die "$3 did not come up at $1 (log: $STATE/$3.log)"
+}
+
+write_env() {  # NAME=value... -> STATE/env (mode 600): one `export NAME=value` a line, shell-quoted only where needed
+  local kv value
+  (umask 077 && for kv in "$@"; do
+    value=${kv#*=}
+    if [[ $value =~ ^[A-Za-z0-9_./:@+%?=,-]*$ ]]; then echo "export ${kv%%=*}=$value"; else printf 'export %s=%q\n' "${kv%%=*}" "$value"; fi
+  done > "$STATE/env")
 }
 
 start_group() {  # name cmd...  -> runs cmd in a new session (its own process group), records the PGID
@@ -34,16 +89,165 @@ start_group() {  # name cmd...  -> runs cmd in a new session (its own process gr
   echo "$name $!" >> "$STATE/pids"
 }
 
+# ------------------------------------------------------------------ PostgreSQL
+pg_bin() {  # the folder of initdb, postgres, psql and pg_isready: initdb's on PATH, else Debian's newest
+  local d                                # /usr/lib/postgresql/<version>/bin
+  for d in $(command -v initdb >/dev/null && dirname "$(readlink -f "$(command -v initdb)")") \
+    $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+    [ -x "$d/initdb" ] && [ -x "$d/postgres" ] && [ -x "$d/psql" ] && [ -x "$d/pg_isready" ] && { echo "$d"; return 0; }
+  done
+  return 1
+}
+
+ensure_postgres() {  # sets PGBIN; installs the distribution's package when root with apt-get
+  PGBIN=$(pg_bin) && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "spectune: installing PostgreSQL (apt-get install -y postgresql; log: $STATE/apt.log)"
+    # no system-wide cluster listening on 5432: spectune runs its own
+    mkdir -p /etc/postgresql-common/createcluster.d
+    echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.d/spectune.conf
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql ||
+      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }; } >"$STATE/apt.log" 2>&1 ||
+      die "apt-get install postgresql failed (log: $STATE/apt.log)"
+    PGBIN=$(pg_bin) && return 0
+  fi
+  die "PostgreSQL's server (initdb, postgres) is not installed: install it (Debian/Ubuntu: apt-get install postgresql; Fedora: dnf install postgresql-server) or put its bin folder on PATH"
+}
+
+pg_user_setup() {  # AS_PG: how to run a command as the user PostgreSQL runs as; PGDATA: its data directory
+  AS_PG=()
+  if [ "$(id -u)" = 0 ]; then
+    id -u postgres >/dev/null 2>&1 ||
+      die "PostgreSQL refuses to run as root and there is no user 'postgres' to run it as: create one (useradd --system postgres) or start the services as another user"
+    AS_PG=(setpriv --reuid=postgres --regid=postgres --init-groups --)
+  fi
+  if [ -L "$STATE/pg" ]; then
+    PGDATA=$(readlink -f "$STATE/pg")
+  elif [ ${#AS_PG[@]} -eq 0 ] || "${AS_PG[@]}" test -x "$STATE"; then
+    PGDATA=$STATE/pg
+  else
+    PGDATA=/var/lib/spectune/pg-$(printf '%s' "$STATE" | sha256sum | cut -c1-12)
+    mkdir -p /var/lib/spectune && chmod 755 /var/lib/spectune
+    ln -sfn "$PGDATA" "$STATE/pg"
+    echo "spectune: user postgres cannot reach $STATE (a folder above it is closed to others): PostgreSQL data in $PGDATA"
+  fi
+  mkdir -p "$PGDATA" && chmod 700 "$PGDATA"
+  [ ${#AS_PG[@]} -eq 0 ] || chown postgres: "$PGDATA"
+}
+
+pg_init() {  # a new cluster in PGDATA (once), superuser `spectune` with the password of STATE/pgpass
+  if [ ! -s "$STATE/pgpass" ]; then
+    [ -f "$PGDATA/PG_VERSION" ] && die "$PGDATA holds a PostgreSQL cluster but its password file $STATE/pgpass is gone: purge to start afresh"
+    local pw
+    pw=$(secret 24)
+    (umask 077 && printf '*:*:*:spectune:%s\n' "$pw" > "$STATE/pgpass")  # printf is a builtin: on no command line
+  fi
+  chmod 600 "$STATE/pgpass"
+  [ -f "$PGDATA/PG_VERSION" ] && return 0
+  local pwfile
+  pwfile=$(mktemp "${TMPDIR:-/tmp}/spectune-pgpw-XXXXXX")  # initdb runs as postgres: a copy it can read, gone at once
+  cut -d: -f5 "$STATE/pgpass" > "$pwfile"
+  [ ${#AS_PG[@]} -eq 0 ] || chown postgres: "$pwfile"
+  if ! env -C / "${AS_PG[@]}" "$PGBIN/initdb" -D "$PGDATA" -U spectune --pwfile="$pwfile" -A scram-sha-256 -E UTF8 --no-locale \
+    >"$STATE/initdb.log" 2>&1; then
+    rm -f "$pwfile"
+    die "initdb failed (log: $STATE/initdb.log)"
+  fi
+  rm -f "$pwfile"
+}
+
+pg_sql() {  # sql [db] -> rows, unaligned
+  "$PGBIN/psql" -h 127.0.0.1 -p "$pg_port" -U spectune -d "${2:-postgres}" -v ON_ERROR_STOP=1 -tAqc "$1"
+}
+
+pg_databases() {  # wait for the server, then make the two databases
+  for _ in $(seq 1 60); do
+    "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -d postgres && break
+    group_alive "$1" || die "PostgreSQL did not start (log: $STATE/postgres.log)"
+    sleep 0.5
+  done
+  "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -d postgres || die "PostgreSQL did not come up on 127.0.0.1:$pg_port (log: $STATE/postgres.log)"
+  for db in optuna mlflow; do
+    [ "$(pg_sql "SELECT 1 FROM pg_database WHERE datname = '$db'")" = 1 ] || pg_sql "CREATE DATABASE $db" >/dev/null
+  done
+}
+
+# ------------------------------------------------------------------ Ray
+# Ray turns a node address of 127.0.0.1 into the machine's outside address (and its GCS, raylets and
+# agents then listen on every interface) unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, with which `ray
+# start` refuses to start a worker node. On loopback the nodes start with that variable (their GCS,
+# raylet, agents and workers inherit it: every listener on 127.0.0.1) through this `ray` that keeps
+# the node address as given.
+RAY_CLI_LOOPBACK='import sys
+from ray._private import ray_constants, services
+ray_constants.ENABLE_RAY_CLUSTER = True
+services.resolve_ip_for_localhost = lambda host: host
+from ray.scripts.scripts import main
+sys.argv[0] = "ray"
+sys.exit(main())'
+
+ray_cli() {  # -> RAY_CLI: the `ray` command line that starts a node
+  if [ "$LOOPBACK" = 1 ]; then
+    RAY_CLI=(env RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 "$BIN/python" -c "$RAY_CLI_LOOPBACK")
+  else
+    RAY_CLI=("$BIN/ray")
+  fi
+}
+
+ray_auth() {  # RAY_AUTH_MODE (and its token) for every Ray process, `ray job submit` and drivers
+  if [ "$LOOPBACK" = 0 ]; then
+    [ "${RAY_AUTH_MODE:-token}" = token ] ||
+      { echo "spectune: RAY_AUTH_MODE=$RAY_AUTH_MODE with SPECTUNE_BIND_ADDRESS=$BIND: Ray would run code for anyone who reaches $BIND; unset it" >&2; exit 2; }
+    export RAY_AUTH_MODE=token
+  else
+    export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+  fi
+  unset RAY_AUTH_TOKEN_PATH  # only ever this state's own token
+  if [ "$RAY_AUTH_MODE" = token ]; then
+    if [ ! -s "$STATE/ray-token" ]; then
+      local token
+      token=$(secret 32)
+      (umask 077 && printf '%s\n' "$token" > "$STATE/ray-token")
+    fi
+    chmod 600 "$STATE/ray-token"
+    export RAY_AUTH_TOKEN_PATH=$STATE/ray-token
+  fi
+}
+
+# ------------------------------------------------------------------ stop, status, purge
+group_alive() {  # pgid: a member that is not a zombie (an exited process whose parent has not reaped it yet)
+  ps -e -o pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ {found = 1} END {exit !found}'
+}
+
+signal_for() { [ "$1" = postgres ] && echo INT || echo TERM; }  # postgres: fast shutdown (ends open sessions)
+
+grace_ticks() {  # quarter seconds a group has between its signal and SIGKILL; Ray's GCS, autoscaler and
+  # agents linger over SIGTERM and nothing of Ray's needs to outlive it: 5 s; the rest 10 s
+  case "$1" in ray*) echo 20 ;; *) echo 40 ;; esac
+}
+
 stop_all() {
   [ -f "$STATE/pids" ] || { echo "spectune: no services recorded in $STATE"; return 0; }
-  while read -r name pgid; do
-    if kill -0 -- "-$pgid" 2>/dev/null; then
-      kill -TERM -- "-$pgid" 2>/dev/null || true
-      for _ in $(seq 1 20); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 0.5; done
-      kill -KILL -- "-$pgid" 2>/dev/null || true
-      echo "spectune: stopped $name (process group $pgid)"
-    fi
-  done < "$STATE/pids"
+  local -a names=() pgids=()
+  local name pgid i tick alive
+  while read -r name pgid; do  # in reverse: workers before the head, clients before PostgreSQL
+    group_alive "$pgid" || continue
+    kill "-$(signal_for "$name")" -- "-$pgid" 2>/dev/null || true
+    names+=("$name") pgids+=("$pgid")
+  done < <(tac "$STATE/pids")
+  for tick in $(seq 1 40); do  # all of them at once
+    alive=0
+    for i in "${!pgids[@]}"; do
+      group_alive "${pgids[$i]}" || continue
+      if [ "$tick" -ge "$(grace_ticks "${names[$i]}")" ]; then kill -KILL -- "-${pgids[$i]}" 2>/dev/null || true; else alive=1; fi
+    done
+    [ "$alive" = 0 ] && break
+    sleep 0.25
+  done
+  for i in "${!pgids[@]}"; do
+    ! group_alive "${pgids[$i]}" || kill -KILL -- "-${pgids[$i]}" 2>/dev/null || true
+    echo "spectune: stopped ${names[$i]} (process group ${pgids[$i]})"
+  done
   rm -f "$STATE/pids"
   if [ -f "$STATE/tmpdirs" ]; then
     while read -r dir; do
@@ -53,46 +257,109 @@ stop_all() {
   fi
 }
 
+purge() {  # stop, then delete exactly what start made: the PostgreSQL data, artifacts, secrets, logs
+  stop_all
+  if [ -L "$STATE/pg" ]; then
+    local data
+    data=$(readlink -f "$STATE/pg")
+    case "$data" in /var/lib/spectune/pg-*) rm -rf -- "$data" && echo "spectune: removed $data" ;; esac
+    rm -f "$STATE/pg"
+  elif [ -d "$STATE/pg" ]; then
+    rm -rf -- "$STATE/pg" && echo "spectune: removed $STATE/pg"
+  fi
+  rm -rf -- "$STATE/mlartifacts"
+  rm -f -- "$STATE"/{env,pgpass,ray-token,apt.log,initdb.log,postgres.log,ray.log,mlflow.log,optuna-dashboard.log} "$STATE"/ray-worker-*.log
+  rmdir "$STATE" 2>/dev/null || true
+  echo "spectune: purged $STATE"
+}
+
+# ------------------------------------------------------------------ start
+start() {
+  mkdir -p "$STATE/mlartifacts"
+  [ -f "$STATE/pids" ] && stop_all
+  trap 'echo "spectune: start failed: stopping what it started (logs stay in $STATE)" >&2; stop_all >&2' EXIT
+  ensure_postgres
+  pg_user_setup
+  pg_init
+  ray_auth
+  ray_cli
+  local workers=${SPECTUNE_RAY_WORKERS:-0} head_cpus=${SPECTUNE_RAY_CPUS:-$(nproc)}
+  local worker_cpus=${SPECTUNE_RAY_WORKER_CPUS:-$head_cpus}
+  local ray_port dash_port agent_port client_port mlflow_port optuna_port
+  ray_port=$(free_port); dash_port=$(free_port); agent_port=$(free_port); client_port=$(free_port)
+  mlflow_port=$(free_port); optuna_port=$(free_port); pg_port=$(free_port)
+  export PGHOST=127.0.0.1 PGPORT=$pg_port PGUSER=spectune PGPASSFILE=$STATE/pgpass
+  export MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port
+  # the URLs name the password file, not the password (libpq's `passfile`): fit for any command line
+  local passfile mlflow_store
+  passfile=$("$BIN/python" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe="/"))' "$PGPASSFILE")
+  export SPECTUNE_STORAGE=postgresql+psycopg://spectune@127.0.0.1:$pg_port/optuna?passfile=$passfile
+  mlflow_store=postgresql+psycopg://spectune@127.0.0.1:$pg_port/mlflow?passfile=$passfile
+
+  # the head first (the slowest to come up); its processes inherit the stores' addresses above
+  local ray_tmp
+  ray_tmp=$(mktemp -d /tmp/spectune-ray-XXXX)  # short: Ray's unix socket paths must stay < 108 bytes
+  echo "$ray_tmp" >> "$STATE/tmpdirs"
+  # the autoscaler's and dashboard's metrics servers take fixed ports unless given others
+  start_group ray env AUTOSCALER_METRIC_PORT="$(free_port)" DASHBOARD_METRIC_PORT="$(free_port)" \
+    "${RAY_CLI[@]}" start --head --block --node-ip-address "$NODE_IP" --port "$ray_port" \
+    --ray-client-server-port "$client_port" --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port "$dash_port" \
+    --dashboard-agent-listen-port "$agent_port" --num-cpus "$head_cpus" --disable-usage-stats --temp-dir "$ray_tmp"
+
+  start_group postgres env -C / "${AS_PG[@]}" "$PGBIN/postgres" -D "$PGDATA" -c listen_addresses=127.0.0.1 -c port="$pg_port" \
+    -c unix_socket_directories= -c password_encryption=scram-sha-256
+  pg_databases "$(awk '$1 == "postgres" {print $2}' "$STATE/pids")"
+  "$BIN/python" -c "import optuna, sys; optuna.storages.RDBStorage(sys.argv[1])" "$SPECTUNE_STORAGE" >/dev/null  # Optuna's tables
+  start_group mlflow "$BIN/mlflow" server --host 127.0.0.1 --port "$mlflow_port" --workers 1 \
+    --backend-store-uri "$mlflow_store" --artifacts-destination "$STATE/mlartifacts"
+  start_group optuna-dashboard "$BIN/optuna-dashboard" "$SPECTUNE_STORAGE" --host 127.0.0.1 --port "$optuna_port"
+
+  write_env RAY_ADDRESS="http://127.0.0.1:$dash_port" RAY_GCS_ADDRESS="$NODE_IP:$ray_port" RAY_AUTH_MODE="$RAY_AUTH_MODE" \
+    ${RAY_AUTH_TOKEN_PATH:+RAY_AUTH_TOKEN_PATH="$RAY_AUTH_TOKEN_PATH"} MLFLOW_TRACKING_URI="$MLFLOW_TRACKING_URI" \
+    SPECTUNE_STORAGE="$SPECTUNE_STORAGE" PGHOST="$PGHOST" PGPORT="$PGPORT" PGUSER="$PGUSER" PGPASSFILE="$PGPASSFILE" \
+    OPTUNA_DASHBOARD_URL="http://127.0.0.1:$optuna_port"
+  chmod 600 "$STATE/env"
+
+  wait_http "http://127.0.0.1:$dash_port/api/version" 120 ray
+  # jobs are handed to the head node's dashboard agent: a submit before it listens is refused
+  wait_http "http://127.0.0.1:$agent_port/api/local_raylet_healthz" 120 ray
+  local i w_tmp w_agent
+  local -a w_agents=()
+  for i in $(seq 1 "$workers"); do
+    w_tmp=$(mktemp -d /tmp/spectune-rayw-XXXX)
+    echo "$w_tmp" >> "$STATE/tmpdirs"
+    w_agent=$(free_port)
+    w_agents+=("$w_agent")
+    start_group "ray-worker-$i" "${RAY_CLI[@]}" start --block --address "$NODE_IP:$ray_port" --node-ip-address "$NODE_IP" \
+      --dashboard-agent-listen-port "$w_agent" --num-cpus "$worker_cpus" --disable-usage-stats --temp-dir "$w_tmp"
+  done
+  for i in $(seq 1 "$workers"); do
+    wait_http "http://127.0.0.1:${w_agents[$((i - 1))]}/api/local_raylet_healthz" 120 "ray-worker-$i"
+  done
+  wait_http "http://127.0.0.1:$mlflow_port/health" 120 mlflow
+  wait_http "http://127.0.0.1:$optuna_port/" 60 optuna-dashboard
+  echo "spectune: services up (state in $STATE):"
+  echo "  Ray jobs / dashboard  http://127.0.0.1:$dash_port ($((workers + 1)) nodes at $NODE_IP, auth $RAY_AUTH_MODE)"
+  echo "  MLflow UI             http://127.0.0.1:$mlflow_port"
+  echo "  optuna-dashboard      http://127.0.0.1:$optuna_port"
+  echo "  PostgreSQL            127.0.0.1:$pg_port (databases optuna, mlflow; data in $PGDATA)"
+  echo "  source $STATE/env"
+  trap - EXIT
+}
+
 case "$cmd" in
-  start)
-    mkdir -p "$STATE/mlartifacts"
-    [ -f "$STATE/pids" ] && stop_all
-    ray_port=$(free_port); dash_port=$(free_port); agent_port=$(free_port); mlflow_port=$(free_port); optuna_port=$(free_port)
-    ray_tmp=$(mktemp -d /tmp/spectune-ray-XXXX)  # short: Ray's unix socket paths must stay < 108 bytes
-    echo "$ray_tmp" >> "$STATE/tmpdirs"
-    start_group ray "$BIN/ray" start --head --block --node-ip-address 127.0.0.1 --port "$ray_port" \
-      --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port "$dash_port" \
-      --dashboard-agent-listen-port "$agent_port" \
-      --num-cpus "${SPECTUNE_RAY_CPUS:-$(nproc)}" --disable-usage-stats --temp-dir "$ray_tmp"
-    start_group mlflow "$BIN/mlflow" server --host 127.0.0.1 --port "$mlflow_port" --workers 1 \
-      --backend-store-uri "sqlite:///$STATE/mlflow.db" --artifacts-destination "$STATE/mlartifacts"
-    "$BIN/python" -c "import optuna; optuna.storages.RDBStorage('sqlite:///$STATE/optuna.db')" >/dev/null
-    start_group optuna-dashboard "$BIN/optuna-dashboard" "sqlite:///$STATE/optuna.db" --host 127.0.0.1 --port "$optuna_port"
-    cat > "$STATE/env" <<ENV
-export RAY_AUTH_MODE=$RAY_AUTH_MODE
-export RAY_ADDRESS=http://127.0.0.1:$dash_port
-export RAY_GCS_ADDRESS=127.0.0.1:$ray_port
-export MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port
-export SPECTUNE_STORAGE=sqlite:///$STATE/optuna.db
-export OPTUNA_DASHBOARD_URL=http://127.0.0.1:$optuna_port
-ENV
-    wait_http "http://127.0.0.1:$dash_port/api/version" 120 ray
-    # jobs are handed to the head node's dashboard agent: a submit before it listens is refused
-    wait_http "http://127.0.0.1:$agent_port/api/local_raylet_healthz" 120 ray
-    wait_http "http://127.0.0.1:$mlflow_port/health" 120 mlflow
-    wait_http "http://127.0.0.1:$optuna_port/" 60 optuna-dashboard
-    echo "spectune: services up (state in $STATE):"
-    echo "  Ray jobs / dashboard  http://127.0.0.1:$dash_port"
-    echo "  MLflow UI             http://127.0.0.1:$mlflow_port"
-    echo "  optuna-dashboard      http://127.0.0.1:$optuna_port"
-    echo "  source $STATE/env"
-    ;;
+  start) start ;;
   stop) stop_all ;;
+  purge) purge ;;
   status)
     [ -f "$STATE/pids" ] || { echo "spectune: no services recorded in $STATE"; exit 1; }
     while read -r name pgid; do
-      if kill -0 -- "-$pgid" 2>/dev/null; then echo "$name: running (process group $pgid)"; else echo "$name: not running"; fi
+      if group_alive "$pgid"; then echo "$name: running (process group $pgid)"; else echo "$name: not running"; fi
     done < "$STATE/pids"
+    if [ -f "$STATE/env" ]; then
+      port=$(sed -n 's/^export PGPORT=//p' "$STATE/env")
+      echo "PostgreSQL at 127.0.0.1:$port, data in $(readlink -f "$STATE/pg")"
+    fi
     ;;
-  *) echo "usage: $0 start|stop|status [STATE_DIR]" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|purge [STATE_DIR]" >&2; exit 2 ;;
 esac

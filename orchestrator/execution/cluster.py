@@ -3,12 +3,13 @@ embedded local Ray), the resources a gang asks of it, and a fail-fast check that
 the gang at all. The gang itself is orchestrator/execution/gang.py, the reuse of gangs across trials
 orchestrator/execution/pool.py.
 
-    connect()                                   # RAY_ADDRESS or an embedded local Ray
+    connect()                                   # RAY_ADDRESS or an embedded local Ray (loopback only)
     check_capacity(spec, Resources())           # PlacementError (one line) when no node fits
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -48,26 +49,73 @@ def connect(num_cpus: int | None = None) -> str:
     """Join the cluster in RAY_ADDRESS, or start an embedded local one. Returns a description."""
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 turns token auth on unless told
     nvls_off_here()  # an embedded Ray's GCS, raylet, agents and workers inherit this environment
     if ray.is_initialized():
         return "ray (already connected)"
     address = os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=True)
+        # the cluster's own authentication: RAY_AUTH_MODE and RAY_AUTH_TOKEN_PATH as its starter hands them
+        # out (infra/services.sh: its env file; a job's driver inherits them); unset, Ray uses a token it finds
+        # a loopback address names a one-machine cluster that listens on loopback only: keep it loopback
+        # (Ray would turn 127.0.0.1 into this machine's outside address, where nothing listens)
+        with _loopback_only() if _is_loopback(address) else contextlib.nullcontext():
+            ray.init(address=address, logging_level="ERROR", log_to_driver=True)
         return f"ray cluster at {address}"
+    # Ray 2.60 turns token auth on unless told; the embedded Ray is this process's own and listens on loopback only
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     extra = {"_temp_dir": os.environ["SPECTUNE_RAY_TMPDIR"]} if os.environ.get("SPECTUNE_RAY_TMPDIR") else {}
-    ray.init(
-        address="local",
-        num_cpus=num_cpus or os.cpu_count(),
-        include_dashboard=False,
-        logging_level="ERROR",
-        log_to_driver=True,
-        # gangs start their own actor processes: idle workers started up front only cost CPU (~1.4 s a start)
-        _system_config={"prestart_worker_first_driver": False},
-        **extra,
-    )
+    with _loopback_only():
+        ray.init(
+            address="local",
+            num_cpus=num_cpus or os.cpu_count(),
+            include_dashboard=False,
+            logging_level="ERROR",
+            log_to_driver=True,
+            # gangs start their own actor processes: idle workers started up front only cost CPU (~1.4 s a start)
+            _system_config={"prestart_worker_first_driver": False},
+            _node_ip_address="127.0.0.1",
+            **extra,
+        )
     return f"embedded local ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
+
+
+def _is_loopback(address: str) -> bool:
+    """RAY_ADDRESS as `host:port`, `ray://host:port` or `http://host:port`: is its host this machine's loopback?"""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(address if "://" in address else f"//{address}").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# Ray's switch for a one-machine cluster: without it Ray turns a node address of 127.0.0.1 into the
+# machine's outside address, and its GCS, raylet and agents listen on every interface
+ONE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_only():
+    """An embedded Ray started inside binds every listener (GCS, raylet, object manager, agents, metrics,
+    workers) to 127.0.0.1. Ray reads the switch at import (in this process: its constant is set too)
+    and its processes inherit it; both are put back once they are started, so nothing else here sees it."""
+    from ray._private import ray_constants
+
+    saved_env, saved_const = os.environ.get(ONE_MACHINE_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[ONE_MACHINE_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_const
+        if saved_env is None:
+            os.environ.pop(ONE_MACHINE_ENV, None)
+        else:
+            os.environ[ONE_MACHINE_ENV] = saved_env
 
 
 def check_capacity(spec: GangSpec, res: Resources, nodes: list[dict] | None = None) -> None:

@@ -9,8 +9,8 @@ in one STRICT_PACK placement group so they share a node; each actor's runtime_en
 driver's own NCCL_* and the trial's NCCL variables (and NVLink multicast off; the embedded Ray's
 own processes inherit that from the driver, `cluster.connect`). `check_placement` asks Ray which GPU each
 actor got (a model drafter's 0.1 share may land beside another rank: said in one line); the ranks
-themselves gather their device indices and peer access at setup. Rank 0 serves the rendezvous TCPStore on a
-port the OS picks. Every call has a deadline; a rank that fails, dies or misses it tears the
+themselves gather their device indices and peer access at setup. Rank 0 serves the rendezvous TCPStore on its node's
+loopback at a port the OS picks. Every call has a deadline; a rank that fails, dies or misses it tears the
 whole gang down (the others would wait in a collective forever) and raises `GangError`.
 """
 
@@ -162,8 +162,11 @@ class RayGang(Gang):
 
     def setup(self) -> list[dict]:
         self.check_placement()
-        port = self._gather([self.actors[0].open_store.remote(self.res.setup_timeout_s)], self.res.setup_timeout_s, "rendezvous")[0]
-        rdv = Rendezvous(host="127.0.0.1", port=port)  # STRICT_PACK: every rank is on rank 0's node
+        # STRICT_PACK puts every rank on rank 0's node, so the ranks meet on that node's loopback on any
+        # cluster: the store is never reachable from another machine
+        host = "127.0.0.1"
+        port = self._gather([self.actors[0].open_store.remote(host, self.res.setup_timeout_s)], self.res.setup_timeout_s, "rendezvous")[0]
+        rdv = Rendezvous(host=host, port=port)
         return self._gather([a.setup.remote(rdv, self.res.setup_timeout_s) for a in self.actors], self.res.setup_timeout_s, "setup")
 
     def run(self, workload: Workload, timeout_s: float | None = None, on_progress: OnProgress | None = None) -> RunResult:

@@ -3,6 +3,7 @@ that cannot be used is one line and exit 2; and the per-host lock drivers of one
 under at start-up.
 
     storage, url = make_storage(cfg)      # RDBStorage on cfg.study.storage, default sqlite in $SPECTUNE_HOME
+                                          # (a sqlite folder elsewhere must exist: `sqlite_file`)
     with study_lock(home, cfg, url): ...  # parent run, recovery, baseline: one driver at a time
 """
 
@@ -12,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import time
+from pathlib import Path
 
 from orchestrator.config.schema import ExperimentConfig, spectune_home
 from orchestrator.errors import UserError, is_write_race
@@ -25,17 +27,8 @@ def make_storage(cfg: ExperimentConfig):
     url = cfg.study.storage or f"sqlite:///{spectune_home() / 'optuna.db'}"
     kwargs: dict = {"pool_pre_ping": True}
     if url.startswith("sqlite:///"):
-        path = os.path.expanduser(url.removeprefix("sqlite:///"))
+        path = sqlite_file(url, spectune_home())
         url = f"sqlite:///{path}"
-        folder = os.path.dirname(os.path.abspath(path)) or "."
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except FileExistsError:
-            raise UserError(f"study.storage: {folder} is not a directory") from None
-        except OSError as e:
-            raise UserError(f"study.storage: cannot create {folder} ({e.strerror})") from None
-        if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-            raise UserError(f"study.storage: {path} is not writable")
         kwargs = {"connect_args": {"timeout": 60}}
     elif url.startswith(("postgresql", "mysql")):
         kwargs["connect_args"] = {"connect_timeout": 10}  # an unreachable host fails in seconds, not minutes
@@ -51,6 +44,32 @@ def make_storage(cfg: ExperimentConfig):
     except Exception as e:  # noqa: BLE001 - any driver error: one line naming the storage
         msg = " ".join(str(e).split())[:200]
         raise UserError(f"study.storage: cannot open {_redact(url)} ({type(e).__name__}: {msg})") from None
+
+
+def sqlite_file(url: str, home: Path) -> str:
+    """The database file of a `sqlite:///` storage URL, checked before anything is written. Its folder
+    is made only inside spectune's own `home` ($SPECTUNE_HOME, where the default storage lives);
+    anywhere else it must exist: a mistyped path is one line, never a new, empty study."""
+    path = os.path.expanduser(url.removeprefix("sqlite:///"))
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UserError(f"study.storage: {folder} is not a directory")
+    if not os.path.exists(folder):
+        real_home = os.path.realpath(home)
+        if os.path.commonpath([os.path.realpath(folder), real_home]) != real_home:
+            raise UserError(
+                f"study.storage: cannot create {path}: its folder {folder} does not exist "
+                "(spectune makes folders only in $SPECTUNE_HOME; create it first if this is the path you meant)"
+            )
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except FileExistsError:
+            raise UserError(f"study.storage: {folder} is not a directory") from None
+        except OSError as e:
+            raise UserError(f"study.storage: cannot create {folder} ({e.strerror})") from None
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UserError(f"study.storage: {path} is not writable")
+    return path
 
 
 def _open_rdb(optuna, url: str, kwargs: dict, attempts: int = 5):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -122,17 +123,25 @@ class Worker:
         self.drafter: Drafter | None = None
         self.link: DraftLink | None = None
 
-    def open_store(self, timeout_s: float = 600.0) -> int:
-        """Rank 0 only: serve the rendezvous TCPStore on a free port and return the port."""
+    def open_store(self, host: str, timeout_s: float = 600.0) -> int:
+        """Rank 0 only: serve the rendezvous TCPStore on `host` (the address the other ranks are given)
+        at a free port and return the port. TCPStore's own server listens on every interface whatever
+        host it is handed, so it is given a socket already bound to `host` (the store owns it from here)."""
+        family, _, _, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.bind(addr)
+        sock.listen(128)
+        port = sock.getsockname()[1]
         self._store = dist.TCPStore(
-            "0.0.0.0",
-            0,
+            host,
+            port,
             self.spec.world_size,
             is_master=True,
             timeout=datetime.timedelta(seconds=timeout_s),
             wait_for_workers=False,
+            master_listen_fd=sock.detach(),
         )
-        return self._store.port
+        return port
 
     def setup(self, rdv: Rendezvous, timeout_s: float = 600.0) -> dict:
         t0 = time.perf_counter()
