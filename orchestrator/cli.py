@@ -14,6 +14,7 @@ User errors (bad flags, files, model paths, TP sizes, backends) print one line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -211,9 +212,12 @@ def _run(ns: argparse.Namespace) -> int:
     from orchestrator.study.loop import run_study
 
     cfg = load_config(ns.experiment, ns.set)
-    summary = run_study(cfg)
-    if summary.get("complete"):
-        after_run(cfg)  # the report's page and charts on the parent MLflow run
+    # stdout carries the run's own short lines only: whatever Ray forwards from its processes (a lost
+    # raylet's last log lines, an actor's prints) goes to stderr with the progress
+    with contextlib.redirect_stdout(sys.stderr):
+        summary = run_study(cfg)
+        if summary.get("complete"):
+            after_run(cfg)  # the report's page and charts on the parent MLflow run
     # the ranked table went to stderr with the progress lines; stdout ends with where the whole
     # summary is and the verdict, each one short line (the JSON itself with --json)
     path = spectune_home() / "summaries" / f"{cfg.study_name}.json"
@@ -225,7 +229,7 @@ def _run(ns: argparse.Namespace) -> int:
         print(f"spectune: summary: {path}")
         verdict = (summary.get("ranking") or {}).get("verdict") or "no COMPLETE trial"
         print(f"spectune: {summary['complete']}/{summary['n_trials']} trials complete; {verdict}")
-    return 0 if summary["complete"] >= summary["n_trials"] else 1
+    return 0 if summary["complete"] >= summary["n_trials"] or summary.get("space_exhausted") else 1
 
 
 def _report(ns: argparse.Namespace) -> int:

@@ -214,3 +214,45 @@ def grid_space(cfg: ExperimentConfig) -> dict[str, list]:
         if isinstance(p, (CategoricalParam, IntParam)):
             space[name] = candidates(cfg, name)
     return space
+
+
+# a space larger than this is not enumerated: it counts as unbounded (never exhausted)
+MAX_ENUMERATED = 20_000
+
+
+def distinct_configs(cfg: ExperimentConfig) -> dict[str, dict[str, Any]] | None:
+    """Every distinct configuration of the space, by identity (`config_identity`) -> the params that
+    enqueue it; None when the space is not finite or too large to list (a float range, or more than
+    MAX_ENUMERATED combinations). Values that resolve alike are one configuration (k = 0 with any
+    drafter, tree widths 0 and 1); configurations that break a constraint are left out."""
+    import itertools
+
+    import optuna
+
+    try:
+        grid = grid_space(cfg)
+    except UserError:
+        return None
+    size = 1
+    for values in grid.values():
+        size *= len(values)
+    if size > MAX_ENUMERATED:
+        return None
+    names = list(grid)
+    out: dict[str, dict[str, Any]] = {}
+    for combo in itertools.product(*(grid[n] for n in names)):
+        trial = optuna.trial.FixedTrial(dict(zip(names, combo)))
+        try:
+            tc = suggest(trial, cfg)
+        except UserError:
+            continue
+        if constraint_violation(tc) is None:
+            out.setdefault(config_identity(tc), dict(trial.params))
+    return out
+
+
+def config_identity(tc: TrialConfig) -> str:
+    """One configuration's identity: its resolved parameters (two trials that resolve alike are one)."""
+    import json
+
+    return json.dumps({k: str(v) for k, v in sorted(tc.params().items())}, sort_keys=True)

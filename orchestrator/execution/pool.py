@@ -30,14 +30,14 @@ class GangPool:
         self.setup_s = 0.0
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.interrupted = False  # set by `interrupt()`: the gang was closed under a running trial on purpose
-        # the trials beside the current one on its node (the study loop's SlotBook; none by default)
-        self.neighbours = lambda: []
-        self.on_placed = lambda node_id: None
+        self.launching: RayGang | None = None  # the gang `get` is setting up (interrupt closes it too)
 
     def interrupt(self) -> None:
-        """Stop the running trial from another thread (Ctrl-C, `ray job stop`): its gang goes, and the
-        trial, seeing `interrupted`, fails as interrupted and is queued again."""
+        """Stop the running trial from another thread (Ctrl-C, `ray job stop`): its gang goes (also one
+        still being launched), and the trial, seeing `interrupted`, fails as interrupted and is queued again."""
         self.interrupted = True
+        if (launching := self.launching) is not None:
+            launching.close()
         self.close()
 
     def get(self, spec: GangSpec, env: dict[str, str], plain: bool) -> RayGang:
@@ -51,6 +51,7 @@ class GangPool:
         self.close()
         t0 = time.perf_counter()
         gang = RayGang(spec, env, self.res)
+        self.launching = gang
         try:
             gang.setup()
             # warm-up: first calls pay for lazy initialisation, which no trial should be charged for
@@ -59,6 +60,8 @@ class GangPool:
         except BaseException:
             gang.close()
             raise
+        finally:
+            self.launching = None
         self.gang, self.key = gang, key
         self.launched += 1
         self.setup_s = time.perf_counter() - t0

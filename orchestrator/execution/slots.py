@@ -15,6 +15,7 @@ beside it on its node (`co_running`), so it can be tested in simulated time.
     book = SlotBook(plan_slots(nodes, need, "node", 2))
     slot = book.acquire(trial_number)    # None when every slot is busy
     book.release(trial_number)           # -> the trials that shared its node while it ran
+    site = book.site(trial_number, lock)  # handed to the trial: placed(node_id), beside()
 """
 
 from __future__ import annotations
@@ -146,9 +147,40 @@ class SlotBook:
         r = self.running.get(trial)
         return sorted(r.beside) if r else []
 
+    def site(self, trial: int, lock, node_alive=lambda node_id: True) -> TrialSite:
+        """The running trial's view of the book, safe to use from its own thread. `node_alive(node_id)`
+        tells whether a node is still in the cluster (Ray's view; the book itself never asks)."""
+        return TrialSite(self, trial, lock, node_alive)
+
     def lose_node(self, node_id: str) -> list[Slot]:
         """A node died: its slots leave the book (a running trial's slot is not given back)."""
         gone = [s for s in self.slots if s.node is not None and s.node.id == node_id]
         self.slots = [s for s in self.slots if s not in gone]
         self.free = [s for s in self.free if s not in gone]
         return gone
+
+
+class TrialSite:
+    """What a running trial tells the book and asks of it (from the trial's own thread, under the
+    book's lock): where its gang landed, who ran beside it on that node, and whether that node is gone."""
+
+    def __init__(self, book: SlotBook, trial: int, lock, node_alive):
+        self._book, self._trial, self._lock, self._alive = book, trial, lock, node_alive
+
+    def lost_node(self) -> tuple[str, str] | None:
+        """(id, name) of the trial's node if it left the cluster; None while it is there or unknown."""
+        with self._lock:
+            r = self._book.running.get(self._trial)
+            node_id = r.node_key if r else None
+            slot_node = r.slot.node if r else None
+        if node_id is None or self._alive(node_id):
+            return None
+        return node_id, slot_node.name if slot_node is not None and slot_node.id == node_id else node_id[:8]
+
+    def placed(self, node_id: str) -> None:
+        with self._lock:
+            self._book.placed(self._trial, node_id)
+
+    def beside(self) -> list[int]:
+        with self._lock:
+            return self._book.co_running(self._trial)

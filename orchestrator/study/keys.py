@@ -40,13 +40,18 @@ NODE_ATTR = "spectune.node"
 HOST_ATTR = "spectune.host"
 GPUS_ATTR = "spectune.gpus"
 CO_RUNNING_ATTR = "spectune.co_running"
+# a proposal that repeated a running or known configuration: the trial it repeats (an int; the
+# trial is PRUNED, never measured, and never counts toward study.n_trials)
+DUPLICATE_ATTR = "spectune.duplicate_of"
 
 # Optuna study user attributes
 FIXED_ATTR = "spectune.fixed"
 PARENT_ATTR = "mlflow_parent_run_id"  # names the study's parent MLflow run
 
 # what a trial's record may carry that is bookkeeping, not a measurement (never logged as a metric)
-RECORD_ONLY = frozenset({DRIVER_ATTR, HEARTBEAT_ATTR, RETRY_TAG, BASELINE_TAG, NODE_ATTR, HOST_ATTR, GPUS_ATTR, CO_RUNNING_ATTR})
+RECORD_ONLY = frozenset(
+    {DRIVER_ATTR, HEARTBEAT_ATTR, RETRY_TAG, BASELINE_TAG, NODE_ATTR, HOST_ATTR, GPUS_ATTR, CO_RUNNING_ATTR, DUPLICATE_ATTR}
+)
 
 
 def flag(value) -> bool:

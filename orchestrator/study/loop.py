@@ -1,9 +1,11 @@
-"""`spectune run`: the Optuna study loop. Create or load the study (a resumed study must keep its
-fixed part, orchestrator/config/fixed.py), recover trials a dead driver left RUNNING (a driver is its
+"""`spectune run`: the Optuna study. Create or load the study (a resumed study must keep its fixed
+part, orchestrator/config/fixed.py), recover trials a dead driver left RUNNING (a driver is its
 host, pid and the pid's start time), enqueue the k = 0 baseline once per TP size (searched k or
-not), then ask -> run on a Ray gang -> tell until `study.n_trials` trials are COMPLETE, or until
-`study.max_failed_trials` trials failed in this run. Rerunning the same command resumes; Ctrl-C,
-`ray job stop` (SIGTERM) and crashes never lose a finished trial, and the interrupted one is retried
+not), plan the slots trials run in (orchestrator/execution/slots.py), then hand over to the trial
+loop (orchestrator/study/runner.py: ask -> run on a Ray gang -> tell, one or several trials at once)
+until `study.n_trials` trials are COMPLETE, every distinct configuration of a finite space is known,
+or `study.max_failed_trials` trials failed in this run. Rerunning the same command resumes; Ctrl-C,
+`ray job stop` (SIGTERM) and crashes never lose a finished trial, and interrupted ones are retried
 with the same params. The summary's "ranking" (orchestrator/study/ranking.py) pools repeated
 configurations and says whether the winner is ahead of the runner-up by more than the noise.
 
@@ -23,20 +25,25 @@ import warnings
 from orchestrator.config.fixed import check_resume
 from orchestrator.config.fixed import record as record_fixed
 from orchestrator.config.schema import ExperimentConfig, spectune_home
-from orchestrator.config.space import CategoricalParam, IntParam, baseline_params, candidates, check_constraints, grid_space
+from orchestrator.config.space import (
+    CategoricalParam,
+    IntParam,
+    baseline_params,
+    candidates,
+    check_constraints,
+    distinct_configs,
+    grid_space,
+)
 from orchestrator.config.validate import check_experiment
-from orchestrator.errors import UserError
 from orchestrator.execution.cluster import PlacementError, Resources, check_capacity, connect
-from orchestrator.execution.pool import GangPool
 from orchestrator.execution.slots import GangNeed, Slot, plan_slots
-from orchestrator.study.concurrent import StudyContext, cluster_nodes, describe, run_concurrent
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
-from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RETRY_TAG, RUN_ID_ATTR, flag, requeue
+from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RUN_ID_ATTR, flag, requeue
 from orchestrator.study.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
-from orchestrator.study.storage import frozen_trial, make_storage, set_trial_user_attr, study_lock
-from orchestrator.study.trial import TrialOutcome, beat, run_trial
+from orchestrator.study.runner import StudyContext, cluster_nodes, describe, known_configurations, run_trials, slot_pools
+from orchestrator.study.storage import _redact, make_storage, set_trial_user_attr, study_lock
 from orchestrator.tracking.progress import Progress
-from orchestrator.tracking.runs import Tracker, config_label, experiment_params, label_defaults, resolve_uri
+from orchestrator.tracking.runs import Tracker, experiment_params, label_defaults, resolve_uri
 from workers.spec import DrafterSpec, GangSpec
 
 
@@ -96,7 +103,16 @@ def make_sampler(cfg: ExperimentConfig, offset: int = 0):
     if s == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if s == "grid":
-        return optuna.samplers.GridSampler(grid_space(cfg), seed=seed)
+
+        class Grid(optuna.samplers.GridSampler):
+            """The grid without its own stop: Optuna's calls `study.stop()` once the grid is exhausted, which
+            works only inside `study.optimize` (an ask/tell loop gets a RuntimeError from its last tell).
+            The driver ends the study itself when every distinct configuration is known (proposals.py)."""
+
+            def after_trial(self, study, trial, state, values) -> None:
+                return None
+
+        return Grid(grid_space(cfg), seed=seed)
     if s == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     # constant liar: a running trial (this driver's concurrent ones, another driver's) counts as a poor result, so TPE
@@ -210,19 +226,6 @@ def _live_running(study, stale_after_s: float, below: int | None = None) -> list
     ]
 
 
-def _release_surplus(study, trial) -> None:
-    """Another driver took the last open slot between our count and our ask: give the trial back
-    (FAIL, never run, no MLflow run) and put enqueued params (a baseline, a retry) back in the queue."""
-    from optuna.trial import TrialState
-
-    frozen = frozen_trial(study, trial.number)
-    trial.set_user_attr(FAIL_TAG, "surplus: other drivers already hold the last open slots; not run")
-    study.tell(trial, state=TrialState.FAIL)
-    if fixed := frozen.system_attrs.get("fixed_params"):
-        attrs = {k: v for k, v in frozen.user_attrs.items() if k in (BASELINE_TAG, RETRY_TAG)}
-        study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)  # given back as it was, not a retry
-
-
 def gang_shapes(cfg: ExperimentConfig) -> tuple[list[int], bool]:
     """The TP sizes the space can ask for (largest first), and whether some trial runs a model
     drafter as a process of its own (eagle3 unless placed in the verifier ranks; the n-gram drafter
@@ -287,15 +290,17 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
     prepared = check_experiment(cfg)
     check_constraints(cfg)
     home = spectune_home()
-    embedded = not os.environ.get("RAY_ADDRESS") and not ray.is_initialized()
+    ours = not ray.is_initialized()  # this run connects (and so disconnects); a caller's own Ray stays
+    embedded = not os.environ.get("RAY_ADDRESS") and ours
     if embedded:
         check_gang_fits(cfg, _local_nodes())
     storage, storage_url = make_storage(cfg)
     check_resume(storage, cfg)  # a resumed study keeps its fixed part: checked before anything starts
     record = DriverRecord(home) if embedded else None
     stale_after = cfg.limits.trial_timeout_s + 120
-    pool, tracker, progress, status = None, None, None, "KILLED"
-    pools: list[GangPool] = []
+    tracker, progress, status = None, None, "KILLED"
+    pools: dict = {}
+    proposals = None
     try:
         if record is not None:
             reap_dead(home, log)
@@ -339,64 +344,39 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         progress = Progress(study, n_goal, log, defaults=label_defaults(cfg))
         log(
             f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
-            f"{tracker.where()} (parent run {tracker.parent_run_id})"
+            f"Optuna {_redact(storage_url)}; {tracker.where()} (parent run {tracker.parent_run_id})"
         )
         res = Resources(
             cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s
         )
-        pool = GangPool(res, log)
-        failed_here, waiting = 0, False
+        space = distinct_configs(cfg)
+        proposals = known_configurations(study, cfg, space, cfg.study.seed)
+        if space is not None and proposals.exhausted:
+            log(f"spectune: every distinct configuration of the search space ({len(space)}) is measured already")
         me = driver_id()
         slots = study_slots(cfg, log)
+        if len(slots) > 1:
+            log(f"spectune: {describe(slots, cfg)}")
+        pools = slot_pools(slots, res, log)
+        ctx = StudyContext(
+            study,
+            cfg,
+            prepared,
+            tracker,
+            progress,
+            res,
+            n_goal,
+            max_failed,
+            me,
+            log,
+            proposals,
+            recover=lambda: recover_stale(study, storage, tracker, stale_after, log),
+            others_running=lambda: len([t for t in _live_running(study, stale_after) if t.user_attrs.get(DRIVER_ATTR) != me]),
+            running_below=lambda number: len(_live_running(study, stale_after, below=number)),
+        )
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            if len(slots) > 1:
-                log(f"spectune: {describe(slots, cfg)}")
-                ctx = StudyContext(
-                    study,
-                    cfg,
-                    prepared,
-                    tracker,
-                    progress,
-                    res,
-                    n_goal,
-                    max_failed,
-                    me,
-                    log,
-                    recover=lambda: recover_stale(study, storage, tracker, stale_after, log),
-                    others_running=lambda: len([t for t in _live_running(study, stale_after) if t.user_attrs.get(DRIVER_ATTR) != me]),
-                )
-                failed_here, pools = run_concurrent(ctx, slots)
-            while len(slots) <= 1 and (done := count(study, TrialState.COMPLETE)) < n_goal:
-                if failed_here and failed_here >= max_failed:  # max_failed failures end the run (0: the first does)
-                    raise UserError(
-                        f"study: {failed_here} trials failed in this run (limit study.max_failed_trials={max_failed}); see the MLflow runs' spectune.fail_reason"
-                    )
-                if done + len(_live_running(study, stale_after)) >= n_goal:
-                    # other drivers hold the open slots: wait; one of their trials may still fail
-                    if not waiting:
-                        log("spectune: the remaining trials are running in other drivers; waiting for them")
-                    waiting = True
-                    pool.close()
-                    time.sleep(1.0)
-                    recover_stale(study, storage, tracker, stale_after, log)
-                    continue
-                waiting = False
-                trial = study.ask()
-                trial.set_user_attr(DRIVER_ATTR, me)
-                beat(trial)
-                if count(study, TrialState.COMPLETE) + len(_live_running(study, stale_after, below=trial.number)) >= n_goal:
-                    _release_surplus(study, trial)
-                    continue
-                if RETRY_TAG in trial.user_attrs:
-                    fixed = frozen_trial(study, trial.number).system_attrs.get("fixed_params") or trial.params
-                    log(
-                        f"spectune: trial {trial.number} retries trial {trial.user_attrs[RETRY_TAG]} ({config_label({**label_defaults(cfg), **fixed})}), "
-                        "which was interrupted before it finished"
-                    )
-                outcome: TrialOutcome = run_trial(study, trial, cfg, prepared, pool, tracker, live=progress.live)
-                failed_here += outcome.state == "FAIL"
-                progress.trial_done(trial.number, outcome)
+            run_trials(ctx, slots, pools)
             status = "FINISHED"
         except KeyboardInterrupt:  # the CLI prints this one line (and nothing else) for it
             progress.live.done()
@@ -404,18 +384,21 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         finally:
             signal.signal(signal.SIGTERM, previous)
     finally:
-        launched = (pool.launched if pool is not None else 0) + sum(p.launched for p in pools)
-        for each in [pool, *pools]:
-            if each is not None:
-                each.close()
+        launched = sum(p.launched for p in pools.values())
+        for each in pools.values():
+            each.close()
+        if ours and ray.is_initialized():
+            ray.shutdown()  # an embedded Ray goes; a cluster's driver disconnects (its last log lines arrive now)
         if record is not None:
-            ray.shutdown()
             record.close()
         if tracker is not None and progress is not None:
             tracker.log_metrics(tracker.parent_run_id, {"gangs_launched_last_run": launched})
             summary = progress.finish(tracker, status)
             summary["gangs_launched"] = launched
             summary["ranking"] = rank(study.trials).as_dict()  # noise-aware: pooled repeats, winner within noise?
+            if proposals is not None and proposals.size is not None:
+                summary["space_size"] = proposals.size
+                summary["space_exhausted"] = proposals.exhausted  # every distinct configuration measured: done
     return summary
 
 

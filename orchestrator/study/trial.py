@@ -25,9 +25,10 @@ from pathlib import Path
 
 from orchestrator.config.envpolicy import inherited_nccl_env
 from orchestrator.config.schema import ExperimentConfig
-from orchestrator.config.space import TrialConfig, constraint_violation, suggest
+from orchestrator.config.space import TrialConfig, config_identity, constraint_violation, suggest
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.execution.pool import GangPool
+from orchestrator.execution.slots import TrialSite
 from orchestrator.execution.workload import ABLATION_ITERS, PreparedWorkload
 from orchestrator.export.schedule import batch_metric
 from orchestrator.study.equivalence import outputs_verdict
@@ -35,6 +36,7 @@ from orchestrator.study.keys import (
     BASELINE_OUTPUTS_ATTR,
     BASELINE_TAG,
     CO_RUNNING_ATTR,
+    DUPLICATE_ATTR,
     FAIL_TAG,
     GPUS_ATTR,
     HEARTBEAT_ATTR,
@@ -76,6 +78,8 @@ class TrialOutcome:
     config: TrialConfig | None
     metrics: dict = field(default_factory=dict)
     reason: str | None = None
+    invalid: bool = False  # FAIL because its greedy output differs from the baseline (a known configuration)
+    lost_node: str | None = None  # FAIL because its node left the cluster: that node's id (the params are queued again)
 
 
 def outputs_digest(result: RunResult) -> list[str]:
@@ -89,6 +93,53 @@ def find_baseline(study, tp: int):
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_baseline(t)]
     same = [t for t in done if int(trial_params(t).get("parallel.tp", tp)) == tp and "outputs_sha" in t.user_attrs]
     return (same or done or [None])[0]
+
+
+def identity_of(trial, cfg: ExperimentConfig) -> str | None:
+    """The configuration a trial (asked, or finished: a FrozenTrial) runs, as one identity
+    (`space.config_identity`); None where it does not resolve (the trial prunes itself with the reason)."""
+    try:
+        return config_identity(trial_config(trial, cfg))
+    except Exception:  # noqa: BLE001 - a space the trial cannot resolve: run_trial records why
+        return None
+
+
+def skip_duplicate(study, trial, cfg: ExperimentConfig, tracker: Tracker, admission) -> TrialOutcome:
+    """A proposal that repeats a running or known configuration: PRUNED with its twin's number and the
+    reason (an MLflow run says so too), never measured (orchestrator/study/proposals.py)."""
+    from optuna.trial import TrialState
+
+    t = configure(study, trial, cfg, tracker)
+    run_id = tracker.start_trial(trial.number, t.params, {**t.tags, DUPLICATE_ATTR: str(admission.twin)})
+    trial.set_user_attr(RUN_ID_ATTR, run_id)
+    trial.set_user_attr(DUPLICATE_ATTR, admission.twin)
+    trial.set_user_attr(PRUNE_TAG, admission.reason)
+    study.tell(trial, state=TrialState.PRUNED)
+    tracker.finish_trial(run_id, "PRUNED", admission.reason)
+    return TrialOutcome(state="PRUNED", config=t.tc, reason=admission.reason)
+
+
+def baseline_pending(study, tp: int) -> bool:
+    """A k = 0 trial at TP `tp` is running (in a concurrent study it may finish after others). A queued one
+    does not count: it may wait for the very slot the asking trial holds."""
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        queued = t.system_attrs.get("fixed_params", {})  # an enqueued trial's params
+        params = {**trial_params(t), **queued}
+        k0 = is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or flag(t.user_attrs.get(BASELINE_TAG))
+        if k0 and int(params.get("parallel.tp", tp)) == tp:
+            return True
+    return False
+
+
+def await_baseline(study, tp: int, deadline: float, heartbeat):
+    """The baseline to compare with; in a concurrent study the k = 0 trial may still be running beside
+    this one: wait for it (until `deadline`, beating the heartbeat) rather than skip the comparison."""
+    while (base := find_baseline(study, tp)) is None and baseline_pending(study, tp) and time.monotonic() < deadline:
+        heartbeat()
+        time.sleep(0.5)
+    return base
 
 
 def logged_params(cfg: ExperimentConfig, tc: TrialConfig) -> dict:
@@ -274,7 +325,6 @@ class _Measured:
     started: float
     first: list  # the first repeat's prompts (every repeat decodes the same prompts)
     digest: list[str]  # per-prompt digests of their greedy outputs
-    pool: GangPool | None = None  # where the gang came from (who ran beside it)
 
 
 def configure(study, trial, cfg: ExperimentConfig, tracker: Tracker) -> _Trial:
@@ -317,33 +367,34 @@ def start_run(t: _Trial) -> None:
     t.trial.set_user_attr(RUN_ID_ATTR, t.run_id)
 
 
-def note_placement(t: _Trial, pool: GangPool, gang) -> None:
+def note_placement(t: _Trial, site: TrialSite | None, gang) -> None:
     """Where the trial runs: its node (id, host) and its ranks' GPUs, in Optuna and on the MLflow run."""
     if not hasattr(gang, "node"):
         return
     node_id, host = gang.node()
-    pool.on_placed(node_id)
+    if site is not None:
+        site.placed(node_id)
     gpus = sorted({i for ids in getattr(gang, "instances", [])[: t.tc.tp] for i in ids}) if t.cfg.parallel.device == "cuda" else []
     for key, value in ((NODE_ATTR, node_id), (HOST_ATTR, host), (GPUS_ATTR, gpus)):
         t.trial.set_user_attr(key, value)
         t.tracker.set_tag(t.run_id, key, ",".join(map(str, value)) if isinstance(value, list) else str(value))
 
 
-def note_neighbours(t: _Trial, pool: GangPool) -> None:
+def note_neighbours(t: _Trial, site: TrialSite | None) -> None:
     """The trials that ran beside this one on its node (concurrent studies), recorded before the outcome is told."""
-    if beside := pool.neighbours():
+    if site is not None and (beside := site.beside()):
         t.trial.set_user_attr(CO_RUNNING_ATTR, beside)
         t.tracker.set_tag(t.run_id, CO_RUNNING_ATTR, ",".join(map(str, beside)))
 
 
-def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live) -> _Measured:
+def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live, site: TrialSite | None = None) -> _Measured:
     """Phase 2: a gang, the workload's repeats at batch 1 (reporting to the pruner), the noise of them."""
     cfg, tc = t.cfg, t.tc
     t.tracker.log_json(t.run_id, {"experiment": cfg.model_dump(mode="json"), "trial": t.params}, "trial_config.json")
     before, started = pool.launched, time.monotonic()
     gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=t.plain)
     beat(t.trial)  # a gang launch can take minutes
-    note_placement(t, pool, gang)
+    note_placement(t, site, gang)
     # the baseline is measured several times: the noise band every ranking uses comes from its repeats
     repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if t.plain else cfg.workload.repeats
     result, pruned, per_repeat = _decode(t, prepared, gang, repeats, live)
@@ -356,7 +407,7 @@ def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live) -> _Mea
         metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
     first = result.prompts[: len(prepared.token_ids)]
     digest = outputs_digest(result)[: len(prepared.token_ids)]
-    return _Measured(result, pruned, per_repeat, metrics, gang, started, first, digest, pool)
+    return _Measured(result, pruned, per_repeat, metrics, gang, started, first, digest)
 
 
 def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> None:
@@ -366,7 +417,8 @@ def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> None:
 
     cfg, tc, study, metrics = t.cfg, t.tc, t.study, m.metrics
     digest, first = m.digest, m.first
-    base = find_baseline(study, tc.tp)
+    base = None if t.plain else await_baseline(study, tc.tp, m.started + cfg.limits.trial_timeout_s, lambda: beat(t.trial))
+    base = base or find_baseline(study, tc.tp)
     # medians of repeats on both sides; the baseline's pooled over every k = 0 trial at this TP
     base_med = baseline_median(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), tc.tp)
     if m.per_repeat and base_med:
@@ -392,15 +444,14 @@ def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> None:
             metrics.update(batch_objective(metrics, cfg))
 
 
-def record(t: _Trial, m: _Measured) -> tuple[str, str | None]:
+def record(t: _Trial, m: _Measured, site: TrialSite | None = None) -> tuple[str, str | None]:
     """Phase 4: metrics, series and files to MLflow, every metric as a user attr (the report's model
     reads them), then the outcome told to Optuna. Returns (state, reason)."""
     from optuna.trial import TrialState
 
     cfg, trial, tracker, metrics, run_id = t.cfg, t.trial, t.tracker, m.metrics, t.run_id
     result = m.result
-    if m.pool is not None:
-        note_neighbours(t, m.pool)
+    note_neighbours(t, site)
     tracker.log_metrics(run_id, metrics)
     tracker.log_step_series(
         run_id,
@@ -452,9 +503,19 @@ def _interrupted(study, trial, t: _Trial, reason: str) -> TrialOutcome:
     return TrialOutcome(state="FAIL", config=t.tc, reason=reason)
 
 
-def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, pool: GangPool, tracker: Tracker, live=None) -> TrialOutcome:
+def run_trial(
+    study,
+    trial,
+    cfg: ExperimentConfig,
+    prepared: PreparedWorkload,
+    pool: GangPool,
+    tracker: Tracker,
+    live=None,
+    site: TrialSite | None = None,
+) -> TrialOutcome:
     """One trial in four phases: configure, measure, compare with the baseline, record. The MLflow
-    run always ends; an interrupted trial fails and its params are queued again."""
+    run always ends; an interrupted trial fails and its params are queued again. `site`: the trial's
+    slot in a concurrent study (where its gang landed, who ran beside it); None one at a time."""
     from optuna.trial import TrialState
 
     t = configure(study, trial, cfg, tracker)
@@ -463,16 +524,22 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
     start_run(t)
     state, reason, metrics = "FAIL", None, {}
     try:
-        m = measure(t, prepared, pool, live)
+        m = measure(t, prepared, pool, live, site)
         metrics = m.metrics
         compare(t, m, prepared)
-        state, reason = record(t, m)
+        state, reason = record(t, m, site)
     except (GangError, *INPUT_ERRORS) as e:
         if pool.interrupted:  # another thread closed this gang on purpose: Ctrl-C / ray job stop in a concurrent study
             return _interrupted(study, trial, t, "interrupted")
+        if site is not None and (lost := site.lost_node()):  # not the trial's fault: retried on another node
+            pool.close()
+            node_id, name = lost
+            outcome = _interrupted(study, trial, t, f"node {name} left the cluster mid-trial ({type(e).__name__}: {str(e)[:200]})")
+            outcome.lost_node = node_id
+            return outcome
         reason = f"{type(e).__name__}: {e}"
         pool.close()
-        note_neighbours(t, pool)
+        note_neighbours(t, site)
         trial.set_user_attr(FAIL_TAG, reason)
         study.tell(trial, state=TrialState.FAIL)
     except BaseException as e:  # Ctrl-C, SIGTERM, a bug: the trial fails (and is retried on resume)
@@ -486,4 +553,4 @@ def run_trial(study, trial, cfg: ExperimentConfig, prepared: PreparedWorkload, p
             tracker.finish_trial(t.run_id, "FAIL", reason)
         raise
     tracker.finish_trial(t.run_id, state, reason)
-    return TrialOutcome(state=state, config=t.tc, metrics=metrics, reason=reason)
+    return TrialOutcome(state=state, config=t.tc, metrics=metrics, reason=reason, invalid=INVALID_TAG in trial.user_attrs)

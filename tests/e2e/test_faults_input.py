@@ -249,6 +249,7 @@ class _FakeGang:
 class _FakePool:
     def __init__(self, gang=None, error=None):
         self.gang, self.error, self.launched, self.setup_s = gang, error, 0, 0.0
+        self.interrupted = False  # GangPool's: set when another thread closed the gang on purpose
 
     def get(self, spec, env, plain):
         if self.error:

@@ -1,10 +1,10 @@
 """The isolated slots of a cluster (orchestrator/execution/slots.py): how many each isolation gives,
-who ran beside whom, a lost node, and a study of 500 trials on 32 slots in simulated time."""
+who ran beside whom, a lost node, and what a trial sees of its slot. The driver's whole rule in
+simulated time (500 trials on 32 slots) is tests/unit/test_proposals.py."""
 
 from __future__ import annotations
 
-import heapq
-import random
+import threading
 
 import pytest
 
@@ -63,25 +63,17 @@ def test_unpinned_trials_meet_once_placed():
     assert book.co_running(0) == [1] and book.co_running(1) == [0]
 
 
-def test_500_trials_on_32_slots_keep_the_cluster_busy_in_simulated_time():
-    """The driver's rule (fill every free slot at once, one trial per slot, until the goal) on 32
-    nodes: trials of 1 to 10 minutes keep >= 95% of slot time busy until the last trial starts
-    (after that the study drains: nothing is left to start)."""
-    rng = random.Random(0)
-    nodes = [NodeInfo(f"n{i:03d}" + "x" * 20, f"h{i}", 64.0, 8.0) for i in range(32)]
-    book = SlotBook(plan_slots(nodes, GangNeed(cpus=2.0, gpus=8.0), "node", "auto"))
-    assert len(book) == 32
-    now, started, events, nodes_of, spans, last_start = 0.0, 0, [], {}, [], 0.0
-    while started < 500 or events:
-        while started < 500 and (slot := book.acquire(started)) is not None:
-            d = rng.uniform(60, 600)
-            heapq.heappush(events, (now + d, started))
-            nodes_of[started] = slot.node.id
-            spans.append((now, now + d))
-            last_start = now
-            started += 1
-        now, done = heapq.heappop(events)
-        assert book.release(done) == []  # node isolation: nobody beside it
-    assert len(set(nodes_of.values())) == 32
-    busy = sum(min(end, last_start) - start for start, end in spans if start < last_start)
-    assert busy / (32 * last_start) >= 0.95, busy / (32 * last_start)
+def test_a_trial_site_reports_its_node_lost_only_when_the_node_is_gone():
+    book = SlotBook(plan_slots(NODES, TP4, "node", 2))
+    alive = {NODES[0].id, NODES[1].id}
+    site = book.site(0, threading.Lock(), lambda node_id: node_id in alive)
+    book.acquire(0)
+    assert site.lost_node() is None
+    alive.discard(NODES[0].id)
+    assert site.lost_node() == (NODES[0].id, NODES[0].name)
+    unpinned = SlotBook(plan_slots(NODES, TP4, "none", 2))
+    s1 = unpinned.site(1, threading.Lock(), lambda node_id: False)
+    unpinned.acquire(1)
+    assert s1.lost_node() is None  # not placed yet: nothing to have lost
+    unpinned.placed(1, NODES[3].id)
+    assert s1.lost_node() == (NODES[3].id, NODES[3].id[:8])

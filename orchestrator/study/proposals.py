@@ -1,0 +1,102 @@
+"""Which asked trial is measured, and when a study has nothing left to measure (pure: no Ray, no
+Optuna, no storage; configurations are identities, `space.config_identity`).
+
+Rules, the same one trial at a time and in parallel:
+
+- a proposal whose configuration is running now, or already known (a finished trial that is not a
+  plain failure: COMPLETE, pruned, invalid), is a duplicate and is not measured by chance. The
+  driver tells it PRUNED with its twin's number (`spectune.duplicate_of`): it never counts toward
+  `study.n_trials` and never enters the noise band, and a sampler that learns from pruned trials
+  (TPE) moves away from measured points;
+- a trial the study asked for (an enqueued one: the baseline, a retry, a pick of this rule) is
+  measured whatever it repeats;
+- `MAX_DUPLICATES` duplicates in a row: the study picks an unknown configuration of the space itself
+  (at random, from the enumerated space), so a sampler stuck on known points cannot stall a study;
+- a finite space whose every distinct configuration is known is exhausted: the study ends there,
+  also when `study.n_trials` is larger than the space.
+
+    book = Proposals(space=distinct_configs(cfg), rng=random.Random(0))
+    book.known("k=0 ...", 0)                        # a finished trial's configuration
+    verdict = book.admit(7, identity, asked=False)  # Admission(run=True) or a duplicate's twin
+    book.finished(7, known=True)                    # the running trial ended
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+MAX_DUPLICATES = 8  # proposals in a row that repeat known configurations before the study picks one itself
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether an asked trial is measured; if not, the trial it repeats and why (one line)."""
+
+    run: bool
+    twin: int | None = None
+    reason: str | None = None
+
+
+class Proposals:
+    """The configurations known to the study and running now, by identity."""
+
+    def __init__(self, space: dict[str, dict] | None, rng: random.Random | None = None):
+        # space: every distinct configuration of a finite space -> the params that enqueue it (None: unbounded)
+        self.space = space
+        self.rng = rng or random.Random(0)
+        self._known: dict[str, int] = {}  # identity -> the first trial that measured it
+        self._running: dict[int, str] = {}  # trial number -> identity
+        self.duplicates_in_a_row = 0
+
+    def known(self, identity: str, number: int) -> None:
+        self._known.setdefault(identity, number)
+
+    def admit(self, number: int, identity: str | None, asked: bool) -> Admission:
+        """An asked trial: measured (and then running), or a duplicate of a running or known one.
+        `identity` None (a configuration that cannot resolve) is measured: the trial prunes it with its reason."""
+        if identity is not None and not asked:
+            twin = next((n for n, i in self._running.items() if i == identity), None)
+            if twin is not None:
+                self.duplicates_in_a_row += 1
+                return Admission(False, twin, f"duplicate of running trial {twin}: one configuration is not measured twice at once")
+            if (twin := self._known.get(identity)) is not None:
+                self.duplicates_in_a_row += 1
+                return Admission(False, twin, f"duplicate of trial {twin}: this configuration is measured already")
+        self.duplicates_in_a_row = 0
+        if identity is not None:
+            self._running[number] = identity
+        return Admission(True)
+
+    def finished(self, number: int, known: bool) -> None:
+        """A measured trial ended; `known`: its configuration counts as measured (not a plain failure,
+        whose params are retried)."""
+        identity = self._running.pop(number, None)
+        if identity is not None and known:
+            self.known(identity, number)
+
+    def untried(self) -> list[dict]:
+        """Params of the space's configurations neither known nor running (empty for an unbounded space)."""
+        if self.space is None:
+            return []
+        busy = set(self._known) | set(self._running.values())
+        return [params for identity, params in self.space.items() if identity not in busy]
+
+    def pick_untried(self) -> dict | None:
+        """The study's own pick when the sampler keeps repeating itself: an unknown configuration at random."""
+        self.duplicates_in_a_row = 0
+        left = self.untried()
+        return self.rng.choice(left) if left else None
+
+    @property
+    def stuck(self) -> bool:
+        return self.duplicates_in_a_row >= MAX_DUPLICATES
+
+    @property
+    def exhausted(self) -> bool:
+        """Every distinct configuration of a finite space is known."""
+        return self.space is not None and all(identity in self._known for identity in self.space)
+
+    @property
+    def size(self) -> int | None:
+        return None if self.space is None else len(self.space)

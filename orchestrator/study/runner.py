@@ -1,0 +1,283 @@
+"""The driver's trial loop: keep every slot busy until `study.n_trials` trials are COMPLETE, one
+trial at a time (one unpinned slot) or `study.max_concurrent_trials` at once, each on its own gang
+in its own slot of the cluster (orchestrator/execution/slots.py decides the slots from
+`study.isolation`).
+
+The driver thread asks Optuna for the next trial as soon as a slot frees; each trial runs
+`run_trial` (its four phases) in a thread of its own, on its slot's gang pool, and tells its own
+outcome. Rules:
+
+- a proposal that repeats a running or known configuration is not measured
+  (orchestrator/study/proposals.py): it is told PRUNED with its twin's number and never counts;
+  a study whose finite space is all known ends there, with exit 0;
+- another driver may take the last open slot between our count and our ask: the surplus trial is
+  given back (FAIL, never run) and its enqueued params go back in the queue;
+- a trial whose node left the cluster mid-trial fails naming the node, its params are queued again
+  (they run on another node) and the node's slots leave the study;
+- Ctrl-C / `ray job stop`: every running trial's gang is closed, each trial fails as interrupted
+  and is queued again; the driver waits for their threads before it returns.
+
+MLflow writes from the trial threads go through one lock (`Locked`).
+
+    pools = slot_pools(slots, res, log)
+    failed = run_trials(ctx, slots, pools)   # called by orchestrator/study/loop.py; it closes the pools
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from orchestrator.errors import UserError
+from orchestrator.execution.cluster import Resources
+from orchestrator.execution.pool import GangPool
+from orchestrator.execution.slots import NodeInfo, Slot, SlotBook
+from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, DUPLICATE_ATTR, FAIL_TAG, INVALID_TAG, RETRY_TAG
+from orchestrator.study.proposals import Proposals
+from orchestrator.study.storage import frozen_trial
+from orchestrator.study.trial import TrialOutcome, beat, identity_of, run_trial, skip_duplicate
+from orchestrator.tracking.runs import config_label, label_defaults
+
+# duplicates in a row, with nothing running and no unknown configuration left to pick, before the
+# driver gives up on a sampler that only repeats itself (an unbounded space it cannot leave)
+MAX_IDLE_DUPLICATES = 200
+
+
+class Locked:
+    """Every method call of `inner` under one lock (the MLflow tracker, shared by trial threads)."""
+
+    def __init__(self, inner):
+        self._inner, self._lock = inner, threading.RLock()
+
+    def __getattr__(self, name):
+        value = getattr(self._inner, name)
+        if not callable(value):
+            return value
+
+        def call(*args, **kwargs):
+            with self._lock:
+                return value(*args, **kwargs)
+
+        return call
+
+
+def cluster_nodes() -> list[NodeInfo]:
+    import ray
+
+    return [
+        NodeInfo(
+            id=n["NodeID"],
+            host=n.get("NodeManagerHostname") or n.get("NodeManagerAddress", "?"),
+            cpus=float(n["Resources"].get("CPU", 0)),
+            gpus=float(n["Resources"].get("GPU", 0)),
+        )
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
+
+
+def node_alive(node_id: str) -> bool:
+    """The node counts as alive in the cluster and its raylet takes a connection. A killed raylet
+    refuses at once, while the cluster itself marks the node dead only after its health checks time out."""
+    import ray
+
+    node = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
+    if node is None or not node.get("Alive"):
+        return False
+    try:
+        with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout=2.0):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class StudyContext:
+    """What the loop hands over: the study and everything a trial needs, and the run's counters."""
+
+    study: object
+    cfg: object
+    prepared: object
+    tracker: object
+    progress: object
+    res: Resources
+    n_goal: int
+    max_failed: int
+    driver: str
+    log: object
+    proposals: Proposals
+    recover: object  # () -> None: fail and requeue trials of dead drivers
+    others_running: object  # () -> int: live RUNNING trials of other drivers
+    running_below: object  # (number) -> int: live RUNNING trials numbered below `number` (any driver)
+
+
+def known_configurations(study, cfg, space: dict | None, seed: int | None) -> Proposals:
+    """The study's record as `Proposals`: every finished trial's configuration that counts as known."""
+    from optuna.trial import TrialState
+
+    book = Proposals(space, random.Random(seed))
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        if DUPLICATE_ATTR in t.user_attrs or (t.state == TrialState.FAIL and INVALID_TAG not in t.user_attrs):
+            continue  # a duplicate points at its twin; a plain failure is retried, not known
+        if (identity := identity_of(t, cfg)) is not None:
+            book.known(identity, t.number)
+    return book
+
+
+def slot_pools(slots: list[Slot], res: Resources, log) -> dict[int, GangPool]:
+    """One gang pool per slot (gangs are reused within a slot), pinned to the slot's node if it has one.
+    The caller owns them: it closes them and counts their launches, however the loop ends."""
+    return {s.index: GangPool(replace(res, node_id=s.node.id if s.node else None), log) for s in slots}
+
+
+def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool]) -> int:
+    """Keep every slot busy until `n_goal` trials are COMPLETE (or the space is all known).
+    Returns the number of trials that failed in this run."""
+    from optuna.trial import TrialState
+
+    study, cfg, log, proposals = ctx.study, ctx.cfg, ctx.log, ctx.proposals
+    book, book_lock = SlotBook(slots), threading.Lock()
+    tracker = Locked(ctx.tracker)
+    finished: queue.Queue = queue.Queue()
+    running: dict[int, tuple[threading.Thread, Slot]] = {}
+    failed, idle_duplicates, waiting = 0, 0, False
+
+    def work(trial, slot: Slot) -> None:
+        try:
+            site = book.site(trial.number, book_lock, node_alive)
+            out = run_trial(study, trial, cfg, ctx.prepared, pools[slot.index], tracker, live=ctx.progress.live, site=site)
+        except BaseException as e:  # noqa: BLE001 - handed to the driver thread, which raises it
+            out = e
+        finished.put((trial.number, out))
+
+    def complete() -> int:
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+    def release_surplus(trial) -> None:
+        """Another driver took the last open slot between our count and our ask: give the trial back
+        (FAIL, never run, no MLflow run) and put enqueued params (a baseline, a retry) back in the queue."""
+        frozen = frozen_trial(study, trial.number)
+        trial.set_user_attr(FAIL_TAG, "surplus: other drivers already hold the last open slots; not run")
+        study.tell(trial, state=TrialState.FAIL)
+        if fixed := frozen.system_attrs.get("fixed_params"):
+            attrs = {k: v for k, v in frozen.user_attrs.items() if k in (BASELINE_TAG, RETRY_TAG)}
+            study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)  # given back as it was, not a retry
+
+    def start_next() -> None:
+        """Ask; measure the trial on a free slot unless it is surplus or a duplicate."""
+        nonlocal idle_duplicates
+        trial = study.ask()
+        trial.set_user_attr(DRIVER_ATTR, ctx.driver)
+        beat(trial)
+        if complete() + ctx.running_below(trial.number) >= ctx.n_goal:
+            release_surplus(trial)
+            return
+        asked = "fixed_params" in frozen_trial(study, trial.number).system_attrs  # enqueued: the study asked for it
+        admission = proposals.admit(trial.number, identity_of(trial, cfg), asked)
+        if not admission.run:
+            skip_duplicate(study, trial, cfg, tracker, admission)
+            idle_duplicates += not running
+            if proposals.stuck and (pick := proposals.pick_untried()) is not None:
+                study.enqueue_trial(pick)  # the sampler keeps repeating itself: measure an unknown configuration
+            return
+        idle_duplicates = 0
+        if RETRY_TAG in trial.user_attrs:
+            fixed = frozen_trial(study, trial.number).system_attrs.get("fixed_params") or trial.params
+            log(
+                f"spectune: trial {trial.number} retries trial {trial.user_attrs[RETRY_TAG]} "
+                f"({config_label({**label_defaults(cfg), **fixed})}), which did not finish"
+            )
+        with book_lock:
+            slot = book.acquire(trial.number)
+        thread = threading.Thread(target=work, args=(trial, slot), name=f"trial-{trial.number}", daemon=True)
+        running[trial.number] = (thread, slot)
+        thread.start()
+
+    def over_failure_limit() -> bool:
+        return bool(failed) and failed >= ctx.max_failed  # max_failed failures end the run (0: the first does)
+
+    try:
+        while True:
+            done = complete()
+            if not running and (done >= ctx.n_goal or proposals.exhausted):
+                if done < ctx.n_goal:
+                    log(
+                        f"spectune: every distinct configuration of the search space ({proposals.size}) is measured: "
+                        f"the study ends at {done} complete trials (study.n_trials={ctx.n_goal})"
+                    )
+                break
+            if over_failure_limit() and not running:
+                raise UserError(
+                    f"study: {failed} trials failed in this run (limit study.max_failed_trials={ctx.max_failed}); "
+                    "see the MLflow runs' spectune.fail_reason"
+                )
+            while (
+                not over_failure_limit()
+                and book.free
+                and not proposals.exhausted
+                and complete() + len(running) + ctx.others_running() < ctx.n_goal
+            ):
+                start_next()
+                if idle_duplicates >= MAX_IDLE_DUPLICATES:
+                    raise UserError(
+                        f"study: the sampler proposed {idle_duplicates} known configurations in a row and none is left "
+                        "to pick (an unbounded space): raise study.n_trials' ceiling or widen search.space"
+                    )
+            if not running:
+                if proposals.exhausted or complete() >= ctx.n_goal:
+                    continue
+                # other drivers hold the open slots: wait; one of their trials may still fail
+                if not waiting:
+                    log("spectune: the remaining trials are running in other drivers; waiting for them")
+                waiting = True
+                for pool in pools.values():
+                    pool.close()
+                time.sleep(1.0)
+                ctx.recover()
+                continue
+            waiting = False
+            try:
+                number, out = finished.get(timeout=5.0)
+            except queue.Empty:
+                continue
+            thread, slot = running.pop(number)
+            thread.join()
+            with book_lock:
+                book.release(number)
+            ctx.progress.live.finished(number)
+            if isinstance(out, BaseException):
+                raise out
+            out: TrialOutcome
+            proposals.finished(number, known=out.state != "FAIL" or out.invalid)
+            if out.lost_node:
+                with book_lock:
+                    gone = book.lose_node(out.lost_node)
+                for s in gone:
+                    pools[s.index].close()
+                name = next((s.node.name for s in gone if s.node), out.lost_node[:8])
+                log(
+                    f"spectune: trial {number} failed: node {name} left the cluster mid-trial; its params are queued again, {len(book)} slot(s) left"
+                )
+                if not len(book):
+                    raise UserError("study: every node of the study's slots left the cluster")
+            elif out.state == "FAIL" and out.reason != "interrupted":
+                failed += 1
+            ctx.progress.trial_done(number, out)
+    except BaseException:
+        for pool in pools.values():  # each running trial fails as interrupted and is queued again
+            pool.interrupt()
+        deadline = time.monotonic() + 60
+        for thread, _ in list(running.values()):
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        raise
+    return failed
+
+
+def describe(slots: list[Slot], cfg) -> str:
+    where = sorted({s.node.name for s in slots if s.node})
+    on = f" on {', '.join(where)}" if where else ""
+    return f"{len(slots)} trials at once (isolation {cfg.study.isolation}){on}"

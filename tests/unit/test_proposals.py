@@ -1,0 +1,151 @@
+"""The driver's rules for proposals (orchestrator/study/proposals.py) and the space they range over:
+duplicates of running and known configurations are never measured, an enqueued trial always is, a
+sampler stuck on known points gets an unknown configuration picked for it, a finite space ends the
+study once it is all known; and the whole scheduling rule (slots + proposals + a real Optuna sampler)
+over 500 trials on 32 slots in simulated time."""
+
+from __future__ import annotations
+
+import heapq
+import random
+
+import optuna
+import pytest
+
+from orchestrator.config.schema import validated
+from orchestrator.config.space import MAX_ENUMERATED, config_identity, distinct_configs, suggest
+from orchestrator.execution.slots import GangNeed, NodeInfo, SlotBook, plan_slots
+from orchestrator.study.proposals import MAX_DUPLICATES, Proposals
+from orchestrator.study.storage import frozen_trial
+
+
+def _cfg(space: dict, **study) -> object:
+    return validated(
+        {
+            "name": "t",
+            "model": {"path": "random:tiny"},
+            "drafter": {"kind": "ngram"},
+            "parallel": {"tp": 1, "device": "cpu", "backend": "gloo"},
+            "search": {"space": space},
+            "study": {"n_trials": 4, **study},
+        }
+    )
+
+
+def test_the_space_counts_configurations_that_resolve_alike_once():
+    cfg = _cfg(
+        {
+            "spec.num_draft_tokens": {"choices": [0, 2, 4]},
+            "drafter.kind": {"choices": ["ngram", "layer_skip"]},
+            "drafter.layers": {"choices": [1, 2]},
+        }
+    )
+    space = distinct_configs(cfg)
+    # k = 0 is one configuration whatever the drafter; per k > 0: ngram, layer_skip L=1, layer_skip L=2
+    assert len(space) == 1 + 2 * 3
+    for identity, params in space.items():  # each entry's params enqueue exactly that configuration
+        assert config_identity(suggest(optuna.trial.FixedTrial(params), cfg)) == identity
+    assert len(distinct_configs(_cfg({"spec.num_draft_tokens": {"low": 0, "high": 4}}))) == 5
+
+
+def test_a_space_too_large_to_list_is_unbounded():
+    """An unbounded space is never exhausted: its study ends at study.n_trials, as before."""
+    big = {"comm.backend": {"choices": ["nccl"]}, "nccl.NCCL_BUFFSIZE": {"low": 1, "high": MAX_ENUMERATED + 1}}
+    assert distinct_configs(_cfg(big)) is None
+
+
+def test_duplicates_of_running_and_known_configurations_are_not_measured():
+    p = Proposals({"a": {}, "b": {}, "c": {}})
+    assert p.admit(0, "a", asked=False).run
+    twin = p.admit(1, "a", asked=False)
+    assert not twin.run and twin.twin == 0 and "running trial 0" in twin.reason
+    p.finished(0, known=True)
+    again = p.admit(2, "a", asked=False)
+    assert not again.run and again.twin == 0 and "measured already" in again.reason
+    assert p.admit(3, "a", asked=True).run  # the study asked for it (a retry, the baseline): measured
+    p.finished(3, known=True)
+    assert p.admit(4, "b", asked=False).run
+    p.finished(4, known=False)  # a plain failure: retried, not known
+    assert p.admit(5, "b", asked=False).run
+    p.finished(5, known=True)
+    assert not p.exhausted and p.untried() == [{}]
+    assert p.admit(6, "c", asked=False).run
+    p.finished(6, known=True)
+    assert p.exhausted
+
+
+def test_a_sampler_stuck_on_known_points_gets_an_unknown_configuration_picked():
+    space = {f"c{i}": {"k": i} for i in range(5)}
+    p = Proposals(space, random.Random(1))
+    p.known("c0", 0)
+    p.known("c1", 1)
+    for n in range(MAX_DUPLICATES):
+        assert not p.stuck
+        assert not p.admit(10 + n, "c0", asked=False).run
+    assert p.stuck
+    pick = p.pick_untried()
+    assert pick in ({"k": 2}, {"k": 3}, {"k": 4}) and not p.stuck
+    assert Proposals(None).pick_untried() is None and not Proposals(None).exhausted  # unbounded: never exhausted
+
+
+def test_500_trials_on_32_slots_stay_busy_and_never_measure_a_configuration_twice():
+    """The driver's rule in simulated time: fill every free slot at once (ask; a duplicate is told
+    PRUNED and asked again; a stuck sampler gets an unknown configuration enqueued), trials of 1 to
+    10 minutes freed out of order, over a space of 640 configurations with Optuna's random sampler.
+    >= 95% of slot time is busy until the last trial starts, and 500 distinct configurations are measured."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rng = random.Random(0)
+    choices = {"a": list(range(8)), "b": list(range(8)), "c": list(range(10))}
+    space = {f"{a}-{b}-{c}": {"a": a, "b": b, "c": c} for a in choices["a"] for b in choices["b"] for c in choices["c"]}
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    proposals = Proposals(space, random.Random(0))
+    nodes = [NodeInfo(f"n{i:03d}" + "x" * 20, f"h{i}", 64.0, 8.0) for i in range(32)]
+    book = SlotBook(plan_slots(nodes, GangNeed(cpus=2.0, gpus=8.0), "node", "auto"))
+    assert len(book) == 32
+    now, started, events, spans, last_start, trials, measured, duplicates = 0.0, 0, [], [], 0.0, {}, [], 0
+    while started < 500 or events:
+        while started < 500 and book.free:
+            trial = study.ask()
+            key = "-".join(str(trial.suggest_categorical(n, v)) for n, v in choices.items())
+            asked = "fixed_params" in frozen_trial(study, trial.number).system_attrs
+            if not proposals.admit(trial.number, key, asked).run:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                duplicates += 1
+                if proposals.stuck and (pick := proposals.pick_untried()) is not None:
+                    study.enqueue_trial(pick)
+                continue
+            book.acquire(trial.number)
+            d = rng.uniform(60, 600)
+            heapq.heappush(events, (now + d, trial.number))
+            trials[trial.number], spans, last_start = trial, spans + [(now, now + d)], now
+            measured.append(key)
+            started += 1
+        now, done = heapq.heappop(events)
+        book.release(done)
+        study.tell(trials[done], rng.random())
+        proposals.finished(done, known=True)
+    assert len(measured) == 500 and len(set(measured)) == 500, "a configuration was measured twice"
+    assert duplicates > 0  # the sampler did repeat itself; the rule caught every repeat
+    busy = sum(min(end, last_start) - start for start, end in spans if start < last_start)
+    assert busy / (32 * last_start) >= 0.95, busy / (32 * last_start)
+
+
+@pytest.mark.parametrize("n_trials", [4, 10])
+def test_a_grid_of_four_points_is_measured_once_each(n_trials):
+    """What the driver does with the grid sampler: every distinct grid point once, then exhausted."""
+    cfg = _cfg({"spec.num_draft_tokens": {"choices": [0, 2, 4, 6]}}, sampler="grid", n_trials=n_trials)
+    space = distinct_configs(cfg)
+    from orchestrator.study.loop import make_sampler
+
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(cfg))
+    p, measured = Proposals(space), []
+    while not p.exhausted and len(measured) < n_trials:
+        trial = study.ask()
+        identity = config_identity(suggest(trial, cfg))
+        if not p.admit(trial.number, identity, asked=False).run:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        measured.append(identity)
+        study.tell(trial, 1.0)  # the grid's own stop would raise here outside study.optimize
+        p.finished(trial.number, known=True)
+    assert sorted(measured) == sorted(space) and len(space) == 4
