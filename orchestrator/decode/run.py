@@ -237,11 +237,14 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
         out["batch1_baseline_throughput_tok_s"] = ref.metrics["throughput_tok_s"]
         out["batch1_baseline_decode_tok_s"] = ref.metrics["decode_tok_s"]
         out["plain_batch_speedup"] = plain.metrics["throughput_tok_s"] / ref.metrics["throughput_tok_s"]  # plain at B over plain at 1
+        if "decode_tok_s" in plain.metrics and "decode_tok_s" in ref.metrics:  # decode steps only, prefills left out
+            out["plain_batch_decode_speedup"] = plain.metrics["decode_tok_s"] / ref.metrics["decode_tok_s"]
         if greedy:
             verdict = outputs_verdict(
                 [r.tokens for r in ref.prompts], [r.margins for r in ref.prompts], [r.tokens for r in plain.prompts], p.gang.dtype
             )
             out["plain_batch_outputs_match_batch1"] = verdict["outputs_match_baseline"]
+            out["plain_batch_prompts_identical_to_batch1"] = verdict["prompts_matching_baseline"]  # token for token, no near tie
         if k == 0:
             base = ref
     if base is not None:

@@ -8,7 +8,9 @@ keeping q for rejection sampling).
 
 Batch > 1 (`begin_rows` / `propose_rows`): the same per sequence, every sequence a row of one
 batch cache, drafted together: one pass feeds each row's unseen tokens (padded to the longest,
-the padding rolled back), then k - 1 passes of one token per row. Eager (no CUDA graph yet).
+the padding rolled back; a new batch's first proposal, where every row starts at 0, prefills them
+packed: `Transformer.prefill_packed`, in passes of at most PREFILL_TOKENS tokens), then k - 1
+passes of one token per row. Eager (no CUDA graph yet).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from workers.engine.link import Proposal
 from workers.engine.steps import StepRunner
 from workers.engine.verify import probs as softmax_t
 from workers.engine.verify import sample
-from workers.model.transformer import Transformer
+from workers.model.transformer import PREFILL_TOKENS, Transformer, prefill_groups
 
 
 class ModelDrafter(Drafter):
@@ -78,13 +80,22 @@ class ModelDrafter(Drafter):
             cache.rollback(i, keep)
             del fed[i][keep:]
             feeds.append(seq[keep:])
-        width = max(len(f) for f in feeds)
-        base = list(cache.lengths)
-        rows = torch.tensor([f + [f[-1]] * (width - len(f)) for f in feeds], device=self.device)
-        logits = self.model(rows, cache)[torch.arange(n), torch.tensor([len(f) - 1 for f in feeds])]  # after each row's last real token
-        for i, f in enumerate(feeds):
-            cache.rollback(i, base[i] + len(f))  # the padding is forgotten
-            fed[i].extend(f)
+        if not any(cache.lengths):  # a new batch: every row from position 0, packed (no padding)
+            parts = []
+            for rows in prefill_groups([len(f) for f in feeds], PREFILL_TOKENS):
+                part = cache.view(rows.start, len(rows))
+                parts.append(self.model.prefill_packed([feeds[i] for i in rows], part))
+                cache.lengths[rows.start : rows.stop] = part.lengths
+            logits = torch.cat(parts)
+        else:
+            width = max(len(f) for f in feeds)
+            base = list(cache.lengths)
+            rows = torch.tensor([f + [f[-1]] * (width - len(f)) for f in feeds], device=self.device)
+            logits = self.model(rows, cache)[torch.arange(n), torch.tensor([len(f) - 1 for f in feeds])]  # after each row's last real token
+            for i, f in enumerate(feeds):
+                cache.rollback(i, base[i] + len(f))  # the padding is forgotten
+        for f, seen in zip(feeds, fed):
+            seen.extend(f)
         drafts: list[list[int]] = [[] for _ in range(n)]
         qs: list[list[torch.Tensor]] = [[] for _ in range(n)]
         for step in range(k):

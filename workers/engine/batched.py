@@ -3,7 +3,10 @@
 `Verifier.run` hands a run with batch_size > 1 to `decode_batches`. Per batch of up to B prompts
 (in workload order; the last batch may hold fewer):
 
-    prefill   each prompt on its own row of a B-row KV cache (eager, any length); first tokens
+    prefill   every prompt on its own row of a B-row KV cache, together: packed into one row of
+              tokens per pass (`Transformer.prefill_packed`: no padding through the matrix
+              products, causal attention per prompt), consecutive prompts in passes of at most
+              `BatchSteps.prefill_tokens` tokens (eager, any lengths); first tokens
     steps     until every sequence of the batch is done:
         propose   for each live sequence, by the run's strategy (plain, in-rank drafter, drafter process, simulated)
         score     one pass over [B, W] tokens, W = 1 + the longest proposal: row b is
@@ -25,7 +28,13 @@ width) is one CUDA graph over static inputs and the whole static cache, captured
 (`BatchSteps`); it runs the batch-1 steps' fused step (merged weights, compiled bodies, the GEMV
 picker, the split-KV Triton attention reading each row only up to its own positions) where the
 engine built one, else the plain layers with SDPA under the position mask. A batch's wall time (prefills included) is charged once to the run; each prompt's
-`seconds` runs from its batch's start to its own last token.
+`seconds` runs from its batch's start to its own last token, its `prefill_s` from the batch's
+start to its first token (the end of its prefill pass).
+
+Drafters and the batched prefill: an in-rank EAGLE-3 head is handed its row's states of the packed
+pass (it feeds them itself, per row, at its first proposal); an n-gram copy indexes its row's
+prompt; a drafter process (draft model, layer-skip) prefills every row in packed passes of its
+own at its first proposal of a batch (`ModelDrafter.propose_rows`).
 
     passes = BatchSteps(model, model.new_cache(B), use_graphs=True, allreduce=allreduce)
     prompts, stats = decode_batches(rank, strategy, model, workload, passes=passes)   # rank.cache: passes.full
@@ -42,7 +51,7 @@ from workers.engine.link import VerifyResult
 from workers.engine.rank import Rank, Sequence, finish
 from workers.engine.stats import RunStats, StepRecord, relative_margins
 from workers.engine.strategies import StepStrategy
-from workers.model.transformer import KVCache, Transformer
+from workers.model.transformer import PREFILL_TOKENS, KVCache, Transformer, prefill_groups
 from workers.spec import PromptResult, Workload, batch_refusal
 
 
@@ -58,8 +67,11 @@ class BatchSteps:
     """The verify passes of batched decoding on one B-row cache (`full`, kept for the graphs' life):
     eager, or on CUDA one graph per (rows, width). Every TP rank must warm and run the same shapes."""
 
-    def __init__(self, model: Transformer, full: KVCache, use_graphs: bool, allreduce=None, fast=None):
+    def __init__(
+        self, model: Transformer, full: KVCache, use_graphs: bool, allreduce=None, fast=None, prefill_tokens: int = PREFILL_TOKENS
+    ):
         self.model, self.full, self.allreduce = model, full, allreduce
+        self.prefill_tokens = prefill_tokens  # tokens per batched prefill pass (a longer prompt takes one alone)
         self.fast = fast  # the batch-1 steps' FusedStep (workers/engine/fused_step.py): its bodies take B rows too
         self.device = model.embed_tokens.weight.device
         self.use_graphs = use_graphs and self.device.type == "cuda"
@@ -210,6 +222,32 @@ def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache
     )
 
 
+def _prefill(
+    rank: Rank, strategy: StepStrategy, model: Transformer, seqs: list[Sequence], cache: KVCache, budget: int, observe: bool, t_batch: float
+) -> list[float]:
+    """Every sequence's prompt into its row of `cache` (reset), consecutive rows packed into passes of
+    at most `budget` tokens; after each pass, in row order, each row's first token is published, its
+    in-rank drafter handed its states (`observe`) and the strategy told. Returns each row's seconds
+    from `t_batch` to its first token. Every TP rank runs the same passes (their allreduces line up)."""
+    prompts = [list(s.tokens) for s in seqs]  # before any commit: the prompts alone
+    done = [0.0] * len(seqs)
+    for rows in prefill_groups([len(p) for p in prompts], budget):
+        part = cache.view(rows.start, len(rows))
+        logits = model.prefill_packed([prompts[b] for b in rows], part)  # [rows, V]
+        cache.lengths[rows.start : rows.stop] = part.lengths
+        lengths = [len(prompts[b]) for b in rows]
+        for i, b in enumerate(rows):
+            seq = seqs[b]
+            seq.commit(rank.publish(rank.first_token(logits[i])))
+            if observe:  # EAGLE-3 in the rank: this row's states of its prompt, out of the packed pass
+                seq.drafter.observe(model.packed_rows(lengths, i))
+            strategy.prefilled(seq, logits[i])
+        now = time.perf_counter()
+        for b in rows:
+            done[b] = now - t_batch
+    return done
+
+
 def decode_batches(
     rank: Rank, strategy: StepStrategy, model: Transformer, w: Workload, passes: BatchSteps, check=None
 ) -> tuple[list[PromptResult], RunStats]:
@@ -225,28 +263,19 @@ def decode_batches(
     # every pass shape the run can meet, captured before the timing: full batches and the last one
     passes.warm({B, len(w.prompts) % B or B}, range(1, w.num_draft_tokens + 2))
     drafters = strategy.row_drafters(B)
-    device = model.embed_tokens.weight.device
     stats, results = RunStats(), []
     for first in range(0, len(w.prompts), B):
         chunk = w.prompts[first : first + B]
         cache = full.view(0, len(chunk))
         cache.reset()
         t_batch = time.perf_counter()
-        seqs, prefill_s = [], []
+        seqs = []
         for b, prompt in enumerate(chunk):
-            t0 = time.perf_counter()
             seq = Sequence.of(prompt, row=b)
             seq.started, seq.drafter = t_batch, drafters[b]
             strategy.begin_prompt(seq)
-            row = cache.view(b, 1)
-            logits = model(torch.tensor([list(prompt)], device=device), row)[0, -1]
-            cache.lengths[b] = row.lengths[0]
-            seq.commit(rank.publish(rank.first_token(logits)))
-            if hidden is not None:
-                seq.drafter.observe(hidden.rows(len(prompt)))
-            strategy.prefilled(seq, logits)
-            prefill_s.append(time.perf_counter() - t0)
             seqs.append(seq)
+        prefill_s = _prefill(rank, strategy, model, seqs, cache, passes.prefill_tokens, hidden is not None, t_batch)
         ended = {s.row: time.perf_counter() for s in seqs if s.done}
         while any(not s.done for s in seqs):
             stats.steps.append(_step(rank, strategy, passes, cache, seqs, hidden))

@@ -11,11 +11,15 @@ the local KV head of local query head h, so uneven head splits and GQA share one
 
 The KV cache keeps one position per sequence and can be rolled back to any earlier position:
 entries past a sequence's length are masked out and overwritten later, never read.
+
+A batched prefill (`prefill_packed`) feeds several fresh sequences in one pass: their tokens packed
+into one row (no padding through the matrix products), each token rotated at its own position and
+written to its own cache row; attention runs per sequence, causal from position 0 (`Packed`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -151,11 +155,83 @@ def tree_mask(parents: list[int], start: int, width: int) -> torch.Tensor:
     return mask
 
 
+@dataclass(frozen=True)
+class Packed:
+    """Fresh sequences packed into one row of N tokens (`Transformer.prefill_packed`): sequence s's
+    `lengths[s]` tokens are contiguous, token i is at position pos[i] of cache row rows[i], and every
+    sequence starts at position 0."""
+
+    rows: torch.Tensor  # [N] cache row of each token
+    pos: torch.Tensor  # [N] its position in that row
+    lengths: tuple[int, ...]
+
+    @classmethod
+    def of(cls, lengths: list[int], device) -> Packed:
+        rows = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+        pos = torch.cat([torch.arange(n) for n in lengths])
+        return cls(rows=rows.to(device), pos=pos.to(device), lengths=tuple(lengths))
+
+    def spans(self) -> Iterator[tuple[int, int, int]]:
+        """(row, first token in the packed row, length) of each sequence."""
+        start = 0
+        for row, n in enumerate(self.lengths):
+            yield row, start, n
+            start += n
+
+
+# tokens per batched prefill pass: what bounds its activations (at the Llama-3-8B shape the MLP's
+# are ~1.5 GB for 16384 tokens); matrix products of a few thousand rows already run near a GPU's peak
+PREFILL_TOKENS = 16384
+
+
+def prefill_groups(lengths: list[int], budget: int = PREFILL_TOKENS) -> list[range]:
+    """Consecutive sequences in passes of at most `budget` tokens (a longer sequence alone): what
+    bounds a batched prefill's activations (an MLP's are N x 2 x intermediate_size)."""
+    groups: list[range] = []
+    start = total = 0
+    for i, n in enumerate(lengths):
+        if i > start and total + n > budget:
+            groups.append(range(start, i))
+            start, total = i, 0
+        total += n
+    if lengths:
+        groups.append(range(start, len(lengths)))
+    return groups
+
+
+def _sdpa(q, keys, values, gqa_group: int, kv_map, **how):
+    if gqa_group == 1:
+        return F.scaled_dot_product_attention(q, keys, values, **how)
+    if gqa_group > 1:
+        return F.scaled_dot_product_attention(q, keys, values, enable_gqa=True, **how)
+    return F.scaled_dot_product_attention(q, keys.index_select(1, kv_map), values.index_select(1, kv_map), **how)
+
+
+def attend_packed(q, k, v, p: Packed, k_cache, v_cache, gqa_group: int, kv_map):
+    """`attend` for packed fresh sequences: q [1, H, N, D], k/v [1, Hkv, N, D] -> [1, N, H * D].
+    K/V go to their (row, position) slots; then each sequence's queries attend causally to its own
+    row's slots 0 .. length - 1, one SDPA call per sequence with the shapes and strides of that
+    sequence's prefill alone (flash attention on GPUs), so its outputs are batch 1's bit for bit
+    where the kernels are deterministic (a padded call over all rows would sum over other vector
+    lanes: float32 on CPUs then differs in the last bits)."""
+    _, H, N, D = q.shape
+    k_cache[p.rows, :, p.pos] = k[0].transpose(0, 1)  # [N, Hkv, D] into slots (row, :, pos)
+    v_cache[p.rows, :, p.pos] = v[0].transpose(0, 1)
+    out = [
+        _sdpa(q[:, :, start : start + n], k_cache[row : row + 1, :, :n], v_cache[row : row + 1, :, :n], gqa_group, kv_map, is_causal=True)
+        for row, start, n in p.spans()
+    ]
+    return torch.cat(out, dim=2).transpose(1, 2).reshape(1, N, H * D)
+
+
 def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
     """Write k/v [B, Hkv, T, D] at `pos`, attend q [B, H, T, D] to the first mask.shape[-1] cache
     slots; returns [B, T, H * D] (before o_proj). A pure function, so compiled callers share it.
     mask=None: every sequence starts at position 0 (a fresh prefill), plain causal attention over
-    the T new slots, which SDPA runs without a mask (flash attention on GPUs)."""
+    the T new slots, which SDPA runs without a mask (flash attention on GPUs). mask a `Packed`:
+    several fresh sequences in one row (`attend_packed`)."""
+    if isinstance(mask, Packed):
+        return attend_packed(q, k, v, mask, k_cache, v_cache, gqa_group, kv_map)
     B, H, T, D = q.shape
     if B == 1:
         k_cache[0].index_copy_(1, pos[0], k[0])
@@ -167,12 +243,7 @@ def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
     kv_len = T if mask is None else mask.shape[-1]
     keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
     how = {"is_causal": True} if mask is None else {"attn_mask": mask}
-    if gqa_group == 1:
-        out = F.scaled_dot_product_attention(q, keys, values, **how)
-    elif gqa_group > 1:
-        out = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True, **how)
-    else:
-        out = F.scaled_dot_product_attention(q, keys.index_select(1, kv_map), values.index_select(1, kv_map), **how)
+    out = _sdpa(q, keys, values, gqa_group, kv_map, **how)
     return out.transpose(1, 2).reshape(B, T, H * D)
 
 
@@ -255,6 +326,31 @@ class Transformer(nn.Module):
         h = self.hidden_at(tokens, pos, cache, kv_len, fresh=not any(starts))
         cache.lengths = [s + T for s in starts]
         return h
+
+    def prefill_packed(self, prompts: list[list[int]], cache: KVCache) -> torch.Tensor:
+        """Logits [n, vocab] (float32) after each of n prompts, fed from position 0 into rows 0 .. n - 1
+        of `cache` in one pass (eager, any lengths): the tokens packed into one row, so the matrix
+        products run on sum(lengths) tokens, no padding (`Packed`, `attend_packed`); the head reads
+        each prompt's last position only. Sets the rows' lengths; `aux` holds the packed states
+        [1, N, dim] (`packed_rows` cuts one prompt's out)."""
+        lengths = [len(p) for p in prompts]
+        if not lengths or min(lengths) < 1:
+            raise ValueError("a batched prefill needs at least one prompt, each of at least one token")
+        if max(lengths) > min(cache.max_seq, self.max_seq):
+            raise ValueError(f"sequence length {max(lengths)} exceeds the cache ({min(cache.max_seq, self.max_seq)})")
+        device = self.embed_tokens.weight.device
+        packed = Packed.of(lengths, device)
+        tokens = torch.tensor([t for p in prompts for t in p], device=device)[None]
+        last = (torch.tensor(lengths).cumsum(0) - 1).to(device)  # each prompt's last token in the packed row
+        cos, sin, _ = self.rope_and_mask(packed.pos[None], 0, masked=False)
+        h = self._layers(tokens, cos, sin, packed, packed.pos[None], cache)
+        cache.lengths[: len(lengths)] = lengths
+        return self.logits(h[0, last])
+
+    def packed_rows(self, lengths: list[int], i: int) -> torch.Tensor:
+        """Prompt i's captured aux states [lengths[i], n_aux x dim] after `prefill_packed` of prompts of these lengths."""
+        start = sum(lengths[:i])
+        return torch.cat([a[0, start : start + lengths[i]] for a in self.aux], dim=-1)
 
     def hidden_at(self, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int, fresh: bool = False) -> torch.Tensor:
         """The layers at explicit positions `pos` [B, T], attending to the first `kv_len` cache slots.
