@@ -115,6 +115,10 @@ def make_sampler(cfg: ExperimentConfig, offset: int = 0):
         return Grid(grid_space(cfg), seed=seed)
     if s == "gp":
         return optuna.samplers.GPSampler(seed=seed)
+    if s == "model":  # the performance model's best predicted untried configuration, with exploration
+        from orchestrator.study.samplers import ModelSampler
+
+        return ModelSampler(cfg, seed=seed)
     # constant liar: a running trial (this driver's concurrent ones, another driver's) counts as a poor result, so TPE
     # does not propose the same point beside it
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=3, constant_liar=True)
@@ -212,6 +216,22 @@ def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
         study.enqueue_trial(params, user_attrs={BASELINE_TAG: True})
 
 
+def nothing_left(storage, cfg: ExperimentConfig) -> bool:
+    """The study exists and holds `study.n_trials` COMPLETE trials, or every distinct configuration of its
+    finite space is known: a rerun only reports it."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        study = optuna.load_study(study_name=cfg.study_name, storage=storage)
+    except KeyError:
+        return False
+    if count(study, TrialState.COMPLETE) >= cfg.study.n_trials:
+        return True
+    space = distinct_configs(cfg)
+    return space is not None and known_configurations(study, cfg, space, cfg.study.seed).exhausted
+
+
 def count(study, *states) -> int:
     return len(study.get_trials(deepcopy=False, states=states))
 
@@ -296,7 +316,8 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         check_gang_fits(cfg, _local_nodes())
     storage, storage_url = make_storage(cfg)
     check_resume(storage, cfg)  # a resumed study keeps its fixed part: checked before anything starts
-    record = DriverRecord(home) if embedded else None
+    finished = nothing_left(storage, cfg)  # a finished study is reported, not run: no Ray
+    record = DriverRecord(home) if embedded and not finished else None
     stale_after = cfg.limits.trial_timeout_s + 120
     tracker, progress, status = None, None, "KILLED"
     pools: dict = {}
@@ -305,12 +326,15 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         if record is not None:
             reap_dead(home, log)
             record.start(os.environ.get("SPECTUNE_RAY_TMPDIR"))
-        where = connect()
-        if not embedded:  # the address the cluster itself reports (loopback for a loopback cluster), not the one we were handed
-            where = f"ray cluster at {ray.get_runtime_context().gcs_address}"
-        if record is not None:
-            record.note_session(ray_session_dir())
-        check_gang_fits(cfg, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        if finished:
+            where = "nothing left to measure (Ray not started)"
+        else:
+            where = connect()
+            if not embedded:  # the address the cluster itself reports (loopback for a loopback cluster), not the one we were handed
+                where = f"ray cluster at {ray.get_runtime_context().gcs_address}"
+            if record is not None:
+                record.note_session(ray_session_dir())
+            check_gang_fits(cfg, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
         study = optuna.create_study(
             study_name=cfg.study_name,
             storage=storage,
@@ -354,7 +378,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         if space is not None and proposals.exhausted:
             log(f"spectune: every distinct configuration of the search space ({len(space)}) is measured already")
         me = driver_id()
-        slots = study_slots(cfg, log)
+        slots = [Slot(0)] if finished else study_slots(cfg, log)
         if len(slots) > 1:
             log(f"spectune: {describe(slots, cfg)}")
         pools = slot_pools(slots, res, log)

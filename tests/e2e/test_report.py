@@ -46,7 +46,7 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     exp = tiny_experiment(
         tmp_path,
         tiny_ckpt,
-        search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}},
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4, 6]}}},
         study={"n_trials": 4, "sampler": "random", "seed": 3, "pruner": "none"},
     )
     raw = yaml.safe_load(exp.read_text())

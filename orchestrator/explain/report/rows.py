@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator.explain.perfcheck import _setup
+from orchestrator.study.keys import CO_RUNNING_ATTR
 from orchestrator.study.ranking import rank
 from orchestrator.tracking.runs import config_label, label_defaults
 
@@ -48,6 +49,7 @@ class Row:
     pooled_median: float | None = None
     pooled_n: int = 0
     pooled_speedup: float | None = None  # pooled median over the plain baseline's pooled median (same TP)
+    co_running: list[int] = field(default_factory=list)  # trials measured at the same time on its node
 
     @property
     def band(self) -> tuple[float, float]:
@@ -117,6 +119,7 @@ def rows_of(trials, cfg, model=None) -> list[Row]:
             comm_ms=comm,
             comm_fraction=u.get("comm_fraction"),
             speedup=u.get("speedup_vs_baseline"),
+            co_running=[int(n) for n in u.get(CO_RUNNING_ATTR) or []],
         )
         row.per_token = per_token_split(row.step_ms, row.verify_ms, row.draft_ms, row.comm_ms, row.accept_len)
         rows.append(row)

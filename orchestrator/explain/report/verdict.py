@@ -38,6 +38,12 @@ def verdict(rows: list[Row]) -> list[str]:
         f"{best.label} wins (trial {best.number}): {OBJECTIVE} {value_text(best)}"
         + (f", {best.value / plain.value:.2f}x plain decoding ({plain.value:.2f})." if plain and best is not plain else ".")
     ]
+    if best.co_running:  # isolation gpu or none: its timing may include theirs
+        out.append(
+            f"It was measured while trial{'s' if len(best.co_running) > 1 else ''} {', '.join(map(str, best.co_running))} "
+            "ran on the same node (study.isolation), so its timing may include their interference: re-measure it alone "
+            "before trusting a close win."
+        )
     if len(best.pooled_trials) > 1 and best.pooled_median is not None:
         times = f", {best.pooled_speedup:.2f}x plain decoding's" if best.pooled_speedup else ""
         out.append(
