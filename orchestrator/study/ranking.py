@@ -37,6 +37,28 @@ from orchestrator.study.keys import PARAMS_ATTR, SAMPLES_ATTR
 
 MAD_TO_SIGMA = 1.4826
 
+# Between configurations the measurements cannot tell apart, prefer the simpler one: no drafter, then
+# the cheaper drafter (n-gram runs no model, layer-skip a part of the verifier, then a head, then a
+# whole draft model), then fewer drafts a step
+DRAFTER_COST = {"none": 0, "ngram": 1, "layer_skip": 2, "eagle3": 3, "draft_model": 4}
+
+
+def simplicity(params: dict) -> tuple[int, int]:
+    """Sort key: smaller is simpler (drafter cost, then k)."""
+    k = int(params.get("spec.num_draft_tokens", 0) or 0)
+    kind = "none" if k == 0 else str(params.get("drafter.kind", ""))
+    return DRAFTER_COST.get(kind, len(DRAFTER_COST)), k
+
+
+def why_simpler(chosen: dict, other: dict) -> str:
+    """Why `chosen` is preferred over `other`, both within noise (one phrase)."""
+    (cost_c, k_c), (cost_o, _) = simplicity(chosen), simplicity(other)
+    if k_c == 0:
+        return "plain decoding: no drafter to run or deploy"
+    if cost_c < cost_o:
+        return "the cheaper drafter"
+    return "fewer drafts a step"
+
 
 def trial_params(t) -> dict:
     """The trial's resolved parameters (what it ran), falling back to Optuna's suggested ones."""
@@ -122,6 +144,18 @@ class Ranking:
         return [c for i, c in enumerate(self.configs[1:], 1) if self.within_noise(i)]
 
     @property
+    def tied(self) -> list[ConfigStats]:
+        """The winner and every configuration within noise of it (just the winner when the noise is unknown)."""
+        return self.configs[:1] + (self.runners_up_within_noise if self.noise_rel is not None else [])
+
+    @property
+    def preferred(self) -> ConfigStats | None:
+        """What to deploy: the simplest of the tied configurations (the winner when it is clear)."""
+        if not self.configs:
+            return None
+        return min(self.tied, key=lambda c: (simplicity(c.params), -c.median))
+
+    @property
     def winner_is_clear(self) -> bool | None:
         """The winner is ahead of the runner-up by more than the noise (None: unknown or one config)."""
         if len(self.configs) < 2 or self.noise_rel is None:
@@ -137,8 +171,13 @@ class Ranking:
         r = self.configs[1]
         if self.noise_rel is None:
             return f"{w.label()} leads {r.label()}, but the noise is unknown (no configuration measured twice): not a clear win"
-        how = "is ahead of" if self.winner_is_clear else "is within noise of"
-        return f"{w.label()} {how} {r.label()} (noise {self.noise_rel:.1%} of a measurement)"
+        noise = f"noise {self.noise_rel:.1%} of a measurement"
+        if self.winner_is_clear:
+            return f"{w.label()} is ahead of {r.label()} ({noise})"
+        others = ", ".join(c.label() for c in self.tied[1:])
+        p = self.preferred
+        prefer = f"prefer {p.label()}: {why_simpler(p.params, w.params)}" if p is not w else f"prefer {w.label()}: the simplest of them too"
+        return f"{w.label()} and {others} tie within noise ({noise}); {prefer}"
 
     def as_dict(self) -> dict:
         return {
@@ -147,6 +186,7 @@ class Ranking:
             "winner_is_clear": self.winner_is_clear,
             "verdict": self.verdict(),
             "runners_up_within_noise": [c.trials for c in self.runners_up_within_noise],
+            "preferred_trials": self.preferred.trials if self.preferred else [],
             "configs": [
                 {
                     "params": c.params,

@@ -72,7 +72,8 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     ]
     # the verdict: winner by configuration, accepted length against its breakeven (or why no drafter paid), runner-up
     verdict = " ".join(facts["verdict"])
-    assert verdict.startswith(f"{facts['best_label']} wins (trial {best.number})") and verdict in r.stdout
+    assert verdict.startswith((f"{facts['best_label']} wins (trial {best.number})", f"{facts['best_label']} leads (trial {best.number})"))
+    assert verdict in r.stdout
     assert ("breaks even at" in verdict) if rows[0]["k"] > 0 else ("No drafter accepted enough" in verdict)
     # the runner-up is the best row of another configuration (the winner's twin trials are pooled, not runners-up)
     second = next(row for row in rows[1:] if row["config"] is None or row["config"] != rows[0]["config"])
@@ -278,12 +279,13 @@ def test_verdict_reads_like_one():
     plain = _row(0, "plain gloo tp2", 2.90, 0, breakeven=1.0, comm_fraction=0.45)
     text = verdict([best, close, plain])
     assert (
-        text[0] == "ngram k=6 gloo tp2 wins (trial 4): throughput_tok_s 3.70 tok/s (median 3.75 +- 0.05 MAD over 3 repeats), "
+        text[0] == "ngram k=6 gloo tp2 leads (trial 4): throughput_tok_s 3.70 tok/s (median 3.75 +- 0.05 MAD over 3 repeats), "
         "1.28x plain decoding (2.90)."
     )
     assert text[1].startswith("It accepts 1.31 tokens a step where this setup breaks even at 1.26") and "+4% to spare" in text[1]
     assert text[2].startswith("Allreduce is 38% of its step (plain decoding: 45%)")
     assert within_noise(best, close) and "within noise" in text[3] and "ngram k=4 gloo tp2 (trial 2)" in text[3]
+    assert text[3].endswith("prefer ngram k=4 gloo tp2 (trial 2): fewer drafts a step.")  # a tie: the simpler one
     far = _row(2, "ngram k=2 gloo tp2", 3.0, 2, accept_len=1.1, breakeven=1.05, within_noise=False)
     assert not within_noise(best, far) and "outside the noise band" in verdict([best, far, plain])[3]
     unknown = _row(2, "ngram k=2 gloo tp2", 3.6, 2, accept_len=1.1, breakeven=1.05)  # nothing measured twice

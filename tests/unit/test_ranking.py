@@ -54,9 +54,15 @@ def test_repeats_of_one_configuration_are_pooled_and_the_noise_comes_from_them()
     # winner 14 (n=2) vs 11.5 (n=1): gap 2.5 against 2 x sqrt(se_w^2 + se_o^2)
     se_w, se_o = r.noise_rel * 14 / math.sqrt(2), r.noise_rel * 11.5
     assert r.within_noise(1) == (2.5 <= 2 * math.hypot(se_w, se_o)) is True
-    assert r.winner_is_clear is False and "is within noise of trial 3" in r.verdict()
+    # a tie, not a win: the simpler configuration is the one to deploy (n-gram runs no model, layer-skip does)
+    assert r.winner_is_clear is False and r.verdict().startswith(
+        "trials 1+2 (14.00 tok/s, n=2) and trial 3 (11.50 tok/s, n=1) tie within noise"
+    )
+    assert r.preferred is ngram and r.verdict().endswith("prefer trials 1+2 (14.00 tok/s, n=2): the simplest of them too")
     d = r.as_dict()
-    assert d["runners_up_within_noise"] == [[3]] and d["winner_is_clear"] is False
+    assert d["runners_up_within_noise"] == [[3]] and d["winner_is_clear"] is False and d["preferred_trials"] == [1, 2]
+    plain_ties = rank(study_of(done(0, "none", [10.0, 10.5, 9.5]), done(4, "ngram", [10.3])).trials)
+    assert plain_ties.preferred.trials == [0] and "prefer trial 0" in plain_ties.verdict() and "no drafter" in plain_ties.verdict()
 
 
 def test_a_clear_winner_and_an_unknown_noise():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from orchestrator.explain.report.rows import Row, within_noise
 from orchestrator.study.keys import OBJECTIVE
+from orchestrator.study.ranking import simplicity, why_simpler
 
 OBJECTIVE_MEANS = (
     f"{OBJECTIVE} is the study's objective: generated tokens per second of wall time, prompt prefill "
@@ -30,12 +31,23 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{100 * x:.0f}%"
 
 
+def _spec(r: Row) -> dict:
+    return {"spec.num_draft_tokens": r.k, "drafter.kind": r.kind}
+
+
 def verdict(rows: list[Row]) -> list[str]:
     """Sentences of the first paragraph (plain text; the HTML page escapes them)."""
     best = rows[0]
     plain = next((r for r in rows if r.k == 0), None)
+    # configurations the measurements cannot tell from the winner (one row each): a tie, not a win
+    ties, seen = [], {best.config if best.config is not None else ("trial", best.number)}
+    for r in rows[1:]:
+        key = r.config if r.config is not None else ("trial", r.number)
+        if r.within_noise and key not in seen:
+            ties.append(r)
+            seen.add(key)
     out = [
-        f"{best.label} wins (trial {best.number}): {OBJECTIVE} {value_text(best)}"
+        f"{best.label} {'leads' if ties else 'wins'} (trial {best.number}): {OBJECTIVE} {value_text(best)}"
         + (f", {best.value / plain.value:.2f}x plain decoding ({plain.value:.2f})." if plain and best is not plain else ".")
     ]
     if best.co_running:  # isolation gpu or none: its timing may include theirs
@@ -97,9 +109,16 @@ def verdict(rows: list[Row]) -> list[str]:
                 "the noise is unknown (no configuration was measured twice), so this is not a clear win."
             )
         elif close:
+            pick = min([best, *ties], key=lambda r: (simplicity(_spec(r)), -r.value))
+            prefer = (
+                f"prefer {pick.label} (trial {pick.number}): {why_simpler(_spec(pick), _spec(best))}"
+                if pick is not best
+                else f"prefer {best.label}: the simplest of them too"
+            )
+            tied = f" ({len(ties)} configurations tie with the winner)" if len(ties) > 1 else ""
             out.append(
                 f"Runner-up: {second.label} (trial {second.number}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
-                "within noise, so these measurements do not separate the two."
+                f"within noise, so these measurements do not separate the two{tied}; {prefer}."
             )
         else:
             out.append(
