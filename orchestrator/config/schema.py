@@ -208,6 +208,9 @@ class StudySection(_Section):
     mad_penalty: float = Field(1.0, ge=0)  # objective = median throughput - mad_penalty x MAD over repeats
     bench_allreduce: bool = False  # before the trials: time the allreduce backends, log table + plot to the parent run
     max_failed_trials: int | None = Field(None, ge=0)  # default: n_trials
+    # the last trials of n_trials, when the winner is not clear of its runners-up: re-measure the leaders
+    # (the winner and every configuration within noise of it, fewest measurements first) on a fresh gang
+    race_trials: int = Field(0, ge=0)
     # trials measured at once, each on its own gang ("auto": every isolated slot of the cluster)
     max_concurrent_trials: int | Literal["auto"] = Field(1)
     # what concurrent trials may share: node (one trial a Ray node), gpu (disjoint GPUs of a node), none

@@ -43,6 +43,8 @@ CO_RUNNING_ATTR = "spectune.co_running"
 # a proposal that repeated a running or known configuration: the trial it repeats (an int; the
 # trial is PRUNED, never measured, and never counts toward study.n_trials)
 DUPLICATE_ATTR = "spectune.duplicate_of"
+# a deliberate repeat the ranking asked for (study.race_trials): the first trial of the configuration it re-measures
+RACE_TAG = "spectune.race_of"
 
 # Optuna study user attributes
 FIXED_ATTR = "spectune.fixed"
@@ -50,7 +52,7 @@ PARENT_ATTR = "mlflow_parent_run_id"  # names the study's parent MLflow run
 
 # what a trial's record may carry that is bookkeeping, not a measurement (never logged as a metric)
 RECORD_ONLY = frozenset(
-    {DRIVER_ATTR, HEARTBEAT_ATTR, RETRY_TAG, BASELINE_TAG, NODE_ATTR, HOST_ATTR, GPUS_ATTR, CO_RUNNING_ATTR, DUPLICATE_ATTR}
+    {DRIVER_ATTR, HEARTBEAT_ATTR, RETRY_TAG, BASELINE_TAG, NODE_ATTR, HOST_ATTR, GPUS_ATTR, CO_RUNNING_ATTR, DUPLICATE_ATTR, RACE_TAG}
 )
 
 

@@ -8,8 +8,8 @@ Rules, the same one trial at a time and in parallel:
   driver tells it PRUNED with its twin's number (`spectune.duplicate_of`): it never counts toward
   `study.n_trials` and never enters the noise band, and a sampler that learns from pruned trials
   (TPE) moves away from measured points;
-- a trial the study asked for (an enqueued one: the baseline, a retry, a pick of this rule) is
-  measured whatever it repeats;
+- a trial the study asked for (an enqueued one: the baseline, a retry, a pick of this rule, a race
+  repeat of a leader, `race_pick`) is measured whatever it repeats;
 - `MAX_DUPLICATES` duplicates in a row: the study picks an unknown configuration of the space itself
   (at random, from the enumerated space), so a sampler stuck on known points cannot stall a study;
 - a finite space whose every distinct configuration is known is exhausted: the study ends there,
@@ -75,6 +75,9 @@ class Proposals:
         if identity is not None and known:
             self.known(identity, number)
 
+    def running_identities(self) -> list[str]:
+        return list(self._running.values())
+
     def untried(self) -> list[dict]:
         """Params of the space's configurations neither known nor running (empty for an unbounded space)."""
         if self.space is None:
@@ -100,3 +103,20 @@ class Proposals:
     @property
     def size(self) -> int | None:
         return None if self.space is None else len(self.space)
+
+
+def race_pick(ranking, trials_left: int, race_trials: int, running: set[str], identity_of_config) -> int | None:
+    """`study.race_trials`: within the last `race_trials` trials of the study, while the winner is not
+    clear of its runners-up, the next trial re-measures a leader instead of a new configuration. The
+    leaders are the winner and every configuration within noise of it (the winner and the runner-up
+    while the noise is unknown); the one with the fewest trials goes first (then the faster). Returns
+    the number of that configuration's first trial (its params are enqueued again), or None."""
+    if race_trials <= 0 or trials_left > race_trials or len(ranking.configs) < 2 or ranking.winner_is_clear:
+        return None
+    leaders = ranking.tied if ranking.noise_rel is not None else ranking.configs[:2]
+    if len(leaders) < 2:
+        return None
+    free = [c for c in leaders if identity_of_config(c) not in running]
+    if not free:
+        return None
+    return min(free, key=lambda c: (len(c.trials), -c.median)).trials[0]

@@ -10,6 +10,8 @@ outcome. Rules:
 - a proposal that repeats a running or known configuration is not measured
   (orchestrator/study/proposals.py): it is told PRUNED with its twin's number and never counts;
   a study whose finite space is all known ends there, with exit 0;
+- `study.race_trials`: the last trials re-measure the leaders, on a fresh gang, while the winner is
+  within noise of its runners-up (`proposals.race_pick`);
 - another driver may take the last open slot between our count and our ask: the surplus trial is
   given back (FAIL, never run) and its enqueued params go back in the queue;
 - a trial whose node left the cluster mid-trial fails naming the node, its params are queued again
@@ -36,8 +38,9 @@ from orchestrator.errors import UserError
 from orchestrator.execution.cluster import Resources
 from orchestrator.execution.pool import GangPool
 from orchestrator.execution.slots import NodeInfo, Slot, SlotBook
-from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, DUPLICATE_ATTR, FAIL_TAG, INVALID_TAG, RETRY_TAG
-from orchestrator.study.proposals import Proposals
+from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, DUPLICATE_ATTR, FAIL_TAG, INVALID_TAG, RACE_TAG, RETRY_TAG, flag
+from orchestrator.study.proposals import Proposals, race_pick
+from orchestrator.study.ranking import rank
 from orchestrator.study.storage import frozen_trial
 from orchestrator.study.trial import TrialOutcome, beat, identity_of, run_trial, skip_duplicate
 from orchestrator.tracking.runs import config_label, label_defaults
@@ -167,9 +170,28 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
             attrs = {k: v for k, v in frozen.user_attrs.items() if k in (BASELINE_TAG, RETRY_TAG)}
             study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)  # given back as it was, not a retry
 
+    def race() -> None:
+        """study.race_trials: the last trials re-measure the leaders while the winner is not clear."""
+        if cfg.study.race_trials <= 0 or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return
+        left = ctx.n_goal - complete() - len(running) - ctx.others_running()
+        busy = set(proposals.running_identities())
+        number = race_pick(
+            rank(study.get_trials(deepcopy=False)),
+            left,
+            cfg.study.race_trials,
+            busy,
+            lambda c: identity_of(frozen_trial(study, c.trials[0]), cfg),
+        )
+        if number is not None:
+            first = frozen_trial(study, number)
+            attrs = {RACE_TAG: number, **({BASELINE_TAG: True} if flag(first.user_attrs.get(BASELINE_TAG)) else {})}
+            study.enqueue_trial(first.params, user_attrs=attrs, skip_if_exists=False)
+
     def start_next() -> None:
         """Ask; measure the trial on a free slot unless it is surplus or a duplicate."""
         nonlocal idle_duplicates
+        race()
         trial = study.ask()
         trial.set_user_attr(DRIVER_ATTR, ctx.driver)
         beat(trial)
@@ -193,6 +215,11 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
             )
         with book_lock:
             slot = book.acquire(trial.number)
+        if RACE_TAG in trial.user_attrs:  # a deliberate repeat: on a fresh gang (gang-to-gang spread is the noise users meet)
+            pools[slot.index].close()
+            log(
+                f"spectune: trial {trial.number} re-measures trial {trial.user_attrs[RACE_TAG]}'s configuration: the leaders are within noise"
+            )
         thread = threading.Thread(target=work, args=(trial, slot), name=f"trial-{trial.number}", daemon=True)
         running[trial.number] = (thread, slot)
         thread.start()

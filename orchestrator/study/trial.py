@@ -46,6 +46,7 @@ from orchestrator.study.keys import (
     NODE_ATTR,
     PARAMS_ATTR,
     PRUNE_TAG,
+    RACE_TAG,
     RETRY_TAG,
     RUN_ID_ATTR,
     SAMPLES_ATTR,
@@ -220,7 +221,8 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None) -> tuple[RunResu
             beat(trial)
             # the baseline is the reference: never pruned; nor is a trial whose larger batch sizes are still to come
             # (batch 1 alone would prune a configuration that wins at batch 32)
-            if not t.plain and len(cfg.workload.batch_sizes) == 1 and trial.should_prune():
+            # nor a deliberate repeat of a leader (study.race_trials): the ranking asked for its measurement
+            if not t.plain and RACE_TAG not in trial.user_attrs and len(cfg.workload.batch_sizes) == 1 and trial.should_prune():
                 return RunResult.merge(parts + mine), True, per_repeat
         parts += mine
         per_repeat.append(RunResult.merge(mine).metrics["throughput_tok_s"])
@@ -361,8 +363,9 @@ def prune_unrunnable(t: _Trial) -> TrialOutcome | None:
 def start_run(t: _Trial) -> None:
     if t.simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
         t.tags[SIMULATED_TAG] = f"{t.cfg.workload.simulate_accept_len:g}"
-    if RETRY_TAG in t.trial.user_attrs:
-        t.tags[RETRY_TAG] = str(t.trial.user_attrs[RETRY_TAG])
+    for key in (RETRY_TAG, RACE_TAG):  # a retry or a deliberate repeat says of which trial, on its MLflow run too
+        if key in t.trial.user_attrs:
+            t.tags[key] = str(t.trial.user_attrs[key])
     t.run_id = t.tracker.start_trial(t.trial.number, t.params, t.tags)
     t.trial.set_user_attr(RUN_ID_ATTR, t.run_id)
 

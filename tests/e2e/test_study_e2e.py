@@ -299,3 +299,29 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
     assert ("stops paying at batch size" in rep.stdout) == (stop is not None)
     missing = spectune(["export", str(exp), "--set", "study.name=nope"], home)
     assert missing.returncode == 2 and "no study 'nope'" in missing.stderr
+
+
+def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt):
+    """study.race_trials 1 with nothing measured twice (the noise unknown, so the leaders tie): the last
+    trial re-measures the leading configuration on a fresh gang instead of trying a new one, it counts
+    toward study.n_trials, and both stores name the trial it repeats."""
+    exp = tiny_experiment(
+        tmp_path,
+        tiny_ckpt,
+        parallel={"tp": 1, "cpus_per_worker": 0.1},
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3]}}},
+        study={"n_trials": 3, "sampler": "random", "seed": 0, "pruner": "none", "baseline_repeats": 1, "race_trials": 1},
+    )
+    home = tmp_path / "home"
+    r = spectune(["run", str(exp)], home)
+    out = summary(r)
+    assert out["complete"] == 3 and out["gangs_launched"] >= 2  # the race trial's own gang
+    study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    raced = [t for t in complete if "spectune.race_of" in t.user_attrs]
+    assert len(complete) == 3 and len(raced) == 1 and raced[0].number == max(t.number for t in complete)
+    first = study.trials[raced[0].user_attrs["spectune.race_of"]]
+    assert first.params == raced[0].params and first.value == max(t.value for t in complete if t is not raced[0])  # the leader
+    assert f"re-measures trial {first.number}'s configuration" in r.stderr
+    _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
+    assert {run.data.tags.get("spectune.race_of") for run in runs} == {None, str(first.number)}

@@ -189,3 +189,26 @@ def test_a_constraint_violating_trial_is_recorded_pruned_and_never_run(tmp_path)
     run = tracker.client.get_run(frozen.user_attrs["mlflow_run_id"])
     assert run.data.tags["spectune.state"] == "PRUNED" and run.data.tags["spectune.prune_reason"] == out.reason
     assert run.data.params["nccl.NCCL_MIN_NCHANNELS"] == "8" and run.data.params["spec.num_draft_tokens"] == "4"
+
+
+def test_racing_remeasures_the_leaders_only_near_the_end_and_only_while_they_tie():
+    """study.race_trials: within the last race_trials trials, a tied winner's leaders are re-measured,
+    the least measured first; a clear winner, a budget not yet reached or leaders all running: none."""
+    from orchestrator.study.proposals import race_pick
+
+    tied = rank(
+        study_of(
+            done(0, "none", [10.0, 11.0, 12.0]), done(2, "ngram", [13.0]), done(2, "ngram", [15.0]), done(2, "layer_skip", [11.5])
+        ).trials
+    )
+    ident = lambda c: str(c.trials[0])  # noqa: E731 - a configuration's identity for the test
+    assert tied.winner_is_clear is False
+    assert race_pick(tied, trials_left=2, race_trials=2, running=set(), identity_of_config=ident) == 3  # layer_skip: 1 trial
+    assert race_pick(tied, trials_left=2, race_trials=2, running={"3"}, identity_of_config=ident) == 1  # then the winner
+    assert race_pick(tied, trials_left=3, race_trials=2, running=set(), identity_of_config=ident) is None  # not yet
+    assert race_pick(tied, trials_left=2, race_trials=0, running=set(), identity_of_config=ident) is None  # racing off
+    assert race_pick(tied, trials_left=2, race_trials=2, running={"1", "3"}, identity_of_config=ident) is None
+    clear = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0])).trials)
+    assert race_pick(clear, trials_left=1, race_trials=2, running=set(), identity_of_config=ident) is None
+    unknown = rank(study_of(done(0, "none", [10.0]), done(2, "ngram", [10.5])).trials)  # noise unknown: the top two race
+    assert race_pick(unknown, trials_left=1, race_trials=2, running=set(), identity_of_config=ident) == 1
