@@ -53,7 +53,9 @@ def run(exp: Path, home: Path, address: str, log: Path) -> tuple[float, int]:
     env = {**os.environ, "SPECTUNE_HOME": str(home), "RAY_ADDRESS": address, "RAY_AUTH_MODE": "disabled"}
     t0 = time.perf_counter()
     with log.open("w") as f:
-        rc = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(exp)], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+        rc = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "run", str(exp)], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+        ).returncode
     return time.perf_counter() - t0, rc
 
 
@@ -86,7 +88,10 @@ def main() -> int:
     out = args.out or work
     out.mkdir(parents=True, exist_ok=True)
     ray_tmp = tempfile.mkdtemp(prefix="st-ray-", dir="/tmp")  # short: Ray's socket paths stay < 108 bytes
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "temp_dir": ray_tmp, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "temp_dir": ray_tmp, "include_dashboard": False},
+    )
     cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     cluster.wait_for_nodes()
     results = {}

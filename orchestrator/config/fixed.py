@@ -3,7 +3,8 @@ from the searched parameters. It is stored in the Optuna study (user attr `spect
 study is created; a later `spectune run` of the same `study.name` must have the same fixed part, or
 it would add trials measured under other conditions (another TP size, model, workload ...) to the
 old study and rank them together. What may change on resume: the trial budget and the sampler
-(study.n_trials, seed, sampler, pruner, baseline, bench_allreduce, max_failed_trials, baseline_repeats),
+(study.n_trials, seed, sampler, pruner, baseline, bench_allreduce, max_failed_trials, baseline_repeats,
+race_trials) and how trials are placed (max_concurrent_trials, isolation),
 limits, tracking and the experiment's name.
 
 A searched parameter's YAML default is not fixed (the space decides it); its definition in
@@ -36,6 +37,7 @@ CHANGEABLE = (
     "study.baseline_repeats",
     "study.max_concurrent_trials",
     "study.isolation",
+    "study.race_trials",
     "limits.",
     "tracking.",
 )

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from orchestrator.execution.cluster import Resources
 from orchestrator.execution.gang import RayGang
+from workers.runtime.errors import GangError
 from workers.spec import GangSpec, Workload
 
 
@@ -53,6 +54,7 @@ class GangPool:
         gang = RayGang(spec, env, self.res)
         self.launching = gang
         try:
+            self._unless_interrupted()  # interrupt() may have come while the placement group was being made
             gang.setup()
             # warm-up: first calls pay for lazy initialisation, which no trial should be charged for
             warm = Workload(prompts=((1, 2, 3, 4),), max_new_tokens=2, num_draft_tokens=1 if spec.drafts else 0)
@@ -63,12 +65,19 @@ class GangPool:
         finally:
             self.launching = None
         self.gang, self.key = gang, key
+        if self.interrupted:  # between the launch and this line: it is the gang interrupt() did not see
+            self.close()
+            raise GangError("interrupted while its gang was launched")
         self.launched += 1
         self.setup_s = time.perf_counter() - t0
         self.log(
             f"spectune: launched gang #{self.launched} (tp={spec.tp}, drafter={spec.drafter.kind}, {len(env)} NCCL vars) in {self.setup_s:.1f}s"
         )
         return gang
+
+    def _unless_interrupted(self) -> None:
+        if self.interrupted:
+            raise GangError("interrupted while its gang was launched")
 
     def close(self) -> None:
         if self.gang is not None:

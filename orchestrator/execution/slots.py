@@ -79,8 +79,8 @@ def plan_slots(nodes: list[NodeInfo], need: GangNeed, isolation: str, max_concur
     elif isolation == "gpu":
         places = [n for n in fits for _ in range(gangs_per_node(n, need))]
     else:
-        total = sum(gangs_per_node(n, need) for n in fits)
-        places = [None] * (total if max_concurrent == "auto" else int(max_concurrent))
+        total = sum(gangs_per_node(n, need) for n in fits)  # never more than the cluster holds at once
+        places = [None] * (total if max_concurrent == "auto" else min(int(max_concurrent), total))
     want = len(places) if max_concurrent == "auto" else min(int(max_concurrent), len(places))
     if want <= 1:
         return [Slot(0)] if places else []

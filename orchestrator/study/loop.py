@@ -40,7 +40,7 @@ from orchestrator.execution.slots import GangNeed, Slot, plan_slots
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
 from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RUN_ID_ATTR, flag, requeue
 from orchestrator.study.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
-from orchestrator.study.runner import StudyContext, cluster_nodes, describe, known_configurations, run_trials, slot_pools
+from orchestrator.study.runner import StudyContext, cluster_nodes, describe, known_configurations, run_trials, slot_pools, space_finished
 from orchestrator.study.storage import _redact, make_storage, set_trial_user_attr, study_lock
 from orchestrator.tracking.progress import Progress
 from orchestrator.tracking.runs import Tracker, experiment_params, label_defaults, resolve_uri
@@ -229,7 +229,7 @@ def nothing_left(storage, cfg: ExperimentConfig) -> bool:
     if count(study, TrialState.COMPLETE) >= cfg.study.n_trials:
         return True
     space = distinct_configs(cfg)
-    return space is not None and known_configurations(study, cfg, space, cfg.study.seed).exhausted
+    return space is not None and space_finished(study, cfg, known_configurations(study, cfg, space, cfg.study.seed), need_baseline=True)
 
 
 def count(study, *states) -> int:
@@ -362,7 +362,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             _ensure_baseline(study, cfg)
         n_goal = cfg.study.n_trials
         max_failed = cfg.study.max_failed_trials if cfg.study.max_failed_trials is not None else n_goal
-        if cfg.study.bench_allreduce and not study.user_attrs.get("bench_allreduce_logged"):
+        if cfg.study.bench_allreduce and not finished and not study.user_attrs.get("bench_allreduce_logged"):
             bench_into_study(cfg, prepared, tracker, log)
             study.set_user_attr("bench_allreduce_logged", True)
         progress = Progress(study, n_goal, log, defaults=label_defaults(cfg))

@@ -12,6 +12,8 @@ Rules, the same one trial at a time and in parallel:
   repeat of a leader, `race_pick`) is measured whatever it repeats;
 - `MAX_DUPLICATES` duplicates in a row: the study picks an unknown configuration of the space itself
   (at random, from the enumerated space), so a sampler stuck on known points cannot stall a study;
+  when every configuration not known is running (or an unbounded space's sampler is stuck), the
+  driver stops asking until a running trial ends (`after_duplicate`), rather than spin;
 - a finite space whose every distinct configuration is known is exhausted: the study ends there,
   also when `study.n_trials` is larger than the space.
 
@@ -47,16 +49,26 @@ class Proposals:
         self.rng = rng or random.Random(0)
         self._known: dict[str, int] = {}  # identity -> the first trial that measured it
         self._running: dict[int, str] = {}  # trial number -> identity
+        self._others: dict[str, int] = {}  # identities other drivers are measuring now -> their trials
         self.duplicates_in_a_row = 0
 
     def known(self, identity: str, number: int) -> None:
         self._known.setdefault(identity, number)
+
+    def others_running(self, identities: dict[str, int]) -> None:
+        """Configurations other drivers of the study are measuring now -> their trials (refreshed before each ask)."""
+        self._others = dict(identities)
 
     def admit(self, number: int, identity: str | None, asked: bool) -> Admission:
         """An asked trial: measured (and then running), or a duplicate of a running or known one.
         `identity` None (a configuration that cannot resolve) is measured: the trial prunes it with its reason."""
         if identity is not None and not asked:
             twin = next((n for n, i in self._running.items() if i == identity), None)
+            if twin is None and identity in self._others:
+                twin = self._others[identity]
+                self.duplicates_in_a_row += 1
+                why = f"duplicate of trial {twin}, which another driver is measuring: one configuration is not measured twice at once"
+                return Admission(False, twin, why)
             if twin is not None:
                 self.duplicates_in_a_row += 1
                 return Admission(False, twin, f"duplicate of running trial {twin}: one configuration is not measured twice at once")
@@ -82,7 +94,7 @@ class Proposals:
         """Params of the space's configurations neither known nor running (empty for an unbounded space)."""
         if self.space is None:
             return []
-        busy = set(self._known) | set(self._running.values())
+        busy = set(self._known) | set(self._running.values()) | set(self._others)
         return [params for identity, params in self.space.items() if identity not in busy]
 
     def pick_untried(self) -> dict | None:
@@ -90,6 +102,17 @@ class Proposals:
         self.duplicates_in_a_row = 0
         left = self.untried()
         return self.rng.choice(left) if left else None
+
+    def after_duplicate(self) -> dict | None | bool:
+        """What the driver does after a duplicate: params of an unknown configuration to enqueue (the
+        sampler keeps repeating itself), False to wait for a running trial to end (nothing new is left
+        to try while those run, or an unbounded space's sampler is stuck), or None to ask again."""
+        if self.space is not None and not self.untried():
+            return False  # every configuration not known is running: asking again only repeats them
+        if not self.stuck:
+            return None
+        pick = self.pick_untried()
+        return pick if pick is not None else False
 
     @property
     def stuck(self) -> bool:

@@ -174,7 +174,10 @@ class Ranking:
         noise = f"noise {self.noise_rel:.1%} of a measurement"
         if self.winner_is_clear:
             return f"{w.label()} is ahead of {r.label()} ({noise})"
-        others = ", ".join(c.label() for c in self.tied[1:])
+        rest = self.tied[1:]  # one line on a terminal: name one other, count the rest
+        others = (
+            rest[0].label() if len(rest) == 1 else f"{len(rest)} other configurations (trials {', '.join(str(c.trials[0]) for c in rest)})"
+        )
         p = self.preferred
         prefer = f"prefer {p.label()}: {why_simpler(p.params, w.params)}" if p is not w else f"prefer {w.label()}: the simplest of them too"
         return f"{w.label()} and {others} tie within noise ({noise}); {prefer}"

@@ -38,7 +38,18 @@ from orchestrator.errors import UserError
 from orchestrator.execution.cluster import Resources
 from orchestrator.execution.pool import GangPool
 from orchestrator.execution.slots import NodeInfo, Slot, SlotBook
-from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, DUPLICATE_ATTR, FAIL_TAG, INVALID_TAG, RACE_TAG, RETRY_TAG, flag
+from orchestrator.study.keys import (
+    BASELINE_TAG,
+    DRIVER_ATTR,
+    DUPLICATE_ATTR,
+    FAIL_TAG,
+    INVALID_TAG,
+    RACE_TAG,
+    RETRY_TAG,
+    RUN_ID_ATTR,
+    flag,
+    requeue,
+)
 from orchestrator.study.proposals import Proposals, race_pick
 from orchestrator.study.ranking import rank
 from orchestrator.study.storage import frozen_trial
@@ -92,10 +103,12 @@ def node_alive(node_id: str) -> bool:
     if node is None or not node.get("Alive"):
         return False
     try:
-        with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout=2.0):
+        with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout=5.0):
             return True
+    except ConnectionRefusedError:
+        return False  # nothing listens where its raylet did: gone
     except OSError:
-        return False
+        return True  # slow or unreachable for a moment is not dead: the cluster's own health checks decide
 
 
 @dataclass
@@ -118,17 +131,40 @@ class StudyContext:
     running_below: object  # (number) -> int: live RUNNING trials numbered below `number` (any driver)
 
 
-def known_configurations(study, cfg, space: dict | None, seed: int | None) -> Proposals:
-    """The study's record as `Proposals`: every finished trial's configuration that counts as known."""
+def counts_as_known(t) -> bool:
+    """A finished trial whose configuration is measured: COMPLETE, pruned, invalid. A duplicate points at
+    its twin; a plain failure (a gang error, an interruption) is retried, not known."""
     from optuna.trial import TrialState
 
+    if t.state not in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) or DUPLICATE_ATTR in t.user_attrs:
+        return False
+    return t.state != TrialState.FAIL or INVALID_TAG in t.user_attrs
+
+
+def known_configurations(study, cfg, space: dict | None, seed: int | None) -> Proposals:
+    """The study's record as `Proposals`: every finished trial's configuration that counts as known."""
     book = Proposals(space, random.Random(seed))
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-        if DUPLICATE_ATTR in t.user_attrs or (t.state == TrialState.FAIL and INVALID_TAG not in t.user_attrs):
-            continue  # a duplicate points at its twin; a plain failure is retried, not known
-        if (identity := identity_of(t, cfg)) is not None:
+    for t in study.get_trials(deepcopy=False):
+        if counts_as_known(t) and (identity := identity_of(t, cfg)) is not None:
             book.known(identity, t.number)
     return book
+
+
+def space_finished(study, cfg, proposals: Proposals, need_baseline: bool = False) -> bool:
+    """Every distinct configuration of a finite space is known and nothing is queued (a retry, the
+    baseline). `need_baseline`: also every TP size has its COMPLETE baseline (k = 0 outside the space is
+    not among `proposals`; a rerun whose baseline failed must run it, so it is not finished)."""
+    from optuna.trial import TrialState
+
+    from orchestrator.config.space import candidates
+    from orchestrator.study.trial import find_baseline
+
+    if not proposals.exhausted or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return False
+    if not (need_baseline and cfg.study.baseline):
+        return True
+    tps = [int(t) for t in candidates(cfg, "parallel.tp")] if "parallel.tp" in cfg.search.space else [cfg.parallel.tp]
+    return all(find_baseline(study, tp) is not None for tp in tps)
 
 
 def slot_pools(slots: list[Slot], res: Resources, log) -> dict[int, GangPool]:
@@ -188,24 +224,47 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
             attrs = {RACE_TAG: number, **({BASELINE_TAG: True} if flag(first.user_attrs.get(BASELINE_TAG)) else {})}
             study.enqueue_trial(first.params, user_attrs=attrs, skip_if_exists=False)
 
-    def start_next() -> None:
-        """Ask; measure the trial on a free slot unless it is surplus or a duplicate."""
+    seen: set[int] = set()  # finished trials already folded into `proposals`
+
+    def sync() -> None:
+        """Fold in what other drivers finished since, and what they are measuring now."""
+        others: dict[str, int] = {}
+        for t in study.get_trials(deepcopy=False):
+            if t.number in seen or t.number in running:
+                continue
+            if t.state == TrialState.RUNNING:
+                if t.user_attrs.get(DRIVER_ATTR) != ctx.driver and (identity := identity_of(t, cfg)) is not None:
+                    others[identity] = t.number
+            elif t.state != TrialState.WAITING:
+                seen.add(t.number)
+                if counts_as_known(t) and (identity := identity_of(t, cfg)) is not None:
+                    proposals.known(identity, t.number)
+        proposals.others_running(others)
+
+    def start_next() -> bool:
+        """Ask; measure the trial on a free slot unless it is surplus or a duplicate. False: stop asking
+        until a running trial ends (surplus, or nothing new to try while the running ones measure)."""
         nonlocal idle_duplicates
+        sync()
         race()
         trial = study.ask()
         trial.set_user_attr(DRIVER_ATTR, ctx.driver)
         beat(trial)
         if complete() + ctx.running_below(trial.number) >= ctx.n_goal:
             release_surplus(trial)
-            return
+            return False
         asked = "fixed_params" in frozen_trial(study, trial.number).system_attrs  # enqueued: the study asked for it
         admission = proposals.admit(trial.number, identity_of(trial, cfg), asked)
         if not admission.run:
             skip_duplicate(study, trial, cfg, tracker, admission)
-            idle_duplicates += not running
-            if proposals.stuck and (pick := proposals.pick_untried()) is not None:
-                study.enqueue_trial(pick)  # the sampler keeps repeating itself: measure an unknown configuration
-            return
+            then = proposals.after_duplicate()
+            if isinstance(then, dict):
+                study.enqueue_trial(then)  # the sampler keeps repeating itself: measure an unknown configuration
+                return True
+            if then is False and running:
+                return False  # nothing new to try until a running trial ends: wait for one, do not spin
+            idle_duplicates += 1
+            return True
         idle_duplicates = 0
         if RETRY_TAG in trial.user_attrs:
             fixed = frozen_trial(study, trial.number).system_attrs.get("fixed_params") or trial.params
@@ -224,13 +283,28 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
         running[trial.number] = (thread, slot)
         thread.start()
 
+    def abandon(number: int) -> None:
+        """A trial thread that did not stop in time: FAIL (interrupted), params queued again, run ended."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        t = frozen_trial(study, number)
+        if t.state != TrialState.RUNNING:
+            return
+        try:
+            study.tell(number, state=TrialState.FAIL)
+        except (RuntimeError, ValueError, UpdateFinishedTrialError):
+            return  # it finished after all
+        requeue(study, t.system_attrs.get("fixed_params") or t.params, t.user_attrs, number)
+        if run_id := t.user_attrs.get(RUN_ID_ATTR):
+            tracker.finish_trial(run_id, "FAIL", "interrupted: the trial did not stop within 60 s")
+
     def over_failure_limit() -> bool:
         return bool(failed) and failed >= ctx.max_failed  # max_failed failures end the run (0: the first does)
 
     try:
         while True:
             done = complete()
-            if not running and (done >= ctx.n_goal or proposals.exhausted):
+            if not running and (done >= ctx.n_goal or space_finished(study, cfg, proposals)):
                 if done < ctx.n_goal:
                     log(
                         f"spectune: every distinct configuration of the search space ({proposals.size}) is measured: "
@@ -245,17 +319,18 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
             while (
                 not over_failure_limit()
                 and book.free
-                and not proposals.exhausted
+                and not space_finished(study, cfg, proposals)
                 and complete() + len(running) + ctx.others_running() < ctx.n_goal
             ):
-                start_next()
+                if not start_next():
+                    break
                 if idle_duplicates >= MAX_IDLE_DUPLICATES:
                     raise UserError(
-                        f"study: the sampler proposed {idle_duplicates} known configurations in a row and none is left "
-                        "to pick (an unbounded space): raise study.n_trials' ceiling or widen search.space"
+                        f"study.sampler: proposed {idle_duplicates} measured configurations in a row, and the space is too "
+                        "large to pick an unmeasured one from; finished trials are saved (study.sampler: random explores more)"
                     )
             if not running:
-                if proposals.exhausted or complete() >= ctx.n_goal:
+                if space_finished(study, cfg, proposals) or complete() >= ctx.n_goal:
                     continue
                 # other drivers hold the open slots: wait; one of their trials may still fail
                 if not waiting:
@@ -300,6 +375,9 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
         deadline = time.monotonic() + 60
         for thread, _ in list(running.values()):
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        for number, (thread, _) in running.items():
+            if thread.is_alive():  # stuck past the deadline: fail it here, so no trial stays RUNNING
+                abandon(number)
         raise
     return failed
 

@@ -98,7 +98,7 @@ def find_baseline(study, tp: int):
 
 def identity_of(trial, cfg: ExperimentConfig) -> str | None:
     """The configuration a trial (asked, or finished: a FrozenTrial) runs, as one identity
-    (`space.config_identity`); None where it does not resolve (the trial prunes itself with the reason)."""
+    (`space.config_identity`); None where it does not resolve (run_trial then fails with the reason)."""
     try:
         return config_identity(trial_config(trial, cfg))
     except Exception:  # noqa: BLE001 - a space the trial cannot resolve: run_trial records why
@@ -120,12 +120,14 @@ def skip_duplicate(study, trial, cfg: ExperimentConfig, tracker: Tracker, admiss
     return TrialOutcome(state="PRUNED", config=t.tc, reason=admission.reason)
 
 
-def baseline_pending(study, tp: int) -> bool:
+def baseline_pending(study, tp: int, stale_after_s: float) -> bool:
     """A k = 0 trial at TP `tp` is running (in a concurrent study it may finish after others). A queued one
     does not count: it may wait for the very slot the asking trial holds."""
     from optuna.trial import TrialState
 
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if time.time() - float(t.user_attrs.get(HEARTBEAT_ATTR, 0) or 0) >= stale_after_s:
+            continue  # its driver is silent: not coming
         queued = t.system_attrs.get("fixed_params", {})  # an enqueued trial's params
         params = {**trial_params(t), **queued}
         k0 = is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or flag(t.user_attrs.get(BASELINE_TAG))
@@ -134,10 +136,14 @@ def baseline_pending(study, tp: int) -> bool:
     return False
 
 
-def await_baseline(study, tp: int, deadline: float, heartbeat):
+def await_baseline(study, tp: int, limit_s: float, heartbeat, stopped):
     """The baseline to compare with; in a concurrent study the k = 0 trial may still be running beside
-    this one: wait for it (until `deadline`, beating the heartbeat) rather than skip the comparison."""
-    while (base := find_baseline(study, tp)) is None and baseline_pending(study, tp) and time.monotonic() < deadline:
+    this one: wait for it (at most `limit_s`, beating the heartbeat) rather than skip the comparison.
+    `stopped()` true (the study is being interrupted): GangError, the trial fails as interrupted."""
+    deadline = time.monotonic() + limit_s
+    while (base := find_baseline(study, tp)) is None and baseline_pending(study, tp, limit_s + 120) and time.monotonic() < deadline:
+        if stopped():
+            raise GangError("interrupted while waiting for the baseline")
         heartbeat()
         time.sleep(0.5)
     return base
@@ -327,6 +333,7 @@ class _Measured:
     started: float
     first: list  # the first repeat's prompts (every repeat decodes the same prompts)
     digest: list[str]  # per-prompt digests of their greedy outputs
+    stopped: object = lambda: False  # () -> bool: the study is interrupting this trial (its pool's flag)
 
 
 def configure(study, trial, cfg: ExperimentConfig, tracker: Tracker) -> _Trial:
@@ -410,7 +417,7 @@ def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live, site: T
         metrics.update(noise_aware(per_repeat, cfg.study.mad_penalty))
     first = result.prompts[: len(prepared.token_ids)]
     digest = outputs_digest(result)[: len(prepared.token_ids)]
-    return _Measured(result, pruned, per_repeat, metrics, gang, started, first, digest)
+    return _Measured(result, pruned, per_repeat, metrics, gang, started, first, digest, stopped=lambda: pool.interrupted)
 
 
 def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> None:
@@ -420,8 +427,10 @@ def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> None:
 
     cfg, tc, study, metrics = t.cfg, t.tc, t.study, m.metrics
     digest, first = m.digest, m.first
-    base = None if t.plain else await_baseline(study, tc.tp, m.started + cfg.limits.trial_timeout_s, lambda: beat(t.trial))
+    waited = time.monotonic()
+    base = None if t.plain else await_baseline(study, tc.tp, cfg.limits.trial_timeout_s, lambda: beat(t.trial), m.stopped)
     base = base or find_baseline(study, tc.tp)
+    waited = time.monotonic() - waited  # not the trial's own time: its batch sizes keep their budget
     # medians of repeats on both sides; the baseline's pooled over every k = 0 trial at this TP
     base_med = baseline_median(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), tc.tp)
     if m.per_repeat and base_med:
@@ -441,7 +450,8 @@ def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> None:
             # the batch-1 baseline's tokens and margins; without one yet, this trial's own batch-1 tokens, exactly
             reference = baseline_outputs(base, t.tracker) if base is not None and not t.plain else None
             reference = reference or {"tokens": [p.tokens for p in first], "margins": [p.margins for p in first]}
-        metrics.update(_batched(cfg, prepared, m.gang, tc, reference, lambda: beat(t.trial), m.started + cfg.limits.trial_timeout_s))
+        deadline = m.started + waited + cfg.limits.trial_timeout_s
+        metrics.update(_batched(cfg, prepared, m.gang, tc, reference, lambda: beat(t.trial), deadline))
         metrics.update(batch_speedups(metrics, cfg, study, tc.tp, t.plain))
         if "objective" in metrics:
             metrics.update(batch_objective(metrics, cfg))

@@ -157,7 +157,10 @@ def test_resume_reaches_the_total_without_duplicates(tmp_path, tiny_ckpt):
     space = {"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3, 4]}}}
     exp = tiny_experiment(tmp_path, tiny_ckpt, search=space)
     home = tmp_path / "home"
-    first = summary(spectune(["run", str(exp), "--set", "study.n_trials=3"], home))
+    # two at a time asked for, on an embedded one-node Ray: isolation node gives one slot, said in one line
+    first_run = spectune(["run", str(exp), "--set", "study.n_trials=3", "--set", "study.max_concurrent_trials=2"], home)
+    assert "study.max_concurrent_trials=2, but isolation node gives 1 slot(s) on this cluster (1 node(s)): 1 at a time" in first_run.stderr
+    first = summary(first_run)
     assert first["complete"] == 3
     assert first["gangs_launched"] == 1  # 3+ trials, one gang: the same env and placement throughout
     second_run = spectune(["run", str(exp), "--set", "study.n_trials=5"], home)

@@ -149,3 +149,31 @@ def test_a_grid_of_four_points_is_measured_once_each(n_trials):
         study.tell(trial, 1.0)  # the grid's own stop would raise here outside study.optimize
         p.finished(trial.number, known=True)
     assert sorted(measured) == sorted(space) and len(space) == 4
+
+
+def test_with_every_unknown_configuration_running_the_driver_waits_instead_of_spinning():
+    """n_trials larger than the space, two slots: once the configurations not yet known are all running,
+    a duplicate tells the driver to wait for a running trial (False), never to ask again at once."""
+    p = Proposals({"a": {"k": 0}, "b": {"k": 1}, "c": {"k": 2}})
+    p.known("a", 0)
+    assert p.admit(1, "b", asked=False).run and p.admit(2, "c", asked=False).run
+    assert not p.admit(3, "b", asked=False).run
+    assert p.after_duplicate() is False  # nothing new while b and c run
+    p.finished(1, known=True)
+    assert p.after_duplicate() is False and not p.exhausted  # c still runs
+    p.finished(2, known=True)
+    assert p.exhausted
+
+
+def test_configurations_other_drivers_measure_are_not_measured_beside_them():
+    p = Proposals({"a": {"k": 0}, "b": {"k": 1}})
+    p.others_running({"b": 7})
+    twin = p.admit(1, "b", asked=False)
+    assert not twin.run and twin.twin == 7 and "another driver" in twin.reason
+    assert p.untried() == [{"k": 0}]
+    assert p.after_duplicate() is None  # "a" is still there to try: ask again
+    unbounded = Proposals(None)
+    unbounded.known("x", 0)
+    for n in range(MAX_DUPLICATES):
+        assert not unbounded.admit(n + 1, "x", asked=False).run
+    assert unbounded.after_duplicate() is False  # stuck with nothing to pick: wait while trials run
