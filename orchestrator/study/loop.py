@@ -384,6 +384,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         pools = slot_pools(slots, res, log)
         ctx = StudyContext(
             study,
+            storage,
             cfg,
             prepared,
             tracker,

@@ -52,7 +52,7 @@ from orchestrator.study.keys import (
 )
 from orchestrator.study.proposals import Proposals, race_pick
 from orchestrator.study.ranking import rank
-from orchestrator.study.storage import frozen_trial
+from orchestrator.study.storage import frozen_trial, set_trial_user_attr
 from orchestrator.study.trial import TrialOutcome, beat, identity_of, run_trial, skip_duplicate
 from orchestrator.tracking.runs import config_label, label_defaults
 
@@ -116,6 +116,7 @@ class StudyContext:
     """What the loop hands over: the study and everything a trial needs, and the run's counters."""
 
     study: object
+    storage: object  # the study's Optuna storage (to mark a trial this process holds no live handle of)
     cfg: object
     prepared: object
     tracker: object
@@ -225,6 +226,7 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
             study.enqueue_trial(first.params, user_attrs=attrs, skip_if_exists=False)
 
     seen: set[int] = set()  # finished trials already folded into `proposals`
+    asking: int | None = None  # a trial asked and not yet started or told
 
     def sync() -> None:
         """Fold in what other drivers finished since, and what they are measuring now."""
@@ -244,19 +246,22 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
     def start_next() -> bool:
         """Ask; measure the trial on a free slot unless it is surplus or a duplicate. False: stop asking
         until a running trial ends (surplus, or nothing new to try while the running ones measure)."""
-        nonlocal idle_duplicates
+        nonlocal idle_duplicates, asking
         sync()
         race()
         trial = study.ask()
+        asking = trial.number  # until its thread starts or it is told: an interrupt here must not leave it RUNNING
         trial.set_user_attr(DRIVER_ATTR, ctx.driver)
         beat(trial)
         if complete() + ctx.running_below(trial.number) >= ctx.n_goal:
             release_surplus(trial)
+            asking = None
             return False
         asked = "fixed_params" in frozen_trial(study, trial.number).system_attrs  # enqueued: the study asked for it
         admission = proposals.admit(trial.number, identity_of(trial, cfg), asked)
         if not admission.run:
             skip_duplicate(study, trial, cfg, tracker, admission)
+            asking = None
             then = proposals.after_duplicate()
             if isinstance(then, dict):
                 study.enqueue_trial(then)  # the sampler keeps repeating itself: measure an unknown configuration
@@ -282,21 +287,26 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
         thread = threading.Thread(target=work, args=(trial, slot), name=f"trial-{trial.number}", daemon=True)
         running[trial.number] = (thread, slot)
         thread.start()
+        asking = None
 
-    def abandon(number: int) -> None:
-        """A trial thread that did not stop in time: FAIL (interrupted), params queued again, run ended."""
+    def abandon(number: int, reason: str) -> None:
+        """A trial the loop cannot see to its end (its thread did not stop in time, or the interrupt came
+        between its ask and its start): FAIL (interrupted), its params queued again where it had any
+        to keep (a proposal that never started needs none), its MLflow run ended."""
         from optuna.exceptions import UpdateFinishedTrialError
 
         t = frozen_trial(study, number)
         if t.state != TrialState.RUNNING:
             return
         try:
+            set_trial_user_attr(ctx.storage, study, number, FAIL_TAG, reason)
             study.tell(number, state=TrialState.FAIL)
         except (RuntimeError, ValueError, UpdateFinishedTrialError):
             return  # it finished after all
-        requeue(study, t.system_attrs.get("fixed_params") or t.params, t.user_attrs, number)
+        if params := (t.system_attrs.get("fixed_params") or (t.params if t.user_attrs.get(RUN_ID_ATTR) else None)):
+            requeue(study, params, t.user_attrs, number)
         if run_id := t.user_attrs.get(RUN_ID_ATTR):
-            tracker.finish_trial(run_id, "FAIL", "interrupted: the trial did not stop within 60 s")
+            tracker.finish_trial(run_id, "FAIL", reason)
 
     def over_failure_limit() -> bool:
         return bool(failed) and failed >= ctx.max_failed  # max_failed failures end the run (0: the first does)
@@ -377,7 +387,9 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         for number, (thread, _) in running.items():
             if thread.is_alive():  # stuck past the deadline: fail it here, so no trial stays RUNNING
-                abandon(number)
+                abandon(number, "interrupted: the trial did not stop within 60 s")
+        if asking is not None and asking not in running:
+            abandon(asking, "interrupted before it started")
         raise
     return failed
 

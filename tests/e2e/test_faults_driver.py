@@ -229,3 +229,49 @@ def test_a_driver_is_its_pid_and_start_time():
         t = study.ask()
         t.set_user_attr(DRIVER_ATTR, driver)
         assert _stale(study._storage.get_trial(t._trial_id), stale_after_s=1e9) is stale, driver
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_fails_and_requeues_every_running_trial(tmp_path, tiny_ckpt):
+    """`ray job stop` (SIGTERM) with two trials decoding at once (isolation none, two slots on the
+    embedded Ray): exit 130 with one line, both trials FAIL as interrupted with their MLflow runs
+    ended, their params queued (a rerun measures queued params first: the SIGKILL test above); no
+    process left."""
+    exp = tiny_experiment(
+        tmp_path,
+        tiny_ckpt,
+        parallel={"tp": 1, "cpus_per_worker": 0.1},
+        # many repeats: each trial decodes for seconds, so both are mid-decode when the signal comes
+        workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 96, "repeats": 20},
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3]}}},
+        study={"n_trials": 2, "sampler": "random", "seed": 0, "pruner": "none", "max_concurrent_trials": 2, "isolation": "none"},
+    )
+    home, tag = tmp_path / "home", uuid.uuid4().hex
+    db = home / "optuna.db"
+    p = start_spectune(["run", str(exp)], home, tag)
+    try:
+        t0 = time.monotonic()
+        decoding = (  # RUNNING trials that reported a prompt: their gangs are decoding
+            "select distinct t.number from trials t join trial_intermediate_values v on v.trial_id = t.trial_id where t.state = 'RUNNING'"
+        )
+        while not (db.exists() and len(sql(db, decoding)) >= 2):
+            assert p.poll() is None and time.monotonic() - t0 < 240, p.stderr.read()[-3000:] if p.poll() is not None else "never two"
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "interrupted; finished trials are saved" in err, err[-3000:]
+    assert wait_until_gone(tag, timeout=30, folder=p.ray_tmp)[1] == []
+    study = optuna_study(f"sqlite:///{db}", "tiny-study")
+    stopped = [t for t in study.trials if t.state.name == "FAIL"]
+    assert len(stopped) >= 2 and all(t.user_attrs["spectune.fail_reason"].startswith("interrupted") for t in stopped), err[-3000:] + str(
+        [(t.number, t.state.name, t.user_attrs.get("spectune.fail_reason")) for t in study.trials]
+    )
+    assert "RUNNING" not in [t.state.name for t in study.trials]
+    waiting = [t for t in study.trials if t.state.name == "WAITING"]
+    assert len(waiting) >= 2  # each decoding trial's params are queued again
+    _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
+    by_id = {r.info.run_id: r for r in runs}
+    assert all(by_id[t.user_attrs["mlflow_run_id"]].info.status == "FAILED" for t in stopped)
