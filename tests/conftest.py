@@ -27,6 +27,9 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # `from studyutil import ...` from every tier's folder
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# the suite runs on three xdist workers over two cores: one intra-op thread each (tiny tensors pay for
+# thread hand-offs, and more threads than cores only queue); processes the tests start choose their own
+torch.set_num_threads(1)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

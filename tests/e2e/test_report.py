@@ -124,7 +124,7 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     assert dom.returncode == 0, dom.stderr[-1000:]
     for chart in ("objective", "per_token", "breakeven", "throughput_k"):  # embedded, each with its caption
         assert f'id="plot-{chart}"><img alt="{chart}" src="data:image/png;base64,' in dom.stdout
-    assert 'id="verdict"' in dom.stdout and f"<b>{facts['best_label']}</b> wins" in dom.stdout
+    assert 'id="verdict"' in dom.stdout and any(f"<b>{facts['best_label']}</b> {w}" in dom.stdout for w in ("wins", "leads"))
     assert all(f'data-trial="{row["number"]}"' in dom.stdout for row in rows) and dom.stdout.count("data-trial=") == len(rows)
     assert 'id="best-config"' in dom.stdout and "num_draft_tokens" in dom.stdout
     assert 'id="model-predictions"' in dom.stdout and dom.stdout.count("<tr>") >= 1 + len(held_out)
