@@ -6,6 +6,7 @@
     spectune report experiments/smoke-cpu.yaml
     spectune export experiments/smoke-cpu.yaml --to vllm [--out FILE]
     spectune schema --out experiments/spectune.schema.json
+    spectune bench-search EXP.yaml --storage URL --studies A,B --budget 6 [--json]
 
 User errors (bad flags, files, model paths, TP sizes, backends) print one line
 `spectune: error: ...` and exit 2; a failed gang exits 1 with one line naming the rank.
@@ -92,6 +93,39 @@ def _bench(ns: argparse.Namespace) -> int:
         print(json.dumps(rows) if ns.json else table(rows))
     if failures:  # the rows that did run are printed above
         raise UserError(f"{len(failures)} of the benchmarks failed; first: {failures[0]}")
+    return 0
+
+
+def _add_bench_search(sub) -> None:
+    p = sub.add_parser("bench-search", help="replay finished studies as a tabular benchmark of search strategies")
+    p.add_argument("experiment", help="experiment YAML: the search space the strategies search")
+    p.add_argument("--set", action="append", default=[], metavar="dotted.key=value", help="override a YAML field (repeatable)")
+    p.add_argument("--storage", default=None, help="Optuna storage URL of the record (default: the YAML's study.storage)")
+    p.add_argument("--tracking", default=None, help="MLflow tracking URI of the record (metrics a trial's Optuna record lacks)")
+    p.add_argument("--studies", required=True, help="comma list of finished studies of one model and workload, pooled into one landscape")
+    p.add_argument("--budget", type=int, required=True, help="trials each strategy is offered, the baseline included")
+    p.add_argument("--seeds", type=int, default=20, help="seeds per strategy (medians over them)")
+    p.add_argument("--sampler", action="extend", nargs="+", default=None, help="strategies to compare (default: tpe random gp model)")
+    p.add_argument("--json", action="store_true", help='print {"default": ..., "strategies": {...}} on stdout (the table on stderr)')
+    p.set_defaults(handler=_bench_search)
+
+
+def _bench_search(ns: argparse.Namespace) -> int:
+    from orchestrator.config.schema import load_config
+    from orchestrator.study.search_bench import STRATEGIES, bench, check_args, load_landscape, loo_lines, open_record, table
+
+    cfg = load_config(ns.experiment, ns.set)
+    strategies = list(dict.fromkeys(ns.sampler or STRATEGIES))
+    check_args(ns.budget, ns.seeds, strategies)
+    studies = [s.strip() for s in ns.studies.split(",") if s.strip()]
+    land = load_landscape(cfg, open_record(cfg, ns.storage), studies, ns.tracking)
+    result = bench(cfg, land, strategies, ns.budget, ns.seeds)
+    text = table(result, ns.seeds)
+    if ns.json:
+        print(text, *loo_lines(result), sep="\n", file=sys.stderr)
+        print(json.dumps(result.as_json()))
+    else:
+        print(text)
     return 0
 
 
@@ -287,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode(sub)
     _add_experiment_commands(sub)
     _add_bench(sub)
+    _add_bench_search(sub)
     _add_train_drafter(sub)
     return parser
 

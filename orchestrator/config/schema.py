@@ -200,7 +200,7 @@ class StudySection(_Section):
     name: str | None = None  # default: the experiment name
     n_trials: int = Field(6, ge=1)  # total COMPLETE trials; rerunning resumes up to this
     storage: str | None = None  # Optuna storage URL; default sqlite in $SPECTUNE_HOME
-    sampler: Literal["tpe", "random", "grid", "gp"] = "tpe"
+    sampler: Literal["tpe", "random", "grid", "gp", "model"] = "tpe"
     seed: int | None = 0
     pruner: Literal["percentile", "median", "none"] = "percentile"
     baseline: bool = True  # enqueue k = 0 first (once per TP size), also when k is not searched

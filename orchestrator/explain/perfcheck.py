@@ -10,7 +10,9 @@ subprocess, so one command measures and checks). `--decode`: `spectune decode --
 instead, one "trial" each (e.g. results/h200-2026-11-30/, with its bench_allreduce.json).
 Prints one line per held-out trial (measured and predicted decode tok/s, the error, the allreduce
 term its fit used and how), the trials that could not be predicted and why, and then
-`median |error| ... = X%`; exits 1 when that is above `--max-error`.
+`median |error| ... = X%`; exits 1 when that is above `--max-error`. For a study it then leaves
+each configuration out (`perfmodel.config_loo`: its trials pooled, predicted with none of its own
+measurements, its acceptance from the same drafter at other k; a miss counts as 100%).
 `--allreduce`: auto (the table where it agrees with the trials' own allreduce measurement, the
 report's choice), bench (the table wherever it has the setup, even where it disagrees), fitted
 (ignore any table). `spectune report` uses the helpers here for its performance-model section.
@@ -27,7 +29,18 @@ from pathlib import Path
 
 from orchestrator.config.schema import ExperimentConfig, load_config, spectune_home
 from orchestrator.errors import UserError
-from orchestrator.explain.perfmodel import BenchComm, TrialPoint, comm_check, env_label, fit, loo_error, loo_predictions
+from orchestrator.explain.perfmodel import (
+    BenchComm,
+    ConfigShape,
+    TrialPoint,
+    comm_check,
+    config_loo,
+    config_loo_error,
+    env_label,
+    fit,
+    loo_error,
+    loo_predictions,
+)
 from orchestrator.study.ranking import trial_params
 
 TERM_NAMES = {"bench": "bench-derived", "fitted": "fitted", "backend": "fitted per backend + NCCL corrections"}
@@ -70,6 +83,98 @@ def trial_points(trials, cfg: ExperimentConfig) -> list[TrialPoint]:
             )
         )
     return points
+
+
+def config_shape(tc, cfg: ExperimentConfig) -> ConfigShape:
+    """The model's view of one configuration (a `space.TrialConfig`): its setup (TP size, backend,
+    NCCL variables and the engine options the space searches), its drafter variant (kind and every
+    drafter parameter), its proposer (the variant less `placement`: where a drafter runs changes what
+    a draft costs, not what it proposes), its acceptance key (the proposer under the searched engine
+    options, whose numerics pick the greedy text among near ties), k and the verify width."""
+    from workers.spec import tree_size
+
+    params = tc.params()
+    tp, _, family, nccl = _setup(cfg, params)
+    engine = tuple(f"{n}={params[n]}" for n in sorted(cfg.search.space) if n.startswith("engine.") and n in params)
+    settings = nccl + engine
+    k = tc.num_draft_tokens
+    drafter = proposer = acceptance = "none"
+    if k:
+        own = [(n.removeprefix("drafter."), v) for n, v in sorted(params.items()) if n.startswith("drafter.") and n != "drafter.kind"]
+        drafter = " ".join([tc.drafter.kind] + [f"{n}={v}" for n, v in own])
+        proposer = " ".join([tc.drafter.kind] + [f"{n}={v}" for n, v in own if n != "placement"])
+        acceptance = " ".join([proposer, *engine])
+    return ConfigShape(
+        env=env_label(tp, str(params["comm.backend"]), ",".join(settings) or "default"),
+        family=family,
+        settings=settings,
+        tp=tp,
+        kind=tc.drafter.kind if k else "none",
+        drafter=drafter,
+        acceptance=acceptance,
+        proposer=proposer,
+        k=k,
+        width=(tree_size(k, tc.drafter.tree_width) + 1) if k else 1,
+        layers=tc.drafter.layers if tc.drafter.kind == "layer_skip" else 0,
+        simulated=cfg.workload.simulate_accept_len,
+        in_verifier=k > 0 and tc.drafter.in_verifier,
+    )
+
+
+def config_point(shape: ConfigShape, u: dict, objective: float | None, trial: int | None = None) -> TrialPoint | None:
+    """A measured configuration as a point of the configuration model: `u` holds the trial's metrics
+    (its Optuna user attrs); None without step timings."""
+    if "step_ms_p50" not in u:
+        return None
+    rates = tuple(float(u[f"accept_rate_pos_{i}"]) for i in range(1, shape.k + 1) if f"accept_rate_pos_{i}" in u)
+    return TrialPoint(
+        env=shape.env,
+        kind=shape.kind,
+        k=shape.k,
+        step_ms=float(u["step_ms_p50"]),
+        accept_len=float(u.get("accept_len_mean", 1.0)),
+        throughput=float(u.get("decode_tok_s", u.get("throughput_tok_s", objective or 0.0))),
+        accept_rates=rates,
+        verify_ms=u.get("verify_ms_p50"),
+        draft_ms=float(u.get("draft_ms_p50", 0.0)),
+        tp=shape.tp,
+        comm_ms=u.get("comm_ms_per_step") if shape.tp > 1 else None,
+        trial=trial,
+        family=shape.family,
+        settings=shape.settings,
+        config=shape,
+        objective=objective,
+    )
+
+
+def config_points(trials, cfg: ExperimentConfig) -> list[TrialPoint]:
+    """COMPLETE trials as points of the configuration model, labelled by `config_shape` (a trial whose
+    parameters do not resolve under `cfg`'s space is left out)."""
+    from orchestrator.study.ranking import median_mad, trial_samples
+    from orchestrator.study.trial import trial_config
+
+    points = []
+    for t in trials:
+        try:
+            shape = config_shape(trial_config(t, cfg), cfg)
+        except Exception:  # noqa: BLE001 - a trial of another space
+            continue
+        samples = trial_samples(t)
+        if (p := config_point(shape, t.user_attrs, median_mad(samples)[0] if samples else None, t.number)) is not None:
+            points.append(p)
+    return points
+
+
+def model_layers(cfg: ExperimentConfig) -> int | None:
+    """The verifier's layer count (the draft-cost prior's unit) from what is on this machine (a demo
+    model is never fetched for it); None where the model cannot be read here."""
+    from workers.model.checkpoint import DEMO_MODELS, cache_root, load_args, resolve_model_path
+
+    try:
+        path = cache_root() / cfg.model.path if cfg.model.path in DEMO_MODELS else resolve_model_path(cfg.model.path)
+        return int(load_args(path).n_layers)
+    except Exception:  # noqa: BLE001 - a checkpoint not on this machine: the prior's default
+        return None
 
 
 def bench_comm(cfg: ExperimentConfig, rows: list[dict] | None) -> tuple[BenchComm | None, str]:
@@ -251,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.decode:
             points, model_path = decode_points(ns.decode)
+            configs = []  # decode runs carry no configuration of a space: no configuration leave-one-out
             rows = None if ns.allreduce == "fitted" or not ns.bench else load_bench_rows(None, None, ns.bench)
             dtype = ns.dtype or ("bfloat16" if ns.device == "cuda" else "float32")
             comm, note = model_comm(rows, model_path, dtype, ns.device, points[0].tp)
@@ -266,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
             from optuna.trial import TrialState
 
             study = open_study(cfg)
-            points = trial_points([t for t in study.trials if t.state == TrialState.COMPLETE], cfg)
+            complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+            points = trial_points(complete, cfg)
+            configs = config_loo(config_points(complete, cfg))
             rows = None if ns.allreduce == "fitted" else load_bench_rows(cfg, study, ns.bench)
             comm, note = bench_comm(cfg, rows)
             title = f"study {cfg.study_name}: {len(points)} complete trials with step timings"
@@ -314,7 +422,32 @@ def main(argv: list[str] | None = None) -> int:
                 else "no prediction (a left-out setup's constant is fitted only from other trials of the same setup)"
             )
         )
+    if configs:
+        print_config_loo(configs)
     return 1 if ns.max_error is not None and not err <= ns.max_error else 0
+
+
+def print_config_loo(configs: list) -> None:
+    """Leave one configuration out (perfmodel.config_loo): each configuration, its trials pooled,
+    predicted without any of its own measurements; a miss counts as 100%."""
+    print("leave one configuration out (no measurement of its own, its acceptance included):")
+    for x in sorted(configs, key=lambda x: (x.shape.drafter, x.shape.env, x.shape.k)):
+        who = "+".join(str(t) for t in x.trials)
+        if x.predicted is None:
+            print(
+                f"  {x.shape.drafter[:36]:<36} k={x.shape.k:<2} {x.shape.env[:24]:<24} trials {who}: measured {x.measured:9.2f}, miss: {x.how}"
+            )
+        else:
+            err = (x.predicted - x.measured) / x.measured
+            print(
+                f"  {x.shape.drafter[:36]:<36} k={x.shape.k:<2} {x.shape.env[:24]:<24} trials {who}: measured {x.measured:9.2f}, "
+                f"predicted {x.predicted:9.2f} {err:+7.1%}  [{x.how}]"
+            )
+    misses = sum(x.predicted is None for x in configs)
+    print(
+        f"median |error| leaving each configuration out: {config_loo_error(configs):.1%} ({len(configs)} configurations"
+        + (f"; {misses} could not be predicted, counted as 100%)" if misses else ")")
+    )
 
 
 if __name__ == "__main__":

@@ -43,12 +43,15 @@ Pure numpy: `fit` on `TrialPoint`s (plus an optional `BenchComm`); `loo_error` p
 from a fit on the others; `comm_check` compares the bench-derived allreduce time with the one the
 trials measured themselves (comm_ms_per_step, from the step timed with the allreduce disabled).
 `loo_predictions` also names the trials it could not predict, and why.
+`fit_configs` / `config_loo` (the second half of this file): the configuration model, which predicts
+configurations no trial ran (the `model` sampler, `spectune bench-search`) and leaves whole
+configurations out, their acceptance included.
 `python -m orchestrator.explain.perfcheck EXP.yaml` prints the leave-one-out figures of a study.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -57,6 +60,26 @@ def env_label(tp: int, backend: str, nccl: str = "default") -> str:
     """One allreduce setup, e.g. "tp2 nccl NCCL_PROTO=LL"; `nccl` as bench-allreduce labels it
     ("A=1,B=2" sorted by name, "default" for none)."""
     return f"tp{tp} {backend}" + ("" if nccl in ("", "default") else f" {nccl}")
+
+
+@dataclass(frozen=True)
+class ConfigShape:
+    """What the model needs to know of one configuration, measured or not."""
+
+    env: str  # the verify pass's setup: env_label of TP, backend and settings (NCCL variables, searched engine options)
+    family: str  # TP size and backend, e.g. "tp2 gloo"
+    settings: tuple[str, ...]  # "NCCL_X=v", "engine.gemv=off"
+    tp: int
+    kind: str  # drafter kind, "none" at k = 0
+    drafter: str  # drafter variant: kind and its parameters (what one draft costs)
+    acceptance: str  # what decides acceptance: the proposer under the setup's engine settings (their numerics
+    # pick the greedy text among near ties, and a short workload's acceptance follows the text)
+    k: int
+    width: int  # tokens one verify pass scores per sequence: k + 1, or a tree's nodes + 1
+    layers: int = 0  # layer_skip: the verifier's layers that draft
+    simulated: float | None = None  # the workload's imposed accepted length tau: every drafter accepts 1 + min(k, tau - 1)
+    in_verifier: bool = False  # the drafter runs inside the verifier ranks (no draft-link messages)
+    proposer: str = ""  # the variant less where it runs: what it proposes (default: `acceptance`)
 
 
 @dataclass(frozen=True)
@@ -75,6 +98,16 @@ class TrialPoint:
     trial: int | None = None  # Optuna trial number, for reports
     family: str = ""  # TP size and backend, e.g. "tp2 nccl" (default: parsed from env)
     settings: tuple[str, ...] = ()  # the NCCL variables of env, "NCCL_X=v" (default: parsed from env)
+    # the configuration as the configuration model sees it (None: env, kind and k speak for it)
+    config: ConfigShape | None = None
+    objective: float | None = None  # the study's throughput (prefill included), throughput_tok_s
+
+    @property
+    def shape(self) -> ConfigShape:
+        if self.config is not None:
+            return self.config
+        family, settings = point_parts(self)
+        return ConfigShape(self.env, family, settings, self.tp, self.kind, self.kind, self.kind, self.k, self.k + 1)
 
 
 def parse_env(env: str) -> tuple[str, tuple[str, ...]]:
@@ -374,6 +407,399 @@ def comm_check(points: list[TrialPoint], comm: BenchComm | None) -> dict[str, tu
     time per step. ~1 = the table describes the trials' allreduces; far from 1: contention, another
     message size or mode than the table's, or a noisy table."""
     return {env: (min(r), float(np.median(r)), max(r)) for env, r in sorted(comm_ratios(points, comm).items())}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configurations no trial ran. A finite search space is enumerable (config/space.py), so every
+# configuration can be predicted from measured parts, none of them its own (`ConfigShape` says which
+# parts it shares with others):
+#   verify   base[family] + sum over the setup's settings of d[family, setting] + b x width: one least
+#            squares over every trial (family = TP size and backend; settings = NCCL variables and
+#            searched engine options). A small ridge on the corrections d keeps a setting at "no change"
+#            where the trials cannot tell it from the width (one setup measured at one width only);
+#            where every trial ran one width, b is a prior (SLOPE_PRIOR). (The allreduce table is not
+#            used here: the setups of a search are fitted.)
+#   draft    c[variant] x k: the variant's ms per draft (least squares through the origin on k); else,
+#            for layer-skip, ms per draft per drafting layer x L (it runs L of the verifier's layers);
+#            else the kind's mean over its measured variants
+#   rest     what a step costs beyond its verify pass and drafts (link messages, verification, host
+#            work the step timings miss): r[variant] + h x k, least squares over the speculative
+#            trials (h, host work per draft, shared; 0 where no variant was measured at two k); a
+#            variant no trial ran takes its kind's r in the same place (inside the verifier ranks,
+#            or a process of its own), else any kind's there. Fitted twice: on the step the decode
+#            throughput implies (accept_len x 1000 / decode_tok_s: the decode prediction) and on the
+#            step the study's objective implies, (1/objective - s) x 1000 x accept_len, where s is
+#            what a plain trial spends per token outside its steps (prefill; median over the plain
+#            trials): the objective prediction 1 / (s + step / (1000 x accept)).
+#   accept   1 + c sum_{i<=k} P_i. P_i = accept_rate_pos_i, the share of steps that drafted position i
+#            in which it was accepted, pooled over every trial of the acceptance key (the proposer, i.e.
+#            the variant less where it runs, under the setup's engine settings) that measured position
+#            i; else the same proposer's under other engine settings; past the last measured position
+#            the last ratio P_n / P_{n-1} continues geometrically (the model's rule). c, the share of
+#            steps that draft at all (n-gram lookup drafts only where the text repeats), is the key's
+#            measured sum(accept_len - 1) / sum(sum_{i<=k} P_i) over its trials (1 for a chain that
+#            always drafts). A workload that imposes tau (workload.simulate_accept_len) accepts
+#            1 + min(k, tau - 1): P_i = clip(tau - i, 0, 1), c = 1
+#   decode   accept x 1000 / (verify + draft + rest) (tok/s)
+# Every estimate carries a relative spread (one sigma): small where each part was measured, larger for
+# a part borrowed from the kind, the family or a prior. Priors (a drafter no trial measured) serve only
+# the `model` sampler's exploration; leave-one-out never uses them (such a configuration is a miss).
+
+
+@dataclass(frozen=True)
+class Priors:
+    """What the model assumes where nothing was measured (exploration only). A draft costs
+    `draft_layers` verifier layers' worth of a plain verify pass: layer-skip its L, an EAGLE-3 head
+    about two (one decoder layer and its head), a draft model a quarter of the verifier, n-gram
+    lookup nothing. A drafter of unknown acceptance: the mean of the measured keys' P_i, else `rates`."""
+
+    n_layers: int | None = None  # the verifier's layers (None: 32)
+    rates: tuple[float, ...] = (0.5, 0.25, 0.125, 0.0625)  # P(accepted >= i): halves per position
+    link_share: float = 0.1  # a drafter process of its own: its link messages cost this share of a plain verify pass per step
+
+    def draft_ms(self, shape: ConfigShape, plain_verify_ms: float) -> float:
+        n = self.n_layers or 32
+        equivalent = {"ngram": 0.0, "layer_skip": float(shape.layers), "eagle3": 2.0, "draft_model": n / 4}.get(shape.kind, n / 4)
+        return equivalent / n * plain_verify_ms
+
+
+# relative one-sigma spreads of each part, by where it came from (an estimate's `spread` combines them)
+SPREAD_SETUP = {"fitted": 0.01, "bench": 0.02, "backend": 0.03, "unknown": 0.2}
+SPREAD_SETTING = 0.03  # per setting of its family no measured setup had (its correction taken as 0)
+SPREAD_DRAFT = {"variant": 0.05, "layers": 0.15, "kind": 0.3, "prior": 0.6}  # of the drafts' share of the step
+SPREAD_REST = {"variant": 0.05, "kind": 0.2, "class": 0.4, "prior": 0.6}  # of the rest's share of the step
+SPREAD_ACCEPT = {"measured": 0.03, "extrapolated": 0.15, "proposer": 0.1, "kind": 0.3, "prior": 0.5}  # of sum P_i
+
+
+@dataclass(frozen=True)
+class Estimate:
+    decode_tok_s: float
+    objective: float  # the study's throughput: decode plus the time per token outside decoding
+    accept_len: float
+    step_ms: float
+    spread: float  # relative one-sigma uncertainty of `objective` (measurement noise not included)
+    basis: str  # where the parts came from, one line
+
+
+@dataclass(frozen=True)
+class Miss:
+    reason: str  # why the model cannot predict the configuration without a prior
+
+
+def _extend(p: list[float], k: int) -> list[float]:
+    """P_1..P_k from the measured prefix: the last ratio continues geometrically past it (capped at 1)."""
+    probs = list(p[:k])
+    if not probs:
+        return probs
+    ratio = p[-1] / p[-2] if len(p) >= 2 and p[-2] > 0 else p[-1]
+    while len(probs) < k:
+        probs.append(probs[-1] * min(1.0, ratio))
+    return probs
+
+
+def _mean_rates(rates: list[list[float]]) -> list[float]:
+    """Position-wise mean of several P_i lists (each position over the lists that reach it)."""
+    n = max(len(r) for r in rates)
+    return [float(np.mean([r[i] for r in rates if len(r) > i])) for i in range(n)]
+
+
+@dataclass
+class VerifyFit:
+    """verify_ms = base[family] + sum of d[family, setting] over the setup's settings + b x width."""
+
+    base: dict[str, float]
+    d: dict[tuple[str, str], float]
+    b: float
+    envs: frozenset[str]  # setups some trial ran
+
+    def source(self, shape: ConfigShape) -> str:
+        """Where the verify time comes from: "fitted" (a trial ran this setup), "backend" (its family's
+        base and corrections) or "unknown"."""
+        return "fitted" if shape.env in self.envs else "backend" if shape.family in self.base else "unknown"
+
+    def unknown_settings(self, shape: ConfigShape) -> list[str]:
+        return [x for x in shape.settings if (shape.family, x) not in self.d]
+
+    def ms(self, shape: ConfigShape) -> float:
+        base = self.base.get(shape.family, float(np.mean(list(self.base.values()))))
+        return base + sum(self.d.get((shape.family, x), 0.0) for x in shape.settings) + self.b * shape.width
+
+
+def fit_verify(points: list[TrialPoint]) -> VerifyFit:
+    shapes = [p.shape for p in points]
+    families = sorted({x.family for x in shapes})
+    settings = sorted({(x.family, y) for x in shapes for y in x.settings})
+    X = np.zeros((len(points), len(families) + len(settings) + 1))
+    y = np.array([_verify_ms(p) for p in points])
+    for i, x in enumerate(shapes):
+        X[i, families.index(x.family)] = 1.0
+        for z in x.settings:
+            X[i, len(families) + settings.index((x.family, z))] = 1.0
+        X[i, -1] = x.width
+    scale = max(1.0, float(np.trace(X.T @ X)) / X.shape[1])
+    ridge = np.zeros(X.shape[1])
+    ridge[len(families) : -1] = 1e-4 * scale  # corrections: "no change" unless the trials say otherwise
+    if len({x.width for x in shapes}) > 1:
+        ridge[-1] = 1e-7 * scale  # the slope: the smallest one the trials allow
+        coef = np.linalg.solve(X.T @ X + np.diag(ridge), X.T @ y)
+    else:  # every trial at one width: the slope is a prior, SLOPE_PRIOR of the pass per scored token
+        b = SLOPE_PRIOR * float(np.median(y)) / shapes[0].width
+        coef = np.linalg.solve(X[:, :-1].T @ X[:, :-1] + np.diag(ridge[:-1]), X[:, :-1].T @ (y - b * X[:, -1]))
+        coef = np.append(coef, b)
+    return VerifyFit(
+        base={f: float(coef[j]) for j, f in enumerate(families)},
+        d={z: float(coef[len(families) + j]) for j, z in enumerate(settings)},
+        b=float(coef[-1]),
+        envs=frozenset(x.env for x in shapes),
+    )
+
+
+# each extra scored token costs this share of a verify pass where the trials measured one width only
+# (decode is memory-bound: a few % per token on the GPUs and CPUs measured here)
+SLOPE_PRIOR = 0.03
+
+
+@dataclass
+class RestFit:
+    """rest = r[variant] + h x k (module comment), with its fallbacks for variants no trial ran."""
+
+    r: dict[str, float]  # drafter variant ("none": plain steps) -> intercept
+    h: float  # ms per draft, shared
+    kind_r: dict[tuple[str, bool], float]  # (drafter kind, in the verifier ranks) -> mean r of those variants
+    class_r: dict[bool, float]  # in the verifier ranks or not -> mean r of those variants
+
+    def ms(self, shape: ConfigShape, link_ms: float | None) -> tuple[float, str]:
+        """The rest of `shape`'s step and where it came from (a key of SPREAD_REST); `link_ms`: what
+        a drafter process's link messages are assumed to cost where no process drafter was measured
+        (None: no prior)."""
+        slope = self.h * shape.k
+        if shape.drafter in self.r:
+            return self.r[shape.drafter] + slope, "variant"
+        if shape.k == 0:  # plain steps measured nowhere else: no drafts, no link messages
+            return 0.0, "class"
+        # where the drafter runs decides most of it (a process of its own sends link messages; inside the
+        # verifier ranks nothing crosses a link): the same kind in the same place, then any kind there
+        if (shape.kind, shape.in_verifier) in self.kind_r:
+            return self.kind_r[(shape.kind, shape.in_verifier)] + slope, "kind"
+        if shape.in_verifier in self.class_r:
+            return self.class_r[shape.in_verifier] + slope, "class"
+        link = 0.0 if shape.in_verifier or link_ms is None else link_ms
+        return self.class_r.get(True, 0.0) + link + slope, "prior"
+
+
+def fit_rest(points: list[TrialPoint], shapes: dict[int, ConfigShape], rests: list[float]) -> RestFit:
+    """Least squares of each point's rest on one intercept per variant and a shared slope in k (a
+    tiny ridge keeps the slope at 0 where no variant was measured at two k)."""
+    variants = sorted({shapes[id(p)].drafter for p in points})
+    X = np.zeros((len(points), len(variants) + 1))
+    for i, p in enumerate(points):
+        X[i, variants.index(shapes[id(p)].drafter)] = 1.0
+        X[i, -1] = p.k
+    ridge = np.zeros(X.shape[1])
+    ridge[-1] = 1e-6 * max(1.0, float(np.trace(X.T @ X)) / X.shape[1])
+    coef = np.linalg.solve(X.T @ X + np.diag(ridge), X.T @ np.asarray(rests))
+    r = {v: float(coef[j]) for j, v in enumerate(variants)}
+    where = {shapes[id(p)].drafter: (p.kind, shapes[id(p)].in_verifier) for p in points if p.k > 0}
+    kind_r = {key: float(np.mean([r[v] for v, w in where.items() if w == key])) for key in set(where.values())}
+    class_r = {c: float(np.mean([r[v] for v, (_, cv) in where.items() if cv == c])) for c in {cv for _, cv in where.values()}}
+    return RestFit(r, float(coef[-1]), kind_r, class_r)
+
+
+@dataclass
+class ConfigModel:
+    verify: VerifyFit  # verify terms, fitted on every point
+    rates: dict[str, list[float]]  # acceptance key -> pooled P_i, i = 1..longest measured
+    coverage: dict[str, float]  # acceptance key -> c, the share of steps that draft
+    key_kind: dict[str, str]  # acceptance key -> drafter kind
+    key_proposer: dict[str, str]  # acceptance key -> its proposer
+    draft: dict[str, float]  # drafter variant -> ms per draft
+    per_layer: float | None  # layer_skip: ms per draft per drafting layer
+    kind_draft: dict[str, float]  # drafter kind -> mean ms per draft over its variants
+    rest: RestFit  # on the step the decode throughput implies
+    rest_objective: RestFit  # on the step the objective implies
+    outside_s: float  # s: what a plain trial spends per token outside its steps
+    plain_verify_ms: float  # a plain verify pass (median of the measured ones): the prior's unit
+
+    def acceptance(self, shape: ConfigShape, priors: Priors | None) -> tuple[float, str, float] | Miss:
+        """Expected accepted drafts per step of `shape` (accept_len - 1), where they came from and
+        their relative spread."""
+        if shape.simulated is not None:  # imposed: tau - 1 drafts kept per step on average, at most k
+            return float(sum(min(1.0, max(0.0, shape.simulated - i)) for i in range(1, shape.k + 1))), "acceptance simulated", 0.0
+        if shape.acceptance in self.rates:
+            measured = self.rates[shape.acceptance]
+            extra = max(0, shape.k - len(measured))
+            how = "measured" if not extra else "extrapolated"
+            spread = SPREAD_ACCEPT["measured"] + SPREAD_ACCEPT["extrapolated"] * extra / shape.k
+            drafts = self.coverage[shape.acceptance] * float(sum(_extend(measured, shape.k)))
+            return drafts, f"acceptance {how} ({len(measured)} positions)", spread
+        keys: list[str] = []
+        proposer = shape.proposer or shape.acceptance
+        if alike := [key for key in self.rates if self.key_proposer.get(key) == proposer]:  # the same drafter, other engine settings
+            keys, how, spread = alike, "acceptance of the drafter under other engine settings", SPREAD_ACCEPT["proposer"]
+        elif priors is None:
+            return Miss(f"no other trial measured the acceptance of {shape.acceptance}")
+        elif same := [key for key in self.rates if self.key_kind.get(key) == shape.kind]:
+            keys, how, spread = same, f"acceptance of other {shape.kind} variants", SPREAD_ACCEPT["kind"]
+        else:
+            keys, how, spread = list(self.rates), "acceptance assumed (prior)", SPREAD_ACCEPT["prior"]
+        if not keys:  # nothing measured at all
+            return float(sum(_extend(list(priors.rates), shape.k))), how, spread
+        probs = _extend(_mean_rates([self.rates[key] for key in keys]), shape.k)
+        return float(np.mean([self.coverage[key] for key in keys])) * float(sum(probs)), how, spread
+
+    def draft_ms(self, shape: ConfigShape, priors: Priors | None) -> tuple[float, str] | Miss:
+        """ms per draft of `shape`'s variant and where it came from (a key of SPREAD_DRAFT)."""
+        if shape.drafter in self.draft:
+            return self.draft[shape.drafter], "variant"
+        if shape.kind == "layer_skip" and self.per_layer is not None and shape.layers:
+            return self.per_layer * shape.layers, "layers"
+        if shape.kind in self.kind_draft:
+            return self.kind_draft[shape.kind], "kind"
+        if priors is None:
+            return Miss(f"no other trial ran a {shape.kind} drafter")
+        return priors.draft_ms(shape, self.plain_verify_ms), "prior"
+
+    def predict(self, shape: ConfigShape, priors: Priors | None = None) -> Estimate | Miss:
+        """`shape`'s throughput from the measured parts (and, with `priors`, assumptions for the rest)."""
+        src = self.verify.source(shape)
+        if src == "unknown" and priors is None:
+            return Miss(f"no other trial ran {shape.family}")
+        verify = self.verify.ms(shape)
+        unknown = self.verify.unknown_settings(shape) if src != "fitted" else []
+        var = (SPREAD_SETUP[src] + SPREAD_SETTING * len(unknown)) ** 2
+        basis = [f"setup {src}" + (f" ({', '.join(unknown)} taken as no change)" if unknown else "")]
+        link = None if priors is None else priors.link_share * self.plain_verify_ms
+        rest, rest_src = self.rest.ms(shape, link)
+        rest_obj = self.rest_objective.ms(shape, link)[0]
+        if shape.k == 0:
+            drafts, tau = 0.0, 1.0
+        else:
+            acc = self.acceptance(shape, priors)
+            if isinstance(acc, Miss):
+                return acc
+            draft = self.draft_ms(shape, priors)
+            if isinstance(draft, Miss):
+                return draft
+            accepted, how, acc_spread = acc
+            drafts = draft[0] * shape.k
+            tau = 1.0 + accepted
+            var += (acc_spread * (tau - 1) / tau) ** 2
+            basis += [f"draft {draft[1]}", f"rest {rest_src}", how]
+        step = max(verify + drafts + rest, 1e-6)
+        if shape.k:
+            var += (SPREAD_DRAFT[draft[1]] * drafts / step) ** 2 + (SPREAD_REST[rest_src] * abs(rest_obj) / step) ** 2
+        decode = tau * 1000.0 / step
+        objective = 1.0 / (self.outside_s + max(verify + drafts + rest_obj, 1e-6) / (1000.0 * tau))
+        return Estimate(decode, objective, tau, step, float(np.sqrt(var)), ", ".join(basis))
+
+
+def _has_objective(p: TrialPoint) -> bool:
+    return bool(p.objective and p.objective > 0 and p.throughput > 0)
+
+
+def _effective_step(p: TrialPoint) -> float:
+    """The mean step the trial's decode throughput implies (its median step where there is none)."""
+    return p.accept_len * 1000.0 / p.throughput if p.throughput > 0 else p.step_ms
+
+
+def fit_configs(points: list[TrialPoint]) -> ConfigModel:
+    """The configuration model of `points` (their `shape` says which parts they share)."""
+    if not points:
+        raise ValueError("no trials to fit")
+    verify_fit = fit_verify(points)
+    shapes = {id(p): p.shape for p in points}
+    spec = [p for p in points if p.k > 0]
+    rates: dict[str, list[float]] = {}
+    key_kind: dict[str, str] = {}
+    key_proposer: dict[str, str] = {}
+    coverage: dict[str, float] = {}
+    for p in spec:
+        key_kind[shapes[id(p)].acceptance] = p.kind
+        key_proposer[shapes[id(p)].acceptance] = shapes[id(p)].proposer or shapes[id(p)].acceptance
+    for key in sorted(key_kind):
+        lists = [list(p.accept_rates) for p in spec if shapes[id(p)].acceptance == key and p.accept_rates]
+        if lists:
+            rates[key] = _mean_rates(lists)
+            mine = [p for p in spec if shapes[id(p)].acceptance == key and p.accept_rates]
+            drafted = sum(float(sum(_extend(rates[key], p.k))) for p in mine)
+            coverage[key] = min(1.0, max(0.0, sum(p.accept_len - 1.0 for p in mine) / drafted)) if drafted > 0 else 1.0
+    variant_kind = {shapes[id(p)].drafter: p.kind for p in spec}
+    draft: dict[str, float] = {}
+    for variant in sorted(variant_kind):
+        ks = np.array([p.k for p in spec if shapes[id(p)].drafter == variant], dtype=float)
+        ds = np.array([p.draft_ms for p in spec if shapes[id(p)].drafter == variant])
+        draft[variant] = float(ks @ ds / (ks @ ks))
+    skip = [p for p in spec if p.kind == "layer_skip" and shapes[id(p)].layers]
+    per_layer = None
+    if skip:
+        x = np.array([p.k * shapes[id(p)].layers for p in skip], dtype=float)
+        per_layer = float(x @ np.array([p.draft_ms for p in skip]) / (x @ x))
+    kind_draft = {
+        kind: float(np.mean([c for v, c in draft.items() if variant_kind[v] == kind])) for kind in sorted(set(variant_kind.values()))
+    }
+    # each trial's rest against the fitted verify pass (what a prediction adds it to)
+    base = [verify_fit.ms(shapes[id(p)]) + p.draft_ms for p in points]
+    rest = fit_rest(points, shapes, [_effective_step(p) - b for p, b in zip(points, base)])
+    plain_outside = [1.0 / p.objective - 1.0 / p.throughput for p in points if p.k == 0 and _has_objective(p)]
+    every_outside = [1.0 / p.objective - 1.0 / p.throughput for p in points if _has_objective(p)]
+    outside = float(np.median(plain_outside or every_outside)) if every_outside else 0.0
+    with_objective = [(p, b) for p, b in zip(points, base) if _has_objective(p)]
+    rest_objective = (
+        fit_rest(
+            [p for p, _ in with_objective], shapes, [(1.0 / p.objective - outside) * 1000.0 * p.accept_len - b for p, b in with_objective]
+        )
+        if with_objective
+        else rest
+    )
+    plain = [_verify_ms(p) for p in points if p.k == 0]
+    plain_verify = float(np.median(plain)) if plain else float(np.median([verify_fit.ms(replace(x, width=1)) for x in shapes.values()]))
+    return ConfigModel(
+        verify_fit, rates, coverage, key_kind, key_proposer, draft, per_layer, kind_draft, rest, rest_objective, outside, plain_verify
+    )
+
+
+@dataclass(frozen=True)
+class ConfigPrediction:
+    """One configuration left out of the fit: its pooled measurement and the model's prediction."""
+
+    shape: ConfigShape
+    trials: tuple[int | None, ...]
+    measured: float  # decode tok/s, median over its trials
+    predicted: float | None  # None: a miss
+    how: str  # the estimate's basis, or why it is a miss
+
+    @property
+    def error(self) -> float:
+        """|predicted - measured| / measured; a miss counts as 1.0 (100%), above any goal."""
+        return 1.0 if self.predicted is None else abs(self.predicted - self.measured) / self.measured
+
+
+def config_loo(points: list[TrialPoint]) -> list[ConfigPrediction]:
+    """Leave one configuration out: each configuration (its trials pooled) predicted by a fit on the
+    other configurations only, its acceptance included (from the same acceptance key at other k, and
+    the geometric rule past the measured positions); no priors, so what only they could give is a miss."""
+    groups: dict[ConfigShape, list[TrialPoint]] = {}
+    for p in points:
+        groups.setdefault(p.shape, []).append(p)
+    out = []
+    for shape, mine in groups.items():
+        measured = float(np.median([p.throughput for p in mine]))
+        trials = tuple(p.trial for p in mine)
+        others = [p for p in points if p.shape != shape]
+        if not others:
+            out.append(ConfigPrediction(shape, trials, measured, None, "no other configuration to fit on"))
+            continue
+        est = fit_configs(others).predict(shape)
+        if isinstance(est, Miss):
+            out.append(ConfigPrediction(shape, trials, measured, None, est.reason))
+        else:
+            out.append(ConfigPrediction(shape, trials, measured, est.decode_tok_s, est.basis))
+    return out
+
+
+def config_loo_error(preds: list[ConfigPrediction]) -> float:
+    """Median error over configurations, misses counted as 100% (NaN: none)."""
+    return float(np.median([x.error for x in preds])) if preds else float("nan")
 
 
 def what_if_tp(step_ms: float, comm_ms: float, tp_from: int, tp_to: int, comm_ms_to: float | None = None) -> float:

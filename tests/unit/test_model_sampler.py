@@ -1,0 +1,167 @@
+"""The `model` sampler (orchestrator/study/samplers.py) and the configuration model it stands on
+(perfmodel.fit_configs / config_loo), on the synthetic machine of tests/unit/test_search_bench.py:
+driven the way the trial loop drives a sampler (study.ask, space.suggest, proposals.admit, tell
+with the metrics a trial records), one trial at a time and with trials running side by side."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import optuna
+import pytest
+from test_search_bench import Truth, experiment
+
+from orchestrator.config.space import baseline_params, distinct_configs, suggest
+from orchestrator.explain.perfcheck import config_point, config_shape
+from orchestrator.explain.perfmodel import Miss, config_loo, config_loo_error, fit_configs
+from orchestrator.study.keys import BASELINE_TAG, PARAMS_ATTR, SAMPLES_ATTR
+from orchestrator.study.loop import make_sampler
+from orchestrator.study.proposals import Proposals
+from orchestrator.study.samplers import ModelSampler, expected_improvement
+from orchestrator.study.storage import frozen_trial
+from orchestrator.study.trial import identity_of, trial_config
+
+TRUTH = Truth(noise=0.0)
+
+
+def _record(trial, cfg, noise: float, rng: random.Random) -> float:
+    """Tell `trial` COMPLETE with what the synthetic machine measures for its configuration."""
+    tc = trial_config(trial, cfg)
+    objective, _, metrics = TRUTH.throughput(tc)
+    samples = [objective * (1 + noise * rng.gauss(0, 1)) for _ in range(3 if tc.num_draft_tokens == 0 else 1)]
+    for key, value in metrics.items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr(PARAMS_ATTR, tc.params())
+    trial.set_user_attr(SAMPLES_ATTR, samples)
+    value = float(np.median(samples))
+    trial.study.tell(trial, value)
+    return objective
+
+
+def _study(cfg, seed=0):
+    cfg = cfg.model_copy(update={"study": cfg.study.model_copy(update={"sampler": "model", "seed": seed})})
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(cfg))
+    study.enqueue_trial(baseline_params(cfg), user_attrs={BASELINE_TAG: True})
+    return cfg, study
+
+
+def test_make_sampler_builds_the_model_sampler_from_the_schema():
+    cfg = experiment(sampler="model")
+    assert cfg.study.sampler == "model" and isinstance(make_sampler(cfg), ModelSampler)
+
+
+def test_a_study_driven_like_the_trial_loop_finds_the_best_without_repeats():
+    cfg, study = _study(experiment())
+    space = distinct_configs(cfg)
+    truth = {i: TRUTH.throughput(suggest(optuna.trial.FixedTrial(p), cfg))[0] for i, p in space.items()}
+    book = Proposals(space, random.Random(0))
+    rng, seen = random.Random(0), []
+    for _ in range(8):
+        trial = study.ask()
+        asked = "fixed_params" in frozen_trial(study, trial.number).system_attrs
+        identity = identity_of(trial, cfg)
+        admission = book.admit(trial.number, identity, asked)
+        assert admission.run, "the model sampler never proposes a known configuration"
+        _record(trial, cfg, 0.02, rng)
+        book.finished(trial.number, known=True)
+        seen.append(identity)
+    assert trial_config(study.trials[0], cfg).num_draft_tokens == 0  # the baseline first
+    assert len(set(seen)) == 8
+    assert max(truth[i] for i in seen) >= 0.97 * max(truth.values())
+    picks = [p for p in study.sampler.picks.values() if p is not None and p.estimate is not None]
+    assert picks and all(p.expected_improvement >= 0 for p in picks)
+
+
+def test_trials_asked_side_by_side_never_share_a_configuration():
+    """Running trials count as known: four asks before any tell give four configurations."""
+    cfg, study = _study(experiment())
+    first = study.ask()
+    _record(first, cfg, 0.0, random.Random(0))  # the baseline measured: the model has a setup to stand on
+    running = [study.ask() for _ in range(4)]
+    ids = [identity_of(t, cfg) for t in running]
+    assert None not in ids and len(set(ids)) == 4
+
+
+def test_an_enqueued_trial_keeps_its_fixed_part():
+    """The baseline is enqueued with k = 0 only: the sampler fills the rest (engine.gemv) with a k = 0 configuration."""
+    cfg, study = _study(experiment())
+    trial = study.ask()
+    tc = trial_config(trial, cfg)
+    assert tc.num_draft_tokens == 0 and "engine.gemv" in trial.params
+
+
+def test_a_space_that_cannot_be_listed_is_sampled_at_random():
+    big = {"comm.backend": {"choices": ["nccl"]}, "nccl.NCCL_BUFFSIZE": {"low": 1, "high": 30_000}}
+    cfg, study = _study(experiment(big))
+    assert study.sampler.space is None
+    for _ in range(3):
+        t = study.ask()
+        suggest(t, cfg)
+        study.tell(t, 1.0)
+
+
+def _points(cfg, identities):
+    out = []
+    for identity in identities:
+        tc = suggest(optuna.trial.FixedTrial(distinct_configs(cfg)[identity]), cfg)
+        objective, _, metrics = TRUTH.throughput(tc)
+        out.append(config_point(config_shape(tc, cfg), metrics, objective))
+    return out
+
+
+def test_the_configuration_model_predicts_untried_configurations_from_measured_parts():
+    """Measured: the baseline, n-gram at k = 8 (every position's acceptance), eagle3 actor at k = 8 and
+    layer-skip L = 8 at k = 4, all with gemv auto, and gemv off once. Predicted, none of them measured:
+    n-gram at k = 3, eagle3 in the verifier ranks, layer-skip L = 16 (cost scales with its layers, acceptance
+    from L = 8's), gemv off with any drafter."""
+    cfg = experiment()
+    space = distinct_configs(cfg)
+
+    def find(k, kind=None, gemv="auto", **drafter):
+        for identity, params in space.items():
+            tc = suggest(optuna.trial.FixedTrial(params), cfg)
+            if tc.num_draft_tokens == k and (k == 0 or tc.drafter.kind == kind) and tc.engine.gemv == gemv:
+                if all(getattr(tc.drafter, n) == v for n, v in drafter.items()):
+                    return identity
+        raise AssertionError("no such configuration")
+
+    measured = [
+        find(0),
+        find(8, "ngram"),
+        find(8, "eagle3", placement="actor"),
+        find(4, "layer_skip", layers=8),
+        find(2, "ngram", gemv="off"),
+    ]
+    model = fit_configs(_points(cfg, measured))
+    for identity, rel in ((find(3, "ngram"), 0.02), (find(6, "eagle3", placement="actor"), 0.02), (find(6, "ngram", gemv="off"), 0.02)):
+        tc = suggest(optuna.trial.FixedTrial(space[identity]), cfg)
+        est = model.predict(config_shape(tc, cfg))
+        assert not isinstance(est, Miss)
+        assert est.objective == pytest.approx(TRUTH.throughput(tc)[0], rel=rel), tc.describe()
+    # another layer count: its acceptance was never measured, so without priors it is a miss; with them, an estimate
+    far = suggest(optuna.trial.FixedTrial(space[find(4, "layer_skip", layers=16)]), cfg)
+    assert isinstance(model.predict(config_shape(far, cfg)), Miss)
+    assert not isinstance(model.predict(config_shape(far, cfg), ModelSampler(cfg).priors), Miss)
+
+
+def test_leave_one_configuration_out_on_the_whole_space():
+    """Every configuration predicted from the others: exact parts give a small error; misses are named."""
+    cfg = experiment()
+    points = _points(cfg, list(distinct_configs(cfg)))
+    preds = config_loo(points)
+    assert len(preds) == len(points) and all(x.predicted is not None for x in preds)
+    assert config_loo_error(preds) < 0.03
+    # a drafter measured at one k only cannot have its acceptance predicted without that measurement: a miss
+    lone = [p for p in points if (p.k in (0, 4) or p.kind == "ngram") and "engine.gemv=auto" in p.shape.settings]
+    preds = config_loo(lone)
+    missed = [x for x in preds if x.predicted is None]
+    assert missed and all("acceptance" in x.how for x in missed) and all(x.error == 1.0 for x in missed)
+    assert all(x.shape.kind != "ngram" for x in missed)
+
+
+def test_expected_improvement():
+    assert expected_improvement(10.0, 0.0, 8.0) == 2.0 and expected_improvement(7.0, 0.0, 8.0) == 0.0
+    assert expected_improvement(8.0, 1.0, 8.0) == pytest.approx(1 / math.sqrt(2 * math.pi))
+    assert expected_improvement(6.0, 1.0, 8.0) < expected_improvement(6.0, 2.0, 8.0)  # wider: more to gain
