@@ -2,8 +2,9 @@
 plus one worker raylet, MLflow on PostgreSQL and optuna-dashboard come up listening on loopback only;
 the generated password stays in mode-600 files and off every command line; both stores answer; a
 parallel study (`study.max_concurrent_trials: 2`, one trial per raylet) submitted with `ray job
-submit` streams its progress and ends at exactly `study.n_trials` COMPLETE in PostgreSQL, with
-overlapping trials and one parent MLflow run on the server; every socket of the services and the
+submit`, with a second driver from this shell on the same study, ends at exactly `study.n_trials`
+COMPLETE in PostgreSQL, no configuration counted twice, trials overlapping, one parent MLflow run on
+the server; every socket of the services and the
 study, taken while a trial decodes, is on loopback; `stop` leaves none of their processes.
 Needs PostgreSQL's server, or root with apt-get to install it (skipped otherwise, saying why).
 
@@ -173,26 +174,35 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
             tiny_ckpt,
             parallel={"tp": 1, "cpus_per_worker": 0.1},
             workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 24},
-            search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3]}}},
-            study={"n_trials": 3, "sampler": "random", "seed": 0, "pruner": "none", "max_concurrent_trials": 2},
+            search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3, 4, 5]}}},
+            study={"n_trials": 4, "sampler": "random", "seed": 0, "pruner": "none", "max_concurrent_trials": 2},
         )
         submit = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", svc["RAY_ADDRESS"], "--working-dir", str(ROOT)]
         submit += ["--", "spectune", "run", str(exp), "--set", f"tracking.uri={svc['MLFLOW_TRACKING_URI']}"]
         submit += ["--set", f"study.storage={svc['SPECTUNE_STORAGE']}"]
         job = subprocess.Popen(submit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env={**env, **svc})
+        # a second driver on the same PostgreSQL study, from this shell: the two share the work
+        second = [sys.executable, "-m", "orchestrator", "run", str(exp), "--json", "--set", f"tracking.uri={svc['MLFLOW_TRACKING_URI']}"]
+        second += ["--set", f"study.storage={svc['SPECTUNE_STORAGE']}"]
+        driver_env = {**env, **svc, "RAY_ADDRESS": svc["RAY_GCS_ADDRESS"]}  # a driver joins at the GCS (the http address takes jobs)
+        other = subprocess.Popen(second, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=driver_env)
         deadline, decoding = time.monotonic() + 300, False
         while job.poll() is None and not (decoding := _decoding(svc["SPECTUNE_STORAGE"])) and time.monotonic() < deadline:
             time.sleep(0.1)
         during = _listening(_members(pgids))  # the services, the job's driver and the trials' actors
         assert decoding, "no trial was seen decoding: the sockets were not taken while one did"
         out, _ = job.communicate(timeout=600)
+        other_out, other_err = other.communicate(timeout=600)
         assert job.returncode == 0, out[-4000:]
-        assert "2 trials at once (isolation node)" in out and "[3/3]" in out and "succeeded" in out, out[-3000:]
+        assert other.returncode == 0 and json.loads(other_out.strip().splitlines()[-1])["complete"] == 4, other_err[-3000:]
+        assert "2 trials at once (isolation node)" in out and "succeeded" in out, out[-3000:]
         assert len(during) > len(listening), during  # the driver's and the actors' sockets are among them
         assert all(ip in LOOPBACK for _, _, ip, _ in during), [x for x in during if x[2] not in LOOPBACK]
         study = optuna.load_study(study_name="tiny-study", storage=svc["SPECTUNE_STORAGE"])
         complete = [t for t in study.trials if t.state.name == "COMPLETE"]
-        assert len(complete) == 3 and not [t for t in study.trials if t.state.name in ("RUNNING", "WAITING")]
+        assert len(complete) == 4 and not [t for t in study.trials if t.state.name in ("RUNNING", "WAITING")]
+        measured = [str(t.params) for t in complete if "spectune.retry_of" not in t.user_attrs]
+        assert len(measured) == len(set(measured)), measured  # two drivers, no configuration counted twice
         assert len({t.user_attrs["spectune.node"] for t in complete}) == 2  # both raylets measured
         spans = sorted((t.datetime_start, t.datetime_complete) for t in complete)
         assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans  # trials overlapped

@@ -190,7 +190,7 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
         tmp_path,
         tiny_ckpt,
         drafter={"kind": "ngram", "layers": 1, "num_draft_tokens": 2},
-        search={"space": {"drafter.kind": {"choices": ["ngram", "layer_skip"]}}},
+        search={"space": {"drafter.ngram_max": {"choices": [2, 3]}}},  # one gang for every trial
         study={"n_trials": 2, "sampler": "random", "seed": 1},
     )
     home = tmp_path / "home"
