@@ -169,13 +169,13 @@ def ray_workers(tag: str) -> list[int]:
     return [int(line.split(":")[0]) for line in processes_with_env(TAG_VAR, tag) if "ray::Worker" in line]
 
 
-def sql(db: Path, query: str, *args) -> list[tuple]:
+def sql(db: Path, query: str, *args, timeout: float = 30) -> list[tuple]:
     """A read-only look into the Optuna SQLite file while a driver writes to it; [] while the
     driver has not created its tables yet (callers poll)."""
     import sqlite3
 
     try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=timeout)
     except sqlite3.OperationalError:
         return []
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -52,10 +53,13 @@ def _stop_mid_trial(p: subprocess.Popen, db, deadline_s: float = 240) -> int:
         if running:
             time.sleep(rng.uniform(0.0, 0.3))
             os.kill(p.pid, signal.SIGSTOP)
-            now = sql(db, "select number from trials where state = 'RUNNING'")
+            try:
+                now = sql(db, "select number from trials where state = 'RUNNING'", timeout=2)
+            except sqlite3.OperationalError:  # frozen inside a write: its lock holds until it runs on
+                now = []
             if now:
                 return now[0][0]
-            os.kill(p.pid, signal.SIGCONT)  # it finished in between: try the next trial
+            os.kill(p.pid, signal.SIGCONT)  # it finished in between, or froze mid-write: try again
         time.sleep(0.05)
     raise AssertionError("no trial was ever seen running")
 
