@@ -3,6 +3,8 @@
 # Run from the repository root: bash results/2026-12-05/search-bench/commands.sh
 set -euo pipefail
 OUT=results/2026-12-05/search-bench
+# the recorded Optuna and MLflow stores of each landscape travel as one archive (stores are not tracked as such)
+for d in results/2026-12-05/landscape-*; do [ -f "$d/optuna.db" ] || tar xzf "$d/records.tar.gz" -C "$d"; done
 bench() {  # name, then bench-search's arguments
   local name=$1; shift
   for b in 4 6 10; do
