@@ -38,10 +38,11 @@ from orchestrator.config.validate import check_experiment
 from orchestrator.execution.cluster import PlacementError, Resources, check_capacity, connect
 from orchestrator.execution.slots import GangNeed, Slot, plan_slots
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
-from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RUN_ID_ATTR, flag, requeue
-from orchestrator.study.ranking import MAD_TO_SIGMA, is_baseline, noise_aware_pruner, rank, trial_params
+from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RUN_ID_ATTR, requeue
+from orchestrator.study.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank
 from orchestrator.study.runner import StudyContext, cluster_nodes, describe, known_configurations, run_trials, slot_pools, space_finished
 from orchestrator.study.storage import _redact, make_storage, set_trial_user_attr, study_lock
+from orchestrator.study.trial import baseline_tp
 from orchestrator.tracking.progress import Progress
 from orchestrator.tracking.runs import Tracker, experiment_params, label_defaults, resolve_uri
 from workers.spec import DrafterSpec, GangSpec
@@ -202,9 +203,8 @@ def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
     tps = [int(t) for t in candidates(cfg, "parallel.tp")] if "parallel.tp" in cfg.search.space else [cfg.parallel.tp]
     have = set()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)):
-        queued = t.system_attrs.get("fixed_params", {})  # a WAITING trial keeps its params there
-        if is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or flag(t.user_attrs.get(BASELINE_TAG)):
-            have.add(int({**trial_params(t), **queued}.get("parallel.tp", cfg.parallel.tp)))
+        if (tp := baseline_tp(t, cfg.parallel.tp)) is not None:
+            have.add(tp)
     for tp in tps:
         if tp in have:
             continue

@@ -120,6 +120,15 @@ def skip_duplicate(study, trial, cfg: ExperimentConfig, tracker: Tracker, admiss
     return TrialOutcome(state="PRUNED", config=t.tc, reason=admission.reason)
 
 
+def baseline_tp(t, default_tp: int) -> int | None:
+    """The TP size of a k = 0 trial (finished, running or queued: an enqueued trial keeps its params in
+    `fixed_params`), or None for any other trial. One reading for the baseline's enqueue and its wait."""
+    queued = t.system_attrs.get("fixed_params", {})
+    if is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or flag(t.user_attrs.get(BASELINE_TAG)):
+        return int({**trial_params(t), **queued}.get("parallel.tp", default_tp))
+    return None
+
+
 def baseline_pending(study, tp: int, stale_after_s: float) -> bool:
     """A k = 0 trial at TP `tp` is running (in a concurrent study it may finish after others). A queued one
     does not count: it may wait for the very slot the asking trial holds."""
@@ -128,10 +137,7 @@ def baseline_pending(study, tp: int, stale_after_s: float) -> bool:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if time.time() - float(t.user_attrs.get(HEARTBEAT_ATTR, 0) or 0) >= stale_after_s:
             continue  # its driver is silent: not coming
-        queued = t.system_attrs.get("fixed_params", {})  # an enqueued trial's params
-        params = {**trial_params(t), **queued}
-        k0 = is_baseline(t) or queued.get("spec.num_draft_tokens") == 0 or flag(t.user_attrs.get(BASELINE_TAG))
-        if k0 and int(params.get("parallel.tp", tp)) == tp:
+        if baseline_tp(t, tp) == tp:
             return True
     return False
 
