@@ -67,11 +67,19 @@ token = os.environ.get("RAY_AUTH_TOKEN_PATH") if sys.argv[2].startswith("ray") e
 headers = {"Authorization": "Bearer " + open(token).read().strip()} if token else {}
 urllib.request.urlopen(urllib.request.Request(sys.argv[1], headers=headers), timeout=2)'
 
-wait_http() {  # url seconds name
+wait_http() {  # url seconds name [soft]: up -> 0; the service's process gone or the time up -> the log's tail and
+  # exit 1, or return 2 / 1 with `soft` (the caller may start it again)
+  local pid why
+  pid=$(awk -v n="$3" '$1 == n {p = $2} END {print p}' "$STATE/pids" 2>/dev/null)
   for _ in $(seq 1 "$2"); do
     if "$BIN/python" -c "$HTTP_OK" "$1" "$3" >/dev/null 2>&1; then return 0; fi
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then why=2; break; fi
     sleep 1
   done
+  if [ "${why:-1}" = 2 ]; then echo "spectune: $3 exited before it answered at $1; the end of $STATE/$3.log:" >&2
+  else echo "spectune: $3 did not come up at $1 within $2 tries; the end of $STATE/$3.log:" >&2; fi
+  tail -n 15 "$STATE/$3.log" 2>/dev/null | sed 's/^/  | /' >&2
+  [ "${4:-}" = soft ] && return "${why:-1}"
   die "$3 did not come up at $1 (log: $STATE/$3.log)"
 }
 
@@ -273,6 +281,18 @@ purge() {  # stop, then delete exactly what start made: the PostgreSQL data, art
   echo "spectune: purged $STATE"
 }
 
+start_ray_head() {  # sets ray_port dash_port agent_port client_port (start()'s locals) and starts the head
+  ray_port=$(free_port); dash_port=$(free_port); agent_port=$(free_port); client_port=$(free_port)
+  local ray_tmp
+  ray_tmp=$(mktemp -d /tmp/spectune-ray-XXXX)  # short: Ray's unix socket paths must stay < 108 bytes
+  echo "$ray_tmp" >> "$STATE/tmpdirs"
+  # the autoscaler's and dashboard's metrics servers take fixed ports unless given others
+  start_group ray env AUTOSCALER_METRIC_PORT="$(free_port)" DASHBOARD_METRIC_PORT="$(free_port)" \
+    "${RAY_CLI[@]}" start --head --block --node-ip-address "$NODE_IP" --port "$ray_port" \
+    --ray-client-server-port "$client_port" --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port "$dash_port" \
+    --dashboard-agent-listen-port "$agent_port" --num-cpus "$head_cpus" --disable-usage-stats --temp-dir "$ray_tmp"
+}
+
 # ------------------------------------------------------------------ start
 start() {
   mkdir -p "$STATE/mlartifacts"
@@ -286,7 +306,6 @@ start() {
   local workers=${SPECTUNE_RAY_WORKERS:-0} head_cpus=${SPECTUNE_RAY_CPUS:-$(nproc)}
   local worker_cpus=${SPECTUNE_RAY_WORKER_CPUS:-$head_cpus}
   local ray_port dash_port agent_port client_port mlflow_port optuna_port
-  ray_port=$(free_port); dash_port=$(free_port); agent_port=$(free_port); client_port=$(free_port)
   mlflow_port=$(free_port); optuna_port=$(free_port); pg_port=$(free_port)
   export PGHOST=127.0.0.1 PGPORT=$pg_port PGUSER=spectune PGPASSFILE=$STATE/pgpass
   export MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port
@@ -297,15 +316,7 @@ start() {
   mlflow_store=postgresql+psycopg://spectune@127.0.0.1:$pg_port/mlflow?passfile=$passfile
 
   # the head first (the slowest to come up); its processes inherit the stores' addresses above
-  local ray_tmp
-  ray_tmp=$(mktemp -d /tmp/spectune-ray-XXXX)  # short: Ray's unix socket paths must stay < 108 bytes
-  echo "$ray_tmp" >> "$STATE/tmpdirs"
-  # the autoscaler's and dashboard's metrics servers take fixed ports unless given others
-  start_group ray env AUTOSCALER_METRIC_PORT="$(free_port)" DASHBOARD_METRIC_PORT="$(free_port)" \
-    "${RAY_CLI[@]}" start --head --block --node-ip-address "$NODE_IP" --port "$ray_port" \
-    --ray-client-server-port "$client_port" --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port "$dash_port" \
-    --dashboard-agent-listen-port "$agent_port" --num-cpus "$head_cpus" --disable-usage-stats --temp-dir "$ray_tmp"
-
+  start_ray_head
   start_group postgres env -C / "${AS_PG[@]}" "$PGBIN/postgres" -D "$PGDATA" -c listen_addresses=127.0.0.1 -c port="$pg_port" \
     -c unix_socket_directories= -c password_encryption=scram-sha-256
   pg_databases "$(awk '$1 == "postgres" {print $2}' "$STATE/pids")"
@@ -314,13 +325,23 @@ start() {
     --backend-store-uri "$mlflow_store" --artifacts-destination "$STATE/mlartifacts"
   start_group optuna-dashboard "$BIN/optuna-dashboard" "$SPECTUNE_STORAGE" --host 127.0.0.1 --port "$optuna_port"
 
+  # a head that exits at once (a port another Ray on this machine took between free_port and its bind)
+  # is started once more on fresh ports; one that is merely slow is waited for
+  local status=0
+  wait_http "http://127.0.0.1:$dash_port/api/version" 180 ray soft || status=$?
+  if [ "$status" = 2 ]; then
+    mv "$STATE/ray.log" "$STATE/ray-first-try.log"
+    echo "spectune: starting the Ray head again on fresh ports" >&2
+    start_ray_head
+    wait_http "http://127.0.0.1:$dash_port/api/version" 180 ray
+  elif [ "$status" != 0 ]; then
+    die "ray did not come up at http://127.0.0.1:$dash_port/api/version (log: $STATE/ray.log)"
+  fi
   write_env RAY_ADDRESS="http://127.0.0.1:$dash_port" RAY_GCS_ADDRESS="$NODE_IP:$ray_port" RAY_AUTH_MODE="$RAY_AUTH_MODE" \
     ${RAY_AUTH_TOKEN_PATH:+RAY_AUTH_TOKEN_PATH="$RAY_AUTH_TOKEN_PATH"} MLFLOW_TRACKING_URI="$MLFLOW_TRACKING_URI" \
     SPECTUNE_STORAGE="$SPECTUNE_STORAGE" PGHOST="$PGHOST" PGPORT="$PGPORT" PGUSER="$PGUSER" PGPASSFILE="$PGPASSFILE" \
     OPTUNA_DASHBOARD_URL="http://127.0.0.1:$optuna_port"
   chmod 600 "$STATE/env"
-
-  wait_http "http://127.0.0.1:$dash_port/api/version" 120 ray
   # jobs are handed to the head node's dashboard agent: a submit before it listens is refused
   wait_http "http://127.0.0.1:$agent_port/api/local_raylet_healthz" 120 ray
   local i w_tmp w_agent

@@ -288,6 +288,7 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
         running[trial.number] = (thread, slot)
         thread.start()
         asking = None
+        return True  # started: ask for the next while a slot is free
 
     def abandon(number: int, reason: str) -> None:
         """A trial the loop cannot see to its end (its thread did not stop in time, or the interrupt came

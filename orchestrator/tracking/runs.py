@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import is_write_race
+from orchestrator.tracking.local_store import seed_sqlite_store
 from orchestrator.study.keys import (
     FAIL_TAG,
     PARENT_ATTR,
@@ -125,6 +126,7 @@ class Tracker:
         logging.getLogger("mlflow").setLevel(logging.ERROR)
         logging.getLogger("alembic").setLevel(logging.ERROR)
         self.uri, self.study_name = uri, study_name
+        seed_sqlite_store(uri)  # a new local store: a copy of an empty migrated one, not MLflow's migrations
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:

@@ -9,6 +9,7 @@ fails naming the node, its params are retried on the head, the study still ends 
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -55,7 +56,10 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
     killed: dict = {}
 
     def kill_worker_mid_trial() -> None:
-        """SIGKILL the worker node's raylet (and so its actors) once a trial on it has decoded a prompt."""
+        """SIGKILL the worker node's raylet (and so its actors) while a trial on it is between its first
+        and its last prompt. The actors are frozen (SIGSTOP) the moment that is seen, so the trial cannot
+        finish in the moments the kill takes on a loaded machine; they are let go once the raylet is dead
+        (then they notice it and must exit by themselves: the leak check below)."""
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             rows = []
@@ -65,15 +69,23 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
                         db,
                         "select t.number from trials t join trial_user_attributes a on a.trial_id = t.trial_id "
                         "join trial_intermediate_values v on v.trial_id = t.trial_id "
-                        "where t.state = 'RUNNING' and a.key = 'spectune.node' and a.value_json = ?",
+                        "where t.state = 'RUNNING' and a.key = 'spectune.node' and a.value_json = ? "
+                        "group by t.number having count(v.step) < 3",  # 3 prompts: one more to decode at least
                         f'"{worker.node_id}"',
+                        timeout=1,
                     )
                 except Exception:  # noqa: BLE001 - the tables are being created
                     rows = []
             if rows:
                 raylet = psutil.Process(worker.all_processes["raylet"][0].process.pid)
-                killed["pids"] = [raylet.pid] + [c.pid for c in raylet.children(recursive=True)]  # its actors among them
+                actors = raylet.children(recursive=True)
+                for p in actors:
+                    _signal(p, signal.SIGSTOP)
+                killed["pids"] = [raylet.pid] + [c.pid for c in actors]
+                killed["trial"] = rows[0][0]
                 cluster.remove_node(worker, allow_graceful=False)
+                for p in actors:
+                    _signal(p, signal.SIGCONT)
                 return
             time.sleep(0.02)
 
@@ -89,8 +101,8 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
     study = optuna_study(f"sqlite:///{db}", "tiny-study")
     by_state = {s: [t for t in study.trials if t.state.name == s] for s in ("COMPLETE", "FAIL", "RUNNING", "WAITING")}
     assert len(by_state["COMPLETE"]) == 4 and not by_state["RUNNING"] and not by_state["WAITING"]
-    # the trial on the worker fails naming the node (the kill may land just after a trial ended: the next one)
-    assert len(by_state["FAIL"]) == 1, [(t.number, t.user_attrs.get("spectune.fail_reason")) for t in by_state["FAIL"]]
+    # the trial on the worker fails naming the node
+    assert [t.number for t in by_state["FAIL"]] == [killed["trial"]], [(t.number, t.user_attrs.get("spectune.fail_reason")) for t in by_state["FAIL"]]
     lost = by_state["FAIL"][0]
     reason = lost.user_attrs["spectune.fail_reason"]
     assert reason.startswith("node ") and "left the cluster mid-trial" in reason and worker.node_id[:8] in reason, reason
@@ -113,6 +125,13 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
     while (left := [p for p in killed["pids"] if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == [], left
+
+
+def _signal(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)
+    except psutil.NoSuchProcess:
+        pass
 
 
 def _alive(pid: int) -> bool:
