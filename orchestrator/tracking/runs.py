@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import is_write_race
-from orchestrator.tracking.local_store import seed_sqlite_store
 from orchestrator.study.keys import (
     FAIL_TAG,
     PARENT_ATTR,
@@ -33,6 +32,7 @@ from orchestrator.study.keys import (
     STUDY_TAG,
     TRIAL_TAG,
 )
+from orchestrator.tracking.local_store import seed_sqlite_store
 
 # Tag names, shared by MLflow (run tags) and Optuna (trial user attrs); docs/tags.md is their table.
 # MLflow 3 picks the UI of an experiment from this tag (mlflow/assistant/skills/mlflow-onboarding/SKILL.md:

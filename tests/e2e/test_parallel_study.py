@@ -102,7 +102,9 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
     by_state = {s: [t for t in study.trials if t.state.name == s] for s in ("COMPLETE", "FAIL", "RUNNING", "WAITING")}
     assert len(by_state["COMPLETE"]) == 4 and not by_state["RUNNING"] and not by_state["WAITING"]
     # the trial on the worker fails naming the node
-    assert [t.number for t in by_state["FAIL"]] == [killed["trial"]], [(t.number, t.user_attrs.get("spectune.fail_reason")) for t in by_state["FAIL"]]
+    assert [t.number for t in by_state["FAIL"]] == [killed["trial"]], [
+        (t.number, t.user_attrs.get("spectune.fail_reason")) for t in by_state["FAIL"]
+    ]
     lost = by_state["FAIL"][0]
     reason = lost.user_attrs["spectune.fail_reason"]
     assert reason.startswith("node ") and "left the cluster mid-trial" in reason and worker.node_id[:8] in reason, reason

@@ -1,6 +1,6 @@
 """A new local MLflow store starts from the cached empty, migrated copy (orchestrator/tracking/local_store.py).
 
-    .venv/bin/python -m pytest tests/unit/test_local_store.py
+.venv/bin/python -m pytest tests/unit/test_local_store.py
 """
 
 from __future__ import annotations
