@@ -12,7 +12,13 @@
 #
 #   OUT=$OUT bash infra/gpu-batch.sh                     # SIZES="1 4 16 32" KS="2 4" override the grid (k = 0: plain only)
 #   OUT=$OUT BEFORE=.devcarry/old SIZES=32 KS=0 bash infra/gpu-batch.sh
-#       # BEFORE: also the plain runs (k = 0) with the code in that folder (`git archive` of an earlier commit), run first
+#       # BEFORE: also every run with the code in that folder (`git archive` of an earlier commit), each run first
+#   OUT=$OUT DRAFTER=eagle3 SIZES="1 8" KS=4 bash infra/gpu-batch.sh
+#       # EAGLE-3 instead of n-gram drafting (issue 33 item 3): a random head of the model's shape
+#       # (32000-token draft vocabulary, written once to $WORK/head) at placement rank0, tau = 3; at B = 8
+#       # every row's chain is one head pass per depth (one CUDA graph per (rows, k)); each run's JSON has
+#       # the EAGLE-3 decode rate at B (decode_tok_s), plain decoding's at B (baseline_decode_tok_s) and at
+#       # batch 1 (batch1_baseline_decode_tok_s), and their ratio (decode_speedup_vs_baseline)
 #   MODEL=smollm2-135m DEVICE=cpu SIZES="1 2" KS="0 2" NUM_PROMPTS=2 MAX_NEW=8 bash infra/gpu-batch.sh   # a CPU dry run
 #
 # PYTHON: the interpreter (default /tmp/spectune-venv/bin/python, made by infra/device-setup.sh; here .venv).
@@ -31,6 +37,13 @@ M=${MODEL:-random:llama-3-8b}
 # 32 prompts from the bundled questions (writing, roleplay, ... in file order: 10 per category)
 C="--model $M --tp 1 --device ${DEVICE:-cuda} --num-prompts ${NUM_PROMPTS:-32} --max-new-tokens ${MAX_NEW:-64} --json"
 
+SPEC="--drafter ngram"
+if [ "${DRAFTER:-ngram}" = eagle3 ]; then
+  [ -f "$W/head/config.json" ] || $PY -m workers.drafters.eagle3.checkpoint --target "$M" --draft-vocab 32000 --out "$W/head" >> "$log" 2>&1 \
+    || echo "!!! the random EAGLE-3 head was not written" >> "$log"
+  SPEC="--drafter eagle3 --draft-model $W/head --draft-placement rank0"
+fi
+
 decode() {  # name, code folder (. = this checkout), decode flags
   local name=$1 code=$2
   shift 2
@@ -45,7 +58,8 @@ for B in ${SIZES:-1 4 16 32}; do
       [ -n "${BEFORE:-}" ] && decode "before_b${B}_k0" "$BEFORE" --drafter none -k 0 --batch-size "$B"
       decode "b${B}_k0" . --drafter none -k 0 --batch-size "$B"
     else  # plain at batch 1 (the reference), plain at B, and k drafts at B accepting tau - 1 = 2 per step
-      decode "b${B}_k${k}" . --drafter ngram -k "$k" --simulate-accept-len 3 --batch-size "$B"
+      [ -n "${BEFORE:-}" ] && decode "before_b${B}_k${k}" "$BEFORE" $SPEC -k "$k" --simulate-accept-len 3 --batch-size "$B"
+      decode "b${B}_k${k}" . $SPEC -k "$k" --simulate-accept-len 3 --batch-size "$B"
     fi
   done
 done

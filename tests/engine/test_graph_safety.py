@@ -152,3 +152,41 @@ def test_the_device_loop_bodies_never_sync(tiny_ckpt, fast, simulated):
         chain._run_fed(loop.feed, k)
     assert result.shape == (2 * (k + 1),) and (result[0] == 2 or not simulated)
     assert all(100 <= t < 164 for t in steps._inputs[0, 1 : k + 1].tolist())  # the drafts, in the next pass's input
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@torch.inference_mode()
+def test_the_batched_eagle3_head_pass_never_syncs(tiny_ckpt, fast):
+    """The depth passes of every row's chain (workers/drafters/eagle3/rows.py), what one CUDA graph
+    per (rows, k) captures: ragged rows (their own positions and last entries), over the whole
+    static head cache."""
+    from workers.drafters.eagle3.chain import HeadFastStep
+    from workers.drafters.eagle3.rows import Eagle3Rows
+
+    head = random_head(head_config(load_args(tiny_ckpt), draft_vocab=64), d2t_from=list(range(100, 164)))
+    step = HeadFastStep(head, EngineConfig(compile=False, gemv="cublas", attention="sdpa")) if fast else None
+    rows = Eagle3Rows(head, 3, fast=step, capture=False)
+    n, k = 3, 4
+    rows._tok[:n, : k + 1] = torch.randint(0, 512, (n, k + 1))
+    rows._pos[:n, : k + 1] = torch.tensor([7, 0, 19])[:, None] + torch.arange(k + 1)
+    rows._at[:n] = torch.tensor([4, 0, 2])
+    with NoHostSync():
+        out = rows._run(n, k)
+    assert out.shape == (n, k) and all(100 <= t < 164 for t in out.flatten().tolist())
+
+
+@torch.inference_mode()
+def test_the_batched_draft_model_pass_never_syncs(tiny_ckpt):
+    """A drafter process's greedy batched drafts (workers/drafters/model_drafter.py `_rows_run`): the
+    body one CUDA graph per (rows, k) captures, over ragged rows."""
+    from workers.drafters.model_drafter import ModelDrafter
+
+    drafter = ModelDrafter(load_model(tiny_ckpt, max_seq=64))
+    drafter.begin_rows(3)
+    n, k = 3, 4
+    drafter._rows_in[0, :n, : k + 1] = torch.randint(0, 512, (n, k + 1))
+    drafter._rows_in[1, :n, : k + 1] = torch.tensor([7, 0, 19])[:, None] + torch.arange(k + 1)
+    drafter._rows_in[2, :n, 0] = torch.tensor([4, 0, 2])
+    with NoHostSync():
+        out = drafter._rows_run(n, k)
+    assert out.shape == (n, k)

@@ -49,6 +49,12 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, committed: list[int], k: int) -> Proposal: ...
 
+    def batch_rows(self, n: int, k: int):
+        """A drafter for the n rows of a batch inside the verifier rank that drafts them all in one
+        pass (its `.rows[i]` are the rows' drafters, `.propose({row: committed}, k)` drafts them,
+        `.begin(n)` starts a batch, `.warm(k, sizes)` prepares), or None: one `fork` per row."""
+        return None
+
     def fork(self) -> Drafter:
         """A drafter for another sequence of a batch: its own per-sequence state; weights may be shared."""
         return copy.deepcopy(self)
@@ -62,6 +68,10 @@ class Drafter(ABC):
         self._row_copies = [self.fork() for _ in range(n)]
         for row in self._row_copies:
             row.prefill([])
+
+    def warm_rows(self, k: int, sizes) -> None:  # noqa: B027 - optional hook
+        """Prepare batched proposals of up to k tokens for batches of `sizes` rows (e.g. capture CUDA
+        graphs) before timing starts."""
 
     def propose_rows(self, committed: list[list[int]], live: list[int], k: int) -> dict[int, Proposal]:
         """Proposals for the sequences `live` (indices into `committed`, every sequence of the batch)."""

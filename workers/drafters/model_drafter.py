@@ -10,11 +10,19 @@ Batch > 1 (`begin_rows` / `propose_rows`): the same per sequence, every sequence
 batch cache, drafted together: one pass feeds each row's unseen tokens (padded to the longest,
 the padding rolled back; a new batch's first proposal, where every row starts at 0, prefills them
 packed: `Transformer.prefill_packed`, in passes of at most PREFILL_TOKENS tokens), then k - 1
-passes of one token per row. Eager (no CUDA graph yet).
+passes of one token per row. Greedy, past a batch's first proposal, on CUDA graphs (the drafter's
+StepRunner): those k passes are one CUDA graph per (rows, k) (`warm_rows` captures them before
+timing), through the runner's fused step where it built one: every row's feed padded to k + 1 at its
+own positions over the whole static cache, each row's first draft read at its own last token (`at`)
+and its next ones at the following positions, all on the device; one host read of every row's k
+drafts. The padding sits past each row's tokens, where its drafts overwrite it before any query
+reads it. Elsewhere (sampling, CPU, a feed wider than k + 1, a row near the cache's end) the eager
+passes.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -40,6 +48,12 @@ class ModelDrafter(Drafter):
         self.fed: list[int] = []
         self._rows = None  # batch > 1: the batch cache (begin_rows)
         self._rows_fed: list[list[int]] = []
+        # greedy batched drafts as one body per (rows, k): captured as CUDA graphs where the runner's
+        # steps are (None: that; True on CPU runs the same body uncaptured, for tests)
+        self.rows_static: bool | None = None
+        self._rows_graphs: dict[tuple[int, int], tuple] = {}
+        self._rows_views: dict[int, object] = {}
+        self._rows_pool = None
         if kind:
             self.kind = kind
 
@@ -63,8 +77,85 @@ class ModelDrafter(Drafter):
     def begin_rows(self, n: int) -> None:
         if self._rows is None or len(self._rows.lengths) < n:
             self._rows = self.model.new_cache(n, self.cache.max_seq)
+            W = self.steps.max_width
+            self._rows_in = torch.zeros(3, n, W, dtype=torch.long, device=self.device)  # tokens, positions, at (column 0)
+            staging = torch.zeros(3, n, W, dtype=torch.long)
+            self._rows_staging = staging.pin_memory() if self.device.type == "cuda" else staging
+            self._rows_graphs, self._rows_views, self._rows_pool = {}, {}, None  # bound to the old cache
         self._rows.reset()
         self._rows_fed = [[] for _ in range(n)]
+
+    def _static_rows(self) -> bool:
+        return self.steps.use_graphs if self.rows_static is None else self.rows_static
+
+    def warm_rows(self, k: int, sizes) -> None:
+        """Capture the greedy batched drafts of k tokens for batches of `sizes` rows (CUDA graphs),
+        outside any timing (after `begin`: greedy only); the GEMV picker's races at their widths first."""
+        if not (self.steps.use_graphs and self.temperature <= 0 and 1 <= k < self.steps.max_width):
+            return
+        sizes = sorted(set(sizes))
+        self.begin_rows(max(sizes))
+        gemv = getattr(self.steps.fast, "gemv", None)
+        if gemv is not None:
+            gemv.prepare(sorted({n * (k + 1) for n in sizes} | set(sizes)))
+        self._rows_in.zero_()  # valid inputs for the captures' own runs (an earlier k's `at` may not be)
+        for n in sizes:
+            self._rows_graph(n, k)
+        self._rows.reset()
+
+    def _rows_graph(self, n: int, k: int):
+        """The (n, k) graph, captured on first use; None where capturing failed (the eager passes then)."""
+        key = (n, k)
+        if key not in self._rows_graphs:
+            from workers.engine.graphs import capture_graph
+
+            try:
+                graph, out, self._rows_pool = capture_graph(lambda: self._rows_run(n, k), self.device, self._rows_pool)
+                self._rows_graphs[key] = (graph, out)
+            except Exception as e:  # noqa: BLE001 - the eager passes still work
+                print(
+                    f"spectune: batched drafts ({n} rows, k = {k}) not captured ({type(e).__name__}: {str(e)[:160]}); eager passes",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._rows_graphs[key] = None
+        return self._rows_graphs[key]
+
+    def _rows_run(self, n: int, k: int) -> torch.Tensor:
+        """Device ops only (graph-safe): greedy drafts [n, k] after each row's staged feed (tokens,
+        positions [n, k + 1], its last real entry `at`) over the whole static cache of the first n rows."""
+        if n not in self._rows_views:
+            self._rows_views[n] = self._rows.view(0, n)
+        cache, model, W = self._rows_views[n], self.model, k + 1
+        body = self.steps.fast or model  # the fused step's bodies take B rows (its GEMV picker included)
+        tok, pos, at = self._rows_in[0, :n, :W], self._rows_in[1, :n, :W], self._rows_in[2, :n, :1]
+        h = body.hidden_at(tok, pos, cache, cache.max_seq)
+        h = h.gather(1, at[:, :, None].expand(n, 1, h.shape[-1]))  # each row's last real token
+        nxt = model.logits(h)[:, 0].argmax(-1)
+        drafts, p = [nxt], pos.gather(1, at)
+        for _ in range(k - 1):
+            p = p + 1
+            nxt = model.logits(body.hidden_at(nxt.view(n, 1), p, cache, cache.max_seq))[:, 0].argmax(-1)
+            drafts.append(nxt)
+        return torch.stack(drafts, dim=1)
+
+    def _rows_static_drafts(self, feeds: list[list[int]], starts: list[int], k: int) -> list[list[int]] | None:
+        """Greedy drafts of every row through the static body (a graph on CUDA); None where it does not apply."""
+        n, W = len(feeds), k + 1
+        if W > self.steps.max_width or max(len(f) for f in feeds) > W or max(starts) + 2 * k > self._rows.max_seq:
+            return None  # a wide feed, or positions past the cache: the eager passes (which say so)
+        graph = None
+        if self.steps.use_graphs and (graph := self._rows_graph(n, k)) is None:
+            return None
+        stage = self._rows_staging[:, :n, :W]
+        stage[0] = torch.tensor([f + [f[-1]] * (W - len(f)) for f in feeds])
+        stage[1] = torch.tensor(starts)[:, None] + torch.arange(W)
+        stage[2, :, 0] = torch.tensor([len(f) - 1 for f in feeds])
+        self._rows_in[:, :n, :W].copy_(stage, non_blocking=True)
+        if graph is None:
+            return self._rows_run(n, k).tolist()
+        graph[0].replay()
+        return graph[1].tolist()  # one host read for every row
 
     @torch.inference_mode()
     def propose_rows(self, committed: list[list[int]], live: list[int], k: int) -> dict[int, Proposal]:
@@ -80,6 +171,14 @@ class ModelDrafter(Drafter):
             cache.rollback(i, keep)
             del fed[i][keep:]
             feeds.append(seq[keep:])
+        static = not self.temperature > 0 and any(cache.lengths) and self._static_rows() and k >= 1
+        if static and (chosen := self._rows_static_drafts(feeds, list(cache.lengths), k)) is not None:
+            for i, (f, seen) in enumerate(zip(feeds, fed)):
+                cache.lengths[i] += len(f) + k - 1  # the last draft is not fed
+                seen.extend(f + chosen[i][:-1])
+            self._rows.lengths[:n] = cache.lengths
+            share = (time.perf_counter() - t0) / max(1, len(live))
+            return {i: Proposal(tokens=chosen[i], draft_s=share) for i in live}
         if not any(cache.lengths):  # a new batch: every row from position 0, packed (no padding)
             parts = []
             for rows in prefill_groups([len(f) for f in feeds], PREFILL_TOKENS):

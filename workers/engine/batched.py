@@ -8,7 +8,8 @@
               products, causal attention per prompt), consecutive prompts in passes of at most
               `BatchSteps.prefill_tokens` tokens (eager, any lengths); first tokens
     steps     until every sequence of the batch is done:
-        propose   for each live sequence, by the run's strategy (plain, in-rank drafter, drafter process, simulated)
+        propose   for the live sequences, by the run's strategy (plain, in-rank drafter, drafter process,
+                  simulated): `StepStrategy.propose_rows`, all rows in one head pass per depth for EAGLE-3
         score     one pass over [B, W] tokens, W = 1 + the longest proposal: row b is
                   [last_b, d_1 .. d_n] padded with its last token; a finished row is fed its last
                   token W times (masked: its logits are ignored and its cache rolled back)
@@ -19,9 +20,11 @@ The attention mask is per row and by position (`Transformer.rope_and_mask`), so 
 lengths, the padding and stale cache entries never mix: every sequence's greedy output is its
 batch-1 output, up to floating-point near ties (a batch changes the GEMM shapes).
 
-What runs batched: plain decoding, drafters inside the verifier ranks (the n-gram lookup, and an
-EAGLE-3 head at placement rank0 fed each row's hidden states: one drafter per row), a drafter process (a draft model or layer-skip, drafting every
-row in one pass: `run_drafter_batched`), and simulated acceptance, wherever every rank decides for
+What runs batched: plain decoding, drafters inside the verifier ranks (the n-gram lookup: a copy
+per row; an EAGLE-3 head at placement rank0 fed each row's hidden states: greedy chains for every
+row in one head pass per depth, workers/drafters/eagle3/rows.py, else a copy per row), a drafter
+process (a draft model or layer-skip, drafting every row in one pass, greedy drafts one CUDA graph
+per (rows, k): `run_drafter_batched`), and simulated acceptance, wherever every rank decides for
 itself (greedy decoding or simulated acceptance). A drafter process then exchanges one proposal
 and one result per live sequence and step, in row order. On CUDA (engine.cuda_graphs) each pass shape (rows,
 width) is one CUDA graph over static inputs and the whole static cache, captured before timing
@@ -32,7 +35,8 @@ engine built one, else the plain layers with SDPA under the position mask. A bat
 start to its first token (the end of its prefill pass).
 
 Drafters and the batched prefill: an in-rank EAGLE-3 head is handed its row's states of the packed
-pass (it feeds them itself, per row, at its first proposal); an n-gram copy indexes its row's
+pass (at the batch's first proposal every row's prompt entries go into the head cache in one packed
+pass, `Eagle3Head.write_kv`); an n-gram copy indexes its row's
 prompt; a drafter process (draft model, layer-skip) prefills every row in packed passes of its
 own at its first proposal of a batch (`ModelDrafter.propose_rows`).
 
@@ -173,7 +177,7 @@ def why_not_batched(w: Workload, linked_drafter: bool, hidden_over_link: bool, t
 def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache, seqs: list[Sequence], hidden) -> StepRecord:
     live = [s for s in seqs if not s.done]
     t0 = time.perf_counter()
-    proposals = {s.row: strategy.propose(s) for s in live}
+    proposals = strategy.propose_rows(live)
     t1 = time.perf_counter()
     width = 1 + max(len(p.tokens) for p in proposals.values())
     feed = []
@@ -261,14 +265,16 @@ def decode_batches(
     if len(full.lengths) < B:
         raise ValueError(f"the batch cache holds {len(full.lengths)} rows, batch_size is {B}")
     # every pass shape the run can meet, captured before the timing: full batches and the last one
-    passes.warm({B, len(w.prompts) % B or B}, range(1, w.num_draft_tokens + 2))
-    drafters = strategy.row_drafters(B)
+    sizes = {B, len(w.prompts) % B or B}
+    passes.warm(sizes, range(1, w.num_draft_tokens + 2))
+    drafters = strategy.row_drafters(B, sizes)
     stats, results = RunStats(), []
     for first in range(0, len(w.prompts), B):
         chunk = w.prompts[first : first + B]
         cache = full.view(0, len(chunk))
         cache.reset()
         t_batch = time.perf_counter()
+        strategy.begin_batch(len(chunk))
         seqs = []
         for b, prompt in enumerate(chunk):
             seq = Sequence.of(prompt, row=b)
@@ -309,6 +315,7 @@ def run_drafter_batched(drafter, link, w: Workload) -> None:
     B, k = w.batch_size, w.num_draft_tokens
     if k > 0:  # lazy kernels and allocations before the verifier's clock starts (the verifier warms its passes alike)
         with torch.inference_mode():
+            drafter.warm_rows(k, {B, len(w.prompts) % B or B})  # a model drafter's CUDA graphs per (rows, k)
             drafter.begin_rows(B)
             drafter.propose_rows([[1, 2, 3]] * B, list(range(B)), k)
     link.drafter_ready()

@@ -29,9 +29,11 @@ verify pass reads them there and `decide` reads them back with its argmaxes, one
 Trees (`Proposal.parents`, drafter.tree_width): scored in one pass under a tree mask, decided by
 `tree_verify`, and the kept path's K/V moved behind the last token (`KVCache.keep_path`) before the
 rollback; every rank finds the path once from the result's tokens (`Rank.publish`). Batch 1 only.
-A batch of B sequences (workers/engine/batched.py) reuses `propose` / `decide` per sequence: all
+A batch of B sequences (workers/engine/batched.py) reuses `decide` per sequence and proposes
+through `propose_rows`: `propose` per sequence, or, where the in-rank drafter drafts rows together
+(`Drafter.batch_rows`: an EAGLE-3 head's greedy chains), every row in one pass per depth. All
 per-sequence state lives in `Sequence` (tokens, done, steps, accepted, margins, its KV cache row,
-its copy of an in-rank drafter).
+its row's drafter).
 """
 
 from __future__ import annotations
@@ -66,9 +68,13 @@ class StepStrategy:
             tree = 1 + self.r.tree_nodes if self.r.tree_nodes else 0
             self.r.steps.warm(range(1, self.k + 2), greedy=self.overlapped, margins=self.margins, tree=tree)
 
-    def row_drafters(self, n: int) -> list[Drafter | None]:
-        """One drafter per row of a batch (None: the mode drafts nothing by itself)."""
+    def row_drafters(self, n: int, sizes=()) -> list[Drafter | None]:
+        """One drafter per row of a batch of at most n rows (None: the mode drafts nothing by
+        itself); sizes: the row counts the run's batches will have (what a drafter prepares for)."""
         return [None] * n
+
+    def begin_batch(self, n: int) -> None:
+        """A new batch of n rows, before its prompts' `begin_prompt`."""
 
     def begin_prompt(self, seq: Sequence) -> None:
         """A new prompt, before its prefill (the cache is reset already)."""
@@ -82,6 +88,11 @@ class StepStrategy:
     def propose_for_step(self, seq: Sequence) -> Proposal:
         """The proposal of `step` (batch 1): `propose`, or drafts left on the device where the mode can."""
         return self.propose(seq)
+
+    def propose_rows(self, seqs: list[Sequence]) -> dict[int, Proposal]:
+        """A batched step's proposals for its live sequences, by row: `propose` per sequence, or
+        every row in one pass where the mode's drafter drafts rows together."""
+        return {s.row: self.propose(s) for s in seqs}
 
     def decide(self, seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> tuple[int, list[int]]:
         """Drafts kept and the new tokens (kept drafts + one more); deciding ranks only. A tree keeps
@@ -241,6 +252,7 @@ class InRankDrafting(StepStrategy):
         self.on_device = overlap and self.w.temperature <= 0
         self.simulated = False  # SimulatedAcceptance wraps this source: the device loop takes its planned n
         self.loop: AcceptOnDevice | None = None  # the device loop, where this run takes it
+        self.rows = None  # a batch's drafter of every row at once (`Drafter.batch_rows`), where it applies
 
     def begin_run(self, capture: bool = True) -> None:
         super().begin_run(capture)
@@ -267,8 +279,16 @@ class InRankDrafting(StepStrategy):
         else:
             super().decode(seq, stats)
 
-    def row_drafters(self, n: int) -> list[Drafter | None]:
-        """Each row its own copy: a drafter keeps per-sequence state (the n-gram index)."""
+    def row_drafters(self, n: int, sizes=()) -> list[Drafter | None]:
+        """Rows drafted together where the drafter can (an EAGLE-3 head's greedy chains: one head
+        pass per depth for every row, `Drafter.batch_rows`), prepared for batches of `sizes` rows
+        before any timing; else each row its own copy (a drafter keeps per-sequence state, e.g.
+        the n-gram index)."""
+        self.rows = self.drafter.batch_rows(n, self.k)
+        if self.rows is not None:
+            self.rows.warm(self.k, set(sizes) or {n})
+            self.r.steps.line_up()
+            return list(self.rows.rows[:n])
         forks = [self.drafter.fork() for _ in range(n - 1)]
         for i, f in enumerate(forks, 1):  # each its own seed; prepared (e.g. graphs captured) before any timing
             f.begin(self.w.temperature, self.w.seed + 1 + i)
@@ -277,11 +297,20 @@ class InRankDrafting(StepStrategy):
             self.r.steps.line_up()
         return [self.drafter, *forks]
 
+    def begin_batch(self, n: int) -> None:
+        if self.rows is not None:
+            self.rows.begin(n)
+
     def begin_prompt(self, seq: Sequence) -> None:
         (seq.drafter or self.drafter).prefill(list(seq.tokens))
 
     def propose(self, seq: Sequence) -> Proposal:
         return (seq.drafter or self.drafter).propose(seq.tokens, self.k)
+
+    def propose_rows(self, seqs: list[Sequence]) -> dict[int, Proposal]:
+        if self.rows is None:
+            return super().propose_rows(seqs)
+        return self.rows.propose({s.row: s.tokens for s in seqs}, self.k)
 
     def propose_for_step(self, seq: Sequence) -> Proposal:
         d = seq.drafter or self.drafter
@@ -321,14 +350,21 @@ class SimulatedAcceptance(StepStrategy):
     def begin_run(self, capture: bool = True) -> None:
         self.source.begin_run(capture)
 
-    def row_drafters(self, n: int) -> list[Drafter | None]:
-        return self.source.row_drafters(n)
+    def row_drafters(self, n: int, sizes=()) -> list[Drafter | None]:
+        return self.source.row_drafters(n, sizes)
+
+    def begin_batch(self, n: int) -> None:
+        self.source.begin_batch(n)
 
     def begin_prompt(self, seq: Sequence) -> None:
         self.source.begin_prompt(seq)
 
     def propose(self, seq: Sequence) -> Proposal:
         return self._pad(seq, self.source.propose(seq))
+
+    def propose_rows(self, seqs: list[Sequence]) -> dict[int, Proposal]:
+        got = self.source.propose_rows(seqs)
+        return {s.row: self._pad(s, got[s.row]) for s in seqs}
 
     def propose_for_step(self, seq: Sequence) -> Proposal:
         p = self.source.propose_for_step(seq)

@@ -35,14 +35,16 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from workers.drafters.eagle3.head import pick_entries
 from workers.engine.config import EngineConfig
+from workers.engine.graphs import capture_graph
 from workers.model.transformer import KVCache, rms_norm
 
 
 def _head_input(tokens, embed, g, w_emb, w_hidden, eps: float):
     # [input_layernorm(embedding of tokens); hidden_norm(g)]: what the head's q/k/v read (2 x hidden
     # wide); lookup, both norms and the concatenation in one compiled body
-    emb = F.embedding(tokens, embed)[None]
+    emb = F.embedding(tokens, embed)  # tokens [n, T]
     return torch.cat([rms_norm(emb, w_emb, eps), rms_norm(g, w_hidden, eps)], dim=-1)
 
 
@@ -71,18 +73,27 @@ class HeadFastStep:
         dtype = head.fc.weight.dtype
         self.cos, self.sin = head.rope_cos.to(dtype), head.rope_sin.to(dtype)
 
-    def prepare(self, widths) -> None:
-        """Race the GEMV picker at these step widths now (outside any capture or timing); the draft
-        lm_head at width 1 only (a step projects one entry: the last, or `at`)."""
+    def prepare(self, widths, heads=(1,)) -> None:
+        """Race the GEMV picker at these step widths (tokens a step feeds, all rows together) now,
+        outside any capture or timing; the draft lm_head at `heads` (a step projects one entry per
+        row: the last, or `at`)."""
         gemv = self.fused.gemv
         if gemv is not None:
             gemv.prepare(widths, roles=[r for r in gemv.weights if r != "lm_head"])
-            gemv.prepare([1], roles=["lm_head"])
+            gemv.prepare(heads, roles=["lm_head"])
 
     def step_at(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, at: torch.Tensor | None = None):
         """As `Eagle3Head.step_at` with kv_len = cache.max_seq: (pre-norm outputs [T, hidden],
         draft logits of the last entry, or of entry `at` [1] (a device index), in the head's dtype:
         the chain reads only their argmax)."""
+        h, logits = self.step_rows(tokens[None], g[None], pos, cache, at)
+        return h[0], logits[0]
+
+    def step_rows(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, at: torch.Tensor | None = None):
+        """As `Eagle3Head.step_rows` with kv_len = cache.max_seq (n rows: tokens [n, T], g [n, T,
+        hidden], pos [n, T], at [n]): (pre-norm outputs [n, T, hidden], draft logits [n, vocab] of
+        each row's last entry or entry at[i], in the head's dtype). The split-KV attention reads
+        each row only up to its own positions."""
         head, f = self.head, self.fused
         layer, dtype = head.midlayer, head.fc.weight.dtype
         a = layer.self_attn
@@ -90,7 +101,7 @@ class HeadFastStep:
         mask = None
         if f.needs_mask:  # SDPA: the whole cache under a position mask
             mask = (torch.arange(cache.max_seq, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
-        g = g[None].to(dtype)
+        g = g.to(dtype)
         # one eps for both input norms (the head's layer builds them all from the config's rms_norm_eps)
         x = self.head_input(
             tokens, head.embed_tokens.weight, g, layer.input_layernorm.weight, layer.hidden_norm.weight, layer.input_layernorm.eps
@@ -100,8 +111,7 @@ class HeadFastStep:
         post = layer.post_attention_layernorm
         h, normed = f.add_norm_body(g, f._linear("o", core, a.o_proj.weight), post.weight, post.eps)
         h, out = f.add_norm_body(h, f._mlp(normed, wgu, layer.mlp.down_proj.weight), head.norm.weight, head.norm.eps)
-        pick = out[:, -1:] if at is None else out.index_select(1, at)
-        return h[0], f._linear("lm_head", pick, head.lm_head.weight)[0, 0]
+        return h, f._linear("lm_head", pick_entries(out, at), head.lm_head.weight)[:, 0]
 
 
 class Eagle3Chain:
@@ -239,17 +249,7 @@ class Eagle3Chain:
             return self._capture_body(run)
 
     def _capture_body(self, run):
-        # warm up on a side stream (lazy kernels, allocator), then capture into the shared pool
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = run()
-        self._pool = graph.pool()
+        graph, out, self._pool = capture_graph(run, self.device, self._pool)
         return graph, out
 
 

@@ -135,6 +135,14 @@ def check_fits(cfg: Eagle3Config, target: ModelArgs, path) -> tuple[int, ...]:
     return tuple(aux)
 
 
+def pick_entries(out: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
+    """out [n, T, d] -> [n, 1, d]: each row's last entry, or row i's entry at[i] (at [n], on the
+    device: a gather, no host read)."""
+    if at is None:
+        return out[:, -1:]
+    return out.gather(1, at.view(-1, 1, 1).expand(out.shape[0], 1, out.shape[-1]))
+
+
 class Eagle3Layer(nn.Module):
     """The head's decoder layer: attention over [normed embedding; normed hidden] (2 x hidden wide)."""
 
@@ -177,11 +185,13 @@ class Eagle3Head(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self, rows: int = 1) -> KVCache:
         a, p = self.cfg.args, self.fc.weight
-        shape = (1, a.n_kv_heads, self.rope_cos.shape[0], a.head_dim)
+        shape = (rows, a.n_kv_heads, self.rope_cos.shape[0], a.head_dim)
         return KVCache(
-            k=[torch.zeros(shape, dtype=p.dtype, device=p.device)], v=[torch.zeros(shape, dtype=p.dtype, device=p.device)], lengths=[0]
+            k=[torch.zeros(shape, dtype=p.dtype, device=p.device)],
+            v=[torch.zeros(shape, dtype=p.dtype, device=p.device)],
+            lengths=[0] * rows,
         )
 
     def step(self, tokens: torch.Tensor, g: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,20 +212,45 @@ class Eagle3Head(nn.Module):
         position mask; leaves cache.lengths to the caller. kv_len = cache.max_seq makes every shape
         static (what the chain's CUDA graph captures, workers/drafters/eagle3/chain.py). at [1]: the
         entry whose logits are returned (a device index; default the last)."""
-        T = tokens.shape[0]
+        h, logits = self.step_rows(tokens[None], g[None], pos, cache, kv_len, at)
+        return h[0], logits[0]
+
+    def step_rows(
+        self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int, at: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`step_at` for n rows of the cache at once: tokens [n, T], fused states g [n, T, hidden] at
+        positions pos [n, T] (each row its own) -> (pre-norm outputs [n, T, hidden], draft logits
+        [n, draft_vocab] of each row's last entry, or of entry at[i] for row i (a device index
+        [n]), float32). Rows attend to their own first kv_len slots under a position mask."""
+        n, T = tokens.shape
         dtype = self.fc.weight.dtype
         cos, sin = self.rope_cos[pos][:, None].to(dtype), self.rope_sin[pos][:, None].to(dtype)
         mask = (torch.arange(kv_len, device=pos.device)[None, None, :] <= pos[:, :, None])[:, None]
         attn = self.midlayer.self_attn
-        x = self.midlayer.qkv_input(self.embed_tokens(tokens)[None], g[None].to(dtype))
+        g = g.to(dtype)
+        x = self.midlayer.qkv_input(self.embed_tokens(tokens), g)
         hd = attn.head_dim
-        q = attn.q_proj(x).view(1, T, -1, hd).transpose(1, 2)
-        k = attn.k_proj(x).view(1, T, -1, hd).transpose(1, 2)
-        v = attn.v_proj(x).view(1, T, -1, hd).transpose(1, 2)
+        q = attn.q_proj(x).view(n, T, -1, hd).transpose(1, 2)
+        k = attn.k_proj(x).view(n, T, -1, hd).transpose(1, 2)
+        v = attn.v_proj(x).view(n, T, -1, hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attend(q, k, v, mask, cache.k[0], cache.v[0], pos, attn.gqa_group, attn.kv_map)
-        h = self.midlayer.finish(g[None].to(dtype), out)[0]
-        return h, self.lm_head(self.norm(h[-1:] if at is None else h.index_select(0, at)))[0].float()
+        h = self.midlayer.finish(g, out)
+        return h, self.lm_head(self.norm(pick_entries(h, at)))[:, 0].float()
+
+    def write_kv(self, tokens: torch.Tensor, g: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> None:
+        """Cache entries without a step: token i (tokens [N], fused states g [N, hidden]) at position
+        pos[i] of cache row rows[i]. One layer: an entry's K/V read nothing but its own input, so
+        entries whose outputs nobody reads (the prompt's, but for its last) need only these (one
+        packed pass for every row: the batched head's prefill, workers/drafters/eagle3/rows.py)."""
+        dtype = self.fc.weight.dtype
+        attn = self.midlayer.self_attn
+        x = self.midlayer.qkv_input(self.embed_tokens(tokens)[None], g[None].to(dtype))  # [1, N, 2 hidden]
+        cos, sin = self.rope_cos[pos][None, None].to(dtype), self.rope_sin[pos][None, None].to(dtype)
+        k = apply_rope(attn.k_proj(x).view(1, -1, attn.n_kv_heads, attn.head_dim).transpose(1, 2), cos, sin)
+        v = attn.v_proj(x).view(1, -1, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        cache.k[0][rows, :, pos] = k[0].transpose(0, 1)  # [N, Hkv, D] into slots (row, :, pos)
+        cache.v[0][rows, :, pos] = v[0].transpose(0, 1)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         # index_select, not d2t[ids]: indexing by a 0-dim tensor (an argmax) reads it on the host,
@@ -264,6 +299,7 @@ class Eagle3Drafter(Drafter):
         self.use_chain = self.chain.capture if chain is None else chain
         # around a chain left on the device (propose_on_device): its GPU time, read after the step's sync
         self._span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.chain.capture else None
+        self._batch_rows = {}  # rows -> Eagle3Rows (`batch_rows`)
         self.begin(0.0, 0)
         self.prefill([])
 
@@ -274,6 +310,18 @@ class Eagle3Drafter(Drafter):
         )
         other.begin(self.temperature, int(self.generator.initial_seed()))
         return other
+
+    def batch_rows(self, n: int, k: int):
+        """Greedy chains (no lookup, no tree): every row of a batch drafted in one head pass per
+        depth (workers/drafters/eagle3/rows.py; on CUDA one graph per (rows, k) through this
+        drafter's fast step); else None (one fork per row). One per row count, kept with its graphs."""
+        if self.temperature > 0 or self.lookup or self._width(k) != 1:
+            return None
+        from workers.drafters.eagle3.rows import Eagle3Rows
+
+        if n not in self._batch_rows:
+            self._batch_rows[n] = Eagle3Rows(self.head, n, fast=self.chain.fast, capture=self.chain.capture)
+        return self._batch_rows[n]
 
     def warm(self, k: int) -> None:
         if self.use_chain:

@@ -1,0 +1,144 @@
+"""One EAGLE-3 head pass per depth for every row of a batch (workers/drafters/eagle3/rows.py), on CPU
+in float32: each row's greedy drafts are those of its own `Eagle3Drafter` (the eager loop, the chain's
+body, and both through `HeadFastStep`), over ragged rows (prompts longer and shorter than a step's
+feed, different acceptance per row, a row that finishes early), with one head pass per depth for all
+rows; a batched run decodes, drafts and accepts as batch 1 does.
+
+    .venv/bin/python -m pytest -q -n 0 tests/engine/test_eagle3_rows.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.drafters.eagle3.checkpoint import head_config, random_head
+from workers.drafters.eagle3.head import Eagle3Drafter
+from workers.drafters.eagle3.rows import Eagle3Rows
+from workers.engine.config import EngineConfig
+from workers.model.checkpoint import load_args
+
+
+def _head(tiny_ckpt):
+    # a reduced draft vocabulary mapped to target ids 100..163: drafts go through d2t
+    return random_head(head_config(load_args(tiny_ckpt), draft_vocab=64), seed=2, d2t_from=list(range(100, 164)))
+
+
+@pytest.mark.parametrize("reference", ["eager_loop", "chain", "fast_chain"])
+@torch.inference_mode()
+def test_one_pass_per_depth_drafts_each_rows_own_chain(tiny_ckpt, reference):
+    head = _head(tiny_ckpt)
+    fast = None
+    if reference == "fast_chain":
+        from workers.drafters.eagle3.chain import HeadFastStep
+
+        fast = HeadFastStep(head, EngineConfig(compile=False, gemv="cublas", attention="sdpa"))
+    k, g = 4, torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (14, 3, 27, 6)]  # 14, 27: longer than k + 1
+    group = Eagle3Rows(head, 5, fast=fast, capture=False)  # a row more than the batch: left alone
+    group.begin(len(prompts))
+    alone = [Eagle3Drafter(head, chain=reference != "eager_loop", fast=fast) for _ in prompts]
+    committed = []
+    width = 3 * head.cfg.target_hidden
+    for i, p in enumerate(prompts):
+        states = torch.randn(len(p), width, generator=g)
+        group.rows[i].prefill(p)
+        group.rows[i].observe(states)
+        alone[i].prefill(p)
+        alone[i].observe(states)
+        committed.append(p + [int(torch.randint(0, 512, (1,), generator=g))])  # the verifier's first token
+    live = [0, 1, 2, 3]
+    for step in range(6):
+        if step == 2:
+            live.remove(1)  # finished: its row gets a scratch entry, the others must not notice
+        passes = group.passes
+        got = group.propose({i: committed[i] for i in live}, k)
+        assert group.passes - passes == k  # one head pass per depth, all rows at once
+        assert sorted(got) == live
+        for i in live:
+            want = alone[i].propose(committed[i], k).tokens
+            assert got[i].tokens == want, (reference, step, i)
+            assert all(100 <= t < 164 for t in want)
+            kept = (i + step) % (k + 1)  # 0 .. k drafts kept, then one of the verifier's
+            committed[i].extend(want[:kept] + [int(torch.randint(0, 512, (1,), generator=g))])
+            states = torch.randn(1 + kept, width, generator=g)  # [last, kept drafts]
+            group.rows[i].observe(states)
+            alone[i].observe(states)
+    assert len({tuple(got[i].tokens) for i in live}) > 1  # rows draft from their own states
+    assert group.cache.lengths[4] == 0 and not group.cache.k[0][4].any()  # the row past the batch
+
+
+@torch.inference_mode()
+def test_a_row_without_room_drafts_nothing_and_keeps_its_entries(tiny_ckpt):
+    """A row whose head cache cannot take k more entries gets no drafts (as Eagle3Drafter), and its
+    entries stay; the other rows draft as before."""
+    from workers.drafters.eagle3.head import Eagle3Head
+
+    big = _head(tiny_ckpt)
+    head = Eagle3Head(big.cfg, max_seq=24)  # 24 positions
+    head.load_state_dict(big.state_dict())
+    small = Eagle3Rows(head, 2, capture=False)
+    g = torch.Generator().manual_seed(4)
+    width = 3 * head.cfg.target_hidden
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (22, 5)]
+    small.begin(2)
+    committed = []
+    for i, p in enumerate(prompts):
+        small.rows[i].prefill(p)
+        small.rows[i].observe(torch.randn(len(p), width, generator=g))
+        committed.append(p + [9])
+    got = small.propose({0: committed[0], 1: committed[1]}, 4)  # row 0: 22 + 4 > 24
+    assert got[0].tokens == [] and len(got[1].tokens) == 4
+    assert small.cache.lengths == [0, 5 + 4 - 1]  # row 0 fed nothing (its states wait), row 1 its prompt and 3 drafts
+
+
+@torch.inference_mode()
+def test_a_batched_run_drafts_and_accepts_as_batch_one(tiny_ckpt):
+    """EAGLE-3 in the rank (greedy), batches of 3 over 7 prompts (the last batch of 1): every
+    sequence's tokens, steps, accepted drafts and each of its proposals are batch 1's (where each
+    proposal came from the drafter alone), and every batched step drafted all its rows in k passes."""
+    from test_batched_prefill import _prompts, _verifier
+
+    from workers.drafters.eagle3.head import default_aux_layers
+    from workers.model.checkpoint import load_model
+    from workers.spec import Workload
+
+    model = load_model(tiny_ckpt, max_seq=128)
+    model.aux_layers = default_aux_layers(model.args.n_layers)
+    head = random_head(head_config(model.args, draft_vocab=model.args.vocab_size), seed=5)
+    prompts = tuple(tuple(p) for p in _prompts([12, 4, 20, 9, 30, 16, 3]))
+    k = 3
+
+    def which(committed):
+        return next(i for i, p in enumerate(prompts) if tuple(committed[: len(p)]) == p)
+
+    seen: dict[str, dict[int, list]] = {"one": {}, "many": {}}
+    real_one, real_many = Eagle3Drafter._propose, Eagle3Rows.propose
+
+    def spy_one(self, committed, kk, on_device):
+        p = real_one(self, committed, kk, on_device)
+        seen["one"].setdefault(which(committed), []).append(p.tokens)
+        return p
+
+    def spy_many(self, committed, kk):
+        got = real_many(self, committed, kk)
+        for row, c in committed.items():
+            seen["many"].setdefault(which(c), []).append(got[row].tokens)
+        return got
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(Eagle3Drafter, "_propose", spy_one)
+    mp.setattr(Eagle3Rows, "propose", spy_many)
+    try:
+        engine = EngineConfig(cuda_graphs=False)
+        one = _verifier(model, 1, 4096, Eagle3Drafter(head, engine=engine)).run(
+            Workload(prompts=prompts, max_new_tokens=16, num_draft_tokens=k)
+        )
+        drafter = Eagle3Drafter(head, engine=engine)
+        many = _verifier(model, 3, 4096, drafter).run(Workload(prompts=prompts, max_new_tokens=16, num_draft_tokens=k, batch_size=3))
+    finally:
+        mp.undo()
+    assert [p.tokens for p in many.prompts] == [p.tokens for p in one.prompts]
+    assert [(p.steps, p.accepted) for p in many.prompts] == [(p.steps, p.accepted) for p in one.prompts]
+    assert seen["many"] == seen["one"] and len(seen["one"]) == len(prompts)
+    assert drafter._batch_rows[3].passes == k * many.metrics["num_steps"]  # every batched step: k passes for all its rows

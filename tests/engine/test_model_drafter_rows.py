@@ -1,0 +1,59 @@
+"""A drafter process's batched greedy drafts through the body one CUDA graph per (rows, k) captures
+(workers/drafters/model_drafter.py `_rows_run`), run uncaptured on CPU: every row's drafts are its
+own drafter's alone, over ragged rows (their own lengths, feeds and last tokens), and the body runs
+once per step after a batch's packed first proposal.
+
+    .venv/bin/python -m pytest -q -n 0 tests/engine/test_model_drafter_rows.py
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workers.drafters.model_drafter import ModelDrafter
+from workers.model.checkpoint import load_model
+
+
+@torch.inference_mode()
+def test_batched_drafts_through_the_static_body_are_each_rows_own(tiny_draft_ckpt):
+    draft = load_model(tiny_draft_ckpt, max_seq=128)
+    rows = ModelDrafter(draft)
+    rows.rows_static = True  # the graphs' body, uncaptured (CPU)
+    runs = []
+    real = rows._rows_run
+    rows._rows_run = lambda n, k: runs.append((n, k)) or real(n, k)
+    rows.begin_rows(3)
+    g = torch.Generator().manual_seed(8)
+    committed = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (14, 5, 27)]
+    alone = [ModelDrafter(draft) for _ in committed]
+    for d, c in zip(alone, committed):
+        d.prefill(c)
+    k = 4
+    for step in range(5):
+        got = rows.propose_rows(committed, [0, 1, 2], k)
+        for i, (d, c) in enumerate(zip(alone, committed)):
+            want = d.propose(c, k).tokens
+            assert got[i].tokens == want, (step, i)
+            c.extend(want[: (i + step) % (k + 1)] + [7])  # 0 .. k drafts kept, then a token of the verifier's
+    assert runs == [(3, k)] * 4  # the first proposal prefills packed (eager); every later one: the body once
+
+
+@torch.inference_mode()
+def test_rows_near_the_cache_end_take_the_eager_passes(tiny_draft_ckpt):
+    """Where the padded body would need positions past the cache, the eager passes draft (the same drafts)."""
+    draft = load_model(tiny_draft_ckpt, max_seq=40)
+    rows, plain = ModelDrafter(draft), ModelDrafter(draft)
+    rows.rows_static = True
+    runs = []
+    real = rows._rows_run
+    rows._rows_run = lambda n, k: runs.append((n, k)) or real(n, k)
+    for d in (rows, plain):
+        d.begin_rows(2)
+    committed = [list(range(3, 36)), list(range(5, 12))]  # row 0: 33 tokens, at 34 next: 34 + 2 x 4 > 40
+    for step in range(2):
+        got = rows.propose_rows(committed, [0, 1], 4)
+        want = plain.propose_rows(committed, [0, 1], 4)
+        assert [got[i].tokens for i in (0, 1)] == [want[i].tokens for i in (0, 1)]
+        for i, c in enumerate(committed):
+            c.extend(want[i].tokens[:1] + [9])
+    assert runs == []

@@ -1,0 +1,255 @@
+"""Every row's greedy EAGLE-3 chain of a batch in one head pass per depth (batch > 1, placement rank0).
+
+    rows = Eagle3Rows(head, 8, fast=step)              # one 8-row head cache; on CUDA a graph per (rows, k)
+    rows.warm(k, {8, 3})                               # capture (rows, k) before timing (CUDA)
+    rows.begin(n)                                      # a batch of n rows (n <= 8)
+    rows.rows[i].prefill(prompt); rows.rows[i].observe(states)   # row i's drafter, as Eagle3Drafter's
+    proposals = rows.propose({i: committed_i, ...}, k)  # {row: Proposal} for the live rows
+
+Each row keeps `Eagle3Drafter`'s bookkeeping (the verifier's states not yet fed, how many positions
+they cover, `ctx`: the entries fed with them) in its own row of one head cache. A proposal for the
+live rows:
+
+    backlog   a row with more entries to feed than a step sends (the prompt, at a batch's first
+              proposal): all but its last entry go into its cache in one packed pass for every such
+              row (`Eagle3Head.write_kv`: one layer, so these entries need their K/V only)
+    depth 1   one pass over [n, k + 1]: row i's entries (x_{j+1}, fc(aux_j)) at its own positions,
+              padded after its last entry; each row's first draft from its own last entry (`at`)
+    depth 2.. k - 1 passes of one entry per row: the row's draft and its pre-norm output, at the
+              position after its previous entry
+
+Padding sits at positions past a row's entries: a query reads slots up to its own position only, and
+the row's next drafts overwrite them before any query reaches them. A row that does not draft this
+step (finished, or its head cache full) is fed one scratch entry at its first free position (at most
+max_seq - k - 1), which nothing reads. Outputs are each row's `Eagle3Drafter` chain (greedy), up to
+the last bits of matrix products over more rows (`tests/engine/test_eagle3_rows.py`).
+
+On CUDA (the drafter's chain captured) the depth passes of n rows and k drafts are one CUDA graph over
+static inputs (tokens, positions, aux states, `at`) and the whole static head cache, through the
+chain's `HeadFastStep` where it built one (merged weights, GEMV picker, the split-KV Triton attention
+reading each row up to its own positions), captured by `warm`; elsewhere the same body runs eagerly
+(on the eager head step, over the filled part of the cache).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from workers.drafters.base import Drafter
+from workers.engine.graphs import capture_graph
+from workers.engine.link import Proposal
+from workers.spec import MAX_DRAFT_TOKENS
+
+
+class _RowState:
+    __slots__ = ("states", "n_states", "ctx")
+
+    def __init__(self):
+        self.states: list[torch.Tensor] = []  # aux states the verifier sent, not yet fed (fc not yet applied)
+        self.n_states = 0  # positions the verifier has sent states for
+        self.ctx = 0  # cache entries fed with the verifier's states (the rest are drafts)
+
+
+class Eagle3Row(Drafter):
+    """Row i of an `Eagle3Rows`: what the batch loop hands a sequence (prefill, observe); its
+    proposals come from `Eagle3Rows.propose` with the other rows'."""
+
+    kind = "eagle3"
+    reads_hidden = True
+
+    def __init__(self, group: Eagle3Rows, row: int):
+        self.group, self.row = group, row
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.group.reset_row(self.row)
+
+    def observe(self, hidden: torch.Tensor) -> None:
+        self.group.observe(self.row, hidden)
+
+    def propose(self, committed: list[int], k: int) -> Proposal:
+        return self.group.propose({self.row: committed}, k)[self.row]
+
+
+class Eagle3Rows:
+    def __init__(self, head, rows: int, fast=None, capture: bool | None = None):
+        """head: the Eagle3Head (shared with the drafter); rows: the most rows a batch holds; fast:
+        the chain's HeadFastStep (None: the eager head step); capture: CUDA graphs (default: on a GPU)."""
+        self.head, self.n_rows, self.fast = head, rows, fast
+        self.device = head.fc.weight.device
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        self.cache = head.new_cache(rows)
+        self.rows = [Eagle3Row(self, i) for i in range(rows)]
+        self.state = [_RowState() for _ in range(rows)]
+        self.n = rows  # rows of the current batch (`begin`)
+        width, dtype = MAX_DRAFT_TOKENS + 1, head.fc.weight.dtype
+        self._tok = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+        self._pos = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+        self._at = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self._aux = torch.zeros(rows, width, head.fc.in_features, dtype=dtype, device=self.device)  # fc's input
+        pin = self.device.type == "cuda"
+        staging = torch.zeros(2 * rows * width + rows, dtype=torch.long)
+        self._staging = staging.pin_memory() if pin else staging
+        self._views = {}  # n -> the first n rows of the cache (the tensors a graph captured)
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (n, k) -> (graph, drafts [n, k])
+        self._pool = None
+        self.passes = 0  # head passes run (a test counts them: one per depth)
+
+    def begin(self, n: int) -> None:
+        """A new batch of n rows (rows 0 .. n - 1); each row is reset by its `prefill`."""
+        if not 1 <= n <= self.n_rows:
+            raise ValueError(f"a batch of {n} rows on a head cache of {self.n_rows}")
+        self.n = n
+
+    def reset_row(self, i: int) -> None:
+        self.cache.lengths[i] = 0
+        self.state[i] = _RowState()
+
+    @torch.inference_mode()
+    def observe(self, i: int, hidden: torch.Tensor) -> None:
+        """Row i: the verifier's aux states [m, 3 x target_hidden] of its next m committed positions."""
+        if hidden.shape[0]:
+            self.state[i].states.append(hidden.to(self.device, self.head.fc.weight.dtype))
+            self.state[i].n_states += hidden.shape[0]
+
+    def _view(self, n: int):
+        if n not in self._views:
+            self._views[n] = self.cache.view(0, n)
+        return self._views[n]
+
+    @torch.inference_mode()
+    def propose(self, committed: dict[int, list[int]], k: int) -> dict[int, Proposal]:
+        """k greedy drafts for each row in `committed` (row -> its committed tokens: every live row
+        of the batch), from one pass per depth over the batch's n rows."""
+        t0 = time.perf_counter()
+        n, W, cache, max_seq = self.n, k + 1, self.cache, self.cache.max_seq
+        if not 1 <= k <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"k = {k} drafts: 1 .. {MAX_DRAFT_TOKENS}")
+        feeds: dict[int, tuple[list[int], torch.Tensor]] = {}
+        backlog = []  # (row, tokens, aux, first position)
+        for i, tokens in committed.items():
+            r = self.state[i]
+            if r.n_states != len(tokens) - 1:
+                raise RuntimeError(f"EAGLE-3 row {i}: hidden states for {r.n_states} positions, {len(tokens)} tokens committed")
+            cache.rollback(i, r.ctx)
+            if r.n_states + k > max_seq:  # no room: no drafts (its states wait, as Eagle3Drafter's do)
+                continue
+            aux = torch.cat(r.states) if len(r.states) > 1 else r.states[0]
+            r.states = []
+            feed = tokens[r.ctx + 1 : r.n_states + 1]
+            if len(feed) > W:  # the prompt (a batch's first proposal): all but the last entry in the packed pass
+                backlog.append((i, feed[:-1], aux[:-1], cache.lengths[i]))
+                cache.lengths[i] += len(feed) - 1
+                feed, aux = feed[-1:], aux[-1:]
+            feeds[i] = (feed, aux)
+        if backlog:
+            self._write_backlog(backlog)
+        drafts: dict[int, list[int]] = {}
+        if feeds:
+            for i, r in enumerate(self.state[:n]):
+                if i not in feeds:  # scratch at its first free position (a full row's last ones: it drafts no more)
+                    cache.lengths[i] = min(r.ctx, max(0, max_seq - k - 1))
+            out = self._draft(feeds, n, k).tolist()  # one host read for every row
+            for i, r in enumerate(self.state[:n]):
+                if i in feeds:
+                    drafts[i] = out[i]
+                    cache.lengths[i] += len(feeds[i][0]) + k - 1  # the last draft is not fed
+                    r.ctx = r.n_states
+                else:
+                    cache.lengths[i] = r.ctx  # its entries, as before the pass
+        share = (time.perf_counter() - t0) / max(1, len(committed))  # one pass drafts every row
+        return {i: Proposal(tokens=drafts.get(i, []), draft_s=share) for i in committed}
+
+    def _write_backlog(self, backlog) -> None:
+        dev = self.device
+        tokens = torch.tensor([t for _, f, _, _ in backlog for t in f], device=dev)
+        rows = torch.tensor([i for i, f, _, _ in backlog for _ in f], device=dev)
+        pos = torch.tensor([s + j for _, f, _, s in backlog for j in range(len(f))], device=dev)
+        aux = torch.cat([a for _, _, a, _ in backlog])
+        self.head.write_kv(tokens, self.head.fc(aux), rows, pos, self.cache)
+
+    def _draft(self, feeds: dict[int, tuple[list[int], torch.Tensor]], n: int, k: int) -> torch.Tensor:
+        """Stage every row's entries and run the depth passes: drafts [n, k] (target ids)."""
+        W, lengths = k + 1, self.cache.lengths
+        stage = self._staging
+        tok = stage[: n * W].view(n, W)
+        pos = stage[self.n_rows * (MAX_DRAFT_TOKENS + 1) :][: n * W].view(n, W)
+        at = stage[2 * self.n_rows * (MAX_DRAFT_TOKENS + 1) :][:n]
+        for i in range(n):
+            feed = feeds[i][0] if i in feeds else [0]
+            tok[i] = torch.tensor(feed + [feed[-1]] * (W - len(feed)))
+            pos[i] = torch.arange(lengths[i], lengths[i] + W)
+            at[i] = len(feed) - 1
+            if i in feeds:
+                self._aux[i, : len(feed)].copy_(feeds[i][1])
+        self._tok[:n, :W].copy_(tok, non_blocking=True)
+        self._pos[:n, :W].copy_(pos, non_blocking=True)
+        self._at[:n].copy_(at, non_blocking=True)
+        self.passes += k
+        if not self.capture:
+            return self._run(n, k, kv_len=min(self.cache.max_seq, int(pos[:, 0].max()) + W + k))
+        if (n, k) not in self.graphs:
+            self.graphs[(n, k)] = self._capture(n, k)
+        graph, out = self.graphs[(n, k)]
+        graph.replay()
+        return out
+
+    def warm(self, k: int, sizes) -> None:
+        """Capture the depth passes of k drafts for every batch of `sizes` rows (CUDA), outside any
+        timing: the GEMV picker's races at their widths first. Writes scratch entries: every row is
+        reset by its prefill before use."""
+        if not self.capture:
+            return
+        sizes = sorted(n for n in set(sizes) if 1 <= n <= self.n_rows)
+        if self.fast is not None:
+            self.fast.prepare(sorted({n * (k + 1) for n in sizes} | set(sizes)), heads=sizes)
+        for t in (self._tok, self._pos, self._at):  # valid inputs for the captures' own runs (an earlier k's `at` may not be)
+            t.zero_()
+        for n in sizes:
+            if (n, k) not in self.graphs:
+                self.cache.lengths[:n] = [0] * n
+                self.graphs[(n, k)] = self._capture(n, k)
+        self.cache.reset()
+
+    def _step(self, tok, g, pos, cache, kv_len: int, at=None):
+        if self.fast is not None:
+            return self.fast.step_rows(tok, g, pos, cache, at)
+        return self.head.step_rows(tok, g, pos, cache, kv_len, at)
+
+    def _run(self, n: int, k: int, kv_len: int | None = None) -> torch.Tensor:
+        """Device ops only (graph-safe): the depth passes over the staged rows -> drafts [n, k]."""
+        head, W = self.head, k + 1
+        cache = self._view(n)
+        kv_len = kv_len or cache.max_seq
+        tok, pos, at = self._tok[:n, :W], self._pos[:n, :W], self._at[:n]
+        h, logits = self._step(tok, head.fc(self._aux[:n, :W]), pos, cache, kv_len, at)
+        nxt = head.to_target(logits.argmax(-1))  # [n]
+        drafts = [nxt]
+        h = h.gather(1, at.view(n, 1, 1).expand(n, 1, h.shape[-1]))  # [n, 1, hidden]: each row's last entry
+        p = pos.gather(1, at.view(n, 1))
+        for _ in range(k - 1):
+            p = p + 1
+            h, logits = self._step(nxt.view(n, 1), h, p, cache, kv_len)
+            nxt = head.to_target(logits.argmax(-1))
+            drafts.append(nxt)
+        return torch.stack(drafts, dim=1)
+
+    def _capture(self, n: int, k: int):
+        try:
+            graph, out, self._pool = capture_graph(lambda: self._run(n, k), self.device, self._pool)
+        except Exception as e:  # noqa: BLE001 - the eager head step still works
+            if self.fast is None:
+                raise
+            print(
+                f"spectune: EAGLE-3 batched head pass through the fast step failed ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200]}); eager head steps",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.fast = None
+            self.graphs.clear()
+            self._pool = None
+            graph, out, self._pool = capture_graph(lambda: self._run(n, k), self.device, self._pool)
+        return graph, out
