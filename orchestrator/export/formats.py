@@ -10,7 +10,11 @@ GPU, no network.
          "drafter_options": {"ngram_max": 3, "ngram_min": 1}, "backend": "nccl",
          "nccl_env": {"NCCL_ALGO": "Ring"}, "engine": {"attention": "auto", "cuda_graphs": true},
          "throughput_tok_s": ..., "plain_throughput_tok_s": ..., "speedup_vs_plain": ...,
-         "noise_band_tok_s": ..., "trial": 7}, ...]}
+         "noise_band_tok_s": ..., "decode_tok_s": ..., "plain_decode_tok_s": ..., "decode_speedup_vs_plain": ...,
+         "trial": 7}, ...], "ranked_by": "throughput_tok_s"}
+
+Winners are ranked by throughput with the prefill (`ranked_by`); the decode rate (decode steps only)
+is listed beside it in the header comments.
 
 An engine serves one drafter at one tensor-parallel size, so the winner at the smallest batch size
 sets the drafter, TP and NCCL environment; where the other batch sizes' winners differ the output
@@ -123,6 +127,11 @@ def _winner_text(row: dict) -> str:
         parts.append(tput)
     if row.get("speedup_vs_plain") is not None:
         parts.append(f"{float(row['speedup_vs_plain']):.2f}x plain")
+    if row.get("decode_tok_s") is not None:  # decode steps only: what speculation does without the prefill
+        dec = f"decode {float(row['decode_tok_s']):.1f} tok/s"
+        if row.get("decode_speedup_vs_plain") is not None:
+            dec += f" ({float(row['decode_speedup_vs_plain']):.2f}x plain)"
+        parts.append(dec)
     if row.get("trial") is not None:
         parts.append(f"trial {row['trial']}")
     return ", ".join(parts)
@@ -151,7 +160,7 @@ def _header(schedule: dict, rows: list[dict], engine: str | None) -> list[str]:
     lines = [f"# spectune export: study {schedule.get('study')}, model {schedule.get('model')}, dtype {schedule.get('dtype')}"]
     if engine:
         lines.append(f"# flag names checked against the {engine} documentation of {ENGINE_VERSIONS[engine.lower()]}")
-    lines.append("# winners by batch size:")
+    lines.append("# winners by batch size (ranked by throughput with the prefill; decode: the decode steps alone):")
     lines += [f"#   {_winner_text(r)}" for r in rows]
     return lines
 

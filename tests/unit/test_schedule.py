@@ -116,3 +116,33 @@ def test_a_lead_within_noise_is_no_pay():
     # more measurements behind both medians narrow the band: the same 2% lead is clear with 8 each
     rows[1].update(samples=8, plain_samples=8)
     assert speculation_stops_paying(rows, noise_rel=0.01) == 16  # 0.02 > 2 x 0.01 x sqrt((1.02^2 + 1) / 8) = 0.0101
+
+
+def test_the_schedule_reports_the_decode_rate_beside_the_throughput_it_ranks_by():
+    """Each batch size's winner is picked by throughput (prefill included), even where another
+    configuration decodes faster; its decode rate, plain decoding's and their ratio come along, and
+    the report and the exports say which of the two ranks."""
+    from orchestrator.export.formats import render
+
+    study = optuna.create_study(direction="maximize")
+    for k, b1, dec1, b4, dec4 in (
+        (0, [100, 101], 120, 380, 500),
+        (4, [210, 212], 300, 600, 900),  # the most throughput: the winner
+        (2, [190], 400, 560, 1200),  # decodes faster, but its prefill costs more: not the winner
+    ):
+        t = _trial(k, "nccl", b1, b4, 1000)
+        t.user_attrs.update({"decode_tok_s": dec1, "decode_tok_s_b4": dec4})
+        study.add_trial(t)
+    s = build_schedule(study, model="m", dtype="bfloat16")
+    assert s["ranked_by"] == "throughput_tok_s"
+    rows = {r["batch_size"]: r for r in s["schedule"]}
+    assert rows[1]["num_draft_tokens"] == 4 and rows[4]["num_draft_tokens"] == 4
+    assert rows[1]["decode_tok_s"] == 300 and rows[1]["plain_decode_tok_s"] == 120 and rows[1]["decode_speedup_vs_plain"] == 2.5
+    assert rows[4]["decode_tok_s"] == 900 and rows[4]["plain_decode_tok_s"] == 500 and rows[4]["decode_speedup_vs_plain"] == 1.8
+    assert rows[16]["decode_tok_s"] is None and rows[16]["decode_speedup_vs_plain"] is None  # not logged at 16: no figure
+    summary = batch_summary(study, hidden=4096, dtype="bfloat16")
+    text = " ".join(batch_sentences(summary))
+    assert "ranks configurations by throughput" in text and "prefill" in text and "decode speedup" in text
+    page = batch_html(summary)
+    assert "<th>decode tok/s</th>" in page and "<td>900.00</td>" in page and "<td>1.80x</td>" in page
+    assert "batch size 4: ngram k=4" in render(s, "vllm") and "decode 900.0 tok/s (1.80x plain)" in render(s, "vllm")

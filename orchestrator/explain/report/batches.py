@@ -1,7 +1,9 @@
 """The report's batch-size section (studies with `workload.batch_sizes` beyond 1): the schedule
-(orchestrator/export/schedule.py), throughput against batch size per configuration (a chart), the batch
-size where speculation stops paying, and where the best allreduce backend changes, with the
-allreduce message at that batch size: B x (k + 1) tokens x hidden size x bytes per element.
+(orchestrator/export/schedule.py) with throughput (prefill included) and decode rate (decode steps
+only) at each batch size and which of the two it ranks by and why, throughput against batch size per
+configuration (a chart), the batch size where speculation stops paying, and where the best allreduce
+backend changes, with the allreduce message at that batch size: B x (k + 1) tokens x hidden size x
+bytes per element.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import html
 
 import numpy as np
 
-from orchestrator.export.schedule import batch_metric, batch_sizes_of, build_schedule, speculation_stops_paying
+from orchestrator.export.schedule import RANKED_BY_WHY, batch_metric, batch_sizes_of, build_schedule, speculation_stops_paying
 from orchestrator.study.ranking import complete_trials, config_key, trial_params, trial_samples
 from orchestrator.tracking.runs import config_label
 
@@ -44,6 +46,7 @@ def batch_summary(study, hidden: int | None, dtype: str) -> dict | None:
             )
     return {
         "schedule": rows,
+        "ranked_by": sched["ranked_by"],
         "noise_rel": sched["noise_rel"],
         "speculation_stops_paying_at": speculation_stops_paying(rows, sched["noise_rel"]),
         "backend_changes": changes,
@@ -119,6 +122,7 @@ def batch_sentences(s: dict) -> list[str]:
         )
     if not s["backend_changes"]:
         out.append("The best configuration's allreduce backend is the same at every batch size.")
+    out.append(f"The schedule ranks configurations by throughput (generated tokens over wall time, prefill included): {RANKED_BY_WHY}.")
     return out
 
 
@@ -126,22 +130,29 @@ def batch_html(s: dict | None) -> str:
     if s is None:
         return ""
     e = html.escape
-    head = "<tr><th>batch</th><th>best configuration</th><th>tok/s</th><th>+-</th><th>plain tok/s</th><th>speedup</th><th>trials</th></tr>"
+    head = (
+        "<tr><th>batch</th><th>best configuration</th><th>tok/s</th><th>+-</th><th>plain tok/s</th><th>speedup</th>"
+        "<th>decode tok/s</th><th>plain decode tok/s</th><th>decode speedup</th><th>trials</th></tr>"
+    )
     body = []
     for r in s["schedule"]:
         what = "plain decoding" if r["num_draft_tokens"] == 0 else f"{r['drafter']} k={r['num_draft_tokens']}"
         band = f"{r['noise_band_tok_s']:.2f}" if r["noise_band_tok_s"] is not None else "?"
         plain = f"{r['plain_throughput_tok_s']:.2f}" if r["plain_throughput_tok_s"] else "-"
         speed = f"{r['speedup_vs_plain']:.2f}x" if r["speedup_vs_plain"] else "-"
+        dec, plain_dec, dec_speed = (r.get(key) for key in ("decode_tok_s", "plain_decode_tok_s", "decode_speedup_vs_plain"))
         body.append(
             f"<tr><td>{r['batch_size']}</td><td>{e(what)}, tp {r['tp']}, {e(r['backend'])}</td><td>{r['throughput_tok_s']:.2f}</td>"
-            f"<td>{band}</td><td>{plain}</td><td>{speed}</td><td>{e(', '.join(map(str, r['trials'])))}</td></tr>"
+            f"<td>{band}</td><td>{plain}</td><td>{speed}</td><td>{f'{dec:.2f}' if dec else '-'}</td>"
+            f"<td>{f'{plain_dec:.2f}' if plain_dec else '-'}</td><td>{f'{dec_speed:.2f}x' if dec_speed else '-'}</td>"
+            f"<td>{e(', '.join(map(str, r['trials'])))}</td></tr>"
         )
     notes = "<br>".join(e(x) for x in batch_sentences(s))
     return (
         f'<h2>Batch sizes</h2><p class="verdict" id="batch-verdict">{notes}</p>'
         f'<table id="batch-schedule">{head}{"".join(body)}</table>'
         '<p class="note">Batch 1 pools each configuration\'s repeats; a larger batch size is measured once per trial. '
-        "+-: the study's noise of one measurement (sigma) at that throughput. <code>spectune export</code> writes this "
-        "schedule for vLLM, SGLang or as an NCCL environment file.</p>"
+        "tok/s: throughput, prefill included (what the schedule ranks by); decode tok/s: the decode steps alone, the same "
+        "trials' median. +-: the study's noise of one measurement (sigma) at that throughput. <code>spectune export</code> "
+        "writes this schedule for vLLM, SGLang or as an NCCL environment file.</p>"
     )
