@@ -19,20 +19,33 @@ from workers.engine.config import EngineConfig
 from workers.model.checkpoint import load_args
 
 
-def _head(tiny_ckpt):
-    # a reduced draft vocabulary mapped to target ids 100..163: drafts go through d2t
-    return random_head(head_config(load_args(tiny_ckpt), draft_vocab=64), seed=2, d2t_from=list(range(100, 164)))
+def _head(tiny_ckpt, max_seq: int = 96):
+    """A random head with a reduced draft vocabulary mapped to target ids 100..163 (drafts go through
+    d2t) and a cache of max_seq positions (the split-KV attention's interpreter runs a program per
+    slice of them)."""
+    from workers.drafters.eagle3.head import Eagle3Head
+
+    weights = random_head(head_config(load_args(tiny_ckpt), draft_vocab=64), seed=2, d2t_from=list(range(100, 164)))
+    head = Eagle3Head(weights.cfg, max_seq=max_seq)
+    head.load_state_dict(weights.state_dict())
+    return head
 
 
-@pytest.mark.parametrize("reference", ["eager_loop", "chain", "fast_chain"])
+@pytest.mark.parametrize("reference", ["eager_loop", "chain", "fast_chain", "fast_triton_chain"])
 @torch.inference_mode()
-def test_one_pass_per_depth_drafts_each_rows_own_chain(tiny_ckpt, reference):
+def test_one_pass_per_depth_drafts_each_rows_own_chain(tiny_ckpt, reference, request):
+    """fast_triton_chain: both through HeadFastStep with the split-KV Triton attention (rope, cache
+    write, each row read up to its own positions) under Triton's interpreter."""
     head = _head(tiny_ckpt)
-    fast = None
-    if reference == "fast_chain":
+    fast = attend_fn = None
+    if reference.startswith("fast"):
         from workers.drafters.eagle3.chain import HeadFastStep
 
-        fast = HeadFastStep(head, EngineConfig(compile=False, gemv="cublas", attention="sdpa"))
+        if reference == "fast_triton_chain":
+            if request.getfixturevalue("kernel_device") != "cpu":
+                pytest.skip("CPU test of the Triton kernels under their interpreter")
+            from workers.kernels.attention import decode_attend as attend_fn
+        fast = HeadFastStep(head, EngineConfig(compile=False, gemv="cublas", attention="sdpa"), attend_fn)
     k, g = 4, torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (14, 3, 27, 6)]  # 14, 27: longer than k + 1
     group = Eagle3Rows(head, 5, fast=fast, capture=False)  # a row more than the batch: left alone
@@ -48,7 +61,7 @@ def test_one_pass_per_depth_drafts_each_rows_own_chain(tiny_ckpt, reference):
         alone[i].observe(states)
         committed.append(p + [int(torch.randint(0, 512, (1,), generator=g))])  # the verifier's first token
     live = [0, 1, 2, 3]
-    for step in range(6):
+    for step in range(3 if attend_fn is not None else 6):  # the interpreter is slow: fewer steps
         if step == 2:
             live.remove(1)  # finished: its row gets a scratch entry, the others must not notice
         passes = group.passes
@@ -72,11 +85,7 @@ def test_one_pass_per_depth_drafts_each_rows_own_chain(tiny_ckpt, reference):
 def test_a_row_without_room_drafts_nothing_and_keeps_its_entries(tiny_ckpt):
     """A row whose head cache cannot take k more entries gets no drafts (as Eagle3Drafter), and its
     entries stay; the other rows draft as before."""
-    from workers.drafters.eagle3.head import Eagle3Head
-
-    big = _head(tiny_ckpt)
-    head = Eagle3Head(big.cfg, max_seq=24)  # 24 positions
-    head.load_state_dict(big.state_dict())
+    head = _head(tiny_ckpt, max_seq=24)  # 24 positions
     small = Eagle3Rows(head, 2, capture=False)
     g = torch.Generator().manual_seed(4)
     width = 3 * head.cfg.target_hidden

@@ -8,17 +8,29 @@ once per step after a batch's packed first proposal.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from workers.drafters.model_drafter import ModelDrafter
 from workers.model.checkpoint import load_model
 
 
+@pytest.mark.parametrize("body", ["plain", "fused_triton"])
 @torch.inference_mode()
-def test_batched_drafts_through_the_static_body_are_each_rows_own(tiny_draft_ckpt):
+def test_batched_drafts_through_the_static_body_are_each_rows_own(tiny_draft_ckpt, body, request):
+    """fused_triton: the body through the drafter's fused step (merged weights, the Triton GEMVs and
+    the split-KV Triton attention reading each row up to its own positions) under Triton's interpreter."""
     draft = load_model(tiny_draft_ckpt, max_seq=128)
     rows = ModelDrafter(draft)
     rows.rows_static = True  # the graphs' body, uncaptured (CPU)
+    if body == "fused_triton":
+        if request.getfixturevalue("kernel_device") != "cpu":
+            pytest.skip("CPU test of the Triton kernels under their interpreter")
+        from workers.engine.config import EngineConfig
+        from workers.engine.fused_step import FusedStep
+        from workers.kernels.attention import decode_attend
+
+        rows.steps.fast = FusedStep(draft, EngineConfig(compile=False, gemv="triton"), None, decode_attend)
     runs = []
     real = rows._rows_run
     rows._rows_run = lambda n, k: runs.append((n, k)) or real(n, k)
@@ -28,14 +40,14 @@ def test_batched_drafts_through_the_static_body_are_each_rows_own(tiny_draft_ckp
     alone = [ModelDrafter(draft) for _ in committed]
     for d, c in zip(alone, committed):
         d.prefill(c)
-    k = 4
-    for step in range(5):
+    k, steps = 4, 3 if body == "fused_triton" else 5  # the interpreter is slow: fewer steps
+    for step in range(steps):
         got = rows.propose_rows(committed, [0, 1, 2], k)
         for i, (d, c) in enumerate(zip(alone, committed)):
             want = d.propose(c, k).tokens
             assert got[i].tokens == want, (step, i)
             c.extend(want[: (i + step) % (k + 1)] + [7])  # 0 .. k drafts kept, then a token of the verifier's
-    assert runs == [(3, k)] * 4  # the first proposal prefills packed (eager); every later one: the body once
+    assert runs == [(3, k)] * (steps - 1)  # the first proposal prefills packed (eager); every later one: the body once
 
 
 @torch.inference_mode()
