@@ -47,6 +47,12 @@ def log(msg: str) -> None:
     print(f"spectune: {msg}", file=sys.stderr, flush=True)
 
 
+def rates(metrics: dict) -> str:
+    """A run's throughput (prefill included) and, where it has decode steps, its decode rate (steps only)."""
+    text = f"{metrics['throughput_tok_s']:.1f} tok/s"
+    return text + (f" (decode {metrics['decode_tok_s']:.1f} tok/s)" if metrics.get("decode_tok_s") else "")
+
+
 def plan(given: dict, run: DecodeRun) -> DecodePlan:
     """Check every input before any process starts; raise UserError (one line) on the first problem.
     `given`: the YAML fields the flags set (orchestrator/decode/flags.py); the checks are those of a
@@ -213,13 +219,15 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
         if run.baseline and (k > 0 or B > 1):
             # the reference: plain decoding at batch 1 (its tokens and near-tie margins judge every other run)
             ref = gang.run(replace(workload, num_draft_tokens=0, simulate_accept_len=None, record_margins=greedy, batch_size=1))
-            log(f"baseline (k=0, batch 1): {ref.metrics['throughput_tok_s']:.1f} tok/s")
+            log(f"baseline (k=0, batch 1): {rates(ref.metrics)}")
             base = ref
             if B > 1 and k > 0:
                 base = gang.run(replace(workload, num_draft_tokens=0, simulate_accept_len=None))
-                log(f"baseline (k=0, batch {B}): {base.metrics['throughput_tok_s']:.1f} tok/s")
+                log(f"baseline (k=0, batch {B}): {rates(base.metrics)}")
         spec = gang.run(workload)
-        log(f"k={k}: {spec.metrics['throughput_tok_s']:.1f} tok/s, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}")
+        log(
+            f"k={k}{f', batch {B}' if B > 1 else ''}: {rates(spec.metrics)}, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}"
+        )
         rss = [round(mb, 1) for mb in gang.peak_rss_mb()[: cfg.parallel.tp]]  # each verifier rank's peak resident memory
     out: dict = {
         "params": params(p),

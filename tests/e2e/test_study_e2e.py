@@ -273,8 +273,12 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
 
     r = spectune(["export", str(exp), "--to", "json"], home)
     assert r.returncode == 0, r.stderr[-2000:]
-    schedule = json.loads(r.stdout)["schedule"]
+    exported = json.loads(r.stdout)
+    schedule = exported["schedule"]
     assert [row["batch_size"] for row in schedule] == [1, 2]
+    # ranked by throughput (prefill included); each size's decode rate (decode steps only) beside it
+    assert exported["ranked_by"] == "throughput_tok_s"
+    assert all(row["decode_tok_s"] > 0 and row["plain_decode_tok_s"] > 0 and row["decode_speedup_vs_plain"] > 0 for row in schedule)
     # the best configuration at each size: trials of one configuration pooled by median
     pooled: dict[str, dict[int, list[float]]] = {}
     for t in (t for t in study.trials if t.state.name == "COMPLETE"):
@@ -299,6 +303,7 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
         assert stop is not None and stop <= next(row["batch_size"] for row in schedule if row["num_draft_tokens"] == 0)
     page = (tmp_path / "report" / "report.html").read_text()
     assert 'id="batch-schedule"' in page and 'id="plot-batches"' in page
+    assert "<th>decode tok/s</th>" in page and "ranks configurations by throughput" in page
     assert ("stops paying at batch size" in rep.stdout) == (stop is not None)
     missing = spectune(["export", str(exp), "--set", "study.name=nope"], home)
     assert missing.returncode == 2 and "no study 'nope'" in missing.stderr

@@ -146,3 +146,11 @@ def test_the_schedule_reports_the_decode_rate_beside_the_throughput_it_ranks_by(
     page = batch_html(summary)
     assert "<th>decode tok/s</th>" in page and "<td>900.00</td>" in page and "<td>1.80x</td>" in page
     assert "batch size 4: ngram k=4" in render(s, "vllm") and "decode 900.0 tok/s (1.80x plain)" in render(s, "vllm")
+
+
+def test_decode_logs_throughput_and_decode_rate():
+    """`spectune decode`'s lines name both rates of a run (a run without decode steps: throughput alone)."""
+    from orchestrator.decode.run import rates
+
+    assert rates({"throughput_tok_s": 19.64, "decode_tok_s": 27.12}) == "19.6 tok/s (decode 27.1 tok/s)"
+    assert rates({"throughput_tok_s": 5.0}) == "5.0 tok/s"
