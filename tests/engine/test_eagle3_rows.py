@@ -31,6 +31,48 @@ def _head(tiny_ckpt, max_seq: int = 96):
     return head
 
 
+def _rows_against_alone(head, fast, chain: bool, capture: bool, steps: int = 6, k: int = 4) -> None:
+    """Ragged rows (prompts of 14, 3, 27, 6 tokens: two longer than a step's feed), 0 .. k drafts
+    kept per row and step, row 1 finishing after two steps: the group's drafts are each row's own
+    drafter's, one head pass per depth for all rows, and the row past the batch is left alone."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (14, 3, 27, 6)]
+    group = Eagle3Rows(head, 5, fast=fast, capture=capture)  # a row more than the batch: left alone
+    group.warm(k, {len(prompts)})
+    group.begin(len(prompts))
+    alone = [Eagle3Drafter(head, chain=chain, fast=fast) for _ in prompts]
+    committed = []
+    width = 3 * head.cfg.target_hidden
+    for i, p in enumerate(prompts):
+        states = torch.randn(len(p), width, generator=g)
+        group.rows[i].prefill(p)
+        group.rows[i].observe(states)
+        alone[i].prefill(p)
+        alone[i].observe(states)
+        committed.append(p + [int(torch.randint(0, 512, (1,), generator=g))])  # the verifier's first token
+    live = [0, 1, 2, 3]
+    for step in range(steps):
+        if step == 2:
+            live.remove(1)  # finished: its row gets a scratch entry, the others must not notice
+        passes = group.passes
+        got = group.propose({i: committed[i] for i in live}, k)
+        assert group.passes - passes == k  # one head pass per depth, all rows at once
+        assert sorted(got) == live
+        for i in live:
+            want = alone[i].propose(committed[i], k).tokens
+            assert got[i].tokens == want, (step, i)
+            assert all(100 <= t < 164 for t in want)
+            kept = (i + step) % (k + 1)  # 0 .. k drafts kept, then one of the verifier's
+            committed[i].extend(want[:kept] + [int(torch.randint(0, 512, (1,), generator=g))])
+            states = torch.randn(1 + kept, width, generator=g)  # [last, kept drafts]
+            group.rows[i].observe(states)
+            alone[i].observe(states)
+    assert len({tuple(got[i].tokens) for i in live}) > 1  # rows draft from their own states
+    assert group.cache.lengths[4] == 0 and not group.cache.k[0][4].any()  # the row past the batch
+    if capture:
+        assert list(group.graphs) == [(len(prompts), k)]  # captured by warm, replayed every step
+
+
 @pytest.mark.parametrize("reference", ["eager_loop", "chain", "fast_chain", "fast_triton_chain"])
 @torch.inference_mode()
 def test_one_pass_per_depth_drafts_each_rows_own_chain(tiny_ckpt, reference, request):
@@ -46,39 +88,21 @@ def test_one_pass_per_depth_drafts_each_rows_own_chain(tiny_ckpt, reference, req
                 pytest.skip("CPU test of the Triton kernels under their interpreter")
             from workers.kernels.attention import decode_attend as attend_fn
         fast = HeadFastStep(head, EngineConfig(compile=False, gemv="cublas", attention="sdpa"), attend_fn)
-    k, g = 4, torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (14, 3, 27, 6)]  # 14, 27: longer than k + 1
-    group = Eagle3Rows(head, 5, fast=fast, capture=False)  # a row more than the batch: left alone
-    group.begin(len(prompts))
-    alone = [Eagle3Drafter(head, chain=reference != "eager_loop", fast=fast) for _ in prompts]
-    committed = []
-    width = 3 * head.cfg.target_hidden
-    for i, p in enumerate(prompts):
-        states = torch.randn(len(p), width, generator=g)
-        group.rows[i].prefill(p)
-        group.rows[i].observe(states)
-        alone[i].prefill(p)
-        alone[i].observe(states)
-        committed.append(p + [int(torch.randint(0, 512, (1,), generator=g))])  # the verifier's first token
-    live = [0, 1, 2, 3]
-    for step in range(3 if attend_fn is not None else 6):  # the interpreter is slow: fewer steps
-        if step == 2:
-            live.remove(1)  # finished: its row gets a scratch entry, the others must not notice
-        passes = group.passes
-        got = group.propose({i: committed[i] for i in live}, k)
-        assert group.passes - passes == k  # one head pass per depth, all rows at once
-        assert sorted(got) == live
-        for i in live:
-            want = alone[i].propose(committed[i], k).tokens
-            assert got[i].tokens == want, (reference, step, i)
-            assert all(100 <= t < 164 for t in want)
-            kept = (i + step) % (k + 1)  # 0 .. k drafts kept, then one of the verifier's
-            committed[i].extend(want[:kept] + [int(torch.randint(0, 512, (1,), generator=g))])
-            states = torch.randn(1 + kept, width, generator=g)  # [last, kept drafts]
-            group.rows[i].observe(states)
-            alone[i].observe(states)
-    assert len({tuple(got[i].tokens) for i in live}) > 1  # rows draft from their own states
-    assert group.cache.lengths[4] == 0 and not group.cache.k[0][4].any()  # the row past the batch
+    steps = 3 if attend_fn is not None else 6  # the interpreter is slow: fewer steps
+    _rows_against_alone(head, fast, chain=reference != "eager_loop", capture=False, steps=steps)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("fast", [False, True])
+@torch.inference_mode()
+def test_on_a_gpu_the_captured_pass_drafts_each_rows_own_captured_chain(tiny_ckpt, fast):
+    """On CUDA: the graph per (rows, k), through the eager head step or `HeadFastStep` (the GEMV
+    picker, the split-KV Triton attention), drafts what each row's own captured chain drafts."""
+    from workers.drafters.eagle3.chain import HeadFastStep
+
+    head = _head(tiny_ckpt).cuda()
+    step = HeadFastStep(head, EngineConfig(compile=False)) if fast else None
+    _rows_against_alone(head, step, chain=True, capture=True)
 
 
 @torch.inference_mode()

@@ -69,3 +69,32 @@ def test_rows_near_the_cache_end_take_the_eager_passes(tiny_draft_ckpt):
         for i, c in enumerate(committed):
             c.extend(want[i].tokens[:1] + [9])
     assert runs == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@torch.inference_mode()
+def test_on_a_gpu_the_captured_batched_drafts_are_each_rows_own(tiny_draft_ckpt):
+    """On CUDA: `warm_rows` captures the (rows, k) graph, and its replays draft what each row's own
+    drafter drafts (batch 1's captured chains)."""
+    from workers.engine.config import EngineConfig
+
+    draft = load_model(tiny_draft_ckpt, max_seq=128, device="cuda")
+    engine = EngineConfig(compile=False)
+    rows = ModelDrafter(draft, engine=engine)
+    rows.begin(0.0, 0)
+    k = 4
+    rows.warm_rows(k, {3})
+    assert rows._rows_graphs.get((3, k)) is not None
+    rows.begin_rows(3)
+    g = torch.Generator().manual_seed(8)
+    committed = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (14, 5, 27)]
+    alone = [ModelDrafter(draft, engine=engine) for _ in committed]
+    for d, c in zip(alone, committed):
+        d.prefill(c)
+    for step in range(5):
+        got = rows.propose_rows(committed, [0, 1, 2], k)
+        for i, (d, c) in enumerate(zip(alone, committed)):
+            want = d.propose(c, k).tokens
+            assert got[i].tokens == want, (step, i)
+            c.extend(want[: (i + step) % (k + 1)] + [7])
+    assert list(rows._rows_graphs) == [(3, k)]
