@@ -413,24 +413,27 @@ def comm_check(points: list[TrialPoint], comm: BenchComm | None) -> dict[str, tu
 # Configurations no trial ran. A finite search space is enumerable (config/space.py), so every
 # configuration can be predicted from measured parts, none of them its own (`ConfigShape` says which
 # parts it shares with others):
-#   verify   base[family] + sum over the setup's settings of d[family, setting] + b x width: one least
-#            squares over every trial (family = TP size and backend; settings = NCCL variables and
-#            searched engine options). A small ridge on the corrections d keeps a setting at "no change"
-#            where the trials cannot tell it from the width (one setup measured at one width only);
-#            where every trial ran one width, b is a prior (SLOPE_PRIOR). (The allreduce table is not
-#            used here: the setups of a search are fitted.)
+#   verify   base[family] + sum over the setup's settings of d[family, setting] + v[variant] + b x width:
+#            one least squares over every trial (family = TP size and backend; settings = NCCL
+#            variables and searched engine options; v, what a drafter variant changes in the timed
+#            pass, e.g. an in-rank head beside it, 0 for plain decoding, its kind's mean for a variant
+#            no trial ran). A small ridge on d and v keeps each at "no change" where the trials cannot
+#            tell it from the width (one setup measured at one width only); where every trial ran one
+#            width, b is a prior (SLOPE_PRIOR). (The allreduce table is not used here: the setups of a
+#            search are fitted.)
 #   draft    c[variant] x k: the variant's ms per draft (least squares through the origin on k); else,
 #            for layer-skip, ms per draft per drafting layer x L (it runs L of the verifier's layers);
 #            else the kind's mean over its measured variants
 #   rest     what a step costs beyond its verify pass and drafts (link messages, verification, host
 #            work the step timings miss): r[variant] + h x k, least squares over the speculative
-#            trials (h, host work per draft, shared; 0 where no variant was measured at two k); a
-#            variant no trial ran takes its kind's r in the same place (inside the verifier ranks,
-#            or a process of its own), else any kind's there. Fitted twice: on the step the decode
-#            throughput implies (accept_len x 1000 / decode_tok_s: the decode prediction) and on the
-#            step the study's objective implies, (1/objective - s) x 1000 x accept_len, where s is
-#            what a plain trial spends per token outside its steps (prefill; median over the plain
-#            trials): the objective prediction 1 / (s + step / (1000 x accept)).
+#            trials on the step the decode throughput implies (accept_len x 1000 / decode_tok_s)
+#            (h, host work per draft, shared; 0 where no variant was measured at two k); a variant
+#            no trial ran takes its kind's r in the same place (inside the verifier ranks, or a
+#            process of its own), else any kind's there.
+#   outside  s per generated token outside the decode steps (prefill, a drafter's own prefill, set-up):
+#            1/objective - 1/decode_tok_s, the median per drafter variant; a variant no trial ran takes
+#            its kind's, else the plain trials'; no term in k. The objective prediction:
+#            1 / (s + step / (1000 x accept)).
 #   accept   1 + c sum_{i<=k} P_i. P_i = accept_rate_pos_i, the share of steps that drafted position i
 #            in which it was accepted, pooled over every trial of the acceptance key (the proposer, i.e.
 #            the variant less where it runs, under the setup's engine settings) that measured position
@@ -505,12 +508,18 @@ def _mean_rates(rates: list[list[float]]) -> list[float]:
 
 @dataclass
 class VerifyFit:
-    """verify_ms = base[family] + sum of d[family, setting] over the setup's settings + b x width."""
+    """verify_ms = base[family] + sum of d[family, setting] over the setup's settings + v[variant] + b x width.
+
+    v[variant] is what a drafter variant changes in the pass the trials time as verify (an in-rank head
+    runs beside it): 0 for plain decoding, fitted with a small ridge for every measured variant (no
+    change unless its trials say otherwise), its kind's mean for a variant no trial ran."""
 
     base: dict[str, float]
     d: dict[tuple[str, str], float]
     b: float
     envs: frozenset[str]  # setups some trial ran
+    v: dict[str, float] = field(default_factory=dict)  # drafter variant -> its offset ("none": 0)
+    kind_v: dict[str, float] = field(default_factory=dict)  # drafter kind -> mean offset of its measured variants
 
     def source(self, shape: ConfigShape) -> str:
         """Where the verify time comes from: "fitted" (a trial ran this setup), "backend" (its family's
@@ -520,25 +529,37 @@ class VerifyFit:
     def unknown_settings(self, shape: ConfigShape) -> list[str]:
         return [x for x in shape.settings if (shape.family, x) not in self.d]
 
+    def offset(self, shape: ConfigShape) -> float:
+        if shape.k == 0:
+            return 0.0
+        return self.v.get(shape.drafter, self.kind_v.get(shape.kind, 0.0))
+
     def ms(self, shape: ConfigShape) -> float:
         base = self.base.get(shape.family, float(np.mean(list(self.base.values()))))
-        return base + sum(self.d.get((shape.family, x), 0.0) for x in shape.settings) + self.b * shape.width
+        return base + sum(self.d.get((shape.family, x), 0.0) for x in shape.settings) + self.offset(shape) + self.b * shape.width
 
 
 def fit_verify(points: list[TrialPoint]) -> VerifyFit:
+    """One least squares: per family a base, per setting and per drafter variant a correction (a small
+    ridge keeps each at "no change" unless the trials say otherwise), the slope in the width shared
+    (where every trial ran one width, a prior: SLOPE_PRIOR of a pass per scored token)."""
     shapes = [p.shape for p in points]
     families = sorted({x.family for x in shapes})
     settings = sorted({(x.family, y) for x in shapes for y in x.settings})
-    X = np.zeros((len(points), len(families) + len(settings) + 1))
+    variants = sorted({x.drafter for x in shapes if x.k > 0})
+    n_f, n_s, n_v = len(families), len(settings), len(variants)
+    X = np.zeros((len(points), n_f + n_s + n_v + 1))
     y = np.array([_verify_ms(p) for p in points])
     for i, x in enumerate(shapes):
         X[i, families.index(x.family)] = 1.0
         for z in x.settings:
-            X[i, len(families) + settings.index((x.family, z))] = 1.0
+            X[i, n_f + settings.index((x.family, z))] = 1.0
+        if x.k > 0:
+            X[i, n_f + n_s + variants.index(x.drafter)] = 1.0
         X[i, -1] = x.width
     scale = max(1.0, float(np.trace(X.T @ X)) / X.shape[1])
     ridge = np.zeros(X.shape[1])
-    ridge[len(families) : -1] = 1e-4 * scale  # corrections: "no change" unless the trials say otherwise
+    ridge[n_f:-1] = 1e-4 * scale  # corrections and variant offsets: "no change" unless the trials say otherwise
     if len({x.width for x in shapes}) > 1:
         ridge[-1] = 1e-7 * scale  # the slope: the smallest one the trials allow
         coef = np.linalg.solve(X.T @ X + np.diag(ridge), X.T @ y)
@@ -546,11 +567,18 @@ def fit_verify(points: list[TrialPoint]) -> VerifyFit:
         b = SLOPE_PRIOR * float(np.median(y)) / shapes[0].width
         coef = np.linalg.solve(X[:, :-1].T @ X[:, :-1] + np.diag(ridge[:-1]), X[:, :-1].T @ (y - b * X[:, -1]))
         coef = np.append(coef, b)
+    v = {name: float(coef[n_f + n_s + j]) for j, name in enumerate(variants)}
+    kinds: dict[str, set[float]] = {}
+    for x in shapes:
+        if x.k > 0:
+            kinds.setdefault(x.kind, set()).add(v[x.drafter])
     return VerifyFit(
         base={f: float(coef[j]) for j, f in enumerate(families)},
-        d={z: float(coef[len(families) + j]) for j, z in enumerate(settings)},
+        d={z: float(coef[n_f + j]) for j, z in enumerate(settings)},
         b=float(coef[-1]),
         envs=frozenset(x.env for x in shapes),
+        v=v,
+        kind_v={kind: float(np.mean(sorted(xs))) for kind, xs in kinds.items()},
     )
 
 
@@ -606,6 +634,41 @@ def fit_rest(points: list[TrialPoint], shapes: dict[int, ConfigShape], rests: li
 
 
 @dataclass
+class OutsideFit:
+    """What a configuration spends per generated token outside its decode steps (prompt prefill, a
+    drafter's own prefill, per-prompt set-up): 1/objective - 1/decode_tok_s, in s. One value per
+    drafter variant (the median over its trials; "none": plain); a variant no trial ran takes its
+    kind's mean, else the plain trials' (the verifier's prefill, which every configuration pays). No
+    term in k: the decode steps hold what grows with k, and a slope fitted on a few noisy objectives
+    would only move predictions by the noise."""
+
+    v: dict[str, float]
+    kind_v: dict[str, float]
+    default: float
+
+    def s(self, shape: ConfigShape) -> float:
+        if shape.drafter in self.v:
+            return self.v[shape.drafter]
+        if shape.k and shape.kind in self.kind_v:
+            return self.kind_v[shape.kind]
+        return self.default
+
+
+def fit_outside(points: list[TrialPoint], shapes: dict[int, ConfigShape]) -> OutsideFit:
+    each: dict[str, list[float]] = {}
+    kind: dict[str, str] = {}
+    for p in points:
+        if _has_objective(p):
+            each.setdefault(shapes[id(p)].drafter, []).append(1.0 / p.objective - 1.0 / p.throughput)
+            kind[shapes[id(p)].drafter] = p.kind
+    v = {variant: float(np.median(xs)) for variant, xs in each.items()}
+    kind_v = {x: float(np.mean([v[y] for y in v if kind[y] == x])) for x in set(kind.values()) if x != "none"}
+    every = [x for xs in each.values() for x in xs]
+    default = v["none"] if "none" in v else float(np.median(every)) if every else 0.0
+    return OutsideFit(v, kind_v, default)
+
+
+@dataclass
 class ConfigModel:
     verify: VerifyFit  # verify terms, fitted on every point
     rates: dict[str, list[float]]  # acceptance key -> pooled P_i, i = 1..longest measured
@@ -616,8 +679,7 @@ class ConfigModel:
     per_layer: float | None  # layer_skip: ms per draft per drafting layer
     kind_draft: dict[str, float]  # drafter kind -> mean ms per draft over its variants
     rest: RestFit  # on the step the decode throughput implies
-    rest_objective: RestFit  # on the step the objective implies
-    outside_s: float  # s: what a plain trial spends per token outside its steps
+    outside: OutsideFit  # s per token outside the decode steps, per variant
     plain_verify_ms: float  # a plain verify pass (median of the measured ones): the prior's unit
 
     def acceptance(self, shape: ConfigShape, priors: Priors | None) -> tuple[float, str, float] | Miss:
@@ -640,12 +702,15 @@ class ConfigModel:
             return Miss(f"no other trial measured the acceptance of {shape.acceptance}")
         elif same := [key for key in self.rates if self.key_kind.get(key) == shape.kind]:
             keys, how, spread = same, f"acceptance of other {shape.kind} variants", SPREAD_ACCEPT["kind"]
-        else:
-            keys, how, spread = list(self.rates), "acceptance assumed (prior)", SPREAD_ACCEPT["prior"]
-        if not keys:  # nothing measured at all
-            return float(sum(_extend(list(priors.rates), shape.k))), how, spread
+        else:  # a kind no trial ran: another kind's acceptance says nothing of it (n-gram lookup follows the
+            # text's repeats, a model drafter its agreement with the verifier), so the prior's, every step drafting
+            return float(sum(_extend(list(priors.rates), shape.k))), "acceptance assumed (prior)", SPREAD_ACCEPT["prior"]
         probs = _extend(_mean_rates([self.rates[key] for key in keys]), shape.k)
-        return float(np.mean([self.coverage[key] for key in keys])) * float(sum(probs)), how, spread
+        # c is a drafter kind's own (n-gram lookup drafts only where the text repeats): borrowed from keys of
+        # the same kind only; another kind's says nothing of it, so a drafter of a kind no trial ran drafts every step
+        same = [key for key in keys if self.key_kind.get(key) == shape.kind]
+        coverage = float(np.mean([self.coverage[key] for key in same])) if same else 1.0
+        return coverage * float(sum(probs)), how, spread
 
     def draft_ms(self, shape: ConfigShape, priors: Priors | None) -> tuple[float, str] | Miss:
         """ms per draft of `shape`'s variant and where it came from (a key of SPREAD_DRAFT)."""
@@ -670,7 +735,6 @@ class ConfigModel:
         basis = [f"setup {src}" + (f" ({', '.join(unknown)} taken as no change)" if unknown else "")]
         link = None if priors is None else priors.link_share * self.plain_verify_ms
         rest, rest_src = self.rest.ms(shape, link)
-        rest_obj = self.rest_objective.ms(shape, link)[0]
         if shape.k == 0:
             drafts, tau = 0.0, 1.0
         else:
@@ -687,9 +751,9 @@ class ConfigModel:
             basis += [f"draft {draft[1]}", f"rest {rest_src}", how]
         step = max(verify + drafts + rest, 1e-6)
         if shape.k:
-            var += (SPREAD_DRAFT[draft[1]] * drafts / step) ** 2 + (SPREAD_REST[rest_src] * abs(rest_obj) / step) ** 2
+            var += (SPREAD_DRAFT[draft[1]] * drafts / step) ** 2 + (SPREAD_REST[rest_src] * abs(rest) / step) ** 2
         decode = tau * 1000.0 / step
-        objective = 1.0 / (self.outside_s + max(verify + drafts + rest_obj, 1e-6) / (1000.0 * tau))
+        objective = 1.0 / (self.outside.s(shape) + step / (1000.0 * tau))
         return Estimate(decode, objective, tau, step, float(np.sqrt(var)), ", ".join(basis))
 
 
@@ -740,21 +804,10 @@ def fit_configs(points: list[TrialPoint]) -> ConfigModel:
     # each trial's rest against the fitted verify pass (what a prediction adds it to)
     base = [verify_fit.ms(shapes[id(p)]) + p.draft_ms for p in points]
     rest = fit_rest(points, shapes, [_effective_step(p) - b for p, b in zip(points, base)])
-    plain_outside = [1.0 / p.objective - 1.0 / p.throughput for p in points if p.k == 0 and _has_objective(p)]
-    every_outside = [1.0 / p.objective - 1.0 / p.throughput for p in points if _has_objective(p)]
-    outside = float(np.median(plain_outside or every_outside)) if every_outside else 0.0
-    with_objective = [(p, b) for p, b in zip(points, base) if _has_objective(p)]
-    rest_objective = (
-        fit_rest(
-            [p for p, _ in with_objective], shapes, [(1.0 / p.objective - outside) * 1000.0 * p.accept_len - b for p, b in with_objective]
-        )
-        if with_objective
-        else rest
-    )
     plain = [_verify_ms(p) for p in points if p.k == 0]
     plain_verify = float(np.median(plain)) if plain else float(np.median([verify_fit.ms(replace(x, width=1)) for x in shapes.values()]))
     return ConfigModel(
-        verify_fit, rates, coverage, key_kind, key_proposer, draft, per_layer, kind_draft, rest, rest_objective, outside, plain_verify
+        verify_fit, rates, coverage, key_kind, key_proposer, draft, per_layer, kind_draft, rest, fit_outside(points, shapes), plain_verify
     )
 
 

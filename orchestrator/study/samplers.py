@@ -43,7 +43,7 @@ from orchestrator.explain.perfmodel import ConfigModel, ConfigShape, Estimate, P
 from orchestrator.study.keys import DUPLICATE_ATTR, INVALID_TAG
 
 NOISE_DEFAULT = 0.03  # relative noise of one measurement before the study measured anything twice
-TIE = 1e-9  # relative expected improvements closer than this are a tie (broken at random)
+TIE = 1e-6  # relative expected improvements closer than this are a tie (the simplest, then at random)
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,15 @@ class Pick:
     estimate: Estimate | None  # None: nothing measured yet (the k = 0 point), or no estimate at all
     expected_improvement: float
     best: float | None  # the best pooled objective measured when it was picked
+
+
+def extras(tc) -> int:
+    """What a configuration's drafter adds to its plain form: n-gram lookup before an EAGLE-3 head, a
+    tree instead of a chain (0 for plain decoding and a drafter's plain chain)."""
+    if not tc.num_draft_tokens:
+        return 0
+    d = tc.drafter
+    return int(d.kind == "eagle3" and (d.lookup or 0) > 0) + int(d.kind == "eagle3" and (d.tree_width or 0) >= 2)
 
 
 def expected_improvement(mu: float, sigma: float, best: float) -> float:
@@ -76,6 +85,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self.space = distinct_configs(cfg)  # identity -> params that enqueue it; None: not enumerable
         self._priors = priors
         self._shapes: dict[str, ConfigShape] = {}
+        self._extras: dict[str, int] = {}  # identity -> what its drafter adds to its plain form (`extras`)
         self._resolved: dict[int, tuple[str, ConfigShape] | None] = {}  # finished trials' configurations, by number
         self._fits: dict[tuple, tuple[ConfigModel | None, dict[str, float], float]] = {}
         self.picks: dict[int, Pick | None] = {}  # trial number -> its pick (None: random)
@@ -119,7 +129,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
             from orchestrator.config.space import suggest
             from orchestrator.explain.perfcheck import config_shape
 
-            self._shapes[identity] = config_shape(suggest(FixedTrial(self.space[identity]), self.cfg), self.cfg)
+            tc = suggest(FixedTrial(self.space[identity]), self.cfg)
+            self._shapes[identity] = config_shape(tc, self.cfg)
+            self._extras[identity] = extras(tc)
         return self._shapes[identity]
 
     def _resolve(self, t) -> tuple[str, ConfigShape] | None:
@@ -197,5 +209,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
             sigma = est.objective * math.hypot(est.spread, noise)
             scored.append((expected_improvement(est.objective, sigma, best), est, identity))
         top = max(s[0] for s in scored)
-        ei, est, identity = next(s for s in scored if s[0] >= top - TIE * max(best, 1.0))
+        # near ties (configurations the model cannot tell apart, e.g. a drafter option no trial measured):
+        # the one whose drafter adds least first, as the verdict prefers the simpler of tied configurations
+        tied = [s for s in scored if s[0] >= top - TIE * max(top, 1e-12)]
+        ei, est, identity = min(tied, key=lambda s: self._extras[s[2]])
         return Pick(identity, dict(self.space[identity]), est, ei, best)

@@ -22,8 +22,10 @@ The replay, per strategy and seed: an in-memory Optuna study with the strategy's
   counted (orchestrator/study/proposals.py); MAX_DUPLICATES such proposals in a row and the study
   itself picks an untried configuration of the record at random;
 - only configurations in the record are offered: a proposal outside it is PRUNED ("not in the
-  record") and asked again, not counted; it counts toward the same in-a-row rule (an enqueued
-  baseline outside it is enqueued again, so its unfixed parameters are asked again);
+  record") and asked again, not counted; it is no repeat, so it does not count toward the duplicate
+  rule's in-a-row limit (a sampler whose best guesses the record lacks keeps its own next choice);
+  only OUTSIDE_IN_A_ROW such proposals in a row make the study pick a recorded configuration at
+  random (an enqueued baseline outside it is enqueued again, so its unfixed parameters are asked again);
 - an offered configuration is told COMPLETE with its recorded throughput, its metrics set as the
   trial's user attrs as a real trial records them (what the `model` sampler reads);
 - the budget counts every offered trial, the baseline included.
@@ -56,6 +58,10 @@ from orchestrator.study.proposals import Proposals
 STRATEGIES = ("tpe", "random", "gp", "model")  # what bench-search compares unless --sampler says
 NOT_RECORDED = "not in the record: asked again, not counted"
 BASELINE_RETRIES = 50  # an enqueued baseline resolving outside the record is asked again at most this often
+# proposals outside the record in a row before the study picks a recorded configuration itself. Not the
+# duplicate rule's MAX_DUPLICATES: a configuration the record lacks is no repeat, and a sampler whose best
+# guesses the record happens to lack would otherwise have its next trial replaced by a random one
+OUTSIDE_IN_A_ROW = 50
 # metrics of a record that are not measurements of the configuration (never pooled into the landscape)
 NOT_METRICS = frozenset({"repeats", "setup_s", "objective", "throughput_median", "throughput_mad"})
 
@@ -308,7 +314,7 @@ def replay(cfg: ExperimentConfig, land: Landscape, strategy: str, seed: int, bud
     study.enqueue_trial(baseline, user_attrs={BASELINE_TAG: True})
     book = Proposals({i: c.params for i, c in land.configs.items()}, random.Random(seed))
     offered: list[str] = []
-    asked = baseline_retries = 0
+    asked = baseline_retries = outside_in_a_row = 0
     while len(offered) < budget and not book.exhausted:
         trial = study.ask()
         asked += 1
@@ -323,8 +329,13 @@ def replay(cfg: ExperimentConfig, land: Landscape, strategy: str, seed: int, bud
                     raise UserError(f"--studies: the record has no k = 0 configuration the baseline {baseline} resolves to")
                 study.enqueue_trial(fixed or baseline, user_attrs={BASELINE_TAG: True})
                 continue
-            book.duplicates_in_a_row += 1
+            outside_in_a_row += 1  # a gap of the record, not a repeat: the sampler's own choice stands (it is asked again)
+            if outside_in_a_row > OUTSIDE_IN_A_ROW and (pick := book.pick_untried()) is not None:
+                study.enqueue_trial(pick)  # it keeps proposing what the record lacks: the study picks a recorded configuration
+                outside_in_a_row = 0
+            continue
         else:
+            outside_in_a_row = 0
             admission = book.admit(trial.number, identity, asked=fixed is not None)
             if admission.run:
                 rec = land.configs[identity]

@@ -165,3 +165,104 @@ def test_expected_improvement():
     assert expected_improvement(10.0, 0.0, 8.0) == 2.0 and expected_improvement(7.0, 0.0, 8.0) == 0.0
     assert expected_improvement(8.0, 1.0, 8.0) == pytest.approx(1 / math.sqrt(2 * math.pi))
     assert expected_improvement(6.0, 1.0, 8.0) < expected_improvement(6.0, 2.0, 8.0)  # wider: more to gain
+
+
+def _point(env_settings, kind, k, verify, draft, rest, rates, coverage=1.0, objective_outside=0.0, drafter=None, in_verifier=True):
+    """A configuration model point of hand-set parts (ms); decode from them, the objective with
+    `objective_outside` s per token outside the steps."""
+    from orchestrator.explain.perfmodel import ConfigShape, TrialPoint
+
+    tau = 1.0 + coverage * sum(rates[:k])
+    step = verify + draft + rest
+    decode = tau * 1000.0 / step
+    settings = tuple(env_settings)
+    shape = ConfigShape(
+        env="tp1 gloo" + (" " + ",".join(settings) if settings else ""), family="tp1 gloo", settings=settings, tp=1,
+        kind=kind if k else "none", drafter=(drafter or kind) if k else "none", acceptance=(drafter or kind) if k else "none",
+        k=k, width=k + 1, in_verifier=in_verifier,
+    )  # fmt: skip
+    return TrialPoint(
+        shape.env, shape.kind, k, step, tau, decode, tuple(rates[:k]), verify_ms=verify, draft_ms=draft, tp=1,
+        family="tp1 gloo", settings=settings, config=shape, objective=1.0 / (objective_outside + 1.0 / decode),
+    )  # fmt: skip
+
+
+def test_the_objective_adds_each_variants_own_time_outside_the_steps_and_no_slope_in_k():
+    """1/objective - 1/decode is per drafter variant (prefill: the plain trials' 0.5 ms a token, the drafter's
+    0.8 ms): a noisy pair of objectives at two k reads as no cost per draft, and a variant no trial ran pays
+    the plain trials' time outside."""
+    from dataclasses import replace
+
+    rates = [0.6, 0.4, 0.3, 0.2, 0.1, 0.05]
+    plain = _point((), "none", 0, 10.0, 0.0, 0.0, [], objective_outside=0.5e-3)
+    a = _point((), "ngram", 2, 10.6, 0.1, 0.2, rates, objective_outside=0.8e-3)
+    b = _point((), "ngram", 6, 11.8, 0.3, 0.2, rates, objective_outside=0.8e-3)
+    b = replace(b, objective=b.objective * 0.9)  # one noisy objective: the old k-slope made k = 6 look 10% dearer per draft
+    model = fit_configs([plain, a, b])
+    four = _point((), "ngram", 4, 11.2, 0.2, 0.2, rates).shape
+    est = model.predict(four)
+    outside = float(np.median([1 / a.objective - 1 / a.throughput, 1 / b.objective - 1 / b.throughput]))
+    assert est.objective == pytest.approx(1.0 / (outside + 1.0 / est.decode_tok_s), rel=1e-9)
+    assert model.outside.s(four) == pytest.approx(outside) and model.outside.s(plain.shape) == pytest.approx(0.5e-3)
+    other = _point((), "eagle3", 2, 10.6, 0.5, 0.0, rates, drafter="eagle3 head").shape
+    assert model.outside.s(other) == pytest.approx(0.5e-3)  # no eagle3 trial: the plain trials' prefill
+
+
+def test_a_kind_no_trial_ran_gets_the_priors_acceptance_drafting_every_step():
+    """n-gram lookup measured (drafting in half the steps, P = 0.9 each): an eagle3 head is not assumed to
+    accept like the text's repeats; the prior's halving P_i, every step drafting. Another n-gram variant
+    borrows n-gram's P_i and its share of steps."""
+    from orchestrator.explain.perfmodel import Priors
+
+    rates = [0.9, 0.9, 0.9, 0.9]
+    plain = _point((), "none", 0, 10.0, 0.0, 0.0, [])
+    ng = _point((), "ngram", 4, 11.2, 0.1, 0.1, rates, coverage=0.5)
+    model = fit_configs([plain, ng])
+    assert model.coverage["ngram"] == pytest.approx(0.5)
+    priors = Priors(n_layers=30)
+    head = _point((), "eagle3", 4, 11.2, 1.0, 0.1, rates, drafter="eagle3 head").shape
+    accepted, how, _ = model.acceptance(head, priors)
+    assert "prior" in how and accepted == pytest.approx(sum(priors.rates))
+    other = _point((), "ngram", 4, 11.2, 0.1, 0.1, rates, drafter="ngram ngram_max=5").shape
+    accepted, how, _ = model.acceptance(other, priors)
+    assert "ngram" in how and accepted == pytest.approx(0.5 * 3.6)
+
+
+def test_a_drafter_whose_pass_is_cheaper_does_not_bend_the_width_slope():
+    """Verify 10 + 0.3 x width for n-gram at two widths; an in-rank head whose pass the trials time 1.5 ms
+    shorter at width 4: its offset takes the difference, the slope stays 0.3, and each drafter's wider
+    pass is predicted from its own offset."""
+    rates = [0.6, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01]
+    points = [
+        _point((), "none", 0, 10.3, 0.0, 0.0, []),
+        _point((), "ngram", 2, 10.9, 0.05, 0.1, rates),
+        _point((), "ngram", 8, 12.7, 0.1, 0.1, rates),
+        _point((), "eagle3", 3, 10.0, 0.6, 0.0, rates, drafter="eagle3 head"),
+    ]
+    fit = fit_configs(points).verify
+    assert fit.b == pytest.approx(0.3, rel=0.02)
+    assert fit.ms(_point((), "eagle3", 7, 1, 0, 0, rates, drafter="eagle3 head").shape) == pytest.approx(10.0 + 4 * 0.3, rel=0.01)
+    assert fit.ms(_point((), "ngram", 5, 1, 0, 0, rates).shape) == pytest.approx(10.0 + 6 * 0.3, rel=0.01)
+
+
+def test_tied_picks_go_to_the_drafter_that_adds_least():
+    """Only the baseline measured: EAGLE-3 with and without n-gram lookup (and as a tree) are predicted alike
+    (no trial measured what lookup or a tree changes); the first pick is the plain chain."""
+    space = {
+        "spec.num_draft_tokens": {"choices": [0, 3]},
+        "drafter.kind": {"choices": ["eagle3"]},
+        "drafter.placement": {"choices": ["rank0"]},
+        "drafter.lookup": {"choices": [0, 3]},
+        "drafter.tree_width": {"choices": [0, 4]},
+    }
+    for seed in range(4):
+        cfg, study = _study(experiment(space), seed=seed)
+        _record(study.ask(), cfg, 0.0, random.Random(0))
+        tc = trial_config(_asked(study, cfg), cfg)
+        assert tc.num_draft_tokens == 3 and tc.drafter.lookup == 0 and tc.drafter.tree_width in (0, 1)
+
+
+def _asked(study, cfg):
+    trial = study.ask()
+    suggest(trial, cfg)
+    return trial

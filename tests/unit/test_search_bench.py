@@ -276,3 +276,39 @@ def test_truth_sanity():
     plain = next(v for p, v in configs.values() if p.get("spec.num_draft_tokens") == 0 and p.get("engine.gemv") == "auto")
     assert configs[best][1] > 2 * plain
     assert config_identity(tc) == best and not math.isnan(configs[best][1])
+
+
+def test_gaps_of_the_record_never_replace_the_samplers_own_choice(record, monkeypatch):
+    """A sampler whose next 20 proposals are all configurations the record lacks, then a recorded one: those
+    are asked again and not counted, and (no repeat among them) the duplicate rule's random pick never
+    replaces its choice: the recorded configuration it then proposes is the one offered."""
+    import orchestrator.study.loop as loop
+    from orchestrator.study.proposals import Proposals
+
+    cfg, url, truth = record
+    land = load_landscape(cfg, open_record(cfg, url), ["synthetic-a"])
+    space = distinct_configs(cfg)
+    gaps = [p for i, p in space.items() if i not in land.configs][:20]
+    wanted = next(c for c in land.configs.values() if not c.label.startswith("plain"))
+    plan = [*gaps, wanted.params]
+
+    class Scripted(optuna.samplers.BaseSampler):
+        def __init__(self):
+            self.picks: dict[int, dict] = {}
+
+        def infer_relative_search_space(self, study, trial):
+            return {}
+
+        def sample_relative(self, study, trial, search_space):
+            return {}
+
+        def sample_independent(self, study, trial, name, distribution):
+            if trial.number not in self.picks:
+                self.picks[trial.number] = plan[min(len(self.picks), len(plan) - 1)]
+            value = self.picks[trial.number].get(name)
+            return value if value is not None else distribution.choices[0]
+
+    monkeypatch.setattr(loop, "make_sampler", lambda c, offset=0: Scripted())
+    monkeypatch.setattr(Proposals, "pick_untried", lambda self: pytest.fail("a gap of the record replaced the sampler's choice"))
+    r = replay(cfg, land, "random", seed=0, budget=2)
+    assert r.offered[1] == wanted.identity and r.asked >= 21  # the baseline, 19 or 20 gaps, the recorded pick
