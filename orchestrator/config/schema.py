@@ -196,6 +196,10 @@ class SearchSection(_Section):
         return self
 
 
+RACE_TRIALS = 2  # study.race_trials by default, in a study of at least RACE_MIN_TRIALS trials
+RACE_MIN_TRIALS = 8
+
+
 class StudySection(_Section):
     name: str | None = None  # default: the experiment name
     n_trials: int = Field(6, ge=1)  # total COMPLETE trials; rerunning resumes up to this
@@ -208,13 +212,24 @@ class StudySection(_Section):
     mad_penalty: float = Field(1.0, ge=0)  # objective = median throughput - mad_penalty x MAD over repeats
     bench_allreduce: bool = False  # before the trials: time the allreduce backends, log table + plot to the parent run
     max_failed_trials: int | None = Field(None, ge=0)  # default: n_trials
-    # the last trials of n_trials, when the winner is not clear of its runners-up: re-measure the leaders
-    # (the winner and every configuration within noise of it, fewest measurements first) on a fresh gang
-    race_trials: int = Field(0, ge=0)
+    # the last trials of n_trials re-measure the leaders on a fresh gang: while the winner is not clear of its
+    # runners-up, the winner and every configuration within noise of it (fewest measurements first); a clear
+    # winner measured in one trial once. Default: RACE_TRIALS where n_trials >= RACE_MIN_TRIALS and the
+    # sampler is not grid (a grid measures each point once), else 0
+    race_trials: int | None = Field(None, ge=0)
     # trials measured at once, each on its own gang ("auto": every isolated slot of the cluster)
     max_concurrent_trials: int | Literal["auto"] = Field(1)
     # what concurrent trials may share: node (one trial a Ray node), gpu (disjoint GPUs of a node), none
     isolation: Literal["node", "gpu", "none"] = "node"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _race_default(cls, data):
+        if isinstance(data, dict) and data.get("race_trials") is None:
+            n, sampler = data.get("n_trials", 6), data.get("sampler", "tpe")
+            enough = isinstance(n, int) and not isinstance(n, bool) and n >= RACE_MIN_TRIALS
+            data = {**data, "race_trials": RACE_TRIALS if enough and sampler != "grid" else 0}
+        return data
 
     @field_validator("max_concurrent_trials")
     @classmethod

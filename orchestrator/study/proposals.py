@@ -129,13 +129,19 @@ class Proposals:
 
 
 def race_pick(ranking, trials_left: int, race_trials: int, running: set[str], identity_of_config) -> int | None:
-    """`study.race_trials`: within the last `race_trials` trials of the study, while the winner is not
-    clear of its runners-up, the next trial re-measures a leader instead of a new configuration. The
+    """`study.race_trials`: within the last `race_trials` trials of the study, the next trial re-measures
+    a leader instead of a new configuration. While the winner is not clear of its runners-up, the
     leaders are the winner and every configuration within noise of it (the winner and the runner-up
-    while the noise is unknown); the one with the fewest trials goes first (then the faster). Returns
-    the number of that configuration's first trial (its params are enqueued again), or None."""
-    if race_trials <= 0 or trials_left > race_trials or len(ranking.configs) < 2 or ranking.winner_is_clear:
+    while the noise is unknown); the one with the fewest trials goes first (then the faster). A clear
+    winner measured in one trial is measured once more: its lead and the noise band it was judged by
+    come from one gang, and gang-to-gang spread is the noise a deployment meets. Returns the number of
+    that configuration's first trial (its params are enqueued again), or None."""
+    if race_trials <= 0 or trials_left > race_trials or len(ranking.configs) < 2:
         return None
+    if ranking.winner_is_clear:
+        winner = ranking.configs[0]
+        confirm = len(winner.trials) < 2 and identity_of_config(winner) not in running
+        return winner.trials[0] if confirm else None
     leaders = ranking.tied if ranking.noise_rel is not None else ranking.configs[:2]
     if len(leaders) < 2:
         return None

@@ -209,6 +209,23 @@ def test_racing_remeasures_the_leaders_only_near_the_end_and_only_while_they_tie
     assert race_pick(tied, trials_left=2, race_trials=0, running=set(), identity_of_config=ident) is None  # racing off
     assert race_pick(tied, trials_left=2, race_trials=2, running={"1", "3"}, identity_of_config=ident) is None
     clear = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0])).trials)
-    assert race_pick(clear, trials_left=1, race_trials=2, running=set(), identity_of_config=ident) is None
+    # a clear winner measured in one trial (one gang) is measured once more; then (or while it runs) no race
+    assert race_pick(clear, trials_left=1, race_trials=2, running=set(), identity_of_config=ident) == 1
+    assert race_pick(clear, trials_left=1, race_trials=2, running={"1"}, identity_of_config=ident) is None
+    assert race_pick(clear, trials_left=3, race_trials=2, running=set(), identity_of_config=ident) is None
+    twice = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0]), done(2, "ngram", [14.2])).trials)
+    assert twice.winner_is_clear and race_pick(twice, trials_left=1, race_trials=2, running=set(), identity_of_config=ident) is None
     unknown = rank(study_of(done(0, "none", [10.0]), done(2, "ngram", [10.5])).trials)  # noise unknown: the top two race
     assert race_pick(unknown, trials_left=1, race_trials=2, running=set(), identity_of_config=ident) == 1
+
+
+def test_racing_is_on_by_default_in_a_study_long_enough_for_it():
+    """study.race_trials left out: 2 in a study of at least 8 trials (not a grid, which measures each point
+    once), 0 in a shorter one; a value given is kept."""
+    from orchestrator.config.schema import RACE_MIN_TRIALS, RACE_TRIALS, StudySection
+
+    assert StudySection(n_trials=10).race_trials == RACE_TRIALS == 2 and RACE_MIN_TRIALS == 8
+    assert StudySection(n_trials=7).race_trials == 0 and StudySection().race_trials == 0
+    assert StudySection(n_trials=10, sampler="grid").race_trials == 0
+    assert StudySection(n_trials=10, race_trials=0).race_trials == 0 and StudySection(n_trials=3, race_trials=1).race_trials == 1
+    assert cfg(study__n_trials=12).study.race_trials == 2
