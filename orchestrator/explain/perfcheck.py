@@ -165,6 +165,75 @@ def config_points(trials, cfg: ExperimentConfig) -> list[TrialPoint]:
     return points
 
 
+PREDICTED_TOP = 5  # the best untried configurations the report lists
+
+
+def config_model_facts(trials, cfg: ExperimentConfig, label_of, top: int = PREDICTED_TOP) -> dict:
+    """The configuration model's figures for the report (`perfmodel.fit_configs` / `config_loo`):
+    leave one configuration out (each measured configuration, its trials pooled, predicted with none
+    of its own measurements, its acceptance included; a miss counts as 100%), and the best
+    configurations of the space no trial measured, PREDICTED from measured parts only (no priors: one
+    the model cannot predict that way is not listed). `label_of(params)` names a configuration."""
+    from optuna.trial import FixedTrial
+
+    from orchestrator.config.space import config_identity, distinct_configs, suggest
+    from orchestrator.explain.perfmodel import Miss, fit_configs
+    from orchestrator.study.trial import trial_config
+
+    points = config_points(trials, cfg)
+    loo = config_loo(points)
+    by_number = {t.number: t for t in trials}
+    rows = []
+    for x in sorted(loo, key=lambda x: x.error):
+        first = by_number.get(x.trials[0]) if x.trials else None
+        rows.append(
+            {
+                "trials": list(x.trials),
+                "label": label_of(trial_params(first)) if first is not None else x.shape.drafter,
+                "measured_decode_tok_s": round(x.measured, 3),
+                "predicted_decode_tok_s": None if x.predicted is None else round(x.predicted, 3),
+                "rel_error": None if x.predicted is None else round((x.predicted - x.measured) / x.measured, 4),
+                "how": x.how,
+            }
+        )
+    untried = []
+    space = distinct_configs(cfg)
+    if points and space is not None:
+        measured = set()
+        for t in trials:
+            try:
+                measured.add(config_identity(trial_config(t, cfg)))
+            except Exception:  # noqa: BLE001 - a trial of another space
+                continue
+        model = fit_configs(points)
+        for identity, params in space.items():
+            if identity in measured:
+                continue
+            tc = suggest(FixedTrial(params), cfg)
+            est = model.predict(config_shape(tc, cfg))
+            if isinstance(est, Miss):
+                continue
+            untried.append(
+                {
+                    "label": label_of(tc.params()),
+                    "params": dict(params),
+                    "predicted_tok_s": round(est.objective, 3),
+                    "predicted_decode_tok_s": round(est.decode_tok_s, 3),
+                    "predicted_accept_len": round(est.accept_len, 3),
+                    "how": est.basis,
+                }
+            )
+        untried.sort(key=lambda r: -r["predicted_tok_s"])
+    return {
+        "model_config_loo_median_rel_error": config_loo_error(loo),
+        "model_config_loo": rows,
+        "model_config_loo_misses": sum(x.predicted is None for x in loo),
+        "predicted_untried": untried[:top],
+        "predicted_untried_count": len(untried),
+        "space_size": None if space is None else len(space),
+    }
+
+
 def model_layers(cfg: ExperimentConfig) -> int | None:
     """The verifier's layer count (the draft-cost prior's unit) from what is on this machine (a demo
     model is never fetched for it); None where the model cannot be read here."""

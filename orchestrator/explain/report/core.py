@@ -31,6 +31,7 @@ from orchestrator.config.schema import ExperimentConfig, spectune_home
 from orchestrator.errors import UserError
 from orchestrator.explain.perfcheck import (
     bench_comm,
+    config_model_facts,
     load_bench_rows,
     model_summary,
     open_study,
@@ -48,7 +49,7 @@ from orchestrator.explain.report.page import render
 from orchestrator.explain.report.rows import Row, rows_of, within_noise
 from orchestrator.explain.report.verdict import terminal_text, verdict
 from orchestrator.study.keys import OBJECTIVE
-from orchestrator.tracking.runs import rounded
+from orchestrator.tracking.runs import config_label, label_defaults, rounded
 
 
 def best_yaml(cfg: ExperimentConfig, params: dict) -> str:
@@ -62,6 +63,12 @@ def best_yaml(cfg: ExperimentConfig, params: dict) -> str:
     for key in ("tracking", "limits"):
         raw.pop(key, None)
     return yaml.safe_dump(raw, sort_keys=False)
+
+
+def config_words(cfg: ExperimentConfig, params: dict) -> str:
+    """A configuration in a few words: the report's label and the searched engine options it sets."""
+    engine = " ".join(f"{n.split('.', 1)[1]}={params[n]}" for n in sorted(cfg.search.space) if n.startswith("engine.") and n in params)
+    return config_label({**label_defaults(cfg), **params}) + (f" {engine}" if engine else "")
 
 
 def interconnect_what_ifs(trial, comm: BenchComm, label: str) -> dict[str, str]:
@@ -153,6 +160,7 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
         "comm_fraction_baseline": base.comm_fraction if base else None,
         "comm_fraction_best": best.comm_fraction,
         **facts,
+        **config_model_facts(done, cfg, lambda p: config_words(cfg, p)),
         "breakeven": {},
         "what_if": {},
     }
@@ -194,6 +202,8 @@ def log_report(client, run_id: str, out_dir: Path, summary: dict) -> None:
         client.log_artifact(run_id, str(png), artifact_path="report/charts")
     if summary["model_loo_median_rel_error"] == summary["model_loo_median_rel_error"]:
         client.log_metric(run_id, "perf_model_loo_error", rounded(summary["model_loo_median_rel_error"]))
+    if summary.get("model_config_loo_median_rel_error") == summary.get("model_config_loo_median_rel_error"):
+        client.log_metric(run_id, "perf_model_config_loo_error", rounded(summary["model_config_loo_median_rel_error"]))
 
 
 def report(cfg: ExperimentConfig, out: str | None, log=None, bench: str | None = None, echo: bool = True) -> dict:

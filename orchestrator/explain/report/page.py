@@ -83,6 +83,37 @@ def predictions_table(s: dict, labels: dict[int, str]) -> str:
     return f'<table id="model-predictions">{head}{rows}</table>{median}'
 
 
+def config_model_html(s: dict) -> str:
+    """Leave one configuration out, and the best untried configurations, labelled predicted."""
+    err = s.get("model_config_loo_median_rel_error")
+    if err is None:
+        return ""
+    out = []
+    if err == err:
+        misses = s["model_config_loo_misses"]
+        out.append(
+            f'<p id="model-config-loo">Each configuration left out (predicted with none of its own measurements, its acceptance '
+            f"included; a miss counts as 100%): median |error| <b>{err:.1%}</b> of decode_tok_s over "
+            f"{len(s['model_config_loo'])} configurations" + (f" ({misses} could not be predicted)" if misses else "") + ".</p>"
+        )
+    if s["predicted_untried"]:
+        head = (
+            f'<tr><th class="l">configuration (not measured)</th><th>predicted {OBJECTIVE}</th><th>predicted decode_tok_s</th>'
+            '<th>predicted accepted length</th><th class="l">from</th></tr>'
+        )
+        body = "".join(
+            f'<tr><td class="l">{_e(r["label"])}</td><td>{r["predicted_tok_s"]:.2f}</td><td>{r["predicted_decode_tok_s"]:.2f}</td>'
+            f'<td>{r["predicted_accept_len"]:.2f}</td><td class="l">{_e(r["how"])}</td></tr>'
+            for r in s["predicted_untried"]
+        )
+        out.append(
+            f'<h2>Predicted, not measured</h2><p class="note">The best of the {s["predicted_untried_count"]} configurations no '
+            "trial ran that the performance model predicts from measured parts (no assumption for a part no trial measured). "
+            f'These are estimates, not results.</p><table id="predicted-untried">{head}{body}</table>'
+        )
+    return "".join(out)
+
+
 def _model_notes(s: dict) -> str:
     items = []
     for env, term in s["allreduce_term"].items():
@@ -138,6 +169,7 @@ step (the step timed with and without its allreduces) over the step time.</p>
 <h2>Throughput against k</h2>{fig("throughput_k")}
 {batch_html(s.get("batches"))}{fig("batches")}
 <h2>Performance model</h2>{fig("model")}{predictions_table(s, labels)}{_model_notes(s)}
+{config_model_html(s)}
 {_what_if(s)}
 <h2>Best configuration</h2><p class="note">The experiment pinned to the winner, for <code>spectune run</code> or
 <code>spectune export</code>:</p><pre id="best-config">{_e(snippet)}</pre>

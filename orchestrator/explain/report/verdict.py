@@ -154,6 +154,7 @@ def terminal_text(study: str, rows: list[Row], s: dict) -> str:
         f"performance model: median |error| predicting left-out trials = {s['model_loo_median_rel_error']:.1%} "
         f"of decode_tok_s ({s['model_loo_trials']} trials, each predicted by a fit on the others)"
     )
+    lines += config_model_lines(s)
     terms: dict[tuple[str, str], list[str]] = {}
     for env, term in s["allreduce_term"].items():
         terms.setdefault((term, s["allreduce_term_why"][env]), []).append(env)
@@ -183,3 +184,27 @@ def terminal_text(study: str, rows: list[Row], s: dict) -> str:
         lines.append(f"{key}: {value}")
     lines += ["", OBJECTIVE_MEANS]
     return "\n".join(lines)
+
+
+def config_model_lines(s: dict) -> list[str]:
+    """The configuration model's error leaving each configuration out, and the best configurations no
+    trial ran, each line saying PREDICTED (terminal text; the page has the same as tables)."""
+    err = s.get("model_config_loo_median_rel_error")
+    if err is None:
+        return []
+    out = []
+    if err == err:
+        misses = s["model_config_loo_misses"]
+        out.append(
+            f"performance model, each configuration left out (predicted with none of its own measurements, its acceptance "
+            f"included; a miss counts as 100%): median |error| {err:.1%} of decode_tok_s over {len(s['model_config_loo'])} "
+            f"configurations" + (f" ({misses} could not be predicted)" if misses else "")
+        )
+    if s["predicted_untried"]:
+        space = f" of the {s['space_size']} in the search space" if s.get("space_size") else ""
+        out.append(
+            f"PREDICTED, not measured: the best of the {s['predicted_untried_count']} configurations{space} no trial ran "
+            "that the model predicts from measured parts: "
+            + "; ".join(f"{r['label']} ~{r['predicted_tok_s']:.2f} {OBJECTIVE} (predicted)" for r in s["predicted_untried"])
+        )
+    return out
