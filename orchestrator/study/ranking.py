@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orchestrator.study.keys import PARAMS_ATTR, SAMPLES_ATTR
+from orchestrator.study.keys import GPUS_ATTR, NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
+
+SETUP_METRIC = "setup_s"  # a trial's gang launch time, 0 where it ran on a gang launched before it
 
 MAD_TO_SIGMA = 1.4826
 
@@ -127,6 +129,9 @@ class Ranking:
     configs: list[ConfigStats]  # best first, by pooled median throughput
     noise_rel: float | None  # sigma of one measurement relative to its median (None: nothing measured twice)
     noise_from: list[int] = field(default_factory=list)  # trials of the configurations it was estimated from
+    # the noise band came from one gang only (each configuration measured more than once ran on one gang: the
+    # spread between gangs is not in it); False: some configuration was measured on two gangs; None: unknown
+    noise_one_gang: bool | None = None
 
     def within_noise(self, i: int, of: int = 0) -> bool | None:
         """Config i within noise of config `of` (default: the winner); None: noise unknown."""
@@ -171,7 +176,7 @@ class Ranking:
         r = self.configs[1]
         if self.noise_rel is None:
             return f"{w.label()} leads {r.label()}, but the noise is unknown (no configuration measured twice): not a clear win"
-        noise = f"noise {self.noise_rel:.1%} of a measurement"
+        noise = f"noise {self.noise_rel:.1%} of a measurement" + (", on one gang only" if self.noise_one_gang else "")
         if self.winner_is_clear:
             return f"{w.label()} is ahead of {r.label()} ({noise})"
         rest = self.tied[1:]  # one line on a terminal: name one other, count the rest
@@ -186,6 +191,7 @@ class Ranking:
         return {
             "noise_rel": self.noise_rel,
             "noise_from_trials": self.noise_from,
+            "noise_one_gang": self.noise_one_gang,
             "winner_is_clear": self.winner_is_clear,
             "verdict": self.verdict(),
             "runners_up_within_noise": [c.trials for c in self.runners_up_within_noise],
@@ -217,9 +223,49 @@ def noise_rel(configs: list[ConfigStats]) -> tuple[float | None, list[int]]:
     return MAD_TO_SIGMA * float(np.median(devs)), sorted(trials)
 
 
+def gangs_of(trials) -> dict[int, int | None]:
+    """Which gang each trial ran on, as its record tells it: the number of the trial that launched it. A
+    trial whose `setup_s` is above 0 launched its own gang; one at 0 ran on the gang launched last before
+    it in the same place (its node and GPUs). None: the record does not say (no setup_s, or nothing
+    launched in that place before it)."""
+    out: dict[int, int | None] = {}
+    last: dict[tuple, int] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        u = t.user_attrs
+        setup = u.get(SETUP_METRIC)
+        if not isinstance(setup, (int, float)) or isinstance(setup, bool):
+            out[t.number] = None
+            continue
+        place = (str(u.get(NODE_ATTR, "")), tuple(u.get(GPUS_ATTR) or ()))
+        if setup > 0:
+            last[place] = t.number
+        out[t.number] = last.get(place)
+    return out
+
+
+def noise_one_gang(configs: list[ConfigStats], gangs: dict[int, int | None]) -> bool | None:
+    """Whether the noise band (the configurations measured at least twice) came from one gang per
+    configuration: a trial's repeats share its gang; trials of one configuration on two gangs bring the
+    spread between gangs in (False). None: no noise band, or a configuration's gangs are unknown."""
+    noisy = [c for c in configs if c.n >= 2 and c.median > 0]
+    if not noisy:
+        return None
+    unknown = False
+    for c in noisy:
+        if len(c.trials) < 2:
+            continue
+        seen = {gangs.get(n) for n in c.trials}
+        if None in seen:
+            unknown = True
+        elif len(seen) > 1:
+            return False
+    return None if unknown else True
+
+
 def rank(trials) -> Ranking:
     """Pool the COMPLETE trials by configuration and rank them by median throughput."""
     groups: dict[str, ConfigStats] = {}
+    trials = list(trials)
     done = complete_trials(trials)
     for t in sorted(done, key=lambda t: t.number):
         params = trial_params(t)
@@ -232,7 +278,7 @@ def rank(trials) -> Ranking:
         c.speedup_vs_baseline = c.median / base if base else None
     configs = sorted(groups.values(), key=lambda c: -c.median)
     rel, used = noise_rel(configs)
-    return Ranking(configs, rel, used)
+    return Ranking(configs, rel, used, noise_one_gang(configs, gangs_of(trials)))
 
 
 def noise_aware_pruner(inner, fallback_rel: float):

@@ -63,16 +63,20 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     out = tmp_path / "report"
     r = spectune(["report", str(exp), "--out", str(out)], home)
     assert r.returncode == 0, r.stderr[-2000:]
-    best = max((t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    # the winner is the ranking's (configurations pooled), named by its first trial as the summary and export name it
+    from orchestrator.study.ranking import rank
+
+    ranking = rank(study.trials)
+    best = study.trials[ranking.configs[0].trials[0]]
     assert f"best: trial {best.number}" in r.stdout
     facts = json.loads((out / "summary.json").read_text())
     rows = facts["trials"]
-    assert [row["number"] for row in rows] == [
-        t.number for t in sorted(study.trials, key=lambda t: -(t.value or -1)) if t.state.name == "COMPLETE"
-    ]
+    assert [row["number"] for row in rows] == [n for c in ranking.configs for n in c.trials]  # by configuration
+    assert facts["best_trials"] == ranking.configs[0].trials
     # the verdict: winner by configuration, accepted length against its breakeven (or why no drafter paid), runner-up
     verdict = " ".join(facts["verdict"])
-    assert verdict.startswith((f"{facts['best_label']} wins (trial {best.number})", f"{facts['best_label']} leads (trial {best.number})"))
+    named = f"trial {best.number}" if len(facts["best_trials"]) == 1 else "trials " + ", ".join(map(str, facts["best_trials"]))
+    assert verdict.startswith((f"{facts['best_label']} wins ({named})", f"{facts['best_label']} leads ({named})"))
     assert verdict in r.stdout
     assert ("breaks even at" in verdict) if rows[0]["k"] > 0 else ("No drafter accepted enough" in verdict)
     # the runner-up is the best row of another configuration (the winner's twin trials are pooled, not runners-up)

@@ -3,6 +3,8 @@ beside another trial on its node is flagged; one measured alone is not."""
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.explain.report.rows import Row
 from orchestrator.explain.report.verdict import verdict
 
@@ -20,3 +22,95 @@ def test_a_winner_measured_beside_other_trials_is_flagged():
     assert "trials 2, 5 ran on the same node" in words and "interference" in words
     alone = " ".join(verdict([_row(3, 12.0, 4, []), _row(0, 10.0, 0, [1])]))
     assert "same node" not in alone
+
+
+def _trial(k, kind, samples, setup_s, accept_len=1.0, step_ms=200.0, comm_fraction=0.3, node="n1", value=None):
+    import optuna
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    from orchestrator.study.keys import NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
+
+    params = {"spec.num_draft_tokens": k, "drafter.kind": kind if k else "ngram"}
+    attrs = {
+        PARAMS_ATTR: {"parallel.tp": 2, "comm.backend": "gloo", **params},
+        SAMPLES_ATTR: samples,
+        "setup_s": setup_s,
+        NODE_ATTR: node,
+        "accept_len_mean": accept_len,
+        "step_ms_p50": step_ms,
+        "verify_ms_p50": step_ms * 0.9,
+        "draft_ms_p50": step_ms * 0.05 if k else 0.0,
+        "comm_fraction": comm_fraction,
+        "comm_ms_per_step": step_ms * comm_fraction,
+        "repeats": len(samples),
+    }
+    return optuna.trial.create_trial(
+        value=sorted(samples)[len(samples) // 2] if value is None else value,  # the objective: median - MAD
+        params=params,
+        distributions={"spec.num_draft_tokens": IntDistribution(0, 8), "drafter.kind": CategoricalDistribution(["ngram", "layer_skip"])},
+        user_attrs=attrs,
+    )
+
+
+def _study(*trials):
+    import optuna
+
+    s = optuna.create_study(direction="maximize")
+    for t in trials:
+        s.add_trial(t)
+    return s
+
+
+def test_gangs_are_read_from_the_record_and_a_noise_band_of_one_gang_is_said():
+    """setup_s > 0: the trial launched its gang; 0: it ran on the last one launched on its node. The noise band
+    of repeats on one gang each is flagged; a configuration measured on two gangs brings their spread in."""
+    from orchestrator.study.ranking import gangs_of, rank
+
+    one = _study(_trial(0, "none", [10.0, 10.2, 9.9], 8.0), _trial(2, "ngram", [12.0], 0.0), _trial(4, "ngram", [11.0], 0.0))
+    assert gangs_of(one.trials) == {0: 0, 1: 0, 2: 0}
+    r = rank(one.trials)
+    assert r.noise_one_gang is True and "on one gang only" in r.verdict() and r.as_dict()["noise_one_gang"] is True
+    # the plain configuration again, on a gang launched for it (a race trial): two gangs
+    two = _study(*one.trials, _trial(0, "none", [9.5, 9.4, 9.6], 7.5))
+    assert gangs_of(two.trials)[3] == 3 and rank(two.trials).noise_one_gang is False
+    assert "one gang" not in rank(two.trials).verdict()
+    # twice on the gang trial 0 launched (setup 0): still one gang; no setup_s recorded: unknown
+    again = _study(*one.trials, _trial(0, "none", [9.5, 9.4, 9.6], 0.0))
+    assert rank(again.trials).noise_one_gang is True
+    old = _study(*[_trial(0, "none", [10.0, 10.2], None), _trial(0, "none", [9.0, 9.2], None)])
+    assert gangs_of(old.trials) == {0: None, 1: None} and rank(old.trials).noise_one_gang is None
+
+
+def test_the_report_names_the_rankings_winner_and_explains_it_from_every_trial_of_it(tmp_path):
+    """Trials 1 and 3 ran one configuration (pooled median 13.0, objective 12.0 each: their repeats spread), trial 2
+    another whose objective (12.5) beats each of theirs: the ranking, the report and export all name the pooled
+    winner and trial 1; its
+    accepted length, breakeven and allreduce share are the medians over trials 1 and 3; the noise band came
+    from one gang, and the verdict says so."""
+    from orchestrator.config.schema import ExperimentConfig
+    from orchestrator.explain.report.rows import rows_of
+    from orchestrator.export.schedule import build_schedule
+    from orchestrator.study.ranking import rank
+
+    cfg = ExperimentConfig.model_validate(
+        {"name": "x", "parallel": {"tp": 2}, "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}}}
+    )
+    study = _study(
+        _trial(0, "none", [10.0, 10.1, 9.9], 8.0, step_ms=200.0, comm_fraction=0.4),
+        _trial(2, "ngram", [12.0, 13.0, 14.0], 0.0, accept_len=1.5, step_ms=230.0, comm_fraction=0.30, value=12.0),
+        _trial(4, "ngram", [12.5], 0.0, accept_len=1.6, step_ms=240.0, comm_fraction=0.2),
+        _trial(2, "ngram", [12.0, 13.0, 14.0], 0.0, accept_len=1.7, step_ms=250.0, comm_fraction=0.36, value=12.0),
+    )
+    ranking = rank(study.trials)
+    rows = rows_of(study.trials, cfg)
+    best = rows[0]
+    assert ranking.configs[0].trials == [1, 3] and best.number == 1 and [r.number for r in rows[:2]] == [1, 3]
+    assert build_schedule(study)["schedule"][0]["trial"] == 1 and build_schedule(study)["schedule"][0]["trials"] == [1, 3]
+    assert best.why_accept_len == pytest.approx(1.6) and best.why_comm_fraction == pytest.approx(0.33)
+    assert best.why_breakeven == pytest.approx(240.0 / 200.0)
+    text = verdict(rows, ranking.noise_one_gang)
+    assert text[0].startswith("ngram k=2 gloo tp2 leads (trials 1, 3)") or text[0].startswith("ngram k=2 gloo tp2 wins (trials 1, 3)")
+    why = " ".join(text)
+    assert "It accepts 1.60 tokens a step where this setup breaks even at 1.20" in why and "medians over its 2 trials" in why
+    assert "Allreduce is 33% of its step (medians over its 2 trials) (plain decoding: 40%)" in why
+    assert "measured on one gang only" in why

@@ -49,6 +49,7 @@ from orchestrator.explain.report.page import render
 from orchestrator.explain.report.rows import Row, rows_of, within_noise
 from orchestrator.explain.report.verdict import terminal_text, verdict
 from orchestrator.study.keys import OBJECTIVE
+from orchestrator.study.ranking import rank
 from orchestrator.tracking.runs import config_label, label_defaults, rounded
 
 
@@ -145,16 +146,24 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
     best = rows[0]
     base = next((r for r in rows if r.k == 0), None)
     by_number = {t.number: t for t in done}
+    one_gang = rank(done).noise_one_gang
     summary = {
         "study": cfg.study_name,
         "objective": OBJECTIVE,
         "complete_trials": len(done),
+        # the winning configuration (the ranking's, pooled over its trials), named by its first trial as the study's
+        # summary and `export` name it, and every trial that measured it
         "best_trial": best.number,
+        "best_trials": best.pooled_trials or [best.number],
         "best_label": best.label,
         "best_value": best.value,
+        "best_pooled_median": best.pooled_median,
         "best_params": best.params,
-        "verdict": verdict(rows),
-        "runners_up_within_noise": [r.number for r in rows[1:] if within_noise(best, r)],
+        "verdict": verdict(rows, one_gang),
+        "noise_one_gang": one_gang,
+        "runners_up_within_noise": sorted(
+            {r.pooled_trials[0] if r.pooled_trials else r.number for r in rows[1:] if r.config != best.config and within_noise(best, r)}
+        ),
         "trials": [{**asdict(r), "band": list(r.band)} for r in rows],
         "importances": importances,
         "comm_fraction_baseline": base.comm_fraction if base else None,

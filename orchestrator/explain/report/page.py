@@ -134,9 +134,9 @@ def _what_if(s: dict) -> str:
     )
 
 
-def _verdict_html(rows: list[Row]) -> str:
-    """The verdict's sentences, one a line, the winner's name in bold."""
-    lines = [_e(x) for x in verdict(rows)]
+def _verdict_html(rows: list[Row], sentences: list[str] | None = None) -> str:
+    """The verdict's sentences (the summary's), one a line, the winner's name in bold."""
+    lines = [_e(x) for x in (sentences if sentences is not None else verdict(rows))]
     name = _e(rows[0].label)
     lines[0] = lines[0].replace(name, f"<b>{name}</b>", 1)
     return "<br>".join(lines)
@@ -157,7 +157,7 @@ def render(study: str, rows: list[Row], s: dict, snippet: str, charts: dict[str,
 <html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>spectune report: {_e(study)}</title><style>{STYLE}</style></head>
 <body><h1>spectune report: {_e(study)}</h1>
-<p class="verdict" id="verdict">{_verdict_html(rows)}</p>
+<p class="verdict" id="verdict">{_verdict_html(rows, s.get("verdict"))}</p>
 <p class="note">{_e(OBJECTIVE_MEANS)}</p>
 <h2>Trials</h2>{trials_table(rows)}
 <p class="note">Ms per token: the step's p50 time over its accepted length (split by part in the chart below).

@@ -50,6 +50,16 @@ class Row:
     pooled_n: int = 0
     pooled_speedup: float | None = None  # pooled median over the plain baseline's pooled median (same TP)
     co_running: list[int] = field(default_factory=list)  # trials measured at the same time on its node
+    # why, from every trial of its configuration (medians), not from this trial alone: what the verdict explains with
+    why_accept_len: float | None = None
+    why_breakeven: float | None = None
+    why_comm_fraction: float | None = None
+
+    @property
+    def trials_text(self) -> str:
+        """ "trial 4", or "trials 4, 9" where its configuration ran in several."""
+        trials = self.pooled_trials if len(self.pooled_trials) > 1 else [self.number]
+        return ("trials " if len(trials) > 1 else "trial ") + ", ".join(map(str, trials))
 
     @property
     def band(self) -> tuple[float, float]:
@@ -137,11 +147,42 @@ def rows_of(trials, cfg, model=None) -> list[Row]:
     rows.sort(key=lambda r: (-r.value, r.number))
     if rows:
         ranking = rank(trials)
-        of = ranking.config_of(rows[0].number)
         for r in rows:
             i = ranking.config_of(r.number)
-            r.within_noise = None if i is None or of is None else ranking.within_noise(i, of)
+            r.within_noise = None if i is None else ranking.within_noise(i, 0)
             if i is not None:
                 c = ranking.configs[i]
                 r.config, r.pooled_trials, r.pooled_median, r.pooled_n, r.pooled_speedup = i, c.trials, c.median, c.n, c.speedup_vs_baseline
+        # ranked as the study's ranking, the summary and `export` rank: by configuration (pooled median), the trials of
+        # one configuration together in trial order, so the first row is the winner's first trial, the trial they name
+        rows.sort(key=lambda r: (r.config if r.config is not None else len(rows) + 1, r.number))
+        pool_whys(rows)
     return rows
+
+
+def pool_whys(rows: list[Row]) -> None:
+    """Each row's why from every trial of its configuration (medians): accepted length, allreduce share, and
+    breakeven = the pooled step over the pooled plain step of the same setup (the model's estimate stays
+    where no plain trial ran that setup). One trial's timing is noise; a configuration's is the measurement."""
+    import numpy as np
+
+    def med(xs):
+        xs = [x for x in xs if x is not None]
+        return float(np.median(xs)) if xs else None
+
+    plain = {env: med([r.step_ms for r in rows if r.k == 0 and r.env == env]) for env in {r.env for r in rows}}
+    groups: dict[object, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(r.config if r.config is not None else ("trial", r.number), []).append(r)
+    for members in groups.values():
+        accept = med([m.accept_len for m in members])
+        step = med([m.step_ms for m in members])
+        comm = med([m.comm_fraction for m in members])
+        for m in members:
+            m.why_accept_len, m.why_comm_fraction = accept, comm
+            if m.k == 0:
+                m.why_breakeven = 1.0
+            elif step and plain.get(m.env):
+                m.why_breakeven = step / plain[m.env]
+            else:
+                m.why_breakeven = m.breakeven

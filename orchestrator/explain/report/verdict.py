@@ -35,8 +35,22 @@ def _spec(r: Row) -> dict:
     return {"spec.num_draft_tokens": r.k, "drafter.kind": r.kind}
 
 
-def verdict(rows: list[Row]) -> list[str]:
-    """Sentences of the first paragraph (plain text; the HTML page escapes them)."""
+def _why(r: Row) -> tuple[float, float | None, float | None]:
+    """(accepted length, breakeven, comm fraction) of `r`'s configuration, pooled over its trials where
+    `rows_of` pooled them, else the row's own."""
+    accept = r.why_accept_len if r.why_accept_len is not None else r.accept_len
+    breakeven = r.why_breakeven if r.why_breakeven is not None else r.breakeven
+    comm = r.why_comm_fraction if r.why_accept_len is not None else r.comm_fraction
+    return accept, breakeven, comm
+
+
+def _over(r: Row) -> str:
+    return f" (medians over its {len(r.pooled_trials)} trials)" if len(r.pooled_trials) > 1 else ""
+
+
+def verdict(rows: list[Row], noise_one_gang: bool | None = None) -> list[str]:
+    """Sentences of the first paragraph (plain text; the HTML page escapes them). `noise_one_gang`: the
+    ranking's (the noise band came from one gang only)."""
     best = rows[0]
     plain = next((r for r in rows if r.k == 0), None)
     # configurations the measurements cannot tell from the winner (one row each): a tie, not a win
@@ -47,7 +61,7 @@ def verdict(rows: list[Row]) -> list[str]:
             ties.append(r)
             seen.add(key)
     out = [
-        f"{best.label} {'leads' if ties else 'wins'} (trial {best.number}): {OBJECTIVE} {value_text(best)}"
+        f"{best.label} {'leads' if ties else 'wins'} ({best.trials_text}): {OBJECTIVE} {value_text(best)}"
         + (f", {best.value / plain.value:.2f}x plain decoding ({plain.value:.2f})." if plain and best is not plain else ".")
     ]
     if best.co_running:  # isolation gpu or none: its timing may include theirs
@@ -62,42 +76,41 @@ def verdict(rows: list[Row]) -> list[str]:
             f"The same configuration ran in {len(best.pooled_trials)} trials ({', '.join(map(str, best.pooled_trials))}): "
             f"pooled median {best.pooled_median:.2f} tok/s over {best.pooled_n} measurements{times}."
         )
-    if best.k > 0 and best.breakeven:
-        margin = best.accept_len / best.breakeven - 1
+    accept, breakeven, comm = _why(best)
+    if best.k > 0 and breakeven:
+        margin = accept / breakeven - 1
         source = (
             "measured: its step over the plain step of the same setup"
             if best.breakeven_source == "measured"
             else "estimated by the performance model"
         )
         out.append(
-            f"It accepts {best.accept_len:.2f} tokens a step where this setup breaks even at {best.breakeven:.2f} "
-            f"({source}), so each step pays for itself with {margin:+.0%} to spare."
+            f"It accepts {accept:.2f} tokens a step where this setup breaks even at {breakeven:.2f} "
+            f"({source}){_over(best)}, so each step pays for itself with {margin:+.0%} to spare."
         )
     elif best.k == 0:
-        spec = [r for r in rows if r.k > 0 and r.breakeven]
+        spec = [r for r in rows if r.k > 0 and _why(r)[1]]
         if spec:
-            s = max(spec, key=lambda r: r.accept_len / r.breakeven)
-            if s.accept_len < s.breakeven:
+            s = max(spec, key=lambda r: _why(r)[0] / _why(r)[1])
+            s_accept, s_breakeven, _ = _why(s)
+            if s_accept < s_breakeven:
                 out.append(
                     f"No drafter accepted enough to pay for its longer step: the closest, {s.label}, accepts "
-                    f"{s.accept_len:.2f} tokens a step where it would break even at {s.breakeven:.2f}."
+                    f"{s_accept:.2f} tokens a step where it would break even at {s_breakeven:.2f}{_over(s)}."
                 )
             else:
                 out.append(
-                    f"{s.label} accepts {s.accept_len:.2f} tokens a step, above its breakeven of {s.breakeven:.2f} by "
-                    f"median step time, yet measured a lower {OBJECTIVE}: prefill, slow steps and the spread between "
+                    f"{s.label} accepts {s_accept:.2f} tokens a step, above its breakeven of {s_breakeven:.2f} by "
+                    f"median step time{_over(s)}, yet measured a lower {OBJECTIVE}: prefill, slow steps and the spread between "
                     "repeats outweighed its gain in these measurements."
                 )
-    if best.comm_fraction is not None and best.tp > 1:
-        tail = (
-            f" (plain decoding: {_pct(plain.comm_fraction)})"
-            if plain is not None and plain is not best and plain.comm_fraction is not None
-            else ""
-        )
+    if comm is not None and best.tp > 1:
+        plain_comm = None if plain is None else _why(plain)[2]
+        tail = f" (plain decoding: {_pct(plain_comm)})" if plain is not None and plain is not best and plain_comm is not None else ""
         why = "; speculation spends one round of allreduces on k + 1 tokens instead of one" if best.k > 0 else ""
-        if best.comm_fraction >= 0.95:  # the ablation's two timings differ by the whole step: they measured noise
+        if comm >= 0.95:  # the ablation's two timings differ by the whole step: they measured noise
             why += " (the step timed with and without its allreduces differed by about the whole step: read it as noise)"
-        out.append(f"Allreduce is {_pct(best.comm_fraction)} of its step{tail}{why}.")
+        out.append(f"Allreduce is {_pct(comm)} of its step{_over(best)}{tail}{why}.")
     # the runner-up is the best other configuration (trials of the winner's own are pooled above)
     second = next((r for r in rows[1:] if r.config is None or r.config != best.config), None)
     if second is not None:
@@ -125,6 +138,12 @@ def verdict(rows: list[Row]) -> list[str]:
                 f"Runner-up: {second.label} (trial {second.number}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
                 "outside the noise band, the winner is clear."
             )
+    if noise_one_gang:
+        out.append(
+            "The noise band was measured on one gang only (every configuration measured more than once ran on one gang): "
+            "it leaves out the spread between gangs of one configuration, which can be larger; study.race_trials "
+            "re-measures the leaders on a fresh gang."
+        )
     return out
 
 
@@ -134,7 +153,7 @@ def terminal_text(study: str, rows: list[Row], s: dict) -> str:
     lines = [
         f"study {study}: {len(rows)} complete trials",
         "",
-        " ".join(verdict(rows)),
+        " ".join(s["verdict"]),
         "",
         f"best: trial {best.number}, {best.label}, {OBJECTIVE} {value_text(best)}",
         "",
