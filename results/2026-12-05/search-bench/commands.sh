@@ -5,11 +5,11 @@ set -euo pipefail
 OUT=results/2026-12-05/search-bench
 # the recorded Optuna and MLflow stores of each landscape travel as one archive (stores are not tracked as such)
 for d in results/2026-12-05/landscape-*; do [ -f "$d/optuna.db" ] || tar xzf "$d/records.tar.gz" -C "$d"; done
-bench() {  # name, then bench-search's arguments
+bench() {  # name, then bench-search's arguments: one run per budget, the JSON on stdout, the table and
+  # the leave-one-configuration-out lines on stderr
   local name=$1; shift
   for b in 4 6 10; do
-    .venv/bin/spectune bench-search "$@" --budget $b --seeds 20 > $OUT/$name-budget$b.txt 2>&1
-    .venv/bin/spectune bench-search "$@" --budget $b --seeds 20 --json 2>/dev/null > $OUT/$name-budget$b.json
+    .venv/bin/spectune bench-search "$@" --budget $b --seeds 20 --json > $OUT/$name-budget$b.json 2> $OUT/$name-budget$b.txt
   done
 }
 # H100, SmolLM2-135M with its real drafters (seven studies, one gang each), in the space of experiments/h200-1gpu-smollm2.yaml
@@ -24,6 +24,8 @@ bench cpu $C/landscape-cpu.yaml --storage sqlite:///$C/optuna.db --tracking sqli
 # H200, Llama-3-8B shape, simulated acceptance (the 2026-12-01 gpu-study, its optuna.db from git history: 5100da9^)
 H=results/2026-12-05/landscape-h200-1gpu
 bench h200-1gpu experiments/h200-1gpu.yaml --storage sqlite:///$H/optuna.db --tracking sqlite:///$H/mlflow.db --studies h200-1gpu
-# The model sampler inside a real study (the log: model-sampler-smoke.log, progress lines per prompt left out)
+# The model sampler inside a real study (the log: model-sampler-smoke.log, progress lines per prompt left out);
+# BENCH_ONLY=1 stops before it
+[ -n "${BENCH_ONLY:-}" ] && exit 0
 SPECTUNE_HOME=/tmp/model-sampler-home RAY_AUTH_MODE=disabled .venv/bin/spectune run experiments/smoke-cpu.yaml \
   --set study.sampler=model --set study.n_trials=5 --set study.name=model-sampler-smoke
