@@ -13,7 +13,8 @@ from orchestrator.explain.report.verdict import OBJECTIVE_MEANS, verdict
 from orchestrator.study.keys import OBJECTIVE
 
 CAPTIONS = {
-    "objective": f"Every complete trial by configuration, ranked by {OBJECTIVE}; whiskers span median +- MAD of its repeats.",
+    "objective": f"Every complete trial by configuration, configurations ranked as the study ranks them (the median of every "
+    f"repeat of their trials), a configuration's trials together; bars: each trial's {OBJECTIVE}, whiskers: median +- MAD of its repeats.",
     "per_token": "Time per generated token, not per step: each part of the step (p50) divided by the tokens the step emits. "
     "A longer speculative step can still cost less per token. Diamonds: the measured mean, 1000 / decode_tok_s.",
     "breakeven": "Why a configuration wins: speculation with k drafts beats plain decoding exactly when the accepted length "
