@@ -454,11 +454,21 @@ class Priors:
     """What the model assumes where nothing was measured (exploration only). A draft costs
     `draft_layers` verifier layers' worth of a plain verify pass: layer-skip its L, an EAGLE-3 head
     about two (one decoder layer and its head), a draft model a quarter of the verifier, n-gram
-    lookup nothing. A drafter of unknown acceptance: the mean of the measured keys' P_i, else `rates`."""
+    lookup nothing. A drafter kind no trial ran accepts `rates` (halving per position), every step
+    drafting; layer-skip's first position at most L / N (a draft from the first L of the verifier's N
+    layers agrees with the whole of it no more often than the share of it that drafts), then halving."""
 
     n_layers: int | None = None  # the verifier's layers (None: 32)
     rates: tuple[float, ...] = (0.5, 0.25, 0.125, 0.0625)  # P(accepted >= i): halves per position
     link_share: float = 0.1  # a drafter process of its own: its link messages cost this share of a plain verify pass per step
+
+    def acceptance(self, shape: ConfigShape) -> list[float]:
+        """P(accepted >= i), i = 1..k, of a drafter kind no trial ran."""
+        rates = list(self.rates)
+        if shape.kind == "layer_skip" and shape.layers:
+            share = min(1.0, shape.layers / (self.n_layers or 32))
+            rates = [min(p, share * p / rates[0]) for p in rates]
+        return _extend(rates, shape.k)
 
     def draft_ms(self, shape: ConfigShape, plain_verify_ms: float) -> float:
         n = self.n_layers or 32
@@ -704,7 +714,7 @@ class ConfigModel:
             keys, how, spread = same, f"acceptance of other {shape.kind} variants", SPREAD_ACCEPT["kind"]
         else:  # a kind no trial ran: another kind's acceptance says nothing of it (n-gram lookup follows the
             # text's repeats, a model drafter its agreement with the verifier), so the prior's, every step drafting
-            return float(sum(_extend(list(priors.rates), shape.k))), "acceptance assumed (prior)", SPREAD_ACCEPT["prior"]
+            return float(sum(priors.acceptance(shape))), "acceptance assumed (prior)", SPREAD_ACCEPT["prior"]
         probs = _extend(_mean_rates([self.rates[key] for key in keys]), shape.k)
         # c is a drafter kind's own (n-gram lookup drafts only where the text repeats): borrowed from keys of
         # the same kind only; another kind's says nothing of it, so a drafter of a kind no trial ran drafts every step

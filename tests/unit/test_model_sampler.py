@@ -266,3 +266,20 @@ def _asked(study, cfg):
     trial = study.ask()
     suggest(trial, cfg)
     return trial
+
+
+def test_a_layer_skip_drafter_no_trial_ran_accepts_at_most_its_share_of_the_layers():
+    """The prior for a kind no trial ran: P_1 at most L / N for layer-skip (a draft from 8 of 32 layers agrees
+    with the whole verifier at most a quarter of the time), halving after; an EAGLE-3 head keeps the halving
+    prior from 0.5."""
+    from orchestrator.explain.perfmodel import Priors
+
+    plain = _point((), "none", 0, 10.0, 0.0, 0.0, [])
+    model = fit_configs([plain])
+    priors = Priors(n_layers=32)
+    skip = _point((), "layer_skip", 3, 11.0, 3.0, 0.0, [0.5, 0.25, 0.125], drafter="layer_skip layers=8").shape
+    skip = type(skip)(**{**skip.__dict__, "layers": 8})
+    assert priors.acceptance(skip) == pytest.approx([0.25, 0.125, 0.0625])
+    assert model.acceptance(skip, priors)[0] == pytest.approx(0.4375)
+    head = _point((), "eagle3", 3, 11.0, 1.0, 0.0, [0.5, 0.25, 0.125], drafter="eagle3 head").shape
+    assert priors.acceptance(head) == pytest.approx([0.5, 0.25, 0.125])
