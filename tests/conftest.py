@@ -14,6 +14,7 @@ runs the fast tier. tests/ itself is put on sys.path so the tiers import `studyu
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,14 +36,46 @@ if not torch.cuda.is_available():
 
 from workers.model.checkpoint import resolve_model_path, tiny_config, write_random_checkpoint  # noqa: E402
 
+# Seconds each test took in a recorded run of the whole suite (`--record-durations tests/durations.json`).
+# The suite runs longest first: with `--dist load --maxschedchunk 1` (infra/test.sh) xdist deals the
+# first quarter out round robin and then one test at a time to whichever worker is free, so the long
+# end-to-end studies spread over the workers at the start instead of one of them ending last.
+DURATIONS = TESTS / "durations.json"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="PATH", help="write each test's seconds (setup + call + teardown) as JSON to PATH")
+
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test by its tier's folder (tests/unit -> unit, tests/engine -> engine, tests/e2e -> e2e)."""
+    """Mark each test by its tier's folder (tests/unit -> unit, tests/engine -> engine, tests/e2e -> e2e),
+    and order the tests longest first by the recorded durations (a test not recorded yet counts as
+    the median: new tests neither jump the queue nor wait for the end)."""
     for item in items:
         path = Path(item.path).resolve()
         tier = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+    try:
+        seconds = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    known = sorted(seconds.values())
+    middle = known[len(known) // 2] if known else 0.0
+    items.sort(key=lambda item: -seconds.get(item.nodeid, middle))  # stable: equal times keep file order
+
+
+_recorded: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _recorded[report.nodeid] = _recorded.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--record-durations")
+    if path and not hasattr(session.config, "workerinput"):  # the xdist controller (or a plain run) writes it
+        Path(path).write_text(json.dumps({k: round(v, 2) for k, v in sorted(_recorded.items())}, indent=0) + "\n")
 
 
 @pytest.fixture(scope="session")

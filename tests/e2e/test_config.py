@@ -26,6 +26,21 @@ def validate(path: Path, *sets: str) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=120)
 
 
+def validate_here(path: Path, capsys, *sets: str) -> tuple[int, str, str]:
+    """`spectune validate` in this process (exit code, stdout, stderr): the same code path as the
+    command without a Python start and the torch / Ray imports per case; the subprocess tests
+    below keep the real command's exit code and its one-line stderr covered."""
+    from orchestrator import cli
+
+    args = ["validate", str(path)]
+    for s in sets:
+        args += ["--set", s]
+    capsys.readouterr()
+    code = cli.main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 MALFORMED = {
     "unknown key": ({"parallel": {"tp": 2, "tpp": 3}}, "parallel.tpp: unknown key"),
     "unknown section": ({"tracker": {}}, "tracker: unknown key"),
@@ -69,17 +84,17 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
-def test_malformed_yaml_exits_2_with_one_line(tmp_path, tiny_ckpt, case):
+def test_malformed_yaml_exits_2_with_one_line(tmp_path, tiny_ckpt, capsys, case):
     sections, needle = MALFORMED[case]
     path = tiny_experiment(tmp_path, tiny_ckpt)
     raw = yaml.safe_load(path.read_text())
     for key, value in sections.items():
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) and key != "search" else value
     path.write_text(yaml.safe_dump(raw))
-    r = validate(path)
-    lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert r.returncode == 2, r.stderr
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    code, _, err = validate_here(path, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
     assert needle in lines[0], lines[0]
 
 
@@ -92,11 +107,11 @@ def test_not_yaml_and_missing_file(tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
-def test_valid_experiment_and_overrides(tmp_path, tiny_ckpt):
+def test_valid_experiment_and_overrides(tmp_path, tiny_ckpt, capsys):
     path = tiny_experiment(tmp_path, tiny_ckpt)
-    r = validate(path, "study.n_trials=9", "workload.max_new_tokens=5")
-    assert r.returncode == 0, r.stderr
-    assert "9 trials" in r.stdout
+    code, out, err = validate_here(path, capsys, "study.n_trials=9", "workload.max_new_tokens=5")
+    assert code == 0, err
+    assert "9 trials" in out
     cfg = load_config(
         path, ["study.n_trials=9", "search.space.nccl.NCCL_PROTO={choices: [LL, Simple]}", "parallel.nccl_env={NCCL_DEBUG: WARN}"]
     )

@@ -118,7 +118,12 @@ def test_sigkilled_driver_resumes_without_loss_or_leak(tmp_path, tiny_ckpt):
 def test_two_drivers_on_one_study(tmp_path, tiny_ckpt):
     """Two `spectune run` at once on the same study and storage: exactly n_trials COMPLETE, one
     parent MLflow run, every trial its own MLflow run, no process left."""
-    exp = tiny_experiment(tmp_path, tiny_ckpt, search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3, 4]}}})
+    exp = tiny_experiment(
+        tmp_path,
+        tiny_ckpt,
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3, 4]}}},
+        parallel={"tp": 1, "cpus_per_worker": 0.1},  # one actor a gang: the test is about the drivers
+    )
     home, tags = tmp_path / "home", [uuid.uuid4().hex, uuid.uuid4().hex]
     procs = [start_spectune(["run", str(exp), "--json"], home, tag) for tag in tags]
     outs = []

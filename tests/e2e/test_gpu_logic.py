@@ -384,7 +384,7 @@ def test_study_with_simulated_acceptance(tmp_path, tiny_ckpt):
 
     space = {"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}}
     workload = {"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 2, "max_new_tokens": 16, "simulate_accept_len": 2.5}
-    exp = tiny_experiment(tmp_path, tiny_ckpt, search=space, workload=workload)
+    exp = tiny_experiment(tmp_path, tiny_ckpt, search=space, workload=workload, parallel={"tp": 1, "cpus_per_worker": 0.1})
     home = tmp_path / "home"
     out = summary(spectune(["run", str(exp), "--set", "study.n_trials=3", "--set", "study.sampler=grid"], home))
     assert out["complete"] == 3

@@ -155,7 +155,7 @@ def test_resume_reaches_the_total_without_duplicates(tmp_path, tiny_ckpt):
     """n_trials=3, then the same command with n_trials=5: 5 complete trials, one parent run,
     one MLflow run per Optuna trial. All trials share one env: the gang is reused."""
     space = {"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3, 4]}}}
-    exp = tiny_experiment(tmp_path, tiny_ckpt, search=space)
+    exp = tiny_experiment(tmp_path, tiny_ckpt, search=space, parallel={"tp": 1, "cpus_per_worker": 0.1})  # one actor a gang
     home = tmp_path / "home"
     # two at a time asked for, on an embedded one-node Ray: isolation node gives one slot, said in one line
     first_run = spectune(["run", str(exp), "--set", "study.n_trials=3", "--set", "study.max_concurrent_trials=2"], home)

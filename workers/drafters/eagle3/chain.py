@@ -35,10 +35,17 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from workers.drafters.eagle3.head import pick_entries
 from workers.engine.config import EngineConfig
 from workers.engine.graphs import capture_graph
 from workers.model.transformer import KVCache, rms_norm
+
+
+def pick_entries(out: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
+    """out [n, T, d] -> [n, 1, d]: each row's last entry, or row i's entry at[i] (at [n], on the
+    device: a gather, no host read)."""
+    if at is None:
+        return out[:, -1:]
+    return out.gather(1, at.view(-1, 1, 1).expand(out.shape[0], 1, out.shape[-1]))
 
 
 def _head_input(tokens, embed, g, w_emb, w_hidden, eps: float):

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from workers.drafters.base import Drafter
+from workers.drafters.eagle3.chain import pick_entries
 from workers.drafters.eagle3.tree import shape_tree
 from workers.drafters.ngram import NgramIndex
 from workers.engine.config import EngineConfig
@@ -133,14 +134,6 @@ def check_fits(cfg: Eagle3Config, target: ModelArgs, path) -> tuple[int, ...]:
             f"EAGLE-3 head {path}: eagle_aux_hidden_state_layer_ids {list(aux)} must be 3 layers of 0..{target.n_layers - 1}"
         )
     return tuple(aux)
-
-
-def pick_entries(out: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
-    """out [n, T, d] -> [n, 1, d]: each row's last entry, or row i's entry at[i] (at [n], on the
-    device: a gather, no host read)."""
-    if at is None:
-        return out[:, -1:]
-    return out.gather(1, at.view(-1, 1, 1).expand(out.shape[0], 1, out.shape[-1]))
 
 
 class Eagle3Layer(nn.Module):
