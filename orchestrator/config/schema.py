@@ -204,7 +204,9 @@ class StudySection(_Section):
     name: str | None = None  # default: the experiment name
     n_trials: int = Field(6, ge=1)  # total COMPLETE trials; rerunning resumes up to this
     storage: str | None = None  # Optuna storage URL; default sqlite in $SPECTUNE_HOME
-    sampler: Literal["tpe", "random", "grid", "gp", "model"] = "tpe"
+    # model: the performance model's best predicted untried configuration (orchestrator/study/samplers.py); it
+    # became the default when it reached at least TPE's share of the best on every recorded landscape (docs/search.md)
+    sampler: Literal["tpe", "random", "grid", "gp", "model"] = "model"
     seed: int | None = 0
     pruner: Literal["percentile", "median", "none"] = "percentile"
     baseline: bool = True  # enqueue k = 0 first (once per TP size), also when k is not searched
@@ -226,7 +228,7 @@ class StudySection(_Section):
     @classmethod
     def _race_default(cls, data):
         if isinstance(data, dict) and data.get("race_trials") is None:
-            n, sampler = data.get("n_trials", 6), data.get("sampler", "tpe")
+            n, sampler = data.get("n_trials", 6), data.get("sampler", "model")
             enough = isinstance(n, int) and not isinstance(n, bool) and n >= RACE_MIN_TRIALS
             data = {**data, "race_trials": RACE_TRIALS if enough and sampler != "grid" else 0}
         return data

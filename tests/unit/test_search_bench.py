@@ -217,7 +217,7 @@ def test_bench_search_json(record, capsys):
     argv = ["bench-search", path, "--storage", url, "--studies", "synthetic-a", "--budget", "5", "--seeds", "3"]
     assert main([*argv, "--sampler", "random", "model", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"default", "strategies"} and out["default"] == "tpe"
+    assert set(out) == {"default", "strategies"} and out["default"] == "model"
     assert set(out["strategies"]) == {"random", "model"}
     for r in out["strategies"].values():
         assert set(r) == {"fraction_of_best", "trials_to_best"}
