@@ -14,7 +14,8 @@ borrowed from the drafter's kind, the setup's family or a prior (`perfmodel.Prio
 trial ran). `noise` is the study's measurement noise (ranking.noise_rel; NOISE_DEFAULT until some
 configuration was measured twice). So the first picks spread over drafters (wide, optimistic
 estimates), and once a drafter's acceptance is measured its best k is predicted from its own
-per-position acceptance. Near ties are broken at random (seeded). The first proposal of a study
+per-position acceptance. Exact ties (configurations the model cannot tell apart) go to the one
+whose drafter adds least (`extras`: no n-gram lookup, a chain), then at random (seeded). The first proposal of a study
 with nothing measured is its k = 0 point (what every estimate is relative to). A space that cannot
 be enumerated (a float range, too many combinations) falls back to random sampling.
 
