@@ -114,3 +114,27 @@ def test_the_report_names_the_rankings_winner_and_explains_it_from_every_trial_o
     assert "It accepts 1.60 tokens a step where this setup breaks even at 1.20" in why and "medians over its 2 trials" in why
     assert "Allreduce is 33% of its step (medians over its 2 trials) (plain decoding: 40%)" in why
     assert "measured on one gang only" in why
+
+
+def test_the_summary_gives_the_pooled_allreduce_share_of_the_winner_and_the_baseline(tmp_path):
+    """The report's summary: comm_fraction_best and comm_fraction_baseline are the medians over each
+    configuration's trials (what the verdict says), best_trials every trial of the winner."""
+    import optuna
+
+    from orchestrator.config.schema import ExperimentConfig
+    from orchestrator.explain.report.core import build_report
+
+    cfg = ExperimentConfig.model_validate(
+        {"name": "x", "model": {"path": "random:llama-3-8b"}, "parallel": {"tp": 2},
+         "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}}}
+    )  # fmt: skip
+    study = _study(
+        _trial(0, "none", [10.0, 10.1, 9.9], 8.0, step_ms=200.0, comm_fraction=0.40),
+        _trial(2, "ngram", [12.0, 13.0, 14.0], 0.0, accept_len=1.5, step_ms=230.0, comm_fraction=0.30, value=12.0),
+        _trial(0, "none", [10.0, 10.1, 9.9], 0.0, step_ms=200.0, comm_fraction=0.20),
+        _trial(2, "ngram", [12.0, 13.0, 14.0], 0.0, accept_len=1.7, step_ms=250.0, comm_fraction=0.36, value=12.0),
+    )
+    assert isinstance(study, optuna.Study)
+    _, _, summary = build_report(cfg, study, tmp_path / "report")
+    assert summary["best_trial"] == 1 and summary["best_trials"] == [1, 3]
+    assert summary["comm_fraction_best"] == pytest.approx(0.33) and summary["comm_fraction_baseline"] == pytest.approx(0.30)

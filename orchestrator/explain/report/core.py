@@ -166,8 +166,9 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
         ),
         "trials": [{**asdict(r), "band": list(r.band)} for r in rows],
         "importances": importances,
-        "comm_fraction_baseline": base.comm_fraction if base else None,
-        "comm_fraction_best": best.comm_fraction,
+        # pooled over each configuration's trials, as the verdict says them
+        "comm_fraction_baseline": (base.why_comm_fraction if base.why_accept_len is not None else base.comm_fraction) if base else None,
+        "comm_fraction_best": best.why_comm_fraction if best.why_accept_len is not None else best.comm_fraction,
         **facts,
         **config_model_facts(done, cfg, lambda p: config_words(cfg, p)),
         "breakeven": {},
