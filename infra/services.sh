@@ -321,7 +321,8 @@ start() {
     -c unix_socket_directories= -c password_encryption=scram-sha-256
   pg_databases "$(awk '$1 == "postgres" {print $2}' "$STATE/pids")"
   "$BIN/python" -c "import optuna, sys; optuna.storages.RDBStorage(sys.argv[1])" "$SPECTUNE_STORAGE" >/dev/null  # Optuna's tables
-  start_group mlflow "$BIN/mlflow" server --host 127.0.0.1 --port "$mlflow_port" --workers 1 \
+  # MLflow's job runner (GenAI jobs: three more processes polling the store) serves nothing spectune logs
+  start_group mlflow env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$BIN/mlflow" server --host 127.0.0.1 --port "$mlflow_port" --workers 1 \
     --backend-store-uri "$mlflow_store" --artifacts-destination "$STATE/mlartifacts"
   start_group optuna-dashboard "$BIN/optuna-dashboard" "$SPECTUNE_STORAGE" --host 127.0.0.1 --port "$optuna_port"
 

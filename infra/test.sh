@@ -17,5 +17,7 @@ export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 # three workers on the 2-core CI machine: the e2e tests wait on Ray and subprocesses much of the time
-# (measured: 16 min 10 s with -n 3 against ~27 min serial); `-n 0` among the arguments runs serially
-exec .venv/bin/python -m pytest -q -n 3 --dist worksteal "$@"
+# (measured: 16 min 10 s with -n 3 against ~27 min serial); `-n 0` among the arguments runs serially.
+# Longest first (tests/conftest.py orders them by tests/durations.json), one test at a time to whichever
+# worker is free: the long studies start early and spread over the workers
+exec .venv/bin/python -m pytest -q -n 3 --dist load --maxschedchunk 1 "$@"

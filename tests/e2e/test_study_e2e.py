@@ -45,8 +45,11 @@ def _free_port() -> int:
 
 @pytest.fixture
 def mlflow_server(tmp_path):
+    from orchestrator.tracking.local_store import seed_sqlite_store
+
     port = _free_port()
     bin_dir = Path(sys.executable).parent
+    seed_sqlite_store(f"sqlite:///{tmp_path / 'mlflow-server.db'}")  # the server opens a migrated store, as ours do
     proc = subprocess.Popen(
         [
             str(bin_dir / "mlflow"),
@@ -65,6 +68,7 @@ def mlflow_server(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # as infra/services.sh starts it
     )
     url = f"http://127.0.0.1:{port}"
     try:
