@@ -118,7 +118,7 @@ def verdict(rows: list[Row], noise_one_gang: bool | None = None) -> list[str]:
         close = within_noise(best, second)
         if close is None:
             out.append(
-                f"Runner-up: {second.label} (trial {second.number}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
+                f"Runner-up: {second.label} ({second.trials_text}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
                 "the noise is unknown (no configuration was measured twice), so this is not a clear win."
             )
         elif close:
@@ -130,12 +130,12 @@ def verdict(rows: list[Row], noise_one_gang: bool | None = None) -> list[str]:
             )
             tied = f" ({len(ties)} configurations tie with the winner)" if len(ties) > 1 else ""
             out.append(
-                f"Runner-up: {second.label} (trial {second.number}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
+                f"Runner-up: {second.label} ({second.trials_text}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
                 f"within noise, so these measurements do not separate the two{tied}; {prefer}."
             )
         else:
             out.append(
-                f"Runner-up: {second.label} (trial {second.number}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
+                f"Runner-up: {second.label} ({second.trials_text}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
                 "outside the noise band, the winner is clear."
             )
     if noise_one_gang:
