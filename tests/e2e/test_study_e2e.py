@@ -196,6 +196,7 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
         drafter={"kind": "ngram", "layers": 1, "num_draft_tokens": 2},
         search={"space": {"drafter.ngram_max": {"choices": [2, 3]}}},  # one gang for every trial
         study={"n_trials": 2, "sampler": "random", "seed": 1},
+        parallel={"tp": 1, "cpus_per_worker": 0.1},  # one actor a gang; the resume below tries TP 2
     )
     home = tmp_path / "home"
     storage, tracking = f"sqlite:///{home / 'optuna.db'}", f"sqlite:///{home / 'mlflow.db'}"
@@ -227,7 +228,7 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     assert sorted(n for c in ranking["configs"] for n in c["trials"]) == sorted(t.number for t in complete)
     assert json.loads(json.dumps(ranking)) == ranking
 
-    other_tp = spectune(["run", str(exp), "--set", "parallel.tp=1"], home)
+    other_tp = spectune(["run", str(exp), "--set", "parallel.tp=2"], home)
     assert other_tp.returncode == 2
     line = other_tp.stderr.strip().splitlines()[-1]
     assert line.startswith("spectune: error: parallel.tp: differ from the study 'tiny-study'") and "study.name" in line
