@@ -9,7 +9,7 @@ import math
 
 from orchestrator.explain.report.batches import batch_html
 from orchestrator.explain.report.rows import Row, within_noise
-from orchestrator.explain.report.verdict import OBJECTIVE_MEANS, verdict
+from orchestrator.explain.report.verdict import OBJECTIVE_MEANS, config_loo_sentence, verdict
 from orchestrator.study.keys import OBJECTIVE
 
 CAPTIONS = {
@@ -91,12 +91,8 @@ def config_model_html(s: dict) -> str:
         return ""
     out = []
     if err == err:
-        misses = s["model_config_loo_misses"]
-        out.append(
-            f'<p id="model-config-loo">Each configuration left out (predicted with none of its own measurements, its acceptance '
-            f"included; a miss counts as 100%): median |error| <b>{err:.1%}</b> of decode_tok_s over "
-            f"{len(s['model_config_loo'])} configurations" + (f" ({misses} could not be predicted)" if misses else "") + ".</p>"
-        )
+        text = config_loo_sentence(s, lambda figure: f"<b>{figure}</b>")
+        out.append(f'<p id="model-config-loo">{text[0].upper()}{text[1:]}.</p>')
     if s["predicted_untried"]:
         head = (
             f'<tr><th class="l">configuration (not measured)</th><th>predicted {OBJECTIVE}</th><th>predicted decode_tok_s</th>'

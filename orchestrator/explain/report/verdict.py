@@ -205,6 +205,17 @@ def terminal_text(study: str, rows: list[Row], s: dict) -> str:
     return "\n".join(lines)
 
 
+def config_loo_sentence(s: dict, figure=lambda text: text) -> str:
+    """The leave-one-configuration-out error, in words (the terminal's line and the page's paragraph;
+    `figure` marks up the error itself)."""
+    err, misses = s["model_config_loo_median_rel_error"], s["model_config_loo_misses"]
+    return (
+        "each configuration left out (predicted with none of its own measurements, its acceptance included; a miss "
+        f"counts as 100%): median |error| {figure(f'{err:.1%}')} of decode_tok_s over {len(s['model_config_loo'])} configurations"
+        + (f" ({misses} could not be predicted)" if misses else "")
+    )
+
+
 def config_model_lines(s: dict) -> list[str]:
     """The configuration model's error leaving each configuration out, and the best configurations no
     trial ran, each line saying PREDICTED (terminal text; the page has the same as tables)."""
@@ -213,12 +224,7 @@ def config_model_lines(s: dict) -> list[str]:
         return []
     out = []
     if err == err:
-        misses = s["model_config_loo_misses"]
-        out.append(
-            f"performance model, each configuration left out (predicted with none of its own measurements, its acceptance "
-            f"included; a miss counts as 100%): median |error| {err:.1%} of decode_tok_s over {len(s['model_config_loo'])} "
-            f"configurations" + (f" ({misses} could not be predicted)" if misses else "")
-        )
+        out.append("performance model, " + config_loo_sentence(s))
     if s["predicted_untried"]:
         space = f" of the {s['space_size']} in the search space" if s.get("space_size") else ""
         out.append(
