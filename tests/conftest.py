@@ -37,9 +37,11 @@ if not torch.cuda.is_available():
 from workers.model.checkpoint import resolve_model_path, tiny_config, write_random_checkpoint  # noqa: E402
 
 # Seconds each test took in a recorded run of the whole suite (`--record-durations tests/durations.json`).
-# The suite runs longest first: with `--dist load --maxschedchunk 1` (infra/test.sh) xdist deals the
-# first quarter out round robin and then one test at a time to whichever worker is free, so the long
-# end-to-end studies spread over the workers at the start instead of one of them ending last.
+# The suite runs longest first: with `--dist load --maxschedchunk 1` (infra/test.sh) xdist hands each
+# worker two tests at the start and then one more whenever it is down to one queued, in this order, so
+# the long end-to-end studies start early, spread over the workers, instead of one of them ending last.
+# The price: tests of one module no longer run back to back, so a module-scoped fixture may be set up
+# once per run of its tests (tests/e2e/test_ray_placement.py's fake-GPU Ray: twice instead of once).
 DURATIONS = TESTS / "durations.json"
 
 
@@ -73,9 +75,16 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
+    """--record-durations: the tests that ran update their entries in PATH; the others keep theirs (a `-k`
+    or a failed run never shrinks the file). Only the xdist controller (or a plain run) writes it."""
     path = session.config.getoption("--record-durations")
-    if path and not hasattr(session.config, "workerinput"):  # the xdist controller (or a plain run) writes it
-        Path(path).write_text(json.dumps({k: round(v, 2) for k, v in sorted(_recorded.items())}, indent=0) + "\n")
+    if path and not hasattr(session.config, "workerinput"):
+        try:
+            seconds = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            seconds = {}
+        seconds.update({k: round(v, 2) for k, v in _recorded.items()})
+        Path(path).write_text(json.dumps(dict(sorted(seconds.items())), indent=0) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from orchestrator.config.fixed import check_resume
 from orchestrator.config.fixed import record as record_fixed
 from orchestrator.config.schema import ExperimentConfig, spectune_home
 from orchestrator.config.space import (
+    MAX_ENUMERATED,
     CategoricalParam,
     IntParam,
     baseline_params,
@@ -95,6 +96,12 @@ def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> 
     log(f"spectune: bench-allreduce: {len(rows)} rows logged to the parent run")
 
 
+def model_sampler_fits(cfg: ExperimentConfig) -> bool:
+    """The model sampler picks among the space's distinct configurations: it needs a space it can list
+    (no float range, at most MAX_ENUMERATED combinations)."""
+    return distinct_configs(cfg) is not None
+
+
 def make_sampler(cfg: ExperimentConfig, offset: int = 0):
     """The configured sampler. `offset` (the number of trials already in the study) shifts the seed,
     so a resumed study does not replay the proposals of its first run."""
@@ -116,10 +123,11 @@ def make_sampler(cfg: ExperimentConfig, offset: int = 0):
         return Grid(grid_space(cfg), seed=seed)
     if s == "gp":
         return optuna.samplers.GPSampler(seed=seed)
-    if s == "model":  # the performance model's best predicted untried configuration, with exploration
+    if s == "model" and model_sampler_fits(cfg):  # the performance model's best predicted untried configuration
         from orchestrator.study.samplers import ModelSampler
 
         return ModelSampler(cfg, seed=seed)
+    # (a space the model sampler cannot enumerate gets TPE: run_study says so in its header)
     # constant liar: a running trial (this driver's concurrent ones, another driver's) counts as a poor result, so TPE
     # does not propose the same point beside it
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=3, constant_liar=True)
@@ -344,6 +352,11 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             load_if_exists=True,
         )
         study.sampler = make_sampler(cfg, offset=len(study.trials))
+        if cfg.study.sampler == "model" and not model_sampler_fits(cfg):
+            log(
+                f"spectune: study.sampler model needs a search space it can list (no float range, at most "
+                f"{MAX_ENUMERATED} combinations); this one gets tpe"
+            )
         if study.metric_names is None:
             # optuna-dashboard names the objective instead of "Objective 0"
             study.set_metric_names(["throughput_tok_s" if cfg.workload.batch_sizes == [1] else "throughput_tok_s_geomean_over_batch_sizes"])

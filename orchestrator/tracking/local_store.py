@@ -35,7 +35,7 @@ def _template(folder: Path) -> Path:
     import mlflow
 
     path = folder / f"mlflow-{mlflow.__version__}-empty.db"
-    if path.exists():
+    if path.exists() and _is_migrated(path):
         return path
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
@@ -51,6 +51,15 @@ def _template(folder: Path) -> Path:
     return path
 
 
+def _is_migrated(path: Path) -> bool:
+    """A store MLflow migrated (it records its schema version): not a truncated or foreign file."""
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+            return bool(con.execute("select version_num from alembic_version").fetchone())
+    except sqlite3.Error:
+        return False
+
+
 def seed_sqlite_store(uri: str, cache: Path | None = None) -> bool:
     """Give a not-yet-existing SQLite store MLflow's current schema by copying the cached empty store.
     True if it was seeded; False if the store exists, is not a SQLite file, or seeding failed."""
@@ -63,6 +72,9 @@ def seed_sqlite_store(uri: str, cache: Path | None = None) -> bool:
         os.close(fd)
         try:
             shutil.copyfile(template, tmp)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # as MLflow would have created it (mkstemp's file is private)
             os.link(tmp, path)  # never over a store another driver created meanwhile
         finally:
             os.unlink(tmp)

@@ -83,9 +83,11 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
                     _signal(p, signal.SIGSTOP)
                 killed["pids"] = [raylet.pid] + [c.pid for c in actors]
                 killed["trial"] = rows[0][0]
-                cluster.remove_node(worker, allow_graceful=False)
-                for p in actors:
-                    _signal(p, signal.SIGCONT)
+                try:
+                    cluster.remove_node(worker, allow_graceful=False)
+                finally:  # never leave them frozen
+                    for p in actors:
+                        _signal(p, signal.SIGCONT)
                 return
             time.sleep(0.02)
 

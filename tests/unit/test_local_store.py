@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 from orchestrator.tracking.local_store import seed_sqlite_store, sqlite_path
@@ -39,3 +40,18 @@ def test_what_is_not_a_new_local_sqlite_file_is_left_to_mlflow(tmp_path):
     blocked.write_text("a file where the cache folder should be")
     assert not seed_sqlite_store(f"sqlite:///{tmp_path / 'm.db'}", blocked)  # no cache: MLflow builds it, as before
     assert not (tmp_path / "m.db").exists() and not list(tmp_path.glob(".m.db.*"))
+
+
+def test_a_broken_template_is_built_again_and_a_copy_has_the_umasks_mode(tmp_path):
+    import mlflow
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / f"mlflow-{mlflow.__version__}-empty.db").write_bytes(b"SQLite format 3\0 truncated")
+    uri = f"sqlite:///{tmp_path / 'a.db'}"
+    assert seed_sqlite_store(uri, cache)
+    with sqlite3.connect(tmp_path / "a.db") as con:
+        assert con.execute("select version_num from alembic_version").fetchone()  # a migrated store, not the broken file
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "a.db").stat().st_mode & 0o777 == 0o666 & ~umask

@@ -92,10 +92,11 @@ def test_an_enqueued_trial_keeps_its_fixed_part():
     assert tc.num_draft_tokens == 0 and "engine.gemv" in trial.params
 
 
-def test_a_space_that_cannot_be_listed_is_sampled_at_random():
+def test_a_space_that_cannot_be_listed_gets_tpe_not_random():
     big = {"comm.backend": {"choices": ["nccl"]}, "nccl.NCCL_BUFFSIZE": {"low": 1, "high": 30_000}}
     cfg, study = _study(experiment(big))
-    assert study.sampler.space is None
+    assert cfg.study.sampler == "model" and isinstance(study.sampler, optuna.samplers.TPESampler)
+    assert isinstance(make_sampler(experiment()), ModelSampler)  # the default, where the space can be listed
     for _ in range(3):
         t = study.ask()
         suggest(t, cfg)

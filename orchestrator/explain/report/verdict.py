@@ -40,7 +40,7 @@ def _why(r: Row) -> tuple[float, float | None, float | None]:
     `rows_of` pooled them, else the row's own."""
     accept = r.why_accept_len if r.why_accept_len is not None else r.accept_len
     breakeven = r.why_breakeven if r.why_breakeven is not None else r.breakeven
-    comm = r.why_comm_fraction if r.why_accept_len is not None else r.comm_fraction
+    comm = r.why_comm_fraction if r.why_comm_fraction is not None else r.comm_fraction
     return accept, breakeven, comm
 
 
