@@ -211,7 +211,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
             scored.append((expected_improvement(est.objective, sigma, best), est, identity))
         top = max(s[0] for s in scored)
         # near ties (configurations the model cannot tell apart, e.g. a drafter option no trial measured):
-        # the one whose drafter adds least first, as the verdict prefers the simpler of tied configurations
+        # the one whose drafter adds least (no lookup, a chain) first. Not ranking.simplicity, the verdict's
+        # order among measured ties (drafter cost, then k): here the tied candidates differ in options
         tied = [s for s in scored if s[0] >= top - TIE * max(top, 1e-12)]
         ei, est, identity = min(tied, key=lambda s: self._extras[s[2]])
         return Pick(identity, dict(self.space[identity]), est, ei, best)
