@@ -78,7 +78,12 @@ def test_report_end_to_end(tmp_path, tiny_ckpt):
     named = f"trial {best.number}" if len(facts["best_trials"]) == 1 else "trials " + ", ".join(map(str, facts["best_trials"]))
     assert verdict.startswith((f"{facts['best_label']} wins ({named})", f"{facts['best_label']} leads ({named})"))
     assert verdict in r.stdout
-    assert ("breaks even at" in verdict) if rows[0]["k"] > 0 else ("No drafter accepted enough" in verdict)
+    # a speculative winner against its breakeven; plain decoding winning: why no drafter paid (each fell short
+    # of its breakeven, or one cleared it by step time and still lost on the objective)
+    if rows[0]["k"] > 0:
+        assert "breaks even at" in verdict, verdict
+    else:
+        assert "No drafter accepted enough" in verdict or "above its breakeven" in verdict, verdict
     # the runner-up is the best row of another configuration (the winner's twin trials are pooled, not runners-up)
     second = next(row for row in rows[1:] if row["config"] is None or row["config"] != rows[0]["config"])
     assert f"Runner-up: {second['label']} (trial {second['number']})" in verdict
