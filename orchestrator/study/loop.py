@@ -102,6 +102,15 @@ def model_sampler_fits(cfg: ExperimentConfig) -> bool:
     return distinct_configs(cfg) is not None
 
 
+def search_line(cfg: ExperimentConfig) -> str:
+    """How this run searches (a resumed study takes this run's sampler and racing, not its first run's)."""
+    sampler = cfg.study.sampler
+    if sampler == "model" and not model_sampler_fits(cfg):
+        sampler = f"tpe (study.sampler model needs a space it can list: no float range, at most {MAX_ENUMERATED} combinations)"
+    race = f"the last {cfg.study.race_trials} re-measure the leaders" if cfg.study.race_trials else "no racing"
+    return f"search: study.sampler {sampler}; study.race_trials {cfg.study.race_trials} ({race})"
+
+
 def make_sampler(cfg: ExperimentConfig, offset: int = 0):
     """The configured sampler. `offset` (the number of trials already in the study) shifts the seed,
     so a resumed study does not replay the proposals of its first run."""
@@ -352,11 +361,6 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             load_if_exists=True,
         )
         study.sampler = make_sampler(cfg, offset=len(study.trials))
-        if cfg.study.sampler == "model" and not model_sampler_fits(cfg):
-            log(
-                f"spectune: study.sampler model needs a search space it can list (no float range, at most "
-                f"{MAX_ENUMERATED} combinations); this one gets tpe"
-            )
         if study.metric_names is None:
             # optuna-dashboard names the objective instead of "Objective 0"
             study.set_metric_names(["throughput_tok_s" if cfg.workload.batch_sizes == [1] else "throughput_tok_s_geomean_over_batch_sizes"])
@@ -383,6 +387,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
             f"Optuna {_redact(storage_url)}; {tracker.where()} (parent run {tracker.parent_run_id})"
         )
+        log(f"spectune: {search_line(cfg)}")
         res = Resources(
             cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s
         )

@@ -17,7 +17,7 @@ from orchestrator.config.space import baseline_params, distinct_configs, suggest
 from orchestrator.explain.perfcheck import config_point, config_shape
 from orchestrator.explain.perfmodel import Miss, config_loo, config_loo_error, fit_configs
 from orchestrator.study.keys import BASELINE_TAG, PARAMS_ATTR, SAMPLES_ATTR
-from orchestrator.study.loop import make_sampler
+from orchestrator.study.loop import make_sampler, search_line
 from orchestrator.study.proposals import Proposals
 from orchestrator.study.samplers import ModelSampler, expected_improvement
 from orchestrator.study.storage import frozen_trial
@@ -97,6 +97,8 @@ def test_a_space_that_cannot_be_listed_gets_tpe_not_random():
     cfg, study = _study(experiment(big))
     assert cfg.study.sampler == "model" and isinstance(study.sampler, optuna.samplers.TPESampler)
     assert isinstance(make_sampler(experiment()), ModelSampler)  # the default, where the space can be listed
+    assert search_line(cfg).startswith("search: study.sampler tpe (study.sampler model needs a space it can list")
+    assert search_line(experiment(sampler="model")).startswith("search: study.sampler model; study.race_trials")
     for _ in range(3):
         t = study.ask()
         suggest(t, cfg)
