@@ -224,14 +224,13 @@ class StudySection(_Section):
     # what concurrent trials may share: node (one trial a Ray node), gpu (disjoint GPUs of a node), none
     isolation: Literal["node", "gpu", "none"] = "node"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _race_default(cls, data):
-        if isinstance(data, dict) and data.get("race_trials") is None:
-            n, sampler = data.get("n_trials", 6), data.get("sampler", "model")
-            enough = isinstance(n, int) and not isinstance(n, bool) and n >= RACE_MIN_TRIALS
-            data = {**data, "race_trials": RACE_TRIALS if enough and sampler != "grid" else 0}
-        return data
+    @model_validator(mode="after")
+    def _race_default(self):
+        # after validation: n_trials is the int the YAML's value became (10.0 and "10" count as 10)
+        if self.race_trials is None:
+            enough = self.n_trials >= RACE_MIN_TRIALS and self.sampler != "grid"
+            object.__setattr__(self, "race_trials", RACE_TRIALS if enough else 0)
+        return self
 
     @field_validator("max_concurrent_trials")
     @classmethod

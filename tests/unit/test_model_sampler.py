@@ -286,3 +286,21 @@ def test_a_layer_skip_drafter_no_trial_ran_accepts_at_most_its_share_of_the_laye
     assert model.acceptance(skip, priors)[0] == pytest.approx(0.4375)
     head = _point((), "eagle3", 3, 11.0, 1.0, 0.0, [0.5, 0.25, 0.125], drafter="eagle3 head").shape
     assert priors.acceptance(head) == pytest.approx([0.5, 0.25, 0.125])
+
+
+@pytest.mark.parametrize(
+    ("study", "race"),
+    [
+        ({"n_trials": 10}, 2),
+        ({"n_trials": 10.0}, 2),  # a float in the YAML is the int it validates to, not "not an int"
+        ({"n_trials": "10"}, 2),
+        ({"n_trials": 7}, 0),
+        ({"n_trials": 10, "sampler": "grid"}, 0),
+        ({"n_trials": 10, "race_trials": 0}, 0),
+        ({"n_trials": 4, "race_trials": 3}, 3),
+    ],
+)
+def test_race_trials_default_follows_the_validated_study(study, race):
+    from orchestrator.config.schema import StudySection
+
+    assert StudySection(**study).race_trials == race
