@@ -2,6 +2,7 @@
 
     python -m scripts.profile_step --model random:llama-3-8b --widths 1 5 --max-seq 512 [--json OUT.json]
     python -m scripts.profile_step --model random:llama-3-8b --tp 2 --backend nccl symm_mem symm_mem_ll
+    python -m scripts.profile_step --model random:llama-3-8b --rows 32 --context 294 --max-seq 400 [--json OUT.json]
 
 TP 1 runs in this process (no Ray, no gang). With --tp N each rank is a process built as a gang's
 verifier rank (workers.runtime.worker.Worker, vocab-parallel head), per backend: the ranks replay the same
@@ -12,6 +13,11 @@ step (CUDA events, median of many) for the compiled fused path with each attenti
 `StepRunner.step` call (host work included); then it profiles the compiled step's kernels with
 torch.profiler and prints the top kernels by total time, with their count per step. The weight
 bytes over the measured copy bandwidth give the roofline each time is compared with.
+
+With --rows B (TP 1) it profiles batched decoding's pass instead (workers/engine/batched.py `BatchSteps`):
+B rows at --context positions each, width 1, as the batched decode replays it: the graph replay, the
+pass as the decode loop calls it (staging, replay, the argmax crossing to the host), the kernel table,
+and each GEMM of the step alone through cuBLAS at B rows; the roofline adds the KV bytes the rows read.
 """
 
 from __future__ import annotations
@@ -156,6 +162,72 @@ def profile_tp(model: str, tp: int, backend: str, widths: list[int], max_seq: in
     return results[0][0]
 
 
+def profile_rows(model, rows: int, context: int, top: int, attention: str, bw: float, nbytes: int, gemv: str = "auto") -> dict:
+    """Batched decoding's width-1 pass over `rows` rows of `context` positions: replay, call, kernels."""
+    import torch.nn.functional as F
+
+    from workers.engine.batched import BatchSteps
+    from workers.engine.config import EngineConfig
+    from workers.engine.steps import StepRunner
+
+    a = model.args
+    runner = StepRunner(model, model.new_cache(1), max_width=1, engine=EngineConfig(attention=attention, gemv=gemv))
+    passes = BatchSteps(model, model.new_cache(rows), use_graphs=True, fast=runner.fast)
+    passes.warm({rows}, range(1, 2))
+    cache = passes.full
+    feed = [[1] for _ in range(rows)]
+
+    def call() -> None:  # as decode_batches' step: staged inputs, replay, every row's argmax to the host
+        cache.lengths = [context] * rows
+        passes.run(feed, cache).argmax(dim=-1).tolist()
+
+    call()  # stages positions = context into the graph's inputs: replays below attend to context + 1 slots
+    graph = passes.graphs[(rows, 1)][0]
+    kv_bytes = rows * (context + 1) * a.n_layers * 2 * a.n_kv_heads * a.head_dim * 2
+    roof_ms = (nbytes + kv_bytes) / bw * 1e3
+    r = {"rows": rows, "context": context, "attention": runner.attention, "roofline_ms": roof_ms, "kv_gb": kv_bytes / 1e9}
+    r["replay_ms"] = replay_ms(graph, runner.device)
+    times = []
+    for _ in range(100):
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e3)
+    r["call_ms"] = sorted(times)[50]
+    r["roofline_fraction_replay"] = roof_ms / r["replay_ms"]
+    r["roofline_fraction_call"] = roof_ms / r["call_ms"]
+    rows_k = kernel_rows(graph.replay)
+    r.update(
+        kernel_us_sum=sum(x["us_per_step"] for x in rows_k), kernels_per_step=sum(x["count_per_step"] for x in rows_k), top=rows_k[:top]
+    )
+    # each GEMM of the step alone through cuBLAS at `rows` rows, cycling 3 layers' weights (L2 cannot hold them)
+    fast, gemms = runner.fast, {}
+    roles = {
+        "qkv": [w for w, _, _ in fast.merged],
+        "o": [layer.self_attn.o_proj.weight for layer in model.layers],
+        "gate_up": [w for _, _, w in fast.merged],
+        "down": [layer.mlp.down_proj.weight for layer in model.layers],
+        "lm_head": [model.lm_head.weight] if hasattr(model, "lm_head") else [],
+    }
+    for role, ws in roles.items():
+        if not ws:
+            continue
+        ws = ws[:3]
+        x = torch.randn(rows, ws[0].shape[1], device=ws[0].device, dtype=ws[0].dtype)
+        g = torch.cuda.CUDAGraph()
+        for w in ws:
+            F.linear(x, w)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            for _ in range(8):
+                for w in ws:
+                    F.linear(x, w)
+        us = replay_ms(g, runner.device, iters=50) * 1e3 / (8 * len(ws))
+        wbytes = ws[0].numel() * ws[0].element_size()
+        gemms[role] = {"shape": list(ws[0].shape), "cublas_us": us, "of_bandwidth": wbytes / bw / (us * 1e-6)}
+    r["cublas_gemms"] = gemms
+    return r
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="random:llama-3-8b")
@@ -166,6 +238,11 @@ def main(argv=None) -> None:
     ap.add_argument("--plain", action="store_true", help="also time the plain (uncompiled) graphed step")
     ap.add_argument("--tp", type=int, default=1, help="> 1: one process per rank on as many GPUs")
     ap.add_argument("--backend", nargs="+", default=["nccl"], help="with --tp: the allreduce backends to profile")
+    ap.add_argument("--rows", type=int, default=0, help="> 0: profile batched decoding's pass of this many rows (TP 1)")
+    ap.add_argument(
+        "--gemv", nargs="+", default=["auto"], choices=["auto", "cublas", "triton", "off"], help="with --rows: EngineConfig.gemv"
+    )
+    ap.add_argument("--context", type=int, default=294, help="with --rows: positions each row attends to")
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args(argv)
     if a.tp > 1:
@@ -199,6 +276,29 @@ def main(argv=None) -> None:
     roof_ms = nbytes / bw * 1e3
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; weights streamed per step {nbytes / 1e9:.2f} GB; roofline {roof_ms:.3f} ms")
     out = {"copy_bw_tb_s": bw / 1e12, "weight_gb": nbytes / 1e9, "roofline_ms": roof_ms, "widths": {}}
+    if a.rows:
+        for attention, gemv in [(att, g) for att in a.attention for g in a.gemv]:
+            r = out.setdefault("rows", {})[f"{attention}+{gemv}"] = profile_rows(
+                model, a.rows, a.context, a.top, attention, bw, nbytes, gemv
+            )
+            print(
+                f"\n[rows {a.rows} x context {a.context}, attention {r['attention']}, gemv {gemv}] replay {r['replay_ms']:.3f} ms "
+                f"({r['roofline_fraction_replay']:.0%} of {r['roofline_ms']:.3f} ms roofline, KV {r['kv_gb']:.2f} GB), "
+                f"call {r['call_ms']:.3f} ms ({r['roofline_fraction_call']:.0%}); {r['kernels_per_step']:.0f} kernels, "
+                f"{r['kernel_us_sum'] / 1e3:.3f} ms of kernel time"
+            )
+            for row in r["top"]:
+                print(f"  {row['us_per_step']:9.1f} us  x{row['count_per_step']:6.1f}  {row['kernel']}")
+            for role, g in r["cublas_gemms"].items():
+                print(
+                    f"  cuBLAS {role} {g['shape']} at {a.rows} rows: {g['cublas_us']:.1f} us, {g['of_bandwidth']:.0%} of the copy bandwidth"
+                )
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return
     variants = [(f"fused+{att}", True, att) for att in a.attention] + ([("plain", False, "sdpa")] if a.plain else [])
     for name, fused, attention in variants:
         cache = model.new_cache(1, a.max_seq)

@@ -8,8 +8,11 @@ CUDA graph captured once reads only the filled part of the cache at every replay
 
     one kernel, grid (B * H, n_split): split s covers keys [s * CHUNK, (s + 1) * CHUNK) up to
         max(pos) + 1; for all T queries of one head it keeps the running max m, the sum l of
-        exp(score - m) and acc = sum exp(score - m) * v (online softmax), and stores (m, l, acc).
-    combine, by the head's last split to finish (a per-head arrival counter, reset by that split):
+        exp(score - m) and acc = sum exp(score - m) * v (online softmax), and stores (m, l, acc)
+        for its T rows. A split past the row's last position (most of a static cache's grid at a
+        short context) returns without storing or counting: what every split's padded rows would store
+        grows with B x H x the cache's slots, not with the keys the step reads.
+    combine, by the head's last live split to finish (a per-head arrival counter, reset by that split):
         m* = max_s m_s, out = sum_s exp(m_s - m*) acc_s / sum_s exp(m_s - m*) l_s, which is exactly
         softmax(scores) @ V over all visible keys. (A separate combine kernel cost ~3 us a layer
         on the H200, nearly all launch floor.)
@@ -107,60 +110,68 @@ if triton is not None:
         if TREE:  # query t also needs bit (j - first) of bits[t] set for a key j in the step's own slots
             first = tl.load(POS + b * T)
             bits = tl.load(BITS + b * T + t, mask=tmask, other=0).to(tl.int32)
-        start = split * CHUNK
-        end = tl.minimum(start + CHUNK, tl.max(pos, axis=0) + 1)  # nothing past the last query's position
-        q = tl.load(Q + b * sqb + h * sqh + t[:, None] * sqt + d[None, :], mask=tmask[:, None], other=0.0)
-        m_i = tl.full([T_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([T_PAD], tl.float32)
-        acc = tl.zeros([T_PAD, D], tl.float32)
-        k_base = K + b * skb + kvh * skh
-        v_base = V + b * svb + kvh * svh
-        for n0 in range(start, end, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            k = tl.load(k_base + n[:, None] * sks + d[None, :], mask=(n < end)[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale  # [T_PAD, BLOCK_N], float32
-            visible = (n[None, :] <= pos[:, None]) & tmask[:, None]
-            if TREE:
-                rel = n[None, :] - first  # < 0: the cache before the step, seen by every entry
-                bit = (bits[:, None] >> tl.minimum(tl.maximum(rel, 0), 31)) & 1
-                visible = visible & ((rel < 0) | (bit != 0))
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay 0
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_base + n[:, None] * svs + d[None, :], mask=(n < end)[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        row = (bh * NSPLIT + split) * T_PAD + t
-        tl.store(M + row, m_i)
-        tl.store(L + row, l_i)
-        tl.store(ACC + row[:, None] * D + d[None, :], acc)
-        # every thread's stores above, then one release/acquire arrival: the split that arrives
-        # last sees all the head's (m, l, acc) and combines them (the CUTLASS semaphore pattern)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(CNT + bh, 1, sem="acq_rel", scope="gpu")
-        if arrived == NSPLIT - 1:
-            _combine(M, L, ACC, OUT, bh, b, h, T, NSPLIT, sob, sot, T_PAD, D)
-            tl.store(CNT + bh, 0)  # ready for the next call (the next layer, the next replay)
+        last = tl.max(pos, axis=0)  # the row's last query position: keys past it are never read
+        live = last // CHUNK + 1  # splits holding visible keys; the rest of the grid (a static cache's tail) returns at once
+        if split < live:
+            start = split * CHUNK
+            end = tl.minimum(start + CHUNK, last + 1)
+            q = tl.load(Q + b * sqb + h * sqh + t[:, None] * sqt + d[None, :], mask=tmask[:, None], other=0.0)
+            m_i = tl.full([T_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([T_PAD], tl.float32)
+            acc = tl.zeros([T_PAD, D], tl.float32)
+            k_base = K + b * skb + kvh * skh
+            v_base = V + b * svb + kvh * svh
+            for n0 in range(start, end, BLOCK_N):
+                n = n0 + tl.arange(0, BLOCK_N)
+                k = tl.load(k_base + n[:, None] * sks + d[None, :], mask=(n < end)[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(k)) * scale  # [T_PAD, BLOCK_N], float32
+                visible = (n[None, :] <= pos[:, None]) & tmask[:, None]
+                if TREE:
+                    rel = n[None, :] - first  # < 0: the cache before the step, seen by every entry
+                    bit = (bits[:, None] >> tl.minimum(tl.maximum(rel, 0), 31)) & 1
+                    visible = visible & ((rel < 0) | (bit != 0))
+                s = tl.where(visible, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay 0
+                alpha = tl.exp(m_i - m_safe)
+                p = tl.exp(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                v = tl.load(v_base + n[:, None] * svs + d[None, :], mask=(n < end)[:, None], other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                m_i = m_new
+            # only the T query rows are stored and combined (T_PAD pads them for the tensor cores)
+            row = (bh * NSPLIT + split) * T_PAD + t
+            tl.store(M + row, m_i, mask=tmask)
+            tl.store(L + row, l_i, mask=tmask)
+            tl.store(ACC + row[:, None] * D + d[None, :], acc, mask=tmask[:, None])
+            # every thread's stores above, then one release/acquire arrival: the live split that arrives
+            # last sees all the head's (m, l, acc) and combines them (the CUTLASS semaphore pattern)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(CNT + bh, 1, sem="acq_rel", scope="gpu")
+            if arrived == live - 1:
+                _combine(M, L, ACC, OUT, bh, b, h, T, NSPLIT, live, sob, sot, T_PAD, D)
+                tl.store(CNT + bh, 0)  # ready for the next call (the next layer, the next replay)
 
     @triton.jit
-    def _combine(M, L, ACC, OUT, bh, b, h, T, NSPLIT, sob, sot, T_PAD: tl.constexpr, D: tl.constexpr):
-        # the other splits' partials were written by other SMs: read them from L2 (".cg"), not L1
+    def _combine(M, L, ACC, OUT, bh, b, h, T, NSPLIT, live, sob, sot, T_PAD: tl.constexpr, D: tl.constexpr):
+        # the live splits' partials (the first `live` of NSPLIT) were written by other SMs: read them
+        # from L2 (".cg"), not L1; padding rows t >= T were never stored and are not read
         t = tl.arange(0, T_PAD)
         d = tl.arange(0, D)
+        tmask = t < T
         m_all = tl.full([T_PAD], float("-inf"), tl.float32)
-        for s in range(NSPLIT):
-            m_all = tl.maximum(m_all, tl.load(M + (bh * NSPLIT + s) * T_PAD + t, cache_modifier=".cg"))
+        for s in range(live):
+            m_all = tl.maximum(m_all, tl.load(M + (bh * NSPLIT + s) * T_PAD + t, mask=tmask, other=float("-inf"), cache_modifier=".cg"))
         m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # padding rows only
         l_all = tl.zeros([T_PAD], tl.float32)
         acc = tl.zeros([T_PAD, D], tl.float32)
-        for s in range(NSPLIT):
+        for s in range(live):
             row = (bh * NSPLIT + s) * T_PAD + t
-            w = tl.exp(tl.load(M + row, cache_modifier=".cg") - m_all)  # 0 for splits past the sequence (m = -inf)
-            l_all += w * tl.load(L + row, cache_modifier=".cg")
-            acc += w[:, None] * tl.load(ACC + row[:, None] * D + d[None, :], cache_modifier=".cg")
+            w = tl.exp(
+                tl.load(M + row, mask=tmask, other=float("-inf"), cache_modifier=".cg") - m_all
+            )  # 0 for a split with nothing visible (m = -inf)
+            l_all += w * tl.load(L + row, mask=tmask, other=0.0, cache_modifier=".cg")
+            acc += w[:, None] * tl.load(ACC + row[:, None] * D + d[None, :], mask=tmask[:, None], other=0.0, cache_modifier=".cg")
         out = acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None]
         tl.store(OUT + b * sob + t[:, None] * sot + h * D + d[None, :], out.to(OUT.dtype.element_ty), mask=(t < T)[:, None])
 

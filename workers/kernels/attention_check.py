@@ -32,6 +32,7 @@ SELFTEST_CASES = (
     (1, 8, 2, 1, 128, 1100, 1000),
     (1, 5, 2, 4, 64, 130, 126),
     (3, 4, 2, 5, 32, 400, 300),  # a batched verify pass: rows whose last keys lie in different splits
+    (2, 4, 2, 1, 64, 2048, 130),  # batched decode on a static cache: 2 of 16 splits hold keys, the rest return at once
 )
 # token trees, each against `attend` under the tree mask: H, Hkv, D, max_seq, first slot, parents (a
 # chain of 4 with two siblings a depth as leaves, a shape workers/drafters/eagle3/tree.py drafts,
