@@ -2,8 +2,8 @@
 
 MLflow builds a new SQLite store by running each of its schema migrations in turn: seconds on a
 small machine, paid by every study that starts in a fresh `SPECTUNE_HOME`. The first time, spectune
-builds one empty store per MLflow version in its cache folder (`$XDG_CACHE_HOME/spectune`, else
-`~/.cache/spectune`) and copies it from then on. The copy holds the schema and MLflow's default
+builds one empty store per MLflow version in its cache folder (`$SPECTUNE_CACHE`, else
+`~/.cache/spectune`: where the demo model is kept too) and copies it from then on. The copy holds the schema and MLflow's default
 workspace only: the "Default" experiment is removed from it, so MLflow recreates that one on open
 with the artifact location it would have given it anyway. Anything that goes wrong here (a
 read-only cache, a half-written file) leaves the store to MLflow, as before.
@@ -21,7 +21,8 @@ from pathlib import Path
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spectune"
+    # the folder of workers/model/checkpoint.py's cache_root (not imported: it would import torch here)
+    return Path(os.environ.get("SPECTUNE_CACHE") or Path.home() / ".cache" / "spectune")
 
 
 def sqlite_path(uri: str) -> Path | None:
