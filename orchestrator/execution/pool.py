@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from dataclasses import replace
 
 from orchestrator.execution.cluster import Resources
@@ -28,6 +29,7 @@ class GangPool:
         self.gang: RayGang | None = None
         self.key: tuple | None = None
         self.launched = 0
+        self.gang_id: str | None = None  # drawn at each launch: the trials that reuse the gang record it (GANG_ATTR)
         self.setup_s = 0.0
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.interrupted = False  # set by `interrupt()`: the gang was closed under a running trial on purpose
@@ -69,6 +71,7 @@ class GangPool:
             self.close()
             raise GangError("interrupted while its gang was launched")
         self.launched += 1
+        self.gang_id = uuid.uuid4().hex[:12]
         self.setup_s = time.perf_counter() - t0
         self.log(
             f"spectune: launched gang #{self.launched} (tp={spec.tp}, drafter={spec.drafter.kind}, {len(env)} NCCL vars) in {self.setup_s:.1f}s"

@@ -40,6 +40,8 @@ NODE_ATTR = "spectune.node"
 HOST_ATTR = "spectune.host"
 GPUS_ATTR = "spectune.gpus"
 CO_RUNNING_ATTR = "spectune.co_running"
+# the gang a trial ran on: an id its pool drew when it launched that gang (trials reusing the gang share it)
+GANG_ATTR = "spectune.gang"
 # a proposal that repeated a running or known configuration: the trial it repeats (an int; the
 # trial is PRUNED, never measured, and never counts toward study.n_trials)
 DUPLICATE_ATTR = "spectune.duplicate_of"
@@ -52,7 +54,19 @@ PARENT_ATTR = "mlflow_parent_run_id"  # names the study's parent MLflow run
 
 # what a trial's record may carry that is bookkeeping, not a measurement (never logged as a metric)
 RECORD_ONLY = frozenset(
-    {DRIVER_ATTR, HEARTBEAT_ATTR, RETRY_TAG, BASELINE_TAG, NODE_ATTR, HOST_ATTR, GPUS_ATTR, CO_RUNNING_ATTR, DUPLICATE_ATTR, RACE_TAG}
+    {
+        DRIVER_ATTR,
+        HEARTBEAT_ATTR,
+        RETRY_TAG,
+        BASELINE_TAG,
+        NODE_ATTR,
+        HOST_ATTR,
+        GPUS_ATTR,
+        CO_RUNNING_ATTR,
+        GANG_ATTR,
+        DUPLICATE_ATTR,
+        RACE_TAG,
+    }
 )
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orchestrator.study.keys import GPUS_ATTR, NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
+from orchestrator.study.keys import GANG_ATTR, GPUS_ATTR, NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
 
 SETUP_METRIC = "setup_s"  # a trial's gang launch time, 0 where it ran on a gang launched before it
 
@@ -224,14 +224,20 @@ def noise_rel(configs: list[ConfigStats]) -> tuple[float | None, list[int]]:
 
 
 def gangs_of(trials) -> dict[int, int | None]:
-    """Which gang each trial ran on, as its record tells it: the number of the trial that launched it. A
-    trial whose `setup_s` is above 0 launched its own gang; one at 0 ran on the gang launched last before
-    it in the same place (its node and GPUs). None: the record does not say (no setup_s, or nothing
-    launched in that place before it)."""
+    """Which gang each trial ran on, as its record tells it: the number of the first trial on it. A
+    trial that recorded its gang's id (GANG_ATTR) shares a gang with the trials of the same id. An older
+    record: a trial whose `setup_s` is above 0 launched its own gang; one at 0 ran on the gang launched
+    last before it in the same place (its node and GPUs), which can mix gangs up where several run in
+    one place (isolation none). None: the record does not say (no setup_s, or nothing launched in that
+    place before it)."""
     out: dict[int, int | None] = {}
     last: dict[tuple, int] = {}
+    first_on: dict[str, int] = {}
     for t in sorted(trials, key=lambda t: t.number):
         u = t.user_attrs
+        if isinstance(gang := u.get(GANG_ATTR), str):
+            out[t.number] = first_on.setdefault(gang, t.number)
+            continue
         setup = u.get(SETUP_METRIC)
         if not isinstance(setup, (int, float)) or isinstance(setup, bool):
             out[t.number] = None

@@ -38,6 +38,7 @@ from orchestrator.study.keys import (
     CO_RUNNING_ATTR,
     DUPLICATE_ATTR,
     FAIL_TAG,
+    GANG_ATTR,
     GPUS_ATTR,
     HEARTBEAT_ATTR,
     HOST_ATTR,
@@ -411,6 +412,9 @@ def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live, site: T
     gang = pool.get(prepared.gang_spec(cfg, tc), dict(tc.nccl_env), plain=t.plain)
     beat(t.trial)  # a gang launch can take minutes
     note_placement(t, site, gang)
+    if pool.gang_id is not None:  # which gang, for the noise band's gang-to-gang rule (ranking.gangs_of)
+        t.trial.set_user_attr(GANG_ATTR, pool.gang_id)
+        t.tracker.set_tag(t.run_id, GANG_ATTR, pool.gang_id)
     # the baseline is measured several times: the noise band every ranking uses comes from its repeats
     repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if t.plain else cfg.workload.repeats
     result, pruned, per_repeat = _decode(t, prepared, gang, repeats, live)

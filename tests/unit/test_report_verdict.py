@@ -24,7 +24,7 @@ def test_a_winner_measured_beside_other_trials_is_flagged():
     assert "same node" not in alone
 
 
-def _trial(k, kind, samples, setup_s, accept_len=1.0, step_ms=200.0, comm_fraction=0.3, node="n1", value=None):
+def _trial(k, kind, samples, setup_s, accept_len=1.0, step_ms=200.0, comm_fraction=0.3, node="n1", value=None, gang=None):
     import optuna
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
@@ -36,6 +36,7 @@ def _trial(k, kind, samples, setup_s, accept_len=1.0, step_ms=200.0, comm_fracti
         SAMPLES_ATTR: samples,
         "setup_s": setup_s,
         NODE_ATTR: node,
+        **({"spectune.gang": gang} if gang else {}),
         "accept_len_mean": accept_len,
         "step_ms_p50": step_ms,
         "verify_ms_p50": step_ms * 0.9,
@@ -79,6 +80,30 @@ def test_gangs_are_read_from_the_record_and_a_noise_band_of_one_gang_is_said():
     assert rank(again.trials).noise_one_gang is True
     old = _study(*[_trial(0, "none", [10.0, 10.2], None), _trial(0, "none", [9.0, 9.2], None)])
     assert gangs_of(old.trials) == {0: None, 1: None} and rank(old.trials).noise_one_gang is None
+
+
+def test_gangs_recorded_by_id_stay_apart_where_two_slots_share_a_node():
+    """isolation none: two slots on one node launch gangs A and B and their trials interleave. The ids say
+    which gang each trial ran on; the older rule (the last gang launched in that place) would put trial 2
+    on trial 1's gang B."""
+    from orchestrator.study.ranking import gangs_of
+
+    trials = _study(
+        _trial(0, "none", [10.0, 10.1], 8.0, gang="A"),
+        _trial(2, "ngram", [12.0], 8.0, gang="B"),
+        _trial(0, "none", [9.8, 9.9], 0.0, gang="A"),
+        _trial(4, "ngram", [11.0], 0.0, gang="B"),
+    ).trials
+    assert gangs_of(trials) == {0: 0, 1: 1, 2: 0, 3: 1}
+    without_ids = _study(*[optuna_trial_without_gang(t) for t in trials]).trials
+    assert gangs_of(without_ids)[2] == 1  # what the record without ids can tell: the last launch in the place
+
+
+def optuna_trial_without_gang(t):
+    import optuna
+
+    attrs = {k: v for k, v in t.user_attrs.items() if k != "spectune.gang"}
+    return optuna.trial.create_trial(value=t.value, params=t.params, distributions=t.distributions, user_attrs=attrs)
 
 
 def test_the_report_names_the_rankings_winner_and_explains_it_from_every_trial_of_it(tmp_path):
