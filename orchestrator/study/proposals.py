@@ -87,8 +87,9 @@ class Proposals:
         if identity is not None and known:
             self.known(identity, number)
 
-    def running_identities(self) -> list[str]:
-        return list(self._running.values())
+    def busy_identities(self) -> set[str]:
+        """Configurations being measured now, by this driver or (as of the last refresh) by another."""
+        return set(self._running.values()) | set(self._others)
 
     def untried(self) -> list[dict]:
         """Params of the space's configurations neither known nor running (empty for an unbounded space)."""

@@ -3,10 +3,13 @@ trial at a time (one unpinned slot) or `study.max_concurrent_trials` at once, ea
 in its own slot of the cluster (orchestrator/execution/slots.py decides the slots from
 `study.isolation`).
 
-The driver thread asks Optuna for the next trial as soon as a slot frees; each trial runs
-`run_trial` (its four phases) in a thread of its own, on its slot's gang pool, and tells its own
+The driver thread asks Optuna for the next trial as soon as a slot frees (`Asker.ask`); each trial
+runs `run_trial` (its four phases) in a thread of its own, on its slot's gang pool, and tells its own
 outcome. Rules:
 
+- drivers of one study take turns at the ask (orchestrator/study/ask_lock.py): reading what the
+  others measure, asking, writing the params and admitting the trial is one section per study, so
+  two drivers asking at one moment never both measure one configuration;
 - a proposal that repeats a running or known configuration is not measured
   (orchestrator/study/proposals.py): it is told PRUNED with its twin's number and never counts;
   a study whose finite space is all known ends there, with exit 0;
@@ -38,6 +41,7 @@ from orchestrator.errors import UserError
 from orchestrator.execution.cluster import Resources
 from orchestrator.execution.pool import GangPool
 from orchestrator.execution.slots import NodeInfo, Slot, SlotBook
+from orchestrator.study.ask_lock import AskLock, ask_lock
 from orchestrator.study.keys import (
     BASELINE_TAG,
     DRIVER_ATTR,
@@ -50,7 +54,7 @@ from orchestrator.study.keys import (
     flag,
     requeue,
 )
-from orchestrator.study.proposals import Proposals, race_pick
+from orchestrator.study.proposals import Admission, Proposals, race_pick
 from orchestrator.study.ranking import rank
 from orchestrator.study.storage import frozen_trial, set_trial_user_attr
 from orchestrator.study.trial import TrialOutcome, beat, identity_of, run_trial, skip_duplicate
@@ -168,6 +172,122 @@ def space_finished(study, cfg, proposals: Proposals, need_baseline: bool = False
     return all(find_baseline(study, tp) is not None for tp in tps)
 
 
+def complete(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+
+@dataclass
+class Asked:
+    """One ask: the trial and what became of it. `verdict`: "run" (measure it now), "surplus" (given
+    back: other drivers hold the last open slots), "duplicate" (told PRUNED), "picked" (a duplicate,
+    and an unknown configuration is queued in its place). `wait`: a duplicate with nothing new left to
+    try while the running trials measure."""
+
+    trial: object
+    verdict: str
+    admission: Admission | None = None
+    wait: bool = False
+
+
+class Asker:
+    """The driver's ask, one critical section under the study's ask lock (orchestrator/study/ask_lock.py):
+    fold in what other drivers finished and are measuring (`sync`), queue a race repeat, ask, write the
+    trial's params (`identity_of`), then admit it, give it back as surplus, or tell it PRUNED as a
+    duplicate (queueing the study's own pick when the sampler keeps repeating itself). No Ray: a unit
+    test drives two of these, in two processes, on one storage.
+
+        asker = Asker(ctx, tracker, ask_lock(ctx.storage, study.study_name, log))
+        asked = asker.ask(running)  # running: this driver's running trials, by number
+        ...                         # start asked.trial if asked.verdict == "run"; then asker.asking = None
+    """
+
+    def __init__(self, ctx: StudyContext, tracker, lock: AskLock):
+        self.ctx, self.tracker, self.lock = ctx, tracker, lock
+        self.seen: set[int] = set()  # finished trials already folded into `proposals`
+        self.asking: int | None = None  # a trial asked and not yet started or told: an interrupt fails it
+
+    def ask(self, running) -> Asked:
+        """Ask for the next trial; `running`: this driver's running trials (numbers)."""
+        ctx, study, cfg, proposals = self.ctx, self.ctx.study, self.ctx.cfg, self.ctx.proposals
+        with self.lock:
+            self.sync(running)
+            self.race(len(running))
+            trial = study.ask()
+            self.asking = trial.number  # until its thread starts or it is told: an interrupt here must not leave it RUNNING
+            trial.set_user_attr(DRIVER_ATTR, ctx.driver)
+            beat(trial)
+            if complete(study) + ctx.running_below(trial.number) >= ctx.n_goal:
+                self.release_surplus(trial)
+                self.asking = None
+                return Asked(trial, "surplus")
+            frozen = frozen_trial(study, trial.number)
+            asked = "fixed_params" in frozen.system_attrs  # enqueued: the study asked for it
+            admission = proposals.admit(trial.number, identity_of(trial, cfg), asked)
+            if admission.run:
+                return Asked(trial, "run", admission)
+            skip_duplicate(study, trial, cfg, self.tracker, admission)
+            self.asking = None
+            then = proposals.after_duplicate()
+            if isinstance(then, dict):
+                study.enqueue_trial(then)  # the sampler keeps repeating itself: measure an unknown configuration
+                return Asked(trial, "picked", admission)
+            return Asked(trial, "duplicate", admission, wait=then is False)
+
+    def sync(self, running) -> None:
+        """Fold in what other drivers finished since, and what they are measuring now."""
+        from optuna.trial import TrialState
+
+        ctx, cfg, proposals = self.ctx, self.ctx.cfg, self.ctx.proposals
+        others: dict[str, int] = {}
+        for t in ctx.study.get_trials(deepcopy=False):
+            if t.number in self.seen or t.number in running:
+                continue
+            if t.state == TrialState.RUNNING:
+                if t.user_attrs.get(DRIVER_ATTR) != ctx.driver and (identity := identity_of(t, cfg)) is not None:
+                    others[identity] = t.number
+            elif t.state != TrialState.WAITING:
+                self.seen.add(t.number)
+                if counts_as_known(t) and (identity := identity_of(t, cfg)) is not None:
+                    proposals.known(identity, t.number)
+        proposals.others_running(others)
+
+    def race(self, running: int) -> None:
+        """study.race_trials: the last trials re-measure the leaders while the winner is not clear
+        (`running`: this driver's running trials)."""
+        from optuna.trial import TrialState
+
+        study, cfg = self.ctx.study, self.ctx.cfg
+        if cfg.study.race_trials <= 0 or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return
+        left = self.ctx.n_goal - complete(study) - running - self.ctx.others_running()
+        number = race_pick(
+            rank(study.get_trials(deepcopy=False)),
+            left,
+            cfg.study.race_trials,
+            self.ctx.proposals.busy_identities(),
+            lambda c: identity_of(frozen_trial(study, c.trials[0]), cfg),
+        )
+        if number is not None:
+            first = frozen_trial(study, number)
+            attrs = {RACE_TAG: number, **({BASELINE_TAG: True} if flag(first.user_attrs.get(BASELINE_TAG)) else {})}
+            study.enqueue_trial(first.params, user_attrs=attrs, skip_if_exists=False)
+
+    def release_surplus(self, trial) -> None:
+        """Another driver took the last open slot between our count and our ask: give the trial back
+        (FAIL, never run, no MLflow run) and put enqueued params (a baseline, a retry) back in the queue."""
+        from optuna.trial import TrialState
+
+        study = self.ctx.study
+        frozen = frozen_trial(study, trial.number)
+        trial.set_user_attr(FAIL_TAG, "surplus: other drivers already hold the last open slots; not run")
+        study.tell(trial, state=TrialState.FAIL)
+        if fixed := frozen.system_attrs.get("fixed_params"):
+            attrs = {k: v for k, v in frozen.user_attrs.items() if k in (BASELINE_TAG, RETRY_TAG)}
+            study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)  # given back as it was, not a retry
+
+
 def slot_pools(slots: list[Slot], res: Resources, log) -> dict[int, GangPool]:
     """One gang pool per slot (gangs are reused within a slot), pinned to the slot's node if it has one.
     The caller owns them: it closes them and counts their launches, however the loop ends."""
@@ -185,6 +305,7 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
     finished: queue.Queue = queue.Queue()
     running: dict[int, tuple[threading.Thread, Slot]] = {}
     failed, idle_duplicates, waiting = 0, 0, False
+    asker = Asker(ctx, tracker, ask_lock(ctx.storage, study.study_name, log))
 
     def work(trial, slot: Slot) -> None:
         try:
@@ -194,79 +315,18 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
             out = e
         finished.put((trial.number, out))
 
-    def complete() -> int:
-        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-
-    def release_surplus(trial) -> None:
-        """Another driver took the last open slot between our count and our ask: give the trial back
-        (FAIL, never run, no MLflow run) and put enqueued params (a baseline, a retry) back in the queue."""
-        frozen = frozen_trial(study, trial.number)
-        trial.set_user_attr(FAIL_TAG, "surplus: other drivers already hold the last open slots; not run")
-        study.tell(trial, state=TrialState.FAIL)
-        if fixed := frozen.system_attrs.get("fixed_params"):
-            attrs = {k: v for k, v in frozen.user_attrs.items() if k in (BASELINE_TAG, RETRY_TAG)}
-            study.enqueue_trial(fixed, user_attrs=attrs, skip_if_exists=False)  # given back as it was, not a retry
-
-    def race() -> None:
-        """study.race_trials: the last trials re-measure the leaders while the winner is not clear."""
-        if cfg.study.race_trials <= 0 or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            return
-        left = ctx.n_goal - complete() - len(running) - ctx.others_running()
-        busy = set(proposals.running_identities())
-        number = race_pick(
-            rank(study.get_trials(deepcopy=False)),
-            left,
-            cfg.study.race_trials,
-            busy,
-            lambda c: identity_of(frozen_trial(study, c.trials[0]), cfg),
-        )
-        if number is not None:
-            first = frozen_trial(study, number)
-            attrs = {RACE_TAG: number, **({BASELINE_TAG: True} if flag(first.user_attrs.get(BASELINE_TAG)) else {})}
-            study.enqueue_trial(first.params, user_attrs=attrs, skip_if_exists=False)
-
-    seen: set[int] = set()  # finished trials already folded into `proposals`
-    asking: int | None = None  # a trial asked and not yet started or told
-
-    def sync() -> None:
-        """Fold in what other drivers finished since, and what they are measuring now."""
-        others: dict[str, int] = {}
-        for t in study.get_trials(deepcopy=False):
-            if t.number in seen or t.number in running:
-                continue
-            if t.state == TrialState.RUNNING:
-                if t.user_attrs.get(DRIVER_ATTR) != ctx.driver and (identity := identity_of(t, cfg)) is not None:
-                    others[identity] = t.number
-            elif t.state != TrialState.WAITING:
-                seen.add(t.number)
-                if counts_as_known(t) and (identity := identity_of(t, cfg)) is not None:
-                    proposals.known(identity, t.number)
-        proposals.others_running(others)
-
     def start_next() -> bool:
         """Ask; measure the trial on a free slot unless it is surplus or a duplicate. False: stop asking
         until a running trial ends (surplus, or nothing new to try while the running ones measure)."""
-        nonlocal idle_duplicates, asking
-        sync()
-        race()
-        trial = study.ask()
-        asking = trial.number  # until its thread starts or it is told: an interrupt here must not leave it RUNNING
-        trial.set_user_attr(DRIVER_ATTR, ctx.driver)
-        beat(trial)
-        if complete() + ctx.running_below(trial.number) >= ctx.n_goal:
-            release_surplus(trial)
-            asking = None
+        nonlocal idle_duplicates
+        asked = asker.ask(running)
+        trial = asked.trial
+        if asked.verdict == "surplus":
             return False
-        asked = "fixed_params" in frozen_trial(study, trial.number).system_attrs  # enqueued: the study asked for it
-        admission = proposals.admit(trial.number, identity_of(trial, cfg), asked)
-        if not admission.run:
-            skip_duplicate(study, trial, cfg, tracker, admission)
-            asking = None
-            then = proposals.after_duplicate()
-            if isinstance(then, dict):
-                study.enqueue_trial(then)  # the sampler keeps repeating itself: measure an unknown configuration
-                return True
-            if then is False and running:
+        if asked.verdict == "picked":
+            return True  # the study's own pick is queued: ask for it
+        if asked.verdict == "duplicate":
+            if asked.wait and running:
                 return False  # nothing new to try until a running trial ends: wait for one, do not spin
             idle_duplicates += 1
             return True
@@ -287,7 +347,7 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
         thread = threading.Thread(target=work, args=(trial, slot), name=f"trial-{trial.number}", daemon=True)
         running[trial.number] = (thread, slot)
         thread.start()
-        asking = None
+        asker.asking = None
         return True  # started: ask for the next while a slot is free
 
     def abandon(number: int, reason: str) -> None:
@@ -314,7 +374,7 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
 
     try:
         while True:
-            done = complete()
+            done = complete(study)
             if not running and (done >= ctx.n_goal or space_finished(study, cfg, proposals)):
                 if done < ctx.n_goal:
                     log(
@@ -331,7 +391,7 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
                 not over_failure_limit()
                 and book.free
                 and not space_finished(study, cfg, proposals)
-                and complete() + len(running) + ctx.others_running() < ctx.n_goal
+                and complete(study) + len(running) + ctx.others_running() < ctx.n_goal
             ):
                 if not start_next():
                     break
@@ -341,7 +401,7 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
                         "large to pick an unmeasured one from; finished trials are saved (study.sampler: random explores more)"
                     )
             if not running:
-                if space_finished(study, cfg, proposals) or complete() >= ctx.n_goal:
+                if space_finished(study, cfg, proposals) or complete(study) >= ctx.n_goal:
                     continue
                 # other drivers hold the open slots: wait; one of their trials may still fail
                 if not waiting:
@@ -389,9 +449,11 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
         for number, (thread, _) in running.items():
             if thread.is_alive():  # stuck past the deadline: fail it here, so no trial stays RUNNING
                 abandon(number, "interrupted: the trial did not stop within 60 s")
-        if asking is not None and asking not in running:
-            abandon(asking, "interrupted before it started")
+        if asker.asking is not None and asker.asking not in running:
+            abandon(asker.asking, "interrupted before it started")
         raise
+    finally:
+        asker.lock.close()
     return failed
 
 
