@@ -58,8 +58,8 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
     def kill_worker_mid_trial() -> None:
         """SIGKILL the worker node's raylet (and so its actors) while a trial on it is between its first
         and its last prompt. The actors are frozen (SIGSTOP) the moment that is seen, so the trial cannot
-        finish in the moments the kill takes on a loaded machine; they are let go once the raylet is dead
-        (then they notice it and must exit by themselves: the leak check below)."""
+        finish in the moments the kill takes on a loaded machine; they are let go once the driver has failed
+        the trial (then they notice the dead raylet and must exit by themselves: the leak check below)."""
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             rows = []
@@ -85,6 +85,12 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
                 killed["trial"] = rows[0][0]
                 try:
                     cluster.remove_node(worker, allow_graceful=False)
+                    # frozen until the driver has failed the trial (Ray's health checks mark the node dead and
+                    # the calls to its actors fail): let go at once, they could still answer the driver for a
+                    # moment and finish the trial, and the node's loss would land on the next trial instead
+                    until = time.monotonic() + 120
+                    while time.monotonic() < until and _state(db, killed["trial"]) == "RUNNING":
+                        time.sleep(0.2)
                 finally:  # never leave them frozen
                     for p in actors:
                         _signal(p, signal.SIGCONT)
@@ -129,6 +135,14 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
     while (left := [p for p in killed["pids"] if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == [], left
+
+
+def _state(db, number: int) -> str | None:
+    try:
+        rows = sql(db, "select state from trials where number = ?", number, timeout=1)
+    except Exception:  # noqa: BLE001 - locked for a moment: ask again
+        return "RUNNING"
+    return rows[0][0] if rows else None
 
 
 def _signal(p: psutil.Process, sig: int) -> None:
