@@ -250,11 +250,13 @@ class _FakePool:
     def __init__(self, gang=None, error=None):
         self.gang, self.error, self.launched, self.setup_s = gang, error, 0, 0.0
         self.interrupted = False  # GangPool's: set when another thread closed the gang on purpose
+        self.gang_id = None  # GangPool's: drawn at each launch
 
     def get(self, spec, env, plain):
         if self.error:
             raise self.error
         self.launched += 1
+        self.gang_id = f"fake-{self.launched}"
         return self.gang
 
     def close(self):
