@@ -39,9 +39,10 @@ def test_a_wrong_tree_is_caught(kernel_device, monkeypatch):
     mask, as the kernel without bits would) differ from the tree mask by far more than the tolerance."""
     real = attention.attend_cache
 
-    def causal(q, k_cache, v_cache, pos, kv_map, tree_bits=None):
+    def causal(q, k_cache, v_cache, pos, kv_map, tree_bits=None, gqa_group=0):
         T = pos.shape[1]
-        return real(q, k_cache, v_cache, pos, kv_map, torch.tensor([[(1 << (t + 1)) - 1 for t in range(T)]], device=pos.device))
+        bits = torch.tensor([[(1 << (t + 1)) - 1 for t in range(T)]], device=pos.device)
+        return real(q, k_cache, v_cache, pos, kv_map, bits, gqa_group=gqa_group)
 
     monkeypatch.setattr(attention, "attend_cache", causal)
     for case in check.TREE_SELFTEST_CASES:
@@ -54,8 +55,8 @@ def test_a_wrong_answer_is_caught(kernel_device, monkeypatch):
     case sees one key only, so its output is that key's value) is off by far more than the tolerance."""
     real = attention.attend_cache
 
-    def off_by_one(q, k_cache, v_cache, pos, kv_map, tree_bits=None):
-        return real(q, k_cache, v_cache, pos - 1, kv_map, tree_bits)
+    def off_by_one(q, k_cache, v_cache, pos, kv_map, tree_bits=None, gqa_group=0):
+        return real(q, k_cache, v_cache, pos - 1, kv_map, tree_bits, gqa_group=gqa_group)
 
     monkeypatch.setattr(attention, "attend_cache", off_by_one)
     errs = check.check_case(check.SELFTEST_CASES[1], kernel_device)

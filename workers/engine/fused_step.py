@@ -158,7 +158,9 @@ class FusedStep:
         a = layer.self_attn
         if self.rope_attend is not None and not isinstance(tree, str):
             qkv = self._linear("qkv", h, wqkv, bqkv)
-            return self.rope_attend(qkv, cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map, tree_bits=tree)
+            return self.rope_attend(
+                qkv, cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map, tree_bits=tree, gqa_group=a.gqa_group
+            )
         q, k, v = self.qkv_from_normed(h, wqkv, bqkv, cos, sin, a.n_heads, a.n_kv_heads, a.head_dim)  # SDPA: compiled
         return (attend if isinstance(tree, str) else self.attend_fn)(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
 

@@ -6,8 +6,10 @@ shape, 512 slots: 9 us of cuDNN attention + 1 us of mask conversion per layer, o
 Here each query token's last visible key is its position, read from the device tensor `pos`, so a
 CUDA graph captured once reads only the filled part of the cache at every replay.
 
-    one kernel, grid (B * H, n_split): split s covers keys [s * CHUNK, (s + 1) * CHUNK) up to
-        max(pos) + 1; for all T queries of one head it keeps the running max m, the sum l of
+    one kernel, grid (B * H / G, n_split): split s covers keys [s * CHUNK, (s + 1) * CHUNK) up to
+        max(pos) + 1; for all T queries of G heads that read one KV head (G = the GQA group where
+        its G x T rows fit one 16-row tile, as at a batched decode step; else G = 1: the K/V tile
+        is loaded once for the group, not once a head) it keeps the running max m, the sum l of
         exp(score - m) and acc = sum exp(score - m) * v (online softmax), and stores (m, l, acc)
         for its T rows. A split past the row's last position (most of a static cache's grid at a
         short context) returns without storing or counting: what every split's padded rows would store
@@ -44,6 +46,7 @@ except ImportError:  # CPU installs without Triton: `available()` says no, SDPA 
     triton = None
 
 MAX_T = 32  # query tokens per step (MAX_DRAFT_TOKENS + 1 <= 17 fits)
+GROUP_ROWS = 16  # a GQA group's heads share a program where their G x T query rows fit one 16-row tile
 
 
 def available(head_dim: int, device: torch.device) -> str | None:
@@ -77,7 +80,7 @@ if triton is not None:
         ACC,
         CNT,
         OUT,
-        H,
+        NG,
         T,
         NSPLIT,
         scale,
@@ -92,20 +95,25 @@ if triton is not None:
         svs,
         sob,
         sot,
+        G: tl.constexpr,
         CHUNK: tl.constexpr,
         BLOCK_N: tl.constexpr,
         T_PAD: tl.constexpr,
         D: tl.constexpr,
         TREE: tl.constexpr,
     ):
-        bh = tl.program_id(0)
+        # one program: the G query heads g * G .. g * G + G - 1 of row b (they read one KV head), over
+        # one split of the keys; its query rows r = i * T + t are head g * G + i's token t
+        bg = tl.program_id(0)
         split = tl.program_id(1)
-        b = bh // H
-        h = bh % H
-        kvh = tl.load(KVMAP + h)
-        t = tl.arange(0, T_PAD)
+        b = bg // NG
+        g = bg % NG
+        kvh = tl.load(KVMAP + g * G)
+        r = tl.arange(0, T_PAD)
+        t = r % T
+        h = g * G + r // T
         d = tl.arange(0, D)
-        tmask = t < T
+        tmask = r < G * T
         pos = tl.load(POS + b * T + t, mask=tmask, other=-1).to(tl.int32)  # loop bounds below stay int32
         if TREE:  # query t also needs bit (j - first) of bits[t] set for a key j in the step's own slots
             first = tl.load(POS + b * T)
@@ -115,7 +123,7 @@ if triton is not None:
         if split < live:
             start = split * CHUNK
             end = tl.minimum(start + CHUNK, last + 1)
-            q = tl.load(Q + b * sqb + h * sqh + t[:, None] * sqt + d[None, :], mask=tmask[:, None], other=0.0)
+            q = tl.load(Q + b * sqb + h[:, None] * sqh + t[:, None] * sqt + d[None, :], mask=tmask[:, None], other=0.0)
             m_i = tl.full([T_PAD], float("-inf"), tl.float32)
             l_i = tl.zeros([T_PAD], tl.float32)
             acc = tl.zeros([T_PAD, D], tl.float32)
@@ -139,41 +147,40 @@ if triton is not None:
                 v = tl.load(v_base + n[:, None] * svs + d[None, :], mask=(n < end)[:, None], other=0.0)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                 m_i = m_new
-            # only the T query rows are stored and combined (T_PAD pads them for the tensor cores)
-            row = (bh * NSPLIT + split) * T_PAD + t
+            # only the G x T query rows are stored and combined (T_PAD pads them for the tensor cores)
+            row = (bg * NSPLIT + split) * T_PAD + r
             tl.store(M + row, m_i, mask=tmask)
             tl.store(L + row, l_i, mask=tmask)
             tl.store(ACC + row[:, None] * D + d[None, :], acc, mask=tmask[:, None])
             # every thread's stores above, then one release/acquire arrival: the live split that arrives
             # last sees all the head's (m, l, acc) and combines them (the CUTLASS semaphore pattern)
             tl.debug_barrier()
-            arrived = tl.atomic_add(CNT + bh, 1, sem="acq_rel", scope="gpu")
+            arrived = tl.atomic_add(CNT + bg, 1, sem="acq_rel", scope="gpu")
             if arrived == live - 1:
-                _combine(M, L, ACC, OUT, bh, b, h, T, NSPLIT, live, sob, sot, T_PAD, D)
-                tl.store(CNT + bh, 0)  # ready for the next call (the next layer, the next replay)
+                _combine(M, L, ACC, OUT, bg, b, h, t, tmask, NSPLIT, live, sob, sot, T_PAD, D)
+                tl.store(CNT + bg, 0)  # ready for the next call (the next layer, the next replay)
 
     @triton.jit
-    def _combine(M, L, ACC, OUT, bh, b, h, T, NSPLIT, live, sob, sot, T_PAD: tl.constexpr, D: tl.constexpr):
+    def _combine(M, L, ACC, OUT, bg, b, h, t, tmask, NSPLIT, live, sob, sot, T_PAD: tl.constexpr, D: tl.constexpr):
         # the live splits' partials (the first `live` of NSPLIT) were written by other SMs: read them
-        # from L2 (".cg"), not L1; padding rows t >= T were never stored and are not read
-        t = tl.arange(0, T_PAD)
+        # from L2 (".cg"), not L1; padding rows (not tmask) were never stored and are not read
+        r = tl.arange(0, T_PAD)
         d = tl.arange(0, D)
-        tmask = t < T
         m_all = tl.full([T_PAD], float("-inf"), tl.float32)
         for s in range(live):
-            m_all = tl.maximum(m_all, tl.load(M + (bh * NSPLIT + s) * T_PAD + t, mask=tmask, other=float("-inf"), cache_modifier=".cg"))
+            m_all = tl.maximum(m_all, tl.load(M + (bg * NSPLIT + s) * T_PAD + r, mask=tmask, other=float("-inf"), cache_modifier=".cg"))
         m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # padding rows only
         l_all = tl.zeros([T_PAD], tl.float32)
         acc = tl.zeros([T_PAD, D], tl.float32)
         for s in range(live):
-            row = (bh * NSPLIT + s) * T_PAD + t
+            row = (bg * NSPLIT + s) * T_PAD + r
             w = tl.exp(
                 tl.load(M + row, mask=tmask, other=float("-inf"), cache_modifier=".cg") - m_all
             )  # 0 for a split with nothing visible (m = -inf)
             l_all += w * tl.load(L + row, mask=tmask, other=0.0, cache_modifier=".cg")
             acc += w[:, None] * tl.load(ACC + row[:, None] * D + d[None, :], mask=tmask[:, None], other=0.0, cache_modifier=".cg")
         out = acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None]
-        tl.store(OUT + b * sob + t[:, None] * sot + h * D + d[None, :], out.to(OUT.dtype.element_ty), mask=(t < T)[:, None])
+        tl.store(OUT + b * sob + t[:, None] * sot + h[:, None] * D + d[None, :], out.to(OUT.dtype.element_ty), mask=tmask[:, None])
 
     @triton.jit
     def _rope_write(
@@ -240,10 +247,10 @@ def decode_attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map, 
     for b in range(q.shape[0]):
         k_cache[b].index_copy_(1, pos[b], k[b])
         v_cache[b].index_copy_(1, pos[b], v[b])
-    return attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits)
+    return attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits, gqa_group=gqa_group)
 
 
-def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, kv_map, tree_bits=None):
+def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, kv_map, tree_bits=None, gqa_group: int = 0):
     """One step's attention from the merged QKV projection `qkv` [B, T, (H + 2 Hkv) * D]: rope on q
     and k, k/v written into the caches at `pos` and q to a fresh tensor, all in one kernel (in place
     of two rope kernels and two cache writes per layer), then the split-KV attention. cos/sin:
@@ -284,7 +291,7 @@ def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_h
         v_cache.stride(2),
         HALF=D // 2,
     )
-    return attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits)
+    return attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits, gqa_group=gqa_group)
 
 
 decode_attend.with_rope = rope_write_attend  # what workers/engine/fused_step.py uses when given decode_attend
@@ -296,10 +303,12 @@ def _check_width(T: int) -> None:
         raise ValueError(f"decode attention takes at most {MAX_T} tokens per step, not {T}")
 
 
-def attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits=None):
+def attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits=None, gqa_group: int = 0):
     """q [B, H, T, D] against the caches (already holding this step's k/v) up to each query's position.
     tree_bits [B, T] (integers, bit i: entry i visible): the step is a token tree at consecutive
-    slots from pos[:, 0], and each entry sees only the entries its bits name (its ancestors)."""
+    slots from pos[:, 0], and each entry sees only the entries its bits name (its ancestors).
+    gqa_group > 0: local query head h reads KV head h // gqa_group (`Attention.gqa_group`); then one
+    program takes a whole group's heads where they fit one tile (module docstring), else one a head."""
     B, H, T, D = q.shape
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -309,13 +318,15 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits=None):
     S = k_cache.shape[2]
     chunk = _chunk(S)
     nsplit = triton.cdiv(S, chunk)
-    t_pad = max(16, triton.next_power_of_2(T))
+    G = gqa_group if gqa_group > 1 and gqa_group * T <= GROUP_ROWS else 1
+    t_pad = max(16, triton.next_power_of_2(G * T))
+    NG = H // G
     f32 = dict(dtype=torch.float32, device=q.device)
-    m = torch.empty(B * H * nsplit * t_pad, **f32)
+    m = torch.empty(B * NG * nsplit * t_pad, **f32)
     lsum = torch.empty_like(m)
-    acc = torch.empty(B * H * nsplit * t_pad * D, **f32)
+    acc = torch.empty(B * NG * nsplit * t_pad * D, **f32)
     out = torch.empty(B, T, H * D, dtype=q.dtype, device=q.device)
-    _partial[(B * H, nsplit)](
+    _partial[(B * NG, nsplit)](
         q,
         k_cache,
         v_cache,
@@ -325,9 +336,9 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits=None):
         m,
         lsum,
         acc,
-        arrival_counters(B * H, q.device),
+        arrival_counters(B * NG, q.device),
         out,
-        H,
+        NG,
         T,
         nsplit,
         1.0 / math.sqrt(D),
@@ -342,6 +353,7 @@ def attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits=None):
         v_cache.stride(2),
         out.stride(0),
         out.stride(1),
+        G=G,
         CHUNK=chunk,
         BLOCK_N=64,
         T_PAD=t_pad,

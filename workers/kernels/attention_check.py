@@ -92,7 +92,7 @@ def check_case(case: tuple[int, ...], device: str, seed: int = 0) -> dict[str, f
     kc2.copy_(kc), vc2.copy_(vc)
     qr, kr = apply_rope(q, cos_t, sin_t), apply_rope(k, cos_t, sin_t)
     want = attend(qr, kr, v, mask, kc2, vc2, pos, group, kv_map).float()
-    got = rope_write_attend(qkv, cos_t, sin_t, kc3, vc3, pos, H, Hkv, kv_map).float()
+    got = rope_write_attend(qkv, cos_t, sin_t, kc3, vc3, pos, H, Hkv, kv_map, gqa_group=group).float()
     assert counters_all_zero(), "the last split of a head left its arrival counter set"
     errs["rope_write"] = (got - want).abs().max().item()
     # relative to each value's size: bf16 rounds the reference's three products and sums where the
@@ -138,7 +138,7 @@ def check_tree_case(case: tuple, device: str, seed: int = 0) -> dict[str, float]
     qkv = torch.cat([x.transpose(1, 2).reshape(1, T, -1) for x in (q, k, v)], dim=-1)
     kc2, vc2 = kc.clone(), vc.clone()
     want = attend(apply_rope(q, cos_t, sin_t), apply_rope(k, cos_t, sin_t), v, mask, kc2, vc2, slots, H // Hkv, kv_map).float()
-    got = rope_write_attend(qkv, cos_t, sin_t, kc.clone(), vc.clone(), slots, H, Hkv, kv_map, tree_bits=bits).float()
+    got = rope_write_attend(qkv, cos_t, sin_t, kc.clone(), vc.clone(), slots, H, Hkv, kv_map, tree_bits=bits, gqa_group=H // Hkv).float()
     errs["tree_rope"] = (got - want).abs().max().item()
     return errs
 
