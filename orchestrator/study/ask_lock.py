@@ -1,8 +1,8 @@
 """The ask lock: the drivers of one study take turns at the ask, across processes and machines.
 
 The rule it enforces: from a driver's read of the store (what the other drivers are measuring now)
-until its own asked trial's params are in the store and the trial is admitted, or told PRUNED as a
-duplicate, no other driver of the study does the same (orchestrator/study/runner.py, `Asker.ask`).
+until its own asked trial's params are in the store and the trial is admitted, or found a duplicate
+(told PRUNED after the section, with its MLflow run), no other driver of the study does the same (orchestrator/study/runner.py, `Asker.ask`).
 Without it two drivers that ask at one moment both read the store before either's params are in it,
 and both measure one configuration. A check after the params are written (yield to a live twin)
 cannot fix that with reads and writes alone: depending on the order of the writes and the checks,

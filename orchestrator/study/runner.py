@@ -194,8 +194,9 @@ class Asked:
 class Asker:
     """The driver's ask, one critical section under the study's ask lock (orchestrator/study/ask_lock.py):
     fold in what other drivers finished and are measuring (`sync`), queue a race repeat, ask, write the
-    trial's params (`identity_of`), then admit it, give it back as surplus, or tell it PRUNED as a
-    duplicate (queueing the study's own pick when the sampler keeps repeating itself). No Ray: a unit
+    trial's params (`identity_of`), then admit it, give it back as surplus, or find it a duplicate
+    (queueing the study's own pick when the sampler keeps repeating itself; the duplicate is told PRUNED
+    after the section, its MLflow calls holding no other driver's ask). No Ray: a unit
     test drives two of these, in two processes, on one storage.
 
         asker = Asker(ctx, tracker, ask_lock(ctx.storage, study.study_name, log))
@@ -227,13 +228,17 @@ class Asker:
             admission = proposals.admit(trial.number, identity_of(trial, cfg), asked)
             if admission.run:
                 return Asked(trial, "run", admission)
-            skip_duplicate(study, trial, cfg, self.tracker, admission)
-            self.asking = None
             then = proposals.after_duplicate()
             if isinstance(then, dict):
                 study.enqueue_trial(then)  # the sampler keeps repeating itself: measure an unknown configuration
-                return Asked(trial, "picked", admission)
-            return Asked(trial, "duplicate", admission, wait=then is False)
+        # the duplicate is told PRUNED and its MLflow run written outside the section: MLflow calls (a slow
+        # server, this driver's trial threads holding the tracker) must not hold every driver's ask. Until
+        # told, other drivers see it running with its twin's configuration, which is busy or known anyway.
+        skip_duplicate(study, trial, cfg, self.tracker, admission)
+        self.asking = None
+        if isinstance(then, dict):
+            return Asked(trial, "picked", admission)
+        return Asked(trial, "duplicate", admission, wait=then is False)
 
     def sync(self, running) -> None:
         """Fold in what other drivers finished since, and what they are measuring now."""

@@ -119,7 +119,9 @@ if triton is not None:
             first = tl.load(POS + b * T)
             bits = tl.load(BITS + b * T + t, mask=tmask, other=0).to(tl.int32)
         last = tl.max(pos, axis=0)  # the row's last query position: keys past it are never read
-        live = last // CHUNK + 1  # splits holding visible keys; the rest of the grid (a static cache's tail) returns at once
+        # splits holding visible keys; the rest of the grid (a static cache's tail) returns at once (a
+        # position past the cache, a caller's bug, must still leave the arrival counter reset)
+        live = tl.minimum(last // CHUNK + 1, NSPLIT)
         if split < live:
             start = split * CHUNK
             end = tl.minimum(start + CHUNK, last + 1)

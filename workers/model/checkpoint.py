@@ -49,7 +49,7 @@ DEMO_HEADS = {
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("SPECTUNE_CACHE", Path.home() / ".cache" / "spectune"))
+    return Path(os.environ.get("SPECTUNE_CACHE") or Path.home() / ".cache" / "spectune")  # set but empty: the default
 
 
 def resolve_model_path(path_or_alias: str) -> Path | str:
