@@ -5,7 +5,7 @@ a wait past the timeout is one line naming the storage; an interrupt inside the 
 The race test drives the real `Asker.ask` (sync, ask, params, admit, a duplicate told PRUNED) in two
 processes with a sampler that always proposes the same configuration. `_race(..., locked=False)`
 runs it with a no-op lock instead: then admitted trials of one configuration overlap in time, which
-the same check catches (16-22 overlaps a run when checked by hand: docs/LOG.md, "Two drivers asking at once").
+the same check catches (checked by hand: docs/LOG.md, "Two drivers asking at once").
 
 Set SPECTUNE_TEST_POSTGRES to a PostgreSQL URL (e.g. infra/services.sh's SPECTUNE_STORAGE) to run
 the storage tests against its advisory lock too."""
