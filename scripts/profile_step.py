@@ -169,6 +169,7 @@ def profile_rows(model, rows: int, context: int, top: int, attention: str, bw: f
     from workers.engine.batched import BatchSteps
     from workers.engine.config import EngineConfig
     from workers.engine.steps import StepRunner
+    from workers.kernels.gemv import _graph_us
 
     a = model.args
     runner = StepRunner(model, model.new_cache(1), max_width=1, engine=EngineConfig(attention=attention, gemv=gemv))
@@ -213,15 +214,7 @@ def profile_rows(model, rows: int, context: int, top: int, attention: str, bw: f
             continue
         ws = ws[:3]
         x = torch.randn(rows, ws[0].shape[1], device=ws[0].device, dtype=ws[0].dtype)
-        g = torch.cuda.CUDAGraph()
-        for w in ws:
-            F.linear(x, w)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            for _ in range(8):
-                for w in ws:
-                    F.linear(x, w)
-        us = replay_ms(g, runner.device, iters=50) * 1e3 / (8 * len(ws))
+        us = _graph_us(lambda i, ws=ws, x=x: F.linear(x, ws[i % len(ws)]), calls=8 * len(ws))
         wbytes = ws[0].numel() * ws[0].element_size()
         gemms[role] = {"shape": list(ws[0].shape), "cublas_us": us, "of_bandwidth": wbytes / bw / (us * 1e-6)}
     r["cublas_gemms"] = gemms

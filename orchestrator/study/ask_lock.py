@@ -65,6 +65,7 @@ class AskLock:
                 time.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(2 * delay, 0.05)
         except BaseException:
+            self._abandon()  # a wait that ended in an error or an interrupt holds nothing
             self._mine.release()
             raise
         return self
@@ -86,6 +87,9 @@ class AskLock:
 
     def _release(self) -> None:
         raise NotImplementedError
+
+    def _abandon(self) -> None:
+        """Drop what a wait left half-held (a lock file, a connection) when it ends in an error."""
 
     def close(self) -> None:
         """Let go of what the lock keeps between asks (a database connection)."""
@@ -152,12 +156,8 @@ class FileLock(AskLock):
         if f is not None:
             f.close()
 
-    def __enter__(self) -> FileLock:
-        try:
-            return super().__enter__()
-        except BaseException:
-            self._close_file()  # a wait that ended in an error or an interrupt holds nothing
-            raise
+    def _abandon(self) -> None:
+        self._close_file()
 
 
 class AdvisoryLock(AskLock):
@@ -213,12 +213,8 @@ class AdvisoryLock(AskLock):
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
 
-    def __enter__(self) -> AdvisoryLock:
-        try:
-            return super().__enter__()
-        except BaseException:
-            self._drop()  # a wait that ended in an error or an interrupt holds nothing
-            raise
+    def _abandon(self) -> None:
+        self._drop()
 
     def close(self) -> None:
         self._drop()
