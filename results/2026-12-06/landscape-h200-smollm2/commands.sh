@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The H200 landscape of docs/search.md (issue 32): the variants and run.sh of
+# results/2026-12-05/landscape-gpu-smollm2/ (one grid study over k per drafter variant of
+# experiments/h200-1gpu-smollm2.yaml, one gang each), on the lent GPU, back-to-back device calls of one lease:
+#   call 1, carry [".devcarry/ray", ".devcarry/rest", ".devcarry/old2"]:  bash results/2026-12-06/h200-batch/call1.sh
+#            (its first line: bash infra/device-setup.sh ray rest check)
+#   call 2, carry [".devcarry/model-a"]:   bash infra/device-setup.sh model > $OUT/model-a.txt 2>&1
+#   call 3, carry [".devcarry/model-b"]:   bash infra/device-setup.sh model > $OUT/model-b.txt 2>&1;
+#            STUDY_TIMEOUT_S=150 OUT=$OUT bash results/2026-12-05/landscape-gpu-smollm2/run.sh ngram eagle3-rank0-lookup3 eagle3-rank0 skip8
+#   call 4:  STUDY_TIMEOUT_S=140 OUT=$OUT bash results/2026-12-05/landscape-gpu-smollm2/run.sh eagle3-rank0-tree4-lookup3 eagle3-actor ngram-gemv-off
+# (the packs: `bash infra/device-pack.sh --model` here first). log-3.txt / log-4.txt are calls 3 and 4's
+# log.txt; optuna.db and mlflow.db came back from call 4 and are kept as records.tar.gz. Then, here:
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+R=results/2026-12-06/landscape-h200-smollm2
+tar -C $R -xzf $R/records.tar.gz
+.venv/bin/spectune bench-search experiments/h200-1gpu-smollm2.yaml \
+  --storage sqlite:///$R/optuna.db --tracking sqlite:///$R/mlflow.db \
+  --studies landscape-gpu-ngram,landscape-gpu-skip8,landscape-gpu-eagle3-rank0,landscape-gpu-eagle3-rank0-lookup3,landscape-gpu-eagle3-rank0-tree4-lookup3,landscape-gpu-eagle3-actor,landscape-gpu-ngram-gemv-off \
+  --budget 6 --json
