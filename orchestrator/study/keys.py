@@ -9,6 +9,9 @@ Types, one per value: a boolean attribute is stored as a JSON boolean (Optuna) o
 from __future__ import annotations
 
 OBJECTIVE = "throughput_tok_s"  # the study's objective: Optuna value, MLflow metric, report
+# Optuna's parameter importances (fANOVA: a random forest over the COMPLETE trials) fit noise on fewer
+# trials than this, and the fit and its scikit-learn import cost seconds at the end of every study
+IMPORTANCE_MIN_TRIALS = 10
 
 # MLflow tags (strings). The reasons, the retry, the baseline mark and the inherited NCCL names are
 # Optuna user attributes of the trial under the same name (a list, an int, a boolean there)

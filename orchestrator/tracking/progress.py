@@ -14,7 +14,7 @@ import time
 import warnings
 from pathlib import Path
 
-from orchestrator.study.keys import BEST_CONFIG_TAG, BEST_PARAMS_TAG, OBJECTIVE, RECORD_ONLY
+from orchestrator.study.keys import BEST_CONFIG_TAG, BEST_PARAMS_TAG, IMPORTANCE_MIN_TRIALS, OBJECTIVE, RECORD_ONLY
 from orchestrator.tracking.runs import Tracker, config_label
 
 
@@ -154,6 +154,7 @@ class Progress:
         return summary
 
     def _plots(self, tracker: Tracker) -> None:
+        """Optuna's history and parallel-coordinate plots, and its importances from IMPORTANCE_MIN_TRIALS on."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -163,8 +164,9 @@ class Progress:
         plots = {
             "optuna_history.png": ovm.plot_optimization_history,
             "optuna_parallel_coordinate.png": ovm.plot_parallel_coordinate,
-            "optuna_importances.png": ovm.plot_param_importances,
         }
+        if len(self._complete()) >= IMPORTANCE_MIN_TRIALS:
+            plots["optuna_importances.png"] = ovm.plot_param_importances
         with tempfile.TemporaryDirectory() as tmp:
             for name, fn in plots.items():
                 try:

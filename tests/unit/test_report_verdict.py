@@ -163,3 +163,25 @@ def test_the_summary_gives_the_pooled_allreduce_share_of_the_winner_and_the_base
     _, _, summary = build_report(cfg, study, tmp_path / "report")
     assert summary["best_trial"] == 1 and summary["best_trials"] == [1, 3]
     assert summary["comm_fraction_best"] == pytest.approx(0.33) and summary["comm_fraction_baseline"] == pytest.approx(0.30)
+
+
+def test_parameter_importances_come_from_ten_complete_trials_on(tmp_path):
+    """fANOVA's forest on a handful of trials fits noise: under IMPORTANCE_MIN_TRIALS the report gives none
+    and says from how many it would; from there on it gives one per searched parameter."""
+    from orchestrator.config.schema import ExperimentConfig
+    from orchestrator.explain.report.core import build_report
+    from orchestrator.study.keys import IMPORTANCE_MIN_TRIALS
+
+    cfg = ExperimentConfig.model_validate(
+        {"name": "x", "model": {"path": "random:llama-3-8b"}, "parallel": {"tp": 2},
+         "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}}}
+    )  # fmt: skip
+    trials = [_trial(0, "none", [10.0, 10.1, 9.9], 8.0)]
+    trials += [_trial(2 * (i % 2 + 1), ("ngram", "layer_skip")[i % 3 == 0], [11.0 + i % 3], 0.0, accept_len=1.5) for i in range(8)]
+    text, _, summary = build_report(cfg, _study(*trials), tmp_path / "few")
+    assert len(trials) == IMPORTANCE_MIN_TRIALS - 1 and summary["importances"] == {}
+    assert f"parameter importances: from {IMPORTANCE_MIN_TRIALS} complete trials on" in text
+    trials.append(_trial(4, "ngram", [12.5], 0.0, accept_len=1.6))
+    text, _, summary = build_report(cfg, _study(*trials), tmp_path / "enough")
+    assert set(summary["importances"]) == {"spec.num_draft_tokens", "drafter.kind"}
+    assert "parameter importances: " in text and "complete trials on" not in text

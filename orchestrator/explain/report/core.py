@@ -48,7 +48,7 @@ from orchestrator.explain.report.charts import all_charts
 from orchestrator.explain.report.page import render
 from orchestrator.explain.report.rows import Row, rows_of, within_noise
 from orchestrator.explain.report.verdict import terminal_text, verdict
-from orchestrator.study.keys import OBJECTIVE
+from orchestrator.study.keys import IMPORTANCE_MIN_TRIALS, OBJECTIVE
 from orchestrator.study.ranking import rank
 from orchestrator.tracking.runs import config_label, label_defaults, rounded
 
@@ -136,7 +136,7 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "some regimes have less than 2 trials": expected in small studies
-            importances = optuna.importance.get_param_importances(study) if len(done) > 2 else {}
+            importances = optuna.importance.get_param_importances(study) if len(done) >= IMPORTANCE_MIN_TRIALS else {}
     except Exception:  # noqa: BLE001 - needs varied params
         importances = {}
     points = trial_points(done, cfg)

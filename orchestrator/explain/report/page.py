@@ -10,7 +10,7 @@ import math
 from orchestrator.explain.report.batches import batch_html
 from orchestrator.explain.report.rows import Row, within_noise
 from orchestrator.explain.report.verdict import OBJECTIVE_MEANS, config_loo_sentence, verdict
-from orchestrator.study.keys import OBJECTIVE
+from orchestrator.study.keys import IMPORTANCE_MIN_TRIALS, OBJECTIVE
 
 CAPTIONS = {
     "objective": f"Every complete trial by configuration, configurations ranked as the study ranks them (the median of every "
@@ -117,6 +117,8 @@ def _model_notes(s: dict) -> str:
         items.append(f"allreduce term for {_e(env)}: {term} ({_e(s['allreduce_term_why'][env])})")
     if s["importances"]:
         items.append("parameter importances (Optuna, fANOVA): " + ", ".join(f"{_e(k)} {v:.2f}" for k, v in s["importances"].items()))
+    else:
+        items.append(f"parameter importances (Optuna, fANOVA): from {IMPORTANCE_MIN_TRIALS} complete trials on")
     return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""
 
 

@@ -8,7 +8,7 @@ with whether the two can be told apart.
 from __future__ import annotations
 
 from orchestrator.explain.report.rows import Row, within_noise
-from orchestrator.study.keys import OBJECTIVE
+from orchestrator.study.keys import IMPORTANCE_MIN_TRIALS, OBJECTIVE
 from orchestrator.study.ranking import simplicity, why_simpler
 
 OBJECTIVE_MEANS = (
@@ -167,6 +167,8 @@ def terminal_text(study: str, rows: list[Row], s: dict) -> str:
     lines.append("(* breakeven estimated by the performance model: no plain trial of that setup)")
     if s["importances"]:
         lines.append("parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in s["importances"].items()))
+    else:
+        lines.append(f"parameter importances: from {IMPORTANCE_MIN_TRIALS} complete trials on")
     fb, fbest = s["comm_fraction_baseline"], s["comm_fraction_best"]
     lines.append(f"comm_fraction: baseline {fb if fb is None else round(fb, 3)}, best {fbest if fbest is None else round(fbest, 3)}")
     lines.append(
