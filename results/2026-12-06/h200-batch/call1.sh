@@ -29,7 +29,7 @@ PYTHON=$PY OUT=$OUT/e3 WORK=/tmp/ge DRAFTER=eagle3 SIZES=8 KS=4 timeout 150 bash
 echo "eagle3 done $SECONDS s" >> $OUT/setup.txt
 # 4. TP 1 batch-1 plain decode, new then old, twice
 D="decode --model random:llama-3-8b --tp 1 --device cuda --category writing --num-prompts 4 --max-new-tokens 128 --json --drafter none -k 0"
-for rep in 1 2; do for code in new old; do
+for rep in 1; do for code in new old; do
   d=$ROOT; [ $code = old ] && d=$ROOT/.devcarry/old2
   (cd $d && PYTHONPATH=$d${PYTHONPATH:+:$PYTHONPATH} timeout 50 $PY -m orchestrator $D > /tmp/tp1_$code.json 2>> $OUT/logs.txt)
   $PY -c "import json,sys; r=json.load(open('/tmp/tp1_$code.json')); print('tp1 $code thr', round(r['throughput_tok_s'],1), 'dec', round(r.get('decode_tok_s') or 0,1))" >> $OUT/setup.txt 2>&1
