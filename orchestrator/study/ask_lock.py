@@ -25,6 +25,10 @@ an exception inside the section (Ctrl-C, SIGTERM raised as KeyboardInterrupt) re
     with lock:                                       # each ask
         ...                                          # sync, ask, write the params, admit
     lock.close()                                     # PostgreSQL: its connection goes
+
+A trial that fails and has its params queued again (a lost node, an interrupt, a dead driver's trial)
+takes the lock for those two writes (`taking_turns`): between them its configuration is neither
+running nor queued, and another driver's ask would measure it beside the retry.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import random
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 
 from orchestrator.errors import UserError
 
@@ -256,3 +261,18 @@ def ask_lock(storage, study_name: str, log=None, timeout_s: float = TIMEOUT_S) -
         if log is not None:
             log(f"spectune: no ask lock for {where}: concurrent drivers of one study on it may measure one configuration twice")
     return NoLock(where, study_name, timeout_s)
+
+
+@contextmanager
+def taking_turns(storage, study_name: str):
+    """The study's ask lock around a failure path's FAIL and its params queued again (no log: a storage
+    that cannot be locked was said at the driver's start). `storage` None: no lock (a caller without one)."""
+    if storage is None:
+        yield
+        return
+    lock = ask_lock(storage, study_name)
+    try:
+        with lock:
+            yield
+    finally:
+        lock.close()

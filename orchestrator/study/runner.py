@@ -41,7 +41,7 @@ from orchestrator.errors import UserError
 from orchestrator.execution.cluster import Resources
 from orchestrator.execution.pool import GangPool
 from orchestrator.execution.slots import NodeInfo, Slot, SlotBook
-from orchestrator.study.ask_lock import AskLock, ask_lock
+from orchestrator.study.ask_lock import AskLock, ask_lock, taking_turns
 from orchestrator.study.keys import (
     BASELINE_TAG,
     DRIVER_ATTR,
@@ -315,7 +315,9 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
     def work(trial, slot: Slot) -> None:
         try:
             site = book.site(trial.number, book_lock, node_alive)
-            out = run_trial(study, trial, cfg, ctx.prepared, pools[slot.index], tracker, live=ctx.progress.live, site=site)
+            out = run_trial(
+                study, trial, cfg, ctx.prepared, pools[slot.index], tracker, live=ctx.progress.live, site=site, storage=ctx.storage
+            )
         except BaseException as e:  # noqa: BLE001 - handed to the driver thread, which raises it
             out = e
         finished.put((trial.number, out))
@@ -364,13 +366,14 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
         t = frozen_trial(study, number)
         if t.state != TrialState.RUNNING:
             return
-        try:
-            set_trial_user_attr(ctx.storage, study, number, FAIL_TAG, reason)
-            study.tell(number, state=TrialState.FAIL)
-        except (RuntimeError, ValueError, UpdateFinishedTrialError):
-            return  # it finished after all
-        if params := (t.system_attrs.get("fixed_params") or (t.params if t.user_attrs.get(RUN_ID_ATTR) else None)):
-            requeue(study, params, t.user_attrs, number)
+        with taking_turns(ctx.storage, study.study_name):
+            try:
+                set_trial_user_attr(ctx.storage, study, number, FAIL_TAG, reason)
+                study.tell(number, state=TrialState.FAIL)
+            except (RuntimeError, ValueError, UpdateFinishedTrialError):
+                return  # it finished after all
+            if params := (t.system_attrs.get("fixed_params") or (t.params if t.user_attrs.get(RUN_ID_ATTR) else None)):
+                requeue(study, params, t.user_attrs, number)
         if run_id := t.user_attrs.get(RUN_ID_ATTR):
             tracker.finish_trial(run_id, "FAIL", reason)
 

@@ -31,6 +31,7 @@ from orchestrator.execution.pool import GangPool
 from orchestrator.execution.slots import TrialSite
 from orchestrator.execution.workload import ABLATION_ITERS, PreparedWorkload
 from orchestrator.export.schedule import batch_metric
+from orchestrator.study.ask_lock import taking_turns
 from orchestrator.study.equivalence import outputs_verdict
 from orchestrator.study.keys import (
     BASELINE_OUTPUTS_ATTR,
@@ -513,14 +514,15 @@ def record(t: _Trial, m: _Measured, site: TrialSite | None = None) -> tuple[str,
     return "COMPLETE", None
 
 
-def _interrupted(study, trial, t: _Trial, reason: str) -> TrialOutcome:
+def _interrupted(study, trial, t: _Trial, reason: str, storage=None) -> TrialOutcome:
     """FAIL with `reason`, the params queued again, the MLflow run ended: a trial stopped from outside."""
     from optuna.trial import TrialState
 
     try:
         trial.set_user_attr(FAIL_TAG, reason)
-        study.tell(trial, state=TrialState.FAIL)
-        requeue(study, trial.params, trial.user_attrs, trial.number)
+        with taking_turns(storage, study.study_name):
+            study.tell(trial, state=TrialState.FAIL)
+            requeue(study, trial.params, trial.user_attrs, trial.number)
     finally:
         t.tracker.finish_trial(t.run_id, "FAIL", reason)
     return TrialOutcome(state="FAIL", config=t.tc, reason=reason)
@@ -535,10 +537,12 @@ def run_trial(
     tracker: Tracker,
     live=None,
     site: TrialSite | None = None,
+    storage=None,
 ) -> TrialOutcome:
     """One trial in four phases: configure, measure, compare with the baseline, record. The MLflow
     run always ends; an interrupted trial fails and its params are queued again. `site`: the trial's
-    slot in a concurrent study (where its gang landed, who ran beside it); None one at a time."""
+    slot in a concurrent study (where its gang landed, who ran beside it); None one at a time. `storage`:
+    the study's (make_storage's), whose ask lock a failure's FAIL and retry take (None: no lock)."""
     from optuna.trial import TrialState
 
     t = configure(study, trial, cfg, tracker)
@@ -553,11 +557,12 @@ def run_trial(
         state, reason = record(t, m, site)
     except (GangError, *INPUT_ERRORS) as e:
         if pool.interrupted:  # another thread closed this gang on purpose: Ctrl-C / ray job stop in a concurrent study
-            return _interrupted(study, trial, t, "interrupted")
+            return _interrupted(study, trial, t, "interrupted", storage)
         if site is not None and (lost := site.lost_node()):  # not the trial's fault: retried on another node
             pool.close()
             node_id, name = lost
-            outcome = _interrupted(study, trial, t, f"node {name} left the cluster mid-trial ({type(e).__name__}: {str(e)[:200]})")
+            why = f"node {name} left the cluster mid-trial ({type(e).__name__}: {str(e)[:200]})"
+            outcome = _interrupted(study, trial, t, why, storage)
             outcome.lost_node = node_id
             return outcome
         reason = f"{type(e).__name__}: {e}"
@@ -570,8 +575,9 @@ def run_trial(
         pool.close()
         try:
             trial.set_user_attr(FAIL_TAG, reason)
-            study.tell(trial, state=TrialState.FAIL)
-            requeue(study, trial.params, trial.user_attrs, trial.number)
+            with taking_turns(storage, study.study_name):
+                study.tell(trial, state=TrialState.FAIL)
+                requeue(study, trial.params, trial.user_attrs, trial.number)
         finally:
             tracker.finish_trial(t.run_id, "FAIL", reason)
         raise

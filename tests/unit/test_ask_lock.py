@@ -227,3 +227,38 @@ def test_an_in_memory_storage_is_locked_within_the_process():
     for t in threads:
         t.join()
     assert most[0] == 1
+
+
+def test_a_failed_trials_retry_is_queued_inside_the_ask_lock(tmp_path):
+    """A dead driver's trial is told FAIL and its params queued again in one turn of the ask lock (as a
+    lost node's or an interrupted trial's): while another driver holds the lock it waits, so no ask can
+    find the configuration neither running nor queued and measure it beside the retry."""
+    import socket
+    import subprocess
+    import sys
+
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState
+
+    from orchestrator.study.keys import DRIVER_ATTR, RETRY_TAG
+    from orchestrator.study.loop import recover_stale
+
+    url = _url("sqlite", tmp_path)
+    storage = _storage(url)
+    study = optuna.create_study(study_name="t", storage=storage, direction="maximize")
+    trial = study.ask({"spec.num_draft_tokens": CategoricalDistribution([2, 3])})
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    trial.set_user_attr(DRIVER_ATTR, f"{socket.gethostname()}:{gone}:0")  # its driver has exited
+    other = ask_lock(storage, "t")
+    recovered: list[int] = []
+    with other:  # another driver mid-ask
+        worker = threading.Thread(target=lambda: recovered.append(recover_stale(study, storage, _Tracker(), 60.0, print)))
+        worker.start()
+        worker.join(0.5)
+        assert worker.is_alive(), "recovery went ahead while another driver held the ask lock"
+        assert [t.state for t in study.get_trials()] == [TrialState.RUNNING]
+    worker.join(30)
+    other.close()
+    trials = study.get_trials()
+    assert recovered == [1] and [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[1].system_attrs["fixed_params"] == trial.params and trials[1].user_attrs[RETRY_TAG] == 0
