@@ -27,8 +27,8 @@ an exception inside the section (Ctrl-C, SIGTERM raised as KeyboardInterrupt) re
     lock.close()                                     # PostgreSQL: its connection goes
 
 A trial that fails and has its params queued again (a lost node, an interrupt, a dead driver's trial)
-takes the lock for those two writes (`taking_turns`): between them its configuration is neither
-running nor queued, and another driver's ask would measure it beside the retry.
+takes the driver's lock for those two writes (`taking_turns`, which never raises): between them its
+configuration is neither running nor queued, and another driver's ask would measure it beside the retry.
 """
 
 from __future__ import annotations
@@ -119,12 +119,19 @@ class ProcessLock(AskLock):
     def __init__(self, storage, where: str, study_name: str, timeout_s: float = TIMEOUT_S):
         super().__init__(where, study_name, timeout_s)
         self._lock = _process_locks.setdefault(storage, threading.Lock())
+        self._held = False
 
     def _try(self) -> bool:
-        return self._lock.acquire(blocking=False)
+        self._held = self._lock.acquire(blocking=False)
+        return self._held
 
     def _release(self) -> None:
+        self._held = False
         self._lock.release()
+
+    def _abandon(self) -> None:
+        if self._held:  # an interrupt between a successful try and the section
+            self._release()
 
 
 class FileLock(AskLock):
@@ -264,15 +271,23 @@ def ask_lock(storage, study_name: str, log=None, timeout_s: float = TIMEOUT_S) -
 
 
 @contextmanager
-def taking_turns(storage, study_name: str):
-    """The study's ask lock around a failure path's FAIL and its params queued again (no log: a storage
-    that cannot be locked was said at the driver's start). `storage` None: no lock (a caller without one)."""
-    if storage is None:
-        yield
-        return
-    lock = ask_lock(storage, study_name)
+def taking_turns(lock: AskLock | None, log=None):
+    """`lock` (the driver's ask lock; None: none) around a failure path's FAIL and its params queued again.
+    A failure path must not fail: a lock it cannot take (a wait past the timeout, a lost connection) is
+    said in one line and the writes go ahead without it (at worst one configuration measured twice)."""
     try:
-        with lock:
-            yield
+        held = lock.__enter__() if lock is not None else None
+    except Exception as e:  # noqa: BLE001 - UserError, a driver error: the retry matters more than the turn
+        held = None
+        (log or _stderr)(f"spectune: {e}; the trial's retry is queued without it")
+    try:
+        yield
     finally:
-        lock.close()
+        if held is not None:
+            held.__exit__(None, None, None)
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)

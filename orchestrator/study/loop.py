@@ -38,7 +38,7 @@ from orchestrator.config.space import (
 from orchestrator.config.validate import check_experiment
 from orchestrator.execution.cluster import PlacementError, Resources, check_capacity, connect
 from orchestrator.execution.slots import GangNeed, Slot, plan_slots
-from orchestrator.study.ask_lock import taking_turns
+from orchestrator.study.ask_lock import ask_lock, taking_turns
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
 from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RUN_ID_ATTR, requeue
 from orchestrator.study.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank
@@ -176,24 +176,29 @@ def recover_stale(study, storage, tracker: Tracker, stale_after_s: float, log) -
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    recovered = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        driver = t.user_attrs.get(DRIVER_ATTR, "")
-        if not _stale(t, stale_after_s):
-            continue  # a live driver (another `spectune run`) is still on it
-        reason = f"driver {driver or 'unknown'} died mid-trial"
-        with taking_turns(storage, study.study_name):
-            try:
-                set_trial_user_attr(storage, study, t.number, FAIL_TAG, reason)
-                study.tell(t.number, state=TrialState.FAIL)
-            except (RuntimeError, ValueError, UpdateFinishedTrialError):
-                continue  # someone else finished or recovered it first
-            requeue(study, t.system_attrs.get("fixed_params") or t.params, t.user_attrs, t.number)
-        study.set_user_attr(f"recovered.{t.number}", f"driver {driver or '?'} died; params retried")
-        if run_id := t.user_attrs.get(RUN_ID_ATTR):
-            tracker.finish_trial(run_id, "FAIL", reason)
-        recovered += 1
-        log(f"spectune: trial {t.number} was left RUNNING by dead driver {driver or '?'}: marked FAIL, params re-enqueued")
+    recovered, lock = 0, None
+    try:
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            driver = t.user_attrs.get(DRIVER_ATTR, "")
+            if not _stale(t, stale_after_s):
+                continue  # a live driver (another `spectune run`) is still on it
+            reason = f"driver {driver or 'unknown'} died mid-trial"
+            lock = lock or ask_lock(storage, study.study_name)
+            with taking_turns(lock, log):
+                try:
+                    set_trial_user_attr(storage, study, t.number, FAIL_TAG, reason)
+                    study.tell(t.number, state=TrialState.FAIL)
+                except (RuntimeError, ValueError, UpdateFinishedTrialError):
+                    continue  # someone else finished or recovered it first
+                requeue(study, t.system_attrs.get("fixed_params") or t.params, t.user_attrs, t.number)
+            study.set_user_attr(f"recovered.{t.number}", f"driver {driver or '?'} died; params retried")
+            if run_id := t.user_attrs.get(RUN_ID_ATTR):
+                tracker.finish_trial(run_id, "FAIL", reason)
+            recovered += 1
+            log(f"spectune: trial {t.number} was left RUNNING by dead driver {driver or '?'}: marked FAIL, params re-enqueued")
+    finally:
+        if lock is not None:
+            lock.close()
     return recovered
 
 

@@ -315,9 +315,7 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
     def work(trial, slot: Slot) -> None:
         try:
             site = book.site(trial.number, book_lock, node_alive)
-            out = run_trial(
-                study, trial, cfg, ctx.prepared, pools[slot.index], tracker, live=ctx.progress.live, site=site, storage=ctx.storage
-            )
+            out = run_trial(study, trial, cfg, ctx.prepared, pools[slot.index], tracker, live=ctx.progress.live, site=site, lock=asker.lock)
         except BaseException as e:  # noqa: BLE001 - handed to the driver thread, which raises it
             out = e
         finished.put((trial.number, out))
@@ -366,7 +364,7 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
         t = frozen_trial(study, number)
         if t.state != TrialState.RUNNING:
             return
-        with taking_turns(ctx.storage, study.study_name):
+        with taking_turns(asker.lock, log):
             try:
                 set_trial_user_attr(ctx.storage, study, number, FAIL_TAG, reason)
                 study.tell(number, state=TrialState.FAIL)

@@ -514,13 +514,13 @@ def record(t: _Trial, m: _Measured, site: TrialSite | None = None) -> tuple[str,
     return "COMPLETE", None
 
 
-def _interrupted(study, trial, t: _Trial, reason: str, storage=None) -> TrialOutcome:
+def _interrupted(study, trial, t: _Trial, reason: str, lock=None) -> TrialOutcome:
     """FAIL with `reason`, the params queued again, the MLflow run ended: a trial stopped from outside."""
     from optuna.trial import TrialState
 
     try:
         trial.set_user_attr(FAIL_TAG, reason)
-        with taking_turns(storage, study.study_name):
+        with taking_turns(lock):
             study.tell(trial, state=TrialState.FAIL)
             requeue(study, trial.params, trial.user_attrs, trial.number)
     finally:
@@ -537,12 +537,12 @@ def run_trial(
     tracker: Tracker,
     live=None,
     site: TrialSite | None = None,
-    storage=None,
+    lock=None,
 ) -> TrialOutcome:
     """One trial in four phases: configure, measure, compare with the baseline, record. The MLflow
     run always ends; an interrupted trial fails and its params are queued again. `site`: the trial's
-    slot in a concurrent study (where its gang landed, who ran beside it); None one at a time. `storage`:
-    the study's (make_storage's), whose ask lock a failure's FAIL and retry take (None: no lock)."""
+    slot in a concurrent study (where its gang landed, who ran beside it); None one at a time. `lock`: the
+    driver's ask lock, which a failure's FAIL and its retry take (None: none)."""
     from optuna.trial import TrialState
 
     t = configure(study, trial, cfg, tracker)
@@ -557,12 +557,12 @@ def run_trial(
         state, reason = record(t, m, site)
     except (GangError, *INPUT_ERRORS) as e:
         if pool.interrupted:  # another thread closed this gang on purpose: Ctrl-C / ray job stop in a concurrent study
-            return _interrupted(study, trial, t, "interrupted", storage)
+            return _interrupted(study, trial, t, "interrupted", lock)
         if site is not None and (lost := site.lost_node()):  # not the trial's fault: retried on another node
             pool.close()
             node_id, name = lost
             why = f"node {name} left the cluster mid-trial ({type(e).__name__}: {str(e)[:200]})"
-            outcome = _interrupted(study, trial, t, why, storage)
+            outcome = _interrupted(study, trial, t, why, lock)
             outcome.lost_node = node_id
             return outcome
         reason = f"{type(e).__name__}: {e}"
@@ -575,7 +575,7 @@ def run_trial(
         pool.close()
         try:
             trial.set_user_attr(FAIL_TAG, reason)
-            with taking_turns(storage, study.study_name):
+            with taking_turns(lock):
                 study.tell(trial, state=TrialState.FAIL)
                 requeue(study, trial.params, trial.user_attrs, trial.number)
         finally:

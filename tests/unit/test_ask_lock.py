@@ -262,3 +262,23 @@ def test_a_failed_trials_retry_is_queued_inside_the_ask_lock(tmp_path):
     trials = study.get_trials()
     assert recovered == [1] and [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
     assert trials[1].system_attrs["fixed_params"] == trial.params and trials[1].user_attrs[RETRY_TAG] == 0
+
+
+def test_a_failure_path_that_cannot_take_the_lock_says_so_and_queues_the_retry_anyway(tmp_path):
+    """taking_turns never raises: a lock it cannot take in time is one line, and the FAIL and the retry
+    are written without it (a trial stuck RUNNING, or a Ctrl-C turned into another error, is worse)."""
+    from orchestrator.study.ask_lock import taking_turns
+
+    storage = _storage(_url("sqlite", tmp_path))
+    optuna.create_study(study_name="t", storage=storage)
+    lines, wrote = [], []
+    other = ask_lock(storage, "t")
+    with other:  # a driver that does not let go
+        with taking_turns(ask_lock(storage, "t", timeout_s=0.2), lines.append):
+            wrote.append(True)
+    other.close()
+    assert wrote == [True] and len(lines) == 1
+    assert "waited over 0.2 s for the ask lock of study 't'" in lines[0] and lines[0].endswith("the trial's retry is queued without it")
+    with taking_turns(None):  # a caller without a lock
+        wrote.append(True)
+    assert wrote == [True, True]

@@ -117,7 +117,7 @@ def _model_notes(s: dict) -> str:
         items.append(f"allreduce term for {_e(env)}: {term} ({_e(s['allreduce_term_why'][env])})")
     if s["importances"]:
         items.append("parameter importances (Optuna, fANOVA): " + ", ".join(f"{_e(k)} {v:.2f}" for k, v in s["importances"].items()))
-    else:
+    elif s["complete_trials"] < IMPORTANCE_MIN_TRIALS:
         items.append(f"parameter importances (Optuna, fANOVA): from {IMPORTANCE_MIN_TRIALS} complete trials on")
     return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""
 

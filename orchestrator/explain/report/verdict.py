@@ -167,7 +167,7 @@ def terminal_text(study: str, rows: list[Row], s: dict) -> str:
     lines.append("(* breakeven estimated by the performance model: no plain trial of that setup)")
     if s["importances"]:
         lines.append("parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in s["importances"].items()))
-    else:
+    elif s["complete_trials"] < IMPORTANCE_MIN_TRIALS:
         lines.append(f"parameter importances: from {IMPORTANCE_MIN_TRIALS} complete trials on")
     fb, fbest = s["comm_fraction_baseline"], s["comm_fraction_best"]
     lines.append(f"comm_fraction: baseline {fb if fb is None else round(fb, 3)}, best {fbest if fbest is None else round(fbest, 3)}")
