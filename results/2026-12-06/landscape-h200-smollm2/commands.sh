@@ -2,7 +2,7 @@
 # The H200 landscape of docs/search.md (issue 32): the variants and run.sh of
 # results/2026-12-05/landscape-gpu-smollm2/ (one grid study over k per drafter variant of
 # experiments/h200-1gpu-smollm2.yaml, one gang each), on the lent GPU, back-to-back device calls of one lease:
-#   call 1, carry [".devcarry/ray", ".devcarry/rest", ".devcarry/old2"]:  bash results/2026-12-06/h200-batch/call1.sh
+#   call 1, carry [".devcarry/ray", ".devcarry/rest", ".devcarry/old2"]:  bash results/2026-12-06/gqa-attention/call1.sh
 #            (its first line: bash infra/device-setup.sh ray rest check)
 #   call 2, carry [".devcarry/model-a"]:   bash infra/device-setup.sh model > $OUT/model-a.txt 2>&1
 #   call 3, carry [".devcarry/model-b"]:   bash infra/device-setup.sh model > $OUT/model-b.txt 2>&1;
