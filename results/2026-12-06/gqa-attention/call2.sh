@@ -10,6 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >> $OUT/setup.txt 2>&1
+[ "${ANY_GPU:-0}" = 1 ] || case $GPU in *H200*) ;; *) echo "not an H200 ($GPU): nothing run (ANY_GPU=1 runs the profile anyway)" >> $OUT/setup.txt; cat $OUT/setup.txt; exit 0 ;; esac
 PYTHONPATH=$ROOT:/tmp/site timeout 200 python3 -m scripts.profile_step --rows 32 --context 294 --max-seq 2048 \
   --attention triton --top 16 --json $OUT/prof.json > $OUT/prof.txt 2>&1
 echo "profile done $SECONDS s" >> $OUT/setup.txt
