@@ -261,9 +261,17 @@ def _run(ns: argparse.Namespace) -> int:
         print(json.dumps(summary, default=str))
     else:
         print(f"spectune: summary: {path}")
-        verdict = (summary.get("ranking") or {}).get("verdict") or "no COMPLETE trial"
-        print(f"spectune: {summary['complete']}/{summary['n_trials']} trials complete; {verdict}")
+        print(verdict_line(summary))
     return 0 if summary["complete"] >= summary["n_trials"] or summary.get("space_exhausted") else 1
+
+
+def verdict_line(summary: dict) -> str:
+    """The run's last line on stdout: trials complete, and why fewer than asked where the space ran out."""
+    verdict = (summary.get("ranking") or {}).get("verdict") or "no COMPLETE trial"
+    done = f"{summary['complete']}/{summary['n_trials']} trials complete"
+    if summary.get("space_exhausted") and summary["complete"] < summary["n_trials"]:
+        done += " (every configuration of the space was tried; the rest were pruned as slower or failed)"
+    return f"spectune: {done}; {verdict}"
 
 
 def _report(ns: argparse.Namespace) -> int:

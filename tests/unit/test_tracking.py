@@ -143,3 +143,15 @@ def test_experiment_params_hold_model_and_workload(tmp_path):
         "workload.max_new_tokens",
         "workload.repeats",
     } <= set(p)
+
+
+def test_the_last_line_says_why_a_finished_space_has_fewer_complete_trials_than_asked():
+    from orchestrator.cli import verdict_line
+
+    ranking = {"verdict": "trial 1 (3.99 tok/s, n=1) and trial 0 tie within noise"}
+    short = verdict_line({"complete": 3, "n_trials": 5, "space_exhausted": True, "ranking": ranking})
+    assert short.startswith("spectune: 3/5 trials complete (every configuration of the space was tried;") and short.endswith(
+        ranking["verdict"]
+    )
+    assert verdict_line({"complete": 5, "n_trials": 5, "ranking": ranking}) == f"spectune: 5/5 trials complete; {ranking['verdict']}"
+    assert verdict_line({"complete": 0, "n_trials": 5}) == "spectune: 0/5 trials complete; no COMPLETE trial"
