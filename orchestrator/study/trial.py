@@ -573,13 +573,7 @@ def run_trial(
     except BaseException as e:  # Ctrl-C, SIGTERM, a bug: the trial fails (and is retried on resume)
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
         pool.close()
-        try:
-            trial.set_user_attr(FAIL_TAG, reason)
-            with taking_turns(lock):
-                study.tell(trial, state=TrialState.FAIL)
-                requeue(study, trial.params, trial.user_attrs, trial.number)
-        finally:
-            tracker.finish_trial(t.run_id, "FAIL", reason)
+        _interrupted(study, trial, t, reason, lock)
         raise
     tracker.finish_trial(t.run_id, state, reason)
     return TrialOutcome(state=state, config=t.tc, metrics=metrics, reason=reason, invalid=INVALID_TAG in trial.user_attrs)
