@@ -12,13 +12,13 @@ communicator is created. NVLink multicast stays off in every one of them.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import tempfile
 
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls
 from orchestrator.errors import UserError
 from workers.comm import BACKENDS, GangInfo, refusal
+from workers.runtime.procs import rank_context, with_env
 
 
 def step_sizes(hidden: int, batch: int = 1, ks=(0, 1, 2, 3, 4, 6, 8, 12, 16), itemsize: int = 2) -> list[int]:
@@ -58,13 +58,16 @@ def run_backend(
 ) -> list[dict]:
     from workers.comm.benchmark import bench_rank
 
-    ctx = mp.get_context("spawn")
+    ctx = rank_context(device)
     queue = ctx.Queue()
     full_env = {**env, **NVLS_OFF_ENV}
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "rdv")
         procs = [
-            ctx.Process(target=bench_rank, args=(r, tp, init, backend, device, sizes, dtype, iters, full_env, queue)) for r in range(tp)
+            ctx.Process(
+                target=with_env, args=(dict(os.environ), bench_rank, r, tp, init, backend, device, sizes, dtype, iters, full_env, queue)
+            )
+            for r in range(tp)
         ]
         for p in procs:
             p.start()

@@ -7,12 +7,13 @@ next to the unsharded model's and transformers' own model's.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import tempfile
 
 import torch
 import torch.distributed as dist
+
+from workers.runtime.procs import rank_context, with_env
 
 
 def _rank_logits(rank: int, world: int, init: str, path: str, tokens: list[list[int]], vocab_parallel: bool, split: int, queue) -> None:
@@ -41,11 +42,16 @@ def _rank_logits(rank: int, world: int, init: str, path: str, tokens: list[list[
 def sharded_logits(path: str, tp: int, tokens: list[list[int]], vocab_parallel: bool = False, split: int | None = None) -> torch.Tensor:
     """Logits [batch, seq, vocab] of `path` sharded over `tp` gloo processes (rank 0's copy)."""
     split = split if split is not None else max(1, len(tokens[0]) // 2)
-    ctx = mp.get_context("spawn")
+    ctx = rank_context("cpu")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'rdv')}"
-        procs = [ctx.Process(target=_rank_logits, args=(r, tp, init, str(path), tokens, vocab_parallel, split, queue)) for r in range(tp)]
+        procs = [
+            ctx.Process(
+                target=with_env, args=(dict(os.environ), _rank_logits, r, tp, init, str(path), tokens, vocab_parallel, split, queue)
+            )
+            for r in range(tp)
+        ]
         for p in procs:
             p.start()
         results = [queue.get(timeout=300) for _ in procs]

@@ -4,9 +4,9 @@
         gang.setup()
         result = gang.run(workload, timeout_s=600, on_progress=print)
 
-Processes are spawned fresh (no inherited threads or CUDA state) and meet through a FileStore in
-a temporary directory, so no port is ever chosen. They start with NVLink multicast off in their
-environment (workers/runtime/nvls.py), inherited from this process. Each serves typed commands from a pipe. Any
+Processes start as workers/runtime/procs.py says (CUDA gangs spawned fresh, CPU gangs forked from a
+forkserver that imported torch once, both with this process's environment and NVLink multicast off)
+and meet through a FileStore in a temporary directory, so no port is ever chosen. Each serves typed commands from a pipe. Any
 failure, a process that dies, or a deadline that passes tears the whole gang down (a rank that
 lost its peers would otherwise wait in a collective forever) and raises `GangError`. Rank 0's
 progress (when the driver asks for it) travels over its pipe as `_Progress` messages between the
@@ -15,7 +15,6 @@ command and its reply.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import tempfile
 import time
@@ -25,7 +24,7 @@ from multiprocessing.connection import wait
 
 from workers.runtime.errors import GangError
 from workers.runtime.gang import Gang, OnProgress, ThrottledProgress
-from workers.runtime.nvls import nvls_off_here
+from workers.runtime.procs import rank_context, with_env
 from workers.runtime.worker import Rendezvous
 from workers.spec import GangSpec, RunResult, Workload
 
@@ -106,13 +105,14 @@ class LocalGang(Gang):
         """`timeout_s`: the deadline of each call unless the call names its own."""
         self.spec, self.timeout_s = spec, timeout_s
         self._tmp = tempfile.TemporaryDirectory(prefix="spectune-gang-")
-        nvls_off_here()  # a spawned process starts with this process's environment
-        ctx = mp.get_context("spawn")
+        ctx = rank_context(spec.device)
         self.conns, self.procs = [], []
         self._closed = False
         for rank in range(spec.world_size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(rank, spec, child), daemon=True, name=f"spectune-rank{rank}")
+            proc = ctx.Process(
+                target=with_env, args=(dict(os.environ), _serve, rank, spec, child), daemon=True, name=f"spectune-rank{rank}"
+            )
             proc.start()
             child.close()
             self.conns.append(parent)
