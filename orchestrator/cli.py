@@ -131,7 +131,7 @@ def _bench_search(ns: argparse.Namespace) -> int:
 
 def _add_train_drafter(sub) -> None:
     from orchestrator.prompts.loading import SPLITS
-    from orchestrator.train_drafter import TrainOptions
+    from orchestrator.train_options import TrainOptions
 
     d = TrainOptions()
     p = sub.add_parser("train-drafter", help="train an EAGLE-3 head on the target's own responses (public checkpoint format)")
@@ -287,7 +287,7 @@ def _export(ns: argparse.Namespace) -> int:
     from orchestrator.explain.perfcheck import open_study
     from orchestrator.export.formats import render
     from orchestrator.export.schedule import build_schedule
-    from workers.model.checkpoint import resolve_model_path
+    from workers.model.locate import resolve_model_path
 
     cfg = load_config(ns.experiment, ns.set)
     study = open_study(cfg)

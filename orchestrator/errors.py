@@ -3,9 +3,8 @@ is printed by the CLI as one line `spectune: error: ...` and exits 2, without a 
 
 from __future__ import annotations
 
-from workers.comm import BackendError
-from workers.model.args import ModelConfigError
-from workers.model.checkpoint import CheckpointError
+from workers.model.args import CheckpointError, ModelConfigError
+from workers.runtime.errors import BackendError
 
 
 class UserError(ValueError):

@@ -28,39 +28,14 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from orchestrator.errors import UserError
-from orchestrator.prompts.loading import BUNDLED_PROMPTS, Tokenizer, load_prompts
-
-
-@dataclass
-class TrainOptions:
-    model: str = "smollm2-135m"
-    prompts: str = str(BUNDLED_PROMPTS)
-    num_prompts: int | None = None
-    split: str = "all"
-    synthetic_prompts: int = 0  # made-up instruction prompts added to the training set (orchestrator/prompts/synthesis.py)
-    self_prompts: int = 0  # user prompts the target writes itself from its chat template (Magpie), added too
-    max_new_tokens: int = 128
-    max_steps: int = 200
-    ttt_steps: int = 3
-    prompt_labels: bool = True  # prompt positions train too, labelled with the target's own argmax
-    val_every: int = 10  # every Nth response is kept out of training: its accuracy picks the checkpoint saved (0: none)
-    draft_vocab: int = 4096
-    batch: int = 4
-    pack_tokens: int = 4096  # a batch's samples run packed into passes of at most this many tokens (one sample may exceed it)
-    gen_batch: int = 16  # prompts answered together
-    lr: float = 5e-4
-    device: str = "cpu"
-    threads: int = 1
-    save_every: int = 50
-    max_time: float = 0.0  # stop training (saved, summary written) after this many seconds of it; 0: no limit
-    seed: int = 0
-    out: str = ""
+from orchestrator.prompts.loading import Tokenizer, load_prompts
+from orchestrator.train_options import TrainOptions
 
 
 def _log(msg: str, end: str = "\n") -> None:

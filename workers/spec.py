@@ -37,6 +37,10 @@ def batch_refusal(batch_size: int, *, drafter_process: bool, hidden_over_link: b
     return None
 
 
+DRAFTER_KINDS = ("none", "draft_model", "ngram", "layer_skip", "eagle3")
+DRAFTER_PLACEMENTS = ("actor", "rank0")  # eagle3: its own process, or inside the verifier ranks
+
+
 @dataclass(frozen=True)
 class DrafterSpec:
     kind: str = "none"  # none | draft_model | ngram | layer_skip | eagle3

@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-from workers.drafters import KINDS, PLACEMENTS
 from workers.engine.config import ENGINE_FIELDS, EngineConfig
+from workers.spec import DRAFTER_KINDS as KINDS
+from workers.spec import DRAFTER_PLACEMENTS as PLACEMENTS
 from workers.spec import MAX_DRAFT_TOKENS
 
 NCCL_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")

@@ -12,7 +12,7 @@ from orchestrator.errors import UserError
 from orchestrator.execution.workload import PreparedWorkload, prepare
 from workers.comm import GangInfo, refusal
 from workers.model.args import ModelConfigError, check_tp
-from workers.model.checkpoint import load_args, resolve_model_path
+from workers.model.locate import load_args, resolve_model_path
 from workers.spec import batch_refusal, tree_size
 
 

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from workers.model.random_weights import is_random, random_config
+from workers.model.locate import is_random, random_config
 
 
 def hf_model(path: str, dtype: torch.dtype, device: str):

@@ -27,7 +27,7 @@ from orchestrator.errors import UserError
 from orchestrator.execution.workload import ABLATION_ITERS
 from orchestrator.prompts.loading import Prompt, Tokenizer
 from orchestrator.study.equivalence import outputs_verdict
-from workers.model.checkpoint import load_args, resolve_model_path
+from workers.model.locate import load_args, resolve_model_path
 from workers.runtime.gang import Gang
 from workers.spec import GangSpec, RunResult, Workload, batch_refusal
 

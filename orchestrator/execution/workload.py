@@ -11,8 +11,7 @@ from orchestrator.config.space import TrialConfig, resolve
 from orchestrator.errors import UserError
 from orchestrator.prompts.loading import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
 from workers.model.args import ModelArgs
-from workers.model.checkpoint import load_args, resolve_model_path
-from workers.model.random_weights import is_random
+from workers.model.locate import is_random, load_args, resolve_model_path
 from workers.spec import GangSpec, Workload
 
 # steps timed with and without the allreduce (the comm/compute split), once per trial or decode

@@ -237,7 +237,7 @@ def config_model_facts(trials, cfg: ExperimentConfig, label_of, top: int = PREDI
 def model_layers(cfg: ExperimentConfig) -> int | None:
     """The verifier's layer count (the draft-cost prior's unit) from what is on this machine (a demo
     model is never fetched for it); None where the model cannot be read here."""
-    from workers.model.checkpoint import DEMO_MODELS, cache_root, load_args, resolve_model_path
+    from workers.model.locate import DEMO_MODELS, cache_root, load_args, resolve_model_path
 
     try:
         path = cache_root() / cfg.model.path if cfg.model.path in DEMO_MODELS else resolve_model_path(cfg.model.path)
@@ -256,7 +256,7 @@ def model_comm(rows: list[dict] | None, model_path: str, dtype: str, device: str
     (k + 1) x hidden x itemsize bytes (batch 1), the table's rows of the steps' mode."""
     if not rows:
         return None, "no allreduce table (study.bench_allreduce off and no --bench)"
-    from workers.model.checkpoint import load_args, resolve_model_path
+    from workers.model.locate import load_args, resolve_model_path
 
     try:
         args = load_args(resolve_model_path(model_path))

@@ -3,36 +3,57 @@
 from workers.comm import make_allreduce, refusal
 reason = refusal("nccl", gang)          # None if it can run, else one line why not
 ar = make_allreduce("gloo", group, world_size)
+
+`GangInfo`, `refusal` and `BackendError` import no torch (the CLI checks a YAML with them); the
+backends, `BACKENDS` and the checks that run collectives load torch on first use (PEP 562).
 """
 
 from __future__ import annotations
 
-from workers.comm.base import AllReduce, GangInfo, NoOpAllReduce, validate, validate_add_norm
-from workers.comm.symm_mem import SymmMemAllReduce
-from workers.comm.symm_mem_ll import SymmMemLLAllReduce
-from workers.comm.torch_dist import GlooAllReduce, NcclAllReduce
+from workers.comm.capability import BACKEND_NAMES, GangInfo, refusal
+from workers.runtime.errors import BackendError
 
-BACKENDS: dict[str, type[AllReduce]] = {
-    cls.name: cls for cls in (GlooAllReduce, NcclAllReduce, SymmMemAllReduce, SymmMemLLAllReduce, NoOpAllReduce)
-}
+_LAZY = {"AllReduce", "NoOpAllReduce", "validate", "validate_add_norm"}
 
 
-class BackendError(ValueError):
-    """A backend that does not exist or cannot run on the gang (one line)."""
+def __getattr__(name: str):
+    if name in _LAZY:
+        from workers.comm import base
+
+        return getattr(base, name)
+    if name == "BACKENDS":
+        return backends()
+    raise AttributeError(f"module 'workers.comm' has no attribute {name!r}")
 
 
-def refusal(name: str, gang: GangInfo) -> str | None:
-    if name not in BACKENDS:
-        return f"unknown allreduce backend {name!r} (known: {', '.join(sorted(BACKENDS))})"
-    return BACKENDS[name].capability(gang)
+def backends() -> dict:
+    """Each backend's name -> its class (imports torch)."""
+    from workers.comm.base import NoOpAllReduce
+    from workers.comm.symm_mem import SymmMemAllReduce
+    from workers.comm.symm_mem_ll import SymmMemLLAllReduce
+    from workers.comm.torch_dist import GlooAllReduce, NcclAllReduce
+
+    table = {cls.name: cls for cls in (GlooAllReduce, NcclAllReduce, SymmMemAllReduce, SymmMemLLAllReduce, NoOpAllReduce)}
+    assert set(table) == set(BACKEND_NAMES), "workers/comm/capability.py names every backend"
+    return table
 
 
-def make_allreduce(name: str, group, world_size: int, gang: GangInfo | None = None) -> AllReduce:
+def make_allreduce(name: str, group, world_size: int, gang: GangInfo | None = None):
     if gang is not None and (why := refusal(name, gang)):
         raise BackendError(why)
-    if name not in BACKENDS:
-        raise BackendError(f"unknown allreduce backend {name!r} (known: {', '.join(sorted(BACKENDS))})")
-    return BACKENDS[name](group, world_size)
+    if name not in BACKEND_NAMES:
+        raise BackendError(f"unknown allreduce backend {name!r} (known: {', '.join(BACKEND_NAMES)})")
+    return backends()[name](group, world_size)
 
 
-__all__ = ["AllReduce", "BACKENDS", "BackendError", "GangInfo", "make_allreduce", "refusal", "validate", "validate_add_norm"]
+__all__ = [
+    "AllReduce",
+    "BACKENDS",
+    "BACKEND_NAMES",
+    "BackendError",
+    "GangInfo",
+    "make_allreduce",
+    "refusal",
+    "validate",
+    "validate_add_norm",
+]

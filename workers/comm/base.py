@@ -15,16 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-
-@dataclass(frozen=True)
-class GangInfo:
-    """What a backend needs to know to decide whether it can run."""
-
-    world_size: int
-    device_type: str  # "cpu" or "cuda"
-    devices: tuple[int, ...] = ()  # CUDA device index of each rank
-    p2p_ok: bool = False  # every pair of ranks can reach each other's memory
-    max_message_bytes: int = 0  # the largest allreduce the trial will issue
+from workers.comm.capability import GangInfo, refusal
 
 
 @dataclass
@@ -56,8 +47,8 @@ class AllReduce:
 
     @classmethod
     def capability(cls, gang: GangInfo) -> str | None:
-        """None when this backend can run on `gang`, else one line saying why not."""
-        raise NotImplementedError
+        """None when this backend can run on `gang`, else one line saying why not (workers/comm/capability.py)."""
+        return refusal(cls.name, gang)
 
     def setup(self, device: torch.device, dtype: torch.dtype, max_numel: int) -> None:
         """Allocate what the backend needs for messages up to `max_numel` (collective where it must be)."""
@@ -107,10 +98,6 @@ class NoOpAllReduce(AllReduce):
     """Leaves partial sums as they are: the compute-only ablation (results are thrown away)."""
 
     name = "noop"
-
-    @classmethod
-    def capability(cls, gang: GangInfo) -> str | None:
-        return None
 
     def _all_reduce(self, x: torch.Tensor) -> None:
         pass

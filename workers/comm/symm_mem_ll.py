@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from workers.comm.base import AllReduce, GangInfo
-from workers.comm.symm_mem import SymmMemAllReduce
+from workers.comm.base import AllReduce
 
 try:
     import triton
@@ -361,14 +360,6 @@ class SymmMemLLAllReduce(AllReduce):
     timed = False
     fuses_add_norm = True
     MAX_HIDDEN = 16384  # add_norm: one program holds a whole row
-
-    @classmethod
-    def capability(cls, gang: GangInfo) -> str | None:
-        if why := SymmMemAllReduce.capability(gang):
-            return why.replace("symm_mem", "symm_mem_ll", 1)
-        if triton is None:
-            return "symm_mem_ll needs Triton, which this torch install lacks"
-        return None
 
     def setup(self, device: torch.device, dtype: torch.dtype, max_numel: int) -> None:
         import torch.distributed as dist

@@ -7,8 +7,7 @@ from workers.drafters.base import Drafter
 from workers.drafters.eagle3.head import Eagle3Drafter
 from workers.drafters.model_drafter import ModelDrafter
 from workers.drafters.ngram import NgramDrafter
-
-KINDS = ("none", "draft_model", "ngram", "layer_skip", "eagle3")
-PLACEMENTS = ("actor", "rank0")  # eagle3: its own process, or inside the verifier ranks
+from workers.spec import DRAFTER_KINDS as KINDS
+from workers.spec import DRAFTER_PLACEMENTS as PLACEMENTS
 
 __all__ = ["Drafter", "Eagle3Drafter", "KINDS", "ModelDrafter", "NgramDrafter", "PLACEMENTS"]

@@ -15,84 +15,10 @@ tokenizer (prompts go through the byte tokenizer) and no EOS.
 from __future__ import annotations
 
 import hashlib
-import json
-from pathlib import Path
 
 import torch
 
-from workers.model.args import CheckpointError
-
-PREFIX = "random:"
-
-PRESETS: dict[str, dict] = {
-    "llama-3-8b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-    },
-    "llama-3-70b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 8192,
-        "intermediate_size": 28672,
-        "num_hidden_layers": 80,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-    },
-    "llama-3.2-1b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 2048,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 64,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": True,
-        "hidden_act": "silu",
-    },
-}
-
-
-def is_random(path) -> bool:
-    return isinstance(path, str) and path.startswith(PREFIX)
-
-
-def random_config(ref: str) -> dict:
-    """The HF config dict a `random:` reference names (layers override applied)."""
-    body = ref.removeprefix(PREFIX)
-    name, _, opts = body.partition(":layers=")
-    if name in PRESETS:
-        cfg = dict(PRESETS[name])
-    elif Path(name).is_file():
-        cfg = json.loads(Path(name).read_text())
-    else:
-        raise CheckpointError(f"model {ref!r}: {name!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json file")
-    if opts:
-        if not opts.isdigit() or int(opts) < 1:
-            raise CheckpointError(f"model {ref!r}: layers must be a positive integer")
-        cfg["num_hidden_layers"] = int(opts)
-    return cfg
-
+from workers.model.locate import PREFIX, PRESETS, is_random, random_config  # noqa: F401 - re-exported
 
 TILE = 1024  # rows and columns of one independently seeded block
 

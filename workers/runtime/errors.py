@@ -8,3 +8,8 @@ class GangError(RuntimeError):
 
 class WorkerError(RuntimeError):
     """Raised inside a worker for a problem of the trial (bad backend, wrong sums, ...)."""
+
+
+class BackendError(ValueError):
+    """An allreduce backend that does not exist or cannot run on the gang (one line): bad input,
+    defined here (no torch) so the CLI can name it without importing the backends."""

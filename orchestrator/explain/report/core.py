@@ -114,7 +114,7 @@ def tp_what_ifs(row: Row) -> dict[str, str]:
 def hidden_size(cfg: ExperimentConfig) -> int | None:
     """The model's hidden size (the allreduce message per token), None where its config cannot be read."""
     try:
-        from workers.model.checkpoint import load_args, resolve_model_path
+        from workers.model.locate import load_args, resolve_model_path
 
         return load_args(resolve_model_path(cfg.model.path)).dim
     except (OSError, ValueError):

