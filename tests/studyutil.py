@@ -112,7 +112,7 @@ def mlflow_runs(uri: str, experiment: str):
 def processes_with_env(var: str, value: str, folder: str | None = None) -> list[str]:
     """Live processes (zombies excluded) whose environment has var=value, or (given `folder`, a
     test's Ray temp dir) that write a file there: catches Ray workers and agents too, which rename
-    themselves (`ray::Worker`) and whose setproctitle may overwrite part of their environment."""
+    themselves (`ray::WorkerActor`) and whose setproctitle may overwrite part of their environment."""
     from orchestrator.study.drivers import _writes_under
 
     out, needle = [], f"{var}={value}".encode()
@@ -165,8 +165,8 @@ def wait_until_gone(tag: str, timeout: float = 60.0, folder: str | None = None) 
 
 
 def ray_workers(tag: str) -> list[int]:
-    """PIDs of the live gang actors (`ray::Worker...`) a tagged driver started."""
-    return [int(line.split(":")[0]) for line in processes_with_env(TAG_VAR, tag) if "ray::Worker" in line]
+    """PIDs of the live gang actors (`ray::WorkerActor...`) a tagged driver started."""
+    return [int(line.split(":")[0]) for line in processes_with_env(TAG_VAR, tag) if "ray::WorkerActor" in line]
 
 
 def sql(db: Path, query: str, *args, timeout: float = 30) -> list[tuple]:

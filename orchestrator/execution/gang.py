@@ -21,9 +21,9 @@ import time
 
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, inherited_nccl_env
 from orchestrator.execution.cluster import PlacementError, Resources, assigned_instances, check_capacity
+from workers.runtime.actor import RAY_NOSET_CUDA_ENV, Rendezvous, WorkerActor
 from workers.runtime.errors import GangError
 from workers.runtime.gang import Gang, OnProgress, ThrottledProgress
-from workers.runtime.worker import RAY_NOSET_CUDA_ENV, Rendezvous, Worker
 from workers.spec import GangSpec, RunResult, Workload
 
 
@@ -85,7 +85,7 @@ class RayGang(Gang):
             # two actors that each see their GPU as cuda:0 cannot rendezvous (symm_mem, symm_mem_ll)
             env[RAY_NOSET_CUDA_ENV] = "1"
         runtime_env = {"env_vars": env}
-        actor_cls = ray.remote(Worker)
+        actor_cls = ray.remote(WorkerActor)
         for rank in range(spec.world_size):
             on_gpu = gpus[rank]
             self.actors.append(

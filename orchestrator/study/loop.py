@@ -291,15 +291,17 @@ def check_gang_fits(cfg: ExperimentConfig, nodes: list[dict]) -> None:
             raise PlacementError(f"{field}: {e}") from None
 
 
-def _local_nodes() -> list[dict]:
-    """What an embedded local Ray will offer: this machine's CPUs and CUDA devices."""
+def _local_nodes(device: str) -> list[dict]:
+    """What an embedded local Ray will offer: this machine's CPUs and, for a CUDA study, its CUDA
+    devices (counted through torch, which a CPU study's driver never imports)."""
     gpus = 0
-    try:
-        import torch
+    if device == "cuda":
+        try:
+            import torch
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001
-        pass
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except Exception:  # noqa: BLE001
+            pass
     return [{"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}]
 
 
@@ -337,7 +339,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
     ours = not ray.is_initialized()  # this run connects (and so disconnects); a caller's own Ray stays
     embedded = not os.environ.get("RAY_ADDRESS") and ours
     if embedded:
-        check_gang_fits(cfg, _local_nodes())
+        check_gang_fits(cfg, _local_nodes(cfg.parallel.device))
     storage, storage_url = make_storage(cfg)
     check_resume(storage, cfg)  # a resumed study keeps its fixed part: checked before anything starts
     finished = nothing_left(storage, cfg)  # a finished study is reported, not run: no Ray

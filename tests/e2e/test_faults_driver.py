@@ -77,7 +77,7 @@ def test_sigkilled_driver_resumes_without_loss_or_leak(tmp_path, tiny_ckpt):
     p = start_spectune(["run", str(exp)], home, tag)
     try:
         killed = _stop_mid_trial(p, db)
-        assert any("ray::Worker" in line for line in processes_with_env(TAG_VAR, tag))  # its actors are up
+        assert any("ray::WorkerActor" in line for line in processes_with_env(TAG_VAR, tag))  # its actors are up
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
     finally:

@@ -142,7 +142,7 @@ def test_ray_processes_and_actors_start_with_nvls_off(tiny_ckpt):
     assert r.returncode == 0, r.stderr[-2000:]
     names = {pid: _name(s) for pid, s in seen.items()}
     assert any(n.endswith("gcs_server") for n in names.values()) and any(n.endswith("raylet") for n in names.values()), names
-    actors = [pid for pid, n in names.items() if n.startswith("ray::Worker")]
+    actors = [pid for pid, n in names.items() if n.startswith("ray::WorkerActor")]
     assert len(actors) >= 2, names
     intact = {pid for pid, s in seen.items() if s["env"] and s["env"][0]}  # a renamed process's block starts with its title's padding
     for pid, s in seen.items():

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -27,23 +27,11 @@ from workers.engine.steps import no_cudnn_attention
 from workers.engine.verifier import ProgressHook, Verifier, run_drafter
 from workers.model.checkpoint import load_args, load_model, resolve_model_path
 from workers.model.tp import TPPart, hook
+from workers.runtime.actor import RAY_NOSET_CUDA_ENV, Rendezvous  # noqa: F401 - Rendezvous re-exported
 from workers.runtime.errors import WorkerError
 from workers.spec import MAX_DRAFT_TOKENS, GangSpec, RunResult, Workload
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """How the gang's processes meet: a FileStore path (one machine), or the TCPStore that
-    rank 0 serves on a port the OS picked (`Worker.open_store`), so no port is ever fixed."""
-
-    file: str | None = None
-    host: str | None = None
-    port: int = 0
-
-
-RAY_NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"  # Ray leaves CUDA_VISIBLE_DEVICES alone
 
 
 NO_GPU_ASSIGNED = -1

@@ -2,6 +2,7 @@
 # Issue 33's checks on an H200, trimmed to fit ~5 minutes of device time (carry .devcarry/pyd .devcarry/old2):
 # B = 32 plain (infra/gpu-batch.sh's workload), TP 1 batch-1 new against the code before the GQA grouping
 # (.devcarry/old2 = git archive 9f1f3e5), the kernel tests, EAGLE-3 k = 4 at B = 8. Exits at once on another GPU.
+# `call.sh min`: B = 32 and TP 1 only (what fits the last ~3 minutes of a session's device time).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 ROOT=$PWD
@@ -19,6 +20,7 @@ for code in new old; do
   (cd $d && PYTHONPATH=$d:/tmp/site timeout 50 python3 -m orchestrator $D > /tmp/tp1_$code.json 2>> $OUT/logs.txt)
   python3 -c "import json; r=json.load(open('/tmp/tp1_$code.json')); print('tp1 $code thr', round(r['throughput_tok_s'],1), 'dec', round(r['decode_tok_s'],1))" >> $OUT/setup.txt 2>&1
 done
+[ "${1:-}" = min ] && { echo "call (min: B = 32 and TP 1 only): $SECONDS s" >> $OUT/setup.txt; cat $OUT/setup.txt; cat /tmp/gb/json/table.txt; exit 0; }
 PYTHONPATH=$ROOT:/tmp/site timeout 90 python3 -m pytest -q -p no:cacheprovider tests/engine/test_kernels_attention.py \
   tests/engine/test_triton_kernels.py tests/engine/test_graph_safety.py -k "not tp2" > $OUT/kernels.txt 2>&1
 PYTHONPATH=$ROOT:/tmp/site timeout 30 python3 -m workers.kernels.attention_check --selftest >> $OUT/kernels.txt 2>&1
