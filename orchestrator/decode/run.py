@@ -191,11 +191,11 @@ def _decode_on_ray(run: DecodeRun, p: DecodePlan) -> dict:
 
 def decode(given: dict, run: DecodeRun = DecodeRun(), gang_factory: Callable[[GangSpec], Gang] | None = None) -> dict:
     """Decode the configuration of `given` (YAML fields the flags set) as `run` says; the JSON object's dict."""
-    from workers.runtime.local_gang import LocalGang
-
-    p = plan(given, run)  # bad input fails here, before any process or Ray starts
+    p = plan(given, run)  # bad input fails here, before any process or Ray starts (or torch is imported)
     if run.ray and gang_factory is None:
         return _decode_on_ray(run, p)
+    from workers.runtime.local_gang import LocalGang
+
     return _decode(run, p, gang_factory or (lambda spec: LocalGang(spec, timeout_s=run.timeout_s)))
 
 
