@@ -17,7 +17,7 @@ import tempfile
 
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls
 from orchestrator.errors import UserError
-from workers.comm import BACKENDS, GangInfo, refusal
+from workers.comm import BACKEND_NAMES, GangInfo, refusal
 from workers.runtime.procs import rank_context, with_env
 
 
@@ -99,8 +99,8 @@ def bench(
         if torch.cuda.device_count() < tp:
             raise UserError(f"--tp {tp}: this machine has {torch.cuda.device_count()} CUDA devices")
     for b in backends:
-        if b not in BACKENDS or b == "noop":
-            raise UserError(f"--backend {b!r} is not one of {', '.join(n for n in BACKENDS if n != 'noop')}")
+        if b not in BACKEND_NAMES or b == "noop":
+            raise UserError(f"--backend {b!r} is not one of {', '.join(n for n in BACKEND_NAMES if n != 'noop')}")
         if why := refusal(b, GangInfo(world_size=tp, device_type=device, p2p_ok=True, max_message_bytes=max(sizes))):
             raise UserError(f"--backend {b}: {why}")
     rows, failures = [], []
