@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -186,3 +187,56 @@ def sql(db: Path, query: str, *args, timeout: float = 30) -> list[tuple]:
         raise
     finally:
         con.close()
+
+
+def free_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@contextlib.contextmanager
+def mlflow_server(folder: Path):
+    """A real `mlflow server` on loopback (one worker, a migrated SQLite store and an artifact folder
+    in `folder`), as infra/services.sh starts it; yields its URL, stops its process group on exit."""
+    import signal
+    import time
+    import urllib.request
+
+    from orchestrator.tracking.local_store import seed_sqlite_store
+
+    port = free_port()
+    store = f"sqlite:///{folder / 'mlflow-server.db'}"
+    seed_sqlite_store(store)  # the server opens a migrated store, as ours do
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+        + ["--backend-store-uri", store, "--artifacts-destination", str(folder / "artifacts")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # as infra/services.sh starts it
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"mlflow server exited with {proc.returncode}") from None
+                time.sleep(1)
+        else:
+            raise RuntimeError("mlflow server did not start")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:  # its workers drain for ~20 s on SIGTERM; nothing of it is checked
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)

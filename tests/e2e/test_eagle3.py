@@ -223,7 +223,10 @@ def test_the_fast_head_step_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_he
     for d in (eager, chain):
         d.prefill(committed)
         d.observe(states)
-    for rnd, (k, accepted) in enumerate([(4, 1), (3, 0), (4, 4), (2, 2)]):
+    # rounds: some drafts kept, none, all; under the interpreter (about a second a head step) the
+    # same three with fewer steps
+    rounds = [(4, 1), (3, 0), (4, 4), (2, 2)] if body == "fused_sdpa" else [(3, 1), (2, 0), (2, 2)]
+    for rnd, (k, accepted) in enumerate(rounds):
         pe, pc = eager.propose(committed, k), chain.propose(committed, k)
         assert pc.tokens == pe.tokens and len(pc.tokens) == k, f"round {rnd}"
         n = chain.cache.lengths[0]
@@ -267,9 +270,13 @@ def test_head_that_does_not_fit_exits_2_with_one_line(tmp_path, tiny_ckpt, what,
     assert len(lines) == 1 and lines[0].startswith("spectune: error: --draft-model") and what in lines[0], r.stderr
 
 
+# Every placement at TP 1 and 2: the plain chain at (1, rank0) and (2, actor) (drafted_mean exactly k);
+# at (1, actor) and (2, rank0) with lookup, which drafts through the same head and link on every step
+# without a repeat (lookup 2 finds one at about 5 of these prompts' 96 positions, lookup 1 at about 11),
+# so those cases test the plain head there too, and lookup's steps besides.
 @pytest.mark.parametrize(
     "tp, placement, lookup, tree",
-    [(1, "actor", 0, 0), (1, "rank0", 0, 0), (2, "actor", 0, 0), (2, "rank0", 0, 0), (2, "rank0", 1, 0), (1, "actor", 2, 0)]
+    [(1, "rank0", 0, 0), (2, "actor", 0, 0), (2, "rank0", 1, 0), (1, "actor", 2, 0)]
     + [(2, "actor", 0, 3), (2, "rank0", 1, 2)],  # trees: over the link, and mixed with lookup's chains
 )
 def test_greedy_output_equals_baseline(tiny_ckpt, tiny_head, tp, placement, lookup, tree):
@@ -425,7 +432,15 @@ def _cli(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(1800)
-def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
+def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    def refused(*argv: str) -> str:
+        """The CLI's exit status 2 and last stderr line, in this process (no interpreter to start)."""
+        capsys.readouterr()
+        assert main(list(argv)) == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
     out = tmp_path / "head"
     prompts = "train-drafter --model smollm2-135m --num-prompts 2 --synthetic-prompts 1 --self-prompts 2".split()
     same = [*prompts, *"--max-new-tokens 16 --draft-vocab 512 --val-every 2".split()]
@@ -453,10 +468,9 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
     r = _cli(*same, "--max-steps", "5", "--out", str(out))
     assert r.returncode == 0 and "resuming at step 4" in r.stderr and "responses from" in r.stderr, r.stderr[-2000:]
     # responses made for other prompts are refused, not silently trained on
-    r = _cli(*prompts, "--out", str(out))
-    assert r.returncode == 2 and "--self-prompts" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
-    r = _cli("train-drafter", "--model", "smollm2-135m", "--self-prompts", "-1", "--out", str(tmp_path / "other"))
-    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("spectune: error: --max-time"), r.stderr[-2000:]
+    assert "--self-prompts" in (line := refused(*prompts, "--out", str(out))), line
+    line = refused("train-drafter", "--model", "smollm2-135m", "--self-prompts", "-1", "--out", str(tmp_path / "other"))
+    assert line.startswith("spectune: error: --max-time"), line
     r = _cli(
         "decode",
         "--model",
@@ -468,7 +482,7 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path):
         "-k",
         "4",
         "--num-prompts",
-        "2",
+        "1",
         "--max-new-tokens",
         "24",
         "--json",

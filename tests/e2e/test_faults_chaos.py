@@ -20,7 +20,9 @@ from studyutil import mlflow_runs, optuna_study, ray_workers, sql, start_spectun
 # a healthy trial took over 12 s on a slow, contended 2-core machine, and CI (twice as slow that day) failed
 # 3 healthy trials at 20 s beside the 3 faults: the deadline is far above a healthy trial, as a user's would be
 TRIAL_TIMEOUT_S = 40.0
-SETUP_TIMEOUT_S = 60.0  # a gang launch under a loaded CI machine (3 xdist workers on 2 cores) took over 20 s; CI runs at half speed some days
+SETUP_TIMEOUT_S = (
+    60.0  # a gang launch under a loaded CI machine (3 xdist workers on 2 cores) took over 20 s; CI runs at half speed some days
+)
 
 
 class Injector(threading.Thread):

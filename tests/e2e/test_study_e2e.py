@@ -1,209 +1,51 @@
-"""The main job end to end: real Ray (embedded local cluster), real SQLite Optuna storage, real
-MLflow (a `mlflow server` process, and a SQLite store), a drafter actor beside the TP 2 gang."""
+"""The main job end to end: real Ray (embedded local cluster), real SQLite Optuna storage, MLflow in
+a SQLite store. The TP 2 study against a real `mlflow server` process (a drafter actor beside the TP 2
+gang) is tests/e2e/test_report.py::test_report_end_to_end: the study its report is checked on."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
-from studyutil import mlflow_runs, optuna_study, processes_mentioning, spectune, summary, tiny_experiment
+from studyutil import mlflow_runs, optuna_study, spectune, summary, tiny_experiment
 
 pytestmark = pytest.mark.timeout(1800)  # several studies of up to 600 s each
-
-CONTRACT_PARAMS = ("spec.num_draft_tokens", "comm.backend", "parallel.tp", "drafter.kind")
-CONTRACT_METRICS = (
-    "throughput_tok_s",
-    "accept_len_mean",
-    "step_ms_p50",
-    "step_ms_p90",
-    "verify_ms_p50",
-    "draft_ms_p50",
-    "comm_ms_per_step",
-    "comm_fraction",
-    "speedup_vs_baseline",
-    "outputs_match_baseline",
-    "setup_s",
-)
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    from orchestrator.tracking.local_store import seed_sqlite_store
-
-    port = _free_port()
-    bin_dir = Path(sys.executable).parent
-    seed_sqlite_store(f"sqlite:///{tmp_path / 'mlflow-server.db'}")  # the server opens a migrated store, as ours do
-    proc = subprocess.Popen(
-        [
-            str(bin_dir / "mlflow"),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'mlflow-server.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "artifacts"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # as infra/services.sh starts it
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
-        else:
-            pytest.fail("mlflow server did not start")
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:  # its workers drain for ~20 s on SIGTERM; nothing of it is checked
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-
-def test_study_against_mlflow_server(tmp_path, tiny_ckpt, mlflow_server):
-    exp = tiny_experiment(tmp_path, tiny_ckpt, search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4, 6]}}})
-    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    r = spectune(
-        [
-            "run",
-            str(exp),
-            "--set",
-            f"tracking.uri={mlflow_server}",
-            "--set",
-            f"study.storage={storage}",
-            "--set",
-            "study.bench_allreduce=true",
-        ],
-        tmp_path / "home",
-    )
-    out = summary(r)
-    assert out["complete"] == 4
-    assert "[4/4]" in r.stderr and "rank trial" in r.stderr  # progress lines and the final table
-    assert processes_mentioning(r.ray_tmp) == []  # the embedded Ray and every actor are gone
-
-    study = optuna_study(storage, "tiny-study")
-    trials = study.trials
-    complete = [t for t in trials if t.state.name == "COMPLETE"]
-    assert len(complete) == 4
-    assert complete[0].params["spec.num_draft_tokens"] == 0  # the baseline runs first
-    parents, runs = mlflow_runs(mlflow_server, "tiny-study")
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    from mlflow.tracking import MlflowClient
-
-    # the baseline's tokens and margins (for near-tie verdicts): an artifact of its run, not a user attr
-    assert not any("spectune.baseline_outputs" in t.user_attrs for t in trials)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = MlflowClient(tracking_uri=mlflow_server).download_artifacts(
-            complete[0].user_attrs["mlflow_run_id"], "baseline_outputs.json", tmp
-        )
-        recorded = json.loads(open(path).read())
-    assert [len(m) for m in recorded["margins"]] == [len(t) for t in recorded["tokens"]] and recorded["tokens"]
-
-    logged = {a.path for a in MlflowClient(tracking_uri=mlflow_server).list_artifacts(parents[0].info.run_id)}
-    assert {"bench_allreduce_table.json", "bench_allreduce.json", "bench_allreduce_latency.png"} <= logged
-    assert parents[0].data.metrics["objective"] == pytest.approx(study.best_value, rel=1e-3)  # the best trial's, 4 significant digits
-    assert len(runs) == len(trials)
-    by_id = {run.info.run_id: run for run in runs}
-    for t in trials:
-        run = by_id[t.user_attrs["mlflow_run_id"]]
-        assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
-        assert run.data.tags["spectune.study"] == "tiny-study" and run.data.tags["spectune.trial"] == str(t.number)
-        assert run.data.tags["spectune.state"] == t.state.name
-        for p in CONTRACT_PARAMS:
-            assert p in run.data.params
-        assert run.data.params["parallel.tp"] == "2"
-    for t in complete:
-        run = by_id[t.user_attrs["mlflow_run_id"]]
-        for m in CONTRACT_METRICS:
-            assert m in run.data.metrics, m
-            assert t.user_attrs[m] == pytest.approx(run.data.metrics[m], rel=1e-3)
-        assert run.data.metrics["objective"] == pytest.approx(t.value, rel=1e-3)  # median - mad_penalty x MAD of its repeats
-        if t.user_attrs["repeats"] == 1:
-            assert run.data.metrics["throughput_tok_s"] == pytest.approx(t.value, rel=1e-3)  # MLflow keeps 4 significant digits
-        assert run.data.metrics["outputs_match_baseline"] == 1
-        if t.params["spec.num_draft_tokens"] > 0:
-            assert "accept_rate_pos_1" in run.data.metrics
-
-
-def test_resume_reaches_the_total_without_duplicates(tmp_path, tiny_ckpt):
-    """n_trials=3, then the same command with n_trials=5: 5 complete trials, one parent run,
-    one MLflow run per Optuna trial. All trials share one env: the gang is reused."""
-    space = {"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3, 4]}}}
-    exp = tiny_experiment(tmp_path, tiny_ckpt, search=space, parallel={"tp": 1, "cpus_per_worker": 0.1})  # one actor a gang
-    home = tmp_path / "home"
-    # two at a time asked for, on an embedded one-node Ray: isolation node gives one slot, said in one line
-    first_run = spectune(["run", str(exp), "--set", "study.n_trials=3", "--set", "study.max_concurrent_trials=2"], home)
-    assert "study.max_concurrent_trials=2, but isolation node gives 1 slot(s) on this cluster (1 node(s)): 1 at a time" in first_run.stderr
-    first = summary(first_run)
-    assert first["complete"] == 3
-    assert first["gangs_launched"] == 1  # 3+ trials, one gang: the same env and placement throughout
-    second_run = spectune(["run", str(exp), "--set", "study.n_trials=5"], home)
-    second = summary(second_run)
-    assert second["complete"] == 5 and second["parent_run_id"] == first["parent_run_id"]
-    assert "3/5 complete" in second_run.stderr
-    study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
-    assert len([t for t in study.trials if t.state.name == "COMPLETE"]) == 5
-    parents, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
-    assert len(parents) == 1
-    ids = [t.user_attrs["mlflow_run_id"] for t in study.trials]
-    assert len(set(ids)) == len(ids) == len(runs)
-    third = summary(spectune(["run", str(exp), "--set", "study.n_trials=5"], home))  # already done: runs nothing
-    assert third["complete"] == 5 and len(optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study").trials) == len(study.trials)
 
 
 def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt):
     """k fixed in the YAML (not searched): the k = 0 baseline still runs first (enqueued, measured
     study.baseline_repeats times), every speculative trial is compared with it (speedup from medians,
     outputs checked), every resolved parameter is an MLflow param, and the summary ranks with the noise
-    the repeats show. Resuming with another TP size exits 2 naming the field; resuming with more trials,
-    other limits and max_failed_trials=1 stops after exactly one failure and does not add a baseline."""
-    import json
+    the repeats show; its trials share one env, so one gang serves them all. Then resuming: with another
+    TP size exits 2 naming the field; with n_trials 3 -> 4 reaches 4 complete trials, one parent run, one
+    MLflow run per Optuna trial; once done, the same command runs nothing; with more trials, other limits
+    and max_failed_trials=1 it stops after exactly one failure and adds no second baseline.
+    (One study for both stories, resuming and the fixed k: each study costs its own Ray, gang and driver.
+    The name is the fixed-k test's of old: tests/durations.json knows it as the long test it still is.)"""
     import statistics
 
     exp = tiny_experiment(
         tmp_path,
         tiny_ckpt,
         drafter={"kind": "ngram", "layers": 1, "num_draft_tokens": 2},
-        search={"space": {"drafter.ngram_max": {"choices": [2, 3]}}},  # one gang for every trial
-        study={"n_trials": 2, "sampler": "random", "seed": 1},
+        search={"space": {"drafter.ngram_max": {"choices": [2, 3, 4, 5, 6]}}},  # distinct configs enough to resume twice
+        # no pruner: a trial the pruner stops as slower (noise on a loaded machine) would leave a resume short
+        study={"n_trials": 3, "sampler": "random", "seed": 1, "pruner": "none"},
         parallel={"tp": 1, "cpus_per_worker": 0.1},  # one actor a gang; the resume below tries TP 2
     )
     home = tmp_path / "home"
     storage, tracking = f"sqlite:///{home / 'optuna.db'}", f"sqlite:///{home / 'mlflow.db'}"
-    out = summary(spectune(["run", str(exp)], home))
-    assert out["complete"] == 2
+    # two at a time asked for, on an embedded one-node Ray: isolation node gives one slot, said in one line
+    first_run = spectune(["run", str(exp), "--set", "study.max_concurrent_trials=2"], home)
+    assert "study.max_concurrent_trials=2, but isolation node gives 1 slot(s) on this cluster (1 node(s)): 1 at a time" in first_run.stderr
+    out = summary(first_run)
+    assert out["complete"] == 3
     study = optuna_study(storage, "tiny-study")
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    # every trial records the gang it ran on; a drafter.ngram_max is part of the gang (so another value means new
+    # actors), the plain baseline runs on any gang of its verifier setup. One gang for 3 trials of one env: the
+    # batch study below (k searched)
+    assert out["gangs_launched"] == len({t.user_attrs["spectune.gang"] for t in complete})
     base = [t for t in complete if t.user_attrs["spectune.params"]["spec.num_draft_tokens"] == 0]
     assert [t.number for t in base] == [0] and "spec.num_draft_tokens" not in base[0].params  # not a parameter of the space
     samples = base[0].user_attrs["spectune.repeat_tok_s"]
@@ -233,12 +75,28 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     line = other_tp.stderr.strip().splitlines()[-1]
     assert line.startswith("spectune: error: parallel.tp: differ from the study 'tiny-study'") and "study.name" in line
 
+    second_run = spectune(["run", str(exp), "--set", "study.n_trials=4"], home)
+    second = summary(second_run)
+    assert second["complete"] == 4 and second["parent_run_id"] == out["parent_run_id"]
+    assert "3/4 complete" in second_run.stderr
+    study = optuna_study(storage, "tiny-study")
+    assert len([t for t in study.trials if t.state.name == "COMPLETE"]) == 4
+    parents, runs = mlflow_runs(tracking, "tiny-study")
+    assert len(parents) == 1
+    ids = [t.user_attrs["mlflow_run_id"] for t in study.trials]
+    assert len(set(ids)) == len(ids) == len(runs)
+    again = spectune(["run", str(exp), "--set", "study.n_trials=4"], home)  # already done: runs nothing
+    third = summary(again)
+    assert third["complete"] == 4 and len(optuna_study(storage, "tiny-study").trials) == len(study.trials)
+    report = home / "reports" / "tiny-study" / "report.html"
+    assert third["gangs_launched"] == 0 and f"nothing new measured; the report stands: {report}" in again.stderr and report.is_file()
+
     failing = spectune(
-        ["run", str(exp), "--set", "study.n_trials=4", "--set", "limits.trial_timeout_s=0.001", "--set", "study.max_failed_trials=1"], home
+        ["run", str(exp), "--set", "study.n_trials=6", "--set", "limits.trial_timeout_s=0.001", "--set", "study.max_failed_trials=1"], home
     )
     assert failing.returncode == 2 and "1 trials failed in this run" in failing.stderr, failing.stderr[-2000:]
     trials = optuna_study(storage, "tiny-study").trials
-    assert [t.state.name for t in trials].count("FAIL") == 1 and [t.state.name for t in trials].count("COMPLETE") == 2
+    assert [t.state.name for t in trials].count("FAIL") == 1 and [t.state.name for t in trials].count("COMPLETE") == 4
     assert sum(bool(t.user_attrs.get("spectune.baseline")) for t in trials) == 1  # resuming enqueues no second baseline
 
 
@@ -262,6 +120,7 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
     home = tmp_path / "home"
     out = summary(spectune(["run", str(exp)], home))
     assert out["complete"] == 3
+    assert out["gangs_launched"] == 1  # 3 trials, one gang: the same env and placement throughout
     study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
     # the grid proposes k = 0 again beside the enqueued baseline: skipped as a duplicate, each point measured once
     assert all("spectune.duplicate_of" in t.user_attrs for t in study.trials if t.state.name != "COMPLETE")
@@ -300,7 +159,11 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
         assert needle in (tmp_path / f"out.{fmt}").read_text()
     rep = spectune(["report", str(exp), "--out", str(tmp_path / "report")], home)
     assert rep.returncode == 0, rep.stderr[-2000:]
-    batches = json.loads((tmp_path / "report" / "summary.json").read_text())["batches"]
+    facts = json.loads((tmp_path / "report" / "summary.json").read_text())
+    # no allreduce table (study.bench_allreduce off, no --bench): the allreduce term is fitted, and the report says so
+    assert facts["allreduce_term"] == {"tp1 gloo": "fitted"} and not facts["comm_check"]
+    assert "allreduce term fitted for tp1 gloo: no allreduce table (study.bench_allreduce off and no --bench)" in rep.stdout
+    batches = facts["batches"]
     assert [row["batch_size"] for row in batches["schedule"]] == [1, 2]
     stop = batches["speculation_stops_paying_at"]
     assert stop in (None, 1, 2)
@@ -338,3 +201,7 @@ def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt):
     assert f"re-measures trial {first.number}'s configuration" in r.stderr
     _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
     assert {run.data.tags.get("spectune.race_of") for run in runs} == {None, str(first.number)}
+    by_id = {run.info.run_id: run for run in runs}
+    for t in complete:  # one repeat each (baseline_repeats 1, workload.repeats 1): the objective is the throughput measured
+        assert t.user_attrs["repeats"] == 1
+        assert by_id[t.user_attrs["mlflow_run_id"]].data.metrics["throughput_tok_s"] == pytest.approx(t.value, rel=1e-3)  # 4 digits

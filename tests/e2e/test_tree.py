@@ -192,30 +192,68 @@ def test_tree_decoding_equals_the_baseline_with_siblings_accepted(tiny_ckpt, tin
         torch.distributed.destroy_process_group()
 
 
+class _OneGang:
+    """decode()'s gang factory for several decodes of one GangSpec: the first call starts a LocalGang
+    and sets it up, every decode runs on it (a decode's `with` leaves it open), the caller closes it."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s, self.spec, self.gang, self.ready = timeout_s, None, None, None
+
+    def __call__(self, spec: GangSpec):
+        from workers.runtime.local_gang import LocalGang
+
+        if self.gang is None:
+            self.spec, self.gang = spec, LocalGang(spec, timeout_s=self.timeout_s)
+        assert spec == self.spec, "the decodes share one gang: they must ask for the same GangSpec"
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is not None:
+            self.close()
+
+    def setup(self) -> list[dict]:
+        if self.ready is None:
+            self.ready = self.gang.setup()
+        return self.ready
+
+    def run(self, *args, **kwargs):
+        return self.gang.run(*args, **kwargs)
+
+    def peak_rss_mb(self) -> list[float]:
+        return self.gang.peak_rss_mb()
+
+    def close(self) -> None:
+        if self.gang is not None:
+            self.gang.close()
+
+
 @pytest.mark.timeout(1800)
 def test_a_tree_over_the_link_at_tp2_with_the_demo_head_keeps_the_baseline():
     """The shipped head (a real draft, so siblings and long paths are accepted) as its own process
     at TP 2: each rank moves the accepted path's K/V in its shard, the head gets the path's states
     over the link; greedy output equals the baseline's and the tree accepts more than one token a
-    step. Sampling runs the same gang: rank 1 learns each path from rank 0's result."""
-    import json
-    import subprocess
-    import sys
+    step. Sampling runs the same gang (one gang of processes serves both decodes): rank 1 learns
+    each path from rank 0's result. (`spectune decode` as a process, flags to JSON, is
+    tests/e2e/test_cli_decode.py's and test_eagle3.py's train-drafter test's.)"""
+    from orchestrator.decode.flags import parse
+    from orchestrator.decode.run import decode
 
-    from tests.e2e.test_eagle3 import ENV, ROOT
-
-    base = ["-m", "orchestrator", "decode", "--model", "smollm2-135m", "--tp", "2", "--drafter", "eagle3"]
-    base += ["--draft-model", "smollm2-135m-eagle3", "-k", "4", "--tree-width", "3", "--split", "heldout", "--json"]
-    for extra in (
-        ["--num-prompts", "2", "--max-new-tokens", "24"],
-        ["--num-prompts", "1", "--max-new-tokens", "24", "--temperature", "0.7"],
-    ):
-        r = subprocess.run([sys.executable, *base, *extra], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900)
-        assert r.returncode == 0, r.stderr[-2000:]
-        out = json.loads(r.stdout)
+    base = ["--model", "smollm2-135m", "--tp", "2", "--drafter", "eagle3", "--draft-model", "smollm2-135m-eagle3"]
+    base += ["-k", "4", "--tree-width", "3", "--split", "heldout", "--timeout", "900"]
+    gang = _OneGang(timeout_s=900)
+    try:
+        out = decode(*parse([*base, "--num-prompts", "2", "--max-new-tokens", "24"]), gang_factory=gang)
         assert out["drafted_mean"] == 12 and out["accept_len_mean"] > 1.3, out["accept_len_mean"]
-        if "--temperature" not in extra:
-            assert out["outputs_match_baseline"] == 1 and out["prompts_matching_baseline"] == 2
+        assert out["outputs_match_baseline"] == 1 and out["prompts_matching_baseline"] == 2
+        # sampling: no baseline run (nothing judges sampled tokens), the comm/compute split timed above
+        sampled = [*base, "--num-prompts", "1", "--max-new-tokens", "24", "--temperature", "0.7", "--no-baseline", "--ablation-iters", "0"]
+        out = decode(*parse(sampled), gang_factory=gang)
+        assert out["drafted_mean"] == 12 and out["accept_len_mean"] > 1.3, out["accept_len_mean"]
+    finally:
+        gang.close()
 
 
 def test_the_tree_shape_shares_the_chain_then_gives_the_ngram_branch_the_deepest_siblings_places():

@@ -7,8 +7,8 @@ benchmark's and the parity check's processes):
 Rules:
 - A CUDA gang's processes are spawned: a fresh interpreter, no inherited CUDA state or threads.
 - A CPU gang's processes are forked from a forkserver that imported the worker code (torch, the
-  engine, the drafters) once, so a rank starts in milliseconds instead of re-importing torch (about
-  2.5 s of CPU a process). The forkserver itself ran nothing, so no thread or device state is forked.
+  engine, the drafters, torch._dynamo) once, so a rank starts in milliseconds instead of re-importing
+  them (about 2.5 + 1.8 s of CPU a process). The forkserver itself ran nothing, so no thread or device state is forked.
 - A forked process starts with the forkserver's environment, taken when it started; `with_env` gives
   it this process's environment of the moment instead, before the target runs. Variables that a
   library reads only when imported keep the forkserver's value: NVLink multicast is off in it from
@@ -22,7 +22,9 @@ import os
 
 from workers.runtime.nvls import nvls_off_here
 
-PRELOAD = ["workers.runtime.worker", "workers.runtime.local_gang"]
+# torch._dynamo too: building a model on the meta device runs torch's Python reference ops, which import
+# it (~1.8 s of CPU) the first time, in every process that loads a model
+PRELOAD = ["workers.runtime.worker", "workers.runtime.local_gang", "torch._dynamo"]
 
 
 def rank_context(device: str):
