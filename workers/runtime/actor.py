@@ -1,6 +1,7 @@
 """The Ray actor of one gang process (orchestrator/execution/gang.py starts one per rank), and what the
 driver hands it. Nothing here imports torch: the actor builds its `Worker` (workers/runtime/worker.py,
-which does) in its own process, so the driver that creates actors never loads torch.
+which does) in its own process, so the driver that creates actors never loads torch. `Rendezvous` (how
+the ranks meet) lives in workers/runtime/gang.py.
 
     actor = ray.remote(concurrency_groups={PROGRESS_GROUP: 1})(WorkerActor).remote(rank, spec)
     port = ray.get(actor.open_store.remote("127.0.0.1"))          # rank 0
@@ -15,20 +16,10 @@ driver hears a decode's progress without a queue actor: one process fewer per ga
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
-RAY_NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"  # Ray leaves CUDA_VISIBLE_DEVICES alone
+from workers.runtime.gang import RAY_NOSET_CUDA_ENV, Rendezvous  # noqa: F401 - re-exported for the driver
+
 PROGRESS_GROUP = "progress"  # the concurrency group of WorkerActor.progress
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """How the gang's processes meet: a FileStore path (one machine), or the TCPStore that
-    rank 0 serves on a port the OS picked (`Worker.open_store`), so no port is ever fixed."""
-
-    file: str | None = None
-    host: str | None = None
-    port: int = 0
 
 
 class WorkerActor:

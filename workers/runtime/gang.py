@@ -16,8 +16,22 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from workers.spec import RunResult, Workload
+
+RAY_NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"  # Ray leaves CUDA_VISIBLE_DEVICES alone
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How the gang's processes meet: a FileStore path (one machine), or the TCPStore that
+    rank 0 serves on a port the OS picked (`Worker.open_store`), so no port is ever fixed."""
+
+    file: str | None = None
+    host: str | None = None
+    port: int = 0
+
 
 OnProgress = Callable[[int, float], None]  # (tokens of the current prompt, seconds since it began), on the driver
 

@@ -27,8 +27,8 @@ from workers.engine.steps import no_cudnn_attention
 from workers.engine.verifier import ProgressHook, Verifier, run_drafter
 from workers.model.checkpoint import load_args, load_model, resolve_model_path
 from workers.model.tp import TPPart, hook
-from workers.runtime.actor import RAY_NOSET_CUDA_ENV, Rendezvous  # noqa: F401 - Rendezvous re-exported
 from workers.runtime.errors import WorkerError
+from workers.runtime.gang import RAY_NOSET_CUDA_ENV, Rendezvous  # noqa: F401 - Rendezvous re-exported
 from workers.spec import MAX_DRAFT_TOKENS, GangSpec, RunResult, Workload
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
