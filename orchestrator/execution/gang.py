@@ -21,14 +21,26 @@ import time
 
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, inherited_nccl_env
 from orchestrator.execution.cluster import PlacementError, Resources, assigned_instances, check_capacity
-from workers.runtime.actor import PROGRESS_GROUP, RAY_NOSET_CUDA_ENV, Rendezvous, WorkerActor
+from workers.runtime.actor import RAY_NOSET_CUDA_ENV, Rendezvous, WorkerActor
 from workers.runtime.errors import GangError
-from workers.runtime.gang import Gang, OnProgress
+from workers.runtime.gang import Gang, OnProgress, ThrottledProgress
 from workers.spec import GangSpec, RunResult, Workload
 
 
 def _instances_of(worker, resource: str) -> list[int]:  # run on an actor through __ray_call__
     return assigned_instances(resource)
+
+
+class QueueProgress(ThrottledProgress):
+    """The progress hook handed to verifier rank 0: puts (tokens, seconds) into a Ray queue without
+    waiting for the put; the driver drains the queue while it waits for the run (`RayGang.run`)."""
+
+    def __init__(self, queue, every_s: float = 1.0):
+        super().__init__(every_s)
+        self.queue = queue
+
+    def send(self, tokens: int, seconds: float) -> None:
+        self.queue.actor.put_nowait.remote((tokens, seconds))
 
 
 class RayGang(Gang):
@@ -41,6 +53,7 @@ class RayGang(Gang):
         self._ray, self._remove_pg = ray, remove_placement_group
         self.actors: list = []
         self._closed = False
+        self._progress = None  # Ray queue rank 0 reports decode progress into (made on the first run that asks)
         check_capacity(spec, res)
         self.accel = accel = res.gpu_resource or ("GPU" if spec.device == "cuda" else None)
         gpu = 1 if accel else 0
@@ -72,7 +85,7 @@ class RayGang(Gang):
             # two actors that each see their GPU as cuda:0 cannot rendezvous (symm_mem, symm_mem_ll)
             env[RAY_NOSET_CUDA_ENV] = "1"
         runtime_env = {"env_vars": env}
-        actor_cls = ray.remote(concurrency_groups={PROGRESS_GROUP: 1})(WorkerActor)
+        actor_cls = ray.remote(WorkerActor)
         for rank in range(spec.world_size):
             on_gpu = gpus[rank]
             self.actors.append(
@@ -159,28 +172,25 @@ class RayGang(Gang):
     def run(self, workload: Workload, timeout_s: float | None = None, on_progress: OnProgress | None = None) -> RunResult:
         """Decode `workload` on every rank; `timeout_s` (default: the per-call limit) bounds the call.
         `on_progress(tokens, seconds)`, on the driver, hears rank 0's progress through the current
-        prompt about twice a second: the driver asks rank 0's actor (`WorkerActor.progress`, in its own
-        concurrency group) while it waits."""
+        prompt about once a second (`QueueProgress`)."""
         limit = self.res.call_timeout_s if timeout_s is None else max(0.0, timeout_s)
         if on_progress is None:
             return self._gather([a.run.remote(workload) for a in self.actors], limit, "run")[0]
-        ray, asked = self._ray, []
+        from ray.util.queue import Queue
+
+        if self._progress is None:
+            self._progress = Queue(actor_options={"num_cpus": 0})
+        hook = QueueProgress(self._progress)
 
         def poll() -> None:
-            if not asked:
-                asked.append(self.actors[0].progress.options(concurrency_group=PROGRESS_GROUP).remote())
-                return
-            ready, _ = ray.wait(asked, timeout=0)
-            if not ready:
-                return
             try:
-                latest = ray.get(asked.pop())
-            except Exception:  # noqa: BLE001 - progress is a courtesy: a lost answer never fails the run
+                items = self._progress.get_nowait_batch(self._progress.qsize()) if self._progress.qsize() else []
+            except Exception:  # noqa: BLE001 - progress is a courtesy: a lost queue never fails the run
                 return
-            if latest is not None:
-                on_progress(*latest)
+            if items:
+                on_progress(*items[-1])
 
-        refs = [a.run.remote(workload, i == 0) for i, a in enumerate(self.actors)]
+        refs = [a.run.remote(workload, hook if i == 0 else None) for i, a in enumerate(self.actors)]
         return self._gather(refs, limit, "run", poll)[0]
 
     def pids(self) -> list[int]:
@@ -194,7 +204,7 @@ class RayGang(Gang):
         if self._closed:
             return
         self._closed = True
-        for actor in self.actors:
+        for actor in self.actors + ([self._progress.actor] if self._progress is not None else []):
             try:
                 self._ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone

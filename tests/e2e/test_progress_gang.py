@@ -1,7 +1,7 @@
 """Decode progress from inside a gang, through the one Gang interface (workers/runtime/gang.py): verifier
-rank 0's hook (Verifier.on_progress) keeps the latest (tokens, seconds) for the driver to ask for (RayGang,
-orchestrator/execution/gang.py: WorkerActor.progress in its own concurrency group) or sends it at most once
-per `every_s` over its pipe (LocalGang), and `run` hands them to the driver's callback while it waits."""
+rank 0's hook (Verifier.on_progress) forwards (tokens, seconds) at most once per `every_s`, into a Ray
+queue (RayGang, orchestrator/execution/gang.py) or over its pipe (LocalGang), and `run` hands them to
+the driver's callback while it waits for the run."""
 
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ def local_ray():
 
 
 @pytest.mark.parametrize("kind", ["ray", "local"])
-def test_rank0_reports_progress_through_the_gang(kind, request, tiny_ckpt):
+def test_rank0_reports_progress_through_the_gang(kind, request, tiny_ckpt, monkeypatch):
     spec = GangSpec(model_path=str(tiny_ckpt), tp=2)
     if kind == "ray":
         request.getfixturevalue("local_ray")
+        monkeypatch.setattr("orchestrator.execution.gang.QueueProgress.__init__.__defaults__", (0.0,))  # every step, not once a second
         make = lambda: RayGang(spec, {}, Resources(cpus_per_worker=0.1))  # noqa: E731
     else:  # a spawned rank throttles at its own default: the first step is always heard
         make = lambda: LocalGang(spec, timeout_s=300)  # noqa: E731
