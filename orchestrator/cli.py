@@ -250,11 +250,8 @@ def _run(ns: argparse.Namespace) -> int:
     # raylet's last log lines, an actor's prints) goes to stderr with the progress
     with contextlib.redirect_stdout(sys.stderr):
         summary = run_study(cfg)
-        page = spectune_home() / "reports" / cfg.study_name / "report.html"
-        if summary.get("complete") and (summary.get("gangs_launched") or not page.is_file()):
+        if summary.get("complete"):
             after_run(cfg)  # the report's page and charts on the parent MLflow run
-        elif summary.get("complete"):  # nothing measured in this run: the last run's report stands
-            print(f"spectune: nothing new measured; the report stands: {page}", file=sys.stderr, flush=True)
     # the ranked table went to stderr with the progress lines; stdout ends with where the whole
     # summary is and the verdict, each one short line (the JSON itself with --json)
     path = spectune_home() / "summaries" / f"{cfg.study_name}.json"

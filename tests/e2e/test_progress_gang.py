@@ -34,7 +34,7 @@ def test_rank0_reports_progress_through_the_gang(kind, request, tiny_ckpt, monke
         request.getfixturevalue("local_ray")
         monkeypatch.setattr("orchestrator.execution.gang.QueueProgress.__init__.__defaults__", (0.0,))  # every step, not once a second
         make = lambda: RayGang(spec, {}, Resources(cpus_per_worker=0.1))  # noqa: E731
-    else:  # a spawned rank throttles at its own default: the first step is always heard
+    else:  # a local rank throttles at its own default: the first step is always heard
         make = lambda: LocalGang(spec, timeout_s=300)  # noqa: E731
     heard: list[tuple[int, float]] = []
     with make() as gang:

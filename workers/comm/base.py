@@ -29,7 +29,8 @@ class CommCounters:
 
 
 class AllReduce:
-    """Sum over the TP group. Subclasses implement `_all_reduce` (in place) and `capability`."""
+    """Sum over the TP group. Subclasses implement `_all_reduce` (in place); whether one can run on a gang is
+    workers/comm/capability.py's rule for its `name`."""
 
     name = "base"
     timed = True  # wall-clock timing per call (only meaningful where calls are synchronous)

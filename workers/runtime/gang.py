@@ -1,5 +1,5 @@
 """The one interface of a gang: TP verifier ranks plus (for a model drafter) the drafter, as processes
-that decode together. Two implementations: `workers.runtime.local_gang.LocalGang` (spawned processes
+that decode together. Two implementations: `workers.runtime.local_gang.LocalGang` (local processes
 on this machine: tests, `spectune decode`) and `orchestrator.execution.gang.RayGang` (Ray actors in a
 placement group: studies, `spectune decode --ray`). Code that drives a gang takes a `Gang`:
 

@@ -73,7 +73,7 @@ class _PipeProgress(ThrottledProgress):
 
 
 def _serve(rank: int, spec: GangSpec, conn) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))  # a spawned (CUDA) rank; Worker.setup sets torch's threads for all
     from workers.runtime.worker import Worker
 
     worker = Worker(rank, spec)

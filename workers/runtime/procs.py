@@ -12,7 +12,10 @@ Rules:
 - A forked process starts with the forkserver's environment, taken when it started; `with_env` gives
   it this process's environment of the moment instead, before the target runs. Variables that a
   library reads only when imported keep the forkserver's value: NVLink multicast is off in it from
-  its start (`nvls_off_here` runs first), and CPU gangs initialise no NCCL, symmetric memory or NVSHMEM.
+  its start (`nvls_off_here` runs first), and CPU gangs initialise no NCCL, symmetric memory or NVSHMEM;
+  TRITON_INTERPRET (read when a kernel is decorated, at import) is the forkserver's: set it before the
+  first CPU gang of a process starts (tests/conftest.py does). The ranks' stdout and stderr are the
+  ones the forkserver inherited.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One process of a gang: a verifier rank (0..tp-1) or the drafter (rank tp).
 
-The same class runs as a local process (`workers/runtime/local_gang.py`) or as a Ray actor
-(orchestrator/execution/gang.py): `setup` joins the process groups, loads this rank's part and checks
+The same class runs in a local process (`workers/runtime/local_gang.py`) or inside a Ray actor
+(`workers/runtime/actor.py`, started by orchestrator/execution/gang.py): `setup` joins the process groups, loads this rank's part and checks
 the allreduce backend against a reference sum; `run` decodes one Workload; `shutdown` leaves
 the process groups. Verifier rank 0 returns the RunResult, everyone else returns None.
 """

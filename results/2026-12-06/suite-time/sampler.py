@@ -1,44 +1,65 @@
-import os, sys, time, json, collections
+"""CPU-seconds per process kind while something runs: reads every process's utime + stime from /proc
+every 0.3 s until OUT.stop exists, then writes {kind: [CPU-seconds, processes]} to OUT.
+
+    python sampler.py /tmp/samp.json &  ...run the suite...;  touch /tmp/samp.json.stop
+
+A process counts with the last value seen (its whole life, also before the sampler started)."""
+
+import collections
+import json
+import os
+import sys
+import time
+
 HZ = os.sysconf("SC_CLK_TCK")
-seen = {}
-def cat(cmd):
-    c = cmd
-    if "pytest" in c and "-n" in c: return "pytest-controller"
-    if "exec(eval(sys.stdin" in c: return "pytest-worker"
-    if "forkserver" in c: return "forkserver(+ranks)"
-    if "spawn_main" in c: return "spawned-rank"
-    if "orchestrator run" in c or "spectune run" in c: return "driver:run"
-    if "orchestrator decode" in c or "spectune decode" in c: return "cli:decode"
-    if "orchestrator train-drafter" in c: return "cli:train"
-    if "orchestrator" in c or "bin/spectune" in c: return "cli:other"
-    if "default_worker.py" in c or "ray::" in c: return "ray:worker"
-    if "raylet" in c: return "ray:raylet"
-    if "gcs_server" in c: return "ray:gcs"
-    if "dashboard" in c or "agent" in c: return "ray:agents"
-    if "log_monitor" in c or "monitor.py" in c: return "ray:monitor"
-    if "mlflow" in c or "gunicorn" in c or "uvicorn" in c: return "mlflow-server"
-    if "postgres" in c: return "postgres"
-    if "chrom" in c: return "chromium"
-    if "ray" in c: return "ray:other"
-    return "other:" + c[:40]
-out = sys.argv[1]
-while not os.path.exists(out + ".stop"):
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit(): continue
-        try:
-            st = open(f"/proc/{pid}/stat").read()
-            cmd = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
-        except OSError:
-            continue
-        f = st.rsplit(")", 1)[1].split()
-        ut, stt, start = int(f[11]), int(f[12]), f[19]
-        if not cmd: continue
-        key = (pid, start)
-        prev = seen.get(key)
-        c = prev[0] if prev and prev[0] != "other:" else cat(cmd)
-        seen[key] = (c, (ut + stt) / HZ)
-    time.sleep(0.3)
-agg = collections.Counter(); n = collections.Counter()
-for (pid, s), (c, t) in seen.items():
-    agg[c] += t; n[c] += 1
-json.dump({k: [round(v, 1), n[k]] for k, v in agg.most_common()}, open(out, "w"), indent=1)
+KINDS = [  # (substring of the command line, kind): the first match names the process
+    ("pytest -q -n", "pytest-controller"),
+    ("exec(eval(sys.stdin", "pytest-worker"),
+    ("forkserver", "forkserver(+ranks)"),
+    ("spawn_main", "spawned-rank"),
+    ("orchestrator run", "driver:run"),
+    ("spectune run", "driver:run"),
+    ("orchestrator decode", "cli:decode"),
+    ("spectune decode", "cli:decode"),
+    ("orchestrator train-drafter", "cli:train"),
+    ("orchestrator", "cli:other"),
+    ("bin/spectune", "cli:other"),
+    ("default_worker.py", "ray:worker"),
+    ("ray::", "ray:worker"),
+    ("raylet", "ray:raylet"),
+    ("gcs_server", "ray:gcs"),
+    ("dashboard", "ray:agents"),
+    ("agent", "ray:agents"),
+    ("monitor", "ray:monitor"),
+    ("mlflow", "mlflow-server"),
+    ("postgres", "postgres"),
+    ("chrom", "chromium"),
+]
+
+
+def kind(cmd: str) -> str:
+    return next((k for needle, k in KINDS if needle in cmd), "other:" + cmd[:40])
+
+
+def main(out: str) -> None:
+    seen: dict[tuple[str, str], tuple[str, float]] = {}
+    while not os.path.exists(out + ".stop"):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = open(f"/proc/{pid}/stat").read()
+                cmd = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if cmd:
+                seen[(pid, fields[19])] = (kind(cmd), (int(fields[11]) + int(fields[12])) / HZ)
+        time.sleep(0.3)
+    cpu, count = collections.Counter(), collections.Counter()
+    for k, seconds in seen.values():
+        cpu[k] += seconds
+        count[k] += 1
+    json.dump({k: [round(v, 1), count[k]] for k, v in cpu.most_common()}, open(out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
