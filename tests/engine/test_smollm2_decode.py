@@ -21,7 +21,9 @@ def test_ngram_on_summarization_accepts_more_than_1_3(smollm2):
 
 
 def test_layer_skip_at_tp2_is_lossless(smollm2):
-    out = decode(*parse("--tp 2 --drafter layer_skip --draft-layers 12 -k 3 --num-prompts 1 --max-new-tokens 24".split()))
-    assert out["outputs_match_baseline"] == 1
+    # 20 of 30 layers: drafts are accepted (1.21 tokens a step measured), so the equality covers accepted
+    # drafts, not only rejected ones (12 layers accepted none)
+    out = decode(*parse("--tp 2 --drafter layer_skip --draft-layers 20 -k 3 --num-prompts 1 --max-new-tokens 24".split()))
+    assert out["outputs_match_baseline"] == 1 and out["accept_len_mean"] > 1.0, out["accept_len_mean"]
     assert out["allreduce_per_step"] == 60  # 30 layers x (attention + MLP)
     assert 0 < out["comm_fraction"] < 1
