@@ -12,6 +12,22 @@ from pathlib import Path
 
 import yaml
 
+# the metrics every measured configuration reports (docs/reference.md): a trial's MLflow metrics and
+# Optuna attributes, `spectune decode --json`'s keys
+CONTRACT_METRICS = (
+    "throughput_tok_s",
+    "accept_len_mean",
+    "step_ms_p50",
+    "step_ms_p90",
+    "verify_ms_p50",
+    "draft_ms_p50",
+    "comm_ms_per_step",
+    "comm_fraction",
+    "speedup_vs_baseline",
+    "outputs_match_baseline",
+    "setup_s",
+)
+
 PROMPTS = [
     "Summarize: the cat sat on the mat. The cat sat on the mat again, and again the cat sat.",
     "Translate to French: good morning, good morning, good night, good night.",

@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 import pytest
 import yaml
-from studyutil import mlflow_runs, mlflow_server, optuna_study, processes_mentioning, spectune, summary, tiny_experiment
+from studyutil import CONTRACT_METRICS, mlflow_runs, mlflow_server, optuna_study, processes_mentioning, spectune, summary, tiny_experiment
 
 from orchestrator.study.trial import noise_aware
 
@@ -227,19 +227,6 @@ def test_report_end_to_end(tmp_path, tiny_ckpt, mlflow_url):
 
 
 CONTRACT_PARAMS = ("spec.num_draft_tokens", "comm.backend", "parallel.tp", "drafter.kind")
-CONTRACT_METRICS = (
-    "throughput_tok_s",
-    "accept_len_mean",
-    "step_ms_p50",
-    "step_ms_p90",
-    "verify_ms_p50",
-    "draft_ms_p50",
-    "comm_ms_per_step",
-    "comm_fraction",
-    "speedup_vs_baseline",
-    "outputs_match_baseline",
-    "setup_s",
-)
 
 
 def _check_study_in_mlflow_server(r, storage: str, url: str) -> None:

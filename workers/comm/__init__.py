@@ -10,6 +10,8 @@ backends, `BACKENDS` and the checks that run collectives load torch on first use
 
 from __future__ import annotations
 
+import functools
+
 from workers.comm.capability import BACKEND_NAMES, GangInfo, refusal
 from workers.runtime.errors import BackendError
 
@@ -26,8 +28,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'workers.comm' has no attribute {name!r}")
 
 
+@functools.cache
 def backends() -> dict:
-    """Each backend's name -> its class (imports torch)."""
+    """Each backend's name -> its class (imports torch on the first call; one table for the process)."""
     from workers.comm.base import NoOpAllReduce
     from workers.comm.symm_mem import SymmMemAllReduce
     from workers.comm.symm_mem_ll import SymmMemLLAllReduce

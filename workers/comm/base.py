@@ -1,8 +1,8 @@
 """The AllReduce interface every tensor-parallel backend implements, and the checks around it.
 
 A backend sums a tensor across the TP group in place (`__call__`), all-gathers vocab-parallel
-logits (`all_gather_last`), says whether it can run on a gang (`capability`, a reason string or
-None) and keeps a call counter and, where timing is cheap (CPU), the seconds spent.
+logits (`all_gather_last`) and keeps a call counter and, where timing is cheap (CPU), the seconds
+spent; whether it can run on a gang is workers/comm/capability.py's `refusal`.
 `validate(allreduce, rank, world)` checks a backend against a reference sum before a trial is
 measured.
 """
@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-from workers.comm.capability import GangInfo, refusal
 
 
 @dataclass
@@ -45,11 +43,6 @@ class AllReduce:
         self.world_size = world_size
         self.counters = CommCounters()
         self.enabled = True  # False: the compute-only ablation (partial sums pass through, results are thrown away)
-
-    @classmethod
-    def capability(cls, gang: GangInfo) -> str | None:
-        """None when this backend can run on `gang`, else one line saying why not (workers/comm/capability.py)."""
-        return refusal(cls.name, gang)
 
     def setup(self, device: torch.device, dtype: torch.dtype, max_numel: int) -> None:
         """Allocate what the backend needs for messages up to `max_numel` (collective where it must be)."""

@@ -4,7 +4,7 @@ buffer over NVLink/P2P and sums locally: one hop, no ring, no NCCL protocol choi
 `setup` allocates one symmetric buffer for the largest message and exchanges its handles with the
 TP group (a collective); each call copies the partial sum in and reduces into the same tensor in
 one kernel (`one_shot_all_reduce_copy_out`), which CUDA graphs capture. A message larger than the
-buffer falls back to NCCL on the same group. The capability check runs anywhere, so CPU gangs
+buffer falls back to NCCL on the same group. The capability check (workers/comm/capability.py) runs anywhere, so CPU gangs
 get a clear refusal.
 """
 
