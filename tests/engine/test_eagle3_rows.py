@@ -34,7 +34,10 @@ def _head(tiny_ckpt, max_seq: int = 96):
 def _rows_against_alone(head, fast, chain: bool, capture: bool, steps: int = 6, k: int = 4) -> None:
     """Ragged rows (prompts of 14, 3, 27, 6 tokens: two longer than a step's feed), 0 .. k drafts
     kept per row and step, row 1 finishing after two steps: the group's drafts are each row's own
-    drafter's, one head pass per depth for all rows, and the row past the batch is left alone."""
+    drafter's, one head pass per depth for all rows, and the row past the batch is left alone. From
+    the second step the group gets its states as references into one batched pass's aux outputs
+    (`observe_rows`, staged in one copy per aux layer) and, every other step, leaves its drafts on
+    the device."""
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (14, 3, 27, 6)]
     group = Eagle3Rows(head, 5, fast=fast, capture=capture)  # a row more than the batch: left alone
@@ -55,19 +58,22 @@ def _rows_against_alone(head, fast, chain: bool, capture: bool, steps: int = 6, 
         if step == 2:
             live.remove(1)  # finished: its row gets a scratch entry, the others must not notice
         passes = group.passes
-        got = group.propose({i: committed[i] for i in live}, k)
+        on_device = step % 2 == 1
+        got = group.propose({i: committed[i] for i in live}, k, on_device=on_device)
         assert group.passes - passes == k  # one head pass per depth, all rows at once
         assert sorted(got) == live
+        # a batched verify pass's aux outputs: three layers [rows, k + 1, width / 3]
+        aux = [torch.randn(len(prompts), k + 1, width // 3, generator=g) for _ in range(3)]
         for i in live:
             want = alone[i].propose(committed[i], k).tokens
-            assert got[i].tokens == want, (step, i)
+            assert (got[i].device_tokens.tolist() if on_device else got[i].tokens) == want, (step, i)
             assert all(100 <= t < 164 for t in want)
             kept = (i + step) % (k + 1)  # 0 .. k drafts kept, then one of the verifier's
             committed[i].extend(want[:kept] + [int(torch.randint(0, 512, (1,), generator=g))])
-            states = torch.randn(1 + kept, width, generator=g)  # [last, kept drafts]
-            group.rows[i].observe(states)
-            alone[i].observe(states)
-    assert len({tuple(got[i].tokens) for i in live}) > 1  # rows draft from their own states
+            # [last, kept drafts]: row i's first 1 + kept positions of the pass
+            alone[i].observe(torch.cat([a[i, : 1 + kept] for a in aux], dim=-1))
+            group.rows[i].observe_rows(aux, i, 1 + kept)
+    assert len({tuple(alone[i].propose(committed[i], k).tokens) for i in live}) > 1  # rows draft from their own states
     assert group.cache.lengths[4] == 0 and not group.cache.k[0][4].any()  # the row past the batch
     if capture:
         assert list(group.graphs) == [(len(prompts), k)]  # captured by warm, replayed every step
@@ -148,15 +154,16 @@ def test_a_batched_run_drafts_and_accepts_as_batch_one(tiny_ckpt):
     seen: dict[str, dict[int, list]] = {"one": {}, "many": {}}
     real_one, real_many = Eagle3Drafter._propose, Eagle3Rows.propose
 
+    # the Proposal objects: drafts left on the device are read into `tokens` by the step that verifies them
     def spy_one(self, committed, kk, on_device):
         p = real_one(self, committed, kk, on_device)
-        seen["one"].setdefault(which(committed), []).append(p.tokens)
+        seen["one"].setdefault(which(committed), []).append(p)
         return p
 
-    def spy_many(self, committed, kk):
-        got = real_many(self, committed, kk)
+    def spy_many(self, committed, kk, on_device=False):
+        got = real_many(self, committed, kk, on_device)
         for row, c in committed.items():
-            seen["many"].setdefault(which(c), []).append(got[row].tokens)
+            seen["many"].setdefault(which(c), []).append(got[row])
         return got
 
     mp = pytest.MonkeyPatch()
@@ -173,5 +180,9 @@ def test_a_batched_run_drafts_and_accepts_as_batch_one(tiny_ckpt):
         mp.undo()
     assert [p.tokens for p in many.prompts] == [p.tokens for p in one.prompts]
     assert [(p.steps, p.accepted) for p in many.prompts] == [(p.steps, p.accepted) for p in one.prompts]
-    assert seen["many"] == seen["one"] and len(seen["one"]) == len(prompts)
+    drafts = {mode: {i: [p.tokens for p in ps] for i, ps in got.items()} for mode, got in seen.items()}
+    assert drafts["many"] == drafts["one"] and len(drafts["one"]) == len(prompts)
+    assert sum(len(t) for ts in drafts["many"].values() for t in ts) > 0
+    # greedy under engine.overlap: the batched rows' drafts stayed on the device until the verify pass read them
+    assert all(p.device_tokens is not None for ps in seen["many"].values() for p in ps if p.tokens)
     assert drafter._batch_rows[3].passes == k * many.metrics["num_steps"]  # every batched step: k passes for all its rows

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 
+import torch
+
 from workers.engine.link import Proposal
 
 
@@ -45,6 +47,12 @@ class Drafter(ABC):
 
     def observe(self, hidden) -> None:  # noqa: B027 - optional hook
         """reads_hidden only: the verifier's hidden states of the next committed positions, in order."""
+
+    def observe_rows(self, aux: list, row: int, n: int) -> None:
+        """reads_hidden only, a batch's row: `observe` of the first n positions of row `row` of the
+        last batched pass (`aux`: its aux layers' outputs [rows, W, dim], valid until the next pass).
+        A drafter of every row at once may keep the reference and gather all rows in one copy."""
+        self.observe(torch.cat([a[row, :n] for a in aux], dim=-1))
 
     @abstractmethod
     def propose(self, committed: list[int], k: int) -> Proposal: ...

@@ -51,6 +51,7 @@ import time
 
 import torch
 
+from workers.engine.device_loop import phase
 from workers.engine.link import VerifyResult
 from workers.engine.rank import Rank, Sequence, finish
 from workers.engine.stats import RunStats, StepRecord, relative_margins
@@ -83,9 +84,11 @@ class BatchSteps:
         self._aux: dict[tuple[int, int], list[torch.Tensor]] = {}  # EAGLE-3: each graph's captured aux states (static outputs)
         self._pool = None
 
-    def run(self, feed: list[list[int]], cache: KVCache) -> torch.Tensor:
+    def run(self, feed: list[list[int]], cache: KVCache, device_drafts=None) -> torch.Tensor:
         """Logits [n, W, V] of one pass over the rows of `feed` (n rows of W tokens) appended at each
-        row's length in `cache` (the first n rows of `full`); every row's length advances by W."""
+        row's length in `cache` (the first n rows of `full`); every row's length advances by W.
+        device_drafts: (rows, drafts [len(rows), k] on the device): those rows' tokens 1..k, in
+        place of what `feed` holds there (never read on the host here)."""
         n, W = len(feed), len(feed[0])
         starts = list(cache.lengths)
         if max(starts) + W > cache.max_seq:
@@ -93,13 +96,16 @@ class BatchSteps:
         if self.graphs.get((n, W)) is None:
             # eager (attends to the filled part only): no graphs here, or a shape `warm` did not capture
             # (capturing now would write scratch K/V into live rows)
-            return self.model(torch.tensor(feed, device=self.device), cache)
+            tokens = torch.tensor(feed, device=self.device)
+            _overlay(tokens, device_drafts)
+            return self.model(tokens, cache)
         if cache.k and cache.k[0].data_ptr() != self.full.k[0].data_ptr():
             raise ValueError("a batched pass runs on the rows of the cache its graphs were captured on")
         graph, inputs, staging, logits, calls = self.graphs[(n, W)]
         staging[0] = torch.tensor(feed)
         staging[1] = torch.tensor(starts)[:, None] + torch.arange(W)
         inputs.copy_(staging, non_blocking=True)
+        _overlay(inputs[0], device_drafts)
         graph.replay()
         if self.model.aux_layers:
             self.model.aux = self._aux[(n, W)]
@@ -163,6 +169,18 @@ class BatchSteps:
         return graph, inputs, staging, logits, calls
 
 
+def _overlay(tokens: torch.Tensor, device_drafts) -> None:
+    """tokens [n, W] on the device: rows `rows` take their drafts at positions 1..k (device ops only)."""
+    if device_drafts is None:
+        return
+    rows, drafts = device_drafts
+    k = drafts.shape[1]
+    if rows == list(range(tokens.shape[0])):
+        tokens[:, 1 : 1 + k].copy_(drafts)
+    else:
+        tokens[torch.tensor(rows, device=tokens.device), 1 : 1 + k] = drafts
+
+
 def why_not_batched(w: Workload, linked_drafter: bool, hidden_over_link: bool, tree: bool = False) -> str | None:
     """Why this run cannot decode in batches (None: it can): workers.spec.batch_refusal on the run's facts."""
     return batch_refusal(
@@ -177,20 +195,74 @@ def why_not_batched(w: Workload, linked_drafter: bool, hidden_over_link: bool, t
 def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache, seqs: list[Sequence], hidden) -> StepRecord:
     live = [s for s in seqs if not s.done]
     t0 = time.perf_counter()
-    proposals = strategy.propose_rows(live)
+    with phase("spectune.propose"):
+        proposals = strategy.propose_rows(live)
     t1 = time.perf_counter()
     width = 1 + max(len(p.tokens) for p in proposals.values())
     feed = []
     if any(p.parents is not None for p in proposals.values()):
         raise ValueError(batch_refusal(2, drafter_process=False, hidden_over_link=False, tree=True, sampled=False))
+    # drafts left on the device (an EAGLE-3 head's rows under engine.overlap): the verify pass reads
+    # them there, queued behind the head's passes; the host reads them with the argmaxes
+    on_device = [s.row for s in live if proposals[s.row].device_tokens is not None]
+    drafts = torch.stack([proposals[r].device_tokens for r in on_device]) if on_device else None
+    if drafts is not None:
+        width = max(width, 1 + drafts.shape[1])
     for s in seqs:
         row = [s.tokens[-1], *proposals[s.row].tokens] if s.row in proposals else [s.tokens[-1]]
         feed.append(row + [row[-1]] * (width - len(row)))
     base = list(cache.lengths)
     calls0, comm0 = rank.counters.calls, rank.counters.seconds
-    logits = passes.run(feed, cache)  # [n, W, V]; every row +W
-    # greedy: every row's argmax crosses to the host in one transfer (margins, where recorded, need the logits)
-    targets = logits.argmax(dim=-1).tolist() if rank.w.temperature <= 0 else None
+    with phase("spectune.verify"):
+        logits = passes.run(feed, cache, (on_device, drafts) if on_device else None)  # [n, W, V]; every row +W
+    with phase("spectune.decide"):
+        kept = _decide_rows(rank, strategy, cache, seqs, live, proposals, logits, base, hidden, (on_device, drafts))
+    t2 = time.perf_counter()
+    draft_s, verify_s = sum(p.draft_s for p in proposals.values()), t2 - t1
+    # drafts left on the device: one span around every row's head passes, done once decide read the
+    # argmaxes; the verify time is the rest of the step (as batch 1's overlapped steps count it)
+    if (span := next((p.gpu_span for p in proposals.values() if p.gpu_span is not None), None)) is not None:
+        draft_s = span[0].elapsed_time(span[1]) / 1e3
+        verify_s = max(0.0, t2 - t0 - draft_s)
+    return StepRecord(
+        drafted=sum(len(p.tokens) for p in proposals.values()),
+        accepted=sum(r.accepted for r in kept),
+        emitted=sum(len(r.tokens) for r in kept),
+        step_s=t2 - t0,
+        verify_s=verify_s,
+        draft_s=draft_s,
+        comm_calls=rank.counters.calls - calls0,
+        comm_s=rank.counters.seconds - comm0,
+        rows=len(live),
+        row_drafts=tuple((len(proposals[s.row].tokens), r.accepted) for s, r in zip(live, kept)),
+    )
+
+
+def _decide_rows(
+    rank: Rank, strategy: StepStrategy, cache: KVCache, seqs, live, proposals, logits, base, hidden, device_drafts
+) -> list[VerifyResult]:
+    """Each live row's verdict on its own logits rows (the batch-1 rules), published and committed;
+    its in-rank EAGLE-3 head handed the states of what it kept; every row's cache rolled back.
+    device_drafts: (rows, drafts [len(rows), k]) still on the device, read with the argmaxes."""
+    # greedy: every row's argmax crosses to the host in one transfer (margins, where recorded, need
+    # the logits), together with drafts left on the device
+    rows, drafts = device_drafts
+    targets = None
+    if rank.w.temperature <= 0:
+        argmax = logits.argmax(dim=-1)
+        if rows:
+            k = drafts.shape[1]
+            read = torch.cat([drafts.flatten(), argmax.flatten()]).tolist()
+            for i, r in enumerate(rows):
+                proposals[r].tokens = read[i * k : (i + 1) * k]
+            W = argmax.shape[1]
+            read = read[len(rows) * k :]
+            targets = [read[b * W : (b + 1) * W] for b in range(argmax.shape[0])]
+        else:
+            targets = argmax.tolist()
+    elif rows:
+        for r, t in zip(rows, drafts.tolist()):
+            proposals[r].tokens = t
     kept = []
     for s in live:
         p = proposals[s.row]
@@ -201,7 +273,7 @@ def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache
         new, done = finish(new, s.n_generated, rank.w)
         res = rank.publish(VerifyResult(accepted=n, tokens=new, done=done))
         if hidden is not None:  # EAGLE-3 in the rank: this row's states of [last, accepted drafts] to its head
-            s.drafter.observe(hidden.rows(1 + res.accepted, row=s.row))
+            s.drafter.observe_rows(hidden.model.aux, s.row, 1 + res.accepted)
         # keep [last, d_1..d_accepted]; the correction / bonus token is fed next step
         cache.rollback(s.row, base[s.row] + 1 + res.accepted)
         s.commit(res)
@@ -211,19 +283,7 @@ def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache
     for s in seqs:
         if s.row not in proposals:
             cache.rollback(s.row, base[s.row])  # a finished row: its padding pass is forgotten
-    t2 = time.perf_counter()
-    return StepRecord(
-        drafted=sum(len(p.tokens) for p in proposals.values()),
-        accepted=sum(r.accepted for r in kept),
-        emitted=sum(len(r.tokens) for r in kept),
-        step_s=t2 - t0,
-        verify_s=t2 - t1,
-        draft_s=sum(p.draft_s for p in proposals.values()),
-        comm_calls=rank.counters.calls - calls0,
-        comm_s=rank.counters.seconds - comm0,
-        rows=len(live),
-        row_drafts=tuple((len(proposals[s.row].tokens), r.accepted) for s, r in zip(live, kept)),
-    )
+    return kept
 
 
 def _prefill(

@@ -310,7 +310,7 @@ class InRankDrafting(StepStrategy):
     def propose_rows(self, seqs: list[Sequence]) -> dict[int, Proposal]:
         if self.rows is None:
             return super().propose_rows(seqs)
-        return self.rows.propose({s.row: s.tokens for s in seqs}, self.k)
+        return self.rows.propose({s.row: s.tokens for s in seqs}, self.k, on_device=self.on_device)
 
     def propose_for_step(self, seq: Sequence) -> Proposal:
         d = seq.drafter or self.drafter
@@ -364,7 +364,7 @@ class SimulatedAcceptance(StepStrategy):
 
     def propose_rows(self, seqs: list[Sequence]) -> dict[int, Proposal]:
         got = self.source.propose_rows(seqs)
-        return {s.row: self._pad(s, got[s.row]) for s in seqs}
+        return {s.row: p if (p := got[s.row]).device_tokens is not None else self._pad(s, p) for s in seqs}  # device rows: k drafts
 
     def propose_for_step(self, seq: Sequence) -> Proposal:
         p = self.source.propose_for_step(seq)

@@ -5,6 +5,7 @@
     rows.begin(n)                                      # a batch of n rows (n <= 8)
     rows.rows[i].prefill(prompt); rows.rows[i].observe(states)   # row i's drafter, as Eagle3Drafter's
     proposals = rows.propose({i: committed_i, ...}, k)  # {row: Proposal} for the live rows
+    proposals = rows.propose(..., k, on_device=True)    # drafts left on the device (Proposal.device_tokens)
 
 Each row keeps `Eagle3Drafter`'s bookkeeping (the verifier's states not yet fed, how many positions
 they cover, `ctx`: the entries fed with them) in its own row of one head cache. A proposal for the
@@ -17,6 +18,14 @@ live rows:
               padded after its last entry; each row's first draft from its own last entry (`at`)
     depth 2.. k - 1 passes of one entry per row: the row's draft and its pre-norm output, at the
               position after its previous entry
+
+A row's states of a batched verify pass arrive as a reference (`observe_rows`: the pass's aux
+outputs, the row, how many positions), not a copy: where every drafting row's only unfed states are
+that one pass's (every step after a batch's first), the depth-1 input of all rows is that pass's
+[n, W] block, copied once per aux layer, instead of a slice, a concatenation and a copy per row.
+With `on_device` the drafts stay on the device for the verify pass (engine.overlap, greedy): no host
+read between the head's passes and the verifier's, the drafts read back with its argmaxes
+(workers/engine/batched.py), and CUDA events around the passes give the draft time.
 
 Padding sits at positions past a row's entries: a query reads slots up to its own position only, and
 the row's next drafts overwrite them before any query reaches them. A row that does not draft this
@@ -44,11 +53,23 @@ from workers.engine.link import Proposal
 from workers.spec import MAX_DRAFT_TOKENS
 
 
+class _PassRows:
+    """Row `row`'s first n positions of a batched pass's aux outputs (valid until the next pass)."""
+
+    __slots__ = ("aux", "row", "n")
+
+    def __init__(self, aux: list[torch.Tensor], row: int, n: int):
+        self.aux, self.row, self.n = aux, row, n
+
+    def tensor(self) -> torch.Tensor:
+        return torch.cat([a[self.row, : self.n] for a in self.aux], dim=-1)
+
+
 class _RowState:
     __slots__ = ("states", "n_states", "ctx")
 
     def __init__(self):
-        self.states: list[torch.Tensor] = []  # aux states the verifier sent, not yet fed (fc not yet applied)
+        self.states: list = []  # aux states the verifier sent, not yet fed (fc not yet applied): tensors or _PassRows
         self.n_states = 0  # positions the verifier has sent states for
         self.ctx = 0  # cache entries fed with the verifier's states (the rest are drafts)
 
@@ -68,6 +89,9 @@ class Eagle3Row(Drafter):
 
     def observe(self, hidden: torch.Tensor) -> None:
         self.group.observe(self.row, hidden)
+
+    def observe_rows(self, aux: list, row: int, n: int) -> None:
+        self.group.observe_pass(self.row, aux, row, n)
 
     def propose(self, committed: list[int], k: int) -> Proposal:
         return self.group.propose({self.row: committed}, k)[self.row]
@@ -89,10 +113,12 @@ class Eagle3Rows:
         self._pos = torch.zeros(rows, width, dtype=torch.long, device=self.device)
         self._at = torch.zeros(rows, dtype=torch.long, device=self.device)
         self._aux = torch.zeros(rows, width, head.fc.in_features, dtype=dtype, device=self.device)  # fc's input
-        pin = self.device.type == "cuda"
-        staging = torch.zeros(2 * rows * width + rows, dtype=torch.long)
-        self._staging = staging.pin_memory() if pin else staging
+        cuda = self.device.type == "cuda"
+        staging = torch.zeros(2 * rows * width + rows, dtype=torch.long)  # tokens, positions, at: one host-to-device copy each
+        self._staging = staging.pin_memory() if cuda else staging
         self._views = {}  # n -> the first n rows of the cache (the tensors a graph captured)
+        # around the depth passes when the drafts stay on the device: the draft time, read after the verify pass
+        self._span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         self.graphs: dict[tuple[int, int], tuple] = {}  # (n, k) -> (graph, drafts [n, k])
         self._pool = None
         self.passes = 0  # head passes run (a test counts them: one per depth)
@@ -114,44 +140,58 @@ class Eagle3Rows:
             self.state[i].states.append(hidden.to(self.device, self.head.fc.weight.dtype))
             self.state[i].n_states += hidden.shape[0]
 
+    def observe_pass(self, i: int, aux: list[torch.Tensor], row: int, n: int) -> None:
+        """Row i: positions 0..n-1 of row `row` of the last batched pass, by reference."""
+        if n:
+            self.state[i].states.append(_PassRows(aux, row, n))
+            self.state[i].n_states += n
+
     def _view(self, n: int):
         if n not in self._views:
             self._views[n] = self.cache.view(0, n)
         return self._views[n]
 
     @torch.inference_mode()
-    def propose(self, committed: dict[int, list[int]], k: int) -> dict[int, Proposal]:
+    def propose(self, committed: dict[int, list[int]], k: int, on_device: bool = False) -> dict[int, Proposal]:
         """k greedy drafts for each row in `committed` (row -> its committed tokens: every live row
-        of the batch), from one pass per depth over the batch's n rows."""
+        of the batch), from one pass per depth over the batch's n rows. on_device: each drafting
+        row's drafts as a device view [k] (`Proposal.device_tokens`, with CUDA events around the
+        passes where captured), not read back."""
         t0 = time.perf_counter()
         n, W, cache, max_seq = self.n, k + 1, self.cache, self.cache.max_seq
         if not 1 <= k <= MAX_DRAFT_TOKENS:
             raise ValueError(f"k = {k} drafts: 1 .. {MAX_DRAFT_TOKENS}")
-        feeds: dict[int, tuple[list[int], torch.Tensor]] = {}
+        feeds: dict[int, tuple[list[int], list]] = {}  # row -> (tokens, its unfed states)
         backlog = []  # (row, tokens, aux, first position)
         for i, tokens in committed.items():
             r = self.state[i]
             if r.n_states != len(tokens) - 1:
                 raise RuntimeError(f"EAGLE-3 row {i}: hidden states for {r.n_states} positions, {len(tokens)} tokens committed")
             cache.rollback(i, r.ctx)
-            if r.n_states + k > max_seq:  # no room: no drafts (its states wait, as Eagle3Drafter's do)
-                continue
-            aux = torch.cat(r.states) if len(r.states) > 1 else r.states[0]
-            r.states = []
+            if r.n_states + k > max_seq:  # no room: no drafts (its states wait, as Eagle3Drafter's do; never
+                continue  # fed, since n_states only grows: a reference into an overwritten pass is never read)
+            states, r.states = r.states, []
             feed = tokens[r.ctx + 1 : r.n_states + 1]
             if len(feed) > W:  # the prompt (a batch's first proposal): all but the last entry in the packed pass
+                aux = _cat(states)
                 backlog.append((i, feed[:-1], aux[:-1], cache.lengths[i]))
                 cache.lengths[i] += len(feed) - 1
-                feed, aux = feed[-1:], aux[-1:]
-            feeds[i] = (feed, aux)
+                feed, states = feed[-1:], [aux[-1:]]
+            feeds[i] = (feed, states)
+        span = self._span if on_device and self.capture and feeds else None
+        if span:  # from here: the prompts' packed pass is draft time too
+            span[0].record()
         if backlog:
             self._write_backlog(backlog)
-        drafts: dict[int, list[int]] = {}
+        drafts: dict[int, list[int] | torch.Tensor] = {}
         if feeds:
             for i, r in enumerate(self.state[:n]):
                 if i not in feeds:  # scratch at its first free position (a full row's last ones: it drafts no more)
                     cache.lengths[i] = min(r.ctx, max(0, max_seq - k - 1))
-            out = self._draft(feeds, n, k).tolist()  # one host read for every row
+            out = self._draft(feeds, n, k)
+            if span:
+                span[1].record()
+            out = out if on_device else out.tolist()  # one host read for every row
             for i, r in enumerate(self.state[:n]):
                 if i in feeds:
                     drafts[i] = out[i]
@@ -160,6 +200,13 @@ class Eagle3Rows:
                 else:
                     cache.lengths[i] = r.ctx  # its entries, as before the pass
         share = (time.perf_counter() - t0) / max(1, len(committed))  # one pass drafts every row
+        if on_device:
+            return {
+                i: Proposal(tokens=[], device_tokens=drafts[i], gpu_span=span, draft_s=share)
+                if i in drafts
+                else Proposal(tokens=[], draft_s=share)
+                for i in committed
+            }
         return {i: Proposal(tokens=drafts.get(i, []), draft_s=share) for i in committed}
 
     def _write_backlog(self, backlog) -> None:
@@ -170,31 +217,46 @@ class Eagle3Rows:
         aux = torch.cat([a for _, _, a, _ in backlog])
         self.head.write_kv(tokens, self.head.fc(aux), rows, pos, self.cache)
 
-    def _draft(self, feeds: dict[int, tuple[list[int], torch.Tensor]], n: int, k: int) -> torch.Tensor:
+    def _draft(self, feeds: dict[int, tuple[list[int], list]], n: int, k: int) -> torch.Tensor:
         """Stage every row's entries and run the depth passes: drafts [n, k] (target ids)."""
         W, lengths = k + 1, self.cache.lengths
-        stage = self._staging
-        tok = stage[: n * W].view(n, W)
-        pos = stage[self.n_rows * (MAX_DRAFT_TOKENS + 1) :][: n * W].view(n, W)
-        at = stage[2 * self.n_rows * (MAX_DRAFT_TOKENS + 1) :][:n]
+        tok, pos, at = [], [], []
         for i in range(n):
             feed = feeds[i][0] if i in feeds else [0]
-            tok[i] = torch.tensor(feed + [feed[-1]] * (W - len(feed)))
-            pos[i] = torch.arange(lengths[i], lengths[i] + W)
-            at[i] = len(feed) - 1
-            if i in feeds:
-                self._aux[i, : len(feed)].copy_(feeds[i][1])
-        self._tok[:n, :W].copy_(tok, non_blocking=True)
-        self._pos[:n, :W].copy_(pos, non_blocking=True)
-        self._at[:n].copy_(at, non_blocking=True)
+            tok += feed + [feed[-1]] * (W - len(feed))
+            pos += range(lengths[i], lengths[i] + W)
+            at.append(len(feed) - 1)
+        stage = self._staging
+        stage[: 2 * n * W + n] = torch.tensor(tok + pos + at)
+        self._tok[:n, :W].copy_(stage[: n * W].view(n, W), non_blocking=True)
+        self._pos[:n, :W].copy_(stage[n * W : 2 * n * W].view(n, W), non_blocking=True)
+        self._at[:n].copy_(stage[2 * n * W : 2 * n * W + n], non_blocking=True)
+        self._stage_aux(feeds, n, W)
         self.passes += k
         if not self.capture:
-            return self._run(n, k, kv_len=min(self.cache.max_seq, int(pos[:, 0].max()) + W + k))
+            return self._run(n, k, kv_len=min(self.cache.max_seq, max(lengths[:n]) + W + k))
         if (n, k) not in self.graphs:
             self.graphs[(n, k)] = self._capture(n, k)
         graph, out = self.graphs[(n, k)]
         graph.replay()
         return out
+
+    def _stage_aux(self, feeds: dict[int, tuple[list[int], list]], n: int, W: int) -> None:
+        """fc's input: each feeding row's unfed states at its first entries. Where every one is one
+        reference into the same batched pass (each step after a batch's first), that pass's block of
+        the first n rows, one copy per aux layer (rows past their entries copy padding nothing reads)."""
+        refs = [st[0] for _, st in feeds.values()]
+        if all(len(st) == 1 for _, st in feeds.values()) and all(isinstance(r, _PassRows) for r in refs):
+            aux = refs[0].aux
+            if all(r.aux is aux and r.row == i for r, i in zip(refs, feeds)) and aux[0].shape[0] >= n:
+                w, col = min(W, aux[0].shape[1]), 0
+                for a in aux:
+                    d = a.shape[-1]
+                    self._aux[:n, :w, col : col + d].copy_(a[:n, :w])
+                    col += d
+                return
+        for i, (feed, states) in feeds.items():
+            self._aux[i, : len(feed)].copy_(_cat(states))
 
     def warm(self, k: int, sizes) -> None:
         """Capture the depth passes of k drafts for every batch of `sizes` rows (CUDA), outside any
@@ -253,3 +315,9 @@ class Eagle3Rows:
             self._pool = None
             graph, out, self._pool = capture_graph(lambda: self._run(n, k), self.device, self._pool)
         return graph, out
+
+
+def _cat(states: list) -> torch.Tensor:
+    """A row's unfed states, in order, as one tensor [positions, n_aux x dim]."""
+    parts = [st.tensor() if isinstance(st, _PassRows) else st for st in states]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
