@@ -9,7 +9,7 @@
 # Then prepare a device in two back-to-back calls (a warm machine keeps /tmp for ~30 s between calls):
 #   call 1, carry [".devcarry/ray"]:   bash infra/device-setup.sh ray
 #   call 2, carry [".devcarry/rest"]:  bash infra/device-setup.sh rest check && <the study, docs/gpu.md>
-# (`smollm2-135m` there: calls with carry [".devcarry/model-a"], then [".devcarry/model-b"], each
+# (`smollm2-135m` there: calls with carry [".devcarry/model-a"], then model-b, then model-c, each
 # `bash infra/device-setup.sh model`.)
 #
 # Each pack holds only what the device image lacks (its package list: DEVICE_HAS below), at the

@@ -4,7 +4,7 @@
 #
 #   bash infra/device-setup.sh ray            # call 1, carry [".devcarry/ray"]
 #   bash infra/device-setup.sh rest check     # call 2, carry [".devcarry/rest"]: then the study (docs/gpu.md)
-#   bash infra/device-setup.sh model          # optional, once with model-a carried and once with model-b
+#   bash infra/device-setup.sh model          # optional, once each with model-a, model-b and model-c carried
 #   bash infra/device-setup.sh                # every pack present under .devcarry/, then check
 #
 # The venv (SPECTUNE_VENV, default /tmp/spectune-venv) sees the image's packages: --system-site-packages,
