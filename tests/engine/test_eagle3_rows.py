@@ -34,7 +34,8 @@ def _head(tiny_ckpt, max_seq: int = 96):
 def _rows_against_alone(head, fast, chain: bool, capture: bool, steps: int = 6, k: int = 4) -> None:
     """Ragged rows (prompts of 14, 3, 27, 6 tokens: two longer than a step's feed), 0 .. k drafts
     kept per row and step, row 1 finishing after two steps: the group's drafts are each row's own
-    drafter's, one head pass per depth for all rows, and the row past the batch is left alone. From
+    drafter's, one head pass per depth for all rows, and the row past the batch is left alone (two
+    rows' prompt entries packed after the prefill, `feed_prompts`, one at its first proposal). From
     the second step the group gets its states as references into one batched pass's aux outputs
     (`observe_rows`, staged in one copy per aux layer) and, every other step, leaves its drafts on
     the device."""
@@ -53,6 +54,10 @@ def _rows_against_alone(head, fast, chain: bool, capture: bool, steps: int = 6, 
         alone[i].prefill(p)
         alone[i].observe(states)
         committed.append(p + [int(torch.randint(0, 512, (1,), generator=g))])  # the verifier's first token
+    # rows 0 and 2: their prompt entries packed after the prefill; row 3's (longer than a step's feed
+    # too) at its first proposal
+    group.feed_prompts({0: committed[0], 2: committed[2]})
+    assert group.cache.lengths[:4] == [13, 0, 26, 0]
     live = [0, 1, 2, 3]
     for step in range(steps):
         if step == 2:

@@ -35,8 +35,9 @@ engine built one, else the plain layers with SDPA under the position mask. A bat
 start to its first token (the end of its prefill pass).
 
 Drafters and the batched prefill: an in-rank EAGLE-3 head is handed its row's states of the packed
-pass (at the batch's first proposal every row's prompt entries go into the head cache in one packed
-pass, `Eagle3Head.write_kv`); an n-gram copy indexes its row's
+pass (after the batch's prefill every row's prompt entries go into the head cache in one packed
+pass, `Eagle3Head.write_kv`: prefill time, as a serving engine runs the head in the prefill's
+forward); an n-gram copy indexes its row's
 prompt; a drafter process (draft model, layer-skip) prefills every row in packed passes of its
 own at its first proposal of a batch (`ModelDrafter.propose_rows`).
 
@@ -309,6 +310,7 @@ def _prefill(
         now = time.perf_counter()
         for b in rows:
             done[b] = now - t_batch
+    strategy.prefilled_rows(seqs)  # an in-rank EAGLE-3 head's prompt entries, all rows in one pass
     return done
 
 

@@ -82,6 +82,9 @@ class StepStrategy:
     def prefilled(self, seq: Sequence, logits: torch.Tensor) -> None:
         """After the prefill and the first token; `logits` are the prompt's last row."""
 
+    def prefilled_rows(self, seqs: list[Sequence]) -> None:
+        """A batch: after every row's prefill and first token (before the first step)."""
+
     def propose(self, seq: Sequence) -> Proposal:
         raise NotImplementedError
 
@@ -304,6 +307,10 @@ class InRankDrafting(StepStrategy):
     def begin_prompt(self, seq: Sequence) -> None:
         (seq.drafter or self.drafter).prefill(list(seq.tokens))
 
+    def prefilled_rows(self, seqs: list[Sequence]) -> None:
+        if self.rows is not None:  # the head's prompt entries, every row in one packed pass: prefill time
+            self.rows.feed_prompts({s.row: s.tokens for s in seqs if not s.done})
+
     def propose(self, seq: Sequence) -> Proposal:
         return (seq.drafter or self.drafter).propose(seq.tokens, self.k)
 
@@ -358,6 +365,9 @@ class SimulatedAcceptance(StepStrategy):
 
     def begin_prompt(self, seq: Sequence) -> None:
         self.source.begin_prompt(seq)
+
+    def prefilled_rows(self, seqs: list[Sequence]) -> None:
+        self.source.prefilled_rows(seqs)
 
     def propose(self, seq: Sequence) -> Proposal:
         return self._pad(seq, self.source.propose(seq))

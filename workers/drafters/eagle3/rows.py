@@ -4,6 +4,7 @@
     rows.warm(k, {8, 3})                               # capture (rows, k) before timing (CUDA)
     rows.begin(n)                                      # a batch of n rows (n <= 8)
     rows.rows[i].prefill(prompt); rows.rows[i].observe(states)   # row i's drafter, as Eagle3Drafter's
+    rows.feed_prompts({i: prompt_i + [first_i], ...})   # optional: the prompts' entries now, in one packed pass
     proposals = rows.propose({i: committed_i, ...}, k)  # {row: Proposal} for the live rows
     proposals = rows.propose(..., k, on_device=True)    # drafts left on the device (Proposal.device_tokens)
 
@@ -12,8 +13,9 @@ they cover, `ctx`: the entries fed with them) in its own row of one head cache. 
 live rows:
 
     backlog   a row with more entries to feed than a step sends (the prompt, at a batch's first
-              proposal): all but its last entry go into its cache in one packed pass for every such
-              row (`Eagle3Head.write_kv`: one layer, so these entries need their K/V only)
+              proposal, unless `feed_prompts` took it after the prefill): all but its last entry go
+              into its cache in one packed pass for every such row (`Eagle3Head.write_kv`: one
+              layer, so these entries need their K/V only)
     depth 1   one pass over [n, k + 1]: row i's entries (x_{j+1}, fc(aux_j)) at its own positions,
               padded after its last entry; each row's first draft from its own last entry (`at`)
     depth 2.. k - 1 passes of one entry per row: the row's draft and its pre-norm output, at the
@@ -146,6 +148,27 @@ class Eagle3Rows:
             self.state[i].states.append(_PassRows(aux, row, n))
             self.state[i].n_states += n
 
+    @torch.inference_mode()
+    def feed_prompts(self, committed: dict[int, list[int]]) -> None:
+        """After a batch's prefill (row -> prompt + first token): every row's prompt entries but the
+        last into its head cache in one packed pass, what its first proposal would feed first, so
+        the head's share of the prefill is prefill time rather than a decode step's (in a serving
+        engine the head runs in the prefill's forward). The last entry waits for the first step."""
+        backlog = []
+        for i, tokens in committed.items():
+            r = self.state[i]
+            feed = tokens[r.ctx + 1 : r.n_states + 1]
+            if r.n_states != len(tokens) - 1 or len(feed) < 2 or r.n_states > self.cache.max_seq:
+                continue  # propose says what is wrong, or has nothing to pack
+            aux = _cat(r.states)
+            self.cache.rollback(i, r.ctx)
+            backlog.append((i, feed[:-1], aux[:-1], r.ctx))
+            r.ctx += len(feed) - 1
+            self.cache.lengths[i] = r.ctx
+            r.states = [aux[-1:]]
+        if backlog:
+            self._write_backlog(backlog)
+
     def _view(self, n: int):
         if n not in self._views:
             self._views[n] = self.cache.view(0, n)
@@ -168,8 +191,9 @@ class Eagle3Rows:
             if r.n_states != len(tokens) - 1:
                 raise RuntimeError(f"EAGLE-3 row {i}: hidden states for {r.n_states} positions, {len(tokens)} tokens committed")
             cache.rollback(i, r.ctx)
-            if r.n_states + k > max_seq:  # no room: no drafts (its states wait, as Eagle3Drafter's do; never
-                continue  # fed, since n_states only grows: a reference into an overwritten pass is never read)
+            if r.n_states + k > max_seq:  # no room: no drafts, now or later (n_states only grows), so its
+                r.states = []  # states are never fed: dropped (a reference would outlive its pass)
+                continue
             states, r.states = r.states, []
             feed = tokens[r.ctx + 1 : r.n_states + 1]
             if len(feed) > W:  # the prompt (a batch's first proposal): all but the last entry in the packed pass
