@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 33's EAGLE-3 check on an H200 (carry .devcarry/pyd .devcarry/old3, where .devcarry/old3 =
-# `git archive 64b6454 workers orchestrator infra scripts pyproject.toml`: this session's code before the
+# `git archive 64b6454 workers orchestrator infra scripts pyproject.toml` less workers/drafters/eagle3/heads: this session's code before the
 # batched step kept its drafts on the device): infra/gpu-batch.sh's workload, EAGLE-3 (random 8B-shape
 # head, tau 3) k = 4 at B = 8 against plain B = 8, the code before run first, then this tree.
 # Exits at once on another GPU.
