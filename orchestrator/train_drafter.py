@@ -115,8 +115,6 @@ def train(o: TrainOptions) -> dict:
     # on a GPU the target answers in bf16, as it decodes there (and 256 rows of fp32 GEMMs are compute-bound);
     # on CPU in float32, as it decodes there
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = load_model(path, dtype=dtype, device=device, max_seq=args.max_position_embeddings)
-    model.aux_layers = aux_layers
     t0 = time.perf_counter()
 
     data_file = out / "data.pt"
@@ -146,7 +144,10 @@ def train(o: TrainOptions) -> dict:
                 "--synthetic-prompts, --self-prompts, --seed, --model, --max-new-tokens); use the same ones or a new --out"
             )
         _log(f"spectune: {len(data['samples'])} responses from {data_file}")
-    else:
+    # loaded once OUT's cached responses are known to fit (a mismatch is refused without it)
+    model = load_model(path, dtype=dtype, device=device, max_seq=args.max_position_embeddings)
+    model.aux_layers = aux_layers
+    if not data_file.is_file():
         tok = Tokenizer(path)
         eos = set(tok.eos_ids) | set(args.eos_token_ids)
         fast = batched_step(model)
