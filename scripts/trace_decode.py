@@ -8,7 +8,7 @@ what the host does while the GPU waits.
 
 The verifier rank runs in this process (the gang's Worker, world size 1: the same engine, drafter
 and step strategy as `spectune decode --tp 1`; a drafter in its own process is not traced). After a
-warm-up run, one prompt decodes under the profiler. Each spec step's phases are labelled in the
+warm-up run, one prompt (--batch-size B: B prompts together) decodes under the profiler. Each spec step's phases are labelled in the
 trace (`spectune.propose`, `.verify`, `.decide`, `.publish`: workers/engine/strategies.py; the
 device loop, workers/engine/device_loop.py, has no `.publish`, and its `.decide` holds the wait for
 the verify pass while the next chain is queued; batched decoding, workers/engine/batched.py, labels
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         worker = Worker(0, p.gang)
         worker.setup(Rendezvous(file=str(Path(tmp) / "store")))
         prompts = p.token_ids[: a.batch_size]
-        worker.run(replace(p.workload, prompts=prompts, max_new_tokens=8))  # warm-up
+        worker.run(replace(p.workload, prompts=prompts, max_new_tokens=8, eos_ids=()))  # warm-up: every step taken
         activities = [torch.profiler.ProfilerActivity.CPU]
         if a.device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
