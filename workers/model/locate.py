@@ -22,51 +22,42 @@ from workers.model.args import CheckpointError, ModelArgs
 
 PREFIX = "random:"
 
+# what the Llama 3 family shares; each preset names its own shape
+_LLAMA3 = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}
 PRESETS: dict[str, dict] = {
     "llama-3-8b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
+        **_LLAMA3,
         "hidden_size": 4096,
         "intermediate_size": 14336,
         "num_hidden_layers": 32,
         "num_attention_heads": 32,
-        "num_key_value_heads": 8,
         "head_dim": 128,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
     },
     "llama-3-70b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
+        **_LLAMA3,
         "hidden_size": 8192,
         "intermediate_size": 28672,
         "num_hidden_layers": 80,
         "num_attention_heads": 64,
-        "num_key_value_heads": 8,
         "head_dim": 128,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
     },
     "llama-3.2-1b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
+        **_LLAMA3,
         "hidden_size": 2048,
         "intermediate_size": 8192,
         "num_hidden_layers": 16,
         "num_attention_heads": 32,
-        "num_key_value_heads": 8,
         "head_dim": 64,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "max_position_embeddings": 8192,
         "tie_word_embeddings": True,
-        "hidden_act": "silu",
     },
 }
 
