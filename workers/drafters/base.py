@@ -77,6 +77,10 @@ class Drafter(ABC):
         for row in self._row_copies:
             row.prefill([])
 
+    def prefill_rows(self, prompts: list[list[int]]) -> None:  # noqa: B027 - optional hook
+        """A new batch's prompts, before their first tokens are known (after `begin_rows`): a drafter
+        with a cache may take them now (a drafter process: while the verifier prefills)."""
+
     def warm_rows(self, k: int, sizes) -> None:  # noqa: B027 - optional hook
         """Prepare batched proposals of up to k tokens for batches of `sizes` rows (e.g. capture CUDA
         graphs) before timing starts."""

@@ -8,8 +8,9 @@ keeping q for rejection sampling).
 
 Batch > 1 (`begin_rows` / `propose_rows`): the same per sequence, every sequence a row of one
 batch cache, drafted together: one pass feeds each row's unseen tokens (padded to the longest,
-the padding rolled back; a new batch's first proposal, where every row starts at 0, prefills them
-packed: `Transformer.prefill_packed`, in passes of at most PREFILL_TOKENS tokens), then k - 1
+the padding rolled back; a new batch's prompts are prefilled packed, `Transformer.prefill_packed`
+in passes of at most PREFILL_TOKENS tokens: by `prefill_rows` as the batch starts, in a drafter
+process while the verifier prefills, else at the first proposal), then k - 1
 passes of one token per row. Greedy, past a batch's first proposal, on CUDA graphs (the drafter's
 StepRunner): those k passes are one CUDA graph per (rows, k) (`warm_rows` captures them before
 timing), through the runner's fused step where it built one: every row's feed padded to k + 1 at its
@@ -84,6 +85,26 @@ class ModelDrafter(Drafter):
             self._rows_graphs, self._rows_views, self._rows_pool = {}, {}, None  # bound to the old cache
         self._rows.reset()
         self._rows_fed = [[] for _ in range(n)]
+
+    @torch.inference_mode()
+    def prefill_rows(self, prompts: list[list[int]]) -> None:
+        """A new batch's prompts into its rows, packed (after `begin_rows`): what the first proposal
+        would feed, so it feeds each row's first token alone."""
+        cache = self._rows.view(0, len(prompts))
+        self._pack(prompts, cache)
+        self._rows.lengths[: len(prompts)] = cache.lengths
+        for seen, p in zip(self._rows_fed, prompts):
+            seen[:] = p
+
+    def _pack(self, feeds: list[list[int]], cache) -> torch.Tensor:
+        """Every row from position 0, packed (no padding), in passes of at most PREFILL_TOKENS tokens:
+        each row's last logits [rows, vocab]."""
+        parts = []
+        for rows in prefill_groups([len(f) for f in feeds], PREFILL_TOKENS):
+            part = cache.view(rows.start, len(rows))
+            parts.append(self.model.prefill_packed([feeds[i] for i in rows], part))
+            cache.lengths[rows.start : rows.stop] = part.lengths
+        return torch.cat(parts)
 
     def _static_rows(self) -> bool:
         return self.steps.use_graphs if self.rows_static is None else self.rows_static
@@ -179,13 +200,8 @@ class ModelDrafter(Drafter):
             self._rows.lengths[:n] = cache.lengths
             share = (time.perf_counter() - t0) / max(1, len(live))
             return {i: Proposal(tokens=chosen[i], draft_s=share) for i in live}
-        if not any(cache.lengths):  # a new batch: every row from position 0, packed (no padding)
-            parts = []
-            for rows in prefill_groups([len(f) for f in feeds], PREFILL_TOKENS):
-                part = cache.view(rows.start, len(rows))
-                parts.append(self.model.prefill_packed([feeds[i] for i in rows], part))
-                cache.lengths[rows.start : rows.stop] = part.lengths
-            logits = torch.cat(parts)
+        if not any(cache.lengths):  # a new batch not prefilled by `prefill_rows`: every row from position 0
+            logits = self._pack(feeds, cache)
         else:
             width = max(len(f) for f in feeds)
             base = list(cache.lengths)

@@ -39,7 +39,7 @@ pass (after the batch's prefill every row's prompt entries go into the head cach
 pass, `Eagle3Head.write_kv`: prefill time, as a serving engine runs the head in the prefill's
 forward); an n-gram copy indexes its row's
 prompt; a drafter process (draft model, layer-skip) prefills every row in packed passes of its
-own at its first proposal of a batch (`ModelDrafter.propose_rows`).
+own as the batch starts, while the verifier prefills (`ModelDrafter.prefill_rows`).
 
     passes = BatchSteps(model, model.new_cache(B), use_graphs=True, allreduce=allreduce)
     prompts, stats = decode_batches(rank, strategy, model, workload, passes=passes)   # rank.cache: passes.full
@@ -386,6 +386,8 @@ def run_drafter_batched(drafter, link, w: Workload) -> None:
             committed = [list(p) for p in w.prompts[first : first + B]]
             done = [False] * len(committed)
             drafter.begin_rows(len(committed))
+            if k > 0:  # the prompts now, beside the verifier's prefill: the first step feeds first tokens only
+                drafter.prefill_rows(committed)
             for i in range(len(committed)):
                 res = link.recv_result_from_verifier()
                 committed[i].extend(res.tokens)
