@@ -26,4 +26,7 @@ def test_idle_time_is_the_part_of_each_phase_no_kernel_covers():
     assert abs(s["gpu_busy_ms"] - (0.04 + 0.38 + 0.04)) < 1e-9
     idle = {p: round(v["gpu_idle_ms"] * 1e3) for p, v in s["phases"].items()}
     assert idle == {"propose": 60, "verify": 20, "decide": 50, "publish": 10}
+    # kernels by total time inside the window (k4 starts inside it: counted whole)
+    top = [(k["name"], k["count"], round(k["total_ms"] * 1e3)) for k in s["top_kernels"]]
+    assert top == [("k3", 1, 380), ("k4", 1, 100), ("k1", 1, 30), ("k2", 1, 20)]
     assert summarize([_x("k", 0, 5, "kernel")]) == {"steps": 0}
