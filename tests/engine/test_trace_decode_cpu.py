@@ -38,6 +38,20 @@ def test_trace_decode_on_cpu_writes_a_trace_with_every_phase(tmp_path):
     assert all(v["count"] == s["steps"] for v in s["phases"].values())
     names = {e.get("name") for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]}
     assert {"spectune.propose", "spectune.verify", "spectune.decide", "spectune.publish"} <= names
+    # batched decoding: two prompts on two rows, its steps labelled propose / verify / decide
+    batched = tmp_path / "b2"
+    r = subprocess.run(
+        [sys.executable, "-m", "scripts.trace_decode", "--drafter", "ngram", "-k", "2", "--max-new-tokens", "8", "--batch-size", "2"]
+        + ["--out", str(batched)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((batched / "summary.json").read_text())
+    assert s["steps"] >= 1 and s["options"]["batch_size"] == 2
+    assert [s["phases"][p]["count"] for p in ("propose", "verify", "decide", "publish")] == [s["steps"]] * 3 + [0]
     bad = subprocess.run(
         [sys.executable, "-m", "scripts.trace_decode", "--drafter", "ngram", "-k", "-1", "--out", str(tmp_path)],
         capture_output=True,
