@@ -115,7 +115,6 @@ def train(o: TrainOptions) -> dict:
     # on a GPU the target answers in bf16, as it decodes there (and 256 rows of fp32 GEMMs are compute-bound);
     # on CPU in float32, as it decodes there
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    t0 = time.perf_counter()
 
     data_file = out / "data.pt"
     prompts = load_prompts(o.prompts, split=o.split)[: o.num_prompts]
@@ -147,6 +146,7 @@ def train(o: TrainOptions) -> dict:
     # loaded once OUT's cached responses are known to fit (a mismatch is refused without it)
     model = load_model(path, dtype=dtype, device=device, max_seq=args.max_position_embeddings)
     model.aux_layers = aux_layers
+    t0 = time.perf_counter()  # generation and training times, the target's load left out
     if not data_file.is_file():
         tok = Tokenizer(path)
         eos = set(tok.eos_ids) | set(args.eos_token_ids)

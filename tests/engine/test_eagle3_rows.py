@@ -56,7 +56,7 @@ def _rows_against_alone(head, fast, chain: bool, capture: bool, steps: int = 6, 
         committed.append(p + [int(torch.randint(0, 512, (1,), generator=g))])  # the verifier's first token
     # rows 0 and 2: their prompt entries packed after the prefill; row 3's (longer than a step's feed
     # too) at its first proposal
-    group.feed_prompts({0: committed[0], 2: committed[2]})
+    group.feed_prompts({0: committed[0], 2: committed[2]}, k)
     assert group.cache.lengths[:4] == [13, 0, 26, 0]
     live = [0, 1, 2, 3]
     for step in range(steps):

@@ -311,6 +311,8 @@ def _prefill(
         for b in rows:
             done[b] = now - t_batch
     strategy.prefilled_rows(seqs)  # an in-rank EAGLE-3 head's prompt entries, all rows in one pass
+    if cache.k and cache.k[0].is_cuda:  # its kernels run now: prefill time, not the first step's
+        torch.cuda.synchronize(cache.k[0].device)
     return done
 
 

@@ -309,7 +309,7 @@ class InRankDrafting(StepStrategy):
 
     def prefilled_rows(self, seqs: list[Sequence]) -> None:
         if self.rows is not None:  # the head's prompt entries, every row in one packed pass: prefill time
-            self.rows.feed_prompts({s.row: s.tokens for s in seqs if not s.done})
+            self.rows.feed_prompts({s.row: s.tokens for s in seqs if not s.done}, self.k)
 
     def propose(self, seq: Sequence) -> Proposal:
         return (seq.drafter or self.drafter).propose(seq.tokens, self.k)

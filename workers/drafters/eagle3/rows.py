@@ -4,7 +4,7 @@
     rows.warm(k, {8, 3})                               # capture (rows, k) before timing (CUDA)
     rows.begin(n)                                      # a batch of n rows (n <= 8)
     rows.rows[i].prefill(prompt); rows.rows[i].observe(states)   # row i's drafter, as Eagle3Drafter's
-    rows.feed_prompts({i: prompt_i + [first_i], ...})   # optional: the prompts' entries now, in one packed pass
+    rows.feed_prompts({i: prompt_i + [first_i], ...}, k)   # optional: the prompts' entries now, one packed pass
     proposals = rows.propose({i: committed_i, ...}, k)  # {row: Proposal} for the live rows
     proposals = rows.propose(..., k, on_device=True)    # drafts left on the device (Proposal.device_tokens)
 
@@ -149,16 +149,17 @@ class Eagle3Rows:
             self.state[i].n_states += n
 
     @torch.inference_mode()
-    def feed_prompts(self, committed: dict[int, list[int]]) -> None:
+    def feed_prompts(self, committed: dict[int, list[int]], k: int) -> None:
         """After a batch's prefill (row -> prompt + first token): every row's prompt entries but the
         last into its head cache in one packed pass, what its first proposal would feed first, so
         the head's share of the prefill is prefill time rather than a decode step's (in a serving
-        engine the head runs in the prefill's forward). The last entry waits for the first step."""
+        engine the head runs in the prefill's forward). The last entry waits for the first step. A
+        row without room for k drafts after its prompt is left as it is (it never drafts)."""
         backlog = []
         for i, tokens in committed.items():
             r = self.state[i]
             feed = tokens[r.ctx + 1 : r.n_states + 1]
-            if r.n_states != len(tokens) - 1 or len(feed) < 2 or r.n_states > self.cache.max_seq:
+            if r.n_states != len(tokens) - 1 or len(feed) < 2 or r.n_states + k > self.cache.max_seq:
                 continue  # propose says what is wrong, or has nothing to pack
             aux = _cat(r.states)
             self.cache.rollback(i, r.ctx)
