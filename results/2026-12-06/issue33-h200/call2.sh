@@ -11,7 +11,7 @@ bash infra/device-setup.sh ray rest check > $OUT/setup.txt 2>&1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >> $OUT/setup.txt 2>&1
 echo "setup done $SECONDS s" >> $OUT/setup.txt
 PYTHONPATH=$ROOT timeout 90 $PY -m pytest -q -p no:cacheprovider tests/engine/test_kernels_attention.py tests/engine/test_triton_kernels.py \
-  tests/engine/test_graph_safety.py tests/engine/test_eagle3_rows.py -k "not tp2" > $OUT/kernels.txt 2>&1
+  tests/engine/test_graph_safety.py tests/engine/test_eagle3_rows.py tests/engine/test_model_drafter_rows.py -k "not tp2" > $OUT/kernels.txt 2>&1
 PYTHONPATH=$ROOT timeout 30 $PY -m workers.kernels.attention_check --selftest >> $OUT/kernels.txt 2>&1
 echo "kernels done $SECONDS s" >> $OUT/setup.txt
 mkdir -p $OUT/runs
