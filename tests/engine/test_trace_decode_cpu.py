@@ -11,27 +11,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _trace(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.trace_decode", "--drafter", "ngram", *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+
+
 @pytest.mark.timeout(1200)
 def test_trace_decode_on_cpu_writes_a_trace_with_every_phase(tmp_path):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scripts.trace_decode",
-            "--drafter",
-            "ngram",
-            "-k",
-            "2",
-            "--max-new-tokens",
-            "8",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    r = _trace("-k", "2", "--max-new-tokens", "8", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["steps"] >= 1 and s["gpu_busy_ms"] is None  # CPU: no kernels
@@ -39,24 +27,10 @@ def test_trace_decode_on_cpu_writes_a_trace_with_every_phase(tmp_path):
     names = {e.get("name") for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]}
     assert {"spectune.propose", "spectune.verify", "spectune.decide", "spectune.publish"} <= names
     # batched decoding: two prompts on two rows, its steps labelled propose / verify / decide
-    batched = tmp_path / "b2"
-    r = subprocess.run(
-        [sys.executable, "-m", "scripts.trace_decode", "--drafter", "ngram", "-k", "2", "--max-new-tokens", "8", "--batch-size", "2"]
-        + ["--out", str(batched)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    r = _trace("-k", "2", "--max-new-tokens", "8", "--batch-size", "2", "--out", str(tmp_path / "b2"))
     assert r.returncode == 0, r.stderr[-2000:]
-    s = json.loads((batched / "summary.json").read_text())
+    s = json.loads((tmp_path / "b2" / "summary.json").read_text())
     assert s["steps"] >= 1 and s["options"]["batch_size"] == 2
     assert [s["phases"][p]["count"] for p in ("propose", "verify", "decide", "publish")] == [s["steps"]] * 3 + [0]
-    bad = subprocess.run(
-        [sys.executable, "-m", "scripts.trace_decode", "--drafter", "ngram", "-k", "-1", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    bad = _trace("-k", "-1", "--out", str(tmp_path))
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("trace_decode: --num-draft-tokens")
