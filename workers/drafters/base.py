@@ -10,9 +10,8 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 
-import torch
-
 from workers.engine.link import Proposal
+from workers.model.transformer import aux_rows
 
 
 class Drafter(ABC):
@@ -52,7 +51,7 @@ class Drafter(ABC):
         """reads_hidden only, a batch's row: `observe` of the first n positions of row `row` of the
         last batched pass (`aux`: its aux layers' outputs [rows, W, dim], valid until the next pass).
         A drafter of every row at once may keep the reference and gather all rows in one copy."""
-        self.observe(torch.cat([a[row, :n] for a in aux], dim=-1))
+        self.observe(aux_rows(aux, row, n))
 
     @abstractmethod
     def propose(self, committed: list[int], k: int) -> Proposal: ...

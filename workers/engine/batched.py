@@ -245,25 +245,19 @@ def _decide_rows(
     """Each live row's verdict on its own logits rows (the batch-1 rules), published and committed;
     its in-rank EAGLE-3 head handed the states of what it kept; every row's cache rolled back.
     device_drafts: (rows, drafts [len(rows), k]) still on the device, read with the argmaxes."""
-    # greedy: every row's argmax crosses to the host in one transfer (margins, where recorded, need
-    # the logits), together with drafts left on the device
+    # one transfer to the host: the drafts left on the device and, greedy, every row's argmax (margins,
+    # where recorded, and sampling read the logits themselves)
     rows, drafts = device_drafts
+    argmax = logits.argmax(dim=-1) if rank.w.temperature <= 0 else None
+    parts = ([drafts.flatten()] if rows else []) + ([argmax.flatten()] if argmax is not None else [])
+    read = torch.cat(parts).tolist() if parts else []
+    k = drafts.shape[1] if rows else 0
+    for i, r in enumerate(rows):
+        proposals[r].tokens = read[i * k : (i + 1) * k]
     targets = None
-    if rank.w.temperature <= 0:
-        argmax = logits.argmax(dim=-1)
-        if rows:
-            k = drafts.shape[1]
-            read = torch.cat([drafts.flatten(), argmax.flatten()]).tolist()
-            for i, r in enumerate(rows):
-                proposals[r].tokens = read[i * k : (i + 1) * k]
-            W = argmax.shape[1]
-            read = read[len(rows) * k :]
-            targets = [read[b * W : (b + 1) * W] for b in range(argmax.shape[0])]
-        else:
-            targets = argmax.tolist()
-    elif rows:
-        for r, t in zip(rows, drafts.tolist()):
-            proposals[r].tokens = t
+    if argmax is not None:
+        W, read = argmax.shape[1], read[len(rows) * k :]
+        targets = [read[b * W : (b + 1) * W] for b in range(argmax.shape[0])]
     kept = []
     for s in live:
         p = proposals[s.row]

@@ -16,7 +16,7 @@ from workers.drafters import Drafter
 from workers.engine.link import DraftLink, Proposal, VerifyResult
 from workers.engine.steps import StepRunner
 from workers.engine.verify import probs, sample, tree_path
-from workers.model.transformer import KVCache, Transformer
+from workers.model.transformer import KVCache, Transformer, aux_rows
 from workers.spec import Workload
 
 
@@ -82,7 +82,7 @@ class HiddenStates:
         if index is not None:
             at = torch.tensor(index, device=self.model.aux[0].device)
             return torch.cat([a[row].index_select(0, at) for a in self.model.aux], dim=-1)
-        return torch.cat([a[row, :n] for a in self.model.aux], dim=-1)
+        return aux_rows(self.model.aux, row, n)
 
 
 @dataclass

@@ -34,6 +34,12 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def aux_rows(aux: list[torch.Tensor], row: int, n: int) -> torch.Tensor:
+    """EAGLE-3: row `row`'s first n positions of a pass's captured aux states (`Transformer.aux`, one
+    [B, T, dim] tensor per layer) -> [n, n_aux x dim], the layers side by side."""
+    return torch.cat([a[row, :n] for a in aux], dim=-1)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalised in float32, scaled in the input dtype (as Hugging Face's Llama does)."""
     dtype = x.dtype

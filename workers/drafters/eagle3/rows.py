@@ -52,6 +52,7 @@ import torch
 from workers.drafters.base import Drafter
 from workers.engine.graphs import capture_graph
 from workers.engine.link import Proposal
+from workers.model.transformer import aux_rows
 from workers.spec import MAX_DRAFT_TOKENS
 
 
@@ -64,7 +65,7 @@ class _PassRows:
         self.aux, self.row, self.n = aux, row, n
 
     def tensor(self) -> torch.Tensor:
-        return torch.cat([a[self.row, : self.n] for a in self.aux], dim=-1)
+        return aux_rows(self.aux, self.row, self.n)
 
 
 class _RowState:
