@@ -134,6 +134,15 @@ def test_a_row_without_room_drafts_nothing_and_keeps_its_entries(tiny_ckpt):
     got = small.propose({0: committed[0], 1: committed[1]}, 4)  # row 0: 22 + 4 > 24
     assert got[0].tokens == [] and len(got[1].tokens) == 4
     assert small.cache.lengths == [0, 5 + 4 - 1]  # row 0 fed nothing (its states wait), row 1 its prompt and 3 drafts
+    # the next batched pass's states: by reference; row 0 (no room) dropped its own, so a second
+    # pass's reference is no stale read for it, while row 1's unfed reference would be
+    aux = [torch.randn(2, 5, width // 3, generator=g) for _ in range(3)]
+    for i in (0, 1):
+        small.rows[i].observe_rows(aux, i, 2)
+    small.propose({0: committed[0] + [1, 2], 1: committed[1] + [1, 2]}, 4)  # feeds row 1's reference, drops row 0's
+    small.rows[1].observe_rows(aux, 1, 1)
+    with pytest.raises(RuntimeError, match="row 1: states of an earlier batched pass were never fed"):
+        small.rows[1].observe_rows(aux, 1, 1)  # no proposal between two passes
 
 
 @torch.inference_mode()

@@ -144,7 +144,12 @@ class Eagle3Rows:
             self.state[i].n_states += hidden.shape[0]
 
     def observe_pass(self, i: int, aux: list[torch.Tensor], row: int, n: int) -> None:
-        """Row i: positions 0..n-1 of row `row` of the last batched pass, by reference."""
+        """Row i: positions 0..n-1 of row `row` of the last batched pass, by reference. A reference
+        still unfed from an earlier pass would now read this pass's outputs (a graph's static
+        outputs are overwritten by every replay): `propose` feeds or drops every row's references
+        before the next pass, and a caller that skipped it is stopped here."""
+        if any(isinstance(st, _PassRows) for st in self.state[i].states):
+            raise RuntimeError(f"EAGLE-3 row {i}: states of an earlier batched pass were never fed (propose between passes)")
         if n:
             self.state[i].states.append(_PassRows(aux, row, n))
             self.state[i].n_states += n
