@@ -77,10 +77,12 @@ def test_rows_near_the_cache_end_take_the_eager_passes(tiny_draft_ckpt):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("prefilled", [False, True])
 @torch.inference_mode()
-def test_on_a_gpu_the_captured_batched_drafts_are_each_rows_own(tiny_draft_ckpt):
+def test_on_a_gpu_the_captured_batched_drafts_are_each_rows_own(tiny_draft_ckpt, prefilled):
     """On CUDA: `warm_rows` captures the (rows, k) graph, and its replays draft what each row's own
-    drafter drafts (batch 1's captured chains)."""
+    drafter drafts (batch 1's captured chains); prefilled: the prompts packed by `prefill_rows` on the
+    GPU first, so the first proposal replays the graph too."""
     from workers.engine.config import EngineConfig
 
     draft = load_model(tiny_draft_ckpt, max_seq=128, device="cuda")
@@ -96,6 +98,11 @@ def test_on_a_gpu_the_captured_batched_drafts_are_each_rows_own(tiny_draft_ckpt)
     alone = [ModelDrafter(draft, engine=engine) for _ in committed]
     for d, c in zip(alone, committed):
         d.prefill(c)
+    if prefilled:
+        rows.prefill_rows([c[:-1] for c in committed])
+    replays = []  # steps drafted through the captured graph (not the eager passes)
+    real = rows._rows_static_drafts
+    rows._rows_static_drafts = lambda *a: (out := real(*a)) is not None and replays.append(1) or out
     for step in range(5):
         got = rows.propose_rows(committed, [0, 1, 2], k)
         for i, (d, c) in enumerate(zip(alone, committed)):
@@ -103,3 +110,4 @@ def test_on_a_gpu_the_captured_batched_drafts_are_each_rows_own(tiny_draft_ckpt)
             assert got[i].tokens == want, (step, i)
             c.extend(want[: (i + step) % (k + 1)] + [7])
     assert list(rows._rows_graphs) == [(3, k)]
+    assert len(replays) == (5 if prefilled else 4)  # the body (its graph) every step after the prompts
