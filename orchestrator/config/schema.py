@@ -216,7 +216,8 @@ class StudySection(_Section):
     max_failed_trials: int | None = Field(None, ge=0)  # default: n_trials
     # the last trials of n_trials re-measure the leaders on a fresh gang: while the winner is not clear of its
     # runners-up, the winner and every configuration within noise of it (fewest measurements first); a clear
-    # winner measured in one trial once. Default: RACE_TRIALS where n_trials >= RACE_MIN_TRIALS and the
+    # winner measured in one trial once (then a race trial may try a new configuration, but not the last,
+    # which re-measures the runner-up: what it found would lead unconfirmed). Default: RACE_TRIALS where n_trials >= RACE_MIN_TRIALS and the
     # sampler is not grid (a grid measures each point once), else 0
     race_trials: int | None = Field(None, ge=0)
     # trials measured at once, each on its own gang ("auto": every isolated slot of the cluster)

@@ -135,14 +135,20 @@ def race_pick(ranking, trials_left: int, race_trials: int, running: set[str], id
     leaders are the winner and every configuration within noise of it (the winner and the runner-up
     while the noise is unknown); the one with the fewest trials goes first (then the faster). A clear
     winner measured in one trial is measured once more: its lead and the noise band it was judged by
-    come from one gang, and gang-to-gang spread is the noise a deployment meets. Returns the number of
-    that configuration's first trial (its params are enqueued again), or None."""
+    come from one gang, and gang-to-gang spread is the noise a deployment meets. A clear winner measured
+    twice frees a race trial for a new configuration, except the study's last: a configuration found
+    there would lead on one measurement with no trial left to confirm it, so the last trial re-measures
+    the runner-up instead (the lead is then judged on two gangs each side). Returns the number of that
+    configuration's first trial (its params are enqueued again), or None."""
     if race_trials <= 0 or trials_left > race_trials or len(ranking.configs) < 2:
         return None
     if ranking.winner_is_clear:
-        winner = ranking.configs[0]
-        confirm = len(winner.trials) < 2 and identity_of_config(winner) not in running
-        return winner.trials[0] if confirm else None
+        winner, runner_up = ranking.configs[:2]
+        if len(winner.trials) < 2:
+            return winner.trials[0] if identity_of_config(winner) not in running else None
+        if trials_left > 1 or identity_of_config(runner_up) in running:
+            return None
+        return runner_up.trials[0]
     leaders = ranking.tied if ranking.noise_rel is not None else ranking.configs[:2]
     if len(leaders) < 2:
         return None

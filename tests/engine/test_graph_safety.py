@@ -154,6 +154,12 @@ def test_the_device_loop_bodies_never_sync(tiny_ckpt, fast, simulated):
     assert all(100 <= t < 164 for t in steps._inputs[0, 1 : k + 1].tolist())  # the drafts, in the next pass's input
 
 
+def _ragged_inputs(n: int, k: int) -> tuple[list[int], list[int], list[int]]:
+    """Three rows of k + 1 entries at their own positions (from 7, 0 and 19), last real entries 4, 0, 2."""
+    tokens = torch.randint(0, 512, (n * (k + 1),)).tolist()
+    return tokens, [s + j for s in (7, 0, 19)[:n] for j in range(k + 1)], [4, 0, 2][:n]
+
+
 @pytest.mark.parametrize("fast", [False, True])
 @torch.inference_mode()
 def test_the_batched_eagle3_head_pass_never_syncs(tiny_ckpt, fast):
@@ -167,9 +173,7 @@ def test_the_batched_eagle3_head_pass_never_syncs(tiny_ckpt, fast):
     step = HeadFastStep(head, EngineConfig(compile=False, gemv="cublas", attention="sdpa")) if fast else None
     rows = Eagle3Rows(head, 3, fast=step, capture=False)
     n, k = 3, 4
-    rows._tok[:n, : k + 1] = torch.randint(0, 512, (n, k + 1))
-    rows._pos[:n, : k + 1] = torch.tensor([7, 0, 19])[:, None] + torch.arange(k + 1)
-    rows._at[:n] = torch.tensor([4, 0, 2])
+    rows._in.send(*_ragged_inputs(n, k))
     with NoHostSync():
         out = rows._run(n, k)
     assert out.shape == (n, k) and all(100 <= t < 164 for t in out.flatten().tolist())
@@ -184,9 +188,7 @@ def test_the_batched_draft_model_pass_never_syncs(tiny_ckpt):
     drafter = ModelDrafter(load_model(tiny_ckpt, max_seq=64))
     drafter.begin_rows(3)
     n, k = 3, 4
-    drafter._rows_in[0, :n, : k + 1] = torch.randint(0, 512, (n, k + 1))
-    drafter._rows_in[1, :n, : k + 1] = torch.tensor([7, 0, 19])[:, None] + torch.arange(k + 1)
-    drafter._rows_in[2, :n, 0] = torch.tensor([4, 0, 2])
+    drafter._rows_in.send(*_ragged_inputs(n, k))
     with NoHostSync():
         out = drafter._rows_run(n, k)
     assert out.shape == (n, k)

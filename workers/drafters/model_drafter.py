@@ -30,6 +30,7 @@ import torch
 
 from workers.drafters.base import Drafter
 from workers.engine.config import EngineConfig
+from workers.engine.graphs import RowInputs
 from workers.engine.link import Proposal
 from workers.engine.steps import StepRunner
 from workers.engine.verify import probs as softmax_t
@@ -79,9 +80,7 @@ class ModelDrafter(Drafter):
         if self._rows is None or len(self._rows.lengths) < n:
             self._rows = self.model.new_cache(n, self.cache.max_seq)
             W = self.steps.max_width
-            self._rows_in = torch.zeros(3, n, W, dtype=torch.long, device=self.device)  # tokens, positions, at (column 0)
-            staging = torch.zeros(3, n, W, dtype=torch.long)
-            self._rows_staging = staging.pin_memory() if self.device.type == "cuda" else staging
+            self._rows_in = RowInputs(n, W, self.device)  # tokens, positions, at: one host-to-device copy a step
             self._rows_graphs, self._rows_views, self._rows_pool = {}, {}, None  # bound to the old cache
         self._rows.reset()
         self._rows_fed = [[] for _ in range(n)]
@@ -119,7 +118,7 @@ class ModelDrafter(Drafter):
         gemv = getattr(self.steps.fast, "gemv", None)
         if gemv is not None:
             gemv.prepare(sorted({n * (k + 1) for n in sizes} | set(sizes)))
-        self._rows_in.zero_()  # valid inputs for the captures' own runs (an earlier k's `at` may not be)
+        self._rows_in.zero()  # valid inputs for the captures' own runs (an earlier k's `at` may not be)
         for n in sizes:
             self._rows_graph(n, k)
         self._rows.reset()
@@ -149,7 +148,8 @@ class ModelDrafter(Drafter):
             self._rows_views[n] = self._rows.view(0, n)
         cache, model, W = self._rows_views[n], self.model, k + 1
         body = self.steps.fast or model  # the fused step's bodies take B rows (its GEMV picker included)
-        tok, pos, at = self._rows_in[0, :n, :W], self._rows_in[1, :n, :W], self._rows_in[2, :n, :1]
+        tok, pos, at = self._rows_in.views(n, W)
+        at = at.view(n, 1)
         h = body.hidden_at(tok, pos, cache, cache.max_seq)
         h = h.gather(1, at[:, :, None].expand(n, 1, h.shape[-1]))  # each row's last real token
         nxt = model.logits(h)[:, 0].argmax(-1)
@@ -168,11 +168,11 @@ class ModelDrafter(Drafter):
         graph = None
         if self.steps.use_graphs and (graph := self._rows_graph(n, k)) is None:
             return None
-        stage = self._rows_staging[:, :n, :W]
-        stage[0] = torch.tensor([f + [f[-1]] * (W - len(f)) for f in feeds])
-        stage[1] = torch.tensor(starts)[:, None] + torch.arange(W)
-        stage[2, :, 0] = torch.tensor([len(f) - 1 for f in feeds])
-        self._rows_in[:, :n, :W].copy_(stage, non_blocking=True)
+        self._rows_in.send(
+            [t for f in feeds for t in f + [f[-1]] * (W - len(f))],
+            [s + j for s in starts for j in range(W)],
+            [len(f) - 1 for f in feeds],
+        )
         if graph is None:
             return self._rows_run(n, k).tolist()
         graph[0].replay()

@@ -1,6 +1,9 @@
-"""Capturing a body of device ops as one CUDA graph (the drafters' batched passes, the EAGLE-3 chain).
+"""Capturing a body of device ops as one CUDA graph (the drafters' batched passes, the EAGLE-3 chain),
+and the integer inputs such a graph reads for a batch's rows.
 
 graph, out, pool = capture_graph(lambda: body(), device, pool)   # then graph.replay(); out holds the result
+inputs = RowInputs(rows, width, device); tok, pos, at = inputs.views(n, W)   # what a body reads
+inputs.send(tokens, positions, at)                                # each step: one host-to-device copy
 """
 
 from __future__ import annotations
@@ -22,3 +25,35 @@ def capture_graph(run, device, pool=None):
     with torch.cuda.graph(graph, pool=pool):
         out = run()
     return graph, out, graph.pool()
+
+
+class RowInputs:
+    """A batched body's integer inputs for n rows of W entries: token ids [n, W], positions [n, W] and
+    each row's last real entry `at` [n], packed in one device buffer so that a step sends all three in
+    one contiguous host-to-device copy (a strided slice of a [rows, width] buffer costs a copy and a
+    scatter kernel per tensor, host time while the GPU waits for the step's first kernel). The views of
+    one (n, W) sit at fixed offsets: a graph captured on them reads them at each replay."""
+
+    def __init__(self, rows: int, width: int, device: torch.device):
+        self.rows, self.width = rows, width
+        size = 2 * rows * width + rows
+        self.buf = torch.zeros(size, dtype=torch.long, device=device)
+        staging = torch.zeros(size, dtype=torch.long)
+        self.staging = staging.pin_memory() if torch.device(device).type == "cuda" else staging
+
+    def views(self, n: int, W: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not (1 <= n <= self.rows and 1 <= W <= self.width):
+            raise ValueError(f"{n} rows of {W} entries on inputs of {self.rows} x {self.width}")
+        b = self.buf
+        return b[: n * W].view(n, W), b[n * W : 2 * n * W].view(n, W), b[2 * n * W : 2 * n * W + n]
+
+    def send(self, tokens: list[int], positions: list[int], at: list[int]) -> None:
+        """n rows' tokens and positions (row-major, n x W each) and their `at` (n) into `views(n, W)`.
+        Asynchronous on CUDA: the staging buffer is rewritten by the next send, after the step that
+        read this one has synchronised (each step reads its drafts or argmaxes back)."""
+        m = len(tokens) + len(positions) + len(at)
+        self.staging[:m] = torch.tensor(tokens + positions + at)
+        self.buf[:m].copy_(self.staging[:m], non_blocking=True)
+
+    def zero(self) -> None:
+        self.buf.zero_()

@@ -50,7 +50,7 @@ import time
 import torch
 
 from workers.drafters.base import Drafter
-from workers.engine.graphs import capture_graph
+from workers.engine.graphs import RowInputs, capture_graph
 from workers.engine.link import Proposal
 from workers.model.transformer import aux_rows
 from workers.spec import MAX_DRAFT_TOKENS
@@ -112,13 +112,9 @@ class Eagle3Rows:
         self.state = [_RowState() for _ in range(rows)]
         self.n = rows  # rows of the current batch (`begin`)
         width, dtype = MAX_DRAFT_TOKENS + 1, head.fc.weight.dtype
-        self._tok = torch.zeros(rows, width, dtype=torch.long, device=self.device)
-        self._pos = torch.zeros(rows, width, dtype=torch.long, device=self.device)
-        self._at = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self._in = RowInputs(rows, width, self.device)  # tokens, positions, at: one host-to-device copy a step
         self._aux = torch.zeros(rows, width, head.fc.in_features, dtype=dtype, device=self.device)  # fc's input
         cuda = self.device.type == "cuda"
-        staging = torch.zeros(2 * rows * width + rows, dtype=torch.long)  # tokens, positions, at: one host-to-device copy each
-        self._staging = staging.pin_memory() if cuda else staging
         self._views = {}  # n -> the first n rows of the cache (the tensors a graph captured)
         # around the depth passes when the drafts stay on the device: the draft time, read after the verify pass
         self._span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
@@ -257,11 +253,7 @@ class Eagle3Rows:
             tok += feed + [feed[-1]] * (W - len(feed))
             pos += range(lengths[i], lengths[i] + W)
             at.append(len(feed) - 1)
-        stage = self._staging
-        stage[: 2 * n * W + n] = torch.tensor(tok + pos + at)
-        self._tok[:n, :W].copy_(stage[: n * W].view(n, W), non_blocking=True)
-        self._pos[:n, :W].copy_(stage[n * W : 2 * n * W].view(n, W), non_blocking=True)
-        self._at[:n].copy_(stage[2 * n * W : 2 * n * W + n], non_blocking=True)
+        self._in.send(tok, pos, at)
         self._stage_aux(feeds, n, W)
         self.passes += k
         if not self.capture:
@@ -298,8 +290,7 @@ class Eagle3Rows:
         sizes = sorted(n for n in set(sizes) if 1 <= n <= self.n_rows)
         if self.fast is not None:
             self.fast.prepare(sorted({n * (k + 1) for n in sizes} | set(sizes)), heads=sizes)
-        for t in (self._tok, self._pos, self._at):  # valid inputs for the captures' own runs (an earlier k's `at` may not be)
-            t.zero_()
+        self._in.zero()  # valid inputs for the captures' own runs (an earlier k's `at` may not be)
         for n in sizes:
             if (n, k) not in self.graphs:
                 self.cache.lengths[:n] = [0] * n
@@ -316,7 +307,7 @@ class Eagle3Rows:
         head, W = self.head, k + 1
         cache = self._view(n)
         kv_len = kv_len or cache.max_seq
-        tok, pos, at = self._tok[:n, :W], self._pos[:n, :W], self._at[:n]
+        tok, pos, at = self._in.views(n, W)
         h, logits = self._step(tok, head.fc(self._aux[:n, :W]), pos, cache, kv_len, at)
         nxt = head.to_target(logits.argmax(-1))  # [n]
         drafts = [nxt]
