@@ -124,6 +124,11 @@ class Workload:
     simulate_accept_len: float | None = None
     # time one step with and without the allreduce at the end (compute vs communication split)
     comm_ablation_iters: int = 0
+    # at the end, time one verify pass at each of these widths (median of `profile_iters`): the pass's
+    # cost per width for the performance model, which a line in the width misses where the matrix
+    # kernels change with the rows they multiply (batch 1 only)
+    profile_widths: tuple[int, ...] = ()
+    profile_iters: int = 0
     # plain greedy decoding: also record each token's top-1 / top-2 logit margin (relative to the top
     # logit), so a speculative run that leaves this output at a numerical near tie can be told apart
     # from a wrong one (orchestrator/study/equivalence.py)
@@ -148,6 +153,11 @@ class PromptResult:
         return (self.accepted + self.steps) / self.steps if self.steps else 1.0
 
 
+def width_metric(width: int) -> str:
+    """The metric of one verify pass's ms at `width` tokens (Workload.profile_widths)."""
+    return f"verify_ms_w{width}"
+
+
 @dataclass
 class RunResult:
     """What verifier rank 0 returns for one Workload (raw per-step records, so the driver can
@@ -157,6 +167,7 @@ class RunResult:
     stats: RunStats
     num_draft_tokens: int
     ablation: dict[str, float] = field(default_factory=dict)  # Verifier.comm_split of the step width
+    width_ms: dict[int, float] = field(default_factory=dict)  # Workload.profile_widths: ms of one verify pass per width
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -168,6 +179,7 @@ class RunResult:
             m["comm_ms_counted"] = m.get("comm_ms_per_step", 0.0)
             m.update(self.ablation)
             m["comm_fraction"] = min(1.0, self.ablation["comm_ms_per_step"] / m["step_ms_p50"])
+        m.update({width_metric(W): ms for W, ms in self.width_ms.items()})
         return m
 
     @classmethod
@@ -182,4 +194,5 @@ class RunResult:
             stats=stats,
             num_draft_tokens=parts[0].num_draft_tokens,
             ablation=parts[-1].ablation,
+            width_ms=next((p.width_ms for p in reversed(parts) if p.width_ms), {}),
         )

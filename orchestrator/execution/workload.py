@@ -18,6 +18,19 @@ from workers.spec import GangSpec, Workload
 ABLATION_ITERS = {"cpu": 3, "cuda": 50}
 
 
+def profile_widths(cfg: ExperimentConfig) -> tuple[int, ...]:
+    """The verify widths a trial times at its end (Workload.profile_widths): every chain width k + 1 of
+    the search space, so the performance model reads each width's pass from a measurement of the
+    setup instead of a line through the widths other trials ran (on CPU a pass of 4 rows cost 25% more
+    than one of 3: the matrix kernels change with the rows). CPU only: on CUDA a width the run did not
+    capture would run uncaptured, another cost than its graph's."""
+    if cfg.parallel.device != "cpu":
+        return ()
+    p = cfg.search.space.get("spec.num_draft_tokens", cfg.drafter.num_draft_tokens)
+    ks = range(p.low, p.high + 1, p.step) if hasattr(p, "low") else getattr(p, "choices", None) or [p]
+    return tuple(sorted({int(k) + 1 for k in ks} | {cfg.drafter.num_draft_tokens + 1}))
+
+
 @dataclass
 class PreparedWorkload:
     model_path: str

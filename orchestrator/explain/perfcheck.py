@@ -42,6 +42,9 @@ from orchestrator.explain.perfmodel import (
     loo_predictions,
 )
 from orchestrator.study.ranking import trial_params
+from workers.spec import width_metric
+
+WIDTH_PREFIX = width_metric(0)[:-1]  # "verify_ms_w"
 
 TERM_NAMES = {"bench": "bench-derived", "fitted": "fitted", "backend": "fitted per backend + NCCL corrections"}
 
@@ -144,7 +147,14 @@ def config_point(shape: ConfigShape, u: dict, objective: float | None, trial: in
         settings=shape.settings,
         config=shape,
         objective=objective,
+        width_ms=width_profile(u),
     )
+
+
+def width_profile(u: dict) -> tuple[tuple[int, float], ...]:
+    """A trial's verify pass per width (its `verify_ms_w<W>` metrics, workers/spec.py width_metric)."""
+    widths = (int(key[len(WIDTH_PREFIX) :]) for key in u if key.startswith(WIDTH_PREFIX) and key[len(WIDTH_PREFIX) :].isdigit())
+    return tuple(sorted((w, float(u[width_metric(w)])) for w in widths))
 
 
 def config_points(trials, cfg: ExperimentConfig) -> list[TrialPoint]:

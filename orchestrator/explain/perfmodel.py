@@ -101,6 +101,7 @@ class TrialPoint:
     # the configuration as the configuration model sees it (None: env, kind and k speak for it)
     config: ConfigShape | None = None
     objective: float | None = None  # the study's throughput (prefill included), throughput_tok_s
+    width_ms: tuple[tuple[int, float], ...] = ()  # (width, ms of one verify pass): the setup's profile (verify_ms_w<W>)
 
     @property
     def shape(self) -> ConfigShape:
@@ -530,6 +531,19 @@ class VerifyFit:
     envs: frozenset[str]  # setups some trial ran
     v: dict[str, float] = field(default_factory=dict)  # drafter variant -> its offset ("none": 0)
     kind_v: dict[str, float] = field(default_factory=dict)  # drafter kind -> mean offset of its measured variants
+    profiles: dict[str, dict[int, float]] = field(default_factory=dict)  # setup or family -> width -> ms above its narrowest
+
+    def profiled(self, shape: ConfigShape) -> bool:
+        return shape.width in self._profile(shape)
+
+    def width_term(self, shape: ConfigShape) -> float:
+        """What the width adds to the pass: the setup's measured profile (else its family's) where it
+        covers the width, else the line b x width."""
+        profile = self._profile(shape)
+        return profile[shape.width] if shape.width in profile else self.b * shape.width
+
+    def _profile(self, shape: ConfigShape) -> dict[int, float]:
+        return self.profiles.get(shape.env) or self.profiles.get(shape.family) or {}
 
     def source(self, shape: ConfigShape) -> str:
         """Where the verify time comes from: "fitted" (a trial ran this setup), "backend" (its family's
@@ -546,13 +560,34 @@ class VerifyFit:
 
     def ms(self, shape: ConfigShape) -> float:
         base = self.base.get(shape.family, float(np.mean(list(self.base.values()))))
-        return base + sum(self.d.get((shape.family, x), 0.0) for x in shape.settings) + self.offset(shape) + self.b * shape.width
+        return base + sum(self.d.get((shape.family, x), 0.0) for x in shape.settings) + self.offset(shape) + self.width_term(shape)
+
+
+def width_profiles(points: list[TrialPoint]) -> dict[str, dict[int, float]]:
+    """Per setup (env) and per family: each profiled width's verify pass above the setup's narrowest
+    one, the median over the trials that timed both (`TrialPoint.width_ms`: the end-of-trial passes at
+    every width of the space, on an empty cache; only the differences are used, the level is fitted)."""
+    rises: dict[str, dict[int, list[float]]] = {}
+    for p in points:
+        profile = dict(p.width_ms)
+        if len(profile) < 2:
+            continue
+        low = profile[min(profile)]
+        for key in {p.shape.env, p.shape.family}:
+            for w, ms in profile.items():
+                rises.setdefault(key, {}).setdefault(w, []).append(ms - low)
+    return {key: {w: float(np.median(xs)) for w, xs in by_w.items()} for key, by_w in rises.items()}
 
 
 def fit_verify(points: list[TrialPoint]) -> VerifyFit:
     """One least squares: per family a base, per setting and per drafter variant a correction (a small
     ridge keeps each at "no change" unless the trials say otherwise), the slope in the width shared
-    (where every trial ran one width, a prior: SLOPE_PRIOR of a pass per scored token)."""
+    (where every trial ran one width, a prior: SLOPE_PRIOR of a pass per scored token). Where the
+    setups' width profiles were measured (`width_profiles`), a point's width term is its profile's, not
+    fitted: the slope then serves only widths no profile covers."""
+    profiles = width_profiles(points)
+    probe = VerifyFit({}, {}, 0.0, frozenset(), profiles=profiles)
+    profiled = [probe.profiled(p.shape) for p in points]
     shapes = [p.shape for p in points]
     families = sorted({x.family for x in shapes})
     settings = sorted({(x.family, y) for x in shapes for y in x.settings})
@@ -566,11 +601,15 @@ def fit_verify(points: list[TrialPoint]) -> VerifyFit:
             X[i, n_f + settings.index((x.family, z))] = 1.0
         if x.k > 0:
             X[i, n_f + n_s + variants.index(x.drafter)] = 1.0
-        X[i, -1] = x.width
+        if profiled[i]:  # the width's share is measured: the rest is fitted
+            y[i] -= probe.width_term(x)
+        else:
+            X[i, -1] = x.width
     scale = max(1.0, float(np.trace(X.T @ X)) / X.shape[1])
     ridge = np.zeros(X.shape[1])
     ridge[n_f:-1] = 1e-4 * scale  # corrections and variant offsets: "no change" unless the trials say otherwise
-    if len({x.width for x in shapes}) > 1:
+    unprofiled = {x.width for x, done in zip(shapes, profiled) if not done}
+    if len(unprofiled) > 1 or (unprofiled and any(profiled)):
         ridge[-1] = 1e-7 * scale  # the slope: the smallest one the trials allow
         coef = np.linalg.solve(X.T @ X + np.diag(ridge), X.T @ y)
     else:  # every trial at one width: the slope is a prior, SLOPE_PRIOR of the pass per scored token
@@ -589,6 +628,7 @@ def fit_verify(points: list[TrialPoint]) -> VerifyFit:
         envs=frozenset(x.env for x in shapes),
         v=v,
         kind_v={kind: float(np.mean(sorted(xs))) for kind, xs in kinds.items()},
+        profiles=profiles,
     )
 
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from orchestrator.study.ranking import simplicity
+
 MAX_DUPLICATES = 8  # proposals in a row that repeat known configurations before the study picks one itself
 
 
@@ -133,7 +135,9 @@ def race_pick(ranking, trials_left: int, race_trials: int, running: set[str], id
     """`study.race_trials`: within the last `race_trials` trials of the study, the next trial re-measures
     a leader instead of a new configuration. While the winner is not clear of its runners-up, the
     leaders are the winner and every configuration within noise of it (the winner and the runner-up
-    while the noise is unknown); the one with the fewest trials goes first (then the faster). A clear
+    while the noise is unknown); one measured once goes first, the simplest of those (the one a tie
+    prefers: `ranking.simplicity`; not while the noise is unknown), then the fewest trials, then the
+    faster. A clear
     winner measured in one trial is measured once more: its lead and the noise band it was judged by
     come from one gang, and gang-to-gang spread is the noise a deployment meets. A clear winner measured
     twice frees a race trial for a new configuration, except the study's last: a configuration found
@@ -155,4 +159,8 @@ def race_pick(ranking, trials_left: int, race_trials: int, running: set[str], id
     free = [c for c in leaders if identity_of_config(c) not in running]
     if not free:
         return None
-    return min(free, key=lambda c: (len(c.trials), -c.median)).trials[0]
+    # one measured once first, and among those the one a tie would prefer (the simplest): where the race
+    # cannot re-measure every leader, the configuration the verdict names is the one measured twice
+    # (with the noise unknown nothing ties yet: the faster first)
+    prefer = (lambda c: simplicity(c.params)) if ranking.noise_rel is not None else (lambda c: ())
+    return min(free, key=lambda c: (min(len(c.trials), 2), prefer(c), len(c.trials), -c.median)).trials[0]

@@ -29,7 +29,7 @@ from orchestrator.config.space import TrialConfig, config_identity, constraint_v
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.execution.pool import GangPool
 from orchestrator.execution.slots import TrialSite
-from orchestrator.execution.workload import ABLATION_ITERS, PreparedWorkload
+from orchestrator.execution.workload import ABLATION_ITERS, PreparedWorkload, profile_widths
 from orchestrator.export.schedule import batch_metric
 from orchestrator.study.ask_lock import taking_turns
 from orchestrator.study.equivalence import outputs_verdict
@@ -224,8 +224,9 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None) -> tuple[RunResu
             if left <= 0:
                 raise GangError(f"run: the trial's decode did not finish within limits.trial_timeout_s={cfg.limits.trial_timeout_s:g}s")
             w = prepared.workload(cfg, tc, (prompt,))
-            if r == repeats - 1 and i == n - 1 and tc.tp > 1:
-                w = replace(w, comm_ablation_iters=ABLATION_ITERS[cfg.parallel.device])
+            if r == repeats - 1 and i == n - 1:  # the last run: the comm split (TP > 1) and the width profile (CPU)
+                iters = ABLATION_ITERS[cfg.parallel.device]
+                w = replace(w, comm_ablation_iters=iters if tc.tp > 1 else 0, profile_widths=profile_widths(cfg), profile_iters=iters)
             shown = _shown(live, trial.number, tc, mine, i, n, r, repeats)
             mine.append(gang.run(w, timeout_s=left, **({"on_progress": shown} if shown else {})))
             if live is not None:

@@ -68,7 +68,7 @@ def test_simulated_acceptance_and_comm_ablation(tiny_ckpt):
     spec = GangSpec(model_path=str(tiny_ckpt), tp=2, drafter=DrafterSpec(kind="ngram"), max_seq=256)
     with LocalGang(spec, timeout_s=300) as gang:
         gang.setup()
-        base = gang.run(Workload(prompts=_prompts(), max_new_tokens=30, comm_ablation_iters=3))
+        base = gang.run(Workload(prompts=_prompts(), max_new_tokens=30, comm_ablation_iters=3, profile_widths=(1, 3, 5), profile_iters=2))
         sim = gang.run(Workload(prompts=_prompts(), max_new_tokens=30, num_draft_tokens=4, simulate_accept_len=2.5))
         after = gang.run(Workload(prompts=_prompts(), max_new_tokens=30))
     m = base.metrics
@@ -76,6 +76,8 @@ def test_simulated_acceptance_and_comm_ablation(tiny_ckpt):
     assert m["compute_ms_per_step"] > 0 and m["ablation_step_ms"] >= m["compute_ms_per_step"]
     assert m["comm_ms_per_step"] == pytest.approx(m["ablation_step_ms"] - m["compute_ms_per_step"])
     assert 0 <= m["comm_fraction"] <= 1
+    # the end-of-run width profile: one verify pass per width, timed on both ranks together
+    assert sorted(base.width_ms) == [1, 3, 5] and all(m[f"verify_ms_w{w}"] > 0 for w in (1, 3, 5))
     # the allreduce is switched back on: outputs are the baseline's again
     assert [p.tokens for p in after.prompts] == [p.tokens for p in base.prompts]
     # simulated acceptance: every step verifies k + 1 = 5 tokens and keeps 2.5 on average

@@ -304,3 +304,43 @@ def test_race_trials_default_follows_the_validated_study(study, race):
     from orchestrator.config.schema import StudySection
 
     assert StudySection(**study).race_trials == race
+
+
+def test_a_measured_width_profile_predicts_a_step_in_width_that_a_line_cannot():
+    """On 2 CPU cores a verify pass of 1-3 rows costs the same and one of 4-7 rows a quarter more (the
+    matrix kernels change with the rows). Leaving n-gram k = 2 (width 3) or k = 3 (width 4) out, a line
+    through the other widths misses by several %; with each trial's end-of-run profile of every width
+    (on an empty cache: another level, the same steps), the left-out width's pass comes from the profile
+    of the other trials and the prediction is exact."""
+    from dataclasses import replace
+
+    def verify(width):  # the decode steps' pass: 20 ms above the end-of-run profile's level
+        return 120.0 + (30.0 if width >= 4 else 0.0) + 2.0 * max(0, width - 4)
+
+    profile = tuple((w, verify(w) - 20.0) for w in (1, 2, 3, 4, 5, 7))
+    rates = [0.6, 0.4, 0.3, 0.2, 0.1, 0.05]
+    ks = (0, 1, 2, 3, 4, 6)
+    lined = [_point((), "ngram" if k else "none", k, verify(k + 1), 0.0, 0.0, rates) for k in ks]
+    profiled = [replace(p, width_ms=profile) for p in lined]
+    for pts, worst in ((lined, 0.05), (profiled, 1e-6)):
+        preds = {x.shape.k: x for x in config_loo(pts)}
+        errors = {k: preds[k].error for k in (2, 3)}
+        assert (min(errors.values()) > worst) if pts is lined else (max(errors.values()) < worst), errors
+    model = fit_configs(profiled)
+    assert model.verify.profiles["tp1 gloo"] == {w: verify(w) - verify(1) for w in (1, 2, 3, 4, 5, 7)}
+    # a width no trial profiled (k = 8: width 9) takes the line through the fitted pass
+    nine = _point((), "ngram", 8, 1.0, 0.0, 0.0, rates).shape
+    assert model.verify.width_term(nine) == pytest.approx(model.verify.b * 9)
+
+
+def test_a_cpu_trial_profiles_every_chain_width_of_the_space():
+    """Workload.profile_widths: k + 1 for every k the space (or the fixed drafter section) can run;
+    none on CUDA, where a width the run did not capture would run uncaptured."""
+    from orchestrator.execution.workload import profile_widths
+
+    cfg = experiment({"spec.num_draft_tokens": {"choices": [0, 2, 6]}, "drafter.kind": {"choices": ["ngram"]}})
+    assert profile_widths(cfg) == (1, 3, 5, 7)  # and the drafter section's default k = 4
+    ranged = experiment({"spec.num_draft_tokens": {"low": 1, "high": 5, "step": 2}})
+    assert set(profile_widths(ranged)) >= {2, 4, 6}
+    gpu = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(update={"device": "cuda"})})
+    assert profile_widths(gpu) == ()

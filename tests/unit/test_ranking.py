@@ -18,7 +18,7 @@ from orchestrator.config.schema import ExperimentConfig, load_config
 from orchestrator.config.space import check_constraints, constraint_violation, resolve
 from orchestrator.errors import UserError
 from orchestrator.study.keys import FIXED_ATTR, PARAMS_ATTR, SAMPLES_ATTR
-from orchestrator.study.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank
+from orchestrator.study.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank, simplicity
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -220,6 +220,17 @@ def test_racing_remeasures_the_leaders_only_near_the_end_and_only_while_they_tie
     assert twice.winner_is_clear and race_pick(twice, trials_left=2, race_trials=2, running=set(), identity_of_config=ident) is None
     assert race_pick(twice, trials_left=1, race_trials=2, running=set(), identity_of_config=ident) == 0
     assert race_pick(twice, trials_left=1, race_trials=2, running={"0"}, identity_of_config=ident) is None
+    # four leaders tie, two race trials: the simplest of those measured once (what the verdict would
+    # prefer) goes first, so the configuration the tie names is measured twice
+    four = rank(
+        study_of(
+            done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0]), done(2, "ngram", [14.4]),
+            done(6, "ngram", [14.3]), done(1, "ngram", [13.9]), done(2, "layer_skip", [14.2]),
+        ).trials
+    )  # fmt: skip
+    assert four.winner_is_clear is False and simplicity(four.preferred.params) == (1, 1)
+    assert race_pick(four, trials_left=2, race_trials=2, running=set(), identity_of_config=ident) == 4  # n-gram k = 1
+    assert race_pick(four, trials_left=1, race_trials=2, running={"4"}, identity_of_config=ident) == 3  # then k = 6
     unknown = rank(study_of(done(0, "none", [10.0]), done(2, "ngram", [10.5])).trials)  # noise unknown: the top two race
     assert race_pick(unknown, trials_left=1, race_trials=2, running=set(), identity_of_config=ident) == 1
 

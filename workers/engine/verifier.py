@@ -194,11 +194,14 @@ class Verifier:
         ablate = w.comm_ablation_iters and self.allreduce.world_size > 1 and w.batch_size == 1
         tree = self._tree_nodes(w)  # a tree trial's step is the tree's width, through the tree step
         split = self.comm_split(1 + (tree or k), w.comm_ablation_iters, tree=bool(tree)) if ablate else {}
+        profile = {}
+        if w.profile_widths and w.profile_iters > 0 and w.batch_size == 1:  # every rank times the same passes
+            profile = {W: 1e3 * self.steps.time_step(W, w.profile_iters) for W in w.profile_widths}
         if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:
             check()  # a rank that fell behind during the timed steps left wrong sums: this rank raises, the trial fails
         if self.rank != 0:
             return None
-        return RunResult(prompts=prompts, stats=stats, num_draft_tokens=k, ablation=split)
+        return RunResult(prompts=prompts, stats=stats, num_draft_tokens=k, ablation=split, width_ms=profile)
 
 
 def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:
