@@ -2,16 +2,18 @@
 # The H200 landscape of docs/search.md (issue 32): the variants and run.sh of
 # results/2026-12-05/landscape-gpu-smollm2/ (one grid study over k per drafter variant of
 # experiments/h200-1gpu-smollm2.yaml, one gang each), on the lent GPU, back-to-back device calls of one lease
-# (a call that finds the machine cold starts over from call 1):
-#   call 1, carry [".devcarry/ray", ".devcarry/rest"]:  bash results/2026-12-06/issue33-h200/call2.sh
-#            (its first line: bash infra/device-setup.sh ray rest check)
-#   call 2, carry [".devcarry/model-a"]:   bash infra/device-setup.sh model > $OUT/model-a.txt 2>&1
-#   call 3, carry [".devcarry/model-b"]:   bash infra/device-setup.sh model > $OUT/model-b.txt 2>&1
-#   call 4, carry [".devcarry/model-c"]:   bash infra/device-setup.sh model > $OUT/model-c.txt 2>&1;
+# (a call that finds the machine cold starts over from call 1; the working tree is ~27 MiB, so each
+# call carries one pack):
+#   call 1, carry [".devcarry/pyd"]:        bash results/2026-12-06/issue33-h200/call5.sh   (issue 33; exits at once on an H100)
+#   call 2, carry [".devcarry/ray"]:        bash infra/device-setup.sh ray > $OUT/ray.txt 2>&1
+#   call 3, carry [".devcarry/rest"]:       bash infra/device-setup.sh rest check > $OUT/rest.txt 2>&1
+#   call 4, carry [".devcarry/model-a"]:    bash infra/device-setup.sh model > $OUT/model-a.txt 2>&1
+#   call 5, carry [".devcarry/model-b"]:    bash infra/device-setup.sh model > $OUT/model-b.txt 2>&1
+#   call 6, carry [".devcarry/model-c"]:    bash infra/device-setup.sh model > $OUT/model-c.txt 2>&1;
 #            STUDY_TIMEOUT_S=140 OUT=$OUT bash results/2026-12-05/landscape-gpu-smollm2/run.sh ngram eagle3-rank0 skip8 eagle3-rank0-lookup3 eagle3-actor
-#   call 5:  STUDY_TIMEOUT_S=140 OUT=$OUT bash results/2026-12-05/landscape-gpu-smollm2/run.sh eagle3-rank0-tree4-lookup3 ngram-gemv-off
+#   call 7:  STUDY_TIMEOUT_S=140 OUT=$OUT bash results/2026-12-05/landscape-gpu-smollm2/run.sh eagle3-rank0-tree4-lookup3 ngram-gemv-off
 # (the packs: `bash infra/device-pack.sh --model` here first: the demo model's wheel in three parts, each of
-# which fits beside the ~22 MiB working tree). log-4.txt / log-5.txt are calls 4 and 5's log.txt; optuna.db
+# which fits beside the ~22 MiB working tree). log-6.txt / log-7.txt are calls 6 and 7's log.txt; optuna.db
 # and mlflow.db came back from the last call and are kept as records.tar.gz. Then, here:
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
