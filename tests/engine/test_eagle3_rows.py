@@ -103,7 +103,10 @@ def test_one_pass_per_depth_drafts_each_rows_own_chain(tiny_ckpt, reference, req
     _rows_against_alone(head, fast, chain=reference != "eager_loop", capture=False, steps=steps)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+
+@CUDA
 @pytest.mark.parametrize("fast", [False, True])
 @torch.inference_mode()
 def test_on_a_gpu_the_captured_pass_drafts_each_rows_own_captured_chain(tiny_ckpt, fast):
@@ -149,7 +152,8 @@ def test_a_row_without_room_drafts_nothing_and_keeps_its_entries(tiny_ckpt):
 def test_a_batched_run_drafts_and_accepts_as_batch_one(tiny_ckpt):
     """EAGLE-3 in the rank (greedy), batches of 3 over 7 prompts (the last batch of 1): every
     sequence's tokens, steps, accepted drafts and each of its proposals are batch 1's (where each
-    proposal came from the drafter alone), and every batched step drafted all its rows in k passes."""
+    proposal came from the drafter alone), and every batched step drafted all its rows in k passes,
+    most of them queued behind the step before's verify pass (the look-ahead)."""
     from test_batched_prefill import _prompts, _verifier
 
     from workers.drafters.eagle3.head import default_aux_layers
@@ -199,4 +203,55 @@ def test_a_batched_run_drafts_and_accepts_as_batch_one(tiny_ckpt):
     assert sum(len(t) for ts in drafts["many"].values() for t in ts) > 0
     # greedy under engine.overlap: the batched rows' drafts stayed on the device until the verify pass read them
     assert all(p.device_tokens is not None for ps in seen["many"].values() for p in ps if p.tokens)
-    assert drafter._batch_rows[3].passes == k * many.metrics["num_steps"]  # every batched step: k passes for all its rows
+    rows = drafter._batch_rows[3]
+    assert rows.passes == k * many.metrics["num_steps"]  # every batched step: k passes for all its rows
+    # after most steps' verify pass the head drafted the next step before the host read the verdict
+    # (`launch_ahead`; not before a batch's first step, nor where every row is within k + 1 tokens of
+    # its end), and those drafts were the ones proposed: no step drafted twice
+    assert rows.ahead_used >= many.metrics["num_steps"] // 2
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("simulated", [None, 3.0])
+@torch.inference_mode()
+def test_the_look_ahead_drafts_what_a_fresh_proposal_would(tiny_ckpt, simulated, device):
+    """A batched run (EAGLE-3 in the rank, batches of 3, under engine.overlap) with the head's
+    look-ahead and with it switched off: the same tokens, steps and accepted drafts, greedy and under
+    simulated acceptance (where each row's kept drafts come from the strategy's plan, not the
+    argmaxes); with it on, most steps take the look-ahead's drafts. On CUDA through the captured
+    verify and head passes, the verdict read behind an event while the look-ahead runs."""
+    from test_batched_prefill import _prompts
+
+    from workers.comm.base import AllReduce
+    from workers.drafters.eagle3.head import default_aux_layers
+    from workers.engine.batched import BatchSteps
+    from workers.engine.link import DraftLink
+    from workers.engine.verifier import Verifier
+    from workers.model.checkpoint import load_model
+    from workers.spec import Workload
+
+    model = load_model(tiny_ckpt, max_seq=128, device=device)
+    model.aux_layers = default_aux_layers(model.args.n_layers)
+    head = random_head(head_config(model.args, draft_vocab=model.args.vocab_size), seed=5).to(device)
+    prompts = tuple(tuple(p) for p in _prompts([12, 4, 20, 9, 30, 16, 3]))
+    w = Workload(prompts=prompts, max_new_tokens=16, num_draft_tokens=3, batch_size=3, simulate_accept_len=simulated)
+    engine = EngineConfig(cuda_graphs=device == "cuda", compile=False)
+    runs, used = [], []
+    for ahead in (True, False):
+        mp = pytest.MonkeyPatch()
+        if not ahead:
+            mp.setattr(Eagle3Rows, "launch_ahead", lambda self, *a, **kw: False)
+        try:
+            drafter = Eagle3Drafter(head, engine=engine)
+            v = Verifier(model, AllReduce(None, 1), DraftLink(None, 0, None, 4, model.args.vocab_size), 0, engine, drafter)
+            v._batch_steps = BatchSteps(model, model.new_cache(3, model.max_seq), use_graphs=device == "cuda", allreduce=v.allreduce)
+            runs.append(v.run(w))
+        finally:
+            mp.undo()
+        used.append(drafter._batch_rows[3].ahead_used)
+    on, off = runs
+    assert [p.tokens for p in on.prompts] == [p.tokens for p in off.prompts]
+    assert [(p.steps, p.accepted) for p in on.prompts] == [(p.steps, p.accepted) for p in off.prompts]
+    assert used[1] == 0 and used[0] >= on.metrics["num_steps"] // 2
+    if simulated:
+        assert on.metrics["accept_len_mean"] == pytest.approx(simulated, abs=0.15)

@@ -217,7 +217,16 @@ def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache
     with phase("spectune.verify"):
         logits = passes.run(feed, cache, (on_device, drafts) if on_device else None)  # [n, W, V]; every row +W
     with phase("spectune.decide"):
-        kept = _decide_rows(rank, strategy, cache, seqs, live, proposals, logits, base, hidden, (on_device, drafts))
+        # one transfer to the host: the drafts left on the device and, greedy, every row's argmax (margins,
+        # where recorded, and sampling read the logits themselves); queued before the look-ahead
+        argmax = logits.argmax(dim=-1) if rank.w.temperature <= 0 else None
+        read = HostRead(([drafts.flatten()] if on_device else []) + ([argmax.flatten()] if argmax is not None else []))
+        k = drafts.shape[1] if on_device else 0
+        more = any(rank.w.max_new_tokens - s.n_generated > k + 1 for s in live)  # a next step (unless an EOS ends it)
+        if argmax is not None and hidden is not None and on_device and len(on_device) == len(live) and more:
+            # the head drafts the next step behind this pass while the host books this one
+            strategy.look_ahead(on_device, drafts, argmax, hidden.model.aux)
+        kept = _decide_rows(rank, strategy, cache, seqs, live, proposals, logits, base, hidden, (on_device, drafts), argmax, read.values())
     t2 = time.perf_counter()
     draft_s, verify_s = sum(p.draft_s for p in proposals.values()), t2 - t1
     # drafts left on the device: one span around every row's head passes, done once decide read the
@@ -239,18 +248,39 @@ def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache
     )
 
 
+class HostRead:
+    """Device tensors read back in one transfer: on CUDA queued now into pinned memory behind an event,
+    so that work queued after it (a look-ahead) does not delay the read; `values()` waits for the event."""
+
+    def __init__(self, parts: list[torch.Tensor]):
+        self.event = self.host = None
+        if not parts:
+            self.flat = []
+            return
+        flat = torch.cat(parts)
+        if not flat.is_cuda:
+            self.flat = flat.tolist()
+            return
+        self.host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        self.host.copy_(flat, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def values(self) -> list:
+        if self.event is None:
+            return self.flat
+        self.event.synchronize()
+        return self.host.tolist()
+
+
 def _decide_rows(
-    rank: Rank, strategy: StepStrategy, cache: KVCache, seqs, live, proposals, logits, base, hidden, device_drafts
+    rank: Rank, strategy: StepStrategy, cache: KVCache, seqs, live, proposals, logits, base, hidden, device_drafts, argmax, read
 ) -> list[VerifyResult]:
     """Each live row's verdict on its own logits rows (the batch-1 rules), published and committed;
     its in-rank EAGLE-3 head handed the states of what it kept; every row's cache rolled back.
-    device_drafts: (rows, drafts [len(rows), k]) still on the device, read with the argmaxes."""
-    # one transfer to the host: the drafts left on the device and, greedy, every row's argmax (margins,
-    # where recorded, and sampling read the logits themselves)
+    device_drafts: (rows, drafts [len(rows), k]) still on the device; read: those drafts, then (greedy)
+    every row's argmax [n, W], on the host (`HostRead`)."""
     rows, drafts = device_drafts
-    argmax = logits.argmax(dim=-1) if rank.w.temperature <= 0 else None
-    parts = ([drafts.flatten()] if rows else []) + ([argmax.flatten()] if argmax is not None else [])
-    read = torch.cat(parts).tolist() if parts else []
     k = drafts.shape[1] if rows else 0
     for i, r in enumerate(rows):
         proposals[r].tokens = read[i * k : (i + 1) * k]

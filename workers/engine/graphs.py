@@ -38,8 +38,11 @@ class RowInputs:
         self.rows, self.width = rows, width
         size = 2 * rows * width + rows
         self.buf = torch.zeros(size, dtype=torch.long, device=device)
-        staging = torch.zeros(size, dtype=torch.long)
-        self.staging = staging.pin_memory() if torch.device(device).type == "cuda" else staging
+        pin = torch.device(device).type == "cuda"
+        # two staging buffers, used in turn: a send queued behind work the host has not waited for (a
+        # look-ahead's, behind the step before) must not overwrite what the previous copy has yet to read
+        self._staging = [torch.zeros(size, dtype=torch.long).pin_memory() if pin else torch.zeros(size, dtype=torch.long) for _ in range(2)]
+        self._turn = 0
 
     def views(self, n: int, W: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if not (1 <= n <= self.rows and 1 <= W <= self.width):
@@ -49,11 +52,13 @@ class RowInputs:
 
     def send(self, tokens: list[int], positions: list[int], at: list[int]) -> None:
         """n rows' tokens and positions (row-major, n x W each) and their `at` (n) into `views(n, W)`.
-        Asynchronous on CUDA: the staging buffer is rewritten by the next send, after the step that
-        read this one has synchronised (each step reads its drafts or argmaxes back)."""
+        Asynchronous on CUDA: a staging buffer is rewritten two sends later, when the host has waited
+        for the work queued before the send in between (each step reads its verdict back)."""
         m = len(tokens) + len(positions) + len(at)
-        self.staging[:m] = torch.tensor(tokens + positions + at)
-        self.buf[:m].copy_(self.staging[:m], non_blocking=True)
+        staging = self._staging[self._turn]
+        self._turn ^= 1
+        staging[:m] = torch.tensor(tokens + positions + at)
+        self.buf[:m].copy_(staging[:m], non_blocking=True)
 
     def zero(self) -> None:
         self.buf.zero_()

@@ -97,6 +97,11 @@ class StepStrategy:
         every row in one pass where the mode's drafter drafts rows together."""
         return {s.row: self.propose(s) for s in seqs}
 
+    def look_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, aux: list[torch.Tensor]) -> None:  # noqa: B027
+        """A batched step's drafts of `rows` [len(rows), k] and the verify pass's argmaxes `targets`
+        (greedy) are on the device and not yet read: a mode whose drafter drafts every row at once may
+        queue the next step's drafting behind them now (`Eagle3Rows.launch_ahead`). Default: nothing."""
+
     def decide(self, seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> tuple[int, list[int]]:
         """Drafts kept and the new tokens (kept drafts + one more); deciding ranks only. A tree keeps
         the path `tree_verify` walks (workers/engine/verify.py)."""
@@ -319,6 +324,15 @@ class InRankDrafting(StepStrategy):
             return super().propose_rows(seqs)
         return self.rows.propose({s.row: s.tokens for s in seqs}, self.k, on_device=self.on_device)
 
+    def look_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, aux: list[torch.Tensor], accepted=None) -> None:
+        """Greedy: each row keeps its drafts while they equal the argmaxes (decide_greedy's rule, on the
+        device); `accepted`: a plan instead (SimulatedAcceptance)."""
+        if self.rows is None or not self.on_device or getattr(self.rows, "launch_ahead", None) is None:
+            return
+        if accepted is None:
+            accepted = (drafts == targets[torch.tensor(rows, device=drafts.device), : drafts.shape[1]]).long().cumprod(1).sum(1)
+        self.rows.launch_ahead(rows, drafts, targets, accepted, aux, self.k)
+
     def propose_for_step(self, seq: Sequence) -> Proposal:
         d = seq.drafter or self.drafter
         return d.propose_on_device(seq.tokens, self.k) if self.on_device else d.propose(seq.tokens, self.k)
@@ -371,6 +385,16 @@ class SimulatedAcceptance(StepStrategy):
 
     def propose(self, seq: Sequence) -> Proposal:
         return self._pad(seq, self.source.propose(seq))
+
+    def look_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, aux: list[torch.Tensor]) -> None:
+        """The drafts each row will keep, planned from the credit as `decide` takes it (rows in order)."""
+        if isinstance(self.source, InRankDrafting):
+            credit, plan = self.credit, []
+            for _ in rows:
+                credit += self.accept_len - 1
+                plan.append(min(drafts.shape[1], int(credit)))
+                credit -= plan[-1]
+            self.source.look_ahead(rows, drafts, targets, aux, accepted=plan)
 
     def propose_rows(self, seqs: list[Sequence]) -> dict[int, Proposal]:
         got = self.source.propose_rows(seqs)

@@ -7,6 +7,7 @@
     rows.feed_prompts({i: prompt_i + [first_i], ...}, k)   # optional: the prompts' entries now, one packed pass
     proposals = rows.propose({i: committed_i, ...}, k)  # {row: Proposal} for the live rows
     proposals = rows.propose(..., k, on_device=True)    # drafts left on the device (Proposal.device_tokens)
+    rows.launch_ahead(rows, drafts, argmax, accepted, aux, k)  # behind the verify pass: the next step's drafts
 
 Each row keeps `Eagle3Drafter`'s bookkeeping (the verifier's states not yet fed, how many positions
 they cover, `ctx`: the entries fed with them) in its own row of one head cache. A proposal for the
@@ -28,6 +29,13 @@ that one pass's (every step after a batch's first), the depth-1 input of all row
 With `on_device` the drafts stay on the device for the verify pass (engine.overlap, greedy): no host
 read between the head's passes and the verifier's, the drafts read back with its argmaxes
 (workers/engine/batched.py), and CUDA events around the passes give the draft time.
+
+The look-ahead (`launch_ahead`): right behind a verify pass, before the host reads its verdict, the
+next step's depth passes are queued on the device, each row fed drafts[:a] + argmax[a] (a: the drafts
+it keeps, counted on the device by the greedy rule, or the strategy's plan) with that pass's aux
+states; the host decides and books the step while the head drafts. The next `propose` takes those
+drafts where every row is one the look-ahead drafted for, fed exactly those states (else it drafts
+afresh over the same entries), so a step's GPU waits for the host only to read the verdict.
 
 Padding sits at positions past a row's entries: a query reads slots up to its own position only, and
 the row's next drafts overwrite them before any query reaches them. A row that does not draft this
@@ -66,6 +74,17 @@ class _PassRows:
 
     def tensor(self) -> torch.Tensor:
         return aux_rows(self.aux, self.row, self.n)
+
+
+class _Ahead:
+    """A look-ahead's launch (`Eagle3Rows.launch_ahead`): for which rows and k, over which pass's aux
+    states, its drafts [n, k] on the device, its CUDA-event span and host seconds, the plan it assumed."""
+
+    __slots__ = ("rows", "k", "n", "aux", "out", "span", "host_s", "planned")
+
+    def __init__(self, rows, k, n, aux, out, span, host_s, planned):
+        self.rows, self.k, self.n, self.aux, self.out, self.span, self.host_s = rows, k, n, aux, out, span, host_s
+        self.planned = planned  # row -> drafts it keeps, where a plan (not the argmaxes) decided
 
 
 class _RowState:
@@ -121,6 +140,8 @@ class Eagle3Rows:
         self.graphs: dict[tuple[int, int], tuple] = {}  # (n, k) -> (graph, drafts [n, k])
         self._pool = None
         self.passes = 0  # head passes run (a test counts them: one per depth)
+        self._ahead: _Ahead | None = None  # the next step's drafts, launched behind the verify pass (`launch_ahead`)
+        self.ahead_used = 0  # proposals that took the look-ahead's drafts (a test counts them)
 
     def begin(self, n: int) -> None:
         """A new batch of n rows (rows 0 .. n - 1); each row is reset by its `prefill`."""
@@ -187,6 +208,9 @@ class Eagle3Rows:
         n, W, cache, max_seq = self.n, k + 1, self.cache, self.cache.max_seq
         if not 1 <= k <= MAX_DRAFT_TOKENS:
             raise ValueError(f"k = {k} drafts: 1 .. {MAX_DRAFT_TOKENS}")
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and on_device and (taken := self._take_ahead(ahead, committed, k)) is not None:
+            return taken
         feeds: dict[int, tuple[list[int], list]] = {}  # row -> (tokens, its unfed states)
         backlog = []  # (row, tokens, aux, first position)
         for i, tokens in committed.items():
@@ -235,6 +259,86 @@ class Eagle3Rows:
                 for i in committed
             }
         return {i: Proposal(tokens=drafts.get(i, []), draft_s=share) for i in committed}
+
+    @torch.inference_mode()
+    def launch_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, accepted, aux: list[torch.Tensor], k: int) -> bool:
+        """The next step's depth passes, queued on the device right behind the verify pass that judged
+        this step's drafts, before the host reads its verdict (engine.overlap, greedy or simulated
+        acceptance): while the host decides and books the step, the head already drafts the next one.
+        rows: the live rows, in order; drafts [len(rows), k]: what they proposed (on the device);
+        targets [>= n, >= k + 1]: the verify pass's argmax per row and position; accepted: the drafts each
+        row keeps (a device tensor [len(rows)], or a list the strategy planned), so its next entries are
+        drafts[:a] + targets[a] at the positions after its fed entries, with the pass's aux states (`aux`,
+        rows 0 .. a). Every row's next feed is then exactly what `propose` would stage, and `propose`
+        takes these drafts where the host's verdicts made them so (`_take_ahead`: each row live, fed
+        that pass's states of 1 + a positions); otherwise it drafts afresh, over the same entries. Returns
+        whether it launched (not: a row still holding unfed states, or without room for two more steps)."""
+        n, W, cache, max_seq = self.n, k + 1, self.cache, self.cache.max_seq
+        state = self.state
+        if not rows or len(rows) != drafts.shape[0] or aux[0].shape[0] < n or aux[0].shape[1] < W:
+            return False
+        if any(state[i].states or state[i].ctx != state[i].n_states or state[i].n_states + 1 + 2 * k > max_seq for i in rows):
+            return False
+        t0 = time.perf_counter()
+        live = set(rows)
+        starts = [state[i].ctx if i in live else min(state[i].ctx, max(0, max_seq - k - 1)) for i in range(n)]
+        self._in.send([0] * (n * W), [p + j for p in starts for j in range(W)], [0] * n)
+        tok, _, at = self._in.views(n, W)
+        index = torch.tensor(rows, device=self.device)
+        keep = accepted if isinstance(accepted, torch.Tensor) else torch.tensor(accepted, device=self.device)
+        keep = keep.to(torch.long)
+        cols = torch.arange(W, device=self.device)
+        padded = torch.cat([drafts, drafts[:, -1:]], dim=1)  # [rows, W]: position k is never a kept draft
+        tok.index_copy_(0, index, torch.where(cols[None, :] < keep[:, None], padded, targets[index, :W]))
+        at.index_copy_(0, index, keep)
+        col = 0
+        for a in aux:  # each row's states of [last, d_1 .. d_k] in the pass: its entries' fc input
+            d = a.shape[-1]
+            self._aux[:n, :W, col : col + d].copy_(a[:n, :W])
+            col += d
+        for i in range(n):
+            cache.lengths[i] = starts[i]
+        span = self._span if self.capture else None
+        if span:
+            span[0].record()
+        self.passes += k
+        if self.capture:
+            if (n, k) not in self.graphs:
+                self.graphs[(n, k)] = self._capture(n, k)
+            out = self.graphs[(n, k)][1]
+            self.graphs[(n, k)][0].replay()
+        else:
+            out = self._run(n, k, kv_len=min(max_seq, max(starts) + W + k))
+        if span:
+            span[1].record()
+        for i in range(n):
+            cache.lengths[i] = state[i].ctx  # as before: a fresh `propose` re-feeds from here
+        planned = None if isinstance(accepted, torch.Tensor) else dict(zip(rows, accepted))
+        self._ahead = _Ahead(tuple(rows), k, n, aux, out, span, time.perf_counter() - t0, planned)
+        return True
+
+    def _take_ahead(self, ahead: _Ahead, committed: dict[int, list[int]], k: int) -> dict[int, Proposal] | None:
+        """The look-ahead's drafts where every row of `committed` is one it drafted for, fed exactly the
+        states it assumed (the judged pass's, one reference, of 1 + its kept drafts positions), else None.
+        A row it drafted for that has since finished is left out (its entries past its own are never read)."""
+        if ahead.k != k or ahead.n != self.n or not set(committed) <= set(ahead.rows):
+            return None
+        for i, tokens in committed.items():
+            r = self.state[i]
+            if len(r.states) != 1 or not isinstance(ref := r.states[0], _PassRows) or ref.aux is not ahead.aux or ref.row != i:
+                return None
+            if r.n_states != len(tokens) - 1 or r.n_states - r.ctx != ref.n or ref.n > k + 1:
+                return None
+            if ahead.planned is not None and ahead.planned[i] != ref.n - 1:
+                return None  # the verdict kept other drafts than the plan it drafted ahead from
+        for i in committed:
+            r = self.state[i]
+            self.cache.lengths[i] = r.n_states + k - 1  # its new entries and k - 1 drafts fed (the last is not)
+            r.states, r.ctx = [], r.n_states
+        self.ahead_used += 1
+        share = ahead.host_s / len(committed)
+        span = ahead.span
+        return {i: Proposal(tokens=[], device_tokens=ahead.out[i], gpu_span=span, draft_s=share) for i in committed}
 
     def _write_backlog(self, backlog) -> None:
         dev = self.device
