@@ -136,7 +136,9 @@ class Eagle3Rows:
         cuda = self.device.type == "cuda"
         self._views = {}  # n -> the first n rows of the cache (the tensors a graph captured)
         # around the depth passes when the drafts stay on the device: the draft time, read after the verify pass
-        self._span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+        # two pairs in turn: a look-ahead records the next step's span before this step's is read
+        self._spans = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(2)) for _ in range(2)] if cuda else None
+        self._span_turn = 0
         self.graphs: dict[tuple[int, int], tuple] = {}  # (n, k) -> (graph, drafts [n, k])
         self._pool = None
         self.passes = 0  # head passes run (a test counts them: one per depth)
@@ -229,7 +231,7 @@ class Eagle3Rows:
                 cache.lengths[i] += len(feed) - 1
                 feed, states = feed[-1:], [aux[-1:]]
             feeds[i] = (feed, states)
-        span = self._span if on_device and self.capture and feeds else None
+        span = self._next_span() if on_device and self.capture and feeds else None
         if span:  # from here: the prompts' packed pass is draft time too
             span[0].record()
         if backlog:
@@ -298,7 +300,7 @@ class Eagle3Rows:
             col += d
         for i in range(n):
             cache.lengths[i] = starts[i]
-        span = self._span if self.capture else None
+        span = self._next_span() if self.capture else None
         if span:
             span[0].record()
         self.passes += k
@@ -316,6 +318,13 @@ class Eagle3Rows:
         planned = None if isinstance(accepted, torch.Tensor) else dict(zip(rows, accepted))
         self._ahead = _Ahead(tuple(rows), k, n, aux, out, span, time.perf_counter() - t0, planned)
         return True
+
+    def _next_span(self):
+        """CUDA events around one step's depth passes (the draft time, read once the step's verdict is)."""
+        if self._spans is None:
+            return None
+        self._span_turn ^= 1
+        return self._spans[self._span_turn]
 
     def _take_ahead(self, ahead: _Ahead, committed: dict[int, list[int]], k: int) -> dict[int, Proposal] | None:
         """The look-ahead's drafts where every row of `committed` is one it drafted for, fed exactly the
