@@ -175,7 +175,8 @@ class TrialSite:
             slot_node = r.slot.node if r else None
         if node_id is None or self._alive(node_id):
             return None
-        return node_id, slot_node.name if slot_node is not None and slot_node.id == node_id else node_id[:8]
+        named = slot_node is not None and slot_node.id == node_id and slot_node.name
+        return node_id, slot_node.name if named else node_id[:8]  # a node Ray knows no name for: its id
 
     def placed(self, node_id: str) -> None:
         with self._lock:

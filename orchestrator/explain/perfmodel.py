@@ -531,19 +531,21 @@ class VerifyFit:
     envs: frozenset[str]  # setups some trial ran
     v: dict[str, float] = field(default_factory=dict)  # drafter variant -> its offset ("none": 0)
     kind_v: dict[str, float] = field(default_factory=dict)  # drafter kind -> mean offset of its measured variants
-    profiles: dict[str, dict[int, float]] = field(default_factory=dict)  # setup or family -> width -> ms above its narrowest
+    profiles: dict[tuple[str, str], dict[int, float]] = field(
+        default_factory=dict
+    )  # ("env" | "family", name) -> width -> ms above its narrowest
 
     def profiled(self, shape: ConfigShape) -> bool:
-        return shape.width in self._profile(shape)
+        return len(self._profile(shape)) >= 2
 
     def width_term(self, shape: ConfigShape) -> float:
-        """What the width adds to the pass: the setup's measured profile (else its family's) where it
-        covers the width, else the line b x width."""
+        """What the width adds to the pass: from the setup's measured profile (else its family's), where
+        one was measured (`profile_term`), else the line b x width."""
         profile = self._profile(shape)
-        return profile[shape.width] if shape.width in profile else self.b * shape.width
+        return profile_term(profile, shape.width) if len(profile) >= 2 else self.b * shape.width
 
     def _profile(self, shape: ConfigShape) -> dict[int, float]:
-        return self.profiles.get(shape.env) or self.profiles.get(shape.family) or {}
+        return self.profiles.get(("env", shape.env)) or self.profiles.get(("family", shape.family)) or {}
 
     def source(self, shape: ConfigShape) -> str:
         """Where the verify time comes from: "fitted" (a trial ran this setup), "backend" (its family's
@@ -563,17 +565,34 @@ class VerifyFit:
         return base + sum(self.d.get((shape.family, x), 0.0) for x in shape.settings) + self.offset(shape) + self.width_term(shape)
 
 
-def width_profiles(points: list[TrialPoint]) -> dict[str, dict[int, float]]:
-    """Per setup (env) and per family: each profiled width's verify pass above the setup's narrowest
-    one, the median over the trials that timed both (`TrialPoint.width_ms`: the end-of-trial passes at
-    every width of the space, on an empty cache; only the differences are used, the level is fitted)."""
-    rises: dict[str, dict[int, list[float]]] = {}
+def profile_term(profile: dict[int, float], width: int) -> float:
+    """A width's rise from a profile of two or more widths: measured, else linear between the nearest
+    profiled widths, else along the profile's least-squares slope from its nearest end (a tree's width
+    past the chains'; a setup profiled at fewer widths than the space has)."""
+    if width in profile:
+        return profile[width]
+    widths = sorted(profile)
+    below, above = [w for w in widths if w < width], [w for w in widths if w > width]
+    if below and above:
+        lo, hi = below[-1], above[0]
+        return profile[lo] + (profile[hi] - profile[lo]) * (width - lo) / (hi - lo)
+    slope = float(np.polyfit(widths, [profile[w] for w in widths], 1)[0])
+    end = below[-1] if below else above[0]
+    return profile[end] + slope * (width - end)
+
+
+def width_profiles(points: list[TrialPoint]) -> dict[tuple[str, str], dict[int, float]]:
+    """Per setup ("env", env) and per family ("family", family): each profiled width's verify pass
+    above the setup's narrowest one, the median over the trials that timed both (`TrialPoint.width_ms`:
+    the end-of-trial passes at every width of the space, on an empty cache; only the differences are
+    used, the level is fitted)."""
+    rises: dict[tuple[str, str], dict[int, list[float]]] = {}
     for p in points:
         profile = dict(p.width_ms)
         if len(profile) < 2:
             continue
         low = profile[min(profile)]
-        for key in {p.shape.env, p.shape.family}:
+        for key in (("env", p.shape.env), ("family", p.shape.family)):
             for w, ms in profile.items():
                 rises.setdefault(key, {}).setdefault(w, []).append(ms - low)
     return {key: {w: float(np.median(xs)) for w, xs in by_w.items()} for key, by_w in rises.items()}
@@ -609,7 +628,7 @@ def fit_verify(points: list[TrialPoint]) -> VerifyFit:
     ridge = np.zeros(X.shape[1])
     ridge[n_f:-1] = 1e-4 * scale  # corrections and variant offsets: "no change" unless the trials say otherwise
     unprofiled = {x.width for x, done in zip(shapes, profiled) if not done}
-    if len(unprofiled) > 1 or (unprofiled and any(profiled)):
+    if len(unprofiled) > 1:  # (one width alone: the slope would absorb that width's offset; the prior)
         ridge[-1] = 1e-7 * scale  # the slope: the smallest one the trials allow
         coef = np.linalg.solve(X.T @ X + np.diag(ridge), X.T @ y)
     else:  # every trial at one width: the slope is a prior, SLOPE_PRIOR of the pass per scored token

@@ -131,18 +131,19 @@ class Proposals:
         return None if self.space is None else len(self.space)
 
 
-def race_pick(ranking, trials_left: int, race_trials: int, running: set[str], identity_of_config) -> int | None:
+def race_pick(ranking, trials_left: int, race_trials: int, running: set[str], identity_of_config, concurrency: int = 1) -> int | None:
     """`study.race_trials`: within the last `race_trials` trials of the study, the next trial re-measures
     a leader instead of a new configuration. While the winner is not clear of its runners-up, the
     leaders are the winner and every configuration within noise of it (the winner and the runner-up
-    while the noise is unknown); one measured once goes first, the simplest of those (the one a tie
-    prefers: `ranking.simplicity`; not while the noise is unknown), then the fewest trials, then the
-    faster. A clear
+    while the noise is unknown); those measured once go first, the simplest of them (the one a tie
+    prefers: `ranking.simplicity`; while the noise is unknown, the faster), then among leaders measured
+    more often the simplest, the fewest trials, the faster. A clear
     winner measured in one trial is measured once more: its lead and the noise band it was judged by
     come from one gang, and gang-to-gang spread is the noise a deployment meets. A clear winner measured
-    twice frees a race trial for a new configuration, except the study's last: a configuration found
-    there would lead on one measurement with no trial left to confirm it, so the last trial re-measures
-    the runner-up instead (the lead is then judged on two gangs each side). Returns the number of that
+    twice frees a race trial for a new configuration, except in the study's last round (the last
+    `concurrency` trials, which run beside each other): a configuration found there would lead on one
+    measurement with no trial left to confirm it, so those re-measure the runner-up instead (the lead
+    is then judged on two gangs each side), else the winner, else the next. Returns the number of that
     configuration's first trial (its params are enqueued again), or None."""
     if race_trials <= 0 or trials_left > race_trials or len(ranking.configs) < 2:
         return None
@@ -150,9 +151,10 @@ def race_pick(ranking, trials_left: int, race_trials: int, running: set[str], id
         winner, runner_up = ranking.configs[:2]
         if len(winner.trials) < 2:
             return winner.trials[0] if identity_of_config(winner) not in running else None
-        if trials_left > 1 or identity_of_config(runner_up) in running:
+        if trials_left > max(1, concurrency):
             return None
-        return runner_up.trials[0]
+        free = [c for c in (runner_up, winner, *ranking.configs[2:]) if identity_of_config(c) not in running]
+        return free[0].trials[0] if free else None
     leaders = ranking.tied if ranking.noise_rel is not None else ranking.configs[:2]
     if len(leaders) < 2:
         return None

@@ -204,8 +204,9 @@ class Asker:
         ...                         # start asked.trial if asked.verdict == "run"; then asker.asking = None
     """
 
-    def __init__(self, ctx: StudyContext, tracker, lock: AskLock):
+    def __init__(self, ctx: StudyContext, tracker, lock: AskLock, concurrency: int = 1):
         self.ctx, self.tracker, self.lock = ctx, tracker, lock
+        self.concurrency = concurrency  # trials this driver runs at once: racing's last round
         self.seen: set[int] = set()  # finished trials already folded into `proposals`
         self.asking: int | None = None  # a trial asked and not yet started or told: an interrupt fails it
 
@@ -273,6 +274,7 @@ class Asker:
             cfg.study.race_trials,
             self.ctx.proposals.busy_identities(),
             lambda c: identity_of(frozen_trial(study, c.trials[0]), cfg),
+            concurrency=self.concurrency,
         )
         if number is not None:
             first = frozen_trial(study, number)
@@ -310,7 +312,7 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
     finished: queue.Queue = queue.Queue()
     running: dict[int, tuple[threading.Thread, Slot]] = {}
     failed, idle_duplicates, waiting = 0, 0, False
-    asker = Asker(ctx, tracker, ask_lock(ctx.storage, study.study_name, log))
+    asker = Asker(ctx, tracker, ask_lock(ctx.storage, study.study_name, log), concurrency=len(slots))
 
     def work(trial, slot: Slot) -> None:
         try:

@@ -109,17 +109,18 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
     study = optuna_study(f"sqlite:///{db}", "tiny-study")
     by_state = {s: [t for t in study.trials if t.state.name == s] for s in ("COMPLETE", "FAIL", "RUNNING", "WAITING")}
     assert len(by_state["COMPLETE"]) == 4 and not by_state["RUNNING"] and not by_state["WAITING"]
-    # the trial on the worker fails naming the node
-    assert [t.number for t in by_state["FAIL"]] == [killed["trial"]], [
-        (t.number, t.user_attrs.get("spectune.fail_reason")) for t in by_state["FAIL"]
-    ]
-    lost = by_state["FAIL"][0]
-    reason = lost.user_attrs["spectune.fail_reason"]
-    assert reason.startswith("node ") and "left the cluster mid-trial" in reason and worker.node_id[:8] in reason, reason
-    assert lost.user_attrs["spectune.node"] == worker.node_id
-    assert f"trial {lost.number} failed: node" in r.stderr
-    retry = [t for t in by_state["COMPLETE"] if t.user_attrs.get("spectune.retry_of") == lost.number]
-    assert len(retry) == 1 and retry[0].params == lost.params and retry[0].user_attrs["spectune.node"] != worker.node_id
+    # the trial on the worker fails naming the node. Where the freeze came too late (the trial's result
+    # already on its way: on a loaded machine), it completes and the loss lands on the trial(s) the
+    # driver placed on the node before Ray marked it dead: each of those fails the same way
+    fails = [(t.number, t.user_attrs.get("spectune.fail_reason")) for t in by_state["FAIL"]]
+    assert fails and (killed["trial"] in dict(fails) or killed["trial"] in [t.number for t in by_state["COMPLETE"]]), fails
+    for lost in by_state["FAIL"]:
+        reason = lost.user_attrs["spectune.fail_reason"]
+        assert reason.startswith("node ") and "left the cluster mid-trial" in reason and worker.node_id[:8] in reason, fails
+        assert lost.user_attrs["spectune.node"] == worker.node_id
+        assert f"trial {lost.number} failed: node" in r.stderr
+        retry = [t for t in by_state["COMPLETE"] if t.user_attrs.get("spectune.retry_of") == lost.number]
+        assert len(retry) == 1 and retry[0].params == lost.params and retry[0].user_attrs["spectune.node"] != worker.node_id
     # both nodes measured, two trials at a time, never two on one node (isolation node)
     ran = [t for t in study.trials if "spectune.node" in t.user_attrs]
     assert len({t.user_attrs["spectune.node"] for t in ran}) == 2

@@ -327,10 +327,15 @@ def test_a_measured_width_profile_predicts_a_step_in_width_that_a_line_cannot():
         errors = {k: preds[k].error for k in (2, 3)}
         assert (min(errors.values()) > worst) if pts is lined else (max(errors.values()) < worst), errors
     model = fit_configs(profiled)
-    assert model.verify.profiles["tp1 gloo"] == {w: verify(w) - verify(1) for w in (1, 2, 3, 4, 5, 7)}
-    # a width no trial profiled (k = 8: width 9) takes the line through the fitted pass
+    rises = {w: verify(w) - verify(1) for w in (1, 2, 3, 4, 5, 7)}
+    assert model.verify.profiles[("env", "tp1 gloo")] == rises == model.verify.profiles[("family", "tp1 gloo")]
+    # a width between profiled ones: linear between them; past them (k = 8, width 9): along the
+    # profile's slope from its widest (2 ms a token past the step here, 5.5 fitted over all of it)
+    six = _point((), "ngram", 5, 1.0, 0.0, 0.0, rates).shape
     nine = _point((), "ngram", 8, 1.0, 0.0, 0.0, rates).shape
-    assert model.verify.width_term(nine) == pytest.approx(model.verify.b * 9)
+    assert model.verify.width_term(six) == pytest.approx((rises[5] + rises[7]) / 2)
+    slope = np.polyfit(list(rises), list(rises.values()), 1)[0]
+    assert model.verify.width_term(nine) == pytest.approx(rises[7] + 2 * slope) and model.verify.width_term(nine) > rises[7]
 
 
 def test_a_cpu_trial_profiles_every_chain_width_of_the_space():

@@ -219,7 +219,10 @@ def test_racing_remeasures_the_leaders_only_near_the_end_and_only_while_they_tie
     # the last re-measures the runner-up
     assert twice.winner_is_clear and race_pick(twice, trials_left=2, race_trials=2, running=set(), identity_of_config=ident) is None
     assert race_pick(twice, trials_left=1, race_trials=2, running=set(), identity_of_config=ident) == 0
-    assert race_pick(twice, trials_left=1, race_trials=2, running={"0"}, identity_of_config=ident) is None
+    assert race_pick(twice, trials_left=1, race_trials=2, running={"0"}, identity_of_config=ident) == 1  # the winner then
+    assert race_pick(twice, trials_left=1, race_trials=2, running={"0", "1"}, identity_of_config=ident) is None
+    # two trials at once: the last two run beside each other, so neither explores
+    assert race_pick(twice, trials_left=2, race_trials=2, running=set(), identity_of_config=ident, concurrency=2) == 0
     # four leaders tie, two race trials: the simplest of those measured once (what the verdict would
     # prefer) goes first, so the configuration the tie names is measured twice
     four = rank(

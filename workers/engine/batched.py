@@ -220,17 +220,27 @@ def _step(rank: Rank, strategy: StepStrategy, passes: BatchSteps, cache: KVCache
         # one transfer to the host: the drafts left on the device and, greedy, every row's argmax (margins,
         # where recorded, and sampling read the logits themselves); queued before the look-ahead
         argmax = logits.argmax(dim=-1) if rank.w.temperature <= 0 else None
-        read = HostRead(([drafts.flatten()] if on_device else []) + ([argmax.flatten()] if argmax is not None else []))
         k = drafts.shape[1] if on_device else 0
         more = any(rank.w.max_new_tokens - s.n_generated > k + 1 for s in live)  # a next step (unless an EOS ends it)
+        keep = None
         if argmax is not None and hidden is not None and on_device and len(on_device) == len(live) and more:
-            # the head drafts the next step behind this pass while the host books this one
-            strategy.look_ahead(on_device, drafts, argmax, hidden.model.aux)
-        kept = _decide_rows(rank, strategy, cache, seqs, live, proposals, logits, base, hidden, (on_device, drafts), argmax, read.values())
+            keep = strategy.ahead_keep(on_device, drafts, argmax)  # the drafts each row keeps, on the device
+        parts = ([drafts.flatten()] if on_device else []) + ([argmax.flatten()] if argmax is not None else [])
+        read = HostRead(parts + ([keep] if keep is not None else []))
+        if keep is not None:  # the head drafts the next step behind this pass while the host books this one
+            strategy.look_ahead(on_device, drafts, argmax, keep, hidden.model.aux)
+        values = read.values()
+        if keep is not None:
+            values, assumed = values[: -len(on_device)], values[-len(on_device) :]
+        kept = _decide_rows(rank, strategy, cache, seqs, live, proposals, logits, base, hidden, (on_device, drafts), argmax, values)
+        if keep is not None and any(not r.done and r.accepted != a for r, a in zip(kept, assumed)):
+            strategy.drop_ahead()  # the verdicts kept other drafts than the look-ahead drafted from
     t2 = time.perf_counter()
     draft_s, verify_s = sum(p.draft_s for p in proposals.values()), t2 - t1
     # drafts left on the device: one span around every row's head passes, done once decide read the
-    # argmaxes; the verify time is the rest of the step (as batch 1's overlapped steps count it)
+    # argmaxes; the verify time is the rest of the step (as batch 1's overlapped steps count it). Drafts
+    # of the look-ahead ran mostly during the step before, behind its host's booking: there the span is
+    # the head's GPU time all the same, and the rest of the step undercounts the verify pass by the overlap
     if (span := next((p.gpu_span for p in proposals.values() if p.gpu_span is not None), None)) is not None:
         draft_s = span[0].elapsed_time(span[1]) / 1e3
         verify_s = max(0.0, t2 - t0 - draft_s)

@@ -42,6 +42,7 @@ class RowInputs:
         # two staging buffers, used in turn: a send queued behind work the host has not waited for (a
         # look-ahead's, behind the step before) must not overwrite what the previous copy has yet to read
         self._staging = [torch.zeros(size, dtype=torch.long).pin_memory() if pin else torch.zeros(size, dtype=torch.long) for _ in range(2)]
+        self._sent = [torch.cuda.Event(), torch.cuda.Event()] if pin else None  # each buffer's last copy, done
         self._turn = 0
 
     def views(self, n: int, W: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -52,13 +53,26 @@ class RowInputs:
 
     def send(self, tokens: list[int], positions: list[int], at: list[int]) -> None:
         """n rows' tokens and positions (row-major, n x W each) and their `at` (n) into `views(n, W)`.
-        Asynchronous on CUDA: a staging buffer is rewritten two sends later, when the host has waited
-        for the work queued before the send in between (each step reads its verdict back)."""
+        Asynchronous on CUDA: a staging buffer is rewritten two sends later, once its copy has run (an
+        event; almost always long done, but a send may run ahead of the host's wait for the step)."""
         m = len(tokens) + len(positions) + len(at)
-        staging = self._staging[self._turn]
-        self._turn ^= 1
+        turn, self._turn = self._turn, self._turn ^ 1
+        staging = self._staging[turn]
+        if self._sent is not None:
+            self._sent[turn].synchronize()
         staging[:m] = torch.tensor(tokens + positions + at)
         self.buf[:m].copy_(staging[:m], non_blocking=True)
+        if self._sent is not None:
+            self._sent[turn].record()
 
     def zero(self) -> None:
         self.buf.zero_()
+
+
+def to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """A small integer list on `device` without a host sync: through pinned memory, non-blocking, on
+    CUDA (a copy from pageable memory waits for the stream's queued work first)."""
+    t = torch.tensor(values, dtype=torch.long)
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

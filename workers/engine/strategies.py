@@ -45,6 +45,7 @@ import torch
 from workers.drafters import Drafter
 from workers.engine.device_loop import AcceptOnDevice, decode_on_device, fits, phase, takes_device_loop
 from workers.engine.device_loop import warm as warm_device_loop
+from workers.engine.graphs import to_device
 from workers.engine.link import Proposal, VerifyResult
 from workers.engine.rank import Rank, Sequence, finish
 from workers.engine.stats import RunStats, StepRecord
@@ -97,10 +98,19 @@ class StepStrategy:
         every row in one pass where the mode's drafter drafts rows together."""
         return {s.row: self.propose(s) for s in seqs}
 
-    def look_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, aux: list[torch.Tensor]) -> None:  # noqa: B027
+    def ahead_keep(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """A batched step's drafts of `rows` [len(rows), k] and the verify pass's argmaxes `targets`
-        (greedy) are on the device and not yet read: a mode whose drafter drafts every row at once may
-        queue the next step's drafting behind them now (`Eagle3Rows.launch_ahead`). Default: nothing."""
+        (greedy) are on the device and not yet read. A mode whose drafter can draft the next step
+        behind them (`look_ahead`) returns here, on the device, the drafts each row will keep (the
+        step reads them back with its verdict and compares); None: no look-ahead (the default)."""
+        return None
+
+    def look_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, aux: list[torch.Tensor]) -> None:  # noqa: B027
+        """Queue the next step's drafting behind the verify pass (`Eagle3Rows.launch_ahead`), each row
+        keeping `keep` of its drafts (`ahead_keep`)."""
+
+    def drop_ahead(self) -> None:  # noqa: B027
+        """The step's verdicts kept other drafts than `ahead_keep` said: the look-ahead is not used."""
 
     def decide(self, seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> tuple[int, list[int]]:
         """Drafts kept and the new tokens (kept drafts + one more); deciding ranks only. A tree keeps
@@ -324,14 +334,22 @@ class InRankDrafting(StepStrategy):
             return super().propose_rows(seqs)
         return self.rows.propose({s.row: s.tokens for s in seqs}, self.k, on_device=self.on_device)
 
-    def look_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, aux: list[torch.Tensor], accepted=None) -> None:
-        """Greedy: each row keeps its drafts while they equal the argmaxes (decide_greedy's rule, on the
-        device); `accepted`: a plan instead (SimulatedAcceptance)."""
-        if self.rows is None or not self.on_device or getattr(self.rows, "launch_ahead", None) is None:
-            return
-        if accepted is None:
-            accepted = (drafts == targets[torch.tensor(rows, device=drafts.device), : drafts.shape[1]]).long().cumprod(1).sum(1)
-        self.rows.launch_ahead(rows, drafts, targets, accepted, aux, self.k)
+    def _ahead_rows(self):
+        """The batch's drafter of every row where it can draft ahead (drafts on the device), else None."""
+        return self.rows if self.rows is not None and self.on_device and hasattr(self.rows, "launch_ahead") else None
+
+    def ahead_keep(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Greedy: each row keeps its drafts while they equal the argmaxes (decide_greedy's rule, on the device)."""
+        group = self._ahead_rows()
+        return None if group is None else group.greedy_keep(rows, drafts, targets)
+
+    def look_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, aux: list[torch.Tensor]) -> None:
+        if (group := self._ahead_rows()) is not None:
+            group.launch_ahead(rows, drafts, targets, keep, aux, self.k)
+
+    def drop_ahead(self) -> None:
+        if (group := self._ahead_rows()) is not None:
+            group.drop_ahead()
 
     def propose_for_step(self, seq: Sequence) -> Proposal:
         d = seq.drafter or self.drafter
@@ -386,15 +404,23 @@ class SimulatedAcceptance(StepStrategy):
     def propose(self, seq: Sequence) -> Proposal:
         return self._pad(seq, self.source.propose(seq))
 
-    def look_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, aux: list[torch.Tensor]) -> None:
+    def ahead_keep(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """The drafts each row will keep, planned from the credit as `decide` takes it (rows in order)."""
-        if isinstance(self.source, InRankDrafting):
-            credit, plan = self.credit, []
-            for _ in rows:
-                credit += self.accept_len - 1
-                plan.append(min(drafts.shape[1], int(credit)))
-                credit -= plan[-1]
-            self.source.look_ahead(rows, drafts, targets, aux, accepted=plan)
+        group = self.source._ahead_rows() if isinstance(self.source, InRankDrafting) else None
+        if group is None:
+            return None
+        credit, plan = self.credit, []
+        for _ in rows:
+            credit += self.accept_len - 1
+            plan.append(min(drafts.shape[1], int(credit)))
+            credit -= plan[-1]
+        return to_device(plan, drafts.device)
+
+    def look_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, aux: list[torch.Tensor]) -> None:
+        self.source.look_ahead(rows, drafts, targets, keep, aux)
+
+    def drop_ahead(self) -> None:
+        self.source.drop_ahead()
 
     def propose_rows(self, seqs: list[Sequence]) -> dict[int, Proposal]:
         got = self.source.propose_rows(seqs)

@@ -7,7 +7,7 @@
     rows.feed_prompts({i: prompt_i + [first_i], ...}, k)   # optional: the prompts' entries now, one packed pass
     proposals = rows.propose({i: committed_i, ...}, k)  # {row: Proposal} for the live rows
     proposals = rows.propose(..., k, on_device=True)    # drafts left on the device (Proposal.device_tokens)
-    rows.launch_ahead(rows, drafts, argmax, accepted, aux, k)  # behind the verify pass: the next step's drafts
+    rows.launch_ahead(rows, drafts, argmax, keep, aux, k)  # behind the verify pass: the next step's drafts
 
 Each row keeps `Eagle3Drafter`'s bookkeeping (the verifier's states not yet fed, how many positions
 they cover, `ctx`: the entries fed with them) in its own row of one head cache. A proposal for the
@@ -58,7 +58,7 @@ import time
 import torch
 
 from workers.drafters.base import Drafter
-from workers.engine.graphs import RowInputs, capture_graph
+from workers.engine.graphs import RowInputs, capture_graph, to_device
 from workers.engine.link import Proposal
 from workers.model.transformer import aux_rows
 from workers.spec import MAX_DRAFT_TOKENS
@@ -78,13 +78,12 @@ class _PassRows:
 
 class _Ahead:
     """A look-ahead's launch (`Eagle3Rows.launch_ahead`): for which rows and k, over which pass's aux
-    states, its drafts [n, k] on the device, its CUDA-event span and host seconds, the plan it assumed."""
+    states, its drafts [n, k] on the device, its CUDA-event span and host seconds."""
 
-    __slots__ = ("rows", "k", "n", "aux", "out", "span", "host_s", "planned")
+    __slots__ = ("rows", "k", "n", "aux", "out", "span", "host_s")
 
-    def __init__(self, rows, k, n, aux, out, span, host_s, planned):
+    def __init__(self, rows, k, n, aux, out, span, host_s):
         self.rows, self.k, self.n, self.aux, self.out, self.span, self.host_s = rows, k, n, aux, out, span, host_s
-        self.planned = planned  # row -> drafts it keeps, where a plan (not the argmaxes) decided
 
 
 class _RowState:
@@ -143,6 +142,7 @@ class Eagle3Rows:
         self._pool = None
         self.passes = 0  # head passes run (a test counts them: one per depth)
         self._ahead: _Ahead | None = None  # the next step's drafts, launched behind the verify pass (`launch_ahead`)
+        self._index: tuple | None = None  # (live rows, their device index)
         self.ahead_used = 0  # proposals that took the look-ahead's drafts (a test counts them)
 
     def begin(self, n: int) -> None:
@@ -165,8 +165,9 @@ class Eagle3Rows:
     def observe_pass(self, i: int, aux: list[torch.Tensor], row: int, n: int) -> None:
         """Row i: positions 0..n-1 of row `row` of the last batched pass, by reference. A reference
         still unfed from an earlier pass would now read this pass's outputs (a graph's static
-        outputs are overwritten by every replay): `propose` feeds or drops every row's references
-        before the next pass, and a caller that skipped it is stopped here."""
+        outputs are overwritten by every replay): `propose` feeds or drops the references of every
+        row it drafts for before the next pass (a finished row keeps its last one, never read, and
+        is observed no more), and a caller that skipped it is stopped here."""
         if any(isinstance(st, _PassRows) for st in self.state[i].states):
             raise RuntimeError(f"EAGLE-3 row {i}: states of an earlier batched pass were never fed (propose between passes)")
         if n:
@@ -262,19 +263,37 @@ class Eagle3Rows:
             }
         return {i: Proposal(tokens=drafts.get(i, []), draft_s=share) for i in committed}
 
+    def _row_index(self, rows: list[int]) -> torch.Tensor:
+        """`rows` as a device index, sent without a host sync (pinned, non-blocking; a pageable copy
+        would wait for the verify pass), kept while the batch's live rows stay the same."""
+        key = tuple(rows)
+        if self._index is None or self._index[0] != key:
+            self._index = (key, to_device(rows, self.device))
+        return self._index[1]
+
+    def greedy_keep(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Device ops: the drafts each of `rows` keeps by the greedy rule (while d_i equals the verify
+        pass's argmax at i: `StepStrategy.decide_greedy`), [len(rows)]."""
+        k = drafts.shape[1]
+        return (drafts == targets.index_select(0, self._row_index(rows))[:, :k]).long().cumprod(1).sum(1)
+
     @torch.inference_mode()
-    def launch_ahead(self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, accepted, aux: list[torch.Tensor], k: int) -> bool:
+    def launch_ahead(
+        self, rows: list[int], drafts: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor, aux: list[torch.Tensor], k: int
+    ) -> bool:
         """The next step's depth passes, queued on the device right behind the verify pass that judged
         this step's drafts, before the host reads its verdict (engine.overlap, greedy or simulated
         acceptance): while the host decides and books the step, the head already drafts the next one.
         rows: the live rows, in order; drafts [len(rows), k]: what they proposed (on the device);
-        targets [>= n, >= k + 1]: the verify pass's argmax per row and position; accepted: the drafts each
-        row keeps (a device tensor [len(rows)], or a list the strategy planned), so its next entries are
-        drafts[:a] + targets[a] at the positions after its fed entries, with the pass's aux states (`aux`,
-        rows 0 .. a). Every row's next feed is then exactly what `propose` would stage, and `propose`
-        takes these drafts where the host's verdicts made them so (`_take_ahead`: each row live, fed
-        that pass's states of 1 + a positions); otherwise it drafts afresh, over the same entries. Returns
-        whether it launched (not: a row still holding unfed states, or without room for two more steps)."""
+        targets [>= n, >= k + 1]: the verify pass's argmax per row and position; keep [len(rows)] (on
+        the device): the drafts each row keeps (`greedy_keep`, or the strategy's plan), so its next
+        entries are drafts[:a] + targets[a] at the positions after its fed entries, with the pass's aux
+        states (`aux`, rows 0 .. a). Every row's next feed is then exactly what `propose` would stage:
+        `propose` takes these drafts where every row it drafts for is one of these, fed that pass's
+        states (`_take_ahead`), unless the step's verdicts kept other counts than `keep` (the batched
+        step compares them and calls `drop_ahead`); otherwise it drafts afresh, over the same entries.
+        Returns whether it launched (not: a row still holding unfed states, or without room for two
+        more steps). No host sync: every input goes to the device behind the verify pass."""
         n, W, cache, max_seq = self.n, k + 1, self.cache, self.cache.max_seq
         state = self.state
         if not rows or len(rows) != drafts.shape[0] or aux[0].shape[0] < n or aux[0].shape[1] < W:
@@ -286,12 +305,11 @@ class Eagle3Rows:
         starts = [state[i].ctx if i in live else min(state[i].ctx, max(0, max_seq - k - 1)) for i in range(n)]
         self._in.send([0] * (n * W), [p + j for p in starts for j in range(W)], [0] * n)
         tok, _, at = self._in.views(n, W)
-        index = torch.tensor(rows, device=self.device)
-        keep = accepted if isinstance(accepted, torch.Tensor) else torch.tensor(accepted, device=self.device)
+        index = self._row_index(rows)
         keep = keep.to(torch.long)
         cols = torch.arange(W, device=self.device)
         padded = torch.cat([drafts, drafts[:, -1:]], dim=1)  # [rows, W]: position k is never a kept draft
-        tok.index_copy_(0, index, torch.where(cols[None, :] < keep[:, None], padded, targets[index, :W]))
+        tok.index_copy_(0, index, torch.where(cols[None, :] < keep[:, None], padded, targets.index_select(0, index)[:, :W]))
         at.index_copy_(0, index, keep)
         col = 0
         for a in aux:  # each row's states of [last, d_1 .. d_k] in the pass: its entries' fc input
@@ -315,9 +333,12 @@ class Eagle3Rows:
             span[1].record()
         for i in range(n):
             cache.lengths[i] = state[i].ctx  # as before: a fresh `propose` re-feeds from here
-        planned = None if isinstance(accepted, torch.Tensor) else dict(zip(rows, accepted))
-        self._ahead = _Ahead(tuple(rows), k, n, aux, out, span, time.perf_counter() - t0, planned)
+        self._ahead = _Ahead(tuple(rows), k, n, aux, out, span, time.perf_counter() - t0)
         return True
+
+    def drop_ahead(self) -> None:
+        """The step's verdicts kept other drafts than the look-ahead assumed: the next proposal drafts afresh."""
+        self._ahead = None
 
     def _next_span(self):
         """CUDA events around one step's depth passes (the draft time, read once the step's verdict is)."""
@@ -338,8 +359,6 @@ class Eagle3Rows:
                 return None
             if r.n_states != len(tokens) - 1 or r.n_states - r.ctx != ref.n or ref.n > k + 1:
                 return None
-            if ahead.planned is not None and ahead.planned[i] != ref.n - 1:
-                return None  # the verdict kept other drafts than the plan it drafted ahead from
         for i in committed:
             r = self.state[i]
             self.cache.lengths[i] = r.n_states + k - 1  # its new entries and k - 1 drafts fed (the last is not)
