@@ -178,12 +178,14 @@ def config_points(trials, cfg: ExperimentConfig) -> list[TrialPoint]:
 PREDICTED_TOP = 5  # the best untried configurations the report lists
 
 
-def config_model_facts(trials, cfg: ExperimentConfig, label_of, top: int = PREDICTED_TOP) -> dict:
+def config_model_facts(trials, cfg: ExperimentConfig, label_of, top: int = PREDICTED_TOP, pruned=()) -> dict:
     """The configuration model's figures for the report (`perfmodel.fit_configs` / `config_loo`):
     leave one configuration out (each measured configuration, its trials pooled, predicted with none
     of its own measurements, its acceptance included; a miss counts as 100%), and the best
     configurations of the space no trial measured, PREDICTED from measured parts only (no priors: one
-    the model cannot predict that way is not listed). `label_of(params)` names a configuration."""
+    the model cannot predict that way is not listed). `label_of(params)` names a configuration;
+    `pruned`: the study's PRUNED trials, whose per-position acceptance the model borrows (never their
+    timings, which cover the first prompts only: `perfmodel.fit_configs`)."""
     from optuna.trial import FixedTrial
 
     from orchestrator.config.space import config_identity, distinct_configs, suggest
@@ -191,7 +193,8 @@ def config_model_facts(trials, cfg: ExperimentConfig, label_of, top: int = PREDI
     from orchestrator.study.trial import trial_config
 
     points = config_points(trials, cfg)
-    loo = config_loo(points)
+    lent = config_points(pruned, cfg)
+    loo = config_loo(points, lent)
     by_number = {t.number: t for t in trials}
     rows = []
     for x in sorted(loo, key=lambda x: x.error):
@@ -215,7 +218,7 @@ def config_model_facts(trials, cfg: ExperimentConfig, label_of, top: int = PREDI
                 measured.add(config_identity(trial_config(t, cfg)))
             except Exception:  # noqa: BLE001 - a trial of another space
                 continue
-        model = fit_configs(points)
+        model = fit_configs(points, lent)
         for identity, params in space.items():
             if identity in measured:
                 continue
@@ -453,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
             study = open_study(cfg)
             complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
             points = trial_points(complete, cfg)
-            configs = config_loo(config_points(complete, cfg))
+            pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+            configs = config_loo(config_points(complete, cfg), config_points(pruned, cfg))
             rows = None if ns.allreduce == "fitted" else load_bench_rows(cfg, study, ns.bench)
             comm, note = bench_comm(cfg, rows)
             title = f"study {cfg.study_name}: {len(points)} complete trials with step timings"

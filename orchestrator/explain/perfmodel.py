@@ -481,7 +481,7 @@ class Priors:
 SPREAD_SETUP = {"fitted": 0.01, "bench": 0.02, "backend": 0.03, "unknown": 0.2}
 SPREAD_SETTING = 0.03  # per setting of its family no measured setup had (its correction taken as 0)
 SPREAD_DRAFT = {"variant": 0.05, "layers": 0.15, "kind": 0.3, "prior": 0.6}  # of the drafts' share of the step
-SPREAD_REST = {"variant": 0.05, "kind": 0.2, "class": 0.4, "prior": 0.6}  # of the rest's share of the step
+SPREAD_REST = {"variant": 0.05, "kind": 0.2, "class": 0.4, "prior": 0.6, "unmeasured": 0.6}  # of the rest's share of the step
 SPREAD_ACCEPT = {"measured": 0.03, "extrapolated": 0.15, "proposer": 0.1, "kind": 0.3, "prior": 0.5}  # of sum P_i
 
 
@@ -680,7 +680,9 @@ class RestFit:
             return self.kind_r[(shape.kind, shape.in_verifier)] + slope, "kind"
         if shape.in_verifier in self.class_r:
             return self.class_r[shape.in_verifier] + slope, "class"
-        link = 0.0 if shape.in_verifier or link_ms is None else link_ms
+        if link_ms is None:  # no prior: the drafters inside the ranks' rest (else none), no link messages
+            return self.class_r.get(True, 0.0) + slope, "unmeasured"
+        link = 0.0 if shape.in_verifier else link_ms
         return self.class_r.get(True, 0.0) + link + slope, "prior"
 
 
@@ -835,34 +837,39 @@ def _effective_step(p: TrialPoint) -> float:
     return p.accept_len * 1000.0 / p.throughput if p.throughput > 0 else p.step_ms
 
 
-def fit_configs(points: list[TrialPoint]) -> ConfigModel:
-    """The configuration model of `points` (their `shape` says which parts they share)."""
+def fit_configs(points: list[TrialPoint], acceptance_from: list[TrialPoint] = ()) -> ConfigModel:
+    """The configuration model of `points` (their `shape` says which parts they share).
+    acceptance_from: more trials whose per-position acceptance and time per draft count, but not their
+    verify passes, rest or throughput (PRUNED trials: the positions they drafted were verified like any
+    other and each draft timed, but their throughput covers the first prompts only, and the pruner
+    picked them for being slow there)."""
     if not points:
         raise ValueError("no trials to fit")
     verify_fit = fit_verify(points)
-    shapes = {id(p): p.shape for p in points}
+    shapes = {id(p): p.shape for p in [*points, *acceptance_from]}
     spec = [p for p in points if p.k > 0]
+    accepting = spec + [p for p in acceptance_from if p.k > 0]
     rates: dict[str, list[float]] = {}
     key_kind: dict[str, str] = {}
     key_proposer: dict[str, str] = {}
     coverage: dict[str, float] = {}
-    for p in spec:
+    for p in accepting:
         key_kind[shapes[id(p)].acceptance] = p.kind
         key_proposer[shapes[id(p)].acceptance] = shapes[id(p)].proposer or shapes[id(p)].acceptance
     for key in sorted(key_kind):
-        lists = [list(p.accept_rates) for p in spec if shapes[id(p)].acceptance == key and p.accept_rates]
+        lists = [list(p.accept_rates) for p in accepting if shapes[id(p)].acceptance == key and p.accept_rates]
         if lists:
             rates[key] = _mean_rates(lists)
-            mine = [p for p in spec if shapes[id(p)].acceptance == key and p.accept_rates]
+            mine = [p for p in accepting if shapes[id(p)].acceptance == key and p.accept_rates]
             drafted = sum(float(sum(_extend(rates[key], p.k))) for p in mine)
             coverage[key] = min(1.0, max(0.0, sum(p.accept_len - 1.0 for p in mine) / drafted)) if drafted > 0 else 1.0
-    variant_kind = {shapes[id(p)].drafter: p.kind for p in spec}
+    variant_kind = {shapes[id(p)].drafter: p.kind for p in accepting}
     draft: dict[str, float] = {}
     for variant in sorted(variant_kind):
-        ks = np.array([p.k for p in spec if shapes[id(p)].drafter == variant], dtype=float)
-        ds = np.array([p.draft_ms for p in spec if shapes[id(p)].drafter == variant])
+        ks = np.array([p.k for p in accepting if shapes[id(p)].drafter == variant], dtype=float)
+        ds = np.array([p.draft_ms for p in accepting if shapes[id(p)].drafter == variant])
         draft[variant] = float(ks @ ds / (ks @ ks))
-    skip = [p for p in spec if p.kind == "layer_skip" and shapes[id(p)].layers]
+    skip = [p for p in accepting if p.kind == "layer_skip" and shapes[id(p)].layers]
     per_layer = None
     if skip:
         x = np.array([p.k * shapes[id(p)].layers for p in skip], dtype=float)
@@ -896,10 +903,11 @@ class ConfigPrediction:
         return 1.0 if self.predicted is None else abs(self.predicted - self.measured) / self.measured
 
 
-def config_loo(points: list[TrialPoint]) -> list[ConfigPrediction]:
+def config_loo(points: list[TrialPoint], pruned: list[TrialPoint] = ()) -> list[ConfigPrediction]:
     """Leave one configuration out: each configuration (its trials pooled) predicted by a fit on the
     other configurations only, its acceptance included (from the same acceptance key at other k, and
-    the geometric rule past the measured positions); no priors, so what only they could give is a miss."""
+    the geometric rule past the measured positions; `pruned`: PRUNED trials of other configurations
+    lend their per-position acceptance, `fit_configs`); no priors, so what only they could give is a miss."""
     groups: dict[ConfigShape, list[TrialPoint]] = {}
     for p in points:
         groups.setdefault(p.shape, []).append(p)
@@ -911,7 +919,7 @@ def config_loo(points: list[TrialPoint]) -> list[ConfigPrediction]:
         if not others:
             out.append(ConfigPrediction(shape, trials, measured, None, "no other configuration to fit on"))
             continue
-        est = fit_configs(others).predict(shape)
+        est = fit_configs(others, [p for p in pruned if p.shape != shape]).predict(shape)
         if isinstance(est, Miss):
             out.append(ConfigPrediction(shape, trials, measured, None, est.reason))
         else:

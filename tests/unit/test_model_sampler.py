@@ -349,3 +349,20 @@ def test_a_cpu_trial_profiles_every_chain_width_of_the_space():
     assert set(profile_widths(ranged)) >= {2, 4, 6}
     gpu = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(update={"device": "cuda"})})
     assert profile_widths(gpu) == ()
+
+
+def test_pruned_trials_lend_their_acceptance_and_draft_time_but_not_their_timings():
+    """The main job's shape: one complete trial per drafter, the drafter's other k pruned. Leaving the
+    complete n-gram trial out, its acceptance and time per draft come from the pruned trial (the pruned
+    pass's verify time, off here by 5x, is not used); without the pruned trial it is a miss."""
+    from dataclasses import replace
+
+    rates = [0.6, 0.4, 0.3, 0.2]
+    plain = _point((), "none", 0, 10.0, 0.0, 0.0, [])
+    two = _point((), "ngram", 2, 10.6, 0.1, 0.0, rates)
+    four = replace(_point((), "ngram", 4, 11.2, 0.2, 0.0, rates), verify_ms=56.0, throughput=1.0)  # pruned: first prompts only
+    alone = {x.shape.k: x for x in config_loo([plain, two])}
+    assert alone[2].predicted is None and "acceptance" in alone[2].how
+    lent = {x.shape.k: x for x in config_loo([plain, two], [four])}
+    assert lent[2].predicted is not None and lent[2].error < 0.02, lent[2]
+    assert "rest unmeasured" in lent[2].how

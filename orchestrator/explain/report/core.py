@@ -170,7 +170,7 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
         "comm_fraction_baseline": (base.why_comm_fraction if base.why_accept_len is not None else base.comm_fraction) if base else None,
         "comm_fraction_best": best.why_comm_fraction if best.why_accept_len is not None else best.comm_fraction,
         **facts,
-        **config_model_facts(done, cfg, lambda p: config_words(cfg, p)),
+        **config_model_facts(done, cfg, lambda p: config_words(cfg, p), pruned=[t for t in study.trials if t.state == TrialState.PRUNED]),
         "breakeven": {},
         "what_if": {},
     }
