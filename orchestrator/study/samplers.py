@@ -1,7 +1,8 @@
 """The `model` sampler (`study.sampler: model`): the performance model as the search's guide.
 
 From what the study's COMPLETE trials measured (verify time per width per setup, draft time per
-drafter variant, per-position acceptance per drafter; `perfmodel.fit_configs`), it predicts every
+drafter variant, per-position acceptance per drafter, the last two also from PRUNED trials;
+`perfmodel.fit_configs`), it predicts every
 configuration of the enumerable space that is neither known nor running, and proposes the one with
 the largest expected improvement over the best configuration measured so far:
 
@@ -152,10 +153,11 @@ class ModelSampler(optuna.samplers.BaseSampler):
             self._resolved[t.number] = out
         return out
 
-    def _model(self, complete: list) -> tuple[ConfigModel | None, dict[str, float], float]:
-        """The configuration model of the COMPLETE trials, each measured configuration's pooled
-        objective, and the measurement noise (cached while the COMPLETE trials stay the same)."""
-        key = tuple(t.number for t in complete)
+    def _model(self, complete: list, pruned: list = ()) -> tuple[ConfigModel | None, dict[str, float], float]:
+        """The configuration model of the COMPLETE trials (the PRUNED ones lending their acceptance and
+        time per draft: `perfmodel.fit_configs`), each measured configuration's pooled objective, and
+        the measurement noise (cached while those trials stay the same)."""
+        key = (tuple(t.number for t in complete), tuple(t.number for t in pruned))
         if key not in self._fits:
             from orchestrator.explain.perfcheck import config_point
             from orchestrator.study.ranking import ConfigStats, median_mad, noise_rel, trial_samples
@@ -173,7 +175,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
             measured = {i: median_mad(s)[0] for i, s in samples.items() if s}
             stats = [ConfigStats({}, [], s, *median_mad(s)) for s in samples.values() if s]
             rel = noise_rel(stats)[0]
-            self._fits = {key: (fit_configs(points) if points else None, measured, NOISE_DEFAULT if rel is None else rel)}
+            lent = [
+                p
+                for t in pruned
+                if (r := self._resolve(t)) is not None and (p := config_point(r[1], t.user_attrs, None, t.number)) is not None
+            ]
+            self._fits = {key: (fit_configs(points, lent) if points else None, measured, NOISE_DEFAULT if rel is None else rel)}
         return self._fits[key]
 
     def known(self, study, number: int) -> set[str]:
@@ -198,7 +205,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         if not left:
             return None  # every configuration known: the study ends; whatever is asked is a duplicate
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        model, measured, noise = self._model(complete)
+        model, measured, noise = self._model(complete, study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)))
         if model is None or not measured:  # nothing measured: the k = 0 point of the first choices
             first = next((i for i in left if self.shape(i).k == 0), left[0])
             return Pick(first, dict(self.space[first]), None, 0.0, None)
