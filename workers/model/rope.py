@@ -82,11 +82,15 @@ def inv_freq_and_scale(args: ModelArgs) -> tuple[torch.Tensor, float]:
 
 
 def rope_tables(args: ModelArgs, max_seq: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    inv, scale = inv_freq_and_scale(args)
-    t = torch.arange(max_seq, dtype=torch.float32)
-    freqs = torch.outer(t, inv)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return (emb.cos() * scale).to(device), (emb.sin() * scale).to(device)
+    """cos and sin [max_seq, head_dim], computed on the CPU whatever the default device (on `meta`,
+    where a model is built as shapes, these ops would run through torch's Python references, whose
+    import of torch._dynamo costs every process about a second), then moved to `device`."""
+    with torch.device("cpu"):
+        inv, scale = inv_freq_and_scale(args)
+        t = torch.arange(max_seq, dtype=torch.float32)
+        freqs = torch.outer(t, inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * scale).to(device), (emb.sin() * scale).to(device)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -131,7 +131,9 @@ def hook(model: Transformer, tp: TPPart, allreduce) -> Transformer:
     q0, q1, kv0, _ = _heads(args, tp)
     for layer in model.layers:
         attn = layer.self_attn
-        attn.kv_map = torch.arange(q0, q1, device=attn.q_proj.weight.device) // group - kv0
+        attn.kv_map = torch.tensor(
+            [h // group - kv0 for h in range(q0, q1)], device=attn.q_proj.weight.device
+        )  # no floor-divide op: on meta it would import torch._dynamo
         regular = q0 % group == 0 and q1 % group == 0  # whole KV groups: local head h reads KV h // group
         attn.gqa_group = group if regular else 0
         attn.reduce = allreduce

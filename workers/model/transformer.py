@@ -40,6 +40,24 @@ def aux_rows(aux: list[torch.Tensor], row: int, n: int) -> torch.Tensor:
     return torch.cat([a[row, :n] for a in aux], dim=-1)
 
 
+class Linear(nn.Linear):
+    """nn.Linear that leaves a weight on `meta` uninitialised: a model built as shapes (checkpoint.py
+    load_model) is filled from the checkpoint, and nn.init on meta runs through torch's Python
+    references, whose import of torch._dynamo costs every worker process about a second."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding, uninitialised on `meta` (as `Linear`)."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalised in float32, scaled in the input dtype (as Hugging Face's Llama does)."""
     dtype = x.dtype
@@ -105,12 +123,12 @@ class Attention(nn.Module):
         super().__init__()
         d, hd = args.dim, args.head_dim
         self.head_dim = hd
-        self.q_proj = nn.Linear(d, args.n_heads * hd, bias=args.attention_bias)
-        self.k_proj = nn.Linear(d, args.n_kv_heads * hd, bias=args.attention_bias)
-        self.v_proj = nn.Linear(d, args.n_kv_heads * hd, bias=args.attention_bias)
-        self.o_proj = nn.Linear(args.n_heads * hd, d, bias=False)
+        self.q_proj = Linear(d, args.n_heads * hd, bias=args.attention_bias)
+        self.k_proj = Linear(d, args.n_kv_heads * hd, bias=args.attention_bias)
+        self.v_proj = Linear(d, args.n_kv_heads * hd, bias=args.attention_bias)
+        self.o_proj = Linear(args.n_heads * hd, d, bias=False)
         group = args.n_heads // args.n_kv_heads
-        self.register_buffer("kv_map", torch.arange(args.n_heads) // group, persistent=False)
+        self.register_buffer("kv_map", torch.tensor([h // group for h in range(args.n_heads)]), persistent=False)
         # > 0 when local query head h reads local KV head h // gqa_group (contiguous, equal groups):
         # SDPA then reads K/V unexpanded (enable_gqa); 0 = an uneven split, expand with kv_map
         self.gqa_group = group
@@ -262,9 +280,9 @@ def silu_mul(gate_up):
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=False)
+        self.gate_proj = Linear(args.dim, args.intermediate_size, bias=False)
+        self.up_proj = Linear(args.dim, args.intermediate_size, bias=False)
+        self.down_proj = Linear(args.intermediate_size, args.dim, bias=False)
         self.reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
 
     def forward(self, x):
@@ -288,10 +306,10 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs, max_seq: int = 2048):
         super().__init__()
         self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        self.embed_tokens = Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.lm_head = Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.gather_vocab: Callable[[torch.Tensor], torch.Tensor] = _identity
@@ -299,7 +317,7 @@ class Transformer(nn.Module):
         # in `aux` (one [B, T, dim] tensor per id, in order) by every pass of `hidden_at`
         self.aux_layers: tuple[int, ...] = ()
         self.aux: list[torch.Tensor] = []
-        cos, sin = rope_tables(args, max_seq)
+        cos, sin = rope_tables(args, max_seq, device=torch.get_default_device())
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
