@@ -82,3 +82,22 @@ def test_random_model_parts_match_the_full_random_model(tmp_path):
     # a layer-skip prefix draws the same first layers as the whole model
     prefix = load_model(ref, max_seq=32, n_layers=1)
     assert torch.equal(prefix.layers[0].self_attn.o_proj.weight, full.layers[0].self_attn.o_proj.weight)
+
+
+def test_loading_a_rank_never_imports_torch_dynamo(tiny_ckpt):
+    """A worker process builds its part of the model as shapes (meta), slices it and fills it from the
+    checkpoint without importing torch._dynamo (about a second of every worker's start-up: torch's
+    Python references, which nn.init and a few ops on meta run through, import it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from workers.model.checkpoint import load_model\n"
+        "from workers.model.tp import TPPart\n"
+        f"m = load_model({str(tiny_ckpt)!r}, tp=TPPart(rank=1, world=2))\n"
+        "assert m.layers[0].self_attn.kv_map.device.type == 'cpu' and not m.rope_cos.is_meta\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
