@@ -311,24 +311,13 @@ class Eagle3Rows:
         padded = torch.cat([drafts, drafts[:, -1:]], dim=1)  # [rows, W]: position k is never a kept draft
         tok.index_copy_(0, index, torch.where(cols[None, :] < keep[:, None], padded, targets.index_select(0, index)[:, :W]))
         at.index_copy_(0, index, keep)
-        col = 0
-        for a in aux:  # each row's states of [last, d_1 .. d_k] in the pass: its entries' fc input
-            d = a.shape[-1]
-            self._aux[:n, :W, col : col + d].copy_(a[:n, :W])
-            col += d
+        self._copy_pass_aux(aux, n, W)  # each row's states of [last, d_1 .. d_k] in the pass
         for i in range(n):
             cache.lengths[i] = starts[i]
         span = self._next_span() if self.capture else None
         if span:
             span[0].record()
-        self.passes += k
-        if self.capture:
-            if (n, k) not in self.graphs:
-                self.graphs[(n, k)] = self._capture(n, k)
-            out = self.graphs[(n, k)][1]
-            self.graphs[(n, k)][0].replay()
-        else:
-            out = self._run(n, k, kv_len=min(max_seq, max(starts) + W + k))
+        out = self._passes(n, k)
         if span:
             span[1].record()
         for i in range(n):
@@ -387,14 +376,28 @@ class Eagle3Rows:
             at.append(len(feed) - 1)
         self._in.send(tok, pos, at)
         self._stage_aux(feeds, n, W)
+        return self._passes(n, k)
+
+    def _passes(self, n: int, k: int) -> torch.Tensor:
+        """The depth passes over the staged inputs of n rows (cache lengths at each row's first entry):
+        the graph of (n, k), captured on first use, else eagerly over the filled part of the cache."""
         self.passes += k
         if not self.capture:
-            return self._run(n, k, kv_len=min(self.cache.max_seq, max(lengths[:n]) + W + k))
+            return self._run(n, k, kv_len=min(self.cache.max_seq, max(self.cache.lengths[:n]) + k + 1 + k))
         if (n, k) not in self.graphs:
             self.graphs[(n, k)] = self._capture(n, k)
         graph, out = self.graphs[(n, k)]
         graph.replay()
         return out
+
+    def _copy_pass_aux(self, aux: list[torch.Tensor], n: int, w: int) -> None:
+        """fc's input of the first n rows' first w entries from one batched pass's aux outputs: one
+        copy per aux layer (rows past their entries copy padding nothing reads)."""
+        col = 0
+        for a in aux:
+            d = a.shape[-1]
+            self._aux[:n, :w, col : col + d].copy_(a[:n, :w])
+            col += d
 
     def _stage_aux(self, feeds: dict[int, tuple[list[int], list]], n: int, W: int) -> None:
         """fc's input: each feeding row's unfed states at its first entries. Where every one is one
@@ -404,11 +407,7 @@ class Eagle3Rows:
         if all(len(st) == 1 for _, st in feeds.values()) and all(isinstance(r, _PassRows) for r in refs):
             aux = refs[0].aux
             if all(r.aux is aux and r.row == i for r, i in zip(refs, feeds)) and aux[0].shape[0] >= n:
-                w, col = min(W, aux[0].shape[1]), 0
-                for a in aux:
-                    d = a.shape[-1]
-                    self._aux[:n, :w, col : col + d].copy_(a[:n, :w])
-                    col += d
+                self._copy_pass_aux(aux, n, min(W, aux[0].shape[1]))
                 return
         for i, (feed, states) in feeds.items():
             self._aux[i, : len(feed)].copy_(_cat(states))
