@@ -535,17 +535,11 @@ class VerifyFit:
         default_factory=dict
     )  # ("env" | "family", name) -> width -> ms above its narrowest
 
-    def profiled(self, shape: ConfigShape) -> bool:
-        return len(self._profile(shape)) >= 2
-
     def width_term(self, shape: ConfigShape) -> float:
         """What the width adds to the pass: from the setup's measured profile (else its family's), where
         one was measured (`profile_term`), else the line b x width."""
-        profile = self._profile(shape)
-        return profile_term(profile, shape.width) if len(profile) >= 2 else self.b * shape.width
-
-    def _profile(self, shape: ConfigShape) -> dict[int, float]:
-        return self.profiles.get(("env", shape.env)) or self.profiles.get(("family", shape.family)) or {}
+        profile = profile_of(self.profiles, shape)
+        return profile_term(profile, shape.width) if profile else self.b * shape.width
 
     def source(self, shape: ConfigShape) -> str:
         """Where the verify time comes from: "fitted" (a trial ran this setup), "backend" (its family's
@@ -563,6 +557,12 @@ class VerifyFit:
     def ms(self, shape: ConfigShape) -> float:
         base = self.base.get(shape.family, float(np.mean(list(self.base.values()))))
         return base + sum(self.d.get((shape.family, x), 0.0) for x in shape.settings) + self.offset(shape) + self.width_term(shape)
+
+
+def profile_of(profiles: dict[tuple[str, str], dict[int, float]], shape: ConfigShape) -> dict[int, float]:
+    """`shape`'s setup's width profile (`width_profiles`), else its family's; {} where none of two or more widths."""
+    profile = profiles.get(("env", shape.env)) or profiles.get(("family", shape.family)) or {}
+    return profile if len(profile) >= 2 else {}
 
 
 def profile_term(profile: dict[int, float], width: int) -> float:
@@ -605,8 +605,7 @@ def fit_verify(points: list[TrialPoint]) -> VerifyFit:
     setups' width profiles were measured (`width_profiles`), a point's width term is its profile's, not
     fitted: the slope then serves only widths no profile covers."""
     profiles = width_profiles(points)
-    probe = VerifyFit({}, {}, 0.0, frozenset(), profiles=profiles)
-    profiled = [probe.profiled(p.shape) for p in points]
+    profiled = [bool(profile_of(profiles, p.shape)) for p in points]
     shapes = [p.shape for p in points]
     families = sorted({x.family for x in shapes})
     settings = sorted({(x.family, y) for x in shapes for y in x.settings})
@@ -621,7 +620,7 @@ def fit_verify(points: list[TrialPoint]) -> VerifyFit:
         if x.k > 0:
             X[i, n_f + n_s + variants.index(x.drafter)] = 1.0
         if profiled[i]:  # the width's share is measured: the rest is fitted
-            y[i] -= probe.width_term(x)
+            y[i] -= profile_term(profile_of(profiles, x), x.width)
         else:
             X[i, -1] = x.width
     scale = max(1.0, float(np.trace(X.T @ X)) / X.shape[1])
