@@ -1,5 +1,7 @@
 """The peer baseline: the same prompts through transformers' own `generate` (plain greedy, and
 assisted generation with a draft model), timed the same way, so speedups can be quoted against it.
+Its greedy tokens are also the check of spectune's engine on a user's own checkpoint: `decode
+--peer-baseline` compares them with spectune's plain decoding (`outputs_match_peer`).
 
     python -m orchestrator.decode.peer random:llama-3-8b --device cuda --max-new-tokens 128
 """
@@ -33,13 +35,21 @@ def hf_model(path: str, dtype: torch.dtype, device: str):
 
 @torch.inference_mode()
 def generate_throughput(
-    path: str, prompts: list[list[int]], max_new_tokens: int, dtype=torch.bfloat16, device: str = "cuda", draft_path: str | None = None
+    path: str,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    dtype=torch.bfloat16,
+    device: str = "cuda",
+    draft_path: str | None = None,
+    outputs: list[list[int]] | None = None,
 ) -> dict[str, float]:
+    """Tokens per second of transformers' generate over `prompts` (greedy, exactly max_new_tokens
+    each); `outputs`, when given, receives each prompt's generated tokens."""
     model = hf_model(path, dtype, device)
     draft = hf_model(draft_path, dtype, device) if draft_path else None
     extra = {"assistant_model": draft} if draft is not None else {}
 
-    def gen(ids: list[int], n: int) -> int:
+    def gen(ids: list[int], n: int) -> list[int]:
         x = torch.tensor([ids], device=device)
         out = model.generate(  # noqa: F821 - `del model` below frees it once gen is done
             x,
@@ -50,7 +60,7 @@ def generate_throughput(
             pad_token_id=0,
             **extra,
         )
-        return out.shape[1] - x.shape[1]
+        return out[0, x.shape[1] :].tolist()
 
     gen(prompts[0], 4)  # warm-up
     tokens, seconds = 0, 0.0
@@ -58,10 +68,13 @@ def generate_throughput(
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        tokens += gen(ids, max_new_tokens)
+        new = gen(ids, max_new_tokens)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t0
+        tokens += len(new)
+        if outputs is not None:
+            outputs.append(new)
     key = "hf_assisted_tok_s" if draft is not None else "hf_generate_tok_s"
     del gen, model, draft  # the closure too: it holds the model
     if device.startswith("cuda"):

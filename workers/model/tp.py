@@ -7,7 +7,9 @@
   (uneven when the head count does not divide, e.g. SmolLM2's 9 heads at TP 2 -> 5 + 4) and the
   KV heads those query heads read (a KV head whose group straddles two ranks is kept by both).
   q/k/v (and their biases) are column-parallel (output rows sliced), o_proj row-parallel (input columns sliced).
-- The MLP is column-parallel in gate/up and row-parallel in down.
+- The MLP is column-parallel in gate/up and row-parallel in down. An MoE layer's experts are split
+  the same way, each by its own intermediate dimension (every rank holds 1/TP of every expert, so
+  routing needs no exchange); the router is replicated.
 - Each row-parallel output is a partial sum; it goes through the one `allreduce` object
   (`Attention.reduce`, `MLP.reduce`): the single place where comm backends plug in.
 - lm_head is replicated, or vocab-parallel (rows sliced, logits all-gathered) when asked and the
@@ -76,19 +78,18 @@ def parts(args: ModelArgs, tp: TPPart) -> dict[str, Part]:
     q, kv = Part(0, q0 * hd, q1 * hd), Part(0, kv0 * hd, kv1 * hd)
     up, down = Part(0, tp.rank * inter, (tp.rank + 1) * inter), Part(1, tp.rank * inter, (tp.rank + 1) * inter)
     out: dict[str, Part] = {}
+    if args.moe_layers:
+        e_inter = args.moe.intermediate_size // tp.world
+        e_up, e_down = Part(1, tp.rank * e_inter, (tp.rank + 1) * e_inter), Part(2, tp.rank * e_inter, (tp.rank + 1) * e_inter)
     for i in range(args.n_layers):
         a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
         out.update(
-            {
-                a + "q_proj.weight": q,
-                a + "k_proj.weight": kv,
-                a + "v_proj.weight": kv,
-                a + "o_proj.weight": Part(1, q0 * hd, q1 * hd),
-                m + "gate_proj.weight": up,
-                m + "up_proj.weight": up,
-                m + "down_proj.weight": down,
-            }
+            {a + "q_proj.weight": q, a + "k_proj.weight": kv, a + "v_proj.weight": kv, a + "o_proj.weight": Part(1, q0 * hd, q1 * hd)}
         )
+        if args.is_moe(i):  # stacked experts [E, I, dim] / [E, dim, I] (workers/model/moe.py)
+            out.update({m + "experts.gate_proj": e_up, m + "experts.up_proj": e_up, m + "experts.down_proj": e_down})
+        else:
+            out.update({m + "gate_proj.weight": up, m + "up_proj.weight": up, m + "down_proj.weight": down})
         if args.attention_bias:
             out.update({a + "q_proj.bias": q, a + "k_proj.bias": kv, a + "v_proj.bias": kv})
     if tp.splits_vocab(args):

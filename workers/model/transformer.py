@@ -1,10 +1,12 @@
-"""A plain Llama-family decoder (Llama / Qwen2 / Mistral): GQA, RoPE, RMSNorm, SwiGLU.
+"""A plain decoder for the Llama family and its kin (Llama / Qwen2 / Mistral / Qwen3 / Qwen3-MoE):
+GQA, RoPE, RMSNorm, SwiGLU; Qwen3's per-head q/k RMSNorm; MoE layers (workers/model/moe.py) where
+the config puts them.
 
 No distributed code lives here. Module names match Hugging Face checkpoints (`embed_tokens`,
 `layers.N.self_attn.q_proj`, ...), so `load_state_dict` takes a checkpoint's tensors as they are.
 Tensor parallelism is a separate pass (`workers/model/tp.py`) that slices the weights in place and
 sets the two hooks this file leaves open: `reduce` on every row-parallel output (attention
-`o_proj`, MLP `down_proj`) and `gather_vocab` on a vocab-parallel `lm_head`.
+`o_proj`, MLP `down_proj`, the MoE's routed sum) and `gather_vocab` on a vocab-parallel `lm_head`.
 
 Attention heads: each rank holds some query heads and the KV heads they read; `kv_map[h]` is
 the local KV head of local query head h, so uneven head splits and GQA share one code path.
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.model.args import ModelArgs
+from workers.model.moe import MoE
 from workers.model.rope import apply_rope, rope_tables
 
 
@@ -127,6 +130,9 @@ class Attention(nn.Module):
         self.k_proj = Linear(d, args.n_kv_heads * hd, bias=args.attention_bias)
         self.v_proj = Linear(d, args.n_kv_heads * hd, bias=args.attention_bias)
         self.o_proj = Linear(args.n_heads * hd, d, bias=False)
+        # Qwen3: each query and key head RMS-normed over head_dim before rope (weights shared by heads)
+        self.q_norm = RMSNorm(hd, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(hd, args.norm_eps) if args.qk_norm else None
         group = args.n_heads // args.n_kv_heads
         self.register_buffer("kv_map", torch.tensor([h // group for h in range(args.n_heads)]), persistent=False)
         # > 0 when local query head h reads local KV head h // gqa_group (contiguous, equal groups):
@@ -145,10 +151,12 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, mask, k_cache, v_cache, pos):
         """pos [B, T]: each token's position; keys/values are written there (index_copy_: graph-safe)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)
         return self.reduce(self.o_proj(self.attend(q, k, v, mask, k_cache, v_cache, pos)))
 
     def attend(self, q, k, v, mask, k_cache, v_cache, pos):
@@ -290,10 +298,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, moe: bool = False):
         super().__init__()
         self.self_attn = Attention(args)
-        self.mlp = MLP(args)
+        self.mlp = MoE(args) if moe else MLP(args)
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
 
@@ -307,7 +315,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.embed_tokens = Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.layers = nn.ModuleList(Block(args, moe=args.is_moe(i)) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.lm_head = Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
