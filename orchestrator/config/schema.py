@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls  # noqa: F401 - NVLS_OFF_ENV re-exported
 from orchestrator.config.registry import NCCL_VAR, PARAMS, lookup
 from orchestrator.errors import UserError
-from workers.engine.config import ATTENTION_CHOICES, GEMV_CHOICES, EngineConfig
+from workers.engine.config import ATTENTION_CHOICES, GEMV_CHOICES, MOE_KERNEL_CHOICES, EngineConfig
 
 SEARCHABLE = tuple(PARAMS)
 
@@ -84,6 +84,7 @@ class EngineSection(_Section):
     compile: bool = _field("engine.compile")
     gemv: Literal[GEMV_CHOICES] = _field("engine.gemv")
     fused_add_norm: bool = _field("engine.fused_add_norm")
+    moe_kernel: Literal[MOE_KERNEL_CHOICES] = _field("engine.moe_kernel")
     overlap: bool = _field("engine.overlap")
 
     @field_validator("gemv", mode="before")
@@ -243,7 +244,7 @@ class StudySection(_Section):
 
 class TrackingSection(_Section):
     uri: str | None = None  # default: MLFLOW_TRACKING_URI, else sqlite in $SPECTUNE_HOME
-    experiment: str | None = None  # default: the experiment name
+    experiment: str | None = None  # default: the study's name (one MLflow experiment per study)
 
 
 class LimitsSection(_Section):
@@ -271,7 +272,8 @@ class ExperimentConfig(_Section):
 
     @property
     def experiment_name(self) -> str:
-        return self.tracking.experiment or self.name
+        """The MLflow experiment: one per study (the YAML's `name` is its tag `spectune.name`)."""
+        return self.tracking.experiment or self.study_name
 
 
 def _values(p) -> list:
@@ -333,7 +335,14 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     if not path.is_file():
         raise UserError(f"experiment file {str(path)!r} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        byte = e.object[e.start : e.start + 1].hex()
+        raise UserError(f"{path}: not UTF-8 text (byte 0x{byte} at offset {e.start}); save the experiment file as UTF-8") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.strerror or e})") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from orchestrator.config.schema import ExperimentConfig, validated
 from orchestrator.errors import UserError
 from orchestrator.prompts.loading import SPLITS
-from workers.engine.config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES
+from workers.engine.config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES, MOE_KERNEL_CHOICES
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,7 @@ YAML_FLAGS = (
     # the engine: the fields of the YAML section `engine:` (workers/engine/config.py documents each)
     _f("--attention", "engine.attention", "engine.attention: " + ENGINE_FIELDS["attention"][1], choices=ATTENTION_CHOICES),
     _f("--gemv", "engine.gemv", "engine.gemv: " + ENGINE_FIELDS["gemv"][1], choices=GEMV_CHOICES),
+    _f("--moe-kernel", "engine.moe_kernel", "engine.moe_kernel: " + ENGINE_FIELDS["moe_kernel"][1], choices=MOE_KERNEL_CHOICES),
     _f("--no-cuda-graphs", "engine.cuda_graphs", "engine.cuda_graphs=false: run CUDA steps eagerly", action="store_false"),
     _f(
         "--no-compile",

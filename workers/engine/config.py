@@ -19,6 +19,11 @@ Fields (the only place they are documented; the schema and the registry copy the
                   compiled bodies)
 - fused_add_norm: where the allreduce backend can (symm_mem_ll), the residual add and the next
                   RMS norm run in the allreduce's kernel
+- moe_kernel:     an MoE layer's routed experts inside the graphed steps: triton (grouped kernel,
+                  workers/kernels/moe.py: each chosen expert's weights read once per step), dense
+                  (every expert over every token, graph-safe torch ops; reads all experts), or auto
+                  (triton where it runs, else dense). Eager passes (prefill, CPU) loop over the
+                  chosen experts. No effect on dense models.
 - overlap:        greedy decoding overlaps the host with the device: plain steps on CUDA graphs
                   enqueue step n + 1 before reading step n; with an in-rank EAGLE-3 chain, verify,
                   acceptance and the next chain stay on the device (workers/engine/device_loop.py)
@@ -31,6 +36,7 @@ from dataclasses import asdict, dataclass, fields
 
 ATTENTION_CHOICES = ("auto", "triton", "sdpa")
 GEMV_CHOICES = ("auto", "cublas", "triton", "off")
+MOE_KERNEL_CHOICES = ("auto", "triton", "dense")
 
 # field -> (allowed values, one line of documentation): the registry and the YAML schema read this
 ENGINE_FIELDS: dict[str, tuple[tuple, str]] = {
@@ -39,6 +45,7 @@ ENGINE_FIELDS: dict[str, tuple[tuple, str]] = {
     "compile": ((True, False), "merged weights and torch.compile'd layer bodies inside the graphs (off: the plain model)"),
     "gemv": (GEMV_CHOICES, "step GEMMs: auto (faster of cuBLAS and the Triton GEMV per shape), cublas, triton, or off"),
     "fused_add_norm": ((True, False), "residual add + next RMS norm inside the allreduce kernel where the backend can"),
+    "moe_kernel": (MOE_KERNEL_CHOICES, "MoE routed experts in graphed steps: triton (grouped kernel), dense (all experts), or auto"),
     "overlap": (
         (True, False),
         "greedy decoding: plain steps enqueue step n + 1 before reading step n; in-rank EAGLE-3 chains verify, accept and draft on the device",
@@ -53,6 +60,7 @@ class EngineConfig:
     compile: bool = True
     gemv: str = "auto"
     fused_add_norm: bool = True
+    moe_kernel: str = "auto"
     overlap: bool = True
 
     def __post_init__(self) -> None:

@@ -4,9 +4,11 @@ A step of a few tokens streams every weight once, so its time is the weight byte
 bandwidth plus a floor of ~2-3 us per kernel, even inside a CUDA graph. The plain model launches
 ~45 small kernels per layer (norms, rope, SiLU, casts); here every layer runs
 
-    QKV GEMM of the normed h (merged q/k/v weights); rope; K/V into the cache; attention; o_proj
+    QKV GEMM of the normed h (merged q/k/v weights); [Qwen3: RMSNorm of each q and k head];
+    rope; K/V into the cache; attention; o_proj
     join:  x += allreduce(o_proj output); h = norm(x)
-    gate/up GEMM (merged weights) with SiLU * up; down
+    gate/up GEMM (merged weights) with SiLU * up; down   [MoE layer: router, then the routed
+                                                          experts (`EngineConfig.moe_kernel`)]
     join:  x += allreduce(down output); h = next layer's norm(x) (the final norm after the last)
 
 Two choices are branches inside that one body, fixed when the step is built:
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from workers.engine.config import EngineConfig
+from workers.model.moe import MoE
 from workers.model.rope import apply_rope
 from workers.model.transformer import Transformer, attend, rms_norm, silu_mul
 
@@ -51,13 +54,27 @@ def _add_norm_body(x, delta, norm_w, eps: float):
     return x, rms_norm(x, norm_w, eps)
 
 
-def _qkv_from_normed(h, wqkv, bqkv, cos, sin, nq: int, nkv: int, hd: int):
-    # no module in the arguments: every layer shares one compiled graph per step width
+def _qkv_from_normed(h, wqkv, bqkv, cos, sin, nq: int, nkv: int, hd: int, qk_norm=None):
+    # no module in the arguments: every layer shares one compiled graph per step width.
+    # qk_norm: (q weight, k weight, eps) of Qwen3's per-head RMSNorm, applied before rope
     B, T, _ = h.shape
     q, k, v = F.linear(h, wqkv, bqkv).split([nq * hd, nkv * hd, nkv * hd], dim=-1)
-    q = apply_rope(q.view(B, T, nq, hd).transpose(1, 2), cos, sin)
-    k = apply_rope(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)
+    q, k = q.view(B, T, nq, hd), k.view(B, T, nkv, hd)
+    if qk_norm is not None:
+        q, k = rms_norm(q, qk_norm[0], qk_norm[2]), rms_norm(k, qk_norm[1], qk_norm[2])
+    q = apply_rope(q.transpose(1, 2), cos, sin)
+    k = apply_rope(k.transpose(1, 2), cos, sin)
     return q, k, v.view(B, T, nkv, hd).transpose(1, 2)
+
+
+def _qk_norm_merged(qkv, q_w, k_w, eps: float, nq: int, nkv: int, hd: int):
+    """The merged projection [B, T, (nq + 2 nkv) hd] with each q and k head RMS-normed (Qwen3),
+    for the Triton attention, which applies rope itself."""
+    B, T, _ = qkv.shape
+    q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+    q = rms_norm(q.view(B, T, nq, hd), q_w, eps).view(B, T, nq * hd)
+    k = rms_norm(k.view(B, T, nkv, hd), k_w, eps).view(B, T, nkv * hd)
+    return torch.cat([q, k, v], dim=-1)
 
 
 def _mlp_core(h, w_gate_up, w_down):
@@ -94,12 +111,25 @@ class FusedStep:
         for layer in model.layers:
             a, m = layer.self_attn, layer.mlp
             wqkv, bqkv = _merge([a.q_proj, a.k_proj, a.v_proj])
-            wgu, _ = _merge([m.gate_proj, m.up_proj])
+            wgu = None if isinstance(m, MoE) else _merge([m.gate_proj, m.up_proj])[0]  # an MoE layer keeps its stacked experts
             self.merged.append((wqkv, bqkv, wgu))
+        # an MoE layer's routed experts inside the graphs: the grouped kernel where it runs (moe_kernel
+        # auto or triton), else the graph-safe dense loop (workers/model/moe.py)
+        self.experts_fn = None
+        if any(w is None for _, _, w in self.merged):
+            from workers.kernels import moe as moe_kernels
+            from workers.model.moe import experts_dense
+
+            device = model.embed_tokens.weight.device
+            if engine.moe_kernel == "triton" and not moe_kernels.available(device):
+                raise RuntimeError("engine.moe_kernel=triton: the grouped MoE kernel does not run here (no Triton for this device)")
+            grouped = engine.moe_kernel != "dense" and moe_kernels.available(device)
+            self.experts_fn = moe_kernels.grouped_experts if grouped else experts_dense
         # an attention that takes the merged projection, applies rope and writes the cache itself
         # (one kernel where the compiled rope and the eager cache writes took four per layer)
         self.rope_attend = getattr(attend_fn, "with_rope", None)
         self.norm_body, self.add_norm_body, self.qkv_from_normed = _norm_body, _add_norm_body, _qkv_from_normed
+        self.qk_norm_merged = _qk_norm_merged
         self.mlp_core, self.silu_mul = _mlp_core, silu_mul
         if engine.compile:
             import torch._dynamo
@@ -110,6 +140,7 @@ class FusedStep:
             self.norm_body = torch.compile(_norm_body, dynamic=False)
             self.add_norm_body = torch.compile(_add_norm_body, dynamic=False)
             self.qkv_from_normed = torch.compile(_qkv_from_normed, dynamic=False)
+            self.qk_norm_merged = torch.compile(_qk_norm_merged, dynamic=False)
             self.mlp_core = torch.compile(_mlp_core, dynamic=False)
             self.silu_mul = torch.compile(silu_mul, dynamic=False)
         # the GEMV picker races on CUDA only; a forced mode (cublas, triton) builds it anywhere
@@ -125,9 +156,9 @@ class FusedStep:
             self.gemv = GemvPicker(
                 {
                     "qkv": qkv,
-                    "gate_up": [w for _, _, w in self.merged],
+                    "gate_up": [w for _, _, w in self.merged if w is not None],
                     "o": [layer.self_attn.o_proj.weight for layer in model.layers],
-                    "down": [layer.mlp.down_proj.weight for layer in model.layers],
+                    "down": [layer.mlp.down_proj.weight for layer in model.layers if not isinstance(layer.mlp, MoE)],
                 },
                 mode=engine.gemv,
                 silu_mul=self.silu_mul,
@@ -136,8 +167,12 @@ class FusedStep:
     def _linear(self, role: str, x, w, b=None):
         return F.linear(x, w, b) if self.gemv is None else self.gemv.linear(role, x, w, b)
 
-    def _mlp(self, h, w_gate_up, w_down):
-        """down(silu(gate) * up) of the normed `h`: one compiled body, or the picker's two GEMMs."""
+    def _mlp(self, h, w_gate_up, mlp):
+        """down(silu(gate) * up) of the normed `h`: one compiled body, or the picker's two GEMMs; an
+        MoE layer's routed experts (before the allreduce)."""
+        if w_gate_up is None:
+            return mlp.routed(h, self.experts_fn)
+        w_down = mlp.down_proj.weight
         if self.gemv is None:
             return self.mlp_core(h, w_gate_up, w_down)
         return self.gemv.linear("down", self.gemv.swiglu("gate_up", h, w_gate_up), w_down)
@@ -156,12 +191,15 @@ class FusedStep:
         a token tree's ancestor bits for the split-KV kernel, or "sdpa": SDPA under `mask` whatever
         the step's attention."""
         a = layer.self_attn
+        qk_norm = (a.q_norm.weight, a.k_norm.weight, a.q_norm.eps) if a.q_norm is not None else None
         if self.rope_attend is not None and not isinstance(tree, str):
             qkv = self._linear("qkv", h, wqkv, bqkv)
+            if qk_norm is not None:
+                qkv = self.qk_norm_merged(qkv, *qk_norm, a.n_heads, a.n_kv_heads, a.head_dim)
             return self.rope_attend(
                 qkv, cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map, tree_bits=tree, gqa_group=a.gqa_group
             )
-        q, k, v = self.qkv_from_normed(h, wqkv, bqkv, cos, sin, a.n_heads, a.n_kv_heads, a.head_dim)  # SDPA: compiled
+        q, k, v = self.qkv_from_normed(h, wqkv, bqkv, cos, sin, a.n_heads, a.n_kv_heads, a.head_dim, qk_norm)  # SDPA: compiled
         return (attend if isinstance(tree, str) else self.attend_fn)(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)
 
     def hidden_at(self, tokens, pos, cache, kv_len: int) -> torch.Tensor:
@@ -192,7 +230,7 @@ class FusedStep:
             core = self._attention(layer, h, wqkv, bqkv, k_cache, v_cache, pos, cos, sin, mask, tree)
             x, h = self._join(self._linear("o", core, layer.self_attn.o_proj.weight), x, layer.post_attention_layernorm)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.norm
-            x, h = self._join(self._mlp(h, wgu, layer.mlp.down_proj.weight), x, nxt)
+            x, h = self._join(self._mlp(h, wgu, layer.mlp), x, nxt)
         if model.aux_layers:
             model.aux = [seen[i] for i in model.aux_layers]
         return h

@@ -62,6 +62,61 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# what the Qwen3 family shares (dense and MoE); shapes from the published config.json of each model
+_QWEN3 = {
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "head_dim": 128,
+    "attention_bias": False,
+}
+_QWEN3_MOE = {**_QWEN3, "model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1}
+PRESETS.update(
+    {
+        "qwen3-0.6b": {
+            **_QWEN3,
+            "model_type": "qwen3",
+            "hidden_size": 1024,
+            "intermediate_size": 3072,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "tie_word_embeddings": True,
+        },
+        "qwen3-8b": {
+            **_QWEN3,
+            "model_type": "qwen3",
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+        },
+        "qwen3-30b-a3b": {
+            **_QWEN3_MOE,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+        },
+        "qwen3-235b-a22b": {
+            **_QWEN3_MOE,
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "moe_intermediate_size": 1536,
+            "num_hidden_layers": 94,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 4,
+        },
+    }
+)
+
+
 def is_random(path) -> bool:
     return isinstance(path, str) and path.startswith(PREFIX)
 
@@ -79,6 +134,8 @@ def random_config(ref: str) -> dict:
     if opts:
         if not opts.isdigit() or int(opts) < 1:
             raise CheckpointError(f"model {ref!r}: layers must be a positive integer")
+        # the record and the report say the figures are for N of M layers (ModelArgs.layers_label)
+        cfg["spectune_full_layers"] = cfg["num_hidden_layers"]
         cfg["num_hidden_layers"] = int(opts)
     return cfg
 
@@ -136,6 +193,7 @@ def load_args(path: Path) -> ModelArgs:
 def ensure_demo_model(alias: str) -> Path:
     target = cache_root() / alias
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        _name_architecture(target / "config.json")  # a cache the first converter wrote without it
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{alias}.lock", "w") as lock:
@@ -190,8 +248,26 @@ def _gguf_to_safetensors(gguf: Path, out: Path) -> None:
     cfg = model.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
         cfg.pop(key, None)
+    # the class that loads it: transformers' GGUF loader leaves `architectures` None, which vLLM and
+    # SGLang refuse (they pick the model class from it)
+    cfg["architectures"] = [type(model).__name__]
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     tok.save_pretrained(str(out))
+
+
+def _name_architecture(config: Path) -> None:
+    """Give a converted demo config.json without `architectures` (written before the converter named
+    it) the causal-LM class of its model type, in place and atomically; a config that names one is
+    left as it is (a JSON read, nothing imported)."""
+    cfg = json.loads(config.read_text())
+    if cfg.get("architectures"):
+        return
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cfg["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg["model_type"]]]
+    tmp = config.with_name(f".{config.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(cfg, indent=1))
+    os.replace(tmp, config)
 
 
 if __name__ == "__main__":

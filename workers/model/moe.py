@@ -108,13 +108,18 @@ class MoE(nn.Module):
         self.gate = Router(args.dim, m.n_experts, m.top_k, m.norm_topk_prob)
         self.experts = Experts(m.n_experts, args.dim, m.intermediate_size)
         self.reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
-        self.run_experts: ExpertsFn = experts_by_expert
+        # what a CUDA graph capture runs (the engine sets the grouped kernel where it runs): the
+        # eager loop reads routing results on the host, which a capture cannot
+        self.graph_experts: ExpertsFn = experts_dense
 
     def routed(self, h: torch.Tensor, run_experts: ExpertsFn | None = None) -> torch.Tensor:
         """The routed experts' output of normed h [..., dim], before the allreduce."""
         flat = h.reshape(-1, h.shape[-1])
         weights, ids = self.gate(flat)
-        return (run_experts or self.run_experts)(flat, weights, ids, self.experts).view(h.shape)
+        if run_experts is None:
+            capturing = flat.is_cuda and torch.cuda.is_current_stream_capturing()
+            run_experts = self.graph_experts if capturing else experts_by_expert
+        return run_experts(flat, weights, ids, self.experts).view(h.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.reduce(self.routed(x))

@@ -117,7 +117,7 @@ class HeadFastStep:
         core = f._attention(layer, x, wqkv, bqkv, cache.k[0], cache.v[0], pos, cos, sin, mask)
         post = layer.post_attention_layernorm
         h, normed = f.add_norm_body(g, f._linear("o", core, a.o_proj.weight), post.weight, post.eps)
-        h, out = f.add_norm_body(h, f._mlp(normed, wgu, layer.mlp.down_proj.weight), head.norm.weight, head.norm.eps)
+        h, out = f.add_norm_body(h, f._mlp(normed, wgu, layer.mlp), head.norm.weight, head.norm.eps)
         return h, f._linear("lm_head", pick_entries(out, at), head.lm_head.weight)[:, 0]
 
 

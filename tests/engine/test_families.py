@@ -1,0 +1,146 @@
+"""Qwen3 and Qwen3-MoE verifiers: transformers' own implementation is the reference (logits at TP 1,
+sharded at TP 2 and 4 over gloo), every config field that changes the math is honoured or refused,
+the fused step and the grouped MoE kernel compute what the plain model computes.
+
+Checkpoints here have settings of their own (not any public shape) and are written by
+`write_random_checkpoint` in Hugging Face's layout (one tensor per expert), which transformers loads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.engine.config import EngineConfig
+from workers.engine.fused_step import FusedStep
+from workers.model.args import ModelArgs, ModelConfigError, check_tp
+from workers.model.checkpoint import CheckpointReader, load_model, tiny_config, write_random_checkpoint
+from workers.model.locate import random_config
+from workers.model.moe import MoE, experts_by_expert, experts_dense
+from workers.model.parity import reference_logits, sharded_logits
+from workers.model.tp import TPPart
+
+QWEN3 = tiny_config(
+    model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=48, num_attention_heads=6, num_key_value_heads=2, head_dim=12
+)
+# MoE on layers 1 and 3 (decoder_sparse_step 2), layer 3 made dense by mlp_only_layers: only layer 1 routes
+QWEN3_MOE_SPARSE = tiny_config(
+    model_type="qwen3_moe",
+    architectures=["Qwen3MoeForCausalLM"],
+    num_hidden_layers=4,
+    num_experts=6,
+    num_experts_per_tok=3,
+    moe_intermediate_size=24,
+    decoder_sparse_step=2,
+    mlp_only_layers=[3],
+    norm_topk_prob=False,
+    rms_norm_eps=1e-6,
+)
+QWEN3_MOE = tiny_config(
+    model_type="qwen3_moe",
+    architectures=["Qwen3MoeForCausalLM"],
+    num_hidden_layers=3,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=40,
+    norm_topk_prob=True,
+    rope_theta=50000.0,
+)
+
+
+def _tokens(vocab: int, seq: int = 20, batch: int = 2) -> list[list[int]]:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+@pytest.mark.parametrize("cfg", [QWEN3, QWEN3_MOE, QWEN3_MOE_SPARSE], ids=["qwen3", "qwen3_moe", "qwen3_moe_sparse"])
+def test_logits_match_transformers_at_tp_1_2_4(tmp_path, cfg):
+    path = write_random_checkpoint(tmp_path, cfg, seed=11)
+    tokens = _tokens(cfg["vocab_size"])
+    mine, theirs = reference_logits(str(path), tokens)
+    torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+    assert (mine.argmax(-1) == theirs.argmax(-1)).all()
+    for tp in (2, 4) if cfg["num_attention_heads"] % 4 == 0 else (2,):
+        torch.testing.assert_close(sharded_logits(str(path), tp, tokens), theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_layers_that_route_follow_sparse_step_and_mlp_only_layers(tmp_path):
+    args = ModelArgs.from_hf_config(QWEN3_MOE_SPARSE)
+    assert args.moe_layers == (1,) and args.qk_norm
+    model = load_model(write_random_checkpoint(tmp_path, QWEN3_MOE_SPARSE))
+    assert [isinstance(layer.mlp, MoE) for layer in model.layers] == [False, True, False, False]
+    assert args.with_layers(1).moe_layers == ()
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"use_sliding_window": True, "sliding_window": 64}, "use_sliding_window"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
+        ({"decoder_sparse_step": 0}, "decoder_sparse_step"),
+        ({"moe_intermediate_size": None}, "moe_intermediate_size"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+    ],
+)
+def test_fields_that_change_the_math_are_refused_by_name(change, field):
+    with pytest.raises(ModelConfigError, match=field):
+        ModelArgs.from_hf_config({**QWEN3_MOE, **change})
+
+
+def test_tp_must_divide_every_expert():
+    args = ModelArgs.from_hf_config({**QWEN3_MOE, "moe_intermediate_size": 30})
+    with pytest.raises(ModelConfigError, match="moe_intermediate_size=30"):
+        check_tp(args, 4)
+    check_tp(args, 2)
+
+
+def test_a_rank_reads_only_its_slice_of_every_expert(tmp_path):
+    path = write_random_checkpoint(tmp_path, QWEN3_MOE)
+    reader = CheckpointReader(path)
+    model = load_model(path, tp=TPPart(1, 2), reader=reader)
+    experts = model.layers[0].mlp.experts
+    assert tuple(experts.gate_proj.shape) == (8, 20, 64) and tuple(experts.down_proj.shape) == (8, 64, 20)
+    full = 40 * 64 * 4  # one expert's gate_proj in float32
+    assert reader.bytes_read["layers.0.mlp.experts.5.gate_proj.weight"] == full // 2
+    assert reader.bytes_read["layers.0.mlp.gate.weight"] == 8 * 64 * 4  # the router is replicated
+
+
+def test_random_presets_and_the_layer_subset_label():
+    cfg = random_config("random:qwen3-235b-a22b:layers=4")
+    args = ModelArgs.from_hf_config(cfg)
+    assert args.n_layers == 4 and args.moe_layers == (0, 1, 2, 3) and args.moe.n_experts == 128 and args.moe.top_k == 8
+    assert args.layers_label == "4 of 94 layers"
+    assert ModelArgs.from_hf_config(random_config("random:qwen3-8b")).layers_label == ""
+    assert ModelArgs.from_hf_config(random_config("random:qwen3-30b-a3b")).moe.intermediate_size == 768
+
+
+@torch.inference_mode()
+def test_dense_experts_equal_the_loop_over_chosen_experts(tmp_path):
+    model = load_model(write_random_checkpoint(tmp_path, QWEN3_MOE, seed=2))
+    moe = model.layers[0].mlp
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(0))
+    weights, ids = moe.gate(x)
+    torch.testing.assert_close(experts_dense(x, weights, ids, moe.experts), experts_by_expert(x, weights, ids, moe.experts), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("moe_kernel", ["dense", "triton"])
+@pytest.mark.parametrize("cfg", [QWEN3, QWEN3_MOE], ids=["qwen3", "qwen3_moe"])
+@torch.inference_mode()
+def test_fused_step_matches_the_plain_model(tmp_path, cfg, moe_kernel, kernel_device):
+    """The graphed steps' body (merged QKV with Qwen3's q/k norms, the router and the routed experts
+    by engine.moe_kernel; the Triton kernel under its CPU interpreter, or on the GPU) against the
+    plain model."""
+    path = write_random_checkpoint(tmp_path, cfg, seed=4)
+    dev = kernel_device
+    plain, fused_model = load_model(path, max_seq=64, device=dev), load_model(path, max_seq=64, device=dev)
+    fast = FusedStep(fused_model, EngineConfig(compile=False, gemv="off", moe_kernel=moe_kernel))
+    c1, c2 = plain.new_cache(2), fused_model.new_cache(2)
+    prompt = torch.randint(0, 512, (2, 9), generator=torch.Generator().manual_seed(0)).to(dev)
+    plain(prompt, c1)
+    fused_model(prompt, c2)
+    step = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]], device=dev)
+    pos = torch.arange(9, 13, device=dev)[None].expand(2, 4)
+    want = plain(step, c1)
+    got = fused_model.logits(fast.hidden_at(step, pos, c2, c2.max_seq))
+    tol = 1e-4 if dev == "cpu" else 2e-2  # tensor cores take float32 as tf32 on the GPU
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)

@@ -1,0 +1,173 @@
+"""Routed experts of a decode / verify step in two grouped Triton kernels, inside CUDA graphs.
+
+A step of T tokens (B rows x (k + 1) drafts) routes each token to `top_k` experts: P = T x top_k
+(token, expert) pairs. The step's cost is reading the union of the chosen experts' weights, so the
+pairs are grouped by expert and each expert's weights are streamed once for all its pairs:
+
+    pairs sorted by expert (stable), each expert's run padded to a multiple of BLOCK_M
+    kernel 1, grid (blocks, I / BLOCK_N):  h[p] = silu(x[tok p] . Wg[e]^T) * (x[tok p] . Wu[e]^T)
+    kernel 2, grid (blocks, D / BLOCK_N):  y[p] = route_weight[p] * (h[p] . Wd[e]^T)
+    out[t] = sum over t's top_k pairs of y (in routing order)
+
+Every shape is static (the grouping is a handful of torch ops: bincount, cumsum, a scatter), so
+the whole layer is graph-safe. The number of blocks is bounded by ceil(P / BLOCK_M) + min(P, E)
+(each expert's run wastes at most one partly filled block); blocks past the used ones find expert
+-1 and do no work. Weights are the stacked tensors of workers/model/moe.py (`Experts`):
+gate/up [E, I, D], down [E, D, I], row-major.
+
+    out = grouped_experts(x, weights, ids, experts)       # the `ExpertsFn` a step runs
+    TRITON_INTERPRET=1 python -m workers.kernels.moe --selftest   # CPU: against the eager experts
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from workers.kernels.support import selftest_main
+from workers.model.moe import Experts, experts_by_expert
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+BLOCK_M = 16  # pairs per block: tl.dot's smallest M
+
+
+def group_pairs(ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pair id of each padded slot [blocks x block_m], P where padding; expert of each block, -1
+    where unused) for expert ids [T, k]. Static shapes: graph-safe."""
+    flat = ids.flatten()
+    P = flat.numel()
+    n_blocks = -(-P // block_m) + min(P, n_experts)
+    order = torch.argsort(flat, stable=True)
+    expert = flat[order]
+    counts = torch.bincount(flat, minlength=n_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    start_padded = torch.cumsum(padded, 0) - padded
+    start = torch.cumsum(counts, 0) - counts
+    # sorted pair j is the (j - start[e])-th of expert e: it goes to slot start_padded[e] + that rank
+    dest = start_padded[expert] + torch.arange(P, device=ids.device) - start[expert]
+    slots = n_blocks * block_m
+    pair_of_slot = torch.full((slots,), P, dtype=torch.int32, device=ids.device).scatter_(0, dest, order.to(torch.int32))
+    expert_of_slot = torch.full((slots,), -1, dtype=torch.int32, device=ids.device).scatter_(0, dest, expert.to(torch.int32))
+    # an expert's run starts at a block boundary and fills it from its first slot: a block's first slot names its expert
+    return pair_of_slot, expert_of_slot.view(n_blocks, block_m)[:, 0].contiguous()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gate_up_kernel(
+        x_ptr, wg_ptr, wu_ptr, h_ptr, pair_ptr, block_expert_ptr, P, TOP_K: tl.constexpr, D, I,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        b, n = tl.program_id(0), tl.program_id(1)
+        e = tl.load(block_expert_ptr + b)
+        pair = tl.load(pair_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pair < P
+        tok = tl.where(valid, pair // TOP_K, 0)
+        offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        w_base = e.to(tl.int64) * I * D
+        hi = tl.where(e >= 0, D, 0)  # an unused block streams nothing
+        for k0 in range(0, hi, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            xk = tl.load(x_ptr + tok[:, None] * D + offs_k[None, :], mask=valid[:, None] & (offs_k[None, :] < D), other=0.0)
+            wmask = (offs_n[:, None] < I) & (offs_k[None, :] < D)
+            wg = tl.load(wg_ptr + w_base + offs_n[:, None] * D + offs_k[None, :], mask=wmask, other=0.0)
+            wu = tl.load(wu_ptr + w_base + offs_n[:, None] * D + offs_k[None, :], mask=wmask, other=0.0)
+            acc_g += tl.dot(xk, tl.trans(wg))
+            acc_u += tl.dot(xk, tl.trans(wu))
+        h = acc_g * tl.sigmoid(acc_g) * acc_u
+        keep = valid[:, None] & (offs_n[None, :] < I) & (e >= 0)
+        tl.store(h_ptr + pair[:, None].to(tl.int64) * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=keep)
+
+    @triton.jit
+    def _down_kernel(
+        h_ptr, wd_ptr, route_ptr, y_ptr, pair_ptr, block_expert_ptr, P, D, I,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        b, n = tl.program_id(0), tl.program_id(1)
+        e = tl.load(block_expert_ptr + b)
+        pair = tl.load(pair_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pair < P
+        row = tl.where(valid, pair, 0).to(tl.int64)
+        offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        w_base = e.to(tl.int64) * D * I
+        hi = tl.where(e >= 0, I, 0)
+        for k0 in range(0, hi, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            hk = tl.load(h_ptr + row[:, None] * I + offs_k[None, :], mask=valid[:, None] & (offs_k[None, :] < I), other=0.0)
+            w = tl.load(wd_ptr + w_base + offs_n[:, None] * I + offs_k[None, :], mask=(offs_n[:, None] < D) & (offs_k[None, :] < I), other=0.0)
+            acc += tl.dot(hk, tl.trans(w))
+        route = tl.load(route_ptr + row, mask=valid, other=0.0).to(tl.float32)
+        y = acc * route[:, None]
+        keep = valid[:, None] & (offs_n[None, :] < D) & (e >= 0)
+        tl.store(y_ptr + row[:, None] * D + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=keep)
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: Experts) -> torch.Tensor:
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, D]: the `ExpertsFn` of a graphed step."""
+    T, D = x.shape
+    top_k = ids.shape[1]
+    E, I, _ = experts.gate_proj.shape
+    P = T * top_k
+    pair_of_slot, block_expert = group_pairs(ids, E)
+    n_blocks = block_expert.numel()
+    x = x.contiguous()
+    h = torch.empty(P, I, dtype=x.dtype, device=x.device)
+    y = torch.empty(P, D, dtype=x.dtype, device=x.device)
+    # BLOCK_N 32 over I and 64 over D: a decode step's few blocks still spread over every SM
+    _gate_up_kernel[(n_blocks, triton.cdiv(I, 32))](
+        x, experts.gate_proj, experts.up_proj, h, pair_of_slot, block_expert, P, top_k, D, I, BLOCK_M=BLOCK_M, BLOCK_N=32, BLOCK_K=128
+    )
+    _down_kernel[(n_blocks, triton.cdiv(D, 64))](
+        h, experts.down_proj, weights.contiguous().flatten(), y, pair_of_slot, block_expert, P, D, I, BLOCK_M=BLOCK_M, BLOCK_N=64, BLOCK_K=128
+    )
+    return y.view(T, top_k, D).sum(dim=1)
+
+
+def available(device: torch.device) -> bool:
+    """Whether the grouped kernels run on `device` (CUDA with Triton, or Triton's CPU interpreter)."""
+    from workers.kernels.support import interpreted
+
+    return triton is not None and (device.type == "cuda" or interpreted(_gate_up_kernel))
+
+
+def selftest(device: str) -> float:
+    """Worst relative max |grouped - eager| over routing shapes: one token, a verify width, a batch whose
+    pairs outnumber the experts, all tokens on one expert."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    gen = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for name, T, E, top_k, D, I in (
+        ("decode", 1, 8, 2, 64, 48),
+        ("verify", 5, 16, 4, 96, 40),
+        ("batch", 24, 6, 2, 64, 32),
+        ("one-expert", 7, 4, 1, 32, 16),
+    ):
+        experts = Experts(E, D, I)
+        for p in experts.parameters():
+            p.data = (torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5).to(dtype)
+        experts = experts.to(device)
+        x = torch.randn(T, D, generator=gen).to(dtype).to(device)
+        ids = torch.stack([torch.randperm(E, generator=gen)[:top_k] for _ in range(T)]).to(device)
+        if name == "one-expert":
+            ids.zero_()
+        w = torch.softmax(torch.randn(T, top_k, generator=gen), -1).to(dtype).to(device)
+        want = experts_by_expert(x, w, ids, experts).float()
+        got = grouped_experts(x, w, ids, experts).float()
+        err = (want - got).abs().max().item() / max(1e-6, want.abs().max().item())
+        print(f"{name}: T={T} E={E} top_k={top_k} relative error {err:.2e}")
+        worst = max(worst, err)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(selftest_main(sys.argv[1:], __doc__, selftest, "cuda", {"cpu": 1e-5, "cuda": 2e-2}, "relative max |grouped - eager|"))
