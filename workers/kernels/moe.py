@@ -5,7 +5,7 @@ A step of T tokens (B rows x (k + 1) drafts) routes each token to `top_k` expert
 pairs are grouped by expert and each expert's weights are streamed once for all its pairs:
 
     pairs sorted by expert (stable), each expert's run padded to a multiple of BLOCK_M
-    kernel 1, grid (blocks, I / BLOCK_N):  h[p] = silu(x[tok p] . Wg[e]^T) * (x[tok p] . Wu[e]^T)
+    kernel 1, grid (blocks, INTER / BLOCK_N):  h[p] = silu(x[tok p] . Wg[e]^T) * (x[tok p] . Wu[e]^T)
     kernel 2, grid (blocks, D / BLOCK_N):  y[p] = route_weight[p] * (h[p] . Wd[e]^T)
     out[t] = sum over t's top_k pairs of y (in routing order)
 
@@ -62,7 +62,7 @@ if triton is not None:
 
     @triton.jit
     def _gate_up_kernel(
-        x_ptr, wg_ptr, wu_ptr, h_ptr, pair_ptr, block_expert_ptr, P, TOP_K: tl.constexpr, D, I,
+        x_ptr, wg_ptr, wu_ptr, h_ptr, pair_ptr, block_expert_ptr, P, TOP_K: tl.constexpr, D, INTER,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
         b, n = tl.program_id(0), tl.program_id(1)
@@ -73,23 +73,23 @@ if triton is not None:
         offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        w_base = e.to(tl.int64) * I * D
+        w_base = e.to(tl.int64) * INTER * D
         hi = tl.where(e >= 0, D, 0)  # an unused block streams nothing
         for k0 in range(0, hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             xk = tl.load(x_ptr + tok[:, None] * D + offs_k[None, :], mask=valid[:, None] & (offs_k[None, :] < D), other=0.0)
-            wmask = (offs_n[:, None] < I) & (offs_k[None, :] < D)
+            wmask = (offs_n[:, None] < INTER) & (offs_k[None, :] < D)
             wg = tl.load(wg_ptr + w_base + offs_n[:, None] * D + offs_k[None, :], mask=wmask, other=0.0)
             wu = tl.load(wu_ptr + w_base + offs_n[:, None] * D + offs_k[None, :], mask=wmask, other=0.0)
             acc_g += tl.dot(xk, tl.trans(wg))
             acc_u += tl.dot(xk, tl.trans(wu))
         h = acc_g * tl.sigmoid(acc_g) * acc_u
-        keep = valid[:, None] & (offs_n[None, :] < I) & (e >= 0)
-        tl.store(h_ptr + pair[:, None].to(tl.int64) * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=keep)
+        keep = valid[:, None] & (offs_n[None, :] < INTER) & (e >= 0)
+        tl.store(h_ptr + pair[:, None].to(tl.int64) * INTER + offs_n[None, :], h.to(h_ptr.dtype.element_ty), mask=keep)
 
     @triton.jit
     def _down_kernel(
-        h_ptr, wd_ptr, route_ptr, y_ptr, pair_ptr, block_expert_ptr, P, D, I,
+        h_ptr, wd_ptr, route_ptr, y_ptr, pair_ptr, block_expert_ptr, P, D, INTER,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
         b, n = tl.program_id(0), tl.program_id(1)
@@ -99,12 +99,16 @@ if triton is not None:
         row = tl.where(valid, pair, 0).to(tl.int64)
         offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        w_base = e.to(tl.int64) * D * I
-        hi = tl.where(e >= 0, I, 0)
+        w_base = e.to(tl.int64) * D * INTER
+        hi = tl.where(e >= 0, INTER, 0)
         for k0 in range(0, hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
-            hk = tl.load(h_ptr + row[:, None] * I + offs_k[None, :], mask=valid[:, None] & (offs_k[None, :] < I), other=0.0)
-            w = tl.load(wd_ptr + w_base + offs_n[:, None] * I + offs_k[None, :], mask=(offs_n[:, None] < D) & (offs_k[None, :] < I), other=0.0)
+            hk = tl.load(h_ptr + row[:, None] * INTER + offs_k[None, :], mask=valid[:, None] & (offs_k[None, :] < INTER), other=0.0)
+            w = tl.load(
+                wd_ptr + w_base + offs_n[:, None] * INTER + offs_k[None, :],
+                mask=(offs_n[:, None] < D) & (offs_k[None, :] < INTER),
+                other=0.0,
+            )
             acc += tl.dot(hk, tl.trans(w))
         route = tl.load(route_ptr + row, mask=valid, other=0.0).to(tl.float32)
         y = acc * route[:, None]
@@ -116,19 +120,30 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, e
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, D]: the `ExpertsFn` of a graphed step."""
     T, D = x.shape
     top_k = ids.shape[1]
-    E, I, _ = experts.gate_proj.shape
+    E, INTER, _ = experts.gate_proj.shape
     P = T * top_k
     pair_of_slot, block_expert = group_pairs(ids, E)
     n_blocks = block_expert.numel()
     x = x.contiguous()
-    h = torch.empty(P, I, dtype=x.dtype, device=x.device)
+    h = torch.empty(P, INTER, dtype=x.dtype, device=x.device)
     y = torch.empty(P, D, dtype=x.dtype, device=x.device)
-    # BLOCK_N 32 over I and 64 over D: a decode step's few blocks still spread over every SM
-    _gate_up_kernel[(n_blocks, triton.cdiv(I, 32))](
-        x, experts.gate_proj, experts.up_proj, h, pair_of_slot, block_expert, P, top_k, D, I, BLOCK_M=BLOCK_M, BLOCK_N=32, BLOCK_K=128
+    # BLOCK_N 32 over INTER and 64 over D: a decode step's few blocks still spread over every SM
+    _gate_up_kernel[(n_blocks, triton.cdiv(INTER, 32))](
+        x, experts.gate_proj, experts.up_proj, h, pair_of_slot, block_expert, P, top_k, D, INTER, BLOCK_M=BLOCK_M, BLOCK_N=32, BLOCK_K=128
     )
     _down_kernel[(n_blocks, triton.cdiv(D, 64))](
-        h, experts.down_proj, weights.contiguous().flatten(), y, pair_of_slot, block_expert, P, D, I, BLOCK_M=BLOCK_M, BLOCK_N=64, BLOCK_K=128
+        h,
+        experts.down_proj,
+        weights.contiguous().flatten(),
+        y,
+        pair_of_slot,
+        block_expert,
+        P,
+        D,
+        INTER,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=64,
+        BLOCK_K=128,
     )
     return y.view(T, top_k, D).sum(dim=1)
 
@@ -146,13 +161,13 @@ def selftest(device: str) -> float:
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     gen = torch.Generator().manual_seed(0)
     worst = 0.0
-    for name, T, E, top_k, D, I in (
+    for name, T, E, top_k, D, INTER in (
         ("decode", 1, 8, 2, 64, 48),
         ("verify", 5, 16, 4, 96, 40),
         ("batch", 24, 6, 2, 64, 32),
         ("one-expert", 7, 4, 1, 32, 16),
     ):
-        experts = Experts(E, D, I)
+        experts = Experts(E, D, INTER)
         for p in experts.parameters():
             p.data = (torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5).to(dtype)
         experts = experts.to(device)
