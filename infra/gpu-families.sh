@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The model families' GPU figures in one device call (a lent single GPU; only pydantic beyond the image):
+# the kernel tests, verify-pass time against width for the dense and MoE Qwen3 shapes (with the distinct
+# experts each pass reads and its roofline), plain decoding of each shape, and the TP 1 Llama-3-8B-shape
+# decode of this tree beside an earlier commit's (the check that the GPU path did not slow down).
+#
+# Here, once:   bash infra/device-pack.sh --pyd
+#               rm -rf .devcarry/before && mkdir -p .devcarry/before && git archive <commit> workers orchestrator scripts | tar -x -C .devcarry/before
+# There:        carry [".devcarry/pyd", ".devcarry/before"]
+#               OUT=$OUT bash infra/gpu-families.sh [stages]      # default: tests widths decode before
+#
+# Stages: tests (kernel and family tests on the GPU), widths (scripts/verify_widths.py), decode (spectune
+# decode, plain, of random:qwen3-8b and random:qwen3-30b-a3b:layers=$MOE_LAYERS), before (TP 1
+# random:llama-3-8b with .devcarry/before, then this tree, back to back on the same card).
+# Each run is cut off after $LIMIT seconds (default 240). Everything lands in $OUT: log.txt and a JSON per run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+stages=("${@:-tests widths decode before}")
+stages=(${stages[@]})
+OUT=${OUT:-/tmp/spectune-families}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+bash infra/device-setup.sh pyd >> "$OUT/log.txt" 2>&1 || { echo "device-setup pyd failed" | tee -a "$OUT/log.txt"; exit 1; }
+PY=${SPECTUNE_VENV:-/tmp/spectune-venv}/bin/python
+MOE_LAYERS=${MOE_LAYERS:-24}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')" | tee -a "$OUT/log.txt"
+
+run() {  # name, dir, command...: stdout to $OUT/name.json, stderr to log.txt
+  local name=$1 dir=$2; shift 2
+  echo "=== $name ($dir): $*" | tee -a "$OUT/log.txt"
+  local t0=$SECONDS
+  (cd "$dir" && PYTHONPATH=$PWD timeout -k 10 "${LIMIT:-240}" "$@") > "$OUT/$name.json" 2>> "$OUT/log.txt" \
+    || echo "!!! $name failed (rc=$?)" | tee -a "$OUT/log.txt"
+  echo "--- $name took $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
+}
+decode() { echo "-m orchestrator decode --model $1 --tp 1 --drafter none -k 0 --device cuda --category writing --num-prompts 4 --max-new-tokens 128 --json"; }
+
+for stage in "${stages[@]}"; do
+  case $stage in
+    tests)
+      run tests . $PY -m pytest -q -p no:cacheprovider tests/engine/test_families.py tests/engine/test_kernels_attention.py \
+        tests/engine/test_kernels_gemv.py tests/engine/test_triton_kernels.py tests/engine/test_graph_safety.py -k "not tp2"
+      tail -3 "$OUT/tests.json" | tee -a "$OUT/log.txt" ;;
+    widths)
+      run widths . $PY -m scripts.verify_widths --model random:qwen3-8b "random:qwen3-30b-a3b:layers=$MOE_LAYERS" --json "$OUT/widths_full.json"
+      cat "$OUT/widths.json" ;;
+    decode)
+      run decode_qwen3_8b . $PY $(decode random:qwen3-8b)
+      run decode_qwen3_30b_a3b . $PY $(decode "random:qwen3-30b-a3b:layers=$MOE_LAYERS") ;;
+    before)
+      [ -d .devcarry/before ] || { echo "!!! before: carry .devcarry/before (see the header)" | tee -a "$OUT/log.txt"; continue; }
+      run llama_tp1_before .devcarry/before $PY $(decode random:llama-3-8b)
+      run llama_tp1_after . $PY $(decode random:llama-3-8b) ;;
+    *) echo "unknown stage $stage (tests | widths | decode | before)" >&2; exit 2 ;;
+  esac
+done
+$PY - "$OUT" <<'PY' | tee -a "$OUT/log.txt"
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+for name in ("decode_qwen3_8b", "decode_qwen3_30b_a3b", "llama_tp1_before", "llama_tp1_after"):
+    f = out / f"{name}.json"
+    try:
+        d = json.loads(f.read_text())
+        print(f"{name:22s} throughput {d['throughput_tok_s']:8.1f} tok/s  decode {d.get('decode_tok_s', 0):8.1f} tok/s  step p50 {d.get('step_ms_p50', 0):.3f} ms")
+    except Exception as e:  # noqa: BLE001 - a missing run is reported, not fatal
+        print(f"{name:22s} (no result: {type(e).__name__})")
+PY
