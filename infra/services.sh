@@ -3,14 +3,18 @@
 # (with the job server) and, on request, worker raylets on this machine, an MLflow tracking server
 # (artifacts in STATE_DIR) and optuna-dashboard. Every listener is on 127.0.0.1 at a free port, unless
 # SPECTUNE_BIND_ADDRESS names this machine's address for other Ray nodes: then Ray's node ports use it
-# (Ray listens on every interface for them) and Ray's token authentication is on; PostgreSQL, MLflow,
-# the dashboards and the job server stay on 127.0.0.1 (drivers run on this head node; UIs via `ssh -L`).
+# (Ray listens on every interface for them); PostgreSQL, MLflow, the dashboards and the job server stay
+# on 127.0.0.1 (drivers run on this head node; UIs via `ssh -L`).
+# Every service asks for credentials, on loopback too (loopback is every local user of the machine):
+# Ray's token authentication, MLflow's basic-auth app, optuna-dashboard behind the same user and
+# password as MLflow, PostgreSQL's password. The secrets are made once, kept in mode-600 files of
+# STATE_DIR and never put on a command line (which every local user can read).
 # Each service runs in its own process group; `stop` ends exactly those groups, nothing else on the
 # machine, and removes the temporary directories `start` made (listed in STATE_DIR/tmpdirs). The
 # studies stay (PostgreSQL's data, MLflow's artifacts) for the next `start`; `purge` deletes them.
 #
 #   bash infra/services.sh start  [STATE_DIR]   # default STATE_DIR: ${SPECTUNE_HOME:-~/.spectune}/services
-#   source STATE_DIR/env
+#   source STATE_DIR/env                        # the addresses and credentials below
 #   ray job submit --working-dir . -- spectune run experiments/smoke-cpu.yaml --set "study.storage=$SPECTUNE_STORAGE"
 #   bash infra/services.sh status [STATE_DIR]
 #   bash infra/services.sh stop   [STATE_DIR]
@@ -22,23 +26,37 @@
 #                             cluster on one machine, e.g. for study.max_concurrent_trials with study.isolation: node
 #   SPECTUNE_RAY_WORKER_CPUS  CPUs of each worker raylet (default: SPECTUNE_RAY_CPUS, else nproc)
 #   SPECTUNE_BIND_ADDRESS     this machine's cluster address (default 127.0.0.1: nothing leaves loopback)
-#   RAY_AUTH_MODE             on loopback `disabled` unless set (`token` works too); with SPECTUNE_BIND_ADDRESS
-#                             always `token` (the token is made once, STATE_DIR/ray-token, mode 600)
 #   SPECTUNE_VENV             the virtual environment (default: .venv of this checkout)
+# RAY_AUTH_MODE is always `token` (any other value is refused): Ray runs every job as the user who
+# started it, so an open job server or GCS would run anyone's code as that user.
 #
-# STATE_DIR/env (mode 600) exports, for `ray job submit`, drivers and clients on this machine:
+# STATE_DIR holds, each mode 600 and made once (kept by `stop`, deleted by `purge`):
+#   env               the exports below
+#   ray-token         Ray's token (Ray >= 2.52)
+#   mlflow-auth.ini   the MLflow basic-auth app's configuration: admin user `spectune`, its generated password
+#                     (never MLflow's default), the user store in PostgreSQL's database mlflow_auth,
+#                     NO_PERMISSIONS for any other user made later
+#   pgpass            PostgreSQL's password (libpq's password file)
+#
+# STATE_DIR/env exports, for `ray job submit`, drivers and clients on this machine:
 #   RAY_ADDRESS               http://127.0.0.1:PORT, Ray's job server and dashboard (`ray job submit` reads it)
 #   RAY_GCS_ADDRESS           HOST:PORT of the GCS (`ray start --address` of another node, `ray.init`)
-#   RAY_AUTH_MODE             disabled | token
-#   RAY_AUTH_TOKEN_PATH       (token mode only) the token file `ray job submit`, drivers and other nodes present
+#   RAY_AUTH_MODE             token
+#   RAY_AUTH_TOKEN_PATH       STATE_DIR/ray-token: `ray job submit`, drivers and other nodes present it (the file
+#                             also opens the Ray dashboard in a browser); the env file unsets RAY_AUTH_TOKEN,
+#                             which Ray would prefer to it
 #   MLFLOW_TRACKING_URI       http://127.0.0.1:PORT, the MLflow server (tracking.uri defaults to it)
+#   MLFLOW_TRACKING_USERNAME  spectune
+#   MLFLOW_TRACKING_PASSWORD  its password (the MLflow client and spectune send both; the MLflow UI and
+#                             optuna-dashboard ask for them in the browser)
 #   SPECTUNE_STORAGE          postgresql+psycopg://spectune@127.0.0.1:PORT/optuna?passfile=STATE_DIR/pgpass, for
 #                             study.storage: it names the password file (libpq's passfile), not the password
 #   PGHOST PGPORT PGUSER PGPASSFILE   libpq's own: `psql -d optuna` (or mlflow) just works; PGPASSFILE is
-#                             STATE_DIR/pgpass (mode 600), the one place the generated password is kept
+#                             STATE_DIR/pgpass, the one place the generated password is kept
 #   OPTUNA_DASHBOARD_URL      http://127.0.0.1:PORT
-# The Ray processes start with MLFLOW_TRACKING_URI, SPECTUNE_STORAGE and PGPASSFILE in their environment,
-# so a job's driver reaches both stores; no password is ever on a command line or in a URL.
+# The Ray processes start with the Ray and MLflow variables, SPECTUNE_STORAGE and PGPASSFILE in their
+# environment (readable by their user only), so a job's driver reaches both stores; no password or token
+# is ever on a command line or in a URL.
 #
 # PostgreSQL comes from the distribution (`apt-get install postgresql` here when root and it is missing);
 # as root it runs as the user `postgres` (it refuses root), with its data in STATE_DIR/pg, or, where that
@@ -61,11 +79,16 @@ free_port() { "$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0
 
 secret() { "$BIN/python" -c 'import secrets, sys; print(secrets.token_hex(int(sys.argv[1])))' "$1"; }  # N bytes, in hex
 
-# an HTTP GET that succeeds; Ray's servers (name ray*) are sent Ray's token where it is on (read from its file)
-HTTP_OK='import os, sys, urllib.request
-token = os.environ.get("RAY_AUTH_TOKEN_PATH") if sys.argv[2].startswith("ray") else None
-headers = {"Authorization": "Bearer " + open(token).read().strip()} if token else {}
-urllib.request.urlopen(urllib.request.Request(sys.argv[1], headers=headers), timeout=2)'
+# url name [timeout]: an HTTP GET that succeeds, with the service's credentials: Ray's servers (name ray*)
+# are sent Ray's token (read from its file), MLflow and optuna-dashboard the MLflow user and password
+HTTP_OK='import base64, os, sys, urllib.request
+url, name, timeout = sys.argv[1], sys.argv[2], float((sys.argv[3:] or [2])[0])
+if name.startswith("ray"):
+    auth = "Bearer " + open(os.environ["RAY_AUTH_TOKEN_PATH"]).read().strip()
+else:
+    user = os.environ["MLFLOW_TRACKING_USERNAME"] + ":" + os.environ["MLFLOW_TRACKING_PASSWORD"]
+    auth = "Basic " + base64.b64encode(user.encode()).decode()
+urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": auth}), timeout=timeout)'
 
 wait_http() {  # url seconds name [soft]: up -> 0; the service's process gone or the time up -> the log's tail and
   # exit 1, or return 2 / 1 with `soft` (the caller may start it again)
@@ -85,10 +108,13 @@ wait_http() {  # url seconds name [soft]: up -> 0; the service's process gone or
 
 write_env() {  # NAME=value... -> STATE/env (mode 600): one `export NAME=value` a line, shell-quoted only where needed
   local kv value
-  (umask 077 && for kv in "$@"; do
-    value=${kv#*=}
-    if [[ $value =~ ^[A-Za-z0-9_./:@+%?=,-]*$ ]]; then echo "export ${kv%%=*}=$value"; else printf 'export %s=%q\n' "${kv%%=*}" "$value"; fi
-  done > "$STATE/env")
+  (umask 077 && {
+    echo "unset RAY_AUTH_TOKEN  # Ray prefers a token in the environment to RAY_AUTH_TOKEN_PATH's"
+    for kv in "$@"; do
+      value=${kv#*=}
+      if [[ $value =~ ^[A-Za-z0-9_./:@+%?=,-]*$ ]]; then echo "export ${kv%%=*}=$value"; else printf 'export %s=%q\n' "${kv%%=*}" "$value"; fi
+    done
+  } > "$STATE/env")
 }
 
 start_group() {  # name cmd...  -> runs cmd in a new session (its own process group), records the PGID
@@ -168,14 +194,18 @@ pg_sql() {  # sql [db] -> rows, unaligned
   "$PGBIN/psql" -h 127.0.0.1 -p "$pg_port" -U spectune -d "${2:-postgres}" -v ON_ERROR_STOP=1 -tAqc "$1"
 }
 
-pg_databases() {  # wait for the server, then make the two databases
+pg_databases() {  # wait for the server, then make the databases: Optuna's, MLflow's, MLflow's users
   for _ in $(seq 1 60); do
     "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -d postgres && break
     group_alive "$1" || die "PostgreSQL did not start (log: $STATE/postgres.log)"
     sleep 0.5
   done
   "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -d postgres || die "PostgreSQL did not come up on 127.0.0.1:$pg_port (log: $STATE/postgres.log)"
-  for db in optuna mlflow; do
+  if [ "$MLFLOW_AUTH_NEW" = 1 ] && [ "$(pg_sql "SELECT 1 FROM pg_database WHERE datname = 'mlflow_auth'")" = 1 ]; then
+    pg_sql "DROP DATABASE mlflow_auth" >/dev/null  # its admin's password went with the file: nobody could log in
+    echo "spectune: $STATE/mlflow-auth.ini was gone: MLflow's users (database mlflow_auth) made afresh with a new password (users made in MLflow before are gone; runs stay)" >&2
+  fi
+  for db in optuna mlflow mlflow_auth; do
     [ "$(pg_sql "SELECT 1 FROM pg_database WHERE datname = '$db'")" = 1 ] || pg_sql "CREATE DATABASE $db" >/dev/null
   done
 }
@@ -202,24 +232,39 @@ ray_cli() {  # -> RAY_CLI: the `ray` command line that starts a node
   fi
 }
 
-ray_auth() {  # RAY_AUTH_MODE (and its token) for every Ray process, `ray job submit` and drivers
-  if [ "$LOOPBACK" = 0 ]; then
-    [ "${RAY_AUTH_MODE:-token}" = token ] ||
-      { echo "spectune: RAY_AUTH_MODE=$RAY_AUTH_MODE with SPECTUNE_BIND_ADDRESS=$BIND: Ray would run code for anyone who reaches $BIND; unset it" >&2; exit 2; }
-    export RAY_AUTH_MODE=token
-  else
-    export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+ray_auth() {  # RAY_AUTH_MODE=token and its token file for every Ray process, `ray job submit` and drivers
+  [ "${RAY_AUTH_MODE:-token}" = token ] ||
+    { echo "spectune: RAY_AUTH_MODE=$RAY_AUTH_MODE: the services' Ray always asks for its token (Ray runs any job it is handed as $(id -un), and every local user reaches 127.0.0.1); unset RAY_AUTH_MODE" >&2; exit 2; }
+  "$BIN/python" -c 'import sys, ray; sys.exit(tuple(map(int, ray.__version__.split(".")[:2])) < (2, 52))' ||
+    die "Ray $("$BIN/python" -c 'import ray; print(ray.__version__)') has no token authentication (Ray >= 2.52 has): upgrade ray in $BIN/.."
+  export RAY_AUTH_MODE=token
+  unset RAY_AUTH_TOKEN  # only ever this state's own token, from its file
+  if [ ! -s "$STATE/ray-token" ]; then
+    local token
+    token=$(secret 32)
+    (umask 077 && printf '%s\n' "$token" > "$STATE/ray-token")  # printf is a builtin: on no command line
   fi
-  unset RAY_AUTH_TOKEN_PATH  # only ever this state's own token
-  if [ "$RAY_AUTH_MODE" = token ]; then
-    if [ ! -s "$STATE/ray-token" ]; then
-      local token
-      token=$(secret 32)
-      (umask 077 && printf '%s\n' "$token" > "$STATE/ray-token")
-    fi
-    chmod 600 "$STATE/ray-token"
-    export RAY_AUTH_TOKEN_PATH=$STATE/ray-token
-  fi
+  chmod 600 "$STATE/ray-token"
+  export RAY_AUTH_TOKEN_PATH=$STATE/ray-token
+}
+
+# ------------------------------------------------------------------ MLflow's basic-auth app
+mlflow_auth() {  # store_uri -> STATE/mlflow-auth.ini (mode 600; the admin password made once, kept across
+  # starts, the user store's address written anew: its port changes); MLFLOW_TRACKING_USERNAME/PASSWORD
+  # exported for the clients started here; MLFLOW_AUTH_NEW=1 when the password was made just now
+  local pw=""
+  [ -f "$STATE/mlflow-auth.ini" ] && pw=$(sed -n 's/^admin_password = //p' "$STATE/mlflow-auth.ini")
+  MLFLOW_AUTH_NEW=0
+  [ -n "$pw" ] || { pw=$(secret 24); MLFLOW_AUTH_NEW=1; }
+  (umask 077 && printf '%s\n' "[mlflow]" "default_permission = NO_PERMISSIONS" "database_uri = ${1//'%'/%%}" \
+    "admin_username = spectune" "admin_password = $pw" \
+    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth" \
+    "# a password's hash check costs ~0.25 s of CPU: remember a good one (one worker: a change applies at once)" \
+    "auth_cache_ttl_seconds = 300" > "$STATE/mlflow-auth.ini")
+  chmod 600 "$STATE/mlflow-auth.ini"
+  export MLFLOW_TRACKING_USERNAME=spectune MLFLOW_TRACKING_PASSWORD=$pw
+  # the server takes its admin from this file alone (these would override it)
+  unset MLFLOW_AUTH_ADMIN_USERNAME MLFLOW_AUTH_ADMIN_PASSWORD MLFLOW_AUTH_CONFIG_PATH
 }
 
 # ------------------------------------------------------------------ stop, status, purge
@@ -276,7 +321,7 @@ purge() {  # stop, then delete exactly what start made: the PostgreSQL data, art
     rm -rf -- "$STATE/pg" && echo "spectune: removed $STATE/pg"
   fi
   rm -rf -- "$STATE/mlartifacts"
-  rm -f -- "$STATE"/{env,pgpass,ray-token,apt.log,initdb.log,postgres.log,ray.log,mlflow.log,optuna-dashboard.log} "$STATE"/ray-worker-*.log
+  rm -f -- "$STATE"/{env,pgpass,ray-token,mlflow-auth.ini,apt.log,initdb.log,postgres.log,ray.log,mlflow.log,optuna-dashboard.log} "$STATE"/ray-worker-*.log
   rmdir "$STATE" 2>/dev/null || true
   echo "spectune: purged $STATE"
 }
@@ -298,10 +343,12 @@ start() {
   mkdir -p "$STATE/mlartifacts"
   [ -f "$STATE/pids" ] && stop_all
   trap 'echo "spectune: start failed: stopping what it started (logs stay in $STATE)" >&2; stop_all >&2' EXIT
+  ray_auth  # first: a refused RAY_AUTH_MODE starts nothing
   ensure_postgres
   pg_user_setup
+  umask 077  # from here on every file start makes (logs, MLflow's artifacts, secrets) is its user's alone
+  chmod 700 "$STATE/mlartifacts"
   pg_init
-  ray_auth
   ray_cli
   local workers=${SPECTUNE_RAY_WORKERS:-0} head_cpus=${SPECTUNE_RAY_CPUS:-$(nproc)}
   local worker_cpus=${SPECTUNE_RAY_WORKER_CPUS:-$head_cpus}
@@ -314,17 +361,26 @@ start() {
   passfile=$("$BIN/python" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe="/"))' "$PGPASSFILE")
   export SPECTUNE_STORAGE=postgresql+psycopg://spectune@127.0.0.1:$pg_port/optuna?passfile=$passfile
   mlflow_store=postgresql+psycopg://spectune@127.0.0.1:$pg_port/mlflow?passfile=$passfile
+  mlflow_auth "postgresql+psycopg://spectune@127.0.0.1:$pg_port/mlflow_auth?passfile=$passfile"
 
   # the head first (the slowest to come up); its processes inherit the stores' addresses above
   start_ray_head
-  start_group postgres env -C / "${AS_PG[@]}" "$PGBIN/postgres" -D "$PGDATA" -c listen_addresses=127.0.0.1 -c port="$pg_port" \
+  start_group postgres env -C / -u MLFLOW_TRACKING_PASSWORD "${AS_PG[@]}" "$PGBIN/postgres" -D "$PGDATA" -c listen_addresses=127.0.0.1 -c port="$pg_port" \
     -c unix_socket_directories= -c password_encryption=scram-sha-256
   pg_databases "$(awk '$1 == "postgres" {print $2}' "$STATE/pids")"
   "$BIN/python" -c "import optuna, sys; optuna.storages.RDBStorage(sys.argv[1])" "$SPECTUNE_STORAGE" >/dev/null  # Optuna's tables
-  # MLflow's job runner (GenAI jobs: three more processes polling the store) serves nothing spectune logs
-  start_group mlflow env MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$BIN/mlflow" server --host 127.0.0.1 --port "$mlflow_port" --workers 1 \
-    --backend-store-uri "$mlflow_store" --artifacts-destination "$STATE/mlartifacts"
-  start_group optuna-dashboard "$BIN/optuna-dashboard" "$SPECTUNE_STORAGE" --host 127.0.0.1 --port "$optuna_port"
+  # MLflow's job runner (GenAI jobs: three more processes polling the store) serves nothing spectune logs.
+  # The basic-auth app: every request but /health and static files needs the user and password; its
+  # Flask secret (CSRF of the sign-up form) is made anew each start, in the server's environment only.
+  (
+    MLFLOW_FLASK_SERVER_SECRET_KEY=$(secret 32)
+    export MLFLOW_FLASK_SERVER_SECRET_KEY MLFLOW_AUTH_CONFIG_PATH=$STATE/mlflow-auth.ini MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
+    start_group mlflow "$BIN/mlflow" server --app-name basic-auth --host 127.0.0.1 --port "$mlflow_port" --workers 1 \
+      --backend-store-uri "$mlflow_store" --artifacts-destination "$STATE/mlartifacts"
+  )
+  # optuna-dashboard has no login of its own (and a delete button on every study): it is served behind
+  # basic auth with MLflow's user and password
+  start_group optuna-dashboard "$BIN/python" "$ROOT/infra/optuna_dashboard_auth.py" "$SPECTUNE_STORAGE" --host 127.0.0.1 --port "$optuna_port"
 
   # a head that exits at once (a port another Ray on this machine took between free_port and its bind)
   # is started once more on fresh ports; one that is merely slow is waited for
@@ -339,7 +395,8 @@ start() {
     die "ray did not come up at http://127.0.0.1:$dash_port/api/version (log: $STATE/ray.log)"
   fi
   write_env RAY_ADDRESS="http://127.0.0.1:$dash_port" RAY_GCS_ADDRESS="$NODE_IP:$ray_port" RAY_AUTH_MODE="$RAY_AUTH_MODE" \
-    ${RAY_AUTH_TOKEN_PATH:+RAY_AUTH_TOKEN_PATH="$RAY_AUTH_TOKEN_PATH"} MLFLOW_TRACKING_URI="$MLFLOW_TRACKING_URI" \
+    RAY_AUTH_TOKEN_PATH="$RAY_AUTH_TOKEN_PATH" MLFLOW_TRACKING_URI="$MLFLOW_TRACKING_URI" \
+    MLFLOW_TRACKING_USERNAME="$MLFLOW_TRACKING_USERNAME" MLFLOW_TRACKING_PASSWORD="$MLFLOW_TRACKING_PASSWORD" \
     SPECTUNE_STORAGE="$SPECTUNE_STORAGE" PGHOST="$PGHOST" PGPORT="$PGPORT" PGUSER="$PGUSER" PGPASSFILE="$PGPASSFILE" \
     OPTUNA_DASHBOARD_URL="http://127.0.0.1:$optuna_port"
   chmod 600 "$STATE/env"
@@ -359,13 +416,15 @@ start() {
     wait_http "http://127.0.0.1:${w_agents[$((i - 1))]}/api/local_raylet_healthz" 120 "ray-worker-$i"
   done
   wait_http "http://127.0.0.1:$mlflow_port/health" 120 mlflow
+  "$BIN/python" -c "$HTTP_OK" "http://127.0.0.1:$mlflow_port/api/2.0/mlflow/experiments/search?max_results=1" mlflow 60 ||
+    die "the MLflow server refuses the user and password of $STATE/mlflow-auth.ini (log: $STATE/mlflow.log)"
   wait_http "http://127.0.0.1:$optuna_port/" 60 optuna-dashboard
   echo "spectune: services up (state in $STATE):"
-  echo "  Ray jobs / dashboard  http://127.0.0.1:$dash_port ($((workers + 1)) nodes at $NODE_IP, auth $RAY_AUTH_MODE)"
-  echo "  MLflow UI             http://127.0.0.1:$mlflow_port"
-  echo "  optuna-dashboard      http://127.0.0.1:$optuna_port"
-  echo "  PostgreSQL            127.0.0.1:$pg_port (databases optuna, mlflow; data in $PGDATA)"
-  echo "  source $STATE/env"
+  echo "  Ray jobs / dashboard  http://127.0.0.1:$dash_port ($((workers + 1)) nodes at $NODE_IP; token: the file $RAY_AUTH_TOKEN_PATH)"
+  echo "  MLflow UI             http://127.0.0.1:$mlflow_port (user spectune, password: MLFLOW_TRACKING_PASSWORD in the env file)"
+  echo "  optuna-dashboard      http://127.0.0.1:$optuna_port (the same user and password)"
+  echo "  PostgreSQL            127.0.0.1:$pg_port (databases optuna, mlflow, mlflow_auth; data in $PGDATA)"
+  echo "  source $STATE/env     # the addresses and credentials, for ray job submit, spectune and the MLflow client"
   trap - EXIT
 }
 

@@ -1,6 +1,11 @@
 """infra/services.sh on this machine, as the README's cluster section uses it: PostgreSQL, a Ray head
 plus one worker raylet, MLflow on PostgreSQL and optuna-dashboard come up listening on loopback only;
-the generated password stays in mode-600 files and off every command line; both stores answer; a
+the generated secrets (PostgreSQL's password, Ray's token, MLflow's password) stay in mode-600 files
+and off every command line; every service refuses a request without its credentials, checked as
+another local user (`nobody`, where this runs as root; else as this user without the credentials):
+the Ray job API (head and agents) takes no job, Ray's GCS and client server answer no call, the
+MLflow REST API neither reads nor creates, optuna-dashboard neither lists nor deletes a study; a
+refused RAY_AUTH_MODE starts nothing; with the env file's credentials both stores answer; a
 parallel study (`study.max_concurrent_trials: 2`, one trial per raylet) submitted with `ray job
 submit`, with a second driver from this shell on the same study, ends at exactly `study.n_trials`
 COMPLETE in PostgreSQL, no configuration counted twice, trials overlapping, one parent MLflow run on
@@ -13,9 +18,11 @@ Needs PostgreSQL's server, or root with apt-get to install it (skipped otherwise
 
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import os
+import pwd
 import shutil
 import stat
 import subprocess
@@ -45,8 +52,9 @@ def _postgres_available() -> str | None:
 def _env_file(path: Path) -> dict[str, str]:
     env = {}
     for line in path.read_text().splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        env[key] = value
+        if line.startswith("export "):
+            key, _, value = line.removeprefix("export ").partition("=")
+            env[key] = value
     return env
 
 
@@ -98,8 +106,104 @@ def _decoding(storage) -> bool:
     return any(t.state.name == "RUNNING" and t.intermediate_values for t in study.get_trials(deepcopy=False))
 
 
-def _get(url: str) -> bytes:
-    return urllib.request.urlopen(url, timeout=10).read()
+def _get(url: str, auth: str) -> bytes:
+    return urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": auth}), timeout=10).read()
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def _on_command_lines(secrets: dict[str, str]) -> list[str]:
+    """'name in /proc/PID/cmdline' for each secret on a command line (every local user reads those)."""
+    hits = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            cmdline = Path(path).read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        hits += [f"{name} in {path}" for name, secret in secrets.items() if secret.encode() in cmdline]
+    return hits
+
+
+def _flag_values(procs: list[psutil.Process], flag: str) -> set[int]:
+    """The values of `--flag N` on the command lines of `procs` (the `ray start` lines services.sh ran)."""
+    out = set()
+    for p in procs:
+        try:
+            args = p.cmdline()
+        except psutil.Error:
+            continue
+        out |= {int(args[i + 1]) for i, a in enumerate(args[:-1]) if a == flag}
+    return out
+
+
+# Runs as the other user: the standard library only (it may not reach the virtualenv). Reads each file,
+# sends each request; prints what came of them as JSON.
+PROBE = r"""
+import json, sys, urllib.error, urllib.request
+spec, out = json.loads(sys.argv[1]), {}
+for path in spec["files"]:
+    try:
+        open(path).read()
+        out[path] = "read"
+    except OSError as e:
+        out[path] = type(e).__name__
+for name, (method, url, body, auth) in spec["requests"].items():
+    headers = {"Content-Type": "application/json", **({"Authorization": auth} if auth else {})}
+    data = None if body is None else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method, headers=headers), timeout=30) as r:
+            out[name] = r.status
+    except urllib.error.HTTPError as e:
+        out[name] = e.code
+    except OSError as e:
+        out[name] = "no connection: " + repr(e)
+print(json.dumps(out))
+"""
+
+
+def _other_user() -> tuple[list[str], str]:
+    """(the command line of a Python run as another local user, who that is): `nobody` through setpriv
+    where this runs as root; else this user (the requests then carry no credentials, but the files
+    are this user's own and not checked)."""
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        nobody = pwd.getpwnam("nobody")
+        as_nobody = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
+        for python in ("/usr/bin/python3", "/usr/local/bin/python3", sys.executable):
+            if os.path.exists(python) and subprocess.run([*as_nobody, python, "-c", ""], cwd="/", capture_output=True).returncode == 0:
+                return [*as_nobody, python], "nobody"
+    return [sys.executable], "this user"
+
+
+def _probe_as_other_user(files: list[Path], requests: dict[str, tuple]) -> tuple[dict, str]:
+    command, who = _other_user()
+    spec = {"files": [str(f) for f in files] if who == "nobody" else [], "requests": requests}
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # nothing of this session's: no token, no password
+    done = subprocess.run([*command, "-c", PROBE, json.dumps(spec)], cwd="/", env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), who
+
+
+def _grpc_refused(address: str, call, token: str) -> None:
+    """`call(channel, metadata)` at `address`: UNAUTHENTICATED without the token and with a wrong one; answered with it."""
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        for metadata in (None, [("authorization", "Bearer " + "0" * len(token))]):
+            with pytest.raises(grpc.RpcError) as refused:
+                call(channel, metadata)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, (address, refused.value)
+        call(channel, [("authorization", "Bearer " + token)])  # the same call with the token: the refusal was the token's
+
+
+def test_services_refuse_ray_auth_disabled(tmp_path):
+    """RAY_AUTH_MODE=disabled is refused before anything starts (a Ray job server without its token
+    runs any local user's code as the user who started it)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run([*SERVICES, "start", str(tmp_path / "services")], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and "RAY_AUTH_MODE=disabled" in done.stderr, done.stderr
+    assert not (tmp_path / "services" / "pids").exists() and not (tmp_path / "services" / "ray-token").exists()
 
 
 @pytest.mark.timeout(900)
@@ -109,8 +213,11 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
     state = tmp_path / "services"
     for key in [k for k in os.environ if k.startswith("PG")]:
         monkeypatch.delenv(key)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "SPECTUNE_BIND", "MLFLOW_"))}
-    env.update(SPECTUNE_RAY_WORKERS="1", SPECTUNE_RAY_CPUS="1", SPECTUNE_RAY_WORKER_CPUS="1", RAY_AUTH_MODE="disabled")
+    # no Ray, MLflow or services setting of this session's: the env file is the only source of credentials
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH", "SPECTUNE_BIND", "MLFLOW_"))}
+    env.update(SPECTUNE_RAY_WORKERS="1", SPECTUNE_RAY_CPUS="1", SPECTUNE_RAY_WORKER_CPUS="1")
+    for key in [k for k in os.environ if k.startswith(("RAY_AUTH", "MLFLOW_TRACKING_"))]:
+        monkeypatch.delenv(key)
     stopped = False
     try:
         up = subprocess.run([*SERVICES, "start", str(state)], capture_output=True, text=True, timeout=600, env=env)
@@ -130,18 +237,18 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
         ports = {port for _, _, _, port in listening}
         assert {int(svc["PGPORT"]), int(svc["MLFLOW_TRACKING_URI"].rsplit(":", 1)[1])} <= ports
 
-        # the password: in mode-600 files only, never on a command line, in an environment or a URL
-        pgpass = Path(svc["PGPASSFILE"])
-        assert pgpass.parent == state
-        for secret_file in (pgpass, state / "env"):
+        # the secrets: in mode-600 files only, never on a command line; PostgreSQL's password in no environment or URL
+        pgpass, token_file = Path(svc["PGPASSFILE"]), Path(svc["RAY_AUTH_TOKEN_PATH"])
+        assert pgpass.parent == state and token_file.parent == state and svc["RAY_AUTH_MODE"] == "token"
+        secret_files = [pgpass, token_file, state / "mlflow-auth.ini", state / "env"]
+        for secret_file in secret_files:
             assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600, secret_file
-        password = pgpass.read_text().strip().split(":")[4]
-        assert len(password) >= 32
-        for path in glob.glob("/proc/[0-9]*/cmdline"):
-            try:
-                assert password.encode() not in Path(path).read_bytes(), path
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                pass
+        password, token = pgpass.read_text().strip().split(":")[4], token_file.read_text().strip()
+        mlflow_user, mlflow_password = svc["MLFLOW_TRACKING_USERNAME"], svc["MLFLOW_TRACKING_PASSWORD"]
+        assert f"admin_password = {mlflow_password}" in (state / "mlflow-auth.ini").read_text()
+        assert min(len(password), len(token), len(mlflow_password)) >= 32
+        secrets = {"PostgreSQL's password": password, "Ray's token": token, "MLflow's password": mlflow_password}
+        assert not _on_command_lines(secrets)
         for p in procs:
             try:
                 assert password.encode() not in Path(f"/proc/{p.pid}/environ").read_bytes(), p
@@ -160,15 +267,88 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
             monkeypatch.setenv(key, svc[key])
         optuna.create_study(study_name="services-check", storage=storage).optimize(lambda t: t.suggest_float("x", 0, 1), 1)
         assert len(optuna.load_study(study_name="services-check", storage=svc["SPECTUNE_STORAGE"]).trials) == 1
-        assert _get(svc["MLFLOW_TRACKING_URI"] + "/health").strip() == b"OK"
+        ray_auth, mlflow_auth = "Bearer " + token, _basic(mlflow_user, mlflow_password)
+        assert _get(svc["MLFLOW_TRACKING_URI"] + "/health", mlflow_auth).strip() == b"OK"
         with psycopg.connect(dbname="mlflow") as db:
             assert db.execute("SELECT count(*) FROM experiments").fetchone()[0] >= 1  # MLflow's tables, its Default
-        nodes = json.loads(_get(svc["RAY_ADDRESS"] + "/api/v0/nodes?limit=10"))["data"]["result"]["result"]
+        nodes = json.loads(_get(svc["RAY_ADDRESS"] + "/api/v0/nodes?limit=10", ray_auth))["data"]["result"]["result"]
         assert sorted((n["node_ip"], n["state"], n["is_head_node"]) for n in nodes) == [
             ("127.0.0.1", "ALIVE", False),
             ("127.0.0.1", "ALIVE", True),
         ]
-        assert _get(svc["OPTUNA_DASHBOARD_URL"] + "/")
+        studies = json.loads(_get(svc["OPTUNA_DASHBOARD_URL"] + "/api/studies", mlflow_auth))["study_summaries"]
+        assert [s["study_name"] for s in studies] == ["services-check"], studies
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            monkeypatch.setenv(key, svc[key])  # the MLflow client of this test reads them, as a sourced env file gives them
+        from mlflow.tracking import MlflowClient
+
+        assert MlflowClient(svc["MLFLOW_TRACKING_URI"]).get_experiment_by_name("Default") is not None
+
+        # another local user: reads none of the secrets, and every service refuses it (no job, no run, no study deleted)
+        ray_url, mlflow_url, dash_url = svc["RAY_ADDRESS"], svc["MLFLOW_TRACKING_URI"], svc["OPTUNA_DASHBOARD_URL"]
+        marker = tmp_path / "a-refused-job-ran"
+        agents = _flag_values(procs, "--dashboard-agent-listen-port")
+        assert len(agents) == 2, agents  # the head's and the worker's
+        wrong_basic = _basic(mlflow_user, "0" * len(mlflow_password))
+        study_id = storage.get_study_id_from_name("services-check")
+        requests = {
+            "ray: submit a job": ("POST", f"{ray_url}/api/jobs/", {"entrypoint": f"touch {marker}"}, None),
+            "ray: submit a job, wrong token": ("POST", f"{ray_url}/api/jobs/", {"entrypoint": f"touch {marker}"}, "Bearer " + "0" * 64),
+            "ray: list jobs": ("GET", f"{ray_url}/api/jobs/", None, None),
+            "ray: list nodes": ("GET", f"{ray_url}/api/v0/nodes?limit=10", None, None),
+            **{
+                f"ray agent {port}: submit a job": (
+                    "POST",
+                    f"http://127.0.0.1:{port}/api/job_agent/jobs/",
+                    {"entrypoint": f"touch {marker}"},
+                    None,
+                )
+                for port in agents
+            },
+            "mlflow: search experiments": ("GET", f"{mlflow_url}/api/2.0/mlflow/experiments/search?max_results=10", None, None),
+            "mlflow: search experiments, wrong password": (
+                "GET",
+                f"{mlflow_url}/api/2.0/mlflow/experiments/search?max_results=10",
+                None,
+                wrong_basic,
+            ),
+            "mlflow: search runs (UI's API)": ("POST", f"{mlflow_url}/ajax-api/2.0/mlflow/runs/search", {"experiment_ids": ["0"]}, None),
+            "mlflow: create an experiment": ("POST", f"{mlflow_url}/api/2.0/mlflow/experiments/create", {"name": "intruder"}, None),
+            "mlflow: list artifacts": ("GET", f"{mlflow_url}/api/2.0/mlflow-artifacts/artifacts", None, None),
+            "mlflow: the UI": ("GET", f"{mlflow_url}/", None, None),
+            "optuna-dashboard: list studies": ("GET", f"{dash_url}/api/studies", None, None),
+            "optuna-dashboard: list studies, wrong password": ("GET", f"{dash_url}/api/studies", None, wrong_basic),
+            "optuna-dashboard: delete a study": ("DELETE", f"{dash_url}/api/studies/{study_id}", None, None),
+            "optuna-dashboard: the UI": ("GET", f"{dash_url}/dashboard", None, None),
+        }
+        probed, who = _probe_as_other_user(secret_files, requests)
+        print(f"as {who}: {probed}")
+        allowed = [f"{what}: {probed[what]}" for what in requests if probed[what] not in (401, 403)]
+        assert not allowed, f"as {who} without credentials: {allowed}"
+        if who == "nobody":
+            readable = [path for path in map(str, secret_files) if probed[path] != "PermissionError"]
+            assert not readable, {path: probed[path] for path in readable}
+        assert not marker.exists()
+        jobs = json.loads(_get(f"{ray_url}/api/jobs/", ray_auth))
+        assert not [j for j in jobs if str(marker) in j.get("entrypoint", "")], jobs
+        assert MlflowClient(mlflow_url).get_experiment_by_name("intruder") is None
+        assert optuna.load_study(study_name="services-check", storage=storage).trials  # not deleted
+        # Ray's gRPC services (the GCS a driver joins, the Ray client server) answer no call without the token
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc, ray_client_pb2, ray_client_pb2_grpc
+
+        def all_nodes(channel, metadata):
+            stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+            return stub.GetAllNodeInfo(gcs_service_pb2.GetAllNodeInfoRequest(), timeout=10, metadata=metadata)
+
+        def cluster_info(channel, metadata):
+            stub = ray_client_pb2_grpc.RayletDriverStub(channel)
+            return stub.ClusterInfo(
+                ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING), timeout=10, metadata=metadata
+            )
+
+        _grpc_refused(svc["RAY_GCS_ADDRESS"], all_nodes, token)
+        (client_port,) = _flag_values(procs, "--ray-client-server-port")
+        _grpc_refused(f"127.0.0.1:{client_port}", cluster_info, token)
 
         # a parallel study as a Ray job: one trial on each raylet, on PostgreSQL and the MLflow server
         exp = tiny_experiment(
@@ -193,6 +373,7 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
             time.sleep(0.1)
         during = _listening(_members(pgids))  # the services, the job's driver and the trials' actors
         assert decoding, "no trial was seen decoding: the sockets were not taken while one did"
+        assert not _on_command_lines(secrets)  # nor on those of the job's driver, the second driver and the actors
         out, _ = job.communicate(timeout=600)
         other_out, other_err = other.communicate(timeout=600)
         assert job.returncode == 0, out[-4000:]
@@ -211,6 +392,8 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
         parents, runs = mlflow_runs(svc["MLFLOW_TRACKING_URI"], "tiny-study")
         # one run per trial that started (a surplus trial, given back unrun when the other driver took the last slot, has none)
         assert len(parents) == 1 and len(runs) == len([t for t in study.trials if "mlflow_run_id" in t.user_attrs])
+        studies = json.loads(_get(dash_url + "/api/studies", mlflow_auth))["study_summaries"]
+        assert "tiny-study" in [s["study_name"] for s in studies], studies
 
         down = subprocess.run([*SERVICES, "stop", str(state)], capture_output=True, text=True, timeout=120, env=env)
         stopped = True
