@@ -1,0 +1,93 @@
+"""Qwen3 and Qwen3-MoE checkpoints as a user runs them: `spectune decode --peer-baseline` on held-out
+tiny checkpoints (settings of their own) matches transformers' greedy tokens and stays lossless with
+each drafter, and a whole study on a Qwen3-MoE checkpoint with the embedded defaults (real Ray, Optuna
+on SQLite, MLflow) completes with every trial lossless."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from studyutil import mlflow_runs, optuna_study, spectune, summary, tiny_experiment
+
+from workers.model.checkpoint import tiny_config, write_random_checkpoint
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+HELD_OUT_MOE = tiny_config(
+    model_type="qwen3_moe",
+    architectures=["Qwen3MoeForCausalLM"],
+    hidden_size=80,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=20,
+    num_experts=10,
+    num_experts_per_tok=3,
+    moe_intermediate_size=36,
+    norm_topk_prob=True,
+    mlp_only_layers=[2],
+    rope_theta=20000.0,
+)
+HELD_OUT_DENSE = tiny_config(
+    model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=72, num_attention_heads=6, num_key_value_heads=3, head_dim=12
+)
+
+
+def decode(*args: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "decode", *args, "--json"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("cfg", [HELD_OUT_MOE, HELD_OUT_DENSE], ids=["qwen3_moe", "qwen3"])
+def test_decode_matches_transformers_at_tp2(tmp_path, cfg):
+    path = write_random_checkpoint(tmp_path / "ckpt", cfg, seed=21)
+    common = ["--model", str(path), "--num-prompts", "3", "--max-new-tokens", "16"]
+    out = decode(*common, "--tp", "2", "--drafter", "ngram", "-k", "3", "--peer-baseline")
+    assert out["outputs_match_baseline"] == 1 and out["outputs_match_peer"] == 1
+    assert out["prompts_matching_peer"] + out["prompts_near_tie_peer"] == 3
+    assert out["hf_generate_tokens"] == 3 * 16
+
+
+def test_drafters_on_a_moe_verifier_are_lossless(tmp_path):
+    """layer-skip, a smaller Qwen3 draft model and an EAGLE-3 head (public format) on a Qwen3-MoE verifier."""
+    from workers.drafters.eagle3.checkpoint import head_config, random_head, save_head
+    from workers.model.locate import load_args
+
+    verifier = write_random_checkpoint(tmp_path / "moe", HELD_OUT_MOE, seed=3)
+    draft = write_random_checkpoint(tmp_path / "draft", {**HELD_OUT_DENSE, "hidden_size": 48, "num_hidden_layers": 1}, seed=4)
+    head = save_head(random_head(head_config(load_args(verifier), 200), seed=5), tmp_path / "head")
+    common = ["--model", str(verifier), "--tp", "1", "--num-prompts", "2", "--max-new-tokens", "12", "-k", "3"]
+    for drafter in (
+        ["layer_skip", "--draft-layers", "1"],
+        ["draft_model", "--draft-model", str(draft)],
+        ["eagle3", "--draft-model", str(head)],
+    ):
+        out = decode(*common, "--drafter", *drafter)
+        assert out["outputs_match_baseline"] == 1, drafter
+        assert out["params"]["drafter.kind"] == drafter[0]
+
+
+def test_study_on_a_moe_checkpoint(tmp_path):
+    ckpt = write_random_checkpoint(tmp_path / "ckpt", HELD_OUT_MOE, seed=8)
+    exp = tiny_experiment(
+        tmp_path,
+        ckpt,
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}, "drafter.kind": {"choices": ["ngram", "layer_skip"]}}},
+        study={"n_trials": 3, "sampler": "random", "seed": 2, "pruner": "none", "baseline_repeats": 2},
+    )
+    home = tmp_path / "home"
+    out = summary(spectune(["run", str(exp)], home))
+    assert out["complete"] == 3
+    study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
+    by_id = {r.info.run_id: r for r in runs}
+    for t in complete:
+        metrics = by_id[t.user_attrs["mlflow_run_id"]].data.metrics
+        if t.user_attrs["spectune.params"]["spec.num_draft_tokens"] > 0:
+            assert metrics["outputs_match_baseline"] == 1, t.number
+        assert by_id[t.user_attrs["mlflow_run_id"]].data.params["engine.moe_kernel"] == "auto"
