@@ -453,12 +453,16 @@ class StepRunner:
         together."""
         times = []
         parents = [-1] + [0] * (width - 1) if tree else None
+        # distinct tokens, spread over the vocabulary: an MoE layer reads the union of the experts its
+        # tokens route to, and `width` copies of one token would all route alike (a union of top_k)
+        vocab = self.model.args.vocab_size
+        tokens = [(1 + 7919 * i) % vocab for i in range(width)]
         for _ in range(iters + 2):
             self.cache.lengths[0] = 0
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             t0 = time.perf_counter()
-            self.step([1] * width, parents=parents)
+            self.step(tokens, parents=parents)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             times.append(time.perf_counter() - t0)
