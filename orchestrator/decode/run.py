@@ -98,8 +98,10 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
 def params(p: DecodePlan) -> dict:
     """The configuration with the dotted names MLflow params use (a trial's, plus the workload's)."""
     w = p.cfg.workload
+    subset = load_args(p.gang.model_path).layers_label  # "8 of 94 layers" for a random shape's layer subset
     return {
         "model.path": p.cfg.model.path,
+        **({"model.layers": subset} if subset else {}),
         **p.trial.params(),
         "workload.temperature": w.temperature,
         "workload.num_prompts": len(p.prompts),
@@ -221,7 +223,9 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
     k, greedy = workload.num_draft_tokens, cfg.workload.temperature == 0
     n_tokens = sum(len(s) for s in p.token_ids)
     log(
-        f"{len(p.prompts)} prompts ({n_tokens} prompt tokens), model {p.gang.model_path}, tp={cfg.parallel.tp}, drafter={cfg.drafter.kind}, k={k}"
+        f"{len(p.prompts)} prompts ({n_tokens} prompt tokens), model {p.gang.model_path}"
+        + (f" ({subset}: figures for these layers only)" if (subset := load_args(p.gang.model_path).layers_label) else "")
+        + f", tp={cfg.parallel.tp}, drafter={cfg.drafter.kind}, k={k}"
     )
     t0 = time.perf_counter()
     with make(p.gang) as gang:
