@@ -33,6 +33,7 @@ prefill and the CPU path are unchanged.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -125,6 +126,9 @@ class FusedStep:
                 raise RuntimeError("engine.moe_kernel=triton: the grouped MoE kernel does not run here (no Triton for this device)")
             grouped = engine.moe_kernel != "dense" and moe_kernels.available(device)
             self.experts_fn = moe_kernels.grouped_experts if grouped else experts_dense
+            if grouped and engine.compile:
+                group = torch.compile(moe_kernels.group_pairs, dynamic=False)
+                self.experts_fn = functools.partial(moe_kernels.grouped_experts, group=group)
         # an attention that takes the merged projection, applies rope and writes the cache itself
         # (one kernel where the compiled rope and the eager cache writes took four per layer)
         self.rope_attend = getattr(attend_fn, "with_rope", None)

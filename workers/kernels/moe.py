@@ -116,13 +116,15 @@ if triton is not None:
         tl.store(y_ptr + row[:, None] * D + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=keep)
 
 
-def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: Experts) -> torch.Tensor:
-    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, D]: the `ExpertsFn` of a graphed step."""
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: Experts, group=group_pairs) -> torch.Tensor:
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, D]: the `ExpertsFn` of a graphed step.
+    group: `group_pairs`, or a torch.compile'd copy of it (workers/engine/fused_step.py: its dozen small
+    ops become a few kernels, which matters where a step's time is a floor per kernel)."""
     T, D = x.shape
     top_k = ids.shape[1]
     E, INTER, _ = experts.gate_proj.shape
     P = T * top_k
-    pair_of_slot, block_expert = group_pairs(ids, E)
+    pair_of_slot, block_expert = group(ids, E)
     n_blocks = block_expert.numel()
     x = x.contiguous()
     h = torch.empty(P, INTER, dtype=x.dtype, device=x.device)
