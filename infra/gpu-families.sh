@@ -8,6 +8,10 @@
 #               rm -rf .devcarry/before && mkdir -p .devcarry/before && git archive <commit> workers orchestrator scripts | tar -x -C .devcarry/before
 # There:        carry [".devcarry/pyd", ".devcarry/before"]
 #               OUT=$OUT bash infra/gpu-families.sh [stages]      # default: tests widths decode before
+# To measure exactly a commit while the checkout has uncommitted work, carry its snapshot too:
+#   here:  git archive HEAD workers orchestrator scripts tests infra pyproject.toml | tar -x -C .devcarry/now
+#   there: mkdir -p .devcarry/now/.devcarry && cp -r .devcarry/pyd .devcarry/before .devcarry/now/.devcarry/ &&
+#          cd .devcarry/now && OUT=$OUT bash infra/gpu-families.sh ...
 #
 # Stages: tests (kernel and family tests on the GPU), widths (scripts/verify_widths.py), decode (spectune
 # decode, plain, of random:qwen3-8b and random:qwen3-30b-a3b:layers=$MOE_LAYERS), before (TP 1
