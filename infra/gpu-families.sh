@@ -13,13 +13,14 @@
 #   there: mkdir -p .devcarry/now/.devcarry && cp -r .devcarry/pyd .devcarry/before .devcarry/now/.devcarry/ &&
 #          cd .devcarry/now && OUT=$OUT bash infra/gpu-families.sh ...
 #
-# Stages: tests (kernel and family tests on the GPU), widths (scripts/verify_widths.py), decode (spectune
+# Stages: tests (kernel and family tests on the GPU), kernels (the grouped MoE kernel's configurations
+# on a Qwen3-30B-A3B layer, workers/kernels/moe.py --bench), widths (scripts/verify_widths.py), decode (spectune
 # decode, plain, of random:qwen3-8b and random:qwen3-30b-a3b:layers=$MOE_LAYERS), before (TP 1
 # random:llama-3-8b with .devcarry/before, then this tree, back to back on the same card).
 # Each run is cut off after $LIMIT seconds (default 240). Everything lands in $OUT: log.txt and a JSON per run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stages=("${@:-tests widths decode before}")
+stages=("${@:-tests kernels widths decode before}")
 stages=(${stages[@]})
 OUT=${OUT:-/tmp/spectune-families}
 mkdir -p "$OUT"
@@ -46,6 +47,9 @@ for stage in "${stages[@]}"; do
       run tests . $PY -m pytest -q -p no:cacheprovider tests/engine/test_families.py tests/engine/test_kernels_attention.py \
         tests/engine/test_kernels_gemv.py tests/engine/test_triton_kernels.py tests/engine/test_graph_safety.py -k "not tp2"
       tail -3 "$OUT/tests.json" | tee -a "$OUT/log.txt" ;;
+    kernels)
+      run moe_kernels . $PY -m workers.kernels.moe --bench
+      grep -v '^\[' "$OUT/moe_kernels.json" ;;
     widths)
       run widths . $PY -m scripts.verify_widths --model random:qwen3-8b "random:qwen3-30b-a3b:layers=$MOE_LAYERS" --json "$OUT/widths_full.json"
       cat "$OUT/widths.json" ;;
@@ -56,7 +60,7 @@ for stage in "${stages[@]}"; do
       [ -d .devcarry/before ] || { echo "!!! before: carry .devcarry/before (see the header)" | tee -a "$OUT/log.txt"; continue; }
       run llama_tp1_before .devcarry/before $PY $(decode random:llama-3-8b)
       run llama_tp1_after . $PY $(decode random:llama-3-8b) ;;
-    *) echo "unknown stage $stage (tests | widths | decode | before)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests | kernels | widths | decode | before)" >&2; exit 2 ;;
   esac
 done
 $PY - "$OUT" <<'PY' | tee -a "$OUT/log.txt"

@@ -17,6 +17,7 @@ gate/up [E, I, D], down [E, D, I], row-major.
 
     out = grouped_experts(x, weights, ids, experts)       # the `ExpertsFn` a step runs
     TRITON_INTERPRET=1 python -m workers.kernels.moe --selftest   # CPU: against the eager experts
+    python -m workers.kernels.moe --bench                         # GPU: kernel configurations on a Qwen3-30B-A3B layer
 """
 
 from __future__ import annotations
@@ -129,25 +130,78 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, e
     x = x.contiguous()
     h = torch.empty(P, INTER, dtype=x.dtype, device=x.device)
     y = torch.empty(P, D, dtype=x.dtype, device=x.device)
-    # BLOCK_N 32 over INTER and 64 over D: a decode step's few blocks still spread over every SM
-    _gate_up_kernel[(n_blocks, triton.cdiv(INTER, 32))](
-        x, experts.gate_proj, experts.up_proj, h, pair_of_slot, block_expert, P, top_k, D, INTER, BLOCK_M=BLOCK_M, BLOCK_N=32, BLOCK_K=128
-    )
-    _down_kernel[(n_blocks, triton.cdiv(D, 64))](
-        h,
-        experts.down_proj,
-        weights.contiguous().flatten(),
-        y,
-        pair_of_slot,
-        block_expert,
-        P,
-        D,
-        INTER,
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=64,
-        BLOCK_K=128,
-    )
+    (bn1, bk1, w1), (bn2, bk2, w2) = CONFIG
+    _gate_up_kernel[(n_blocks, triton.cdiv(INTER, bn1))](
+        x, experts.gate_proj, experts.up_proj, h, pair_of_slot, block_expert, P, top_k, D, INTER,
+        BLOCK_M=BLOCK_M, BLOCK_N=bn1, BLOCK_K=bk1, num_warps=w1,
+    )  # fmt: skip
+    _down_kernel[(n_blocks, triton.cdiv(D, bn2))](
+        h, experts.down_proj, weights.contiguous().flatten(), y, pair_of_slot, block_expert, P, D, INTER,
+        BLOCK_M=BLOCK_M, BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2,
+    )  # fmt: skip
     return y.view(T, top_k, D).sum(dim=1)
+
+
+# (BLOCK_N, BLOCK_K, num_warps) of the gate/up kernel and of the down kernel: narrow column blocks, so
+# that a decode step's few experts still give every SM programs to stream weights with (`--bench`)
+CONFIG = ((32, 128, 4), (64, 128, 4))
+BENCH_CONFIGS = (
+    ((32, 128, 4), (64, 128, 4)),
+    ((16, 128, 4), (32, 128, 4)),
+    ((16, 256, 4), (32, 256, 4)),
+    ((32, 256, 8), (64, 256, 8)),
+    ((64, 128, 4), (128, 128, 4)),
+)
+
+
+def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
+    """The grouped experts of a Qwen3-30B-A3B-shaped layer (128 experts of 768 x 2048, top 8, bf16)
+    as CUDA-graph replays cycling over `layers` layers' weights (L2 cannot hold them), per kernel
+    configuration and step width: microseconds and the fraction of the copy bandwidth that the
+    distinct experts' bytes take."""
+    from scripts.profile_step import copy_bandwidth  # a developer bench, GPU only
+
+    global CONFIG
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    E, D, INTER, top_k = 128, 2048, 768, 8
+    bw = copy_bandwidth(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    sets = []
+    for _ in range(layers):
+        ex = Experts(E, D, INTER).to(device=device, dtype=dtype)
+        for p in ex.parameters():
+            p.data.normal_(0, D**-0.5, generator=gen)
+        sets.append(ex)
+    rows, default = [], CONFIG
+    for w in widths:
+        x = torch.randn(w, D, device=device, dtype=dtype, generator=gen)
+        ids = torch.stack([torch.randperm(E, device=device, generator=gen)[:top_k] for _ in range(w)])
+        weights = torch.softmax(torch.randn(w, top_k, device=device, generator=gen), -1).to(dtype)
+        distinct = int(ids.unique().numel())
+        expert_bytes = 3 * INTER * D * 2 * distinct
+        for cfg in BENCH_CONFIGS:
+            CONFIG = cfg
+            for ex in sets:
+                grouped_experts(x, weights, ids, ex)  # compile outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for ex in sets:
+                    grouped_experts(x, weights, ids, ex)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            times = []
+            for _ in range(50):
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e3 / layers)
+            us = sorted(times)[len(times) // 2]
+            rows.append({"width": w, "distinct": distinct, "config": cfg, "us": us, "of_bandwidth": expert_bytes / bw / (us * 1e-6)})
+            print(
+                f"width {w} ({distinct} experts) config {cfg}: {us:.1f} us per layer, {rows[-1]['of_bandwidth']:.0%} of the copy bandwidth"
+            )
+    CONFIG = default
+    return rows
 
 
 def available(device: torch.device) -> bool:
@@ -187,4 +241,9 @@ def selftest(device: str) -> float:
 
 
 if __name__ == "__main__":
+    if "--bench" in sys.argv:
+        import json
+
+        print(json.dumps(bench()))
+        sys.exit(0)
     sys.exit(selftest_main(sys.argv[1:], __doc__, selftest, "cuda", {"cpu": 1e-5, "cuda": 2e-2}, "relative max |grouped - eager|"))
