@@ -1,6 +1,6 @@
-"""Qwen3 and Qwen3-MoE checkpoints as a user runs them: `spectune decode --peer-baseline` on held-out
-tiny checkpoints (settings of their own) matches transformers' greedy tokens and stays lossless with
-each drafter, and a whole study on a Qwen3-MoE checkpoint with the embedded defaults (real Ray, Optuna
+"""Qwen3, Qwen3-MoE and DeepSeek-V3 checkpoints as a user runs them: `spectune decode --peer-baseline`
+on held-out tiny checkpoints (settings of their own) matches transformers' greedy tokens and stays
+lossless with each drafter, and a whole study on a Qwen3-MoE checkpoint with the embedded defaults (real Ray, Optuna
 on SQLite, MLflow) completes with every trial lossless."""
 
 from __future__ import annotations
@@ -34,6 +34,35 @@ HELD_OUT_MOE = tiny_config(
 HELD_OUT_DENSE = tiny_config(
     model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=72, num_attention_heads=6, num_key_value_heads=3, head_dim=12
 )
+# DeepSeek-V3 (latent attention with a query bottleneck, grouped sigmoid routing, a shared expert):
+# transformers' defaults fill what the config leaves out (rope_interleave, n_shared_experts)
+HELD_OUT_DEEPSEEK = {
+    key: value
+    for key, value in tiny_config(
+        model_type="deepseek_v3",
+        architectures=["DeepseekV3ForCausalLM"],
+        hidden_size=56,
+        intermediate_size=88,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=20,
+        kv_lora_rank=12,
+        qk_nope_head_dim=10,
+        qk_rope_head_dim=6,
+        v_head_dim=14,
+        n_routed_experts=12,
+        num_experts_per_tok=4,
+        n_group=3,
+        topk_group=2,
+        moe_intermediate_size=28,  # transformers' grouped expert GEMM wants rows of a multiple of 16 bytes
+        first_k_dense_replace=1,
+        routed_scaling_factor=1.9,
+        rope_theta=25000.0,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512, "mscale": 1.0, "mscale_all_dim": 1.0},
+    ).items()
+    if key != "head_dim"
+}
 
 
 def decode(*args: str) -> dict:
@@ -42,7 +71,7 @@ def decode(*args: str) -> dict:
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("cfg", [HELD_OUT_MOE, HELD_OUT_DENSE], ids=["qwen3_moe", "qwen3"])
+@pytest.mark.parametrize("cfg", [HELD_OUT_MOE, HELD_OUT_DENSE, HELD_OUT_DEEPSEEK], ids=["qwen3_moe", "qwen3", "deepseek_v3"])
 def test_decode_matches_transformers_at_tp2(tmp_path, cfg):
     path = write_random_checkpoint(tmp_path / "ckpt", cfg, seed=21)
     common = ["--model", str(path), "--num-prompts", "3", "--max-new-tokens", "16"]

@@ -120,7 +120,9 @@ def test_dense_experts_equal_the_loop_over_chosen_experts(tmp_path):
     moe = model.layers[0].mlp
     x = torch.randn(7, 64, generator=torch.Generator().manual_seed(0))
     weights, ids = moe.gate(x)
-    torch.testing.assert_close(experts_dense(x, weights, ids, moe.experts), experts_by_expert(x, weights, ids, moe.experts), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        experts_dense(x, weights, ids, moe.experts), experts_by_expert(x, weights, ids, moe.experts), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("moe_kernel", ["dense", "triton"])
@@ -144,3 +146,19 @@ def test_fused_step_matches_the_plain_model(tmp_path, cfg, moe_kernel, kernel_de
     got = fused_model.logits(fast.hidden_at(step, pos, c2, c2.max_seq))
     tol = 1e-4 if dev == "cpu" else 2e-2  # tensor cores take float32 as tf32 on the GPU
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+@torch.inference_mode()
+def test_compiled_fused_step_with_the_grouped_kernel(tmp_path, kernel_device):
+    """engine.compile on (Inductor, also on CPU): the MoE pairing runs compiled beside the grouped kernel."""
+    path = write_random_checkpoint(tmp_path, QWEN3_MOE, seed=4)
+    dev = kernel_device
+    plain, model = load_model(path, max_seq=64, device=dev), load_model(path, max_seq=64, device=dev)
+    fast = FusedStep(model, EngineConfig(compile=True, gemv="off", moe_kernel="triton"))
+    c1, c2 = plain.new_cache(1), model.new_cache(1)
+    prompt = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(1)).to(dev)
+    plain(prompt, c1)
+    model(prompt, c2)
+    step, pos = torch.tensor([[5, 6, 7]], device=dev), torch.arange(9, 12, device=dev)[None]
+    tol = 1e-4 if dev == "cpu" else 2e-2
+    torch.testing.assert_close(model.logits(fast.hidden_at(step, pos, c2, c2.max_seq)), plain(step, c1), atol=tol, rtol=tol)

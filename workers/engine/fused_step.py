@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from workers.engine.config import EngineConfig
 from workers.model.moe import MoE
 from workers.model.rope import apply_rope
-from workers.model.transformer import Transformer, attend, rms_norm, silu_mul
+from workers.model.transformer import LatentAttention, Transformer, attend, rms_norm, silu_mul
 
 
 def _norm_body(x, norm_w, eps: float):
@@ -102,6 +102,11 @@ class FusedStep:
     model of one rank). attend_fn: the attention core (None: SDPA over the masked cache)."""
 
     def __init__(self, model: Transformer, engine: EngineConfig, allreduce=None, attend_fn=None):
+        if any(
+            isinstance(layer.self_attn, LatentAttention) or getattr(layer.mlp, "shared_experts", None) is not None for layer in model.layers
+        ):
+            # DeepSeek-V3: the graphed steps run the plain model (`try_fused` falls back to it)
+            raise NotImplementedError("no fused step for latent attention or shared experts (deepseek_v3)")
         self.model, self.engine, self.allreduce = model, engine, allreduce
         # attend_fn(q, k, v, mask, k_cache, v_cache, pos, gqa_group, kv_map) -> [B, T, H * D]
         self.attend_fn = attend_fn or attend
@@ -136,11 +141,12 @@ class FusedStep:
         self.qk_norm_merged = _qk_norm_merged
         self.mlp_core, self.silu_mul = _mlp_core, silu_mul
         if engine.compile:
-            import torch._dynamo
+            # an alias: `import torch._dynamo` here would make `torch` a local name of the whole method
+            import torch._dynamo as dynamo
 
             # one compiled graph per (rows, width): batch 1's widths and every batch size's (workers/engine/batched.py)
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-            torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
+            dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 256)
+            dynamo.config.accumulated_cache_size_limit = max(dynamo.config.accumulated_cache_size_limit, 1024)
             self.norm_body = torch.compile(_norm_body, dynamic=False)
             self.add_norm_body = torch.compile(_add_norm_body, dynamic=False)
             self.qkv_from_normed = torch.compile(_qkv_from_normed, dynamic=False)

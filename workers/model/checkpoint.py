@@ -1,7 +1,7 @@
 """Find, fetch and load checkpoints: local Hugging Face directories, the demo model, random models.
 
 - A local checkpoint is a directory with `config.json` and `*.safetensors` (Llama / Qwen2 / Mistral /
-  Qwen3 / Qwen3-MoE). An MoE layer's experts are stored one tensor per expert and matrix
+  Qwen3 / Qwen3-MoE / DeepSeek-V3). An MoE layer's experts are stored one tensor per expert and matrix
   (`mlp.experts.{e}.gate_proj.weight`, Hugging Face's layout); the model holds them stacked
   (`mlp.experts.gate_proj` [E, I, dim]), and `sources` says which checkpoint tensors make up one.
 - The alias `smollm2-135m` is SmolLM2-135M-Instruct: real trained weights shipped as a GGUF file
@@ -11,7 +11,10 @@
   later loads read the cache. Concurrent first uses wait on a file lock.
 - `load_model` reads only what a process keeps: a TP rank's part of each tensor (workers/model/tp.py
   `parts`), a layer-skip drafter's first layers, one tensor at a time (`CheckpointReader`), so a
-  rank's peak host memory is its part plus one tensor plus a constant.
+  rank's peak host memory is its part plus one tensor plus a constant. Parameters of a module that
+  `keeps_float32` (DeepSeek-V3's router, as transformers keeps it) stay float32 whatever `dtype`.
+  Tensors the model does not use (a DeepSeek-V3 checkpoint's multi-token-prediction layer) are
+  never read.
 - `write_random_checkpoint` writes a random-weight checkpoint for any config (tests, shapes of big
   models that cannot be downloaded here).
 
@@ -129,6 +132,8 @@ def load_model(
             raise CheckpointError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]!r}")
     for name, _ in list(model.named_parameters()):
         source = "embed_tokens.weight" if name == "lm_head.weight" and args.tie_embeddings else name  # a tied head's own rows
+        owner, attr = name.rsplit(".", 1)
+        pdtype = torch.float32 if getattr(model.get_submodule(owner), "keeps_float32", False) else dtype
         part = plan.get(name)
         pieces = sources(source, full_shapes[source])
         if len(pieces) > 1 and part is not None:  # a stacked weight's part is each expert's, one dim lower
@@ -138,11 +143,10 @@ def load_model(
             if is_random(path):
                 rows = (part.start, part.end) if part and part.dim == 0 else None
                 cols = (part.start, part.end) if part and part.dim == 1 else None
-                loaded.append(random_part(src, shape, rows, cols, full_args.n_layers, dtype, device))
+                loaded.append(random_part(src, shape, rows, cols, full_args.n_layers, pdtype, device))
             else:
-                loaded.append(reader.read(src, shape, part, dtype, device))
+                loaded.append(reader.read(src, shape, part, pdtype, device))
         t = torch.stack(loaded) if name.endswith(STACKED) else loaded[0]
-        owner, attr = name.rsplit(".", 1)
         setattr(model.get_submodule(owner), attr, nn.Parameter(t, requires_grad=False))
     if tied:
         model.lm_head.weight = model.embed_tokens.weight
@@ -164,7 +168,9 @@ def _reset_buffers(model: Transformer, device) -> None:
 def write_random_checkpoint(
     out_dir: Path, hf_config: dict, *, seed: int = 0, init_std: float | None = None, dtype: torch.dtype = torch.float32
 ) -> Path:
-    """A checkpoint with random weights for `hf_config` (a Hugging Face config dict), stored in `dtype`.
+    """A checkpoint with random weights for `hf_config` (a Hugging Face config dict), stored in `dtype`
+    under the names transformers writes (routed experts one tensor per expert and matrix), so
+    transformers' `from_pretrained` loads it.
 
     Weights are N(0, 1/fan_in) so activations stay O(1) and logits are peaked enough for argmax
     to be well defined; embeddings are N(0, 1). Drawn one tensor at a time (memory: the stored
@@ -179,7 +185,7 @@ def write_random_checkpoint(
     tensors = {}
     for model_name, param in model.named_parameters():
         for name, shape in sources(model_name, tuple(param.shape)):  # per expert, as Hugging Face stores them
-            if len(shape) == 1:  # norms and biases
+            if len(shape) == 1:  # norms, biases, DeepSeek-V3's router score correction
                 t = (
                     1.0 + 0.1 * torch.randn(shape, generator=gen)
                     if name.endswith("norm.weight")

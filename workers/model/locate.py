@@ -73,7 +73,14 @@ _QWEN3 = {
     "head_dim": 128,
     "attention_bias": False,
 }
-_QWEN3_MOE = {**_QWEN3, "model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1}
+_QWEN3_MOE = {
+    **_QWEN3,
+    "model_type": "qwen3_moe",
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+}
 PRESETS.update(
     {
         "qwen3-0.6b": {
@@ -112,6 +119,84 @@ PRESETS.update(
             "num_hidden_layers": 94,
             "num_attention_heads": 64,
             "num_key_value_heads": 4,
+        },
+    }
+)
+
+# DeepSeek-V3 and Kimi-K2 (one family, model_type deepseek_v3): shapes from each model's published
+# config.json; Kimi-K2 halves the heads, has 384 experts in one group and only its first layer dense
+_DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "moe_layer_freq": 1,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "rope_interleave": True,
+    "bos_token_id": None,  # random weights: no tokenizer, no EOS (not transformers' defaults 0 / 1)
+    "eos_token_id": None,
+}
+PRESETS.update(
+    {
+        "deepseek-v3": {
+            **_DEEPSEEK_V3,
+            "vocab_size": 129280,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 128,
+            "n_routed_experts": 256,
+            "n_group": 8,
+            "topk_group": 4,
+            "routed_scaling_factor": 2.5,
+            "first_k_dense_replace": 3,
+            "num_nextn_predict_layers": 1,
+            "max_position_embeddings": 163840,
+            "rope_theta": 10000.0,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 40.0,
+                "original_max_position_embeddings": 4096,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        },
+        "kimi-k2": {
+            **_DEEPSEEK_V3,
+            "vocab_size": 163840,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 64,
+            "n_routed_experts": 384,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.827,
+            "first_k_dense_replace": 1,
+            "num_nextn_predict_layers": 0,
+            "max_position_embeddings": 131072,
+            "rope_theta": 50000.0,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 32.0,
+                "original_max_position_embeddings": 4096,
+                "beta_fast": 1.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
         },
     }
 )

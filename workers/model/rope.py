@@ -1,9 +1,13 @@
 """Rotary position embeddings: inverse frequencies for every scaling variant Llama-family configs use.
 
-`rope_tables(args, max_seq)` returns (cos, sin) of shape [max_seq, head_dim] in the
-"rotate half" layout that Hugging Face checkpoints are stored in. Variants: default, linear,
-dynamic (NTK; equal to default within the original context, which is all spectune decodes),
-llama3 (Llama 3.1 frequency bands) and yarn (NTK-by-parts + attention scaling).
+`rope_tables(args, max_seq)` returns (cos, sin) of shape [max_seq, rope_dim] in the
+"rotate half" layout that Hugging Face checkpoints are stored in (rope_dim: the head dimension, or
+latent attention's rope part). Variants: default, linear, dynamic (NTK; equal to default within the
+original context, which is all spectune decodes), llama3 (Llama 3.1 frequency bands) and yarn
+(NTK-by-parts + attention scaling). DeepSeek-V3 stores its rope dimensions as interleaved pairs
+(x0, x1), (x2, x3), ...: `deinterleave` puts the evens first and the odds after, which turns them
+into this layout (a query and its keys permuted alike: their dot products are unchanged).
+`mla_softmax_scale` is latent attention's softmax scale under a scaled rope.
 """
 
 from __future__ import annotations
@@ -34,14 +38,16 @@ def _llama3(inv_freq: torch.Tensor, p: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def mscale(scale: float, m: float = 1.0) -> float:
+    """YaRN's attention temperature (its Eq. 21): 0.1 m ln(scale) + 1, 1 when not scaled."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
 def _yarn(args: ModelArgs, dim: int) -> tuple[torch.Tensor, float]:
     p = args.rope_scaling
     base = args.rope_theta
     orig = p.get("original_max_position_embeddings") or args.max_position_embeddings
     factor = p.get("factor") or args.max_position_embeddings / orig
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
     attn = p.get("attention_factor")
     if attn is None:
@@ -69,7 +75,7 @@ def _yarn(args: ModelArgs, dim: int) -> tuple[torch.Tensor, float]:
 
 
 def inv_freq_and_scale(args: ModelArgs) -> tuple[torch.Tensor, float]:
-    dim = args.head_dim
+    dim = args.rope_dim
     kind = args.rope_type
     if kind == "yarn":
         return _yarn(args, dim)
@@ -81,8 +87,21 @@ def inv_freq_and_scale(args: ModelArgs) -> tuple[torch.Tensor, float]:
     return inv, 1.0  # "default" and "dynamic" (inside the original context)
 
 
+def mla_softmax_scale(args: ModelArgs) -> float:
+    """Latent attention's softmax scale: (qk_nope + qk_rope)^-1/2, times mscale(factor,
+    mscale_all_dim)^2 when the rope is scaled (any type but default) and mscale_all_dim is set:
+    DeepSeek's code scales every dimension of q.k, not only the rotary ones that yarn's attention
+    factor reaches (transformers' `yarn_apply_mscale`; the same float operations, in this order)."""
+    scale = args.mla.qk_head_dim ** (-0.5)
+    m_all = args.rope_scaling.get("mscale_all_dim") or 0
+    if args.rope_type != "default" and m_all:
+        m = mscale(args.rope_scaling["factor"], m_all)
+        scale = scale * m * m
+    return scale
+
+
 def rope_tables(args: ModelArgs, max_seq: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [max_seq, head_dim], computed on the CPU whatever the default device (on `meta`,
+    """cos and sin [max_seq, rope_dim], computed on the CPU whatever the default device (on `meta`,
     where a model is built as shapes, these ops would run through torch's Python references, whose
     import of torch._dynamo costs every process about a second), then moved to `device`."""
     with torch.device("cpu"):
@@ -98,3 +117,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """[..., D] with rotary pairs (x0, x1), (x2, x3), ... -> [x0, x2, ..., x1, x3, ...]: the pairs'
+    first elements, then their second elements, the layout `apply_rope` turns."""
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)

@@ -7,11 +7,16 @@
   (uneven when the head count does not divide, e.g. SmolLM2's 9 heads at TP 2 -> 5 + 4) and the
   KV heads those query heads read (a KV head whose group straddles two ranks is kept by both).
   q/k/v (and their biases) are column-parallel (output rows sliced), o_proj row-parallel (input columns sliced).
+- Latent attention (DeepSeek-V3) is split by head the same way: the per-head up-projections
+  (q_b_proj, or q_proj without a query bottleneck; kv_b_proj) column-parallel, o_proj row-parallel;
+  the latent down-projections (q_a_proj, kv_a_proj_with_mqa) and their norms replicated, so each
+  rank computes the whole latent and expands only its heads.
 - The MLP is column-parallel in gate/up and row-parallel in down. An MoE layer's experts are split
   the same way, each by its own intermediate dimension (every rank holds 1/TP of every expert, so
-  routing needs no exchange); the router is replicated.
+  routing needs no exchange), and its shared experts likewise; the router is replicated.
 - Each row-parallel output is a partial sum; it goes through the one `allreduce` object
-  (`Attention.reduce`, `MLP.reduce`): the single place where comm backends plug in.
+  (`Attention.reduce`, `MLP.reduce`, `MoE.reduce` on routed + shared): the single place where comm
+  backends plug in, once after attention and once after the MLP or MoE.
 - lm_head is replicated, or vocab-parallel (rows sliced, logits all-gathered) when asked and the
   vocabulary divides. Embeddings and norms are replicated.
 
@@ -81,13 +86,21 @@ def parts(args: ModelArgs, tp: TPPart) -> dict[str, Part]:
     if args.moe_layers:
         e_inter = args.moe.intermediate_size // tp.world
         e_up, e_down = Part(1, tp.rank * e_inter, (tp.rank + 1) * e_inter), Part(2, tp.rank * e_inter, (tp.rank + 1) * e_inter)
+        s_inter = args.moe.n_shared_experts * e_inter  # the shared experts: one SwiGLU of n_shared x I
+        s_up, s_down = Part(0, tp.rank * s_inter, (tp.rank + 1) * s_inter), Part(1, tp.rank * s_inter, (tp.rank + 1) * s_inter)
     for i in range(args.n_layers):
         a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        out.update(
-            {a + "q_proj.weight": q, a + "k_proj.weight": kv, a + "v_proj.weight": kv, a + "o_proj.weight": Part(1, q0 * hd, q1 * hd)}
-        )
+        if args.mla:
+            out.update(_latent_attention_parts(args, a, q0, q1))
+        else:
+            out.update(
+                {a + "q_proj.weight": q, a + "k_proj.weight": kv, a + "v_proj.weight": kv, a + "o_proj.weight": Part(1, q0 * hd, q1 * hd)}
+            )
         if args.is_moe(i):  # stacked experts [E, I, dim] / [E, dim, I] (workers/model/moe.py)
             out.update({m + "experts.gate_proj": e_up, m + "experts.up_proj": e_up, m + "experts.down_proj": e_down})
+            if s_inter:
+                out.update({m + f"shared_experts.{n}.weight": s_up for n in ("gate_proj", "up_proj")})
+                out[m + "shared_experts.down_proj.weight"] = s_down
         else:
             out.update({m + "gate_proj.weight": up, m + "up_proj.weight": up, m + "down_proj.weight": down})
         if args.attention_bias:
@@ -96,6 +109,19 @@ def parts(args: ModelArgs, tp: TPPart) -> dict[str, Part]:
         v = args.vocab_size // tp.world
         out["lm_head.weight"] = Part(0, tp.rank * v, (tp.rank + 1) * v)
     return out
+
+
+def _latent_attention_parts(args: ModelArgs, a: str, q0: int, q1: int) -> dict[str, Part]:
+    """Heads q0 .. q1 - 1 of a latent attention layer (prefix `a`): their rows of the per-head
+    up-projections, their columns of o_proj; the rest is replicated."""
+    m = args.mla
+    q_name = "q_proj.weight" if m.q_lora_rank is None else "q_b_proj.weight"
+    kv = m.qk_nope_head_dim + m.v_head_dim  # kv_b_proj's rows per head: [k_nope | v]
+    return {
+        a + q_name: Part(0, q0 * m.qk_head_dim, q1 * m.qk_head_dim),
+        a + "kv_b_proj.weight": Part(0, q0 * kv, q1 * kv),
+        a + "o_proj.weight": Part(1, q0 * m.v_head_dim, q1 * m.v_head_dim),
+    }
 
 
 def slice_params(model: Transformer, tp: TPPart) -> Transformer:
@@ -133,7 +159,7 @@ def hook(model: Transformer, tp: TPPart, allreduce) -> Transformer:
     for layer in model.layers:
         attn = layer.self_attn
         attn.kv_map = torch.tensor(
-            [h // group - kv0 for h in range(q0, q1)], device=attn.q_proj.weight.device
+            [h // group - kv0 for h in range(q0, q1)], device=attn.o_proj.weight.device
         )  # no floor-divide op: on meta it would import torch._dynamo
         regular = q0 % group == 0 and q1 % group == 0  # whole KV groups: local head h reads KV h // group
         attn.gqa_group = group if regular else 0

@@ -1,15 +1,16 @@
-"""A plain decoder for the Llama family and its kin (Llama / Qwen2 / Mistral / Qwen3 / Qwen3-MoE):
-GQA, RoPE, RMSNorm, SwiGLU; Qwen3's per-head q/k RMSNorm; MoE layers (workers/model/moe.py) where
-the config puts them.
+"""A plain decoder for the Llama family and its kin (Llama / Qwen2 / Mistral / Qwen3 / Qwen3-MoE /
+DeepSeek-V3): GQA, RoPE, RMSNorm, SwiGLU; Qwen3's per-head q/k RMSNorm; DeepSeek-V3's multi-head
+latent attention (`LatentAttention`); MoE layers (workers/model/moe.py) where the config puts them.
 
 No distributed code lives here. Module names match Hugging Face checkpoints (`embed_tokens`,
 `layers.N.self_attn.q_proj`, ...), so `load_state_dict` takes a checkpoint's tensors as they are.
 Tensor parallelism is a separate pass (`workers/model/tp.py`) that slices the weights in place and
 sets the two hooks this file leaves open: `reduce` on every row-parallel output (attention
-`o_proj`, MLP `down_proj`, the MoE's routed sum) and `gather_vocab` on a vocab-parallel `lm_head`.
+`o_proj`, MLP `down_proj`, the MoE's routed + shared sum) and `gather_vocab` on a vocab-parallel `lm_head`.
 
 Attention heads: each rank holds some query heads and the KV heads they read; `kv_map[h]` is
-the local KV head of local query head h, so uneven head splits and GQA share one code path.
+the local KV head of local query head h, so uneven head splits and GQA share one code path. Latent
+attention has one KV head per query head (its K/V expanded from the latent per head).
 
 The KV cache keeps one position per sequence and can be rolled back to any earlier position:
 entries past a sequence's length are masked out and overwritten later, never read.
@@ -30,7 +31,7 @@ from torch import nn
 
 from workers.model.args import ModelArgs
 from workers.model.moe import MoE
-from workers.model.rope import apply_rope, rope_tables
+from workers.model.rope import apply_rope, deinterleave, mla_softmax_scale, rope_tables
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -80,7 +81,9 @@ class RMSNorm(nn.Module):
 
 @dataclass
 class KVCache:
-    """Per-layer K/V buffers [batch, local_kv_heads, max_seq, head_dim] and each sequence's length."""
+    """Per-layer K/V buffers, K [batch, local_kv_heads, max_seq, head_dim] and V [batch,
+    local_kv_heads, max_seq, v_head_dim] (the same width but for latent attention), and each
+    sequence's length."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
@@ -163,6 +166,80 @@ class Attention(nn.Module):
         return attend(q, k, v, mask, k_cache, v_cache, pos, self.gqa_group, self.kv_map)
 
 
+class LatentAttention(nn.Module):
+    """DeepSeek-V3's multi-head latent attention (workers/model/args.py `MLAArgs`), heads expanded:
+
+        q        = q_b_proj(RMSNorm(q_a_proj(x)))  (or q_proj(x))     -> per head [nope | rope]
+        c, k_pe  = kv_a_proj_with_mqa(x) split [kv_lora_rank | qk_rope]   (k_pe: one head, shared)
+        k_nope, v = kv_b_proj(RMSNorm(c)) per head split [qk_nope | v_head_dim]
+        k        = [k_nope | rope(k_pe)],  q = [q_nope | rope(q_pe)]
+        out      = o_proj(softmax(q k^T * scale) v)        (scale: rope.py `mla_softmax_scale`)
+
+    The cache holds each head's K (qk_nope + qk_rope) and V (v_head_dim); the compressed cache (the
+    latent and k_pe per token) is the CUDA decode's business, not this eager reference's. Tensor
+    parallelism (workers/model/tp.py): q_b_proj / q_proj and kv_b_proj by heads, o_proj by its
+    input columns; the latent down-projections and their norms replicated. The latent norms use
+    eps 1e-6 whatever rms_norm_eps (transformers' DeepseekV3RMSNorm default; DeepSeek's code too)."""
+
+    LATENT_NORM_EPS = 1e-6
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        m = args.mla
+        d, H = args.dim, args.n_heads
+        self.nope, self.rope, self.v_dim, self.kv_rank = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+        self.head_dim = m.qk_head_dim
+        self.interleaved = m.rope_interleave
+        self.q_lora = m.q_lora_rank is not None
+        if not self.q_lora:
+            self.q_proj = Linear(d, H * m.qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = Linear(d, m.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(m.q_lora_rank, self.LATENT_NORM_EPS)
+            self.q_b_proj = Linear(m.q_lora_rank, H * m.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = Linear(d, m.kv_lora_rank + m.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, self.LATENT_NORM_EPS)
+        self.kv_b_proj = Linear(m.kv_lora_rank, H * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
+        self.o_proj = Linear(H * m.v_head_dim, d, bias=False)
+        self.scale = mla_softmax_scale(args)
+        # one KV head per query head: the same map and SDPA call as plain multi-head attention
+        self.register_buffer("kv_map", torch.arange(H), persistent=False)
+        self.gqa_group = 1
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
+
+    @property
+    def n_heads(self) -> int:
+        return self.o_proj.in_features // self.v_dim
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.n_heads
+
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, dim] -> q [B, T, local heads x (nope + rope)]."""
+        if not self.q_lora:
+            return self.q_proj(x)
+        return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, pos):
+        """As `Attention.forward`: K (nope + rope) and V of every local head written at `pos`."""
+        B, T, _ = x.shape
+        H = self.n_heads
+        q_nope, q_pe = self.queries(x).view(B, T, H, self.head_dim).transpose(1, 2).split([self.nope, self.rope], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, T, H, self.nope + self.v_dim).transpose(1, 2)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k_pe = k_pe.view(B, 1, T, self.rope)
+        if self.interleaved:
+            q_pe, k_pe = deinterleave(q_pe), deinterleave(k_pe)
+        q = torch.cat([q_nope, apply_rope(q_pe, cos, sin)], dim=-1)
+        k = torch.cat([k_nope, apply_rope(k_pe, cos, sin).expand(B, H, T, self.rope)], dim=-1)
+        return self.reduce(self.o_proj(self.attend(q, k, v, mask, k_cache, v_cache, pos)))
+
+    def attend(self, q, k, v, mask, k_cache, v_cache, pos):
+        return attend(q, k, v, mask, k_cache, v_cache, pos, 1, self.kv_map, scale=self.scale)
+
+
 def tree_shape(parents: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """A token tree's depths and ancestor bits (bit j of bits[i]: entry j is entry i or one of its
     ancestors, what the split-KV attention reads, workers/kernels/attention.py). parents[i]: the
@@ -239,32 +316,41 @@ def _sdpa(q, keys, values, gqa_group: int, kv_map, **how):
     return F.scaled_dot_product_attention(q, keys.index_select(1, kv_map), values.index_select(1, kv_map), **how)
 
 
-def attend_packed(q, k, v, p: Packed, k_cache, v_cache, gqa_group: int, kv_map):
-    """`attend` for packed fresh sequences: q [1, H, N, D], k/v [1, Hkv, N, D] -> [1, N, H * D].
+def attend_packed(q, k, v, p: Packed, k_cache, v_cache, gqa_group: int, kv_map, scale: float | None = None):
+    """`attend` for packed fresh sequences: q [1, H, N, D], k/v [1, Hkv, N, D] -> [1, N, H * Dv].
     K/V go to their (row, position) slots; then each sequence's queries attend causally to its own
     row's slots 0 .. length - 1, one SDPA call per sequence with the shapes and strides of that
     sequence's prefill alone (flash attention on GPUs), so its outputs are batch 1's bit for bit
     where the kernels are deterministic (a padded call over all rows would sum over other vector
     lanes: float32 on CPUs then differs in the last bits)."""
-    _, H, N, D = q.shape
+    N = q.shape[2]
     k_cache[p.rows, :, p.pos] = k[0].transpose(0, 1)  # [N, Hkv, D] into slots (row, :, pos)
     v_cache[p.rows, :, p.pos] = v[0].transpose(0, 1)
     out = [
-        _sdpa(q[:, :, start : start + n], k_cache[row : row + 1, :, :n], v_cache[row : row + 1, :, :n], gqa_group, kv_map, is_causal=True)
+        _sdpa(
+            q[:, :, start : start + n],
+            k_cache[row : row + 1, :, :n],
+            v_cache[row : row + 1, :, :n],
+            gqa_group,
+            kv_map,
+            is_causal=True,
+            scale=scale,
+        )
         for row, start, n in p.spans()
     ]
-    return torch.cat(out, dim=2).transpose(1, 2).reshape(1, N, H * D)
+    return torch.cat(out, dim=2).transpose(1, 2).reshape(1, N, -1)
 
 
-def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
-    """Write k/v [B, Hkv, T, D] at `pos`, attend q [B, H, T, D] to the first mask.shape[-1] cache
-    slots; returns [B, T, H * D] (before o_proj). A pure function, so compiled callers share it.
+def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map, scale: float | None = None):
+    """Write k/v [B, Hkv, T, D] / [B, Hkv, T, Dv] at `pos`, attend q [B, H, T, D] to the first
+    mask.shape[-1] cache slots; returns [B, T, H * Dv] (before o_proj). A pure function, so
+    compiled callers share it. scale: the softmax scale (None: 1 / sqrt(D)).
     mask=None: every sequence starts at position 0 (a fresh prefill), plain causal attention over
     the T new slots, which SDPA runs without a mask (flash attention on GPUs). mask a `Packed`:
     several fresh sequences in one row (`attend_packed`)."""
     if isinstance(mask, Packed):
-        return attend_packed(q, k, v, mask, k_cache, v_cache, gqa_group, kv_map)
-    B, H, T, D = q.shape
+        return attend_packed(q, k, v, mask, k_cache, v_cache, gqa_group, kv_map, scale)
+    B, T = q.shape[0], q.shape[2]
     if B == 1:
         k_cache[0].index_copy_(1, pos[0], k[0])
         v_cache[0].index_copy_(1, pos[0], v[0])
@@ -275,8 +361,8 @@ def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map):
     kv_len = T if mask is None else mask.shape[-1]
     keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
     how = {"is_causal": True} if mask is None else {"attn_mask": mask}
-    out = _sdpa(q, keys, values, gqa_group, kv_map, **how)
-    return out.transpose(1, 2).reshape(B, T, H * D)
+    out = _sdpa(q, keys, values, gqa_group, kv_map, scale=scale, **how)
+    return out.transpose(1, 2).reshape(B, T, -1)
 
 
 def silu_mul(gate_up):
@@ -286,11 +372,16 @@ def silu_mul(gate_up):
 
 
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs):
+    """SwiGLU of width `inter` (default: the config's intermediate_size; an MoE's shared experts are
+    one of width n_shared_experts x moe_intermediate_size, summed with the routed experts before
+    the MoE's one allreduce, so their own `reduce` stays the identity)."""
+
+    def __init__(self, args: ModelArgs, inter: int | None = None):
         super().__init__()
-        self.gate_proj = Linear(args.dim, args.intermediate_size, bias=False)
-        self.up_proj = Linear(args.dim, args.intermediate_size, bias=False)
-        self.down_proj = Linear(args.intermediate_size, args.dim, bias=False)
+        inter = inter or args.intermediate_size
+        self.gate_proj = Linear(args.dim, inter, bias=False)
+        self.up_proj = Linear(args.dim, inter, bias=False)
+        self.down_proj = Linear(inter, args.dim, bias=False)
         self.reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
 
     def forward(self, x):
@@ -300,8 +391,12 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, args: ModelArgs, moe: bool = False):
         super().__init__()
-        self.self_attn = Attention(args)
-        self.mlp = MoE(args) if moe else MLP(args)
+        self.self_attn = LatentAttention(args) if args.mla else Attention(args)
+        if moe:
+            shared = args.moe.n_shared_experts * args.moe.intermediate_size
+            self.mlp = MoE(args, shared=MLP(args, shared) if shared else None)
+        else:
+            self.mlp = MLP(args)
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
 
@@ -338,10 +433,10 @@ class Transformer(nn.Module):
         attn = self.layers[0].self_attn if len(self.layers) else None
         n_kv = attn.n_kv_heads if attn else 0
         p = self.embed_tokens.weight
-        shape = (batch, n_kv, max_seq, self.args.head_dim)
+        shape = (batch, n_kv, max_seq)
         return KVCache(
-            k=[torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.layers],
-            v=[torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in self.layers],
+            k=[torch.zeros(*shape, self.args.head_dim, dtype=p.dtype, device=p.device) for _ in self.layers],
+            v=[torch.zeros(*shape, self.args.v_head_dim, dtype=p.dtype, device=p.device) for _ in self.layers],
             lengths=[0] * batch,
         )
 
