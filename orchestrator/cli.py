@@ -270,7 +270,8 @@ def verdict_line(summary: dict) -> str:
     verdict = (summary.get("ranking") or {}).get("verdict") or "no COMPLETE trial"
     done = f"{summary['complete']}/{summary['n_trials']} trials complete"
     if summary.get("space_exhausted") and summary["complete"] < summary["n_trials"]:
-        done += " (every configuration of the space was tried; the rest were pruned as slower or failed)"
+        size = summary.get("space_size")
+        done += f" (all {size} configurations of the search space were tried)" if size else " (every configuration of the space was tried)"
     return f"spectune: {done}; {verdict}"
 
 
@@ -291,7 +292,7 @@ def _export(ns: argparse.Namespace) -> int:
 
     cfg = load_config(ns.experiment, ns.set)
     study = open_study(cfg)
-    schedule = build_schedule(study, model=str(resolve_model_path(cfg.model.path)), dtype=cfg.model.dtype)
+    schedule = build_schedule(study, model=str(resolve_model_path(cfg.model.path)), dtype=cfg.model.dtype, device=cfg.parallel.device)
     if not schedule["schedule"]:
         raise UserError(f"study {cfg.study_name!r} has no COMPLETE trial to export: run `spectune run` first")
     text = render(schedule, ns.fmt)

@@ -151,8 +151,9 @@ def processes_with_env(var: str, value: str, folder: str | None = None) -> list[
 TAG_VAR = "SPECTUNE_TEST_TAG"  # every process a test's driver starts inherits it: the leak check's handle
 
 
-def start_spectune(args: list[str], home: Path, tag: str, env: dict | None = None) -> subprocess.Popen:
-    """`spectune` in the background (embedded local Ray), its processes tagged with `tag`."""
+def start_spectune(args: list[str], home: Path, tag: str, env: dict | None = None, new_session: bool = False) -> subprocess.Popen:
+    """`spectune` in the background (embedded local Ray), its processes tagged with `tag`; `new_session`:
+    in a session (and process group) of its own, as a shell or `timeout` starts it."""
     ray_tmp = ray_temp_dir()
     full_env = {
         **os.environ,
@@ -165,7 +166,12 @@ def start_spectune(args: list[str], home: Path, tag: str, env: dict | None = Non
     }
     full_env.pop("RAY_ADDRESS", None)
     p = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env
+        [sys.executable, "-m", "orchestrator", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        start_new_session=new_session,
     )
     p.ray_tmp = ray_tmp
     return p

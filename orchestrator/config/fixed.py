@@ -120,6 +120,26 @@ def differences(stored: dict, now: dict) -> list[tuple[str, str | None, str | No
     return out
 
 
+def _param(field: str) -> str:
+    """The searchable parameter a YAML field holds the default of (`_field` backwards)."""
+    if field.startswith("parallel.nccl_env."):
+        return "nccl." + field.removeprefix("parallel.nccl_env.")
+    return {v: k for k, v in SEARCHED_FIELD.items()}.get(field, field)
+
+
+def _said(part: dict[str, str], key: str, value: str | None) -> str:
+    """What a fixed part holds for `key`, in words: its value; for a field it leaves out, why (the space
+    searched it, or the part was recorded before spectune had the field: its default then)."""
+    if value is not None:
+        return value
+    if key.startswith("search.space."):
+        return "not searched"
+    if (space := part.get(f"search.space.{_param(key)}")) is not None:
+        return f"searched (search.space.{_param(key)}: {space})"
+    default = _default(key)
+    return "not set" if default is None else f"{default} (the default)"
+
+
 def check_resume(storage, cfg: ExperimentConfig) -> None:
     """An existing study of this name must have been run with the same fixed part."""
     try:
@@ -129,9 +149,11 @@ def check_resume(storage, cfg: ExperimentConfig) -> None:
     stored = storage.get_study_user_attrs(study_id).get(FIXED_ATTR)
     if stored is None:
         return  # created before the fixed part was recorded: adopted by `record`
-    diff = differences(stored, fixed_part(cfg))
+    now = fixed_part(cfg)
+    diff = differences(stored, now)
     if diff:
-        shown = "; ".join(f"{k} was {'unset' if a is None else a}, now {'unset' if b is None else b}" for k, a, b in diff[:4])
+        old, new = _as_json(stored), _as_json(now)
+        shown = "; ".join(f"{k} was {_said(old, k, a)}, now {_said(new, k, b)}" for k, a, b in diff[:4])
         more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
         raise UserError(
             f"{', '.join(k for k, _, _ in diff)}: differ from the study {cfg.study_name!r} being resumed "

@@ -5,6 +5,7 @@ orchestrator/execution/pool.py.
 
     connect()                                   # RAY_ADDRESS or an embedded local Ray (loopback only)
     check_capacity(spec, Resources())           # PlacementError (one line) when no node fits
+    cluster_nodes()                             # the live nodes as NodeInfo (address, boot id, host label)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from orchestrator.config.envpolicy import nvls_off_here
 from orchestrator.errors import UserError
+from orchestrator.execution.slots import HOST_LABEL, NodeInfo
 from workers.spec import GangSpec
 
 
@@ -135,3 +137,59 @@ def check_capacity(spec: GangSpec, res: Resources, nodes: list[dict] | None = No
         f"a gang of tp={spec.tp}{' + drafter' if spec.has_drafter else ''} needs {what}{need_cpu:g} CPUs on one node; "
         f"the cluster's nodes have {have}"
     )
+
+
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"  # one value per running kernel: shared by its containers
+BOOT_ID_TIMEOUT_S = 60.0
+
+
+def cluster_nodes() -> list[NodeInfo]:
+    """The connected cluster's live nodes, with what tells which share a host (execution/slots.py's
+    rule): address, `spectune.io/host` label and, where addresses alone leave several hosts, each
+    unlabelled node's boot id (a zero-CPU task pinned to each; a node that does not answer within
+    BOOT_ID_TIMEOUT_S keeps None and is grouped by its address alone)."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    unlabelled = [n for n in alive if not (n.get("Labels") or {}).get(HOST_LABEL)]
+    # nodes of one address are one host whatever their boot ids: ask only where addresses differ
+    probe = len({n.get("NodeManagerAddress") for n in unlabelled}) > 1
+    boots = boot_ids([n["NodeID"] for n in unlabelled], BOOT_ID_TIMEOUT_S) if probe else {}
+    return [
+        NodeInfo(
+            id=n["NodeID"],
+            host=n.get("NodeManagerHostname") or n.get("NodeManagerAddress", "?"),
+            cpus=float(n["Resources"].get("CPU", 0)),
+            gpus=float(n["Resources"].get("GPU", 0)),
+            address=n.get("NodeManagerAddress", ""),
+            boot_id=boots.get(n["NodeID"]),
+            host_label=(n.get("Labels") or {}).get(HOST_LABEL),
+        )
+        for n in alive
+    ]
+
+
+def boot_ids(node_ids: list[str], timeout_s: float) -> dict[str, str | None]:
+    """Each node's kernel boot id, read on the node itself (None: no answer in time, or unreadable)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    def read(path: str) -> str | None:  # defined here: shipped by value, so the node needs no spectune import
+        try:
+            with open(path) as f:
+                return f.read().strip() or None
+        except OSError:
+            return None
+
+    task = ray.remote(num_cpus=0, max_retries=0)(read)
+    refs = {i: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(i, soft=False)).remote(BOOT_ID_PATH) for i in node_ids}
+    ready, late = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    for ref in late:
+        ray.cancel(ref, force=True)
+    out: dict[str, str | None] = {}
+    for node_id, ref in refs.items():
+        try:
+            out[node_id] = ray.get(ref, timeout=0) if ref in ready else None
+        except Exception:  # noqa: BLE001 - a node that died meanwhile: its boot id is unknown
+            out[node_id] = None
+    return out

@@ -41,6 +41,7 @@ from orchestrator.explain.perfmodel import (
     loo_error,
     loo_predictions,
 )
+from orchestrator.study.keys import DUPLICATE_ATTR
 from orchestrator.study.ranking import trial_params
 from workers.spec import width_metric
 
@@ -209,7 +210,7 @@ def config_model_facts(trials, cfg: ExperimentConfig, label_of, top: int = PREDI
                 "how": x.how,
             }
         )
-    untried = []
+    untried, partly = [], []
     space = distinct_configs(cfg)
     if points and space is not None:
         measured = set()
@@ -218,31 +219,53 @@ def config_model_facts(trials, cfg: ExperimentConfig, label_of, top: int = PREDI
                 measured.add(config_identity(trial_config(t, cfg)))
             except Exception:  # noqa: BLE001 - a trial of another space
                 continue
+        # configurations only PRUNED trials ran, after measuring some prompts: partly measured, never "no trial ran"
+        # (a pruned duplicate or a refused proposal measured nothing)
+        pruned_by: dict[str, list] = {}
+        for t in pruned:
+            if not t.intermediate_values or t.user_attrs.get(DUPLICATE_ATTR) is not None:
+                continue
+            try:
+                pruned_by.setdefault(config_identity(trial_config(t, cfg)), []).append(t)
+            except Exception:  # noqa: BLE001 - a trial of another space
+                continue
         model = fit_configs(points, lent)
         for identity, params in space.items():
             if identity in measured:
                 continue
             tc = suggest(FixedTrial(params), cfg)
             est = model.predict(config_shape(tc, cfg))
-            if isinstance(est, Miss):
+            if isinstance(est, Miss) and identity not in pruned_by:
                 continue
-            untried.append(
-                {
-                    "label": label_of(tc.params()),
-                    "params": dict(params),
-                    "predicted_tok_s": round(est.objective, 3),
-                    "predicted_decode_tok_s": round(est.decode_tok_s, 3),
-                    "predicted_accept_len": round(est.accept_len, 3),
-                    "how": est.basis,
-                }
-            )
+            row = {"label": label_of(tc.params()), "params": dict(params)}
+            if not isinstance(est, Miss):
+                row.update(
+                    predicted_tok_s=round(est.objective, 3),
+                    predicted_decode_tok_s=round(est.decode_tok_s, 3),
+                    predicted_accept_len=round(est.accept_len, 3),
+                    how=est.basis,
+                )
+            if identity in pruned_by:
+                ts = sorted(pruned_by[identity], key=lambda t: t.number)
+                row.update(
+                    pruned_trials=[t.number for t in ts],
+                    # what the pruner saw: the objective over its first prompts (the last value each trial reported)
+                    measured_so_far_tok_s=round(max(t.intermediate_values[max(t.intermediate_values)] for t in ts), 3),
+                    prompts_measured=max(len(t.intermediate_values) for t in ts),
+                )
+                partly.append(row)
+            else:
+                untried.append(row)
         untried.sort(key=lambda r: -r["predicted_tok_s"])
+        partly.sort(key=lambda r: -r["measured_so_far_tok_s"])
     return {
         "model_config_loo_median_rel_error": config_loo_error(loo),
         "model_config_loo": rows,
         "model_config_loo_misses": sum(x.predicted is None for x in loo),
         "predicted_untried": untried[:top],
         "predicted_untried_count": len(untried),
+        # partly measured: run only by trials the pruner stopped (their figures cover their first prompts)
+        "partly_measured": partly,
         "space_size": None if space is None else len(space),
     }
 

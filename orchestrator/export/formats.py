@@ -2,7 +2,8 @@
 
 `spectune export EXP.yaml --to vllm|sglang|env|json` builds a *schedule* (the winning trial at each
 measured batch size, sorted by batch size) and calls `render(schedule, fmt)`; the text it returns
-is printed or written to a file. Everything here is pure string building: no Ray, no Optuna, no
+is printed or written to a file. A study whose measurements do not carry over to a GPU engine (CPU,
+float32, gloo: the schedule's `does_not_transfer`) gets a first line saying so (`caveat_line`). Everything here is pure string building: no Ray, no Optuna, no
 GPU, no network.
 
     {"model": ..., "dtype": ..., "study": ..., "schedule": [
@@ -432,6 +433,15 @@ def to_json(schedule: dict) -> str:
 _RENDERERS = {"json": to_json, "vllm": to_vllm, "sglang": to_sglang, "env": to_env}
 
 
+def caveat_line(why: list[str]) -> str:
+    """The first line of an export whose measurements do not carry over to the engine it is for
+    (schedule.does_not_transfer): the flags below are the winner's, its figures are not the engine's."""
+    return (
+        f"# CAUTION: these measurements do not transfer to a GPU server: {'; '.join(why)}. The settings below are this "
+        "study's winner; re-run the study on the serving hardware (parallel.device cuda, its dtype and backend) before trusting them there"
+    )
+
+
 def render(schedule: dict, fmt: str) -> str:
     """The schedule in format `fmt`: json | vllm | sglang | env."""
     try:
@@ -448,4 +458,6 @@ def render(schedule: dict, fmt: str) -> str:
     if inherited and fmt != "json":  # the study machine's environment, not a choice of the study
         pairs = ", ".join(f"{k}={v}" for k, v in sorted(inherited.items()))
         text = f"# left out: NCCL variables the study's driver inherited from its shell ({pairs})\n" + text
+    if (why := schedule.get("does_not_transfer")) and fmt != "json":  # first of all; JSON carries the list itself
+        text = caveat_line(why) + "\n" + text
     return text

@@ -113,8 +113,23 @@ def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
     }
 
 
-def build_schedule(study, model: str = "", dtype: str = "") -> dict:
-    """{"model", "dtype", "study", "noise_rel", "schedule": [one entry per batch size, ascending]}."""
+def does_not_transfer(device: str, dtype: str, backends) -> list[str]:
+    """Why measurements taken this way do not carry over to a GPU serving engine (empty: they may): a
+    CPU study, float32 weights, gloo allreduces. Each reason a few words, for the export's header."""
+    out = []
+    if device == "cpu":
+        out.append("measured on CPU (engines serve on GPUs)")
+    if dtype == "float32":
+        out.append("in float32 (engines serve bfloat16 or float16)")
+    if "gloo" in backends:
+        out.append("with gloo allreduces (engines use NCCL or their own)")
+    return out
+
+
+def build_schedule(study, model: str = "", dtype: str = "", device: str = "") -> dict:
+    """{"model", "dtype", "device", "study", "noise_rel", "does_not_transfer", "schedule": [one entry per
+    batch size, ascending]}. `does_not_transfer`: why these measurements do not carry over to a GPU
+    serving engine (`does_not_transfer()`; empty where nothing says so)."""
     done = complete_trials(study.trials)
     noise = rank(done).noise_rel
     groups: dict[str, list] = {}
@@ -156,7 +171,9 @@ def build_schedule(study, model: str = "", dtype: str = "") -> dict:
     return {
         "model": model,
         "dtype": dtype,
+        "device": device,
         "study": study.study_name,
+        "does_not_transfer": does_not_transfer(device, dtype, {r["backend"] for r in rows}),
         "noise_rel": noise,
         # acceptance was imposed: the schedule ranks engine speed, not what these drafters accept on real text
         "simulated_accept_len": tau,

@@ -16,6 +16,7 @@ IMPORTANCE_MIN_TRIALS = 10
 # MLflow tags (strings). The reasons, the retry, the baseline mark and the inherited NCCL names are
 # Optuna user attributes of the trial under the same name (a list, an int, a boolean there)
 STUDY_TAG = "spectune.study"
+NAME_TAG = "spectune.name"  # the experiment YAML's `name` (on the MLflow experiment and the parent run)
 ROLE_TAG = "spectune.role"  # "study" on the parent run, "trial" on a trial's run
 TRIAL_TAG = "spectune.trial"
 STATE_TAG = "spectune.state"  # the Optuna outcome: RUNNING, COMPLETE, PRUNED, FAIL
@@ -38,7 +39,8 @@ SAMPLES_ATTR = "spectune.repeat_tok_s"  # throughput of each repeat of the trial
 BASELINE_OUTPUTS_ATTR = "spectune.baseline_outputs"
 RUN_ID_ATTR = "mlflow_run_id"
 # where a trial ran (also MLflow tags): the Ray node's id and host, the GPU ids of its ranks, and
-# the trials that ran at the same time on the same node (a list of numbers; tag: comma separated)
+# the trials that ran at the same time on the same host, whichever of its Ray nodes (a list of numbers;
+# tag: comma separated; the "neighbours"): such a measurement is never trusted alone (ranking.py)
 NODE_ATTR = "spectune.node"
 HOST_ATTR = "spectune.host"
 GPUS_ATTR = "spectune.gpus"

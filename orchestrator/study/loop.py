@@ -14,6 +14,7 @@ configurations and says whether the winner is ahead of the runner-up by more tha
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
@@ -36,13 +37,21 @@ from orchestrator.config.space import (
     grid_space,
 )
 from orchestrator.config.validate import check_experiment
-from orchestrator.execution.cluster import PlacementError, Resources, check_capacity, connect
-from orchestrator.execution.slots import GangNeed, Slot, plan_slots
+from orchestrator.execution.cluster import PlacementError, Resources, check_capacity, cluster_nodes, connect
+from orchestrator.execution.slots import GangNeed, NodeInfo, Slot, hosts_line, plan_slots
 from orchestrator.study.ask_lock import ask_lock, taking_turns
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
 from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RUN_ID_ATTR, requeue
 from orchestrator.study.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank
-from orchestrator.study.runner import StudyContext, cluster_nodes, describe, known_configurations, run_trials, slot_pools, space_finished
+from orchestrator.study.runner import (
+    StudyContext,
+    contention_note,
+    describe,
+    known_configurations,
+    run_trials,
+    slot_pools,
+    space_finished,
+)
 from orchestrator.study.storage import _redact, make_storage, set_trial_user_attr, study_lock
 from orchestrator.study.trial import baseline_tp
 from orchestrator.tracking.progress import Progress
@@ -305,22 +314,32 @@ def _local_nodes(device: str) -> list[dict]:
     return [{"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}]
 
 
-def study_slots(cfg: ExperimentConfig, log) -> list:
-    """The slots concurrent trials run in (one unpinned slot: one trial at a time), said in one line
-    when the cluster gives fewer than `study.max_concurrent_trials` asked for."""
+def study_slots(cfg: ExperimentConfig, log) -> tuple[list[Slot], list[NodeInfo]]:
+    """The slots concurrent trials run in (one unpinned slot: one trial at a time) and the cluster's
+    nodes they were planned on, said in one line when the cluster gives fewer than
+    `study.max_concurrent_trials` asked for (naming the hosts its nodes share, where they do), and in
+    one line where the slots let trials share a host."""
     asked = cfg.study.max_concurrent_trials
     if asked == 1:
-        return [Slot(0)]
+        return [Slot(0)], []
     tps, drafter = gang_shapes(cfg)
     need = GangNeed(cpus=(tps[0] + drafter) * cfg.parallel.cpus_per_worker, gpus=float(tps[0] if cfg.parallel.device == "cuda" else 0))
     nodes = cluster_nodes()
     slots = plan_slots(nodes, need, cfg.study.isolation, asked) or [Slot(0)]
     if asked != "auto" and len(slots) < asked:
+        cluster = hosts_line(nodes)
+        if cluster != f"{len(nodes)} node(s)" and cfg.study.isolation == "node":
+            cluster += (
+                ": Ray nodes that share an address or a boot id are one machine, whose CPUs, memory and buses they share, "
+                "and isolation node runs one trial per host"
+            )
         log(
             f"spectune: study.max_concurrent_trials={asked}, but isolation {cfg.study.isolation} gives {len(slots)} slot(s) "
-            f"on this cluster ({len(nodes)} node(s)): {len(slots)} at a time"
+            f"on this cluster ({cluster}): {len(slots)} at a time"
         )
-    return slots
+    if note := contention_note(slots, nodes, cfg.study.isolation):
+        log(note)
+    return slots, nodes
 
 
 def run_study(cfg: ExperimentConfig, log=None) -> dict:
@@ -355,7 +374,8 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         if finished:
             where = "nothing left to measure (Ray not started)"
         else:
-            where = connect()
+            with _own_session() if embedded else contextlib.nullcontext():
+                where = connect()
             if not embedded:  # the address the cluster itself reports (loopback for a loopback cluster), not the one we were handed
                 where = f"ray cluster at {ray.get_runtime_context().gcs_address}"
             if record is not None:
@@ -383,6 +403,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
                 home,
                 study=study,
                 base_params=experiment_params(cfg),
+                name=cfg.name,
             )
             recover_stale(study, storage, tracker, stale_after, log)
             _ensure_baseline(study, cfg)
@@ -405,7 +426,7 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         if space is not None and proposals.exhausted:
             log(f"spectune: every distinct configuration of the search space ({len(space)}) is measured already")
         me = driver_id()
-        slots = [Slot(0)] if finished else study_slots(cfg, log)
+        slots, nodes = ([Slot(0)], []) if finished else study_slots(cfg, log)
         if len(slots) > 1:
             log(f"spectune: {describe(slots, cfg)}")
         pools = slot_pools(slots, res, log)
@@ -428,11 +449,14 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
         )
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            run_trials(ctx, slots, pools)
+            run_trials(ctx, slots, pools, nodes)  # returns once the trials are complete or the space is all measured
             status = "FINISHED"
         except KeyboardInterrupt:  # the CLI prints this one line (and nothing else) for it
             progress.live.done()
             raise KeyboardInterrupt("spectune: interrupted; finished trials are saved, run the same command to resume") from None
+        except Exception:  # too many failed trials, a lost cluster: the parent run says it failed, not that it was stopped
+            status = "FAILED"
+            raise
         finally:
             signal.signal(signal.SIGTERM, previous)
     finally:
@@ -456,3 +480,28 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
 
 def _raise_interrupt(signum, frame):  # SIGTERM (ray job stop) -> the same clean path as Ctrl-C
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _own_session():
+    """The processes an embedded Ray starts (GCS, raylet, agents, and through the raylet every worker)
+    start in a session of their own, out of the driver's process group. A signal to the driver's group
+    (`timeout`, `kill -TERM -PGID`, a service manager) then reaches the driver alone, which stops as on
+    Ctrl-C (every running trial failed and queued again) and shuts its Ray down itself; had the GCS died
+    with it, every Ray call would wait 60 s for it and Ray would end the process, the trials left
+    RUNNING. (Ctrl-C's SIGINT Ray blocks in its processes.) Its processes still go with the driver: the
+    driver record's watchdog kills them (orchestrator/study/drivers.py)."""
+    from ray._private import services
+
+    base = services.ConsolePopen
+
+    class OwnSession(base):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSession
+    try:
+        yield
+    finally:
+        services.ConsolePopen = base

@@ -143,11 +143,16 @@ def race_pick(ranking, trials_left: int, race_trials: int, running: set[str], id
     twice frees a race trial for a new configuration, except in the study's last round (the last
     `concurrency` trials, which run beside each other): a configuration found there would lead on one
     measurement with no trial left to confirm it, so those re-measure the runner-up instead (the lead
-    is then judged on two gangs each side), else the winner, else the next. Returns the number of that
-    configuration's first trial (its params are enqueued again), or None."""
+    is then judged on two gangs each side), else the winner, else the next. Before all of that, a
+    configuration measured only beside other trials on its host (`ranking.disturbed`) is re-measured,
+    the fastest first: its timing is a lower bound, so it can be neither ruled out nor crowned on it
+    (the driver runs that re-measure alone). Returns the number of that configuration's first trial
+    (its params are enqueued again), or None."""
     if race_trials <= 0 or trials_left > race_trials or len(ranking.configs) < 2:
         return None
-    if ranking.winner_is_clear:
+    if free := [c for c in ranking.disturbed if identity_of_config(c) not in running]:
+        return free[0].trials[0]
+    if ranking.winner_ahead:
         winner, runner_up = ranking.configs[:2]
         if len(winner.trials) < 2:
             return winner.trials[0] if identity_of_config(winner) not in running else None

@@ -17,6 +17,15 @@ clearly ahead of another configuration iff
 otherwise the other is within noise of it. No configuration measured twice: the noise is unknown
 (`noise_rel` None) and nothing is called a clear win.
 
+Measurements taken beside another trial. A trial whose record names trials that ran beside it on its
+host (`spectune.co_running`: isolation gpu or none) may have timed their load as well as its own, so
+its samples are only a lower bound. A configuration with any trial measured alone is ranked by its
+trials measured alone (the others are listed in `beside`, not pooled); one measured only beside
+others is `disturbed`. The winner is clear only if it is ahead by more than the noise, from at least
+MIN_CLEAR_MEASUREMENTS samples of it, and no configuration is disturbed (a disturbed one may be
+faster than measured: the true winner, or closer than it looks). `race_pick`
+(orchestrator/study/proposals.py) re-measures disturbed configurations alone first.
+
     from orchestrator.study.ranking import rank
     r = rank(study.trials)            # r.as_dict(): the study summary's "ranking" entry
     print(r.verdict())                # "trial 7 (...) is within noise of trial 3 (...)" or "... is ahead ..."
@@ -33,11 +42,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orchestrator.study.keys import GANG_ATTR, GPUS_ATTR, NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
+from orchestrator.study.keys import CO_RUNNING_ATTR, GANG_ATTR, GPUS_ATTR, NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
 
 SETUP_METRIC = "setup_s"  # a trial's gang launch time, 0 where it ran on a gang launched before it
 
 MAD_TO_SIGMA = 1.4826
+# a winner is called clear only from at least this many samples of its configuration: one measurement
+# has no spread of its own, and its lead may be one lucky run
+MIN_CLEAR_MEASUREMENTS = 2
 
 # Between configurations the measurements cannot tell apart, prefer the simpler one: no drafter, then
 # the cheaper drafter (n-gram runs no model, layer-skip a part of the verifier, then a head, then a
@@ -95,22 +107,35 @@ def complete_trials(trials) -> list:
     return [t for t in trials if t.state == TrialState.COMPLETE and trial_samples(t)]
 
 
+def ran_beside(t) -> list[int]:
+    """The trials that ran beside `t` on its host while it was measured (empty: it was measured alone)."""
+    return [int(n) for n in t.user_attrs.get(CO_RUNNING_ATTR) or []]
+
+
+def trusted(trials: list) -> list:
+    """The trials whose samples count: those measured alone where there are any, else all of them."""
+    alone = [t for t in trials if not ran_beside(t)]
+    return alone or list(trials)
+
+
 def baseline_median(trials, tp: int) -> float | None:
-    """Pooled median throughput of the COMPLETE k = 0 trials at TP `tp` (None: no such trial)."""
-    samples = [
-        x for t in complete_trials(trials) if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp for x in trial_samples(t)
-    ]
+    """Pooled median throughput of the COMPLETE k = 0 trials at TP `tp` (those measured alone where any
+    were; None: no such trial)."""
+    base = [t for t in complete_trials(trials) if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp]
+    samples = [x for t in trusted(base) for x in trial_samples(t)]
     return median_mad(samples)[0] if samples else None
 
 
 @dataclass
 class ConfigStats:
     params: dict
-    trials: list[int]
+    trials: list[int]  # the trials pooled: those measured alone, or every trial of a disturbed configuration
     samples: list[float]
     median: float
     mad: float
     speedup_vs_baseline: float | None = None
+    beside: list[int] = field(default_factory=list)  # its trials measured beside others and left out (it has alone ones)
+    disturbed: bool = False  # every trial of it ran beside another on its host: its figures are a lower bound
 
     @property
     def n(self) -> int:
@@ -121,7 +146,7 @@ class ConfigStats:
 
     def label(self) -> str:
         who = f"trial {self.trials[0]}" if len(self.trials) == 1 else "trials " + "+".join(map(str, self.trials))
-        return f"{who} ({self.median:.2f} tok/s, n={self.n})"
+        return f"{who} ({self.median:.2f} tok/s, n={self.n}{', beside other trials' if self.disturbed else ''})"
 
 
 @dataclass
@@ -141,8 +166,14 @@ class Ranking:
         return abs(w.median - o.median) <= 2 * math.hypot(w.se(self.noise_rel), o.se(self.noise_rel))
 
     def config_of(self, trial: int) -> int | None:
-        """Index of the configuration trial number `trial` was pooled into (None: not a COMPLETE trial)."""
-        return next((i for i, c in enumerate(self.configs) if trial in c.trials), None)
+        """Index of the configuration of trial number `trial`, pooled or left out as measured beside
+        others (None: not a COMPLETE trial)."""
+        return next((i for i, c in enumerate(self.configs) if trial in c.trials or trial in c.beside), None)
+
+    @property
+    def disturbed(self) -> list[ConfigStats]:
+        """The configurations measured only beside other trials on their host, best first."""
+        return [c for c in self.configs if c.disturbed]
 
     @property
     def runners_up_within_noise(self) -> list[ConfigStats]:
@@ -161,31 +192,53 @@ class Ranking:
         return min(self.tied, key=lambda c: (simplicity(c.params), -c.median))
 
     @property
-    def winner_is_clear(self) -> bool | None:
-        """The winner is ahead of the runner-up by more than the noise (None: unknown or one config)."""
+    def winner_ahead(self) -> bool | None:
+        """The winner's median is ahead of the runner-up's by more than the noise (None: unknown or one config)."""
         if len(self.configs) < 2 or self.noise_rel is None:
             return None
         return not self.within_noise(1)
+
+    @property
+    def winner_is_clear(self) -> bool | None:
+        """Ahead by more than the noise, from at least MIN_CLEAR_MEASUREMENTS samples of the winner, with no
+        configuration measured only beside others (None: the noise is unknown, or one configuration)."""
+        ahead = self.winner_ahead
+        if ahead is None:
+            return None
+        return ahead and self.configs[0].n >= MIN_CLEAR_MEASUREMENTS and not self.disturbed
+
+    def _disturbed_words(self) -> str:
+        """The disturbed configurations in words (empty: none)."""
+        d = self.disturbed
+        if not d:
+            return ""
+        who = ", ".join(str(c.trials[0]) if len(c.trials) == 1 else "+".join(map(str, c.trials)) for c in d)
+        return f"trial{'s' if len(d) > 1 or len(d[0].trials) > 1 else ''} {who} ran only beside other trials on their host, so their timing may be low"
 
     def verdict(self) -> str:
         if not self.configs:
             return "no COMPLETE trial"
         w = self.configs[0]
+        disturbed = self._disturbed_words()
+        also = f"; {disturbed}" if disturbed else ""
         if len(self.configs) == 1:
-            return f"{w.label()} is the only configuration measured"
+            return f"{w.label()} is the only configuration measured{also}"
         r = self.configs[1]
         if self.noise_rel is None:
-            return f"{w.label()} leads {r.label()}, but the noise is unknown (no configuration measured twice): not a clear win"
+            return f"{w.label()} leads {r.label()}, but the noise is unknown (no configuration measured twice): not a clear win{also}"
         noise = f"noise {self.noise_rel:.1%} of a measurement" + (", on one gang only" if self.noise_one_gang else "")
         if self.winner_is_clear:
             return f"{w.label()} is ahead of {r.label()} ({noise})"
+        if self.winner_ahead:
+            why = disturbed or f"from {w.n} measurement{'s' if w.n != 1 else ''} of it (a clear win takes {MIN_CLEAR_MEASUREMENTS})"
+            return f"{w.label()} leads {r.label()} by more than the noise ({noise}), but {why}: not a clear win"
         rest = self.tied[1:]  # one line on a terminal: name one other, count the rest
         others = (
             rest[0].label() if len(rest) == 1 else f"{len(rest)} other configurations (trials {', '.join(str(c.trials[0]) for c in rest)})"
         )
         p = self.preferred
         prefer = f"prefer {p.label()}: {why_simpler(p.params, w.params)}" if p is not w else f"prefer {w.label()}: the simplest of them too"
-        return f"{w.label()} and {others} tie within noise ({noise}); {prefer}"
+        return f"{w.label()} and {others} tie within noise ({noise}); {prefer}{also}"
 
     def as_dict(self) -> dict:
         return {
@@ -193,6 +246,8 @@ class Ranking:
             "noise_from_trials": self.noise_from,
             "noise_one_gang": self.noise_one_gang,
             "winner_is_clear": self.winner_is_clear,
+            "winner_ahead": self.winner_ahead,
+            "disturbed": [c.trials for c in self.disturbed],
             "verdict": self.verdict(),
             "runners_up_within_noise": [c.trials for c in self.runners_up_within_noise],
             "preferred_trials": self.preferred.trials if self.preferred else [],
@@ -205,6 +260,7 @@ class Ranking:
                     "mad_tok_s": c.mad,
                     "speedup_vs_baseline": c.speedup_vs_baseline,
                     "within_noise_of_winner": self.within_noise(i) if i else None,
+                    "measured_beside_others": c.beside if not c.disturbed else c.trials,
                 }
                 for i, c in enumerate(self.configs)
             ],
@@ -269,16 +325,21 @@ def noise_one_gang(configs: list[ConfigStats], gangs: dict[int, int | None]) -> 
 
 
 def rank(trials) -> Ranking:
-    """Pool the COMPLETE trials by configuration and rank them by median throughput."""
-    groups: dict[str, ConfigStats] = {}
+    """Pool the COMPLETE trials by configuration (those measured alone where a configuration has any)
+    and rank them by median throughput."""
+    by_config: dict[str, list] = {}
     trials = list(trials)
     done = complete_trials(trials)
     for t in sorted(done, key=lambda t: t.number):
-        params = trial_params(t)
-        c = groups.setdefault(config_key(params), ConfigStats(params, [], [], 0.0, 0.0))
-        c.trials.append(t.number)
-        c.samples += trial_samples(t)
-    for c in groups.values():
+        by_config.setdefault(config_key(trial_params(t)), []).append(t)
+    groups: dict[str, ConfigStats] = {}
+    for key, ts in by_config.items():
+        pooled = trusted(ts)
+        c = groups[key] = ConfigStats(
+            trial_params(ts[0]), [t.number for t in pooled], [x for t in pooled for x in trial_samples(t)], 0.0, 0.0
+        )
+        c.beside = [t.number for t in ts if t.number not in c.trials]
+        c.disturbed = all(ran_beside(t) for t in ts)
         c.median, c.mad = median_mad(c.samples)
         base = baseline_median(done, int(c.params.get("parallel.tp", 1)))
         c.speedup_vs_baseline = c.median / base if base else None

@@ -14,7 +14,11 @@ outcome. Rules:
   (orchestrator/study/proposals.py): it is told PRUNED with its twin's number and never counts;
   a study whose finite space is all known ends there, with exit 0;
 - `study.race_trials`: the last trials re-measure the leaders, on a fresh gang, while the winner is
-  within noise of its runners-up (`proposals.race_pick`);
+  not clear of its runners-up (`proposals.race_pick`); where the slots let trials share a host
+  (isolation gpu or none) such a re-measure runs alone: it waits until the running trials end and
+  nothing starts beside it, so the measurement that settles the ranking is undisturbed;
+- a trial that ran beside another on its host (orchestrator/execution/slots.py) records them
+  (`spectune.co_running`) and is never pruned on that measurement (orchestrator/study/trial.py);
 - another driver may take the last open slot between our count and our ask: the surplus trial is
   given back (FAIL, never run) and its enqueued params go back in the queue;
 - a trial whose node left the cluster mid-trial fails naming the node, its params are queued again
@@ -25,7 +29,7 @@ outcome. Rules:
 MLflow writes from the trial threads go through one lock (`Locked`).
 
     pools = slot_pools(slots, res, log)
-    failed = run_trials(ctx, slots, pools)   # called by orchestrator/study/loop.py; it closes the pools
+    failed = run_trials(ctx, slots, pools, nodes)   # called by orchestrator/study/loop.py; it closes the pools
 """
 
 from __future__ import annotations
@@ -81,21 +85,6 @@ class Locked:
                 return value(*args, **kwargs)
 
         return call
-
-
-def cluster_nodes() -> list[NodeInfo]:
-    import ray
-
-    return [
-        NodeInfo(
-            id=n["NodeID"],
-            host=n.get("NodeManagerHostname") or n.get("NodeManagerAddress", "?"),
-            cpus=float(n["Resources"].get("CPU", 0)),
-            gpus=float(n["Resources"].get("GPU", 0)),
-        )
-        for n in ray.nodes()
-        if n.get("Alive")
-    ]
 
 
 def node_alive(node_id: str) -> bool:
@@ -301,17 +290,22 @@ def slot_pools(slots: list[Slot], res: Resources, log) -> dict[int, GangPool]:
     return {s.index: GangPool(replace(res, node_id=s.node.id if s.node else None), log) for s in slots}
 
 
-def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool]) -> int:
+def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool], nodes: list[NodeInfo] = ()) -> int:
     """Keep every slot busy until `n_goal` trials are COMPLETE (or the space is all known).
-    Returns the number of trials that failed in this run."""
+    `nodes`: the cluster's nodes the slots were planned on (which share a host). Returns the number of
+    trials that failed in this run."""
     from optuna.trial import TrialState
 
     study, cfg, log, proposals = ctx.study, ctx.cfg, ctx.log, ctx.proposals
-    book, book_lock = SlotBook(slots), threading.Lock()
+    book, book_lock = SlotBook(slots, nodes), threading.Lock()
     tracker = Locked(ctx.tracker)
     finished: queue.Queue = queue.Queue()
     running: dict[int, tuple[threading.Thread, Slot]] = {}
     failed, idle_duplicates, waiting = 0, 0, False
+    # a re-measure the ranking asked for (study.race_trials) where slots may share a host: it is measured
+    # alone, so `held` waits (asked, not started) until the running trials end, and nothing starts beside
+    # `solo` while it runs
+    held, solo = None, None
     asker = Asker(ctx, tracker, ask_lock(ctx.storage, study.study_name, log), concurrency=len(slots))
 
     def work(trial, slot: Slot) -> None:
@@ -324,8 +318,9 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
 
     def start_next() -> bool:
         """Ask; measure the trial on a free slot unless it is surplus or a duplicate. False: stop asking
-        until a running trial ends (surplus, or nothing new to try while the running ones measure)."""
-        nonlocal idle_duplicates
+        until a running trial ends (surplus, nothing new to try while the running ones measure, or a
+        re-measure that runs alone)."""
+        nonlocal idle_duplicates, held, solo
         asked = asker.ask(running)
         trial = asked.trial
         if asked.verdict == "surplus":
@@ -344,18 +339,34 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
                 f"spectune: trial {trial.number} retries trial {trial.user_attrs[RETRY_TAG]} "
                 f"({config_label({**label_defaults(cfg), **fixed})}), which did not finish"
             )
+        if RACE_TAG in trial.user_attrs and book.hosts_shared:
+            if running:
+                held = trial
+                log(
+                    f"spectune: trial {trial.number} re-measures trial {trial.user_attrs[RACE_TAG]}'s configuration alone "
+                    f"(study.isolation {cfg.study.isolation} lets trials share a host): it starts when the running trials end"
+                )
+                return False
+            start(trial)
+            solo = trial.number
+            return False  # nothing starts beside it
+        start(trial)
+        return True  # started: ask for the next while a slot is free
+
+    def start(trial) -> None:
+        """Measure an admitted trial on a free slot, in a thread of its own."""
         with book_lock:
             slot = book.acquire(trial.number)
         if RACE_TAG in trial.user_attrs:  # a deliberate repeat: on a fresh gang (gang-to-gang spread is the noise users meet)
             pools[slot.index].close()
             log(
-                f"spectune: trial {trial.number} re-measures trial {trial.user_attrs[RACE_TAG]}'s configuration: the leaders are within noise"
+                f"spectune: trial {trial.number} re-measures trial {trial.user_attrs[RACE_TAG]}'s configuration: "
+                "the ranking asked for it (leaders within noise, a lead from one gang, or timings taken beside other trials)"
             )
         thread = threading.Thread(target=work, args=(trial, slot), name=f"trial-{trial.number}", daemon=True)
         running[trial.number] = (thread, slot)
         thread.start()
         asker.asking = None
-        return True  # started: ask for the next while a slot is free
 
     def abandon(number: int, reason: str) -> None:
         """A trial the loop cannot see to its end (its thread did not stop in time, or the interrupt came
@@ -382,6 +393,14 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
 
     try:
         while True:
+            if held is not None and not running:  # the trials beside it have ended: the re-measure runs alone
+                trial, held = held, None
+                if complete(study) >= ctx.n_goal:  # other drivers completed the study meanwhile
+                    asker.release_surplus(trial)
+                    asker.asking = None
+                else:
+                    start(trial)
+                    solo = trial.number
             done = complete(study)
             if not running and (done >= ctx.n_goal or space_finished(study, cfg, proposals)):
                 if done < ctx.n_goal:
@@ -397,6 +416,8 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
                 )
             while (
                 not over_failure_limit()
+                and held is None
+                and solo is None
                 and book.free
                 and not space_finished(study, cfg, proposals)
                 and complete(study) + len(running) + ctx.others_running() < ctx.n_goal
@@ -424,9 +445,12 @@ def run_trials(ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool])
             try:
                 number, out = finished.get(timeout=5.0)
             except queue.Empty:
+                if held is not None:
+                    beat(held)  # asked and waiting: a live driver's trial, not a stale one
                 continue
             thread, slot = running.pop(number)
             thread.join()
+            solo = None if solo == number else solo
             with book_lock:
                 book.release(number)
             ctx.progress.live.finished(number)
@@ -469,3 +493,17 @@ def describe(slots: list[Slot], cfg) -> str:
     where = sorted({s.node.name for s in slots if s.node})
     on = f" on {', '.join(where)}" if where else ""
     return f"{len(slots)} trials at once (isolation {cfg.study.isolation}){on}"
+
+
+def contention_note(slots: list[Slot], nodes: list[NodeInfo], isolation: str) -> str | None:
+    """One line, said once at the start, where the slots let trials share a host: their timings may
+    disturb each other, and what the study does about it. None where no two slots can share one."""
+    if not SlotBook(slots, nodes).hosts_shared:
+        return None
+    where = "on one host" if isolation == "gpu" else "anywhere, several on one host"
+    return (
+        f"spectune: isolation {isolation}: trials may run {where}, so their timings may disturb each other; each trial's "
+        "record names the trials that ran beside it on its host (spectune.co_running), such a trial is not pruned, and "
+        "a configuration measured only beside others neither wins clearly nor is ruled out until it is measured alone "
+        "(study.race_trials re-measures it alone)"
+    )

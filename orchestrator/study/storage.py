@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import time
 from pathlib import Path
 
@@ -42,8 +43,55 @@ def make_storage(cfg: ExperimentConfig):
             f"({hint.get(missing or '', 'install the driver SQLAlchemy names for this URL')})"
         ) from None
     except Exception as e:  # noqa: BLE001 - any driver error: one line naming the storage
-        msg = " ".join(str(e).split())[:200]
-        raise UserError(f"study.storage: cannot open {_redact(url)} ({type(e).__name__}: {msg})") from None
+        raise UserError(f"study.storage: {_server_problem(url, e) or _driver_message(url, e)}") from None
+
+
+def _driver_message(url: str, e: BaseException) -> str:
+    """A storage error nothing more specific names: the driver's own first words, without SQLAlchemy's
+    wrapping (the exception class in parentheses, its "Background on this error" link), on one line."""
+    msg = str(getattr(e, "orig", None) or e)
+    msg = re.sub(r"\(Background on this error at: [^)]*\)", "", msg)
+    msg = re.sub(r"^\([\w.]+\)\s*", "", msg.strip())
+    msg = " ".join(msg.split())
+    msg = msg if len(msg) <= 200 else msg[:197] + "..."
+    return f"cannot open {_redact(url)}: {type(e).__name__}: {msg}"
+
+
+def _server_problem(url: str, e: BaseException) -> str | None:
+    """What is wrong with a PostgreSQL URL, by the part that is wrong (database, role, password, host,
+    port), from the server's or libpq's answer; None for any other error. Never the password itself."""
+    if not url.startswith("postgresql"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    text = str(getattr(e, "orig", None) or e)
+    try:
+        u = make_url(url)
+    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot read failed before any connection
+        return None
+    host, port = u.host or "localhost", u.port or 5432
+    server = f"the PostgreSQL server at {host}:{port}"
+    user = u.username or "(the current user)"
+    if m := re.search(r'database "([^"]*)" does not exist', text):
+        return f"database {m.group(1)!r} does not exist on {server} (create it, or name an existing one in the URL's path)"
+    if m := re.search(r'role "([^"]*)" does not exist', text):
+        return f"role (user) {m.group(1)!r} does not exist on {server}"
+    if m := re.search(r'password authentication failed for user "([^"]*)"', text):
+        where = "the URL's" if u.password else "the given"
+        return f"{server} refused user {m.group(1)!r}: {where} password is wrong, or there is no such role (PostgreSQL does not say which)"
+    if "no password supplied" in text:
+        passfile = u.query.get("passfile")
+        if isinstance(passfile, str) and not os.path.isfile(os.path.expanduser(passfile)):
+            return f"passfile {passfile!r} does not exist: no password for user {user!r} on {server}"
+        given = f"passfile {passfile!r} has no line for it" if passfile else "the URL gives none (a password, ?passfile=FILE or PGPASSWORD)"
+        return f"{server} asks user {user!r} for a password and {given}"
+    if "Connection refused" in text:
+        return f"nothing accepts connections at {host}:{port} (connection refused): is PostgreSQL running there, on that port?"
+    if "failed to resolve host" in text or "could not translate host name" in text:
+        return f"host {host!r} cannot be resolved (no such name)"
+    if "timeout expired" in text:
+        return f"{server} did not answer within 10 s"
+    return None
 
 
 def sqlite_file(url: str, home: Path) -> str:

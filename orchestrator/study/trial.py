@@ -205,9 +205,10 @@ def beat(trial) -> None:
     trial.set_user_attr(HEARTBEAT_ATTR, time.time())
 
 
-def _decode(t: _Trial, prepared, gang, repeats: int, live=None) -> tuple[RunResult | None, bool, list[float]]:
+def _decode(t: _Trial, prepared, gang, repeats: int, live=None, disturbed=lambda: False) -> tuple[RunResult | None, bool, list[float]]:
     """Run prompt by prompt, `repeats` times, within limits.trial_timeout_s in all; `live`
-    (progress.LiveLine) shows each prompt as it finishes.
+    (progress.LiveLine) shows each prompt as it finishes; `disturbed()`: another trial may have run
+    beside this one on its host so far (`TrialSite.disturbed`).
     Returns (merged result, pruned?, throughput of each repeat). The last prompt of the last repeat
     also times the step with and without its allreduces (the comm/compute split)."""
     trial, cfg, tc = t.trial, t.cfg, t.tc
@@ -236,8 +237,16 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None) -> tuple[RunResu
             beat(trial)
             # the baseline is the reference: never pruned; nor is a trial whose larger batch sizes are still to come
             # (batch 1 alone would prune a configuration that wins at batch 32)
-            # nor a deliberate repeat of a leader (study.race_trials): the ranking asked for its measurement
-            if not t.plain and RACE_TAG not in trial.user_attrs and len(cfg.workload.batch_sizes) == 1 and trial.should_prune():
+            # nor a deliberate repeat of a leader (study.race_trials): the ranking asked for its measurement;
+            # nor a trial measured beside another on its host: its timing may be theirs, and a configuration is
+            # never ruled out on a disturbed measurement (it completes; the ranking says it is disturbed)
+            if (
+                not t.plain
+                and RACE_TAG not in trial.user_attrs
+                and len(cfg.workload.batch_sizes) == 1
+                and not disturbed()
+                and trial.should_prune()
+            ):
                 return RunResult.merge(parts + mine), True, per_repeat
         parts += mine
         per_repeat.append(RunResult.merge(mine).metrics["throughput_tok_s"])
@@ -387,12 +396,14 @@ def start_run(t: _Trial) -> None:
 
 
 def note_placement(t: _Trial, site: TrialSite | None, gang) -> None:
-    """Where the trial runs: its node (id, host) and its ranks' GPUs, in Optuna and on the MLflow run."""
+    """Where the trial runs: its node (id, host) and its ranks' GPUs, in Optuna and on the MLflow run.
+    The host is as the slots' isolation saw it (a node's `spectune.io/host` label, else its hostname)."""
     if not hasattr(gang, "node"):
         return
     node_id, host = gang.node()
     if site is not None:
         site.placed(node_id)
+        host = site.host_name(node_id) or host
     gpus = sorted({i for ids in getattr(gang, "instances", [])[: t.tc.tp] for i in ids}) if t.cfg.parallel.device == "cuda" else []
     for key, value in ((NODE_ATTR, node_id), (HOST_ATTR, host), (GPUS_ATTR, gpus)):
         t.trial.set_user_attr(key, value)
@@ -400,7 +411,8 @@ def note_placement(t: _Trial, site: TrialSite | None, gang) -> None:
 
 
 def note_neighbours(t: _Trial, site: TrialSite | None) -> None:
-    """The trials that ran beside this one on its node (concurrent studies), recorded before the outcome is told."""
+    """The trials that ran beside this one on its host (concurrent studies), recorded before the outcome is
+    told: the ranking never trusts such a measurement alone (orchestrator/study/ranking.py)."""
     if site is not None and (beside := site.beside()):
         t.trial.set_user_attr(CO_RUNNING_ATTR, beside)
         t.tracker.set_tag(t.run_id, CO_RUNNING_ATTR, ",".join(map(str, beside)))
@@ -419,7 +431,7 @@ def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live, site: T
         t.tracker.set_tag(t.run_id, GANG_ATTR, pool.gang_id)
     # the baseline is measured several times: the noise band every ranking uses comes from its repeats
     repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if t.plain else cfg.workload.repeats
-    result, pruned, per_repeat = _decode(t, prepared, gang, repeats, live)
+    result, pruned, per_repeat = _decode(t, prepared, gang, repeats, live, disturbed=site.disturbed if site is not None else lambda: False)
     metrics = {
         **result.metrics,
         "setup_s": pool.setup_s if pool.launched > before else 0.0,

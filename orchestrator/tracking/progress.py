@@ -135,6 +135,9 @@ class Progress:
         return "\n".join(lines)
 
     def finish(self, tracker: Tracker, status: str) -> dict:
+        """The ranked table, the best trial on the parent run, and the parent run ended with `status`:
+        FINISHED where the study ended as it should (its trials complete, or every configuration of its
+        space measured), KILLED where it was interrupted, FAILED where it stopped on an error."""
         done = self._complete()
         summary = {"complete": len(done), "n_trials": self.n_goal, "parent_run_id": tracker.parent_run_id}
         if done:
@@ -150,7 +153,7 @@ class Progress:
             tracker.set_tag(tracker.parent_run_id, BEST_CONFIG_TAG, f"{self.label(best.params)} (trial {best.number})")
             tracker.log_json(tracker.parent_run_id, {"trial": best.number, "params": best.params, "metrics": numeric}, "best_trial.json")
             self._plots(tracker)
-        tracker.finish_study("FINISHED" if status == "FINISHED" and len(done) >= self.n_goal else "KILLED")
+        tracker.finish_study(status)
         return summary
 
     def _plots(self, tracker: Tracker) -> None:

@@ -1,7 +1,7 @@
 """MLflow side of a study: one parent run per study, one nested run per trial (names: docs/tags.md, orchestrator/study/keys.py).
 
     tracker = Tracker(uri, experiment, study_name, home, study, base_params)  # finds or creates the parent run (resume = same run)
-    run_id = tracker.start_trial(number, params)     # nested run named by its configuration, RUNNING
+    run_id = tracker.start_trial(number, params)     # nested run "#<number> <configuration>", RUNNING
     tracker.finish_trial(run_id, "COMPLETE")         # or PRUNED (MLflow KILLED), FAIL (FAILED), with a reason tag
 
 The experiment is tagged `mlflow.experimentKind` so MLflow 3 shows its training-runs view; every
@@ -24,6 +24,7 @@ from typing import Any
 from orchestrator.errors import is_write_race
 from orchestrator.study.keys import (
     FAIL_TAG,
+    NAME_TAG,
     PARENT_ATTR,
     PARENT_TAG,
     PRUNE_TAG,
@@ -63,6 +64,12 @@ def config_label(params: dict[str, Any]) -> str:
     )
     tp = params.get("parallel.tp")
     return f"{head} {params.get('comm.backend', '?')}{nccl}" + (f" tp{tp}" if tp is not None else "")
+
+
+def trial_run_name(number: int, params: dict[str, Any]) -> str:
+    """A trial's MLflow run name: its number and its configuration, "#4 ngram k=6 gloo tp2" (a pruned
+    or failed trial's gets a mark in front, RUN_NAME_MARK)."""
+    return f"#{number} {config_label(params)}"
 
 
 def label_defaults(cfg) -> dict[str, Any]:
@@ -117,7 +124,20 @@ def resolve_uri(configured: str | None, home: Path) -> str:
 
 
 class Tracker:
-    def __init__(self, uri: str, experiment: str, study_name: str, home: Path, study=None, base_params: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        study_name: str,
+        home: Path,
+        study=None,
+        base_params: dict[str, Any] | None = None,
+        name: str | None = None,
+    ):
+        """`experiment`: the study's own MLflow experiment (ExperimentConfig.experiment_name), where a new
+        study's runs go; a study whose record names its parent run stays in that run's experiment (a
+        study begun when several studies shared one experiment resumes there). `name`: the experiment
+        YAML's `name`, a tag (NAME_TAG) of the experiment and the parent run."""
         import logging
 
         from mlflow.tracking import MlflowClient
@@ -125,10 +145,13 @@ class Tracker:
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # our stdout is the summary JSON
         logging.getLogger("mlflow").setLevel(logging.ERROR)
         logging.getLogger("alembic").setLevel(logging.ERROR)
-        self.uri, self.study_name = uri, study_name
+        self.uri, self.study_name, self.name = uri, study_name, name
         seed_sqlite_store(uri)  # a new local store: a copy of an empty migrated one, not MLflow's migrations
         self.client = MlflowClient(tracking_uri=uri)
-        exp = self.client.get_experiment_by_name(experiment)
+        known = self._known_parent(study)
+        exp = self.client.get_experiment(known.info.experiment_id) if known is not None else None
+        if exp is None or exp.lifecycle_stage != "active":
+            exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             local = uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri
             location = (home / "mlartifacts" / experiment).resolve().as_uri() if local else None
@@ -140,8 +163,10 @@ class Tracker:
             self.experiment_id = exp.experiment_id
         if exp is None or exp.tags.get(KIND_TAG) != KIND_CLASSIC:
             self._write(self.client.set_experiment_tag, self.experiment_id, KIND_TAG, KIND_CLASSIC)
+        if name and (exp is None or exp.tags.get(NAME_TAG) != name):
+            self._write(self.client.set_experiment_tag, self.experiment_id, NAME_TAG, name)
         self.base_params = dict(base_params or {})
-        self.parent_run_id = self._parent(study)
+        self.parent_run_id = self._parent(study, known)
         if study is not None:
             study.set_user_attr(PARENT_ATTR, self.parent_run_id)
 
@@ -161,29 +186,32 @@ class Tracker:
         )
         return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
 
-    def _parent(self, study) -> str:
+    def _known_parent(self, study):
+        """The parent run the Optuna study records (user attr `mlflow_parent_run_id`), where it is an
+        active run of this tracking store; else None."""
+        known = study.user_attrs.get(PARENT_ATTR) if study is not None else None
+        if not known:
+            return None
+        try:
+            run = self.client.get_run(known)
+        except Exception:  # noqa: BLE001 - deleted, or another tracking store: find or create
+            return None
+        return run if run.info.lifecycle_stage == "active" else None
+
+    def _parent(self, study, known=None) -> str:
         """The study's one parent run. The Optuna study records its id (user attr
         `mlflow_parent_run_id`), so every driver of the study, on any host, continues under the same
         run. Without a record: the earliest run tagged for the study, else a new one. A new run is
         checked after creation: if another driver created one first, ours is deleted and theirs used.
         (Drivers on one host also take a lock around this, see storage.study_lock.)"""
-        known = study.user_attrs.get(PARENT_ATTR) if study is not None else None
-        if known:
-            try:
-                run = self.client.get_run(known)
-                if run.info.lifecycle_stage == "active" and run.info.experiment_id == self.experiment_id:
-                    self.client.update_run(known, status="RUNNING")
-                    return known
-            except Exception:  # noqa: BLE001 - deleted, or another tracking store: find or create below
-                pass
+        if known is not None and known.info.experiment_id == self.experiment_id:
+            self.client.update_run(known.info.run_id, status="RUNNING")
+            return known.info.run_id
         if runs := self._parents():
             self.client.update_run(runs[0].info.run_id, status="RUNNING")
             return runs[0].info.run_id
-        mine = self.client.create_run(
-            self.experiment_id,
-            run_name=self.study_name,
-            tags={STUDY_TAG: self.study_name, ROLE_TAG: "study"},
-        ).info.run_id
+        tags = {STUDY_TAG: self.study_name, ROLE_TAG: "study", **({NAME_TAG: self.name} if self.name else {})}
+        mine = self.client.create_run(self.experiment_id, run_name=self.study_name, tags=tags).info.run_id
         first = self._parents()[0].info.run_id
         if first != mine:
             self.client.delete_run(mine)
@@ -194,11 +222,11 @@ class Tracker:
         return first
 
     def start_trial(self, number: int, params: dict[str, Any], tags: dict[str, str] | None = None) -> str:
-        """The trial's nested run, named by its configuration (`config_label`), its number in a tag;
-        params: the experiment's fixed settings with the trial's own on top."""
+        """The trial's nested run, named by its number and configuration (`trial_run_name`), its number
+        also a tag; params: the experiment's fixed settings with the trial's own on top."""
         run = self.client.create_run(
             self.experiment_id,
-            run_name=config_label(params),
+            run_name=trial_run_name(number, params),
             tags={
                 STUDY_TAG: self.study_name,
                 ROLE_TAG: "trial",

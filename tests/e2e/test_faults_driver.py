@@ -285,3 +285,54 @@ def test_sigterm_fails_and_requeues_every_running_trial(tmp_path, tiny_ckpt):
     _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
     by_id = {r.info.run_id: r for r in runs}
     assert all(by_id[t.user_attrs["mlflow_run_id"]].info.status == "FAILED" for t in stopped)
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_to_the_drivers_process_group_stops_within_10_s(tmp_path, tiny_ckpt):
+    """SIGTERM to the driver's whole process group, as `timeout` and `kill -TERM -PGID` send it, mid-trial:
+    the embedded Ray's processes are not in that group (were they, the GCS would die with the signal, every
+    Ray call would wait 60 s for it and Ray would end the driver with the trial left RUNNING). The driver
+    exits 130 within 10 s with one line, as on Ctrl-C: the running trial FAIL as interrupted, its MLflow run
+    FAILED, its params queued again, the parent run KILLED; no process left."""
+    exp = tiny_experiment(
+        tmp_path,
+        tiny_ckpt,
+        parallel={"tp": 1, "cpus_per_worker": 0.1},
+        workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 96, "repeats": 20},
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3]}}},
+        study={"n_trials": 2, "sampler": "random", "seed": 0, "pruner": "none"},
+    )
+    home, tag = tmp_path / "home", uuid.uuid4().hex
+    db = home / "optuna.db"
+    p = start_spectune(["run", str(exp)], home, tag, new_session=True)
+    try:
+        t0 = time.monotonic()
+        decoding = "select t.number from trials t join trial_intermediate_values v on v.trial_id = t.trial_id where t.state = 'RUNNING'"
+        while not (db.exists() and sql(db, decoding)):
+            assert p.poll() is None and time.monotonic() - t0 < 240, (
+                p.stderr.read()[-3000:] if p.poll() is not None else "no trial decoding"
+            )
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        out, err = p.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == (
+        "spectune: interrupted; finished trials are saved, run the same command to resume"
+    ), err[-3000:]
+    assert took < 10, f"exit took {took:.1f} s"
+    assert "GCS" not in err
+    assert wait_until_gone(tag, timeout=30, folder=p.ray_tmp)[1] == []
+    study = optuna_study(f"sqlite:///{db}", "tiny-study")
+    states = {t.number: t.state.name for t in study.trials}
+    stopped = [t for t in study.trials if t.state.name == "FAIL"]
+    assert len(stopped) == 1 and stopped[0].user_attrs["spectune.fail_reason"].startswith("interrupted"), states
+    assert "RUNNING" not in states.values()
+    waiting = [t for t in study.trials if t.state.name == "WAITING"]
+    assert any(t.user_attrs.get("spectune.retry_of") == stopped[0].number for t in waiting), states
+    parents, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
+    assert {r.info.run_id: r for r in runs}[stopped[0].user_attrs["mlflow_run_id"]].info.status == "FAILED"
+    assert len(parents) == 1 and parents[0].info.status == "KILLED"

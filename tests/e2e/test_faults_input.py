@@ -142,7 +142,7 @@ def test_gang_needs_more_gpus_than_on_offer(tmp_path, tiny_ckpt):
         ("sqlite:///{tmp}/experiment.yaml/optuna.db", "is not a directory"),
         ("sqlite:////proc/spectune/optuna.db", "cannot create /proc/spectune"),
         ("sqlite:////sys/optuna.db", "cannot open sqlite:////sys/optuna.db"),
-        ("postgresql://user:secret@127.0.0.1:1/spectune", "postgresql://user:***@127.0.0.1:1/spectune"),
+        ("postgresql://user:secret@127.0.0.1:1/spectune", "nothing accepts connections at 127.0.0.1:1 (connection refused)"),
     ],
 )
 def test_storage_problems_are_one_line_and_leave_nothing(tmp_path, tiny_ckpt, capsys, no_ray, monkeypatch, storage, words):
@@ -158,10 +158,139 @@ def test_storage_problems_are_one_line_and_leave_nothing(tmp_path, tiny_ckpt, ca
         import importlib.util
 
         if any(importlib.util.find_spec(m) for m in ("psycopg", "psycopg2")):
-            assert "OperationalError" in line and "refused" in line, line
+            assert "Background on this error" not in line and line.count("(") == line.count(")"), line
         else:
             assert "'psycopg" in line and "not installed" in line and "pip install" in line, line
     assert not home.exists()  # no MLflow store, no parent run, no driver record
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A PostgreSQL server of this test's own on a free loopback port: role `spectune` with a password
+    (scram-sha-256), database `optuna`, and role-less trust for the user `ghost` (so the server can say
+    that role does not exist). Yields (host:port, password); stopped and removed afterwards."""
+    import glob
+    import os
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import tempfile
+    import time
+
+    initdb = shutil.which("initdb") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))), None)
+    if initdb is None:
+        pytest.skip("PostgreSQL's server (initdb) is not installed")
+    bin_dir = os.path.dirname(os.path.realpath(initdb))
+    as_pg: list[str] = []
+    folder = tempfile.mkdtemp(prefix="st-pg-", dir="/tmp")
+    if os.geteuid() == 0:  # PostgreSQL refuses root: run it as `postgres`, as infra/services.sh does
+        import pwd
+
+        try:
+            pg = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root without a user 'postgres' to run PostgreSQL as")
+        as_pg = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
+        os.chown(folder, pg.pw_uid, pg.pw_gid)
+    password = "pw-" + os.urandom(6).hex()
+    pwfile = os.path.join(folder, "pw")
+    with open(pwfile, "w") as f:
+        f.write(password + "\n")
+    if as_pg:
+        os.chown(pwfile, pg.pw_uid, pg.pw_gid)
+    data = os.path.join(folder, "data")
+    subprocess.run(
+        [*as_pg, initdb, "-D", data, "-U", "spectune", f"--pwfile={pwfile}", "-A", "scram-sha-256", "-E", "UTF8", "--no-locale"],
+        check=True,
+        capture_output=True,
+        cwd="/",
+    )
+    hba = os.path.join(data, "pg_hba.conf")
+    with open(hba) as f:
+        rules = f.read()
+    with open(hba, "w") as f:
+        f.write("host all ghost 127.0.0.1/32 trust\n" + rules)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [*as_pg, os.path.join(bin_dir, "postgres"), "-D", data, "-h", "127.0.0.1", "-p", str(port), "-k", folder],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd="/",
+        start_new_session=True,
+    )
+    try:
+        env = {**os.environ, "PGPASSWORD": password}
+        for _ in range(100):
+            if subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", str(port)], cwd="/").returncode == 0:
+                break
+            time.sleep(0.2)
+        psql = [os.path.join(bin_dir, "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "spectune", "-d", "postgres"]
+        subprocess.run([*psql, "-c", "create database optuna"], check=True, capture_output=True, env=env, cwd="/")
+        yield f"127.0.0.1:{port}", password
+    finally:
+        os.killpg(server.pid, signal.SIGINT)  # fast shutdown: open connections (a test's storage) are closed
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("postgresql+psycopg://spectune:{pw}@{at}/nodb", "database 'nodb' does not exist on the PostgreSQL server at {at}"),
+        ("postgresql+psycopg://ghost@{at}/optuna", "role (user) 'ghost' does not exist on the PostgreSQL server at {at}"),
+        (
+            "postgresql+psycopg://spectune:not-{pw}@{at}/optuna",
+            "refused user 'spectune': the URL's password is wrong, or there is no such role",
+        ),
+        ("postgresql+psycopg://spectune@{at}/optuna?passfile={tmp}/pgpass", "passfile '{tmp}/pgpass' does not exist"),
+    ],
+    ids=["database", "role", "password", "passfile"],
+)
+def test_a_postgresql_url_names_the_part_that_is_wrong(tmp_path, tiny_ckpt, capsys, no_ray, monkeypatch, postgres, url, words):
+    """A missing database, a missing role, a wrong password, a passfile that is not there: one line naming
+    that part, never the password, exit 2, nothing written; the right URL opens."""
+    at, password = postgres
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPECTUNE_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    exp = tiny_experiment(tmp_path, tiny_ckpt)
+    rc = cli.main(["run", str(exp), "--set", f"study.storage={url.format(pw=password, at=at, tmp=tmp_path)}"])
+    line = _one_error_line(capsys.readouterr().err)
+    assert rc == 2 and line.startswith("spectune: error: study.storage: ") and words.format(at=at, tmp=tmp_path) in line, line
+    assert password not in line and "Background on this error" not in line and "http" not in line, line
+    assert not home.exists()
+    from orchestrator.study.storage import make_storage
+
+    good = load_config(exp, [f"study.storage=postgresql+psycopg://spectune:{password}@{at}/optuna"])
+    assert make_storage(good)[1].endswith("/optuna")
+
+
+def test_a_non_utf8_experiment_file_is_one_line(tmp_path):
+    """An experiment file in another encoding (Latin-1 here): exit 2 and one line naming the file and the
+    first byte that is not UTF-8, for every command that reads one; no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\u00e9\nsearch: {space: {spec.num_draft_tokens: 0}}\n".encode("latin-1"))
+    env = {**os.environ, "SPECTUNE_HOME": str(tmp_path / "home"), "RAY_AUTH_MODE": "disabled"}
+    for command in (["validate"], ["run"], ["report"], ["export", "--to", "vllm"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *command, str(path)], capture_output=True, text=True, env=env, timeout=120
+        )
+        line = _one_error_line(r.stderr)
+        assert r.returncode == 2, (command, r.stderr)
+        assert line == f"spectune: error: {path}: not UTF-8 text (byte 0xe9 at offset 9); save the experiment file as UTF-8", line
+    assert not (tmp_path / "home").exists()
 
 
 # ------------------------------------------------------------------ results that must never win

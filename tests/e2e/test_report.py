@@ -229,9 +229,9 @@ def test_report_end_to_end(tmp_path, tiny_ckpt, mlflow_url):
     assert {"report/report.html", "report/best_config.yaml", "report/summary.json"} <= names
     charts = {a.path for a in client.list_artifacts(parents[0].info.run_id, "report/charts")}
     assert {f"report/charts/{c}.png" for c in ("objective", "per_token", "breakeven", "throughput_k")} <= charts
-    # the MLflow runs carry the report's labels: a reader can match a chart's bar to a run by name
+    # the MLflow runs carry the report's labels and trial numbers: a reader can match a chart's bar to a run by name
     names_by_trial = {int(run.data.tags["spectune.trial"]): run.info.run_name for run in trial_runs}
-    assert all(names_by_trial[row["number"]].split(": ")[-1] == row["label"] for row in rows)
+    assert all(names_by_trial[row["number"]].split(": ")[-1] == f"#{row['number']} {row['label']}" for row in rows)
 
 
 CONTRACT_PARAMS = ("spec.num_draft_tokens", "comm.backend", "parallel.tp", "drafter.kind")

@@ -210,3 +210,60 @@ def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt):
     for t in complete:  # one repeat each (baseline_repeats 1, workload.repeats 1): the objective is the throughput measured
         assert t.user_attrs["repeats"] == 1
         assert by_id[t.user_attrs["mlflow_run_id"]].data.metrics["throughput_tok_s"] == pytest.approx(t.value, rel=1e-3)  # 4 digits
+
+
+def test_a_study_that_measures_its_space_through_reads_as_it_happened(tmp_path, tiny_ckpt):
+    """Two configurations, study.n_trials 3: the study ends at 2 COMPLETE with exit 0, and its record says
+    so: the parent MLflow run FINISHED (not KILLED), in an MLflow experiment of its own named after the
+    study (the YAML's name its tag), trial runs named "#<number> <configuration>". The report written at
+    the end of the run leaves a best_config.yaml that `spectune run` runs as it is (a study of its own), and
+    `spectune export` of this CPU, float32, gloo study opens with the line that its figures do not transfer."""
+    import yaml
+
+    exp = tiny_experiment(
+        tmp_path,
+        tiny_ckpt,
+        parallel={"tp": 1, "cpus_per_worker": 0.1},
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 2]}}},
+        study={"n_trials": 3, "sampler": "random", "seed": 0, "pruner": "none", "baseline_repeats": 2},
+    )
+    home = tmp_path / "home"
+    r = spectune(["run", str(exp), "--set", "study.name=tiny-through"], home)
+    out = summary(r)
+    assert out["complete"] == 2 and out["space_exhausted"], r.stderr[-3000:]
+    tracking = f"sqlite:///{home / 'mlflow.db'}"
+    parents, runs = mlflow_runs(tracking, "tiny-through")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking)
+    assert client.get_experiment_by_name("tiny-through").tags["spectune.name"] == "tiny-study"
+    assert client.get_experiment_by_name("tiny-study") is None  # the YAML's name is a tag, not a second experiment
+    study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-through")
+    for run in runs:
+        number = int(run.data.tags["spectune.trial"])
+        assert run.info.run_name.split(": ")[-1].startswith(f"#{number} "), run.info.run_name
+    assert {int(run.data.tags["spectune.trial"]) for run in runs} == {t.number for t in study.trials}
+
+    best = home / "reports" / "tiny-through" / "best_config.yaml"
+    pinned = yaml.safe_load(best.read_text())
+    assert pinned["study"]["name"] == "tiny-through-best" and pinned["search"]["space"] == {
+        "spec.num_draft_tokens": pinned["drafter"]["num_draft_tokens"]
+    }
+    again = spectune(["run", str(best)], home)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert summary(again)["complete"] == 1
+    assert [t.state.name for t in optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-through-best").trials] == ["COMPLETE"]
+
+    exported = spectune(["export", str(exp), "--set", "study.name=tiny-through", "--to", "vllm"], home)
+    assert exported.returncode == 0, exported.stderr
+    first = exported.stdout.splitlines()[0]
+    assert first.startswith("# CAUTION: these measurements do not transfer to a GPU server: measured on CPU"), first
+    assert "float32" in first and "gloo" in first
+    # the report's speedup and noise band are the run's and the export's
+    report = json.loads((home / "reports" / "tiny-through" / "summary.json").read_text())
+    winner = out["ranking"]["configs"][0]
+    as_json = json.loads(spectune(["export", str(exp), "--set", "study.name=tiny-through", "--to", "json"], home).stdout)
+    row = as_json["schedule"][0]
+    assert report["best_speedup_vs_plain"] == row["speedup_vs_plain"] == round(winner["speedup_vs_baseline"], 3)
+    assert report["best_noise_band_tok_s"] == row["noise_band_tok_s"]

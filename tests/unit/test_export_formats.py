@@ -360,3 +360,31 @@ def test_bad_drafters_are_refused():
 def test_engine_versions_are_named():
     assert set(ENGINE_VERSIONS) == {"vllm", "sglang"}
     assert all(v.strip() for v in ENGINE_VERSIONS.values())
+
+
+def test_measurements_that_do_not_transfer_say_so_in_the_first_line(tmp_path):
+    """A CPU, float32, gloo study exported for a GPU engine: every text format opens with one line saying
+    why its figures are not the engine's; JSON carries the reasons as a list. A GPU bf16 NCCL study: no line."""
+    import optuna
+
+    from orchestrator.export.schedule import build_schedule
+
+    study = optuna.create_study(direction="maximize", study_name="smoke-cpu")
+    params = {"parallel.tp": 2, "comm.backend": "gloo", "spec.num_draft_tokens": 4, "drafter.kind": "ngram", "drafter.ngram_max": 3}
+    study.add_trial(optuna.trial.create_trial(value=5.0, user_attrs={"spectune.params": params, "spectune.repeat_tok_s": [5.0]}))
+    cpu = build_schedule(study, model="/cache/smollm2-135m", dtype="float32", device="cpu")
+    assert cpu["does_not_transfer"] == [
+        "measured on CPU (engines serve on GPUs)",
+        "in float32 (engines serve bfloat16 or float16)",
+        "with gloo allreduces (engines use NCCL or their own)",
+    ]
+    for fmt in ("vllm", "sglang", "env"):
+        first, *_ = render(cpu, fmt).splitlines()
+        assert first.startswith("# CAUTION: these measurements do not transfer to a GPU server: measured on CPU"), (fmt, first)
+        assert "float32" in first and "gloo" in first
+    assert json.loads(render(cpu, "json"))["does_not_transfer"] == cpu["does_not_transfer"]
+    gpu = {**schedule(winner()), "device": "cuda", "does_not_transfer": []}
+    assert not any("CAUTION" in render(gpu, fmt) for fmt in FORMATS)
+    assert build_schedule(study, dtype="bfloat16", device="cuda")["does_not_transfer"] == [
+        "with gloo allreduces (engines use NCCL or their own)"
+    ]

@@ -60,3 +60,46 @@ def _as_run(cfg, record, url):
             )
         )
     return study
+
+
+def test_a_configuration_only_pruned_trials_ran_is_partly_measured_and_the_figures_are_the_studys(tmp_path):
+    """A configuration a pruned trial ran for a few prompts is "partly measured" (its figure so far, the
+    trial that ran it), never among the configurations no trial ran; the report's speedup and noise band of
+    the winner are the ones `spectune run`'s ranking and `spectune export` give; no unfinished sentence."""
+    from optuna.distributions import CategoricalDistribution
+
+    from orchestrator.export.schedule import build_schedule
+    from orchestrator.study.ranking import rank
+
+    cfg = experiment()
+    synthetic_record(cfg, f"sqlite:///{tmp_path / 'record.db'}", "synthetic-a", keep=0.3, seed=4)
+    record = optuna.load_study(study_name="synthetic-a", storage=f"sqlite:///{tmp_path / 'record.db'}")
+    study = _as_run(cfg, record, f"sqlite:///{tmp_path / 'optuna.db'}")
+    _, _, before = build_report(cfg, study, tmp_path / "before")
+    assert before["partly_measured"] == []
+    target = before["predicted_untried"][0]
+    space = {name: CategoricalDistribution(p.choices) for name, p in cfg.search.space.items()}
+    params = {n: v for n, v in target["params"].items() if n in space}
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED,
+            params=params,
+            distributions={n: space[n] for n in params},
+            intermediate_values={0: 3.0, 1: 2.5},
+        )
+    )
+    pruned = study.trials[-1].number
+    text, page, summary = build_report(cfg, study, tmp_path / "after")
+    assert [r["label"] for r in summary["partly_measured"]] == [target["label"]]
+    row = summary["partly_measured"][0]
+    assert row["pruned_trials"] == [pruned] and row["measured_so_far_tok_s"] == 2.5 and row["prompts_measured"] == 2
+    assert target["label"] not in [r["label"] for r in summary["predicted_untried"]]
+    assert summary["predicted_untried_count"] == before["predicted_untried_count"] - 1
+    html = page.read_text()
+    assert 'id="partly-measured"' in html and "Partly measured" in html
+    assert "complete trials on" not in html  # "parameter importances: from 10 complete trials on", unfinished
+
+    ranking = rank(study.trials)
+    export = build_schedule(study)["schedule"][0]
+    assert summary["best_speedup_vs_plain"] == export["speedup_vs_plain"] == round(ranking.configs[0].speedup_vs_baseline, 3)
+    assert summary["best_noise_band_tok_s"] == export["noise_band_tok_s"] and summary["noise_rel"] == ranking.noise_rel

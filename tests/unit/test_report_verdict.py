@@ -1,5 +1,6 @@
 """The report's verdict (orchestrator/explain/report/verdict.py) on hand-built rows: a winner measured
-beside another trial on its node is flagged; one measured alone is not."""
+beside another trial on its host is flagged; one measured alone is not; a win is clear only from two
+measurements of the winner with nothing measured only beside other trials."""
 
 from __future__ import annotations
 
@@ -19,9 +20,28 @@ def _row(number: int, value: float, k: int, co_running: list[int]) -> Row:
 
 def test_a_winner_measured_beside_other_trials_is_flagged():
     words = " ".join(verdict([_row(3, 12.0, 4, [2, 5]), _row(0, 10.0, 0, [])]))
-    assert "trials 2, 5 ran on the same node" in words and "interference" in words
+    assert "trials 2, 5 ran on the same host" in words and "interference" in words
     alone = " ".join(verdict([_row(3, 12.0, 4, []), _row(0, 10.0, 0, [1])]))
-    assert "same node" not in alone
+    assert "same host" not in alone
+
+
+def test_the_winner_is_clear_only_from_two_measurements_and_nothing_measured_only_beside_others():
+    """Outside the noise band is not enough: the winner measured once, or a runner-up timed only beside
+    other trials on its host (its timing a lower bound), leaves the win unclear; two measurements of the
+    winner and every configuration measured alone make it clear."""
+
+    def rows(winner_n: int, runner_up_beside: list[int]):
+        best, second = _row(3, 12.0, 4, []), _row(0, 10.0, 0, runner_up_beside)
+        best.config, best.pooled_trials, best.pooled_n = 0, [3], winner_n
+        second.config, second.pooled_trials, second.pooled_n, second.within_noise = 1, [0], 3, False
+        return " ".join(verdict([best, second]))
+
+    assert "outside the noise band, the winner is clear." in rows(2, [])
+    once = rows(1, [])
+    assert "the winner was measured once: not a clear win" in once and "the winner is clear" not in once
+    shaken = rows(2, [7])  # trial 0 ran beside trial 7 (of another configuration), never alone
+    assert "trial 0 ran only beside other trials on their host" in shaken and "not a clear win until measured alone" in shaken
+    assert "the winner is clear" not in shaken
 
 
 def _trial(k, kind, samples, setup_s, accept_len=1.0, step_ms=200.0, comm_fraction=0.3, node="n1", value=None, gang=None):

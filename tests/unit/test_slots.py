@@ -1,14 +1,15 @@
-"""The isolated slots of a cluster (orchestrator/execution/slots.py): how many each isolation gives,
-who ran beside whom, a lost node, and what a trial sees of its slot. The driver's whole rule in
+"""The isolated slots of a cluster (orchestrator/execution/slots.py): which Ray nodes share a host, how
+many slots each isolation gives, who ran beside whom, a lost node, and what a trial sees of its slot. The driver's whole rule in
 simulated time (500 trials on 32 slots) is tests/unit/test_proposals.py."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
-from orchestrator.execution.slots import GangNeed, NodeInfo, SlotBook, gangs_per_node, plan_slots
+from orchestrator.execution.slots import GangNeed, NodeInfo, Slot, SlotBook, gangs_per_node, group_hosts, hosts_line, plan_slots
 
 NODES = [NodeInfo(f"id{i:02d}" + "x" * 20, f"host{i}", cpus=16.0, gpus=8.0) for i in range(4)]
 TP4 = GangNeed(cpus=1.0, gpus=4.0)
@@ -77,3 +78,76 @@ def test_a_trial_site_reports_its_node_lost_only_when_the_node_is_gone():
     assert s1.lost_node() is None  # not placed yet: nothing to have lost
     unpinned.placed(1, NODES[3].id)
     assert s1.lost_node() == (NODES[3].id, NODES[3].id[:8])
+
+
+# three raylets of one machine (infra/services.sh's SPECTUNE_RAY_WORKERS=2, or ray.cluster_utils.Cluster):
+# one address, one boot id, Ray's hostname for each
+ONE_HOST = [NodeInfo(f"raylet{i}" + "x" * 20, "vm", cpus=2.0, gpus=0.0, address="127.0.0.1", boot_id="boot-a") for i in range(3)]
+TP1 = GangNeed(cpus=0.1)
+
+
+def test_ray_nodes_of_one_machine_are_one_host_and_isolation_node_runs_one_trial_there():
+    """Nodes sharing an address, or a boot id (containers of one machine, each with an address of its
+    own), directly or through another node, are one host; `node` isolation gives one slot per host."""
+    assert len({n.host_key for n in group_hosts(ONE_HOST)}) == 1
+    assert plan_slots(ONE_HOST, TP1, "node", 2) == [Slot(0)]  # one at a time, unpinned
+    assert plan_slots(ONE_HOST, TP1, "node", "auto") == [Slot(0)]
+    assert hosts_line(ONE_HOST) == "3 node(s) on 1 host(s)" and hosts_line(ONE_HOST[:1]) == "1 node(s)"
+    pods = [NodeInfo(f"pod{i}" + "x" * 20, f"pod-{i}", 2.0, 0.0, address=f"10.0.0.{i}", boot_id="boot-k8s") for i in range(2)]
+    other = NodeInfo("other" + "x" * 20, "box2", 2.0, 0.0, address="10.0.1.9", boot_id="boot-2")
+    slots = plan_slots([*pods, other], TP1, "node", "auto")
+    assert [s.node.id for s in slots] == [pods[0].id, other.id]  # the first node of each host
+    # linked through a third node: a shares an address with b, b a boot id with c
+    a = NodeInfo("a" * 24, "h", 1.0, 0.0, address="10.0.0.1", boot_id="b1")
+    b = NodeInfo("b" * 24, "h", 1.0, 0.0, address="10.0.0.1", boot_id="b2")
+    c = NodeInfo("c" * 24, "h", 1.0, 0.0, address="10.0.0.3", boot_id="b2")
+    assert len({n.host_key for n in group_hosts([a, b, c])}) == 1
+    # a boot id nobody could read links nothing
+    unknown = [NodeInfo(f"u{i}" + "x" * 20, "h", 1.0, 0.0, address=f"10.0.2.{i}") for i in range(2)]
+    assert len(plan_slots(unknown, TP1, "node", "auto")) == 2
+
+
+def test_the_host_label_declares_distinct_hosts_whatever_the_address():
+    """`spectune.io/host` (a Ray node label given when the node starts): the operator's word on which
+    host a node stands for. How a test runs two isolated trials on the raylets of one machine."""
+    labelled = [replace(n, host_label=f"test-host-{i}") for i, n in enumerate(ONE_HOST[:2])]
+    slots = plan_slots(labelled, TP1, "node", 2)
+    assert [s.node.id for s in slots] == [n.id for n in labelled] and slots[1].node.name.startswith("test-host-1/")
+    # a labelled node and the unlabelled ones of its machine: two hosts; two nodes of one label: one
+    assert len(plan_slots([labelled[0], *ONE_HOST[1:]], TP1, "node", "auto")) == 2
+    same = [replace(n, host_label="rack-7") for n in ONE_HOST]
+    assert plan_slots(same, TP1, "node", "auto") == [Slot(0)]
+
+
+def test_trials_on_two_nodes_of_one_host_are_neighbours_and_a_re_measure_must_run_alone():
+    """isolation gpu on two raylets of one machine: a slot on each, and trials on them ran beside each
+    other (the old rule compared node ids: two nodes, no neighbours)."""
+    book = SlotBook(plan_slots(ONE_HOST[:2], GangNeed(cpus=1.0), "gpu", 2), ONE_HOST)
+    assert book.hosts_shared  # a race re-measure in this study runs alone
+    assert [book.acquire(n).node.id for n in (0, 1)] == [ONE_HOST[0].id, ONE_HOST[1].id]
+    assert book.co_running(0) == [1] and book.co_running(1) == [0]
+    assert book.disturbed(0) and book.release(0) == [1]
+    # isolation node on distinct hosts: nothing shared, nobody beside anybody
+    apart = SlotBook(plan_slots(NODES, TP4, "node", 2), NODES)
+    assert not apart.hosts_shared
+    apart.acquire(0), apart.acquire(1)
+    assert apart.co_running(0) == [] and not apart.disturbed(0)
+
+
+def test_unpinned_trials_meet_by_host_and_one_still_being_placed_may_disturb():
+    """isolation none: a trial lands where Ray puts it; two on raylets of one machine are neighbours; while
+    another trial's gang is still being placed (and launched) it may be on this host: a prune must wait."""
+    book = SlotBook(plan_slots(ONE_HOST, TP1, "none", 2), ONE_HOST)
+    assert book.hosts_shared
+    book.acquire(0), book.acquire(1)
+    book.placed(0, ONE_HOST[0].id)
+    assert book.co_running(0) == [] and book.disturbed(0)  # trial 1 not placed yet: maybe here
+    book.placed(1, ONE_HOST[2].id)
+    assert book.co_running(0) == [1] and book.co_running(1) == [0]
+    site = book.site(0, threading.Lock())
+    assert site.beside() == [1] and site.disturbed() and site.host_name(ONE_HOST[2].id) == "vm"
+    # a node the book was not planned with (joined later): a host of its own
+    book.release(1)
+    book.acquire(2)
+    book.placed(2, "newnode" + "x" * 20)
+    assert book.co_running(2) == [] and book.co_running(0) == [1]

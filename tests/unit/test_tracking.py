@@ -1,7 +1,8 @@
 """The MLflow record as its users read it, on a real (SQLite) MLflow store: the experiment marked for
-MLflow 3's training-runs view, runs named by configuration, PRUNED / FAIL trials with their own
-status and reason tag, the experiment's settings among the params, metrics to 4 significant digits.
-And the console's live line, on a pipe and on a real pseudo-terminal."""
+MLflow 3's training-runs view, one experiment per study, runs named by trial number and configuration,
+PRUNED / FAIL trials with their own status and reason tag, the parent run FINISHED when the study
+ended as it should (its space measured through included), the experiment's settings among the params,
+metrics to 4 significant digits. And the console's live line, on a pipe and on a real pseudo-terminal."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def test_mlflow_runs_as_users_read_them(tmp_path):
     for number, run in runs.items():
         # a pruned and a failed run are told apart by name in MLflow's run list (one icon for both)
         mark = {0: "", 1: "pruned: ", 2: "failed: "}[number]
-        assert run.info.run_name == f"{mark}ngram k=6 gloo tp2" and run.data.tags["spectune.trial"] == str(number)
+        assert run.info.run_name == f"{mark}#{number} ngram k=6 gloo tp2" and run.data.tags["spectune.trial"] == str(number)
         p = run.data.params
         assert p["model.path"] == "smollm2-135m" and p["model.dtype"] == "float32" and p["parallel.tp"] == "2"
         assert p["workload.num_prompts"] == "3" and p["workload.max_new_tokens"] == "16" and p["workload.prompts"] == "bundled"
@@ -90,6 +91,52 @@ def test_mlflow_runs_as_users_read_them(tmp_path):
     # a second driver of the same study finds the same parent and leaves the experiment's kind alone
     again = Tracker(uri, "tags-exp", "tags", tmp_path, base_params=experiment_params(cfg))
     assert again.parent_run_id == tracker.parent_run_id
+
+
+def test_one_experiment_per_study_named_after_it_with_the_yaml_name_as_a_tag(tmp_path):
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    _cfg(tmp_path)  # writes exp.yaml (name: tags)
+    cfg = load_config(str(tmp_path / "exp.yaml"), ["study.name=tags-k6"])
+    assert (cfg.name, cfg.study_name, cfg.experiment_name) == ("tags", "tags-k6", "tags-k6")
+    assert load_config(str(tmp_path / "exp.yaml"), []).experiment_name == "tags"  # study.name left out: the YAML's name
+    assert load_config(str(tmp_path / "exp.yaml"), ["tracking.experiment=shared"]).experiment_name == "shared"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    studies = {}
+    for study_name in ("tags-k6", "tags-k2"):  # two studies of one YAML: two experiments
+        study = optuna.create_study(study_name=study_name)
+        tracker = Tracker(uri, study_name, study_name, tmp_path, study=study, name="tags")
+        exp = client.get_experiment(tracker.experiment_id)
+        assert exp.name == study_name and exp.tags["spectune.name"] == "tags"
+        assert client.get_run(tracker.parent_run_id).data.tags["spectune.name"] == "tags"
+        studies[study_name] = (study, tracker)
+    assert studies["tags-k6"][1].experiment_id != studies["tags-k2"][1].experiment_id
+    # a study begun when studies shared an experiment (its record names its parent run there) resumes in it
+    study, old = studies["tags-k2"]
+    again = Tracker(uri, "tags-k2-elsewhere", "tags-k2", tmp_path, study=study, name="tags")
+    assert (again.experiment_id, again.parent_run_id) == (old.experiment_id, old.parent_run_id)
+    assert client.get_experiment_by_name("tags-k2-elsewhere") is None
+
+
+def test_the_parent_run_ends_as_the_study_did(tmp_path):
+    """FINISHED when the study ended as it should, also with fewer COMPLETE trials than study.n_trials (its
+    space measured through); KILLED only when it was interrupted, FAILED when it stopped on an error."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.tracking.progress import Progress
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    for status in ("FINISHED", "KILLED", "FAILED"):
+        study = optuna.create_study(study_name=f"s-{status}", direction="maximize")
+        study.add_trial(optuna.trial.create_trial(value=3.0, params={}, distributions={}))
+        tracker = Tracker(uri, f"s-{status}", f"s-{status}", tmp_path, study=study)
+        summary = Progress(study, n_goal=5, log=lambda m: None).finish(tracker, status)
+        assert summary["complete"] == 1 < summary["n_trials"]
+        assert client.get_run(tracker.parent_run_id).info.status == status
 
 
 def test_live_line_on_a_pipe_is_throttled():
@@ -149,9 +196,8 @@ def test_the_last_line_says_why_a_finished_space_has_fewer_complete_trials_than_
     from orchestrator.cli import verdict_line
 
     ranking = {"verdict": "trial 1 (3.99 tok/s, n=1) and trial 0 tie within noise"}
-    short = verdict_line({"complete": 3, "n_trials": 5, "space_exhausted": True, "ranking": ranking})
-    assert short.startswith("spectune: 3/5 trials complete (every configuration of the space was tried;") and short.endswith(
-        ranking["verdict"]
-    )
+    short = verdict_line({"complete": 3, "n_trials": 5, "space_exhausted": True, "space_size": 4, "ranking": ranking})
+    # tried, not "pruned as slower or failed": a space of fewer configurations than n_trials ends with none pruned
+    assert short == f"spectune: 3/5 trials complete (all 4 configurations of the search space were tried); {ranking['verdict']}"
     assert verdict_line({"complete": 5, "n_trials": 5, "ranking": ranking}) == f"spectune: 5/5 trials complete; {ranking['verdict']}"
     assert verdict_line({"complete": 0, "n_trials": 5}) == "spectune: 0/5 trials complete; no COMPLETE trial"

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.config.registry import set_yaml
-from orchestrator.config.schema import ExperimentConfig, spectune_home
+from orchestrator.config.schema import ExperimentConfig, spectune_home, validated
 from orchestrator.errors import UserError
 from orchestrator.explain.perfcheck import (
     bench_comm,
@@ -53,16 +53,26 @@ from orchestrator.study.ranking import rank
 from orchestrator.tracking.runs import config_label, label_defaults, rounded
 
 
+def best_study_name(cfg: ExperimentConfig) -> str:
+    """The study `best_config.yaml` runs: a study of its own (its fixed part is not the searched
+    study's, which would refuse it on resume), in an MLflow experiment of its own."""
+    return f"{cfg.study_name}-best"
+
+
 def best_yaml(cfg: ExperimentConfig, params: dict) -> str:
-    """The experiment with its search space replaced by the winner's values: ready for `spectune decode`-like reuse."""
+    """The experiment with its search space replaced by the winner's values, as `spectune run` takes it
+    as it is: a study of its own (`best_study_name`), one trial of the winner, in the default stores
+    (`--set study.storage=... --set tracking.uri=...` for others)."""
     raw = cfg.model_dump(mode="json", exclude_none=True)
     for name, value in params.items():  # each searched parameter into its YAML place (orchestrator/config/registry.py)
         set_yaml(raw, name, value)
     k = raw["drafter"]["num_draft_tokens"]
     raw["search"] = {"space": {"spec.num_draft_tokens": k}}
-    raw["study"] = {"n_trials": 1, "baseline": k == 0}  # one trial of the winner (plus nothing to compare)
+    # one trial of the winner (plus nothing to compare); the default stores (a storage URL may hold a password)
+    raw["study"] = {"name": best_study_name(cfg), "n_trials": 1, "baseline": k == 0}
     for key in ("tracking", "limits"):
         raw.pop(key, None)
+    validated(json.loads(json.dumps(raw)), "best_config.yaml: ")  # what it writes, `spectune run` accepts
     return yaml.safe_dump(raw, sort_keys=False)
 
 
@@ -146,7 +156,9 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
     best = rows[0]
     base = next((r for r in rows if r.k == 0), None)
     by_number = {t.number: t for t in done}
-    one_gang = rank(done).noise_one_gang
+    ranking = rank(done)
+    one_gang = ranking.noise_one_gang
+    winner = ranking.configs[0] if ranking.configs else None
     summary = {
         "study": cfg.study_name,
         "objective": OBJECTIVE,
@@ -158,6 +170,12 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
         "best_label": best.label,
         "best_value": best.value,
         "best_pooled_median": best.pooled_median,
+        # the figures `spectune run`'s summary and `spectune export` give, from the study's one ranking
+        # (orchestrator/study/ranking.py): the winner's pooled median over the plain baseline's, and the noise
+        # of one measurement at that median (sigma; None where no configuration was measured twice)
+        "best_speedup_vs_plain": None if winner is None or winner.speedup_vs_baseline is None else round(winner.speedup_vs_baseline, 3),
+        "noise_rel": ranking.noise_rel,
+        "best_noise_band_tok_s": None if winner is None or ranking.noise_rel is None else round(ranking.noise_rel * winner.median, 2),
         "best_params": best.params,
         "verdict": verdict(rows, one_gang),
         "noise_one_gang": one_gang,

@@ -108,7 +108,28 @@ def config_model_html(s: dict) -> str:
             "trial ran that the performance model predicts from measured parts (no assumption for a part no trial measured). "
             f'These are estimates, not results.</p><table id="predicted-untried">{head}{body}</table>'
         )
+    if s.get("partly_measured"):
+        out.append(partly_measured_html(s["partly_measured"]))
     return "".join(out)
+
+
+def partly_measured_html(partly: list[dict]) -> str:
+    """Configurations only pruned trials ran: measured on their first prompts, then stopped as slower."""
+    head = (
+        f'<tr><th class="l">configuration</th><th class="l">pruned trials</th><th>{OBJECTIVE} when pruned</th>'
+        f"<th>prompts measured</th><th>predicted {OBJECTIVE}</th></tr>"
+    )
+    body = "".join(
+        f'<tr><td class="l">{_e(r["label"])}</td><td class="l">{", ".join(map(str, r["pruned_trials"]))}</td>'
+        f"<td>{r['measured_so_far_tok_s']:.2f}</td><td>{r['prompts_measured']}</td>"
+        f"<td>{'' if r.get('predicted_tok_s') is None else format(r['predicted_tok_s'], '.2f')}</td></tr>"
+        for r in partly
+    )
+    return (
+        f'<h2>Partly measured</h2><p class="note">{len(partly)} configuration{"s" if len(partly) != 1 else ""} ran only in trials the '
+        f"pruner stopped as clearly slower after their first prompts: {OBJECTIVE} over the prompts they measured, not a "
+        f'complete measurement (the predicted figure, where the model has one, is an estimate).</p><table id="partly-measured">{head}{body}</table>'
+    )
 
 
 def _model_notes(s: dict) -> str:
@@ -118,7 +139,10 @@ def _model_notes(s: dict) -> str:
     if s["importances"]:
         items.append("parameter importances (Optuna, fANOVA): " + ", ".join(f"{_e(k)} {v:.2f}" for k, v in s["importances"].items()))
     elif s["complete_trials"] < IMPORTANCE_MIN_TRIALS:
-        items.append(f"parameter importances (Optuna, fANOVA): from {IMPORTANCE_MIN_TRIALS} complete trials on")
+        items.append(
+            f"parameter importances (Optuna, fANOVA): not computed, they need at least {IMPORTANCE_MIN_TRIALS} complete trials "
+            f"and this study has {s['complete_trials']}"
+        )
     return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""
 
 

@@ -49,7 +49,7 @@ class Row:
     pooled_median: float | None = None
     pooled_n: int = 0
     pooled_speedup: float | None = None  # pooled median over the plain baseline's pooled median (same TP)
-    co_running: list[int] = field(default_factory=list)  # trials measured at the same time on its node
+    co_running: list[int] = field(default_factory=list)  # trials measured at the same time on its host
     # why, from every trial of its configuration (medians), not from this trial alone: what the verdict explains with
     why_accept_len: float | None = None
     why_breakeven: float | None = None
@@ -154,8 +154,9 @@ def rows_of(trials, cfg, model=None) -> list[Row]:
                 c = ranking.configs[i]
                 r.config, r.pooled_trials, r.pooled_median, r.pooled_n, r.pooled_speedup = i, c.trials, c.median, c.n, c.speedup_vs_baseline
         # ranked as the study's ranking, the summary and `export` rank: by configuration (pooled median), the trials of
-        # one configuration together in trial order, so the first row is the winner's first trial, the trial they name
-        rows.sort(key=lambda r: (r.config if r.config is not None else len(rows) + 1, r.number))
+        # one configuration together in trial order (those it pooled first: a trial measured beside others is left out
+        # where its configuration was measured alone), so the first row is the winner's first trial, the trial they name
+        rows.sort(key=lambda r: (r.config if r.config is not None else len(rows) + 1, r.number not in r.pooled_trials, r.number))
         pool_whys(rows)
     return rows
 

@@ -2,14 +2,16 @@
 
 The verdict names the winner by configuration, its objective with the noise band, its accepted
 length against the breakeven of its setup, the allreduce share of its step, and the runner-up
-with whether the two can be told apart.
+with whether the two can be told apart. It calls the winner clear only outside the noise band, from
+at least two measurements of it, and with no configuration measured only beside other trials on its
+host (orchestrator/study/ranking.py's rule: such a timing is a lower bound).
 """
 
 from __future__ import annotations
 
 from orchestrator.explain.report.rows import Row, within_noise
 from orchestrator.study.keys import IMPORTANCE_MIN_TRIALS, OBJECTIVE
-from orchestrator.study.ranking import simplicity, why_simpler
+from orchestrator.study.ranking import MIN_CLEAR_MEASUREMENTS, simplicity, why_simpler
 
 OBJECTIVE_MEANS = (
     f"{OBJECTIVE} is the study's objective: generated tokens per second of wall time, prompt prefill "
@@ -48,6 +50,24 @@ def _over(r: Row) -> str:
     return f" (medians over its {len(r.pooled_trials)} trials)" if len(r.pooled_trials) > 1 else ""
 
 
+def _key(r: Row):
+    return r.config if r.config is not None else ("trial", r.number)
+
+
+def disturbed(rows: list[Row]) -> list[list[Row]]:
+    """The configurations (their rows) every trial of which ran beside another trial on its host, in
+    the rows' order: their timings are a lower bound (orchestrator/study/ranking.py's rule)."""
+    groups: dict[object, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(_key(r), []).append(r)
+    return [g for g in groups.values() if all(r.co_running for r in g)]
+
+
+def _measurements(r: Row) -> int:
+    """Samples of the row's configuration the ranking pooled (its own repeats where it was not pooled)."""
+    return r.pooled_n or r.repeats
+
+
 def verdict(rows: list[Row], noise_one_gang: bool | None = None) -> list[str]:
     """Sentences of the first paragraph (plain text; the HTML page escapes them). `noise_one_gang`: the
     ranking's (the noise band came from one gang only)."""
@@ -64,11 +84,12 @@ def verdict(rows: list[Row], noise_one_gang: bool | None = None) -> list[str]:
         f"{best.label} {'leads' if ties else 'wins'} ({best.trials_text}): {OBJECTIVE} {value_text(best)}"
         + (f", {best.value / plain.value:.2f}x plain decoding ({plain.value:.2f})." if plain and best is not plain else ".")
     ]
-    if best.co_running:  # isolation gpu or none: its timing may include theirs
+    beside_only = disturbed(rows)
+    if best.co_running and any(best in g for g in beside_only):  # isolation gpu or none: its timing may include theirs
         out.append(
             f"It was measured while trial{'s' if len(best.co_running) > 1 else ''} {', '.join(map(str, best.co_running))} "
-            "ran on the same node (study.isolation), so its timing may include their interference: re-measure it alone "
-            "before trusting a close win."
+            "ran on the same host (study.isolation), so its timing may include their interference: re-measure it alone "
+            "before trusting a win."
         )
     if len(best.pooled_trials) > 1 and best.pooled_median is not None:
         times = f", {best.pooled_speedup:.2f}x plain decoding's" if best.pooled_speedup else ""
@@ -134,9 +155,19 @@ def verdict(rows: list[Row], noise_one_gang: bool | None = None) -> list[str]:
                 f"within noise, so these measurements do not separate the two{tied}; {prefer}."
             )
         else:
+            # clear only from two measurements or more of the winner, and with nothing measured only beside
+            # other trials (such a configuration may be faster than it measured)
+            n = _measurements(best)
+            if beside_only:
+                who = ", ".join(g[0].trials_text for g in beside_only)
+                why = f"but {who} ran only beside other trials on their host, so {'that timing' if len(beside_only) == 1 else 'those timings'} may be low: not a clear win until measured alone"
+            elif n < MIN_CLEAR_MEASUREMENTS:
+                why = "but the winner was measured once: not a clear win until it is measured again (study.race_trials)"
+            else:
+                why = "the winner is clear"
             out.append(
                 f"Runner-up: {second.label} ({second.trials_text}) at {second.value:.2f} tok/s, {gap:.1%} behind: "
-                "outside the noise band, the winner is clear."
+                f"outside the noise band, {why}."
             )
     if noise_one_gang:
         out.append(
