@@ -23,7 +23,11 @@
 # Settings (the environment of `start`):
 #   SPECTUNE_RAY_CPUS         CPUs of the Ray head (default: nproc)
 #   SPECTUNE_RAY_WORKERS      worker raylets started beside the head (default 0): a real multi-node Ray
-#                             cluster on one machine, e.g. for study.max_concurrent_trials with study.isolation: node
+#                             cluster on one machine (study.isolation: node still runs one trial at a time
+#                             on it: its nodes share one host)
+#   SPECTUNE_RAY_HOST_LABELS  1: label the head and each worker raylet as a host of its own (the Ray label
+#                             spectune.io/host), so that isolation node places a trial on each; for testing
+#                             the scheduler on one machine: those trials' timings disturb each other
 #   SPECTUNE_RAY_WORKER_CPUS  CPUs of each worker raylet (default: SPECTUNE_RAY_CPUS, else nproc)
 #   SPECTUNE_BIND_ADDRESS     this machine's cluster address (default 127.0.0.1: nothing leaves loopback)
 #   SPECTUNE_VENV             the virtual environment (default: .venv of this checkout)
@@ -335,7 +339,12 @@ start_ray_head() {  # sets ray_port dash_port agent_port client_port (start()'s 
   start_group ray env AUTOSCALER_METRIC_PORT="$(free_port)" DASHBOARD_METRIC_PORT="$(free_port)" \
     "${RAY_CLI[@]}" start --head --block --node-ip-address "$NODE_IP" --port "$ray_port" \
     --ray-client-server-port "$client_port" --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port "$dash_port" \
-    --dashboard-agent-listen-port "$agent_port" --num-cpus "$head_cpus" --disable-usage-stats --temp-dir "$ray_tmp"
+    --dashboard-agent-listen-port "$agent_port" --num-cpus "$head_cpus" --disable-usage-stats --temp-dir "$ray_tmp" \
+    $(host_label head)
+}
+
+host_label() {  # the `ray start` flag naming raylet $1 a host of its own, where SPECTUNE_RAY_HOST_LABELS=1
+  if [ "${SPECTUNE_RAY_HOST_LABELS:-0}" = 1 ]; then echo "--labels spectune.io/host=services-$1"; fi
 }
 
 # ------------------------------------------------------------------ start
@@ -410,7 +419,8 @@ start() {
     w_agent=$(free_port)
     w_agents+=("$w_agent")
     start_group "ray-worker-$i" "${RAY_CLI[@]}" start --block --address "$NODE_IP:$ray_port" --node-ip-address "$NODE_IP" \
-      --dashboard-agent-listen-port "$w_agent" --num-cpus "$worker_cpus" --disable-usage-stats --temp-dir "$w_tmp"
+      --dashboard-agent-listen-port "$w_agent" --num-cpus "$worker_cpus" --disable-usage-stats --temp-dir "$w_tmp" \
+      $(host_label "worker-$i")
   done
   for i in $(seq 1 "$workers"); do
     wait_http "http://127.0.0.1:${w_agents[$((i - 1))]}/api/local_raylet_healthz" 120 "ray-worker-$i"

@@ -215,7 +215,8 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
         monkeypatch.delenv(key)
     # no Ray, MLflow or services setting of this session's: the env file is the only source of credentials
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH", "SPECTUNE_BIND", "MLFLOW_"))}
-    env.update(SPECTUNE_RAY_WORKERS="1", SPECTUNE_RAY_CPUS="1", SPECTUNE_RAY_WORKER_CPUS="1")
+    # two raylets labelled as two hosts: isolation node then places a trial on each (on one real host)
+    env.update(SPECTUNE_RAY_WORKERS="1", SPECTUNE_RAY_CPUS="1", SPECTUNE_RAY_WORKER_CPUS="1", SPECTUNE_RAY_HOST_LABELS="1")
     for key in [k for k in os.environ if k.startswith(("RAY_AUTH", "MLFLOW_TRACKING_"))]:
         monkeypatch.delenv(key)
     stopped = False
