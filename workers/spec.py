@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workers.comm.table import AllreduceTable
 from workers.engine.config import EngineConfig
 from workers.engine.stats import RunStats
 
@@ -94,6 +95,16 @@ class GangSpec:
     # the largest Workload.batch_size the gang will run: sizes the allreduce buffers (a batched pass
     # reduces B x (k + 1) tokens' hidden states) and the batch KV cache
     max_batch: int = 1
+    # emulated TP (parallel.emulate_tp; tp is then 1): the one verifier process holds rank 0's shard of
+    # TP `emulate_tp`, and each collective waits `backend`'s latency in `allreduce_table` instead of
+    # communicating (workers/comm/emulated.py). 0: the ranks are real
+    emulate_tp: int = 0
+    allreduce_table: AllreduceTable | None = None
+
+    @property
+    def shard_world(self) -> int:
+        """The TP size the verifier's weights are split for: the emulated one, else tp."""
+        return self.emulate_tp or self.tp
 
     @property
     def has_drafter(self) -> bool:

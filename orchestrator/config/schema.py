@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls  # noqa: F401 - NVLS_OFF_ENV re-exported
 from orchestrator.config.registry import NCCL_VAR, PARAMS, lookup
 from orchestrator.errors import UserError
+from workers.comm.table import presets
 from workers.engine.config import ATTENTION_CHOICES, GEMV_CHOICES, MOE_KERNEL_CHOICES, EngineConfig
 
 SEARCHABLE = tuple(PARAMS)
@@ -64,6 +65,30 @@ class ParallelSection(_Section):
     threads: int = Field(1, ge=1)  # torch threads per worker (CPU)
     cpus_per_worker: float = Field(0.25, gt=0)  # Ray CPU resource per actor
     vocab_parallel: bool = False
+    # emulated TP (orchestrator/config/emulation.py): one process runs rank 0's shard of TP emulate_tp
+    # (tp stays 1) and each collective waits as allreduce_table says: a preset name or a table file
+    emulate_tp: int | None = Field(None, ge=1, le=64, description="emulate one rank of this TP size (parallel.tp stays 1)")
+    allreduce_table: str | None = Field(
+        None, validate_default=True, description=f"with emulate_tp: a preset ({', '.join(presets())}) or a bench-allreduce --json file"
+    )
+
+    @field_validator("emulate_tp")
+    @classmethod
+    def _one_process(cls, v: int | None, info) -> int | None:
+        tp = info.data.get("tp", 1)
+        if v is not None and tp != 1:
+            raise ValueError(f"emulates TP {v} in one process: parallel.tp must be 1, not {tp}")
+        return v
+
+    @field_validator("allreduce_table")
+    @classmethod
+    def _table_with_emulation(cls, v: str | None, info) -> str | None:
+        emulating = info.data.get("emulate_tp") is not None
+        if emulating and not v:
+            raise ValueError(f"parallel.emulate_tp needs a table: a preset ({', '.join(presets())}) or a bench-allreduce --json file")
+        if v and not emulating and "emulate_tp" in info.data:
+            raise ValueError("is read only with parallel.emulate_tp (the TP size to emulate)")
+        return v
 
     @field_validator("nccl_env")
     @classmethod

@@ -1,11 +1,11 @@
 """Everything `spectune validate` checks, and `spectune run` checks before launching anything:
 the YAML against the model (TP sizes, drafter layers, draft-model vocabulary), the backends
-against the device, the search space's values and conditions, and the prompts. A value is named by
+against the device (or, for emulated TP, against its allreduce table: orchestrator/config/emulation.py), the search space's values and conditions, and the prompts. A value is named by
 its `search.space` entry where the study searches it, else by its YAML path (orchestrator/config/registry.py)."""
 
 from __future__ import annotations
 
-from orchestrator.config import registry
+from orchestrator.config import emulation, registry
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import candidates, check_conditions
 from orchestrator.errors import UserError
@@ -67,7 +67,11 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     ks = check_limits("spec.num_draft_tokens")
     prepared = prepare(cfg, k_max=most_drafts(cfg, max(ks)))  # the cache holds the longest prompt, max_new_tokens and the most drafts
     args = prepared.args
+    # emulated TP: one rank of TP emulate_tp, its backends those of the table (which need not run here)
+    prepared.allreduce_table = emulation.check(cfg, args, [len(s) for s in prepared.token_ids], most_drafts(cfg, max(ks)))
     for tp in check_limits("parallel.tp"):
+        if prepared.allreduce_table is not None:
+            break
         try:
             check_tp(args, tp)
         except ModelConfigError as e:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from orchestrator.config.schema import ExperimentConfig, validated
 from orchestrator.errors import UserError
 from orchestrator.prompts.loading import SPLITS
+from workers.comm.table import presets
 from workers.engine.config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES, MOE_KERNEL_CHOICES
 
 
@@ -40,6 +41,17 @@ YAML_FLAGS = (
     _f("--device", "parallel.device", "cpu or cuda (one GPU per TP rank)"),
     _f("--threads", "parallel.threads", "torch threads per worker process", type=int),
     _f("--vocab-parallel", "parallel.vocab_parallel", "shard lm_head by vocabulary (logits all-gathered)", action="store_true"),
+    _f(
+        "--emulate-tp",
+        "parallel.emulate_tp",
+        "run one rank of TP N in one process, each allreduce a wait as --allreduce-table says (figures marked emulated)",
+        type=int,
+    ),
+    _f(
+        "--allreduce-table",
+        "parallel.allreduce_table",
+        "with --emulate-tp: a preset (" + ", ".join(presets()) + ") or a bench-allreduce --json file",
+    ),
     _f("--drafter", "drafter.kind", "none | draft_model | ngram | layer_skip | eagle3"),
     _f(("--num-draft-tokens", "-k"), "drafter.num_draft_tokens", "k, tokens drafted per step (0 = baseline)", type=int),
     _f("--draft-model", "drafter.model_path", "checkpoint of the draft model (--drafter draft_model) or the EAGLE-3 head (eagle3)"),

@@ -4,6 +4,7 @@ JSON object with the metric names of docs/reference.md (plus per-category accept
 
     spectune decode --model smollm2-135m --tp 2 --drafter ngram --num-draft-tokens 4 \
         --category summarization --num-prompts 4 --max-new-tokens 64 --json
+    spectune decode --emulate-tp 8 --allreduce-table pcie-8x-rtx-pro-6000 --simulate-accept-len 3 ...   # one rank of TP 8
 
 The flags become an experiment configuration (`experiment`), which takes the path of a study's
 trial: validation (orchestrator/config/validate.py), the prepared workload, the trial's resolved
@@ -19,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from orchestrator.config import emulation
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import TrialConfig, resolve
 from orchestrator.config.validate import check_experiment
@@ -67,6 +69,8 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
     except UserError as e:
         raise UserError(flag_message(str(e))) from None
     w = cfg.workload
+    if run.peer_baseline and cfg.parallel.emulate_tp is not None:
+        raise UserError("--peer-baseline: an emulated rank's outputs are not the model's (--emulate-tp); there is nothing to compare")
     if cfg.parallel.device == "cuda":
         import torch
 
@@ -81,9 +85,8 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
     if run.ngram_actor and gang.drafter.kind == "ngram":  # the n-gram drafter as its own process on the draft link
         gang = replace(gang, drafter=replace(gang.drafter, ngram_actor=True))
     ablation = run.ablation_iters if run.ablation_iters is not None else ABLATION_ITERS[cfg.parallel.device]
-    workload = replace(
-        prepared.workload(cfg, tc, batch_size=batch), record_margins=False, comm_ablation_iters=ablation if cfg.parallel.tp > 1 else 0
-    )
+    tp = cfg.parallel.emulate_tp or cfg.parallel.tp
+    workload = replace(prepared.workload(cfg, tc, batch_size=batch), record_margins=False, comm_ablation_iters=ablation if tp > 1 else 0)
     return DecodePlan(
         cfg=cfg,
         trial=tc,
@@ -103,6 +106,7 @@ def params(p: DecodePlan) -> dict:
         "model.path": p.cfg.model.path,
         **({"model.layers": subset} if subset else {}),
         **p.trial.params(),
+        **emulation.params(p.cfg, p.gang.allreduce_table),  # emulated TP: the table's name and hash, the acceptance
         "workload.temperature": w.temperature,
         "workload.num_prompts": len(p.prompts),
         "workload.max_new_tokens": w.max_new_tokens,
@@ -226,6 +230,11 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
         f"{len(p.prompts)} prompts ({n_tokens} prompt tokens), model {p.gang.model_path}"
         + (f" ({subset}: figures for these layers only)" if (subset := load_args(p.gang.model_path).layers_label) else "")
         + f", tp={cfg.parallel.tp}, drafter={cfg.drafter.kind}, k={k}"
+        + (
+            f"; {emulated} ({emulation.acceptance(cfg)}): figures emulated"
+            if (emulated := emulation.label(cfg, p.gang.allreduce_table))
+            else ""
+        )
     )
     t0 = time.perf_counter()
     with make(p.gang) as gang:
@@ -259,6 +268,9 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
         "rank_peak_rss_mb": rss,
         "prompt_tokens_mean": n_tokens / len(p.token_ids),
     }
+    if emulated:  # no output of an emulated rank is the model's: none is compared with a baseline
+        out["emulated"] = emulated
+        out["acceptance"] = emulation.acceptance(cfg)
     if base is None and k == 0:
         base = spec
     if ref is not None and B > 1:
@@ -268,7 +280,7 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
         out["plain_batch_speedup"] = plain.metrics["throughput_tok_s"] / ref.metrics["throughput_tok_s"]  # plain at B over plain at 1
         if "decode_tok_s" in plain.metrics and "decode_tok_s" in ref.metrics:  # decode steps only, prefills left out
             out["plain_batch_decode_speedup"] = plain.metrics["decode_tok_s"] / ref.metrics["decode_tok_s"]
-        if greedy:
+        if greedy and not emulated:
             verdict = outputs_verdict(
                 [r.tokens for r in ref.prompts], [r.margins for r in ref.prompts], [r.tokens for r in plain.prompts], p.gang.dtype
             )
@@ -282,7 +294,7 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
         if "decode_tok_s" in base.metrics and "decode_tok_s" in spec.metrics:
             out["baseline_decode_tok_s"] = base.metrics["decode_tok_s"]
             out["decode_speedup_vs_baseline"] = spec.metrics["decode_tok_s"] / base.metrics["decode_tok_s"]
-        if greedy and cfg.workload.simulate_accept_len is None:
+        if greedy and cfg.workload.simulate_accept_len is None and not emulated:
             judge = ref or base  # batch 1's tokens and margins
             out.update(
                 outputs_verdict(

@@ -10,6 +10,7 @@ from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import TrialConfig, resolve
 from orchestrator.errors import UserError
 from orchestrator.prompts.loading import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
+from workers.comm.table import AllreduceTable
 from workers.model.args import ModelArgs
 from workers.model.locate import is_random, load_args, resolve_model_path
 from workers.spec import GangSpec, Workload
@@ -40,6 +41,7 @@ class PreparedWorkload:
     eos_ids: tuple[int, ...]
     max_seq: int
     tokenizer: Tokenizer
+    allreduce_table: AllreduceTable | None = None  # emulated TP: the table its collectives wait (set by validation)
 
     def workload(
         self, cfg: ExperimentConfig, tc: TrialConfig, prompts: tuple[tuple[int, ...], ...] | None = None, batch_size: int = 1
@@ -78,6 +80,8 @@ class PreparedWorkload:
             threads=cfg.parallel.threads,
             engine=tc.engine,
             max_batch=max(cfg.workload.batch_sizes),
+            emulate_tp=cfg.parallel.emulate_tp or 0,
+            allreduce_table=self.allreduce_table,
         )
 
 
@@ -97,5 +101,6 @@ def prepare(cfg: ExperimentConfig, k_max: int | None = None) -> PreparedWorkload
     if need > args.max_position_embeddings:
         raise UserError(f"workload: longest prompt + max_new_tokens needs {need} positions, the model has {args.max_position_embeddings}")
     # random weights' tokens mean nothing: an EOS among them would only cut the measured run short
-    eos = () if is_random(path) else tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
+    # (nor do an emulated rank's: it exchanges no partial sums)
+    eos = () if is_random(path) or cfg.parallel.emulate_tp else tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
     return PreparedWorkload(str(path), args, prompts, ids, eos, min(args.max_position_embeddings, -(-need // 256) * 256), tok)

@@ -104,6 +104,9 @@ def experiment_params(cfg) -> dict[str, Any]:
     out["parallel.device"] = cfg.parallel.device
     out["parallel.tp"] = cfg.parallel.tp
     out["comm.backend"] = cfg.parallel.backend
+    from orchestrator.config import emulation
+
+    out.update(emulation.params(cfg))  # emulated TP: parallel.emulated, the table's name and hash, the acceptance
     return out
 
 

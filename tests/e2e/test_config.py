@@ -190,6 +190,7 @@ OTHER = {
     "engine.compile": False,
     "engine.gemv": "off",
     "engine.fused_add_norm": False,
+    "engine.moe_kernel": "dense",
     "engine.overlap": False,
     "nccl.NCCL_PROTO": "LL",
 }

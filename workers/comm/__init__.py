@@ -3,8 +3,9 @@
 from workers.comm import make_allreduce, refusal
 reason = refusal("nccl", gang)          # None if it can run, else one line why not
 ar = make_allreduce("gloo", group, world_size)
+ar = make_emulated(load_table("seeds-tp8-pcie"), "nccl", 8, mode="graph", device_type="cuda")  # one rank of TP 8, waiting
 
-`GangInfo`, `refusal` and `BackendError` import no torch (the CLI checks a YAML with them); the
+`GangInfo`, `refusal`, `emulation_refusal`, the tables and `BackendError` import no torch (the CLI checks a YAML with them); the
 backends, `BACKENDS` and the checks that run collectives load torch on first use (PEP 562).
 """
 
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import functools
 
-from workers.comm.capability import BACKEND_NAMES, GangInfo, refusal
+from workers.comm.capability import BACKEND_NAMES, EMULATED, GangInfo, emulation_refusal, refusal
+from workers.comm.table import AllreduceTable, TableError, load_table, presets
 from workers.runtime.errors import BackendError
 
 _LAZY = {"AllReduce", "NoOpAllReduce", "validate", "validate_add_norm"}
@@ -41,6 +43,15 @@ def backends() -> dict:
     return table
 
 
+def make_emulated(table: AllreduceTable, backend: str, world_size: int, mode: str, device_type: str):
+    """The emulated allreduce of one rank of TP `world_size`: waits `backend`'s rows of `table`."""
+    if why := emulation_refusal(table, backend, world_size):
+        raise BackendError(why)
+    from workers.comm.emulated import EmulatedAllReduce
+
+    return EmulatedAllReduce(table, backend, world_size, mode, device_type)
+
+
 def make_allreduce(name: str, group, world_size: int, gang: GangInfo | None = None):
     if gang is not None and (why := refusal(name, gang)):
         raise BackendError(why)
@@ -51,11 +62,18 @@ def make_allreduce(name: str, group, world_size: int, gang: GangInfo | None = No
 
 __all__ = [
     "AllReduce",
+    "AllreduceTable",
     "BACKENDS",
     "BACKEND_NAMES",
     "BackendError",
+    "EMULATED",
     "GangInfo",
+    "TableError",
+    "emulation_refusal",
+    "load_table",
     "make_allreduce",
+    "make_emulated",
+    "presets",
     "refusal",
     "validate",
     "validate_add_norm",

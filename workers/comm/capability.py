@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BACKEND_NAMES = ("gloo", "nccl", "noop", "symm_mem", "symm_mem_ll")
+# one rank of TP N waiting as an allreduce table says (workers/comm/emulated.py): never a comm.backend
+# choice itself; parallel.emulate_tp builds it, for the comm.backend whose rows it waits
+EMULATED = "emulated"
 SYMM_MAX_WORLD = 8
 SYMM_MAX_MESSAGE_BYTES = 8 << 20  # one-shot pays world x message reads; past a few MB a ring wins
 
@@ -28,6 +31,10 @@ class GangInfo:
 
 def refusal(name: str, gang: GangInfo) -> str | None:
     """None when backend `name` can run on `gang`, else one line saying why not."""
+    if name == EMULATED:
+        return (
+            "emulated is no comm.backend choice: parallel.emulate_tp and parallel.allreduce_table wait the table's rows of the comm.backend"
+        )
     if name not in BACKEND_NAMES:
         return f"unknown allreduce backend {name!r} (known: {', '.join(BACKEND_NAMES)})"
     if name == "noop":
@@ -43,6 +50,24 @@ def refusal(name: str, gang: GangInfo) -> str | None:
 
         return None if dist.is_nccl_available() else "this torch build has no NCCL"
     return _symm_mem_refusal(gang, name)
+
+
+def emulation_refusal(table, backend: str, world_size: int) -> str | None:
+    """None when an emulated rank of TP `world_size` can wait `backend`'s rows of `table` (an
+    AllreduceTable, workers/comm/table.py), else one line why not. It runs on any device: the
+    backend it stands for need not run here."""
+    if world_size < 1:
+        return f"emulated TP {world_size} must be at least 1"
+    if world_size == 1:  # nothing to wait: a TP 1 rank issues no collective
+        return None
+    if not table.backends(world_size):
+        return f"table {table.name!r} has no rows at TP {world_size} (it has TP {', '.join(map(str, table.tps()))})"
+    if backend not in table.backends(world_size):
+        listed = ", ".join(table.backends(world_size))
+        return (
+            f"table {table.name!r} does not time {backend} at TP {world_size}; it times {listed}, the backends an emulated study may choose"
+        )
+    return None
 
 
 def _symm_mem_refusal(gang: GangInfo, name: str) -> str | None:

@@ -3,7 +3,8 @@
 The same class runs in a local process (`workers/runtime/local_gang.py`) or inside a Ray actor
 (`workers/runtime/actor.py`, started by orchestrator/execution/gang.py): `setup` joins the process groups, loads this rank's part and checks
 the allreduce backend against a reference sum; `run` decodes one Workload; `shutdown` leaves
-the process groups. Verifier rank 0 returns the RunResult, everyone else returns None.
+the process groups. With `GangSpec.emulate_tp` the one verifier process holds rank 0's shard of
+that TP size and its collectives wait as the allreduce table says (workers/comm/emulated.py). Verifier rank 0 returns the RunResult, everyone else returns None.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from workers.comm import BACKENDS, GangInfo, make_allreduce, validate, validate_add_norm
+from workers.comm import BACKENDS, GangInfo, make_allreduce, make_emulated, validate, validate_add_norm
 from workers.drafters import Drafter, Eagle3Drafter, ModelDrafter, NgramDrafter
 from workers.drafters.eagle3 import checkpoint as eagle3_ckpt
 from workers.drafters.eagle3 import head as eagle3
@@ -165,15 +166,22 @@ class Worker:
             self.drafter = build_drafter(spec, device)
         else:
             max_numel = spec.max_batch * (MAX_DRAFT_TOKENS + 1) * args.dim  # the widest verify pass of any batch
-            gang = GangInfo(
-                world_size=spec.tp,
-                device_type=device.type,
-                devices=self._tp_devices(),
-                p2p_ok=self._p2p_ok(),
-                max_message_bytes=max_numel * dtype.itemsize,
-            )
-            allreduce = make_allreduce(spec.backend, tp_group, spec.tp, gang if spec.tp > 1 else None)
             engine = spec.engine
+            if spec.emulate_tp:  # one rank of TP emulate_tp, its collectives waiting as the table says
+                if spec.allreduce_table is None:
+                    raise WorkerError(f"emulate_tp={spec.emulate_tp} needs an allreduce table")
+                mode = "graph" if device.type == "cuda" and engine.cuda_graphs else "eager"
+                allreduce = make_emulated(spec.allreduce_table, spec.backend, spec.emulate_tp, mode, device.type)
+                allreduce.setup(device, dtype, max_numel)  # nothing is summed, so nothing to validate
+            else:
+                gang = GangInfo(
+                    world_size=spec.tp,
+                    device_type=device.type,
+                    devices=self._tp_devices(),
+                    p2p_ok=self._p2p_ok(),
+                    max_message_bytes=max_numel * dtype.itemsize,
+                )
+                allreduce = make_allreduce(spec.backend, tp_group, spec.tp, gang if spec.tp > 1 else None)
             if spec.tp > 1:
                 allreduce.setup(device, dtype, max_numel)
                 # within the buffer the backend sized (a larger message would test its NCCL fallback instead)
@@ -182,7 +190,7 @@ class Worker:
                 # the engine records whether it joins row-parallel outputs in the allreduce's kernel
                 # (the backend's capability is left as built)
                 engine = replace(engine, fused_add_norm=self._check_add_norm(allreduce, tp_group, args.dim, dtype, device))
-            part = TPPart(self.rank, spec.tp, spec.vocab_parallel)
+            part = TPPart(self.rank, spec.shard_world, spec.vocab_parallel)
             model = hook(load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, tp=part), part, allreduce)
             model.aux_layers = aux_layers  # eagle3: capture the states its head reads (plain and fused steps)
             self.verifier = Verifier(

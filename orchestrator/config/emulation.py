@@ -1,0 +1,113 @@
+"""Emulated TP on the driver: the allreduce table an experiment names, what is checked before anything
+launches, and how the record says its figures are emulated.
+
+    parallel: {tp: 1, emulate_tp: 8, allreduce_table: pcie-8x-rtx-pro-6000}     # YAML
+    spectune decode --emulate-tp 8 --allreduce-table seeds-tp8-pcie --simulate-accept-len 3 ...
+
+One process runs rank 0's shard of TP `emulate_tp` and every collective waits the table's latency
+for its message size, rank count and `comm.backend` (workers/comm/emulated.py). The backends the
+table lists at that TP size are the comm.backend choices. An emulated rank exchanges no partial
+sums, so its tokens are not the model's: a trial that drafts takes its acceptance from
+`workload.simulate_accept_len`, and no output is compared with a baseline.
+"""
+
+from __future__ import annotations
+
+from orchestrator.config import registry
+from orchestrator.config.schema import ExperimentConfig
+from orchestrator.config.space import candidates
+from orchestrator.errors import UserError
+from workers.comm import AllreduceTable, TableError, emulation_refusal, load_table
+from workers.model.args import ModelArgs, ModelConfigError, check_tp
+
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def table_of(cfg: ExperimentConfig) -> AllreduceTable | None:
+    """The table of an emulated experiment (None when its TP is real); UserError naming the field."""
+    if cfg.parallel.emulate_tp is None:
+        return None
+    try:
+        return load_table(cfg.parallel.allreduce_table)
+    except TableError as e:
+        raise UserError(f"parallel.allreduce_table: {e}") from None
+
+
+def message_bytes(cfg: ExperimentConfig, args: ModelArgs, prompt_lengths: list[int], most_drafts: int) -> tuple[int, int]:
+    """The smallest and largest allreduce an emulated trial issues: one token's hidden state (a plain
+    decode step), up to a batch's prefill (its prompts packed in one pass) or its widest verify pass."""
+    token = args.dim * ITEMSIZE[cfg.model.dtype]
+    batch = max(cfg.workload.batch_sizes)
+    prefill = sum(sorted(prompt_lengths, reverse=True)[:batch])
+    return token, token * max(prefill, batch * (most_drafts + 1))
+
+
+def check(cfg: ExperimentConfig, args: ModelArgs, prompt_lengths: list[int], most_drafts: int) -> AllreduceTable | None:
+    """Everything an emulated experiment needs before launch (UserError, one line, naming the field);
+    the table, or None when the experiment's TP is real."""
+    table = table_of(cfg)
+    if table is None:
+        return None
+    n = cfg.parallel.emulate_tp
+    if candidates(cfg, "parallel.tp") != [1]:
+        raise UserError(
+            f"{registry.where(cfg, 'parallel.tp')}: an emulated study (parallel.emulate_tp {n}) runs one process; parallel.tp stays 1"
+        )
+    try:
+        check_tp(args, n)
+    except ModelConfigError as e:
+        raise UserError(f"parallel.emulate_tp: {e}") from None
+    if searched := [name for name in cfg.search.space if name.startswith("nccl.")]:
+        raise UserError(
+            f"search.space.{searched[0]}: an emulated rank waits the table's default NCCL environment; NCCL variables change nothing"
+        )
+    backends = candidates(cfg, "comm.backend")
+    for backend in backends:
+        if why := emulation_refusal(table, str(backend), n):
+            raise UserError(f"{registry.where(cfg, 'comm.backend')}: {why}")
+    ks = candidates(cfg, "spec.num_draft_tokens")
+    if any(k > 0 for k in ks) and cfg.workload.simulate_accept_len is None:
+        raise UserError(
+            "workload.simulate_accept_len: an emulated rank's tokens are not the model's (no partial sums are exchanged), "
+            "so a trial that drafts takes its accepted length from here (e.g. 2.5)"
+        )
+    if n > 1:
+        lo, hi = message_bytes(cfg, args, prompt_lengths, most_drafts)
+        graphs = candidates(cfg, "engine.cuda_graphs") if cfg.parallel.device == "cuda" else [False]
+        for backend in backends:
+            for mode in {"graph" if g else "eager" for g in graphs}:
+                for size in (lo, hi):
+                    try:
+                        table.latency_us(str(backend), n, size, mode)
+                    except TableError as e:
+                        raise UserError(f"parallel.allreduce_table: {e}") from None
+    return table
+
+
+def label(cfg: ExperimentConfig, table: AllreduceTable | None = None) -> str | None:
+    """The words the console, the decode JSON and the report use: "emulated TP 8 from table NAME (sha256 ...)"; None: real TP."""
+    if cfg.parallel.emulate_tp is None:
+        return None
+    table = table or table_of(cfg)
+    return f"emulated TP {cfg.parallel.emulate_tp} from table {table.label}"
+
+
+def acceptance(cfg: ExperimentConfig) -> str:
+    """Which acceptance an emulated trial's figures rest on."""
+    tau = cfg.workload.simulate_accept_len
+    return "none (plain decoding only)" if tau is None else f"simulated: accepted length {tau:g} (workload.simulate_accept_len)"
+
+
+def params(cfg: ExperimentConfig, table: AllreduceTable | None = None) -> dict:
+    """MLflow params saying the figures are emulated, from which table and on which acceptance (none
+    for a real TP experiment: its records stay as they were)."""
+    if cfg.parallel.emulate_tp is None:
+        return {}
+    table = table or table_of(cfg)
+    return {
+        "parallel.emulated": True,
+        "parallel.emulate_tp": cfg.parallel.emulate_tp,
+        "parallel.allreduce_table": table.name,
+        "parallel.allreduce_table_sha256": table.sha256,
+        "parallel.emulated_acceptance": acceptance(cfg),
+    }

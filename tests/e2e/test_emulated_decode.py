@@ -1,0 +1,77 @@
+"""`spectune decode --emulate-tp N --allreduce-table T` as a user runs it: one process holds rank 0's
+shard of TP 2 and waits the table's latency per allreduce; the JSON says the figures are emulated
+and from which table, names the acceptance it used and compares no output with a baseline. Bad
+input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+LATENCY_US = 300.0
+
+
+def spectune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _table(path, sizes, backend="gloo", tp=2):
+    rows = [{"backend": backend, "tp": tp, "mode": "eager", "env": "default", "size_bytes": s, "time_us": LATENCY_US} for s in sizes]
+    path.write_text(json.dumps(rows))
+    return str(path)
+
+
+def test_emulated_decode_json(tiny_ckpt, tmp_path):
+    table = _table(tmp_path / "cpu-tp2.json", [1 << p for p in range(6, 22)])
+    r = spectune(
+        "decode",
+        "--model",
+        str(tiny_ckpt),
+        "--emulate-tp",
+        "2",
+        "--allreduce-table",
+        table,
+        "--drafter",
+        "ngram",
+        "-k",
+        "3",
+        "--simulate-accept-len",
+        "2",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["emulated"].startswith("emulated TP 2 from table cpu-tp2 (sha256 ")
+    assert "emulated TP 2 from table cpu-tp2" in r.stderr  # the console says so too
+    p = out["params"]
+    assert p["parallel.emulated"] is True and p["parallel.emulate_tp"] == 2 and p["parallel.tp"] == 1
+    assert p["parallel.allreduce_table"] == "cpu-tp2" and len(p["parallel.allreduce_table_sha256"]) == 64
+    assert "simulated" in p["parallel.emulated_acceptance"] and out["acceptance"] == p["parallel.emulated_acceptance"]
+    assert "outputs_match_baseline" not in out  # an emulated rank's tokens are not the model's
+    assert out["allreduce_per_step"] == 4  # 2 layers x (attention + MLP)
+    assert out["comm_ms_counted"] >= 0.99 * 4 * LATENCY_US / 1e3
+    assert out["rank_peak_rss_mb"] and len(out["rank_peak_rss_mb"]) == 1
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--allreduce-table", "no-such-preset"], "--allreduce-table: 'no-such-preset' is neither a preset"),
+        (["--allreduce-table", "NARROW"], "--allreduce-table: a message of 256 B is outside table 'narrow'"),
+        (["--allreduce-table", "NARROW", "--tp", "2"], "--emulate-tp: emulates TP 2 in one process: --tp must be 1, not 2"),
+    ],
+)
+def test_bad_emulation_input_is_one_line_exit_2(tiny_ckpt, tmp_path, extra, message):
+    narrow = _table(tmp_path / "narrow.json", [4096, 8192])
+    extra = [narrow if a == "NARROW" else a for a in extra]
+    r = spectune("decode", "--model", str(tiny_ckpt), "--emulate-tp", "2", "-k", "0", "--num-prompts", "1", *extra, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"spectune: error: {message}"), r.stderr
