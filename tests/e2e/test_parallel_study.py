@@ -178,7 +178,8 @@ def test_trials_beside_each_other_are_marked_and_the_race_re_measures_alone(tmp_
     """isolation none on the embedded one-node Ray, two at a time: said once; trials that ran at once are
     marked with each other (spectune.co_running), so the ranking trusts none of them, and the race trial
     (study.race_trials 1; two where the first two trials end together) re-measures the fastest of them
-    alone: asked while another trial still ran, it waited for it, and nothing ran beside it."""
+    alone: asked while another trial still ran, it waits for it (when that happens is the machine's
+    timing), and nothing runs beside it (which the MLflow runs' spans show)."""
     exp = tiny_experiment(
         tmp_path,
         tiny_ckpt,
@@ -202,7 +203,11 @@ def test_trials_beside_each_other_are_marked_and_the_race_re_measures_alone(tmp_
     # one race trial, or two where the first two trials ended together and the race came before a third
     assert len(complete) == 4 and raced and len(others) >= 2, r.stderr[-3000:]
     assert all(t.user_attrs.get("spectune.co_running") for t in others[:2])  # the first two ran at once
-    assert "re-measures trial" in r.stderr and "configuration alone" in r.stderr and "when the running trials end" in r.stderr
+    assert "re-measures trial" in r.stderr, r.stderr[-3000:]
+    # whether the race was asked while the other trial still ran (then it says it waits) is the machine's timing;
+    # that it ran alone is not: the MLflow spans below
+    if "configuration alone" in r.stderr:
+        assert "when the running trials end" in r.stderr
     _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
     span = {run.data.tags["spectune.trial"]: (run.info.start_time, run.info.end_time) for run in runs}
     ranking = summary(r)["ranking"]

@@ -200,8 +200,20 @@ def test_parameter_importances_come_from_ten_complete_trials_on(tmp_path):
     trials += [_trial(2 * (i % 2 + 1), ("ngram", "layer_skip")[i % 3 == 0], [11.0 + i % 3], 0.0, accept_len=1.5) for i in range(8)]
     text, _, summary = build_report(cfg, _study(*trials), tmp_path / "few")
     assert len(trials) == IMPORTANCE_MIN_TRIALS - 1 and summary["importances"] == {}
-    assert f"parameter importances: from {IMPORTANCE_MIN_TRIALS} complete trials on" in text
+    want = (
+        f"parameter importances: not computed, they need at least {IMPORTANCE_MIN_TRIALS} complete trials and this study has {len(trials)}"
+    )
+    assert want in text
     trials.append(_trial(4, "ngram", [12.5], 0.0, accept_len=1.6))
     text, _, summary = build_report(cfg, _study(*trials), tmp_path / "enough")
     assert set(summary["importances"]) == {"spec.num_draft_tokens", "drafter.kind"}
     assert "parameter importances: " in text and "complete trials on" not in text
+
+
+def test_the_verdicts_speedup_is_the_rankings():
+    """The report's "Nx plain decoding" is the ranking's pooled speedup (what `run` and `export` print),
+    not this row's value over the plain row's (a single trial's figure where configurations repeat)."""
+    best, plain = _row(3, 12.5, 4, []), _row(0, 10.0, 0, [])
+    assert "1.25x plain decoding" in verdict([best, plain])[0]  # no ranking figure: the rows' ratio
+    best.pooled_speedup = 1.18
+    assert "1.18x plain decoding" in verdict([best, plain])[0]

@@ -80,9 +80,12 @@ def verdict(rows: list[Row], noise_one_gang: bool | None = None) -> list[str]:
         if r.within_noise and key not in seen:
             ties.append(r)
             seen.add(key)
+    # the speedup is the ranking's (pooled medians over the plain baseline's), the figure `run` and `export`
+    # print; a ratio of this row's value only where the ranking has none
+    speedup = best.pooled_speedup if best.pooled_speedup else (best.value / plain.value if plain else None)
     out = [
         f"{best.label} {'leads' if ties else 'wins'} ({best.trials_text}): {OBJECTIVE} {value_text(best)}"
-        + (f", {best.value / plain.value:.2f}x plain decoding ({plain.value:.2f})." if plain and best is not plain else ".")
+        + (f", {speedup:.2f}x plain decoding ({plain.value:.2f})." if plain and best is not plain and speedup else ".")
     ]
     beside_only = disturbed(rows)
     if best.co_running and any(best in g for g in beside_only):  # isolation gpu or none: its timing may include theirs
@@ -199,7 +202,9 @@ def terminal_text(study: str, rows: list[Row], s: dict) -> str:
     if s["importances"]:
         lines.append("parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in s["importances"].items()))
     elif s["complete_trials"] < IMPORTANCE_MIN_TRIALS:
-        lines.append(f"parameter importances: from {IMPORTANCE_MIN_TRIALS} complete trials on")
+        lines.append(
+            f"parameter importances: not computed, they need at least {IMPORTANCE_MIN_TRIALS} complete trials and this study has {s['complete_trials']}"
+        )
     fb, fbest = s["comm_fraction_baseline"], s["comm_fraction_best"]
     lines.append(f"comm_fraction: baseline {fb if fb is None else round(fb, 3)}, best {fbest if fbest is None else round(fbest, 3)}")
     lines.append(
