@@ -337,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    from orchestrator.execution.cluster import embedded_auth_env
+
+    embedded_auth_env()  # an embedded Ray asks for a token too; Ray reads the mode when first imported
     try:
         return ns.handler(ns)
     except INPUT_ERRORS as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchestrator.config.envpolicy import nvls_off_here
 from orchestrator.errors import UserError
@@ -47,8 +48,39 @@ def assigned_instances(resource: str) -> list[int]:
     return sorted({int(i) for key, pairs in ids.items() if key == resource or key.startswith(resource + "_group_") for i, _ in pairs})
 
 
+def private_token() -> Path:
+    """$SPECTUNE_HOME/ray-token, made once (32 random bytes, hex), readable by its owner only: the embedded
+    Ray's token (Ray's own default file, ~/.ray/auth_token, is created world-readable)."""
+    import secrets
+
+    from orchestrator.config.schema import spectune_home
+
+    path = spectune_home() / "ray-token"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        os.replace(path.with_suffix(".tmp"), path)  # atomic: a concurrent driver reads a whole token or none
+    os.chmod(path, 0o600)
+    return path
+
+
+def embedded_auth_env() -> None:
+    """Where no RAY_ADDRESS names a cluster: the embedded Ray listens on loopback only, and loopback is
+    every local user, so it asks for a token (RAY_AUTH_MODE=token) kept in a file only this user reads
+    (`private_token`). A RAY_AUTH_MODE or token the caller set is kept (the tests set the mode
+    explicitly). Ray reads these when it is imported: call this before `import ray` (the CLI does)."""
+    if os.environ.get("RAY_ADDRESS"):
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if os.environ["RAY_AUTH_MODE"] == "token" and not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(private_token())
+
+
 def connect(num_cpus: int | None = None) -> str:
     """Join the cluster in RAY_ADDRESS, or start an embedded local one. Returns a description."""
+    embedded_auth_env()  # before the import: Ray reads its auth mode then
     import ray
 
     nvls_off_here()  # an embedded Ray's GCS, raylet, agents and workers inherit this environment
@@ -63,8 +95,7 @@ def connect(num_cpus: int | None = None) -> str:
         with _loopback_only() if _is_loopback(address) else contextlib.nullcontext():
             ray.init(address=address, logging_level="ERROR", log_to_driver=True)
         return f"ray cluster at {address}"
-    # Ray 2.60 turns token auth on unless told; the embedded Ray is this process's own and listens on loopback only
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    embedded_auth_env()  # a no-op where the CLI did it already, before anything imported ray
     extra = {"_temp_dir": os.environ["SPECTUNE_RAY_TMPDIR"]} if os.environ.get("SPECTUNE_RAY_TMPDIR") else {}
     with _loopback_only():
         ray.init(
