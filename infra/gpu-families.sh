@@ -17,7 +17,7 @@
 # on a Qwen3-30B-A3B layer, workers/kernels/moe.py --bench), widths (scripts/verify_widths.py), decode (spectune
 # decode, plain, of random:qwen3-8b and random:qwen3-30b-a3b:layers=$MOE_LAYERS), before (TP 1
 # random:llama-3-8b with .devcarry/before, then this tree, back to back on the same card).
-# Each run is cut off after $LIMIT seconds (default 240). Everything lands in $OUT: log.txt and a JSON per run.
+# Each run is cut off after $LIMIT seconds (default 240); WIDTHS (default 1..9) are the widths timed. Everything lands in $OUT: log.txt and a JSON per run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stages=("${@:-tests kernels widths decode before}")
@@ -51,7 +51,8 @@ for stage in "${stages[@]}"; do
       run moe_kernels . $PY -m workers.kernels.moe --bench
       grep -v '^\[' "$OUT/moe_kernels.json" ;;
     widths)
-      run widths . $PY -m scripts.verify_widths --model random:qwen3-8b "random:qwen3-30b-a3b:layers=$MOE_LAYERS" --json "$OUT/widths_full.json"
+      run widths . $PY -m scripts.verify_widths --model random:qwen3-8b "random:qwen3-30b-a3b:layers=$MOE_LAYERS" \
+        --widths ${WIDTHS:-1 2 3 4 5 6 7 8 9} --json "$OUT/widths_full.json"
       cat "$OUT/widths.json" ;;
     decode)
       run decode_qwen3_8b . $PY $(decode random:qwen3-8b)
