@@ -217,3 +217,65 @@ def test_the_verdicts_speedup_is_the_rankings():
     assert "1.25x plain decoding" in verdict([best, plain])[0]  # no ranking figure: the rows' ratio
     best.pooled_speedup = 1.18
     assert "1.18x plain decoding" in verdict([best, plain])[0]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["space_exhausted", "all_pruned_but_baseline", "tie", "one_repeat"],
+)
+def test_reports_of_several_study_shapes_agree_with_the_ranking_and_finish_every_sentence(tmp_path, shape):
+    """The report's figures are the ranking's (what `run` prints and `export` takes): its speedup and
+    noise band equal the summary's, the text quotes that speedup, and no sentence is left unfinished."""
+    import re
+
+    import optuna
+
+    from orchestrator.config.schema import ExperimentConfig
+    from orchestrator.explain.report.core import build_report
+    from orchestrator.study.ranking import rank
+
+    cfg = ExperimentConfig.model_validate(
+        {"name": "x", "model": {"path": "random:llama-3-8b"}, "parallel": {"tp": 2},
+         "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}}}
+    )  # fmt: skip
+    plain = _trial(0, "none", [10.0, 10.1, 9.9], 8.0)
+    trials = {
+        "space_exhausted": [
+            plain,
+            _trial(2, "ngram", [11.0, 11.2], 0.0, accept_len=1.4),
+            _trial(4, "ngram", [12.0, 12.3], 0.0, accept_len=1.6),
+        ],
+        "all_pruned_but_baseline": [plain],
+        "tie": [plain, _trial(2, "ngram", [11.0, 11.05], 0.0, accept_len=1.4), _trial(4, "ngram", [11.02, 11.04], 0.0, accept_len=1.5)],
+        "one_repeat": [_trial(0, "none", [10.0], 8.0), _trial(4, "ngram", [12.0], 0.0, accept_len=1.6)],
+    }[shape]
+    study = _study(*trials)
+    if shape == "all_pruned_but_baseline":
+        for k in (2, 4):
+            study.add_trial(
+                optuna.trial.create_trial(
+                    state=optuna.trial.TrialState.PRUNED,
+                    params={"spec.num_draft_tokens": k, "drafter.kind": "ngram"},
+                    distributions=trials[0].distributions,
+                    user_attrs={
+                        "spectune.params": {"parallel.tp": 2, "comm.backend": "gloo", "spec.num_draft_tokens": k, "drafter.kind": "ngram"}
+                    },
+                )
+            )
+    text, html, summary = build_report(cfg, study, tmp_path / shape)
+    ranking = rank([t for t in study.trials if t.state.name == "COMPLETE"])
+    winner = ranking.configs[0]
+    assert summary["noise_rel"] == ranking.noise_rel
+    want = None if winner.speedup_vs_baseline is None else round(winner.speedup_vs_baseline, 3)
+    assert summary["best_speedup_vs_plain"] == want
+    if want is not None and want != 1.0:
+        assert f"{winner.speedup_vs_baseline:.2f}x plain decoding" in text
+    page = re.sub(r"<(style|script)\b.*?</\1>", " ", html.read_text(), flags=re.S)  # the words, not the page's CSS or code
+    nodes = [" ".join(node.split()) for node in re.split(r"<[^>]+>", page)]  # each text node as one line
+    for lines in (text.splitlines(), nodes):
+        dangling = [line for line in lines if re.search(r"\b(from|of|on|the|and|with)$", line.strip())]
+        assert not dangling and not any("complete trials on" in line for line in lines), dangling
+    import json
+
+    written = json.loads((tmp_path / shape / "summary.json").read_text())  # what best_config.yaml and export sit beside
+    assert (written["best_speedup_vs_plain"], written["noise_rel"]) == (summary["best_speedup_vs_plain"], summary["noise_rel"])
