@@ -86,7 +86,12 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
         gang = replace(gang, drafter=replace(gang.drafter, ngram_actor=True))
     ablation = run.ablation_iters if run.ablation_iters is not None else ABLATION_ITERS[cfg.parallel.device]
     tp = cfg.parallel.emulate_tp or cfg.parallel.tp
-    workload = replace(prepared.workload(cfg, tc, batch_size=batch), record_margins=False, comm_ablation_iters=ablation if tp > 1 else 0)
+    # margins only where this run is itself the plain batch-1 reference a --peer-baseline check reads (k = 0);
+    # otherwise the baseline run records them
+    peer_judge = run.peer_baseline and cfg.workload.temperature == 0 and tc.num_draft_tokens == 0 and batch == 1
+    workload = replace(
+        prepared.workload(cfg, tc, batch_size=batch), record_margins=peer_judge, comm_ablation_iters=ablation if tp > 1 else 0
+    )
     return DecodePlan(
         cfg=cfg,
         trial=tc,
@@ -141,10 +146,12 @@ def _cut_peer(signum, frame):
 def peer_verdict(ours: RunResult, theirs: list[list[int]], eos: set[int], dtype: str) -> dict[str, int]:
     """outputs_match_peer: 1 when transformers' greedy tokens are our plain decoding's on every prompt,
     under the baseline's near-tie rule (orchestrator/study/equivalence.py; our margins judge where
-    the run recorded them). Where our prompt ended at an EOS, transformers' (which runs on to
-    max_new_tokens) is compared up to that length."""
-    cut = [t[: len(o.tokens)] if o.tokens and o.tokens[-1] in eos else t for o, t in zip(ours.prompts, theirs)]
-    v = outputs_verdict([o.tokens for o in ours.prompts], [o.margins for o in ours.prompts], cut, dtype)
+    the run recorded them). Where our prompt ended at an EOS, transformers' run (held to max_new_tokens
+    by min_new_tokens, which also forbids that EOS) is compared on the tokens before it."""
+    pairs = [
+        (o.tokens[:-1], t[: len(o.tokens) - 1]) if o.tokens and o.tokens[-1] in eos else (o.tokens, t) for o, t in zip(ours.prompts, theirs)
+    ]
+    v = outputs_verdict([a for a, _ in pairs], [o.margins for o in ours.prompts], [b for _, b in pairs], dtype)
     return {
         "outputs_match_peer": v["outputs_match_baseline"],
         "prompts_matching_peer": v["prompts_matching_baseline"],
@@ -241,6 +248,7 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
         setup = gang.setup()
         setup_s = time.perf_counter() - t0
         attention = next((s["attention"] for s in setup if s.get("attention")), "sdpa")
+        moe_experts = next((s["moe_experts"] for s in setup if s.get("moe_experts")), None)  # an MoE verifier's expert path
         log(f"gang of {p.gang.world_size} processes ready in {setup_s:.1f}s (step attention: {attention})")
         warm = Workload(prompts=p.token_ids[:1], max_new_tokens=4, num_draft_tokens=k, eos_ids=())
         gang.run(warm)
@@ -264,6 +272,7 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
         **spec.metrics,
         "setup_s": max(s["setup_s"] for s in setup),
         "attention": attention,
+        **({"moe_experts": moe_experts} if moe_experts else {}),
         "fused_add_norm": any(s.get("fused_add_norm") for s in setup),
         "rank_peak_rss_mb": rss,
         "prompt_tokens_mean": n_tokens / len(p.token_ids),

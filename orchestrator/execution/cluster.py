@@ -50,18 +50,26 @@ def assigned_instances(resource: str) -> list[int]:
 
 def private_token() -> Path:
     """$SPECTUNE_HOME/ray-token, made once (32 random bytes, hex), readable by its owner only: the embedded
-    Ray's token (Ray's own default file, ~/.ray/auth_token, is created world-readable)."""
+    Ray's token (Ray's own default file, ~/.ray/auth_token, is created world-readable). Drivers starting
+    at once on a fresh home agree on one token: each writes its own private file and links it into
+    place; whoever links first wins and the others read that one."""
     import secrets
+    import tempfile
 
     from orchestrator.config.schema import spectune_home
 
     path = spectune_home() / "ray-token"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-        os.replace(path.with_suffix(".tmp"), path)  # atomic: a concurrent driver reads a whole token or none
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ray-token-")  # mode 600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+            os.link(tmp, path)  # atomic, and fails where the token exists: never replaces one a Ray uses
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
     os.chmod(path, 0o600)
     return path
 

@@ -57,7 +57,9 @@ class GangPool:
         self.launching = gang
         try:
             self._unless_interrupted()  # interrupt() may have come while the placement group was being made
-            gang.setup()
+            setup = gang.setup()
+            # an MoE verifier's expert path in the graphed steps (grouped kernel or every expert): the record says it
+            self.moe_experts = next((s["moe_experts"] for s in setup or () if isinstance(s, dict) and s.get("moe_experts")), None)
             # warm-up: first calls pay for lazy initialisation, which no trial should be charged for
             warm = Workload(prompts=((1, 2, 3, 4),), max_new_tokens=2, num_draft_tokens=1 if spec.drafts else 0)
             gang.run(warm)

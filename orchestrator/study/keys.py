@@ -19,6 +19,9 @@ STUDY_TAG = "spectune.study"
 NAME_TAG = "spectune.name"  # the experiment YAML's `name` (on the MLflow experiment and the parent run)
 ROLE_TAG = "spectune.role"  # "study" on the parent run, "trial" on a trial's run
 TRIAL_TAG = "spectune.trial"
+# an MoE verifier's routed experts in the graphed steps: grouped (each chosen expert read once), dense
+# (every expert: a deep k looks cheaper than it is), eager (no graphs); also the Optuna user attr
+MOE_EXPERTS_TAG = "spectune.moe_experts"
 STATE_TAG = "spectune.state"  # the Optuna outcome: RUNNING, COMPLETE, PRUNED, FAIL
 FAIL_TAG = "spectune.fail_reason"  # also the Optuna user attr of a failed trial
 PRUNE_TAG = "spectune.prune_reason"  # also the Optuna user attr of a pruned trial

@@ -45,6 +45,7 @@ from orchestrator.study.keys import (
     HOST_ATTR,
     INHERITED_TAG,
     INVALID_TAG,
+    MOE_EXPERTS_TAG,
     NODE_ATTR,
     PARAMS_ATTR,
     PRUNE_TAG,
@@ -429,6 +430,9 @@ def measure(t: _Trial, prepared: PreparedWorkload, pool: GangPool, live, site: T
     if pool.gang_id is not None:  # which gang, for the noise band's gang-to-gang rule (ranking.gangs_of)
         t.trial.set_user_attr(GANG_ATTR, pool.gang_id)
         t.tracker.set_tag(t.run_id, GANG_ATTR, pool.gang_id)
+    if getattr(pool, "moe_experts", None):  # an MoE verifier: grouped kernel, every expert, or eager (workers/engine/steps.py)
+        t.trial.set_user_attr(MOE_EXPERTS_TAG, pool.moe_experts)
+        t.tracker.set_tag(t.run_id, MOE_EXPERTS_TAG, pool.moe_experts)
     # the baseline is measured several times: the noise band every ranking uses comes from its repeats
     repeats = max(cfg.workload.repeats, cfg.study.baseline_repeats) if t.plain else cfg.workload.repeats
     result, pruned, per_repeat = _decode(t, prepared, gang, repeats, live, disturbed=site.disturbed if site is not None else lambda: False)

@@ -120,3 +120,6 @@ def test_study_on_a_moe_checkpoint(tmp_path):
         if t.user_attrs["spectune.params"]["spec.num_draft_tokens"] > 0:
             assert metrics["outputs_match_baseline"] == 1, t.number
         assert by_id[t.user_attrs["mlflow_run_id"]].data.params["engine.moe_kernel"] == "auto"
+        # on CPU no step is a CUDA graph: the routed experts ran eagerly, and the record says so
+        assert t.user_attrs["spectune.moe_experts"] == "eager"
+        assert by_id[t.user_attrs["mlflow_run_id"]].data.tags["spectune.moe_experts"] == "eager"

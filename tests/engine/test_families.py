@@ -155,3 +155,14 @@ def test_compiled_fused_step_with_the_grouped_kernel(tmp_path, kernel_device):
     step, pos = torch.tensor([[5, 6, 7]], device=dev), torch.arange(9, 12, device=dev)[None]
     tol = 1e-4 if dev == "cpu" else 2e-2
     torch.testing.assert_close(model.logits(fast.hidden_at(step, pos, c2, c2.max_seq)), plain(step, c1), atol=tol, rtol=tol)
+
+
+def test_the_grouping_of_pairs_has_no_host_sync():
+    """The grouped kernel's pairing runs inside CUDA graphs: one graph for torch.compile (a data-dependent
+    shape or a host read would break it, as bincount's does), and the same numbers as eager."""
+    from workers.kernels.moe import group_pairs
+
+    ids = torch.randint(0, 16, (5, 4), generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(group_pairs, dynamic=False, fullgraph=True)
+    for got, want in zip(compiled(ids, 16), group_pairs(ids, 16)):
+        assert torch.equal(got, want)

@@ -38,3 +38,27 @@ def test_what_the_caller_set_is_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a cluster: its own auth, as its starter hands it out
     embedded_auth_env()
     assert "RAY_AUTH_MODE" not in os.environ and not (tmp_path / "ray-token").exists()
+
+
+def test_drivers_starting_at_once_agree_on_one_token(tmp_path, monkeypatch):
+    """Six processes make the token of a fresh home at once: every one reads the same token."""
+    import multiprocessing as mp
+
+    monkeypatch.setenv("SPECTUNE_HOME", str(tmp_path))
+    ctx = mp.get_context("fork")
+    barrier, queue = ctx.Barrier(6), ctx.Queue()
+
+    def one() -> None:
+        from orchestrator.execution.cluster import private_token
+
+        barrier.wait()
+        queue.put(private_token().read_text())
+
+    procs = [ctx.Process(target=one) for _ in range(6)]
+    for p in procs:
+        p.start()
+    tokens = {queue.get(timeout=60) for _ in procs}
+    for p in procs:
+        p.join(timeout=60)
+    assert len(tokens) == 1 and all(p.exitcode == 0 for p in procs)
+    assert [f.name for f in tmp_path.iterdir()] == ["ray-token"]  # no temporary file left behind

@@ -30,7 +30,10 @@ def test_equal_near_tie_and_different():
     assert wrong["outputs_match_peer"] == 0 and wrong["prompts_matching_peer"] == 1
 
 
-def test_transformers_past_our_eos_is_compared_up_to_it():
-    ours = _ours(([5, 2], [0.5, 0.5]))
-    assert peer_verdict(ours, [[5, 2, 9, 9]], {2}, "float32")["outputs_match_peer"] == 1
-    assert peer_verdict(ours, [[5, 2, 9, 9]], set(), "float32")["outputs_match_peer"] == 0  # no EOS: a short output differs
+def test_where_we_stopped_at_an_eos_the_tokens_before_it_are_compared():
+    """transformers' run is held to max_new_tokens by min_new_tokens, which also forbids the EOS: where it
+    would have stopped it writes another token, so only the tokens before our EOS can agree."""
+    ours = _ours(([5, 6, 2], [0.5, 0.5, 0.5]))
+    assert peer_verdict(ours, [[5, 6, 9, 9]], {2}, "float32")["outputs_match_peer"] == 1
+    assert peer_verdict(ours, [[5, 7, 9, 9]], {2}, "float32")["outputs_match_peer"] == 0  # parted before the EOS
+    assert peer_verdict(ours, [[5, 6, 9, 9]], set(), "float32")["outputs_match_peer"] == 0  # no EOS: a short output differs

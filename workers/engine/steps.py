@@ -129,6 +129,27 @@ class AcceptGraph:
 GraphKey = StepGraph | TreeGraph | ChainGraph | GreedyGraph | AcceptGraph
 
 
+def use_grouped_experts(model: Transformer, engine: EngineConfig) -> str | None:
+    """What an MoE layer's routed experts run inside CUDA graphs where the plain model is captured (no
+    fused step: engine.compile off, a family FusedStep refuses, or its fallback): the grouped Triton
+    kernel unless engine.moe_kernel is dense or it cannot run here (then the dense loop over every
+    expert, which reads all experts a step and so overstates the verify cost's flatness in width).
+    Returns the path taken, or None for a dense model."""
+    from workers.model.moe import MoE
+
+    moes = [layer.mlp for layer in model.layers if isinstance(layer.mlp, MoE)]
+    if not moes:
+        return None
+    from workers.kernels import moe as moe_kernels
+
+    device = model.embed_tokens.weight.device
+    if engine.moe_kernel == "dense" or not moe_kernels.available(device):
+        return "dense"
+    for m in moes:
+        m.graph_experts = moe_kernels.grouped_experts
+    return "grouped"
+
+
 class StepRunner:
     """engine: what runs (workers/engine/config.py); allreduce: the TP allreduce of `model`'s
     row-parallel outputs (None: one rank), handed on to the fused step."""
@@ -144,6 +165,8 @@ class StepRunner:
         fused = engine.compile and self.use_graphs
         attend_fn, self.attention = pick_attention(engine.attention, model.args.head_dim, self.device) if fused else (None, "sdpa")
         self.fast = try_fused(model, engine, allreduce, attend_fn) if fused else None
+        # the plain model's routed experts in graphs; the fused step picks its own (`moe_experts` says which ran)
+        self._plain_experts = use_grouped_experts(model, engine) if self.use_graphs else None
         # one (graph, output, allreduce calls) per kind and shape of graphed body (GraphKey)
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor, int]] = {}
         self._pool = None
@@ -167,6 +190,21 @@ class StepRunner:
             self._greedy_done = [torch.cuda.Event() for _ in range(2)]
             self._greedy_margins = [False, False]
             self._greedy_n = 0
+
+    @property
+    def moe_experts(self) -> str | None:
+        """How the graphed steps run an MoE layer's routed experts: grouped (the Triton kernel, each
+        chosen expert read once), dense (every expert), eager (no graphs: a loop over the chosen
+        experts); None for a dense model. The record carries it: dense figures overstate a deep k's cost."""
+        if not any(getattr(layer.mlp, "graph_experts", None) for layer in self.model.layers):
+            return None
+        if not self.use_graphs:
+            return "eager"
+        if self.fast is not None and self.fast.experts_fn is not None:
+            from workers.model.moe import experts_dense
+
+            return "dense" if self.fast.experts_fn is experts_dense else "grouped"
+        return self._plain_experts
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
         """Eager pass over a prompt (or anything longer than max_width): logits of the last token."""

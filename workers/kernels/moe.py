@@ -16,7 +16,7 @@ the whole layer is graph-safe. The number of blocks is bounded by ceil(P / BLOCK
 gate/up [E, I, D], down [E, D, I], row-major.
 
     out = grouped_experts(x, weights, ids, experts)       # the `ExpertsFn` a step runs
-    TRITON_INTERPRET=1 python -m workers.kernels.moe --selftest   # CPU: against the eager experts
+    TRITON_INTERPRET=1 python -m workers.kernels.moe --selftest --device cpu   # CPU: against the eager experts
     python -m workers.kernels.moe --bench                         # GPU: kernel configurations on a Qwen3-30B-A3B layer
 """
 
@@ -46,7 +46,8 @@ def group_pairs(ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M) -> tu
     n_blocks = -(-P // block_m) + min(P, n_experts)
     order = torch.argsort(flat, stable=True)
     expert = flat[order]
-    counts = torch.bincount(flat, minlength=n_experts)
+    # not bincount: on CUDA it reads the ids' min and max back to the host, which a graph capture refuses
+    counts = torch.zeros(n_experts, dtype=torch.long, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     start_padded = torch.cumsum(padded, 0) - padded
     start = torch.cumsum(counts, 0) - counts

@@ -215,6 +215,8 @@ class Worker:
             steps = self.verifier.steps
             info["engine"] = steps.engine.describe()  # as this rank runs it (fused_add_norm after the setup check)
             info["attention"] = steps.attention
+            if steps.moe_experts:  # an MoE verifier: how its routed experts ran in the graphed steps
+                info["moe_experts"] = steps.moe_experts
             info["fused_add_norm"] = bool(steps.engine.fused_add_norm and allreduce.fuses_add_norm and spec.tp > 1)
         return info
 
