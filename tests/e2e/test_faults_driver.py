@@ -241,21 +241,25 @@ def test_a_driver_is_its_pid_and_start_time():
         assert _stale(study._storage.get_trial(t._trial_id), stale_after_s=1e9) is stale, driver
 
 
+def _long_trials(tmp_path, tiny_ckpt, **study):
+    """Two trials at TP 1 that decode for seconds each (many repeats), so a signal lands mid-decode."""
+    return tiny_experiment(
+        tmp_path,
+        tiny_ckpt,
+        parallel={"tp": 1, "cpus_per_worker": 0.1},
+        workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 96, "repeats": 20},
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3]}}},
+        study={"n_trials": 2, "sampler": "random", "seed": 0, "pruner": "none", **study},
+    )
+
+
 @pytest.mark.timeout(600)
 def test_sigterm_fails_and_requeues_every_running_trial(tmp_path, tiny_ckpt):
     """`ray job stop` (SIGTERM) with two trials decoding at once (isolation none, two slots on the
     embedded Ray): exit 130 with one line, both trials FAIL as interrupted with their MLflow runs
     ended, their params queued (a rerun measures queued params first: the SIGKILL test above); no
     process left."""
-    exp = tiny_experiment(
-        tmp_path,
-        tiny_ckpt,
-        parallel={"tp": 1, "cpus_per_worker": 0.1},
-        # many repeats: each trial decodes for seconds, so both are mid-decode when the signal comes
-        workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 96, "repeats": 20},
-        search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3]}}},
-        study={"n_trials": 2, "sampler": "random", "seed": 0, "pruner": "none", "max_concurrent_trials": 2, "isolation": "none"},
-    )
+    exp = _long_trials(tmp_path, tiny_ckpt, max_concurrent_trials=2, isolation="none")
     home, tag = tmp_path / "home", uuid.uuid4().hex
     db = home / "optuna.db"
     p = start_spectune(["run", str(exp)], home, tag)
@@ -294,14 +298,7 @@ def test_sigterm_to_the_drivers_process_group_stops_within_10_s(tmp_path, tiny_c
     Ray call would wait 60 s for it and Ray would end the driver with the trial left RUNNING). The driver
     exits 130 within 10 s with one line, as on Ctrl-C: the running trial FAIL as interrupted, its MLflow run
     FAILED, its params queued again, the parent run KILLED; no process left."""
-    exp = tiny_experiment(
-        tmp_path,
-        tiny_ckpt,
-        parallel={"tp": 1, "cpus_per_worker": 0.1},
-        workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 96, "repeats": 20},
-        search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3]}}},
-        study={"n_trials": 2, "sampler": "random", "seed": 0, "pruner": "none"},
-    )
+    exp = _long_trials(tmp_path, tiny_ckpt)
     home, tag = tmp_path / "home", uuid.uuid4().hex
     db = home / "optuna.db"
     p = start_spectune(["run", str(exp)], home, tag, new_session=True)
