@@ -7,7 +7,7 @@
 # reads, over the measured copy bandwidth), the time outside decode steps (the prefills) and its
 # fraction of the measured bf16 matmul rate, and speculation's decode speedup. Runs THERE after
 # `infra/device-setup.sh rest` (docs/gpu.md), or with pydantic on PYTHONPATH (`spectune decode` needs
-# no Ray, Optuna or MLflow: results/2026-12-05/batch-prefill/commands.sh); everything comes back in
+# no Ray, Optuna or MLflow: results/2026-12-05/batch-prefill-h100/commands.sh); everything comes back in
 # $OUT/batch.tar.
 #
 #   OUT=$OUT bash infra/gpu-batch.sh                     # SIZES="1 4 16 32" KS="2 4" override the grid (k = 0: plain only)

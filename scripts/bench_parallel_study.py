@@ -5,7 +5,7 @@ over k, the random sampler with one seed, `study.isolation: none`. Prints one JS
 (wall seconds, COMPLETE trials, their configurations, whether trial intervals overlapped) and the
 ratio; `--out DIR` keeps the logs and the JSON.
 
-    .venv/bin/python scripts/bench_parallel_study.py --out results/2026-12-05/parallel-study
+    .venv/bin/python scripts/bench_parallel_study.py --out results/2026-12-05/parallel-trials-cpu
 
 Both studies ask for the same configurations: the random sampler draws the same sequence, and a
 proposal that repeats a running or a known configuration is skipped alike in both.

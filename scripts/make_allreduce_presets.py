@@ -77,8 +77,8 @@ def seeds() -> dict:
 
 
 def nvlink() -> dict:
-    """TP 2 graph rows measured on an H200 pair (results/h200-2026-11-30/session3/bench_allreduce.json), extended."""
-    src = Path(__file__).resolve().parents[1] / "results" / "h200-2026-11-30" / "session3" / "bench_allreduce.json"
+    """TP 2 graph rows measured on an H200 pair (results/2026-11-30/decode-backends-h200/bench_allreduce.json), extended."""
+    src = Path(__file__).resolve().parents[1] / "results" / "2026-11-30" / "decode-backends-h200" / "bench_allreduce.json"
     measured = [r for r in json.loads(src.read_text()) if r["env"] == "default"]
     out = []
     for backend in ("nccl", "symm_mem", "symm_mem_ll"):
@@ -103,7 +103,7 @@ def nvlink() -> dict:
         "date": DATE,
         "source": (
             "this project's own measurements: spectune bench-allreduce --device cuda --tp 2 on 2 NVIDIA H200 with NVLink, "
-            "torch 2.11, CUDA 13, NCCL 2.28, bf16, NVLS off (results/h200-2026-11-30/session3/bench_allreduce.json; "
+            "torch 2.11, CUDA 13, NCCL 2.28, bf16, NVLS off (results/2026-11-30/decode-backends-h200/bench_allreduce.json; "
             "8 KB in CUDA graphs: nccl 6.5 us, symm_mem 6.2 us, symm_mem_ll 3.3 us)"
         ),
         "assumes": (

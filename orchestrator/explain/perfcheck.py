@@ -7,7 +7,7 @@ leave-one-out check (each trial's decode throughput predicted by a fit on the ot
 
 A study: its COMPLETE trials (`--run` first runs or resumes it with `spectune run` in a
 subprocess, so one command measures and checks). `--decode`: `spectune decode --json` outputs
-instead, one "trial" each (e.g. results/h200-2026-11-30/, with its bench_allreduce.json).
+instead, one "trial" each (e.g. results/2026-11-30/decode-allreduce-profile-h200/, with its bench_allreduce.json).
 Prints one line per held-out trial (measured and predicted decode tok/s, the error, the allreduce
 term its fit used and how), the trials that could not be predicted and why, and then
 `median |error| ... = X%`; exits 1 when that is above `--max-error`. For a study it then leaves

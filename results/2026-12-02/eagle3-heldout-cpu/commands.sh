@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Held-out acceptance (CPU, 2 cores): the 16 MT-bench prompts of the held-out split (never trained on),
 # TP 1, greedy, k = 4, 64 new tokens (docs/eagle3.md's table). eagle3_gpu_trained: the head
-# infra/gpu-eagle3.sh trained on the H200 (results/2026-12-02/h200-eagle3: step 700, 184 train-split
+# infra/gpu-eagle3.sh trained on the H200 (results/2026-12-02/eagle3-train-and-chain-h200: step 700, 184 train-split
 # responses of <= 384 tokens), HEAD=its folder. (Run on 2026-12-02 from a file of the held-out split;
 # `--split heldout --num-prompts 16` selects the same 16 question ids in the same order.)
 set -euo pipefail

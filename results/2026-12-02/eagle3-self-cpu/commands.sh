@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# This machine (2 cores, CPU), session 12: the head of ../h200-eagle3-self (HEAD=/tmp/newhead before
+# This machine (2 cores, CPU), session 12: the head of ../eagle3-train-self-written-h200 (HEAD=/tmp/newhead before
 # it was shipped as smollm2-135m-eagle3) on the first 16 held-out prompts (MT-bench categories) at
 # TP 1 (rank0) and the first 8 at TP 2 (actor: the check). n-gram on the same prompts and
 # commands: ../eagle3-synth-cpu/tp{1,2}_ngram.json (acceptance does not depend on the machine's load).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# This machine (2 cores, CPU), commit 5738565; HEAD: the H200-trained head of ../h200-eagle3-synth
+# This machine (2 cores, CPU), commit 5738565; HEAD: the H200-trained head of ../eagle3-train-synthetic-h200
 # (now shipped as smollm2-135m-eagle3). The first 16 held-out prompts (MT-bench categories) at TP 1,
 # and the first 8 at TP 2 (the check), each run with its own plain baseline.
 set -euo pipefail

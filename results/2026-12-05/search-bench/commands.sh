@@ -13,7 +13,7 @@ bench() {  # name, then bench-search's arguments: one run per budget, the JSON o
   done
 }
 # H100, SmolLM2-135M with its real drafters (seven studies, one gang each), in the space of experiments/h200-1gpu-smollm2.yaml
-G=results/2026-12-05/landscape-gpu-smollm2
+G=results/2026-12-05/landscape-smollm2-h100
 GS=landscape-gpu-ngram,landscape-gpu-skip8,landscape-gpu-eagle3-rank0,landscape-gpu-eagle3-rank0-lookup3,landscape-gpu-eagle3-rank0-tree4-lookup3,landscape-gpu-eagle3-actor
 bench gpu-smollm2 experiments/h200-1gpu-smollm2.yaml --storage sqlite:///$G/optuna.db --tracking sqlite:///$G/mlflow.db --studies $GS,landscape-gpu-ngram-gemv-off
 bench gpu-smollm2-auto experiments/h200-1gpu-smollm2.yaml --storage sqlite:///$G/optuna.db --tracking sqlite:///$G/mlflow.db --studies $GS
@@ -21,8 +21,8 @@ bench gpu-smollm2-auto experiments/h200-1gpu-smollm2.yaml --storage sqlite:///$G
 C=results/2026-12-05/landscape-cpu
 bench cpu $C/landscape-cpu.yaml --storage sqlite:///$C/optuna.db --tracking sqlite:///$C/mlflow.db \
   --studies landscape-cpu-ngram,landscape-cpu-skip8,landscape-cpu-skip16,landscape-cpu-eagle3-actor,landscape-cpu-eagle3-rank0
-# H200, Llama-3-8B shape, simulated acceptance (the 2026-12-01 gpu-study, its optuna.db from git history: 5100da9^)
-H=results/2026-12-05/landscape-h200-1gpu
+# H200, Llama-3-8B shape, simulated acceptance (the 2026-12-01 study of results/2026-12-01/study-kill-resume-h200/, its optuna.db from git history: 5100da9^)
+H=results/2026-12-05/landscape-llama3-8b-h200
 bench h200-1gpu experiments/h200-1gpu.yaml --storage sqlite:///$H/optuna.db --tracking sqlite:///$H/mlflow.db --studies h200-1gpu
 # The model sampler inside a real study (the log: model-sampler-smoke.log, progress lines per prompt left out);
 # BENCH_ONLY=1 stops before it
