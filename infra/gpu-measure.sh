@@ -57,7 +57,7 @@ M=random:llama-3-8b
 P="--num-prompts 4 --max-new-tokens 128"
 selftest() {
   echo "=== decode_attention selftest" | tee -a "$OUT/log.txt"
-  timeout 120 $PY -m workers.kernels.attention_check --selftest 2>&1 | tee -a "$OUT/log.txt"
+  timeout 120 $PY -m workers.checks.attention_check --selftest 2>&1 | tee -a "$OUT/log.txt"
   echo "=== gemv selftest" | tee -a "$OUT/log.txt"
   timeout 120 $PY -m workers.kernels.gemv --selftest --device cuda 2>&1 | tee -a "$OUT/log.txt"
 }

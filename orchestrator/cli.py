@@ -112,7 +112,7 @@ def _add_bench_search(sub) -> None:
 
 def _bench_search(ns: argparse.Namespace) -> int:
     from orchestrator.config.schema import load_config
-    from orchestrator.study.search_bench import STRATEGIES, bench, check_args, load_landscape, loo_lines, open_record, table
+    from orchestrator.search.benchmark import STRATEGIES, bench, check_args, load_landscape, loo_lines, open_record, table
 
     cfg = load_config(ns.experiment, ns.set)
     strategies = list(dict.fromkeys(ns.sampler or STRATEGIES))
@@ -229,7 +229,7 @@ def _add_experiment_commands(sub) -> None:
 
 def _validate(ns: argparse.Namespace) -> int:
     from orchestrator.config.schema import load_config
-    from orchestrator.config.validate import check_experiment
+    from orchestrator.execution.validate import check_experiment
 
     cfg = load_config(ns.experiment, ns.set)
     prepared = check_experiment(cfg)
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         print(e.args[0] if e.args else "spectune: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a failed gang or worker: one line, details only on request
-        from workers.runtime.errors import GangError
+        from workers.errors import GangError
 
         if isinstance(e, GangError):
             print(f"spectune: error: gang failed: {e}", file=sys.stderr)

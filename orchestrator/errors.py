@@ -3,8 +3,8 @@ is printed by the CLI as one line `spectune: error: ...` and exits 2, without a 
 
 from __future__ import annotations
 
+from workers.errors import BackendError
 from workers.model.args import CheckpointError, ModelConfigError
-from workers.runtime.errors import BackendError
 
 
 class UserError(ValueError):

@@ -1,4 +1,4 @@
-"""Write the bundled allreduce tables (workers/comm/tables/*.json) from the figures and assumptions
+"""Write the bundled allreduce tables (workers/spec/allreduce_tables/*.json) from the figures and assumptions
 stated here; each file repeats its source, date and assumptions in its "source" and "assumes".
 
     python -m scripts.make_allreduce_presets          # rewrites the three presets

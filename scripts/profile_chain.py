@@ -34,9 +34,9 @@ def main(argv=None) -> None:
     from scripts.profile_step import copy_bandwidth, kernel_rows, replay_ms
     from workers.drafters.eagle3.chain import Eagle3Chain, HeadFastStep
     from workers.drafters.eagle3.checkpoint import load_head, target_embedding
-    from workers.engine.config import EngineConfig
     from workers.model.checkpoint import load_args, resolve_model_path
     from workers.spec import MAX_DRAFT_TOKENS
+    from workers.spec.engine_config import EngineConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--head", required=True, help="EAGLE-3 head folder (public format)")

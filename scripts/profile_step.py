@@ -167,9 +167,9 @@ def profile_rows(model, rows: int, context: int, top: int, attention: str, bw: f
     import torch.nn.functional as F
 
     from workers.engine.batched import BatchSteps
-    from workers.engine.config import EngineConfig
     from workers.engine.steps import StepRunner
     from workers.kernels.gemv import _graph_us
+    from workers.spec.engine_config import EngineConfig
 
     a = model.args
     runner = StepRunner(model, model.new_cache(1), max_width=1, engine=EngineConfig(attention=attention, gemv=gemv))
@@ -257,9 +257,9 @@ def main(argv=None) -> None:
                 json.dump(out, f, indent=1)
         return
 
-    from workers.engine.config import EngineConfig
     from workers.engine.steps import StepGraph, StepRunner, no_cudnn_attention
     from workers.model.checkpoint import load_model, resolve_model_path
+    from workers.spec.engine_config import EngineConfig
 
     device = torch.device("cuda")
     no_cudnn_attention()  # as the workers do

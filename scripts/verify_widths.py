@@ -45,10 +45,10 @@ def weight_bytes(model) -> tuple[int, int]:
 
 
 def measure(ref: str, widths: list[int], context: int, bw: float) -> dict:
-    from workers.engine.config import EngineConfig
     from workers.engine.steps import StepGraph, StepRunner, no_cudnn_attention
     from workers.model.checkpoint import load_model, resolve_model_path
     from workers.model.moe import MoE
+    from workers.spec.engine_config import EngineConfig
 
     no_cudnn_attention()
     device = torch.device("cuda")

@@ -21,7 +21,7 @@ import json
 
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.errors import UserError
-from orchestrator.study.keys import FIXED_ATTR
+from orchestrator.record import FIXED_ATTR
 
 CHANGEABLE = (
     "name",

@@ -3,7 +3,7 @@
 Each row says where the parameter lives in the experiment YAML, its default and its limits. The
 YAML sections take their defaults and bounds from here (orchestrator/config/schema.py), the search space
 accepts exactly these names (plus `nccl.NCCL_*`), validation names a bad value by its YAML path or
-its `search.space` entry (orchestrator/config/validate.py), a trial's MLflow params are these names
+its `search.space` entry (orchestrator/execution/validate.py), a trial's MLflow params are these names
 (orchestrator/config/space.py `TrialConfig.params`), and the report writes the winner back into the YAML
 through `set_yaml` (orchestrator/explain/report.py).
 
@@ -22,10 +22,10 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-from workers.engine.config import ENGINE_FIELDS, EngineConfig
 from workers.spec import DRAFTER_KINDS as KINDS
 from workers.spec import DRAFTER_PLACEMENTS as PLACEMENTS
 from workers.spec import MAX_DRAFT_TOKENS
+from workers.spec.engine_config import ENGINE_FIELDS, EngineConfig
 
 NCCL_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")
 

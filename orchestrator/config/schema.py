@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls  # noqa: F401 - NVLS_OFF_ENV re-exported
 from orchestrator.config.registry import NCCL_VAR, PARAMS, lookup
 from orchestrator.errors import UserError
-from workers.comm.table import presets
-from workers.engine.config import ATTENTION_CHOICES, GEMV_CHOICES, MOE_KERNEL_CHOICES, EngineConfig
+from workers.spec.allreduce_table import presets
+from workers.spec.engine_config import ATTENTION_CHOICES, GEMV_CHOICES, MOE_KERNEL_CHOICES, EngineConfig
 
 SEARCHABLE = tuple(PARAMS)
 
@@ -101,7 +101,7 @@ class ParallelSection(_Section):
 
 
 class EngineSection(_Section):
-    """What the decode engine runs (workers/engine/config.py `EngineConfig`); each field is also
+    """What the decode engine runs (workers/spec/engine_config.py `EngineConfig`); each field is also
     searchable as `engine.<field>` and logged as that MLflow param."""
 
     attention: Literal[ATTENTION_CHOICES] = _field("engine.attention")
@@ -230,7 +230,7 @@ class StudySection(_Section):
     name: str | None = None  # default: the experiment name
     n_trials: int = Field(6, ge=1)  # total COMPLETE trials; rerunning resumes up to this
     storage: str | None = None  # Optuna storage URL; default sqlite in $SPECTUNE_HOME
-    # model: the performance model's best predicted untried configuration (orchestrator/study/samplers.py); it
+    # model: the performance model's best predicted untried configuration (orchestrator/search/samplers.py); it
     # became the default when it reached at least TPE's share of the best on every recorded landscape (docs/search.md)
     sampler: Literal["tpe", "random", "grid", "gp", "model"] = "model"
     seed: int | None = 0

@@ -19,8 +19,9 @@ from typing import Any
 from orchestrator.config import registry
 from orchestrator.config.schema import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from orchestrator.errors import UserError
-from workers.engine.config import EngineConfig
+from orchestrator.record import BASELINE_TAG, flag
 from workers.spec import DrafterSpec
+from workers.spec.engine_config import EngineConfig
 
 PRIORITY = ("parallel.tp", "comm.backend", "spec.num_draft_tokens", "drafter.kind")
 
@@ -256,3 +257,19 @@ def config_identity(tc: TrialConfig) -> str:
     import json
 
     return json.dumps({k: str(v) for k, v in sorted(tc.params().items())}, sort_keys=True)
+
+
+def trial_config(trial, cfg: ExperimentConfig) -> TrialConfig:
+    """The trial's configuration. An enqueued baseline of a study that does not search k is k = 0
+    all the same (k is decided before the space, so no drafter parameter is suggested for it)."""
+    baseline = flag(trial.user_attrs.get(BASELINE_TAG)) and "spec.num_draft_tokens" not in cfg.search.space
+    return suggest(trial, cfg, {"spec.num_draft_tokens": 0} if baseline else None)
+
+
+def identity_of(trial, cfg: ExperimentConfig) -> str | None:
+    """The configuration a trial (asked, or finished: a FrozenTrial) runs, as one identity
+    (`space.config_identity`); None where it does not resolve (run_trial then fails with the reason)."""
+    try:
+        return config_identity(trial_config(trial, cfg))
+    except Exception:  # noqa: BLE001 - a space the trial cannot resolve: run_trial records why
+        return None

@@ -18,8 +18,8 @@ from dataclasses import dataclass, fields
 from orchestrator.config.schema import ExperimentConfig, validated
 from orchestrator.errors import UserError
 from orchestrator.prompts.loading import SPLITS
-from workers.comm.table import presets
-from workers.engine.config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES, MOE_KERNEL_CHOICES
+from workers.spec.allreduce_table import presets
+from workers.spec.engine_config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES, MOE_KERNEL_CHOICES
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ YAML_FLAGS = (
         "decode B sequences per verify pass (static batches); B > 1 also runs plain decoding at batch 1 and at B",
         type=int,
     ),
-    # the engine: the fields of the YAML section `engine:` (workers/engine/config.py documents each)
+    # the engine: the fields of the YAML section `engine:` (workers/spec/engine_config.py documents each)
     _f("--attention", "engine.attention", "engine.attention: " + ENGINE_FIELDS["attention"][1], choices=ATTENTION_CHOICES),
     _f("--gemv", "engine.gemv", "engine.gemv: " + ENGINE_FIELDS["gemv"][1], choices=GEMV_CHOICES),
     _f("--moe-kernel", "engine.moe_kernel", "engine.moe_kernel: " + ENGINE_FIELDS["moe_kernel"][1], choices=MOE_KERNEL_CHOICES),

@@ -7,7 +7,7 @@ JSON object with the metric names of docs/reference.md (plus per-category accept
     spectune decode --emulate-tp 8 --allreduce-table pcie-8x-rtx-pro-6000 --simulate-accept-len 3 ...   # one rank of TP 8
 
 The flags become an experiment configuration (`experiment`), which takes the path of a study's
-trial: validation (orchestrator/config/validate.py), the prepared workload, the trial's resolved
+trial: validation (orchestrator/execution/validate.py), the prepared workload, the trial's resolved
 parameters (orchestrator/config/space.py `resolve`: engine settings included) and its GangSpec.
 """
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from orchestrator.config import emulation
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import TrialConfig, resolve
-from orchestrator.config.validate import check_experiment
 from orchestrator.decode.flags import DecodeRun, experiment, flag_message
 from orchestrator.errors import UserError
+from orchestrator.execution.validate import check_experiment
 from orchestrator.execution.workload import ABLATION_ITERS
 from orchestrator.prompts.loading import Prompt, Tokenizer
 from orchestrator.study.equivalence import outputs_verdict
@@ -58,7 +58,7 @@ def rates(metrics: dict) -> str:
 def plan(given: dict, run: DecodeRun) -> DecodePlan:
     """Check every input before any process starts; raise UserError (one line) on the first problem.
     `given`: the YAML fields the flags set (orchestrator/decode/flags.py); the checks are those of a
-    study (schema, then orchestrator/config/validate.py), their errors named by the flag that set the field."""
+    study (schema, then orchestrator/execution/validate.py), their errors named by the flag that set the field."""
     given = dict(given)
     try:
         cfg = experiment(given)

@@ -21,8 +21,8 @@ import time
 
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, inherited_nccl_env
 from orchestrator.execution.cluster import PlacementError, Resources, assigned_instances, check_capacity
+from workers.errors import GangError
 from workers.runtime.actor import RAY_NOSET_CUDA_ENV, Rendezvous, WorkerActor
-from workers.runtime.errors import GangError
 from workers.runtime.gang import Gang, OnProgress, ThrottledProgress
 from workers.spec import GangSpec, RunResult, Workload
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from orchestrator.execution.cluster import Resources
 from orchestrator.execution.gang import RayGang
-from workers.runtime.errors import GangError
+from workers.errors import GangError
 from workers.spec import GangSpec, Workload
 
 

@@ -10,10 +10,10 @@ from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import TrialConfig, resolve
 from orchestrator.errors import UserError
 from orchestrator.prompts.loading import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
-from workers.comm.table import AllreduceTable
 from workers.model.args import ModelArgs
 from workers.model.locate import is_random, load_args, resolve_model_path
 from workers.spec import GangSpec, Workload
+from workers.spec.allreduce_table import AllreduceTable
 
 # steps timed with and without the allreduce (the comm/compute split), once per trial or decode
 ABLATION_ITERS = {"cpu": 3, "cuda": 50}

@@ -29,151 +29,13 @@ from pathlib import Path
 
 from orchestrator.config.schema import ExperimentConfig, load_config, spectune_home
 from orchestrator.errors import UserError
-from orchestrator.explain.perfmodel import (
-    BenchComm,
-    ConfigShape,
-    TrialPoint,
-    comm_check,
-    config_loo,
-    config_loo_error,
-    env_label,
-    fit,
-    loo_error,
-    loo_predictions,
-)
-from orchestrator.study.keys import DUPLICATE_ATTR
-from orchestrator.study.ranking import trial_params
-from workers.spec import width_metric
-
-WIDTH_PREFIX = width_metric(0)[:-1]  # "verify_ms_w"
+from orchestrator.explain.perfmodel import BenchComm, comm_check, fit, loo_error, loo_predictions
+from orchestrator.record import DUPLICATE_ATTR
+from orchestrator.search.config_model import config_loo, config_loo_error
+from orchestrator.search.points import TrialPoint, config_points, config_shape, env_label, trial_points
+from orchestrator.search.ranking import trial_params
 
 TERM_NAMES = {"bench": "bench-derived", "fitted": "fitted", "backend": "fitted per backend + NCCL corrections"}
-
-
-def _setup(cfg: ExperimentConfig, params: dict) -> tuple[int, str, str, tuple[str, ...]]:
-    """(TP size, env label, family, NCCL settings) of a trial: its backend and, for nccl, every NCCL
-    variable it ran with (the label names the setup; family and settings let the model share terms)."""
-    tp, backend = int(params.get("parallel.tp", cfg.parallel.tp)), str(params.get("comm.backend", cfg.parallel.backend))
-    nccl = {**cfg.parallel.nccl_env, **{k.removeprefix("nccl."): v for k, v in params.items() if k.startswith("nccl.")}}
-    settings = tuple(f"{k}={v}" for k, v in sorted(nccl.items())) if backend == "nccl" else ()
-    return tp, env_label(tp, backend, ",".join(settings) or "default"), env_label(tp, backend), settings
-
-
-def trial_points(trials, cfg: ExperimentConfig) -> list[TrialPoint]:
-    points = []
-    for t in trials:
-        u, p = t.user_attrs, trial_params(t)  # resolved: a fixed k or drafter counts as much as a searched one
-        if "step_ms_p50" not in u:
-            continue
-        k = int(p.get("spec.num_draft_tokens", cfg.drafter.num_draft_tokens))
-        rates = tuple(u[f"accept_rate_pos_{i}"] for i in range(1, k + 1) if f"accept_rate_pos_{i}" in u)
-        tp, env, family, settings = _setup(cfg, p)
-        points.append(
-            TrialPoint(
-                env=env,
-                kind=p.get("drafter.kind", cfg.drafter.kind) if k else "none",
-                k=k,
-                step_ms=u["step_ms_p50"],
-                accept_len=u.get("accept_len_mean", 1.0),
-                throughput=u.get("decode_tok_s", u.get("throughput_tok_s", t.value)),
-                accept_rates=rates,
-                verify_ms=u.get("verify_ms_p50"),
-                draft_ms=u.get("draft_ms_p50", 0.0),
-                tp=tp,
-                comm_ms=u.get("comm_ms_per_step") if tp > 1 else None,
-                trial=t.number,
-                family=family,
-                settings=settings,
-            )
-        )
-    return points
-
-
-def config_shape(tc, cfg: ExperimentConfig) -> ConfigShape:
-    """The model's view of one configuration (a `space.TrialConfig`): its setup (TP size, backend,
-    NCCL variables and the engine options the space searches), its drafter variant (kind and every
-    drafter parameter), its proposer (the variant less `placement`: where a drafter runs changes what
-    a draft costs, not what it proposes), its acceptance key (the proposer under the searched engine
-    options, whose numerics pick the greedy text among near ties), k and the verify width."""
-    from workers.spec import tree_size
-
-    params = tc.params()
-    tp, _, family, nccl = _setup(cfg, params)
-    engine = tuple(f"{n}={params[n]}" for n in sorted(cfg.search.space) if n.startswith("engine.") and n in params)
-    settings = nccl + engine
-    k = tc.num_draft_tokens
-    drafter = proposer = acceptance = "none"
-    if k:
-        own = [(n.removeprefix("drafter."), v) for n, v in sorted(params.items()) if n.startswith("drafter.") and n != "drafter.kind"]
-        drafter = " ".join([tc.drafter.kind] + [f"{n}={v}" for n, v in own])
-        proposer = " ".join([tc.drafter.kind] + [f"{n}={v}" for n, v in own if n != "placement"])
-        acceptance = " ".join([proposer, *engine])
-    return ConfigShape(
-        env=env_label(tp, str(params["comm.backend"]), ",".join(settings) or "default"),
-        family=family,
-        settings=settings,
-        tp=tp,
-        kind=tc.drafter.kind if k else "none",
-        drafter=drafter,
-        acceptance=acceptance,
-        proposer=proposer,
-        k=k,
-        width=(tree_size(k, tc.drafter.tree_width) + 1) if k else 1,
-        layers=tc.drafter.layers if tc.drafter.kind == "layer_skip" else 0,
-        simulated=cfg.workload.simulate_accept_len,
-        in_verifier=k > 0 and tc.drafter.in_verifier,
-    )
-
-
-def config_point(shape: ConfigShape, u: dict, objective: float | None, trial: int | None = None) -> TrialPoint | None:
-    """A measured configuration as a point of the configuration model: `u` holds the trial's metrics
-    (its Optuna user attrs); None without step timings."""
-    if "step_ms_p50" not in u:
-        return None
-    rates = tuple(float(u[f"accept_rate_pos_{i}"]) for i in range(1, shape.k + 1) if f"accept_rate_pos_{i}" in u)
-    return TrialPoint(
-        env=shape.env,
-        kind=shape.kind,
-        k=shape.k,
-        step_ms=float(u["step_ms_p50"]),
-        accept_len=float(u.get("accept_len_mean", 1.0)),
-        throughput=float(u.get("decode_tok_s", u.get("throughput_tok_s", objective or 0.0))),
-        accept_rates=rates,
-        verify_ms=u.get("verify_ms_p50"),
-        draft_ms=float(u.get("draft_ms_p50", 0.0)),
-        tp=shape.tp,
-        comm_ms=u.get("comm_ms_per_step") if shape.tp > 1 else None,
-        trial=trial,
-        family=shape.family,
-        settings=shape.settings,
-        config=shape,
-        objective=objective,
-        width_ms=width_profile(u),
-    )
-
-
-def width_profile(u: dict) -> tuple[tuple[int, float], ...]:
-    """A trial's verify pass per width (its `verify_ms_w<W>` metrics, workers/spec.py width_metric)."""
-    widths = (int(key[len(WIDTH_PREFIX) :]) for key in u if key.startswith(WIDTH_PREFIX) and key[len(WIDTH_PREFIX) :].isdigit())
-    return tuple(sorted((w, float(u[width_metric(w)])) for w in widths))
-
-
-def config_points(trials, cfg: ExperimentConfig) -> list[TrialPoint]:
-    """COMPLETE trials as points of the configuration model, labelled by `config_shape` (a trial whose
-    parameters do not resolve under `cfg`'s space is left out)."""
-    from orchestrator.study.ranking import median_mad, trial_samples
-    from orchestrator.study.trial import trial_config
-
-    points = []
-    for t in trials:
-        try:
-            shape = config_shape(trial_config(t, cfg), cfg)
-        except Exception:  # noqa: BLE001 - a trial of another space
-            continue
-        samples = trial_samples(t)
-        if (p := config_point(shape, t.user_attrs, median_mad(samples)[0] if samples else None, t.number)) is not None:
-            points.append(p)
-    return points
 
 
 PREDICTED_TOP = 5  # the best untried configurations the report lists
@@ -189,9 +51,8 @@ def config_model_facts(trials, cfg: ExperimentConfig, label_of, top: int = PREDI
     timings, which cover the first prompts only: `perfmodel.fit_configs`)."""
     from optuna.trial import FixedTrial
 
-    from orchestrator.config.space import config_identity, distinct_configs, suggest
-    from orchestrator.explain.perfmodel import Miss, fit_configs
-    from orchestrator.study.trial import trial_config
+    from orchestrator.config.space import config_identity, distinct_configs, suggest, trial_config
+    from orchestrator.search.config_model import Miss, fit_configs
 
     points = config_points(trials, cfg)
     lent = config_points(pruned, cfg)
@@ -268,18 +129,6 @@ def config_model_facts(trials, cfg: ExperimentConfig, label_of, top: int = PREDI
         "partly_measured": partly,
         "space_size": None if space is None else len(space),
     }
-
-
-def model_layers(cfg: ExperimentConfig) -> int | None:
-    """The verifier's layer count (the draft-cost prior's unit) from what is on this machine (a demo
-    model is never fetched for it); None where the model cannot be read here."""
-    from workers.model.locate import DEMO_MODELS, cache_root, load_args, resolve_model_path
-
-    try:
-        path = cache_root() / cfg.model.path if cfg.model.path in DEMO_MODELS else resolve_model_path(cfg.model.path)
-        return int(load_args(path).n_layers)
-    except Exception:  # noqa: BLE001 - a checkpoint not on this machine: the prior's default
-        return None
 
 
 def bench_comm(cfg: ExperimentConfig, rows: list[dict] | None) -> tuple[BenchComm | None, str]:
@@ -420,7 +269,7 @@ def decode_points(paths: list[str]) -> tuple[list[TrialPoint], str]:
 def open_study(cfg: ExperimentConfig):
     import optuna
 
-    from orchestrator.study.storage import make_storage
+    from orchestrator.tracking.storage import make_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage, _ = make_storage(cfg)

@@ -7,7 +7,7 @@ batch size and TP, and its noise band. `spectune export` renders it for serving 
 
 Where the numbers come from (COMPLETE trials only; invalid and pruned trials never count):
 - batch 1: each configuration's per-repeat throughputs pooled over its trials (as the ranking does,
-  orchestrator/study/ranking.py); batch B > 1: the trials' `throughput_tok_s_b<B>` (one run per trial,
+  orchestrator/search/ranking.py); batch B > 1: the trials' `throughput_tok_s_b<B>` (one run per trial,
   pooled by median over the configuration's trials);
 - plain decoding at B: the same, over the k = 0 configurations at the same TP;
 - noise band: sigma_rel x throughput, with sigma_rel the study's relative noise of one measurement
@@ -26,8 +26,8 @@ import math
 
 import numpy as np
 
-from orchestrator.study.keys import INHERITED_TAG
-from orchestrator.study.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
+from orchestrator.record import INHERITED_TAG, batch_metric
+from orchestrator.search.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
 
 # what a schedule entry's drafter needs, by kind (dotted param -> option name)
 DRAFTER_OPTIONS = {
@@ -56,11 +56,6 @@ RANKED_BY_WHY = (
     "does to the steps: where served outputs are much longer than the study's, the prefill's share shrinks and the "
     "decode speedup is the closer guide"
 )
-
-
-def batch_metric(name: str, batch: int) -> str:
-    """The name a per-batch metric is logged under: batch 1 keeps the plain name."""
-    return name if batch == 1 else f"{name}_b{batch}"
 
 
 def batch_sizes_of(trials) -> list[int]:
@@ -184,7 +179,7 @@ def build_schedule(study, model: str = "", dtype: str = "", device: str = "") ->
 
 def pays(row: dict, noise_rel: float | None) -> bool:
     """Speculation pays at this row's batch size: its best configuration drafts and beats plain decoding
-    by more than the noise, by the ranking's rule (orchestrator/study/ranking.py): with s = speedup, n and
+    by more than the noise, by the ranking's rule (orchestrator/search/ranking.py): with s = speedup, n and
     n_plain the measurements behind each median, s - 1 > 2 sigma_rel sqrt(s^2 / n + 1 / n_plain)."""
     if row["num_draft_tokens"] == 0:
         return False

@@ -1,4 +1,5 @@
 """The study: the Optuna loop (`loop`: create or load, recover stale trials, the baseline, ask and
-tell), one trial in phases (`trial`), ranking and noise (`ranking`), greedy-output equivalence
-(`equivalence`), Optuna storage and its lock (`storage`), driver records and the watchdog
-(`drivers`) and the names every record is keyed by (`keys`)."""
+tell), running trials on the slots of a cluster (`runner`), one trial in phases (`trial`),
+greedy-output equivalence (`equivalence`), the lock that keeps two drivers from asking at once
+(`ask_lock`) and driver records and the watchdog (`drivers`). What to measure next and who leads
+is orchestrator/search/; the names every record is keyed by, orchestrator/record.py."""

@@ -6,7 +6,7 @@ loop (orchestrator/study/runner.py: ask -> run on a Ray gang -> tell, one or sev
 until `study.n_trials` trials are COMPLETE, every distinct configuration of a finite space is known,
 or `study.max_failed_trials` trials failed in this run. Rerunning the same command resumes; Ctrl-C,
 `ray job stop` (SIGTERM) and crashes never lose a finished trial, and interrupted ones are retried
-with the same params. The summary's "ranking" (orchestrator/study/ranking.py) pools repeated
+with the same params. The summary's "ranking" (orchestrator/search/ranking.py) pools repeated
 configurations and says whether the winner is ahead of the runner-up by more than the noise.
 
     spectune run experiments/smoke-cpu.yaml --set study.n_trials=8
@@ -34,15 +34,15 @@ from orchestrator.config.space import (
     candidates,
     check_constraints,
     distinct_configs,
-    grid_space,
 )
-from orchestrator.config.validate import check_experiment
 from orchestrator.execution.cluster import PlacementError, Resources, check_capacity, cluster_nodes, connect
 from orchestrator.execution.slots import GangNeed, NodeInfo, Slot, hosts_line, plan_slots
+from orchestrator.execution.validate import check_experiment
+from orchestrator.record import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RUN_ID_ATTR, requeue
+from orchestrator.search.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank
+from orchestrator.search.samplers import make_sampler, model_sampler_fits
 from orchestrator.study.ask_lock import ask_lock, taking_turns
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
-from orchestrator.study.keys import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RUN_ID_ATTR, requeue
-from orchestrator.study.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank
 from orchestrator.study.runner import (
     StudyContext,
     contention_note,
@@ -52,10 +52,10 @@ from orchestrator.study.runner import (
     slot_pools,
     space_finished,
 )
-from orchestrator.study.storage import _redact, make_storage, set_trial_user_attr, study_lock
 from orchestrator.study.trial import baseline_tp
 from orchestrator.tracking.progress import Progress
 from orchestrator.tracking.runs import Tracker, experiment_params, label_defaults, resolve_uri
+from orchestrator.tracking.storage import _redact, make_storage, set_trial_user_attr, study_lock
 from workers.spec import DrafterSpec, GangSpec
 
 
@@ -106,12 +106,6 @@ def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> 
     log(f"spectune: bench-allreduce: {len(rows)} rows logged to the parent run")
 
 
-def model_sampler_fits(cfg: ExperimentConfig) -> bool:
-    """The model sampler picks among the space's distinct configurations: it needs a space it can list
-    (no float range, at most MAX_ENUMERATED combinations)."""
-    return distinct_configs(cfg) is not None
-
-
 def search_line(cfg: ExperimentConfig) -> str:
     """How this run searches (a resumed study takes this run's sampler and racing, not its first run's)."""
     sampler = cfg.study.sampler
@@ -119,37 +113,6 @@ def search_line(cfg: ExperimentConfig) -> str:
         sampler = f"tpe (study.sampler model needs a space it can list: no float range, at most {MAX_ENUMERATED} combinations)"
     race = f"the last {cfg.study.race_trials} re-measure the leaders" if cfg.study.race_trials else "no racing"
     return f"search: study.sampler {sampler}; study.race_trials {cfg.study.race_trials} ({race})"
-
-
-def make_sampler(cfg: ExperimentConfig, offset: int = 0):
-    """The configured sampler. `offset` (the number of trials already in the study) shifts the seed,
-    so a resumed study does not replay the proposals of its first run."""
-    import optuna
-
-    s, seed = cfg.study.sampler, (None if cfg.study.seed is None else cfg.study.seed + offset)
-    if s == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if s == "grid":
-
-        class Grid(optuna.samplers.GridSampler):
-            """The grid without its own stop: Optuna's calls `study.stop()` once the grid is exhausted, which
-            works only inside `study.optimize` (an ask/tell loop gets a RuntimeError from its last tell).
-            The driver ends the study itself when every distinct configuration is known (proposals.py)."""
-
-            def after_trial(self, study, trial, state, values) -> None:
-                return None
-
-        return Grid(grid_space(cfg), seed=seed)
-    if s == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
-    if s == "model" and model_sampler_fits(cfg):  # the performance model's best predicted untried configuration
-        from orchestrator.study.samplers import ModelSampler
-
-        return ModelSampler(cfg, seed=seed)
-    # (a space the model sampler cannot enumerate gets TPE: run_study says so in its header)
-    # constant liar: a running trial (this driver's concurrent ones, another driver's) counts as a poor result, so TPE
-    # does not propose the same point beside it
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=3, constant_liar=True)
 
 
 def make_pruner(cfg: ExperimentConfig):

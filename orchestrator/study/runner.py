@@ -11,7 +11,7 @@ outcome. Rules:
   others measure, asking, writing the params and admitting the trial is one section per study, so
   two drivers asking at one moment never both measure one configuration;
 - a proposal that repeats a running or known configuration is not measured
-  (orchestrator/study/proposals.py): it is told PRUNED with its twin's number and never counts;
+  (orchestrator/search/proposals.py): it is told PRUNED with its twin's number and never counts;
   a study whose finite space is all known ends there, with exit 0;
 - `study.race_trials`: the last trials re-measure the leaders, on a fresh gang, while the winner is
   not clear of its runners-up (`proposals.race_pick`); where the slots let trials share a host
@@ -41,12 +41,12 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
+from orchestrator.config.space import identity_of
 from orchestrator.errors import UserError
 from orchestrator.execution.cluster import Resources
 from orchestrator.execution.pool import GangPool
 from orchestrator.execution.slots import NodeInfo, Slot, SlotBook
-from orchestrator.study.ask_lock import AskLock, ask_lock, taking_turns
-from orchestrator.study.keys import (
+from orchestrator.record import (
     BASELINE_TAG,
     DRIVER_ATTR,
     DUPLICATE_ATTR,
@@ -58,11 +58,12 @@ from orchestrator.study.keys import (
     flag,
     requeue,
 )
-from orchestrator.study.proposals import Admission, Proposals, race_pick
-from orchestrator.study.ranking import rank
-from orchestrator.study.storage import frozen_trial, set_trial_user_attr
-from orchestrator.study.trial import TrialOutcome, beat, identity_of, run_trial, skip_duplicate
+from orchestrator.search.proposals import Admission, Proposals, race_pick
+from orchestrator.search.ranking import rank
+from orchestrator.study.ask_lock import AskLock, ask_lock, taking_turns
+from orchestrator.study.trial import TrialOutcome, beat, run_trial, skip_duplicate
 from orchestrator.tracking.runs import config_label, label_defaults
+from orchestrator.tracking.storage import frozen_trial, set_trial_user_attr
 
 # duplicates in a row, with nothing running and no unknown configuration left to pick, before the
 # driver gives up on a sampler that only repeats itself (an unbounded space it cannot leave)

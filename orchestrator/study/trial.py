@@ -4,7 +4,7 @@ the pruner), compare with the baseline, and record everything in Optuna and MLfl
 The baseline (k = 0) decodes its workload max(workload.repeats, study.baseline_repeats) times, so the
 noise of a measurement is known before anything is ranked. speedup_vs_baseline = the trial's median
 throughput over its repeats / the median over every repeat of the k = 0 trials at the same TP size.
-User attrs for readers (orchestrator/study/ranking.py): `spectune.params` (every resolved parameter, also
+User attrs for readers (orchestrator/search/ranking.py): `spectune.params` (every resolved parameter, also
 the MLflow params) and `spectune.repeat_tok_s` (throughput of each repeat). A trial that violates a
 constraint of the space (space.constraint_violation) is recorded PRUNED with the reason, never run.
 
@@ -25,15 +25,12 @@ from pathlib import Path
 
 from orchestrator.config.envpolicy import inherited_nccl_env
 from orchestrator.config.schema import ExperimentConfig
-from orchestrator.config.space import TrialConfig, config_identity, constraint_violation, suggest
+from orchestrator.config.space import TrialConfig, constraint_violation, trial_config
 from orchestrator.errors import INPUT_ERRORS
 from orchestrator.execution.pool import GangPool
 from orchestrator.execution.slots import TrialSite
 from orchestrator.execution.workload import ABLATION_ITERS, PreparedWorkload, profile_widths
-from orchestrator.export.schedule import batch_metric
-from orchestrator.study.ask_lock import taking_turns
-from orchestrator.study.equivalence import outputs_verdict
-from orchestrator.study.keys import (
+from orchestrator.record import (
     BASELINE_OUTPUTS_ATTR,
     BASELINE_TAG,
     CO_RUNNING_ATTR,
@@ -54,12 +51,15 @@ from orchestrator.study.keys import (
     RUN_ID_ATTR,
     SAMPLES_ATTR,
     SIMULATED_TAG,
+    batch_metric,
     flag,
     requeue,
 )
-from orchestrator.study.ranking import baseline_median, is_baseline, median_mad, trial_params
+from orchestrator.search.ranking import baseline_median, is_baseline, median_mad, trial_params
+from orchestrator.study.ask_lock import taking_turns
+from orchestrator.study.equivalence import outputs_verdict
 from orchestrator.tracking.runs import Tracker, config_label, experiment_params, rounded
-from workers.runtime.errors import GangError
+from workers.errors import GangError
 from workers.spec import RunResult
 
 # the baseline trial's tokens and per-token logit margins, for telling a near-tie divergence of a
@@ -99,18 +99,9 @@ def find_baseline(study, tp: int):
     return (same or done or [None])[0]
 
 
-def identity_of(trial, cfg: ExperimentConfig) -> str | None:
-    """The configuration a trial (asked, or finished: a FrozenTrial) runs, as one identity
-    (`space.config_identity`); None where it does not resolve (run_trial then fails with the reason)."""
-    try:
-        return config_identity(trial_config(trial, cfg))
-    except Exception:  # noqa: BLE001 - a space the trial cannot resolve: run_trial records why
-        return None
-
-
 def skip_duplicate(study, trial, cfg: ExperimentConfig, tracker: Tracker, admission) -> TrialOutcome:
     """A proposal that repeats a running or known configuration: PRUNED with its twin's number and the
-    reason (an MLflow run says so too), never measured (orchestrator/study/proposals.py)."""
+    reason (an MLflow run says so too), never measured (orchestrator/search/proposals.py)."""
     from optuna.trial import TrialState
 
     t = configure(study, trial, cfg, tracker)
@@ -162,13 +153,6 @@ def logged_params(cfg: ExperimentConfig, tc: TrialConfig) -> dict:
     """Every resolved parameter of a trial, searched or fixed (MLflow params, user attr spectune.params):
     the trial's own (TrialConfig.params) and the fixed settings every trial of the study shares."""
     return {**experiment_params(cfg), **tc.params()}
-
-
-def trial_config(trial, cfg: ExperimentConfig) -> TrialConfig:
-    """The trial's configuration. An enqueued baseline of a study that does not search k is k = 0
-    all the same (k is decided before the space, so no drafter parameter is suggested for it)."""
-    baseline = flag(trial.user_attrs.get(BASELINE_TAG)) and "spec.num_draft_tokens" not in cfg.search.space
-    return suggest(trial, cfg, {"spec.num_draft_tokens": 0} if baseline else None)
 
 
 def _acceptance_plot(metrics: dict, k: int, out: Path) -> Path | None:
@@ -413,7 +397,7 @@ def note_placement(t: _Trial, site: TrialSite | None, gang) -> None:
 
 def note_neighbours(t: _Trial, site: TrialSite | None) -> None:
     """The trials that ran beside this one on its host (concurrent studies), recorded before the outcome is
-    told: the ranking never trusts such a measurement alone (orchestrator/study/ranking.py)."""
+    told: the ranking never trusts such a measurement alone (orchestrator/search/ranking.py)."""
     if site is not None and (beside := site.beside()):
         t.trial.set_user_attr(CO_RUNNING_ATTR, beside)
         t.tracker.set_tag(t.run_id, CO_RUNNING_ATTR, ",".join(map(str, beside)))

@@ -1,2 +1,3 @@
-"""Recording for people: MLflow runs (`runs`: a parent run per study, a nested run per trial) and the
-terminal progress lines (`progress`)."""
+"""Where a study's record is kept: the Optuna storage (`storage`: URL, creation, its lock), MLflow
+runs (`runs`: a parent run per study, a nested run per trial; `local_store`: the embedded SQLite
+store) and the terminal progress lines (`progress`)."""

@@ -14,7 +14,7 @@ import time
 import warnings
 from pathlib import Path
 
-from orchestrator.study.keys import BEST_CONFIG_TAG, BEST_PARAMS_TAG, IMPORTANCE_MIN_TRIALS, OBJECTIVE, RECORD_ONLY
+from orchestrator.record import BEST_CONFIG_TAG, BEST_PARAMS_TAG, IMPORTANCE_MIN_TRIALS, OBJECTIVE, RECORD_ONLY
 from orchestrator.tracking.runs import Tracker, config_label
 
 

@@ -1,4 +1,4 @@
-"""MLflow side of a study: one parent run per study, one nested run per trial (names: docs/tags.md, orchestrator/study/keys.py).
+"""MLflow side of a study: one parent run per study, one nested run per trial (names: docs/tags.md, orchestrator/record.py).
 
     tracker = Tracker(uri, experiment, study_name, home, study, base_params)  # finds or creates the parent run (resume = same run)
     run_id = tracker.start_trial(number, params)     # nested run "#<number> <configuration>", RUNNING
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import is_write_race
-from orchestrator.study.keys import (
+from orchestrator.record import (
     FAIL_TAG,
     NAME_TAG,
     PARENT_ATTR,

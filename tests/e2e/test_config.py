@@ -292,8 +292,8 @@ def test_tree_width_is_searched_for_eagle3_and_refused_at_batch_sizes_above_1(tm
     import optuna
 
     from orchestrator.config.space import suggest
-    from orchestrator.config.validate import check_batches, most_drafts
     from orchestrator.errors import UserError
+    from orchestrator.execution.validate import check_batches, most_drafts
 
     raw = {
         "name": "tree",

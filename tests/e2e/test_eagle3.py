@@ -201,7 +201,7 @@ def test_the_fast_head_step_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_he
     each query's slots up to its position): the eager loop's drafts and pre-norm states, over rounds
     with rejected drafts rolled back."""
     from workers.drafters.eagle3.chain import HeadFastStep
-    from workers.engine.config import EngineConfig
+    from workers.spec.engine_config import EngineConfig
 
     target = load_args(tiny_ckpt)
     model = load_model(tiny_ckpt)
@@ -316,8 +316,8 @@ def test_drafts_left_on_the_device_verify_to_the_same_tokens(tiny_ckpt, tiny_hea
     started where the host rolled back to, and simulated acceptance (the head's own drafts kept)
     goes through the device loop at its rate, to the host path's tokens, steps and kept drafts."""
 
-    from workers.engine.config import EngineConfig
     from workers.runtime.worker import Rendezvous, Worker
+    from workers.spec.engine_config import EngineConfig
 
     spec = GangSpec(
         model_path=str(tiny_ckpt),
@@ -653,9 +653,9 @@ def test_generation_through_the_fused_batched_step_equals_the_plain_one(tiny_ckp
     if kernel_device != "cpu":
         pytest.skip("CPU test of the Triton attention under its interpreter")
     from workers.drafters.eagle3.training import generate
-    from workers.engine.config import EngineConfig
     from workers.engine.fused_step import FusedStep
     from workers.kernels.attention import decode_attend
+    from workers.spec.engine_config import EngineConfig
 
     prompts = [list(range(5, 17)), list(range(40, 45)), list(range(60, 80))]
     plain_model, fused_model = load_model(tiny_ckpt), load_model(tiny_ckpt)

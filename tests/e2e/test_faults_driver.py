@@ -228,7 +228,7 @@ def test_a_driver_is_its_pid_and_start_time():
 
     import optuna
 
-    from orchestrator.study.keys import DRIVER_ATTR
+    from orchestrator.record import DRIVER_ATTR
     from orchestrator.study.loop import _stale, driver_id
 
     study = optuna.create_study()

@@ -267,7 +267,7 @@ def test_a_postgresql_url_names_the_part_that_is_wrong(tmp_path, tiny_ckpt, caps
     assert rc == 2 and line.startswith("spectune: error: study.storage: ") and words.format(at=at, tmp=tmp_path) in line, line
     assert password not in line and "Background on this error" not in line and "http" not in line, line
     assert not home.exists()
-    from orchestrator.study.storage import make_storage
+    from orchestrator.tracking.storage import make_storage
 
     good = load_config(exp, [f"study.storage=postgresql+psycopg://spectune:{password}@{at}/optuna"])
     assert make_storage(good)[1].endswith("/optuna")
@@ -358,8 +358,8 @@ class _FakeGang:
         self.outputs, self._closed = outputs, False
 
     def run(self, workload, timeout_s=None, on_progress=None):
-        from workers.engine.stats import RunStats
         from workers.spec import PromptResult, RunResult
+        from workers.spec.run_stats import RunStats
 
         toks = list(self.outputs[workload.num_draft_tokens])
         return RunResult(
@@ -398,10 +398,10 @@ def test_invalid_trials_are_never_best(tmp_path, tiny_ckpt):
     (wrong allreduce sums) is FAIL too; the best trial is the baseline."""
     import optuna
 
-    from orchestrator.config.validate import check_experiment
+    from orchestrator.execution.validate import check_experiment
     from orchestrator.study.trial import run_trial
     from orchestrator.tracking.runs import Tracker
-    from workers.runtime.errors import GangError
+    from workers.errors import GangError
 
     exp = tiny_experiment(tmp_path, tiny_ckpt, search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}})
     cfg = load_config(exp)

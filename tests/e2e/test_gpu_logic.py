@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from workers.comm import GangInfo, refusal
-from workers.engine.config import EngineConfig
 from workers.engine.steps import StepRunner
 from workers.model.checkpoint import CheckpointError, load_args, load_model, resolve_model_path, tiny_config
 from workers.runtime.local_gang import LocalGang
 from workers.spec import DrafterSpec, GangSpec, Workload
+from workers.spec.engine_config import EngineConfig
 
 EAGER = EngineConfig(cuda_graphs=False)
 
@@ -413,7 +413,7 @@ def test_study_with_simulated_acceptance(tmp_path, tiny_ckpt):
 _ADD_NORM_RANK = r"""
 import os, sys, torch, torch.distributed as dist
 from workers.comm.torch_dist import GlooAllReduce
-from workers.engine.config import EngineConfig
+from workers.spec.engine_config import EngineConfig
 from workers.spec import GangSpec
 from workers.runtime.worker import Worker
 

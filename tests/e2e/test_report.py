@@ -90,7 +90,7 @@ def test_report_end_to_end(tmp_path, tiny_ckpt, mlflow_url):
     r = spectune(["report", str(exp), "--out", str(out), *stores], home)
     assert r.returncode == 0, r.stderr[-2000:]
     # the winner is the ranking's (configurations pooled), named by its first trial as the summary and export name it
-    from orchestrator.study.ranking import rank
+    from orchestrator.search.ranking import rank
 
     ranking = rank(study.trials)
     best = study.trials[ranking.configs[0].trials[0]]

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.engine.stats import RunStats, StepRecord
-from workers.runtime.errors import GangError
+from workers.errors import GangError
 from workers.runtime.local_gang import LocalGang
 from workers.spec import DrafterSpec, GangSpec, Workload
+from workers.spec.run_stats import RunStats, StepRecord
 
 
 def _prompts(n: int) -> tuple[tuple[int, ...], ...]:
@@ -119,9 +119,9 @@ def test_the_static_pass_a_cuda_graph_captures_equals_the_eager_pass(tmp_path, b
     logits and K/V, through the plain layers and through the fused step (merged weights; SDPA, or
     the split-KV Triton attention under its interpreter, each row read up to its own positions)."""
     from workers.engine.batched import BatchSteps, static_pass
-    from workers.engine.config import EngineConfig
     from workers.engine.fused_step import FusedStep
     from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
+    from workers.spec.engine_config import EngineConfig
 
     model = load_model(write_random_checkpoint(tmp_path, tiny_config(), seed=3), max_seq=64)
     fast = None

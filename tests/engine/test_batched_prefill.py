@@ -65,9 +65,9 @@ def _verifier(model, batch: int, prefill_tokens: int, drafter=None):
     """A one-rank verifier on the CPU whose batched passes prefill at most `prefill_tokens` tokens at once."""
     from workers.comm.base import AllReduce
     from workers.engine.batched import BatchSteps
-    from workers.engine.config import EngineConfig
     from workers.engine.link import DraftLink
     from workers.engine.verifier import Verifier
+    from workers.spec.engine_config import EngineConfig
 
     v = Verifier(model, AllReduce(None, 1), DraftLink(None, 0, None, 4, model.args.vocab_size), 0, EngineConfig(cuda_graphs=False), drafter)
     v._batch_steps = BatchSteps(

@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workers.checks.parity import reference_logits, sharded_logits
 from workers.model.args import ModelArgs, ModelConfigError, check_tp
 from workers.model.checkpoint import CheckpointReader, load_model, tiny_config, write_random_checkpoint
 from workers.model.locate import random_config
-from workers.model.parity import reference_logits, sharded_logits
 from workers.model.tp import TPPart
 
 
@@ -297,8 +297,8 @@ def test_batched_prefill_and_tree_steps_equal_the_plain_passes(tmp_path):
 
 
 def test_no_fused_step_the_plain_model_serves(tmp_path, capsys):
-    from workers.engine.config import EngineConfig
     from workers.engine.fused_step import try_fused
+    from workers.spec.engine_config import EngineConfig
 
     model = load_model(write_random_checkpoint(tmp_path, DS_PLAIN))
     assert try_fused(model, EngineConfig(compile=False, gemv="off")) is None

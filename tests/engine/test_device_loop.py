@@ -10,10 +10,10 @@ import torch
 
 from workers.drafters.eagle3.checkpoint import head_config, load_head, random_head, save_head
 from workers.drafters.eagle3.head import Eagle3Drafter
-from workers.engine.config import EngineConfig
 from workers.engine.device_loop import AcceptOnDevice
 from workers.engine.steps import StepRunner
 from workers.model.checkpoint import load_args, load_model
+from workers.spec.engine_config import EngineConfig
 
 EAGER = EngineConfig(compile=False, cuda_graphs=False)
 

@@ -15,8 +15,8 @@ import torch
 from workers.drafters.eagle3.checkpoint import head_config, random_head
 from workers.drafters.eagle3.head import Eagle3Drafter
 from workers.drafters.eagle3.rows import Eagle3Rows
-from workers.engine.config import EngineConfig
 from workers.model.checkpoint import load_args
+from workers.spec.engine_config import EngineConfig
 
 
 def _head(tiny_ckpt, max_seq: int = 96):

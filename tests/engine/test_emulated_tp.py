@@ -10,8 +10,8 @@ import json
 import pytest
 
 from workers.comm import load_table
+from workers.errors import GangError
 from workers.model.locate import load_args
-from workers.runtime.errors import GangError
 from workers.runtime.local_gang import LocalGang
 from workers.spec import DrafterSpec, GangSpec, Workload
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.engine.config import EngineConfig
+from workers.checks.parity import reference_logits, sharded_logits
 from workers.engine.fused_step import FusedStep
 from workers.model.args import ModelArgs, ModelConfigError
 from workers.model.checkpoint import CheckpointReader, load_model, tiny_config, write_random_checkpoint
 from workers.model.locate import random_config
 from workers.model.moe import MoE, experts_by_expert, experts_dense
-from workers.model.parity import reference_logits, sharded_logits
 from workers.model.tp import TPPart
+from workers.spec.engine_config import EngineConfig
 
 QWEN3 = tiny_config(
     model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=48, num_attention_heads=6, num_key_value_heads=2, head_dim=12

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workers.engine.config import EngineConfig
 from workers.engine.fused_step import FusedStep
 from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
+from workers.spec.engine_config import EngineConfig
 
 UNCOMPILED = EngineConfig(compile=False)
 
@@ -144,7 +144,7 @@ import sys, torch
 from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
 from workers.kernels.attention import decode_attend
 from workers.kernels.support import interpreter_numpy_fix
-from workers.engine.config import EngineConfig
+from workers.spec.engine_config import EngineConfig
 from workers.engine.fused_step import FusedStep
 from workers.comm.base import NoOpAllReduce
 

@@ -22,9 +22,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from workers.drafters.eagle3.checkpoint import head_config, random_head
 from workers.drafters.eagle3.head import Eagle3Drafter
 from workers.engine.batched import static_pass
-from workers.engine.config import EngineConfig
 from workers.engine.fused_step import FusedStep
 from workers.model.checkpoint import load_args, load_model
+from workers.spec.engine_config import EngineConfig
 
 aten = torch.ops.aten
 SYNCING = {

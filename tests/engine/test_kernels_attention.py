@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workers.checks import attention_check as check
 from workers.kernels import attention
-from workers.kernels import attention_check as check
 
 
 @pytest.mark.parametrize("case", check.SELFTEST_CASES, ids=lambda c: "B{}-H{}-Hkv{}-T{}-D{}-S{}-pos{}".format(*c))

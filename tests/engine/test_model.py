@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workers.checks.parity import reference_logits
 from workers.model.args import ModelArgs, ModelConfigError
 from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
-from workers.model.parity import reference_logits
 
 VARIANTS = {
     "llama-gqa": tiny_config(),

@@ -28,9 +28,9 @@ def test_batched_drafts_through_the_static_body_are_each_rows_own(tiny_draft_ckp
     if body == "fused_triton":
         if request.getfixturevalue("kernel_device") != "cpu":
             pytest.skip("CPU test of the Triton kernels under their interpreter")
-        from workers.engine.config import EngineConfig
         from workers.engine.fused_step import FusedStep
         from workers.kernels.attention import decode_attend
+        from workers.spec.engine_config import EngineConfig
 
         rows.steps.fast = FusedStep(draft, EngineConfig(compile=False, gemv="triton"), None, decode_attend)
     runs = []
@@ -83,7 +83,7 @@ def test_on_a_gpu_the_captured_batched_drafts_are_each_rows_own(tiny_draft_ckpt,
     """On CUDA: `warm_rows` captures the (rows, k) graph, and its replays draft what each row's own
     drafter drafts (batch 1's captured chains); prefilled: the prompts packed by `prefill_rows` on the
     GPU first, so the first proposal replays the graph too."""
-    from workers.engine.config import EngineConfig
+    from workers.spec.engine_config import EngineConfig
 
     draft = load_model(tiny_draft_ckpt, max_seq=128, device="cuda")
     engine = EngineConfig(compile=False)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workers.checks.parity import reference_logits, sharded_logits
 from workers.model.args import ModelConfigError, check_tp
 from workers.model.checkpoint import load_args, tiny_config, write_random_checkpoint
-from workers.model.parity import reference_logits, sharded_logits
 from workers.model.tp import head_range
 
 

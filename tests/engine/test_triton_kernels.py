@@ -119,11 +119,11 @@ def test_gemv_bench_times_the_shapes_a_rank_runs(tmp_path, tp, heads, kv_heads):
     import torch
 
     from workers.comm.base import NoOpAllReduce
-    from workers.engine.config import EngineConfig
     from workers.engine.fused_step import FusedStep
     from workers.kernels.gemv import step_shapes
     from workers.model.checkpoint import load_model, tiny_config, write_random_checkpoint
     from workers.model.tp import TPPart, hook
+    from workers.spec.engine_config import EngineConfig
 
     cfg = tiny_config(num_attention_heads=heads, num_key_value_heads=kv_heads)
     part = TPPart(0, tp)

@@ -1,4 +1,4 @@
-"""Allreduce tables (workers/comm/table.py): what an emulated rank waits, interpolated log-log between
+"""Allreduce tables (workers/spec/allreduce_table.py): what an emulated rank waits, interpolated log-log between
 measured sizes, and the one-line errors for a size outside the table, a backend or TP size it lacks,
 and files that are not tables; the bundled presets state their source and date; the schema's rules
 of parallel.emulate_tp / parallel.allreduce_table."""
@@ -14,7 +14,7 @@ from orchestrator.config.schema import validated
 from orchestrator.errors import UserError
 from workers.comm import TableError, emulation_refusal, load_table, presets, refusal
 from workers.comm.capability import GangInfo
-from workers.comm.table import parse_table
+from workers.spec.allreduce_table import parse_table
 
 
 def _table(rows: list[dict], name: str = "t"):

@@ -24,13 +24,12 @@ import optuna
 import pytest
 
 from orchestrator.config.schema import validated
-from orchestrator.config.space import distinct_configs
+from orchestrator.config.space import distinct_configs, identity_of
 from orchestrator.errors import UserError
+from orchestrator.record import DUPLICATE_ATTR
+from orchestrator.search.proposals import Proposals
 from orchestrator.study.ask_lock import AdvisoryLock, FileLock, NoLock, ProcessLock, advisory_key, ask_lock
-from orchestrator.study.keys import DUPLICATE_ATTR
-from orchestrator.study.proposals import Proposals
 from orchestrator.study.runner import Asker, StudyContext
-from orchestrator.study.trial import identity_of
 
 POSTGRES = os.environ.get("SPECTUNE_TEST_POSTGRES")
 STORAGES = ["sqlite"] + (["postgresql"] if POSTGRES else [])
@@ -246,7 +245,7 @@ def test_a_failed_trials_retry_is_queued_inside_the_ask_lock(tmp_path):
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState
 
-    from orchestrator.study.keys import DRIVER_ATTR, RETRY_TAG
+    from orchestrator.record import DRIVER_ATTR, RETRY_TAG
     from orchestrator.study.loop import recover_stale
 
     url = _url("sqlite", tmp_path)

@@ -1,6 +1,6 @@
 """Contention never silent (issue 43): a trial measured beside another on its host (`spectune.co_running`,
 recorded by orchestrator/execution/slots.py's book) is neither pruned on that measurement nor crowned by
-it. The ranking (orchestrator/study/ranking.py) pools a configuration's trials measured alone where it
+it. The ranking (orchestrator/search/ranking.py) pools a configuration's trials measured alone where it
 has any, marks one measured only beside others as disturbed and calls no winner clear while one is;
 `race_pick` re-measures disturbed configurations first (the driver runs those alone); the pruner is not
 consulted while a trial's measurement may be disturbed (orchestrator/study/trial.py)."""
@@ -13,9 +13,9 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from orchestrator.study.keys import CO_RUNNING_ATTR, PARAMS_ATTR, SAMPLES_ATTR
-from orchestrator.study.proposals import race_pick
-from orchestrator.study.ranking import baseline_median, rank
+from orchestrator.record import CO_RUNNING_ATTR, PARAMS_ATTR, SAMPLES_ATTR
+from orchestrator.search.proposals import race_pick
+from orchestrator.search.ranking import baseline_median, rank
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -111,8 +111,8 @@ def _decode_pruning(disturbed: bool) -> tuple[bool, list[int]]:
     """A trial's decode loop on a fake gang whose pruner always wants to prune: (pruned?, steps reported)."""
     from orchestrator.config.schema import ExperimentConfig
     from orchestrator.study.trial import _decode, _Trial
-    from workers.engine.stats import RunStats
     from workers.spec import RunResult, Workload
+    from workers.spec.run_stats import RunStats
 
     cfg = ExperimentConfig.model_validate({"name": "x", "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}}}})
     prepared = SimpleNamespace(token_ids=[(1, 2, 3)] * 3, workload=lambda cfg, tc, prompts: Workload(prompts=prompts))

@@ -1,5 +1,6 @@
 """The code's shape, as the design asks: no import cycles (any import, module or function level),
-orchestrator/ and workers/ grouped by concern (packages, not size splits: a module may grow where one
+between modules and between packages (orchestrator.study -> orchestrator.search is one edge of the
+package graph, whichever modules import each other), orchestrator/ and workers/ grouped by concern (packages, not size splits: a module may grow where one
 concern needs it), one direction of flow (workers/ never imports the driver; the driver <-> worker
 contract stays free of torch), no Optuna internals, and no engine switch read from the environment.
 
@@ -78,6 +79,30 @@ def test_no_import_cycles():
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 
 
+def _package(name: str) -> str:
+    """The package a module belongs to, one level below the top: orchestrator.study.loop ->
+    orchestrator.study; a top-level module (orchestrator.record, workers.spec) is a node of its own."""
+    return ".".join(name.split(".")[:2])
+
+
+def test_no_package_cycles():
+    """Packages layered, each importing only those below it (any import, module or function level):
+    orchestrator: record, errors < config < tracking, execution < search < study, export < explain;
+    workers: spec, errors < model < comm < kernels < engine < drafters < checks, runtime."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for n, p in mods.items():
+        graph.setdefault(_package(n), set()).update(_package(m) for m in _imports(p, n, mods) if _package(m) != _package(n))
+    assert _cycle(graph) is None, "package cycle: " + " -> ".join(_cycle(graph))
+
+
+def test_the_layout_test_finds_a_package_cycle():
+    """The check above, on a graph with a loop two modules deep: it must name it."""
+    graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": set()}
+    assert _cycle(graph) == ["a.x", "a.y", "a.z", "a.x"]
+    assert _cycle({"a.x": {"a.y"}, "a.y": set()}) is None
+
+
 def test_comm_does_not_import_kernels_or_engine():
     mods = _modules()
     for n, p in mods.items():
@@ -89,20 +114,23 @@ def test_comm_does_not_import_kernels_or_engine():
 def test_workers_grouped_by_concern():
     top = [p.name for p in (ROOT / "workers").glob("*.py")]
     assert len(top) <= 6, top
-    for pkg in ("model", "kernels", "comm", "engine", "drafters", "runtime"):
+    for pkg in ("spec", "model", "kernels", "comm", "engine", "drafters", "checks", "runtime"):
         assert (ROOT / "workers" / pkg / "__init__.py").exists(), pkg
-    # workers/ is plain PyTorch: no Ray, Optuna or MLflow imported anywhere in it
+    # workers/ is PyTorch: no Optuna or MLflow anywhere in it, and Ray only where a worker process
+    # becomes a Ray actor (workers/runtime/: the actor wrapper and the gang that places them)
     mods = _modules()
     for n, p in mods.items():
         if n.startswith("workers"):
             text = p.read_text()
             assert not re.search(r"^\s*(import|from) (optuna|mlflow)\b", text, re.M), n
+            if not n.startswith("workers.runtime"):
+                assert not re.search(r"^\s*(import|from) ray\b", text, re.M), f"{n} imports ray outside workers/runtime/"
 
 
 def test_orchestrator_grouped_by_concern():
     top = sorted(p.name for p in (ROOT / "orchestrator").glob("*.py"))
     assert len(top) <= 8, top
-    for pkg in ("config", "study", "execution", "tracking", "explain", "export", "prompts"):
+    for pkg in ("config", "search", "study", "execution", "tracking", "explain", "export", "prompts"):
         assert (ROOT / "orchestrator" / pkg / "__init__.py").exists(), pkg
 
 

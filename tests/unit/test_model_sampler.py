@@ -1,4 +1,4 @@
-"""The `model` sampler (orchestrator/study/samplers.py) and the configuration model it stands on
+"""The `model` sampler (orchestrator/search/samplers.py) and the configuration model it stands on
 (perfmodel.fit_configs / config_loo), on the synthetic machine of tests/unit/test_search_bench.py:
 driven the way the trial loop drives a sampler (study.ask, space.suggest, proposals.admit, tell
 with the metrics a trial records), one trial at a time and with trials running side by side."""
@@ -13,15 +13,14 @@ import optuna
 import pytest
 from test_search_bench import Truth, experiment
 
-from orchestrator.config.space import baseline_params, distinct_configs, suggest
-from orchestrator.explain.perfcheck import config_point, config_shape
-from orchestrator.explain.perfmodel import Miss, config_loo, config_loo_error, fit_configs
-from orchestrator.study.keys import BASELINE_TAG, PARAMS_ATTR, SAMPLES_ATTR
-from orchestrator.study.loop import make_sampler, search_line
-from orchestrator.study.proposals import Proposals
-from orchestrator.study.samplers import ModelSampler, expected_improvement
-from orchestrator.study.storage import frozen_trial
-from orchestrator.study.trial import identity_of, trial_config
+from orchestrator.config.space import baseline_params, distinct_configs, identity_of, suggest, trial_config
+from orchestrator.record import BASELINE_TAG, PARAMS_ATTR, SAMPLES_ATTR
+from orchestrator.search.config_model import Miss, config_loo, config_loo_error, fit_configs
+from orchestrator.search.points import config_point, config_shape
+from orchestrator.search.proposals import Proposals
+from orchestrator.search.samplers import ModelSampler, expected_improvement, make_sampler
+from orchestrator.study.loop import search_line
+from orchestrator.tracking.storage import frozen_trial
 
 TRUTH = Truth(noise=0.0)
 
@@ -173,7 +172,7 @@ def test_expected_improvement():
 def _point(env_settings, kind, k, verify, draft, rest, rates, coverage=1.0, objective_outside=0.0, drafter=None, in_verifier=True):
     """A configuration model point of hand-set parts (ms); decode from them, the objective with
     `objective_outside` s per token outside the steps."""
-    from orchestrator.explain.perfmodel import ConfigShape, TrialPoint
+    from orchestrator.search.points import ConfigShape, TrialPoint
 
     tau = 1.0 + coverage * sum(rates[:k])
     step = verify + draft + rest
@@ -215,7 +214,7 @@ def test_a_kind_no_trial_ran_gets_the_priors_acceptance_drafting_every_step():
     """n-gram lookup measured (drafting in half the steps, P = 0.9 each): an eagle3 head is not assumed to
     accept like the text's repeats; the prior's halving P_i, every step drafting. Another n-gram variant
     borrows n-gram's P_i and its share of steps."""
-    from orchestrator.explain.perfmodel import Priors
+    from orchestrator.search.config_model import Priors
 
     rates = [0.9, 0.9, 0.9, 0.9]
     plain = _point((), "none", 0, 10.0, 0.0, 0.0, [])
@@ -275,7 +274,7 @@ def test_a_layer_skip_drafter_no_trial_ran_accepts_at_most_its_share_of_the_laye
     """The prior for a kind no trial ran: P_1 at most L / N for layer-skip (a draft from 8 of 32 layers agrees
     with the whole verifier at most a quarter of the time), halving after; an EAGLE-3 head keeps the halving
     prior from 0.5."""
-    from orchestrator.explain.perfmodel import Priors
+    from orchestrator.search.config_model import Priors
 
     plain = _point((), "none", 0, 10.0, 0.0, 0.0, [])
     model = fit_configs([plain])

@@ -5,8 +5,8 @@ transformers running on past an EOS our run stopped at."""
 from __future__ import annotations
 
 from orchestrator.decode.run import peer_verdict
-from workers.engine.stats import RunStats
 from workers.spec import PromptResult, RunResult
+from workers.spec.run_stats import RunStats
 
 
 def _ours(*prompts: tuple[list[int], list[float]]) -> RunResult:

@@ -10,17 +10,15 @@ import pytest
 from orchestrator.explain.perfmodel import (
     BenchComm,
     PerfModel,
-    TrialPoint,
     comm_check,
-    env_label,
     fit,
     latency_us,
     loo_error,
     loo_predictions,
-    parse_env,
     what_if_interconnect,
     what_if_tp,
 )
+from orchestrator.search.points import TrialPoint, env_label, parse_env
 
 A = {"nccl": 10.0, "nccl NCCL_PROTO=LL": 8.0, "symm_mem": 7.0}
 B, C = 0.5, {"ngram": 0.05, "layer_skip": 1.5}

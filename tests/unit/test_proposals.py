@@ -1,4 +1,4 @@
-"""The driver's rules for proposals (orchestrator/study/proposals.py) and the space they range over:
+"""The driver's rules for proposals (orchestrator/search/proposals.py) and the space they range over:
 duplicates of running and known configurations are never measured, an enqueued trial always is, a
 sampler stuck on known points gets an unknown configuration picked for it, a finite space ends the
 study once it is all known; and the whole scheduling rule (slots + proposals + a real Optuna sampler)
@@ -15,8 +15,8 @@ import pytest
 from orchestrator.config.schema import validated
 from orchestrator.config.space import MAX_ENUMERATED, config_identity, distinct_configs, suggest
 from orchestrator.execution.slots import GangNeed, NodeInfo, SlotBook, plan_slots
-from orchestrator.study.proposals import MAX_DUPLICATES, Proposals
-from orchestrator.study.storage import frozen_trial
+from orchestrator.search.proposals import MAX_DUPLICATES, Proposals
+from orchestrator.tracking.storage import frozen_trial
 
 
 def _cfg(space: dict, **study) -> object:
@@ -135,7 +135,7 @@ def test_a_grid_of_four_points_is_measured_once_each(n_trials):
     """What the driver does with the grid sampler: every distinct grid point once, then exhausted."""
     cfg = _cfg({"spec.num_draft_tokens": {"choices": [0, 2, 4, 6]}}, sampler="grid", n_trials=n_trials)
     space = distinct_configs(cfg)
-    from orchestrator.study.loop import make_sampler
+    from orchestrator.search.samplers import make_sampler
 
     study = optuna.create_study(direction="maximize", sampler=make_sampler(cfg))
     p, measured = Proposals(space), []

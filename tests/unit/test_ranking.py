@@ -1,4 +1,4 @@
-"""Noise-aware ranking (orchestrator/study/ranking.py), the noise-aware pruner, the fixed part of a resumed
+"""Noise-aware ranking (orchestrator/search/ranking.py), the noise-aware pruner, the fixed part of a resumed
 study (orchestrator/config/fixed.py) and the NCCL channel constraint of the space, on real Optuna
 studies (in memory) with known measurements."""
 
@@ -17,8 +17,8 @@ from orchestrator.config.fixed import check_resume, differences, fixed_part, rec
 from orchestrator.config.schema import ExperimentConfig, load_config
 from orchestrator.config.space import check_constraints, constraint_violation, resolve
 from orchestrator.errors import UserError
-from orchestrator.study.keys import FIXED_ATTR, PARAMS_ATTR, SAMPLES_ATTR
-from orchestrator.study.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank, simplicity
+from orchestrator.record import FIXED_ATTR, PARAMS_ATTR, SAMPLES_ATTR
+from orchestrator.search.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank, simplicity
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -201,7 +201,7 @@ def test_racing_remeasures_the_leaders_only_near_the_end_and_only_while_they_tie
     """study.race_trials: within the last race_trials trials, a tied winner's leaders are re-measured,
     the least measured first; a clear winner is confirmed on a second gang, then frees race trials but
     the last (the runner-up's); a budget not yet reached or leaders all running: none."""
-    from orchestrator.study.proposals import race_pick
+    from orchestrator.search.proposals import race_pick
 
     tied = rank(
         study_of(

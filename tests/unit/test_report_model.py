@@ -10,9 +10,8 @@ import optuna
 import pytest
 from test_search_bench import experiment, measured_configs, synthetic_record
 
-from orchestrator.config.space import config_identity
+from orchestrator.config.space import config_identity, trial_config
 from orchestrator.explain.report.core import build_report
-from orchestrator.study.trial import trial_config
 
 
 def test_the_report_gives_the_config_model_error_and_names_predicted_configurations(tmp_path):
@@ -47,7 +46,7 @@ def _as_run(cfg, record, url):
     """The record's trials with the Optuna params `spectune run` would have suggested (the searched ones)."""
     from optuna.distributions import CategoricalDistribution
 
-    from orchestrator.study.keys import PARAMS_ATTR
+    from orchestrator.record import PARAMS_ATTR
 
     space = {name: CategoricalDistribution(p.choices) for name, p in cfg.search.space.items()}
     study = optuna.create_study(study_name="synthetic-a", storage=url, direction="maximize")
@@ -69,7 +68,7 @@ def test_a_configuration_only_pruned_trials_ran_is_partly_measured_and_the_figur
     from optuna.distributions import CategoricalDistribution
 
     from orchestrator.export.schedule import build_schedule
-    from orchestrator.study.ranking import rank
+    from orchestrator.search.ranking import rank
 
     cfg = experiment()
     synthetic_record(cfg, f"sqlite:///{tmp_path / 'record.db'}", "synthetic-a", keep=0.3, seed=4)

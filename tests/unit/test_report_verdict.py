@@ -48,7 +48,7 @@ def _trial(k, kind, samples, setup_s, accept_len=1.0, step_ms=200.0, comm_fracti
     import optuna
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
-    from orchestrator.study.keys import NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
+    from orchestrator.record import NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
 
     params = {"spec.num_draft_tokens": k, "drafter.kind": kind if k else "ngram"}
     attrs = {
@@ -85,7 +85,7 @@ def _study(*trials):
 def test_gangs_are_read_from_the_record_and_a_noise_band_of_one_gang_is_said():
     """setup_s > 0: the trial launched its gang; 0: it ran on the last one launched on its node. The noise band
     of repeats on one gang each is flagged; a configuration measured on two gangs brings their spread in."""
-    from orchestrator.study.ranking import gangs_of, rank
+    from orchestrator.search.ranking import gangs_of, rank
 
     one = _study(_trial(0, "none", [10.0, 10.2, 9.9], 8.0), _trial(2, "ngram", [12.0], 0.0), _trial(4, "ngram", [11.0], 0.0))
     assert gangs_of(one.trials) == {0: 0, 1: 0, 2: 0}
@@ -106,7 +106,7 @@ def test_gangs_recorded_by_id_stay_apart_where_two_slots_share_a_node():
     """isolation none: two slots on one node launch gangs A and B and their trials interleave. The ids say
     which gang each trial ran on; the older rule (the last gang launched in that place) would put trial 2
     on trial 1's gang B."""
-    from orchestrator.study.ranking import gangs_of
+    from orchestrator.search.ranking import gangs_of
 
     trials = _study(
         _trial(0, "none", [10.0, 10.1], 8.0, gang="A"),
@@ -135,7 +135,7 @@ def test_the_report_names_the_rankings_winner_and_explains_it_from_every_trial_o
     from orchestrator.config.schema import ExperimentConfig
     from orchestrator.explain.report.rows import rows_of
     from orchestrator.export.schedule import build_schedule
-    from orchestrator.study.ranking import rank
+    from orchestrator.search.ranking import rank
 
     cfg = ExperimentConfig.model_validate(
         {"name": "x", "parallel": {"tp": 2}, "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}}}
@@ -190,7 +190,7 @@ def test_parameter_importances_come_from_ten_complete_trials_on(tmp_path):
     and says from how many it would; from there on it gives one per searched parameter."""
     from orchestrator.config.schema import ExperimentConfig
     from orchestrator.explain.report.core import build_report
-    from orchestrator.study.keys import IMPORTANCE_MIN_TRIALS
+    from orchestrator.record import IMPORTANCE_MIN_TRIALS
 
     cfg = ExperimentConfig.model_validate(
         {"name": "x", "model": {"path": "random:llama-3-8b"}, "parallel": {"tp": 2},
@@ -232,7 +232,7 @@ def test_reports_of_several_study_shapes_agree_with_the_ranking_and_finish_every
 
     from orchestrator.config.schema import ExperimentConfig
     from orchestrator.explain.report.core import build_report
-    from orchestrator.study.ranking import rank
+    from orchestrator.search.ranking import rank
 
     cfg = ExperimentConfig.model_validate(
         {"name": "x", "model": {"path": "random:llama-3-8b"}, "parallel": {"tp": 2},

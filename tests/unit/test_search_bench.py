@@ -23,8 +23,8 @@ from orchestrator.cli import main
 from orchestrator.config.schema import validated
 from orchestrator.config.space import config_identity, distinct_configs, suggest
 from orchestrator.errors import UserError
-from orchestrator.study.keys import BASELINE_TAG, PARAMS_ATTR, SAMPLES_ATTR
-from orchestrator.study.search_bench import NOT_RECORDED, bench, load_landscape, open_record, replay
+from orchestrator.record import BASELINE_TAG, PARAMS_ATTR, SAMPLES_ATTR
+from orchestrator.search.benchmark import NOT_RECORDED, bench, load_landscape, open_record, replay
 from orchestrator.tracking.runs import experiment_params
 
 SPACE = {
@@ -168,7 +168,7 @@ def test_a_proposal_outside_the_record_is_asked_again_and_not_counted(record):
     r = replay(cfg, land, "random", seed=0, budget=12)
     assert len(r.offered) == 12 and r.asked > 12  # more proposals than offered trials: the others were asked again
     # the same replay's Optuna study: pruned "not in the record", never COMPLETE
-    from orchestrator.study.search_bench import strategy_config  # noqa: F401 - the replay builds its sampler from it
+    from orchestrator.search.benchmark import strategy_config  # noqa: F401 - the replay builds its sampler from it
 
     study_trials = _replayed_trials(cfg, land, "random", 0, 12)
     pruned = [t for t in study_trials if t.state == optuna.trial.TrialState.PRUNED]
@@ -282,8 +282,8 @@ def test_gaps_of_the_record_never_replace_the_samplers_own_choice(record, monkey
     """A sampler whose next 20 proposals are all configurations the record lacks, then a recorded one: those
     are asked again and not counted, and (no repeat among them) the duplicate rule's random pick never
     replaces its choice: the recorded configuration it then proposes is the one offered."""
-    import orchestrator.study.loop as loop
-    from orchestrator.study.proposals import Proposals
+    import orchestrator.search.samplers as samplers
+    from orchestrator.search.proposals import Proposals
 
     cfg, url, truth = record
     land = load_landscape(cfg, open_record(cfg, url), ["synthetic-a"])
@@ -308,7 +308,7 @@ def test_gaps_of_the_record_never_replace_the_samplers_own_choice(record, monkey
             value = self.picks[trial.number].get(name)
             return value if value is not None else distribution.choices[0]
 
-    monkeypatch.setattr(loop, "make_sampler", lambda c, offset=0: Scripted())
+    monkeypatch.setattr(samplers, "make_sampler", lambda c, offset=0: Scripted())
     monkeypatch.setattr(Proposals, "pick_untried", lambda self: pytest.fail("a gap of the record replaced the sampler's choice"))
     r = replay(cfg, land, "random", seed=0, budget=2)
     assert r.offered[1] == wanted.identity and r.asked >= 21  # the baseline, 19 or 20 gaps, the recorded pick

@@ -1,4 +1,4 @@
-"""The storage URL rule (orchestrator/study/storage.py): a SQLite storage whose folder is missing is one
+"""The storage URL rule (orchestrator/tracking/storage.py): a SQLite storage whose folder is missing is one
 line and exit 2, never a new, empty study somewhere unexpected, except inside spectune's own
 $SPECTUNE_HOME, where the default storage lives and folders are made as needed. No processes.
 
@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.errors import UserError
-from orchestrator.study.storage import _redact, make_storage, sqlite_file
+from orchestrator.tracking.storage import _redact, make_storage, sqlite_file
 
 
 def test_a_missing_folder_outside_home_is_one_line_and_makes_nothing(tmp_path):

@@ -10,7 +10,7 @@ import io
 import os
 
 from orchestrator.config.schema import load_config
-from orchestrator.study.keys import FAIL_TAG, PRUNE_TAG, RETRY_TAG
+from orchestrator.record import FAIL_TAG, PRUNE_TAG, RETRY_TAG
 from orchestrator.tracking.progress import LiveLine
 from orchestrator.tracking.runs import KIND_TAG, Tracker, config_label, experiment_params, rounded
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import functools
 
 from workers.comm.capability import BACKEND_NAMES, EMULATED, GangInfo, emulation_refusal, refusal
-from workers.comm.table import AllreduceTable, TableError, load_table, presets
-from workers.runtime.errors import BackendError
+from workers.errors import BackendError
+from workers.spec.allreduce_table import AllreduceTable, TableError, load_table, presets
 
 _LAZY = {"AllReduce", "NoOpAllReduce", "validate", "validate_add_norm"}
 

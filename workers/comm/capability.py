@@ -54,7 +54,7 @@ def refusal(name: str, gang: GangInfo) -> str | None:
 
 def emulation_refusal(table, backend: str, world_size: int) -> str | None:
     """None when an emulated rank of TP `world_size` can wait `backend`'s rows of `table` (an
-    AllreduceTable, workers/comm/table.py), else one line why not. It runs on any device: the
+    AllreduceTable, workers/spec/allreduce_table.py), else one line why not. It runs on any device: the
     backend it stands for need not run here."""
     if world_size < 1:
         return f"emulated TP {world_size} must be at least 1"

@@ -1,5 +1,5 @@
 """`emulated`: the allreduce of one rank of TP N that communicates nothing and waits instead, as long
-as an allreduce table (workers/comm/table.py) says one allreduce of that size, rank count and
+as an allreduce table (workers/spec/allreduce_table.py) says one allreduce of that size, rank count and
 backend takes. With it one process runs exactly one rank's shard of TP N (`TPPart(0, N)`) and the
 step has the deployment's structure and timing without the other N - 1 GPUs.
 
@@ -23,7 +23,7 @@ import time
 import torch
 
 from workers.comm.base import AllReduce
-from workers.comm.table import AllreduceTable
+from workers.spec.allreduce_table import AllreduceTable
 
 CALIBRATION_CYCLES = 50_000_000  # tens of ms at GPU clock rates: the launch's microseconds vanish in it
 
@@ -54,7 +54,7 @@ class EmulatedAllReduce(AllReduce):
 
     def __init__(self, table: AllreduceTable, backend: str, world_size: int, mode: str, device_type: str = "cpu"):
         """`backend`: whose rows of `table` to wait (the trial's comm.backend); `mode`: "graph" where
-        the steps replay as CUDA graphs, else "eager" (workers/comm/table.py picks the rows)."""
+        the steps replay as CUDA graphs, else "eager" (workers/spec/allreduce_table.py picks the rows)."""
         super().__init__(None, world_size)  # no process group: nothing is exchanged
         self.table, self.backend, self.mode = table, backend, mode
         # a CUDA wait is a kernel on the stream: wall-clock timing of a call would time its launch

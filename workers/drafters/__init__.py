@@ -3,10 +3,10 @@ verifier's first L layers and head), `eagle3` (an EAGLE-3 head on the verifier's
 
 from __future__ import annotations
 
-from workers.drafters.base import Drafter
 from workers.drafters.eagle3.head import Eagle3Drafter
 from workers.drafters.model_drafter import ModelDrafter
 from workers.drafters.ngram import NgramDrafter
+from workers.engine.drafter import Drafter
 from workers.spec import DRAFTER_KINDS as KINDS
 from workers.spec import DRAFTER_PLACEMENTS as PLACEMENTS
 

@@ -28,14 +28,14 @@ import time
 
 import torch
 
-from workers.drafters.base import Drafter
-from workers.engine.config import EngineConfig
+from workers.engine.drafter import Drafter
 from workers.engine.graphs import RowInputs
 from workers.engine.link import Proposal
 from workers.engine.steps import StepRunner
 from workers.engine.verify import probs as softmax_t
 from workers.engine.verify import sample
 from workers.model.transformer import PREFILL_TOKENS, Transformer, prefill_groups
+from workers.spec.engine_config import EngineConfig
 
 
 class ModelDrafter(Drafter):

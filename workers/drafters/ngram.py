@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from workers.drafters.base import Drafter
+from workers.engine.drafter import Drafter
 from workers.engine.link import Proposal
 
 

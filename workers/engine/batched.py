@@ -55,10 +55,10 @@ import torch
 from workers.engine.device_loop import phase
 from workers.engine.link import VerifyResult
 from workers.engine.rank import Rank, Sequence, finish
-from workers.engine.stats import RunStats, StepRecord, relative_margins
 from workers.engine.strategies import StepStrategy
 from workers.model.transformer import PREFILL_TOKENS, KVCache, Transformer, prefill_groups
 from workers.spec import PromptResult, Workload, batch_refusal
+from workers.spec.run_stats import RunStats, StepRecord, relative_margins
 
 
 def static_pass(model: Transformer, tokens: torch.Tensor, pos: torch.Tensor, cache: KVCache, fast=None) -> torch.Tensor:

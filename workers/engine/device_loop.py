@@ -35,8 +35,8 @@ from torch.profiler import record_function
 
 from workers.engine.link import VerifyResult
 from workers.engine.rank import Sequence, finish
-from workers.engine.stats import RunStats, StepRecord
 from workers.engine.steps import AcceptGraph, StepRunner
+from workers.spec.run_stats import RunStats, StepRecord
 
 
 @dataclass

@@ -39,10 +39,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from workers.engine.config import EngineConfig
 from workers.model.moe import MoE
 from workers.model.rope import apply_rope
 from workers.model.transformer import LatentAttention, Transformer, attend, rms_norm, silu_mul
+from workers.spec.engine_config import EngineConfig
 
 
 def _norm_body(x, norm_w, eps: float):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from workers.comm.base import CommCounters
-from workers.drafters import Drafter
+from workers.engine.drafter import Drafter
 from workers.engine.link import DraftLink, Proposal, VerifyResult
 from workers.engine.steps import StepRunner
 from workers.engine.verify import probs, sample, tree_path

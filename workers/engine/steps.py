@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.engine.config import ATTENTION_CHOICES, EngineConfig
 from workers.engine.fused_step import try_fused
 from workers.model.transformer import KVCache, Transformer, tree_mask, tree_shape
+from workers.spec.engine_config import ATTENTION_CHOICES, EngineConfig
 
 
 def no_cudnn_attention() -> None:
@@ -151,7 +151,7 @@ def use_grouped_experts(model: Transformer, engine: EngineConfig) -> str | None:
 
 
 class StepRunner:
-    """engine: what runs (workers/engine/config.py); allreduce: the TP allreduce of `model`'s
+    """engine: what runs (workers/spec/engine_config.py); allreduce: the TP allreduce of `model`'s
     row-parallel outputs (None: one rank), handed on to the fused step."""
 
     def __init__(self, model: Transformer, cache: KVCache, max_width: int, engine: EngineConfig | None = None, allreduce=None):

@@ -42,14 +42,14 @@ import time
 
 import torch
 
-from workers.drafters import Drafter
 from workers.engine.device_loop import AcceptOnDevice, decode_on_device, fits, phase, takes_device_loop
 from workers.engine.device_loop import warm as warm_device_loop
+from workers.engine.drafter import Drafter
 from workers.engine.graphs import to_device
 from workers.engine.link import Proposal, VerifyResult
 from workers.engine.rank import Rank, Sequence, finish
-from workers.engine.stats import RunStats, StepRecord
 from workers.engine.verify import tree_verify, verify
+from workers.spec.run_stats import RunStats, StepRecord
 
 
 class StepStrategy:

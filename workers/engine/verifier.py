@@ -40,16 +40,16 @@ import time
 import torch
 
 from workers.comm import AllReduce
-from workers.drafters import Drafter
 from workers.engine.batched import BatchSteps, decode_batches, run_drafter_batched, why_not_batched
-from workers.engine.config import EngineConfig
+from workers.engine.drafter import Drafter
 from workers.engine.link import DraftLink
 from workers.engine.rank import HiddenStates, ProgressHook, Rank, Sequence
-from workers.engine.stats import RunStats, relative_margins
 from workers.engine.steps import StepRunner
 from workers.engine.strategies import strategy_for
 from workers.model.transformer import Transformer
 from workers.spec import PromptResult, RunResult, Workload, tree_size
+from workers.spec.engine_config import EngineConfig
+from workers.spec.run_stats import RunStats, relative_margins
 
 
 def decides_locally(w: Workload, has_drafter: bool) -> bool:

@@ -27,7 +27,7 @@ sibling's branch. The prefix before `first` stays visible to every entry. Query 
 uneven tensor-parallel head splits alike). `decode_attend` has `workers.model.transformer.attend`'s signature
 (it writes K/V into the cache the same way) and ignores the mask.
 
-    python -m workers.kernels.attention_check --selftest       # GPU: against SDPA, several shapes
+    python -m workers.checks.attention_check --selftest       # GPU: against SDPA, several shapes
     python -m pytest tests/test_kernels_attention.py           # the same cases as tests (CPU: Triton's interpreter)
 """
 

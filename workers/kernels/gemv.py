@@ -19,7 +19,7 @@ writing silu(gate) * up (the MLP's SiLU kernel is gone).
 `GemvPicker` decides per (role, T) on the first call outside graph capture: it checks each Triton
 configuration against cuBLAS (`F.linear`) on the real weights, then times 8 calls cycling through
 three layers' weights (so L2 cannot hold them) as a CUDA graph, and keeps the fastest; cuBLAS
-wins ties. Its mode is `EngineConfig.gemv` (workers/engine/config.py): auto races, cublas or
+wins ties. Its mode is `EngineConfig.gemv` (workers/spec/engine_config.py): auto races, cublas or
 triton force the choice inside the same layout; off builds no picker (workers/engine/fused_step.py
 then keeps the GEMMs inside its compiled bodies).
 

@@ -8,7 +8,7 @@ placement group: studies, `spectune decode --ray`). Code that drives a gang take
         result = gang.run(workload, timeout_s=600, on_progress=lambda tokens, s: ...)
 
 Every call has a deadline; a rank that fails, dies or misses it tears the whole gang down (its peers
-would otherwise wait in a collective forever) and raises `workers.runtime.errors.GangError`.
+would otherwise wait in a collective forever) and raises `workers.errors.GangError`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from workers.runtime.errors import GangError
+from workers.errors import GangError
 from workers.runtime.gang import Gang, OnProgress, Rendezvous, ThrottledProgress
 from workers.runtime.procs import rank_context, with_env
 from workers.spec import GangSpec, RunResult, Workload

@@ -26,9 +26,9 @@ from workers.drafters.eagle3 import head as eagle3
 from workers.engine.link import DraftLink
 from workers.engine.steps import no_cudnn_attention
 from workers.engine.verifier import ProgressHook, Verifier, run_drafter
+from workers.errors import WorkerError
 from workers.model.checkpoint import load_args, load_model, resolve_model_path
 from workers.model.tp import TPPart, hook
-from workers.runtime.errors import WorkerError
 from workers.runtime.gang import RAY_NOSET_CUDA_ENV, Rendezvous  # noqa: F401 - Rendezvous re-exported
 from workers.spec import MAX_DRAFT_TOKENS, GangSpec, RunResult, Workload
 

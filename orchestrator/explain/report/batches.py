@@ -12,8 +12,9 @@ import html
 
 import numpy as np
 
-from orchestrator.export.schedule import RANKED_BY_WHY, batch_metric, batch_sizes_of, build_schedule, speculation_stops_paying
-from orchestrator.study.ranking import complete_trials, config_key, trial_params, trial_samples
+from orchestrator.export.schedule import RANKED_BY_WHY, batch_sizes_of, build_schedule, speculation_stops_paying
+from orchestrator.record import batch_metric
+from orchestrator.search.ranking import complete_trials, config_key, trial_params, trial_samples
 from orchestrator.tracking.runs import config_label
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

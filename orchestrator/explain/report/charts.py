@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 
 from orchestrator.explain.report.rows import PARTS, Row
-from orchestrator.study.keys import OBJECTIVE
+from orchestrator.record import OBJECTIVE
 
 WIN, OTHER, PLAIN = "#d8703b", "#3b7dd8", "#888888"
 PART_COLORS = {"draft": "#3bb37d", "verify compute": "#3b7dd8", "allreduce": "#d83b3b", "rest": "#aaaaaa"}

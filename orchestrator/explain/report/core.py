@@ -29,14 +29,7 @@ import yaml
 from orchestrator.config.registry import set_yaml
 from orchestrator.config.schema import ExperimentConfig, spectune_home, validated
 from orchestrator.errors import UserError
-from orchestrator.explain.perfcheck import (
-    bench_comm,
-    config_model_facts,
-    load_bench_rows,
-    model_summary,
-    open_study,
-    trial_points,
-)
+from orchestrator.explain.perfcheck import bench_comm, config_model_facts, load_bench_rows, model_summary, open_study
 from orchestrator.explain.perfmodel import (
     BenchComm,
     latency_us,
@@ -48,8 +41,9 @@ from orchestrator.explain.report.charts import all_charts
 from orchestrator.explain.report.page import render
 from orchestrator.explain.report.rows import Row, rows_of, within_noise
 from orchestrator.explain.report.verdict import terminal_text, verdict
-from orchestrator.study.keys import IMPORTANCE_MIN_TRIALS, OBJECTIVE
-from orchestrator.study.ranking import rank
+from orchestrator.record import IMPORTANCE_MIN_TRIALS, OBJECTIVE
+from orchestrator.search.points import trial_points
+from orchestrator.search.ranking import rank
 from orchestrator.tracking.runs import config_label, label_defaults, rounded
 
 
@@ -171,7 +165,7 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
         "best_value": best.value,
         "best_pooled_median": best.pooled_median,
         # the figures `spectune run`'s summary and `spectune export` give, from the study's one ranking
-        # (orchestrator/study/ranking.py): the winner's pooled median over the plain baseline's, and the noise
+        # (orchestrator/search/ranking.py): the winner's pooled median over the plain baseline's, and the noise
         # of one measurement at that median (sigma; None where no configuration was measured twice)
         "best_speedup_vs_plain": None if winner is None or winner.speedup_vs_baseline is None else round(winner.speedup_vs_baseline, 3),
         "noise_rel": ranking.noise_rel,

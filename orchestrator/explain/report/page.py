@@ -10,7 +10,7 @@ import math
 from orchestrator.explain.report.batches import batch_html
 from orchestrator.explain.report.rows import Row, within_noise
 from orchestrator.explain.report.verdict import OBJECTIVE_MEANS, config_loo_sentence, verdict
-from orchestrator.study.keys import IMPORTANCE_MIN_TRIALS, OBJECTIVE
+from orchestrator.record import IMPORTANCE_MIN_TRIALS, OBJECTIVE
 
 CAPTIONS = {
     "objective": f"Every complete trial by configuration, configurations ranked as the study ranks them (the median of every "

@@ -3,7 +3,7 @@ with its noise band, accepted length against breakeven, and its time per generat
 into draft / verify compute / allreduce / the rest.
 
 The noise band shown per row is median +- MAD of its repeats; whether a row is within noise of the
-best is the study's one rule (orchestrator/study/ranking.py: trials of one configuration pooled, noise
+best is the study's one rule (orchestrator/search/ranking.py: trials of one configuration pooled, noise
 estimated from every configuration measured twice), stored on the row as `within_noise`.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.explain.perfcheck import _setup
-from orchestrator.study.keys import CO_RUNNING_ATTR
-from orchestrator.study.ranking import rank
+from orchestrator.record import CO_RUNNING_ATTR
+from orchestrator.search.points import setup_of
+from orchestrator.search.ranking import rank
 from orchestrator.tracking.runs import config_label, label_defaults
 
 
@@ -105,7 +105,7 @@ def rows_of(trials, cfg, model=None) -> list[Row]:
     for t in trials:
         u, p = t.user_attrs, t.params
         k = int(p.get("spec.num_draft_tokens", cfg.drafter.num_draft_tokens))
-        tp, env, _, _ = _setup(cfg, p)
+        tp, env, _, _ = setup_of(cfg, p)
         repeats = int(u.get("repeats", 1))
         comm = float(u.get("comm_ms_per_step", 0.0) or 0.0) if tp > 1 else 0.0
         row = Row(

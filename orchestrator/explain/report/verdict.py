@@ -4,14 +4,14 @@ The verdict names the winner by configuration, its objective with the noise band
 length against the breakeven of its setup, the allreduce share of its step, and the runner-up
 with whether the two can be told apart. It calls the winner clear only outside the noise band, from
 at least two measurements of it, and with no configuration measured only beside other trials on its
-host (orchestrator/study/ranking.py's rule: such a timing is a lower bound).
+host (orchestrator/search/ranking.py's rule: such a timing is a lower bound).
 """
 
 from __future__ import annotations
 
 from orchestrator.explain.report.rows import Row, within_noise
-from orchestrator.study.keys import IMPORTANCE_MIN_TRIALS, OBJECTIVE
-from orchestrator.study.ranking import MIN_CLEAR_MEASUREMENTS, simplicity, why_simpler
+from orchestrator.record import IMPORTANCE_MIN_TRIALS, OBJECTIVE
+from orchestrator.search.ranking import MIN_CLEAR_MEASUREMENTS, simplicity, why_simpler
 
 OBJECTIVE_MEANS = (
     f"{OBJECTIVE} is the study's objective: generated tokens per second of wall time, prompt prefill "
@@ -56,7 +56,7 @@ def _key(r: Row):
 
 def disturbed(rows: list[Row]) -> list[list[Row]]:
     """The configurations (their rows) every trial of which ran beside another trial on its host, in
-    the rows' order: their timings are a lower bound (orchestrator/study/ranking.py's rule)."""
+    the rows' order: their timings are a lower bound (orchestrator/search/ranking.py's rule)."""
     groups: dict[object, list[Row]] = {}
     for r in rows:
         groups.setdefault(_key(r), []).append(r)

@@ -35,9 +35,9 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from workers.engine.config import EngineConfig
 from workers.engine.graphs import capture_graph
 from workers.model.transformer import KVCache, rms_norm
+from workers.spec.engine_config import EngineConfig
 
 
 def pick_entries(out: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:

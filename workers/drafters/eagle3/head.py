@@ -41,11 +41,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workers.drafters.base import Drafter
 from workers.drafters.eagle3.chain import pick_entries
 from workers.drafters.eagle3.tree import shape_tree
 from workers.drafters.ngram import NgramIndex
-from workers.engine.config import EngineConfig
+from workers.engine.drafter import Drafter
 from workers.engine.link import Proposal
 from workers.engine.verify import probs as softmax_t
 from workers.engine.verify import sample
@@ -53,6 +52,7 @@ from workers.model.args import CheckpointError, ModelArgs, ModelConfigError
 from workers.model.rope import apply_rope, rope_tables
 from workers.model.transformer import MLP, Attention, KVCache, RMSNorm, attend
 from workers.spec import MAX_DRAFT_TOKENS, tree_size
+from workers.spec.engine_config import EngineConfig
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 

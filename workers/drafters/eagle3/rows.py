@@ -57,7 +57,7 @@ import time
 
 import torch
 
-from workers.drafters.base import Drafter
+from workers.engine.drafter import Drafter
 from workers.engine.graphs import RowInputs, capture_graph, to_device
 from workers.engine.link import Proposal
 from workers.model.transformer import aux_rows

@@ -55,9 +55,9 @@ def batched_step(model: Transformer):
     that cannot run (CPU: the plain layers, SDPA under a per-row mask). The masked SDPA path with
     grouped-query heads falls back to PyTorch's math attention on CUDA, which expands every
     layer's K/V to all query heads at every step."""
-    from workers.engine.config import EngineConfig
     from workers.engine.fused_step import try_fused
     from workers.engine.steps import pick_attention
+    from workers.spec.engine_config import EngineConfig
 
     device = model.embed_tokens.weight.device
     if device.type != "cuda":

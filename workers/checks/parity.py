@@ -1,7 +1,7 @@
 """Sharded-vs-unsharded parity: logits of a checkpoint at TP n (gloo, one process per rank)
 next to the unsharded model's and transformers' own model's.
 
-    python -m workers.model.parity smollm2-135m --tp 2 4      # prints the max |difference| per TP size
+    python -m workers.checks.parity smollm2-135m --tp 2 4      # prints the max |difference| per TP size
 """
 
 from __future__ import annotations

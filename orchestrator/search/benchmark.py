@@ -16,10 +16,10 @@ configurations measured more than once); "within noise of the best" is ranking's
 |best - x| <= 2 sqrt(se_best^2 + se_x^2).
 
 The replay, per strategy and seed: an in-memory Optuna study with the strategy's sampler, built as
-`loop.make_sampler` builds it for a study with that seed, under a real study's rules:
+`samplers.make_sampler` builds it for a study with that seed, under a real study's rules:
 - the k = 0 baseline is enqueued first (`space.baseline_params`), as `spectune run` does;
 - a proposal that repeats a known configuration is PRUNED with `spectune.duplicate_of` and not
-  counted (orchestrator/study/proposals.py); MAX_DUPLICATES such proposals in a row and the study
+  counted (orchestrator/search/proposals.py); MAX_DUPLICATES such proposals in a row and the study
   itself picks an untried configuration of the record at random;
 - only configurations in the record are offered: a proposal outside it is PRUNED ("not in the
   record") and asked again, not counted; it is no repeat, so it does not count toward the duplicate
@@ -51,9 +51,9 @@ import numpy as np
 from orchestrator.config import registry
 from orchestrator.config.schema import ExperimentConfig, StudySection
 from orchestrator.errors import UserError
-from orchestrator.explain.perfmodel import ConfigPrediction
-from orchestrator.study.keys import BASELINE_TAG, DUPLICATE_ATTR, PARAMS_ATTR, PRUNE_TAG, RECORD_ONLY, RUN_ID_ATTR, SAMPLES_ATTR
-from orchestrator.study.proposals import Proposals
+from orchestrator.record import BASELINE_TAG, DUPLICATE_ATTR, PARAMS_ATTR, PRUNE_TAG, RECORD_ONLY, RUN_ID_ATTR, SAMPLES_ATTR
+from orchestrator.search.config_model import ConfigPrediction
+from orchestrator.search.proposals import Proposals
 
 STRATEGIES = ("tpe", "random", "gp", "model")  # what bench-search compares unless --sampler says
 NOT_RECORDED = "not in the record: asked again, not counted"
@@ -156,7 +156,7 @@ def open_record(cfg: ExperimentConfig, storage_url: str | None):
             return optuna.storages.RDBStorage(f"sqlite:///{path}")
         except Exception as e:  # noqa: BLE001 - not an Optuna database, or another schema
             raise UserError(f"--storage: cannot read {path} ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
-    from orchestrator.study.storage import make_storage
+    from orchestrator.tracking.storage import make_storage
 
     return make_storage(cfg.model_copy(update={"study": cfg.study.model_copy(update={"storage": url})}))[0]
 
@@ -203,7 +203,7 @@ def load_landscape(cfg: ExperimentConfig, storage, studies: list[str], tracking:
     from optuna.trial import TrialState
 
     from orchestrator.config.space import config_identity, distinct_configs
-    from orchestrator.study.ranking import ConfigStats, Ranking, median_mad, noise_rel, trial_params, trial_samples
+    from orchestrator.search.ranking import ConfigStats, Ranking, median_mad, noise_rel, trial_params, trial_samples
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = distinct_configs(cfg)
@@ -278,7 +278,7 @@ def load_landscape(cfg: ExperimentConfig, storage, studies: list[str], tracking:
 def label(tc) -> str:
     """A configuration in a few words: the report's label and the engine options it changes."""
     from orchestrator.tracking.runs import config_label
-    from workers.engine.config import EngineConfig
+    from workers.spec.engine_config import EngineConfig
 
     default = EngineConfig().describe()
     engine = "".join(f" {k}={v}" for k, v in tc.engine.describe().items() if v != default[k])
@@ -301,10 +301,9 @@ def replay(cfg: ExperimentConfig, land: Landscape, strategy: str, seed: int, bud
     import optuna
     from optuna.trial import TrialState
 
-    from orchestrator.config.space import baseline_params
-    from orchestrator.study.loop import make_sampler
-    from orchestrator.study.storage import frozen_trial
-    from orchestrator.study.trial import identity_of
+    from orchestrator.config.space import baseline_params, identity_of
+    from orchestrator.search.samplers import make_sampler
+    from orchestrator.tracking.storage import frozen_trial
 
     scfg = strategy_config(cfg, strategy, seed)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(scfg))
@@ -382,8 +381,8 @@ def default_sampler() -> str:
 
 def landscape_loo(cfg: ExperimentConfig, land: Landscape) -> list[ConfigPrediction]:
     """The configuration model's leave-one-configuration-out on the landscape (pooled metrics)."""
-    from orchestrator.explain.perfcheck import config_point, config_shape
-    from orchestrator.explain.perfmodel import config_loo
+    from orchestrator.search.config_model import config_loo
+    from orchestrator.search.points import config_point, config_shape
 
     points = []
     for c in land.configs.values():
@@ -397,7 +396,7 @@ def landscape_loo(cfg: ExperimentConfig, land: Landscape) -> list[ConfigPredicti
 
 
 def table(result: BenchResult, seeds: int) -> str:
-    from orchestrator.explain.perfmodel import config_loo_error
+    from orchestrator.search.config_model import config_loo_error
 
     land = result.landscape
     best = land.configs[land.best]

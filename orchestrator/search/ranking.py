@@ -24,9 +24,9 @@ trials measured alone (the others are listed in `beside`, not pooled); one measu
 others is `disturbed`. The winner is clear only if it is ahead by more than the noise, from at least
 MIN_CLEAR_MEASUREMENTS samples of it, and no configuration is disturbed (a disturbed one may be
 faster than measured: the true winner, or closer than it looks). `race_pick`
-(orchestrator/study/proposals.py) re-measures disturbed configurations alone first.
+(orchestrator/search/proposals.py) re-measures disturbed configurations alone first.
 
-    from orchestrator.study.ranking import rank
+    from orchestrator.search.ranking import rank
     r = rank(study.trials)            # r.as_dict(): the study summary's "ranking" entry
     print(r.verdict())                # "trial 7 (...) is within noise of trial 3 (...)" or "... is ahead ..."
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orchestrator.study.keys import CO_RUNNING_ATTR, GANG_ATTR, GPUS_ATTR, NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
+from orchestrator.record import CO_RUNNING_ATTR, GANG_ATTR, GPUS_ATTR, NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
 
 SETUP_METRIC = "setup_s"  # a trial's gang launch time, 0 where it ran on a gang launched before it
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from orchestrator.study.ranking import simplicity
+from orchestrator.search.ranking import simplicity
 
 MAX_DUPLICATES = 8  # proposals in a row that repeat known configurations before the study picks one itself
 

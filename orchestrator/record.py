@@ -1,5 +1,6 @@
 """The names a study's record is keyed by, in one place: Optuna user attributes, MLflow tags and
 the objective. Every writer and reader imports them from here; nothing else spells `spectune.*`.
+A leaf module: it imports nothing of spectune, so every layer may import it.
 
 Types, one per value: a boolean attribute is stored as a JSON boolean (Optuna) or the string
 "true" (MLflow tags are strings); `flag()` reads both, and the forms earlier records hold
@@ -94,3 +95,8 @@ def requeue_attrs(user_attrs: dict, number: int) -> dict:
 def requeue(study, params: dict, user_attrs: dict, number: int) -> None:
     """Put trial `number`'s params back in the queue (it failed before it could finish)."""
     study.enqueue_trial(params, user_attrs=requeue_attrs(user_attrs, number), skip_if_exists=False)
+
+
+def batch_metric(name: str, batch: int) -> str:
+    """The name a per-batch metric is logged under: batch 1 keeps the plain name."""
+    return name if batch == 1 else f"{name}_b{batch}"

@@ -4,7 +4,7 @@ Plain steps (GQA, uneven head maps, one or many query tokens, caches of several 
 each sequence, a batch at two lengths; also from the merged QKV projection with rope and the
 cache writes fused) and token trees (the ancestor bits against SDPA under the tree mask).
 
-    python -m workers.kernels.attention_check --selftest   # GPU, bf16: every case, one line each
+    python -m workers.checks.attention_check --selftest   # GPU, bf16: every case, one line each
     python -m pytest tests/test_kernels_attention.py     # the same cases as tests (CPU: Triton's interpreter)
 """
 

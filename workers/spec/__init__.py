@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workers.comm.table import AllreduceTable
-from workers.engine.config import EngineConfig
-from workers.engine.stats import RunStats
+from workers.spec.allreduce_table import AllreduceTable
+from workers.spec.engine_config import EngineConfig
+from workers.spec.run_stats import RunStats
 
 MAX_DRAFT_TOKENS = 16  # the draft link's capacity (workers/engine/link.py): drafts a step scores at most
 
@@ -91,7 +91,7 @@ class GangSpec:
     max_seq: int = 2048
     vocab_parallel: bool = False
     threads: int = 1  # torch intra-op threads per process
-    engine: EngineConfig = field(default_factory=EngineConfig)  # what the decode engine runs (workers/engine/config.py)
+    engine: EngineConfig = field(default_factory=EngineConfig)  # what the decode engine runs (workers/spec/engine_config.py)
     # the largest Workload.batch_size the gang will run: sizes the allreduce buffers (a batched pass
     # reduces B x (k + 1) tokens' hidden states) and the batch KV cache
     max_batch: int = 1

@@ -41,8 +41,10 @@ import optuna
 from optuna.trial import TrialState
 
 from orchestrator.config.schema import ExperimentConfig
-from orchestrator.explain.perfmodel import ConfigModel, ConfigShape, Estimate, Priors, fit_configs
-from orchestrator.study.keys import DUPLICATE_ATTR, INVALID_TAG
+from orchestrator.config.space import distinct_configs, grid_space, trial_config
+from orchestrator.record import DUPLICATE_ATTR, INVALID_TAG
+from orchestrator.search.config_model import ConfigModel, Estimate, Priors, fit_configs
+from orchestrator.search.points import ConfigShape, config_point, config_shape
 
 NOISE_DEFAULT = 0.03  # relative noise of one measurement before the study measured anything twice
 TIE = 1e-6  # relative expected improvements closer than this are a tie (the simplest, then at random)
@@ -119,8 +121,6 @@ class ModelSampler(optuna.samplers.BaseSampler):
     @property
     def priors(self) -> Priors:
         if self._priors is None:
-            from orchestrator.explain.perfcheck import model_layers
-
             self._priors = Priors(n_layers=model_layers(self.cfg))
         return self._priors
 
@@ -129,7 +129,6 @@ class ModelSampler(optuna.samplers.BaseSampler):
             from optuna.trial import FixedTrial
 
             from orchestrator.config.space import suggest
-            from orchestrator.explain.perfcheck import config_shape
 
             tc = suggest(FixedTrial(self.space[identity]), self.cfg)
             self._shapes[identity] = config_shape(tc, self.cfg)
@@ -139,8 +138,6 @@ class ModelSampler(optuna.samplers.BaseSampler):
     def _resolve(self, t) -> tuple[str, ConfigShape] | None:
         """A trial's configuration: its identity and shape (None: it does not resolve under the space)."""
         from orchestrator.config.space import config_identity
-        from orchestrator.explain.perfcheck import config_shape
-        from orchestrator.study.trial import trial_config
 
         if t.state.is_finished() and t.number in self._resolved:
             return self._resolved[t.number]
@@ -159,8 +156,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         the measurement noise (cached while those trials stay the same)."""
         key = (tuple(t.number for t in complete), tuple(t.number for t in pruned))
         if key not in self._fits:
-            from orchestrator.explain.perfcheck import config_point
-            from orchestrator.study.ranking import ConfigStats, median_mad, noise_rel, trial_samples
+            from orchestrator.search.ranking import ConfigStats, median_mad, noise_rel, trial_samples
 
             samples: dict[str, list[float]] = {}
             points = []
@@ -223,3 +219,50 @@ class ModelSampler(optuna.samplers.BaseSampler):
         tied = [s for s in scored if s[0] >= top - TIE * max(top, 1e-12)]
         ei, est, identity = min(tied, key=lambda s: self._extras[s[2]])
         return Pick(identity, dict(self.space[identity]), est, ei, best)
+
+
+def model_sampler_fits(cfg: ExperimentConfig) -> bool:
+    """The model sampler picks among the space's distinct configurations: it needs a space it can list
+    (no float range, at most MAX_ENUMERATED combinations)."""
+    return distinct_configs(cfg) is not None
+
+
+def make_sampler(cfg: ExperimentConfig, offset: int = 0):
+    """The configured sampler. `offset` (the number of trials already in the study) shifts the seed,
+    so a resumed study does not replay the proposals of its first run."""
+    import optuna
+
+    s, seed = cfg.study.sampler, (None if cfg.study.seed is None else cfg.study.seed + offset)
+    if s == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if s == "grid":
+
+        class Grid(optuna.samplers.GridSampler):
+            """The grid without its own stop: Optuna's calls `study.stop()` once the grid is exhausted, which
+            works only inside `study.optimize` (an ask/tell loop gets a RuntimeError from its last tell).
+            The driver ends the study itself when every distinct configuration is known (proposals.py)."""
+
+            def after_trial(self, study, trial, state, values) -> None:
+                return None
+
+        return Grid(grid_space(cfg), seed=seed)
+    if s == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if s == "model" and model_sampler_fits(cfg):  # the performance model's best predicted untried configuration
+        return ModelSampler(cfg, seed=seed)
+    # (a space the model sampler cannot enumerate gets TPE: run_study says so in its header)
+    # constant liar: a running trial (this driver's concurrent ones, another driver's) counts as a poor result, so TPE
+    # does not propose the same point beside it
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=3, constant_liar=True)
+
+
+def model_layers(cfg: ExperimentConfig) -> int | None:
+    """The verifier's layer count (the draft-cost prior's unit) from what is on this machine (a demo
+    model is never fetched for it); None where the model cannot be read here."""
+    from workers.model.locate import DEMO_MODELS, cache_root, load_args, resolve_model_path
+
+    try:
+        path = cache_root() / cfg.model.path if cfg.model.path in DEMO_MODELS else resolve_model_path(cfg.model.path)
+        return int(load_args(path).n_layers)
+    except Exception:  # noqa: BLE001 - a checkpoint not on this machine: the prior's default
+        return None

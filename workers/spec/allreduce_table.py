@@ -1,6 +1,6 @@
 """Allreduce latency tables: what an emulated rank waits for each collective (torch-free).
 
-    table = load_table("pcie-8x-rtx-pro-6000")          # a bundled preset (workers/comm/tables/), or a file path
+    table = load_table("pcie-8x-rtx-pro-6000")          # a bundled preset (workers/spec/allreduce_tables/), or a file path
     table.latency_us("nccl", tp=8, size_bytes=16384, mode="graph")   # -> 24.0; TableError outside the measured sizes
 
 A table is what `spectune bench-allreduce --json` prints, as it stands (a JSON list of rows, each
@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-PRESET_DIR = Path(__file__).resolve().parent / "tables"
+PRESET_DIR = Path(__file__).resolve().parent / "allreduce_tables"
 MODES = ("graph", "eager")
 
 
