@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's GPU figures, on a machine with 2 NVIDIA GPUs and PyTorch (no Ray/Optuna/MLflow
+# The headline GPU figures (docs/performance.md#headline-figures), on a machine with 2 NVIDIA GPUs and PyTorch (no Ray/Optuna/MLflow
 # needed: this drives workers/ directly through `python -m orchestrator`). Writes JSON to $OUT.
 #
 #   OUT=/tmp/gpu bash infra/gpu-measure.sh selftest # the Triton attention (and rope + cache write) against SDPA

@@ -5,7 +5,7 @@ YAML sections take their defaults and bounds from here (orchestrator/config/sche
 accepts exactly these names (plus `nccl.NCCL_*`), validation names a bad value by its YAML path or
 its `search.space` entry (orchestrator/execution/validate.py), a trial's MLflow params are these names
 (orchestrator/config/space.py `TrialConfig.params`), and the report writes the winner back into the YAML
-through `set_yaml` (orchestrator/explain/report.py).
+through `set_yaml` (orchestrator/explain/report/core.py).
 
     p = lookup("spec.num_draft_tokens")   # Param(path=("drafter", "num_draft_tokens"), low=0, high=16, ...)
     p.problem(17)                         # "17 must be an integer between 0 and 16"
