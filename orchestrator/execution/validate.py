@@ -132,4 +132,9 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
             f"{where('engine.attention')}: triton runs the CUDA graphs' attention kernel; parallel.device is "
             f"{cfg.parallel.device} (use auto or sdpa)"
         )
+    if cfg.parallel.device != "cuda" and "triton" in candidates(cfg, "engine.moe_kernel"):
+        raise UserError(
+            f"{where('engine.moe_kernel')}: triton runs the CUDA graphs' grouped MoE kernel; parallel.device is "
+            f"{cfg.parallel.device} (use auto or dense)"
+        )
     return prepared
