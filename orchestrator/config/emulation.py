@@ -111,3 +111,11 @@ def params(cfg: ExperimentConfig, table: AllreduceTable | None = None) -> dict:
         "parallel.allreduce_table_sha256": table.sha256,
         "parallel.emulated_acceptance": acceptance(cfg),
     }
+
+
+def report_line(cfg: ExperimentConfig) -> str | None:
+    """The console's and the report's words for an emulated study (None for real TP): which deployment,
+    from which table, on which acceptance."""
+    if (what := label(cfg)) is None:
+        return None
+    return f"EMULATED: {what}; acceptance {acceptance(cfg)}. No process ran the whole model: confirm on the real deployment."

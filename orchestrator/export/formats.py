@@ -458,6 +458,8 @@ def render(schedule: dict, fmt: str) -> str:
     if inherited and fmt != "json":  # the study machine's environment, not a choice of the study
         pairs = ", ".join(f"{k}={v}" for k, v in sorted(inherited.items()))
         text = f"# left out: NCCL variables the study's driver inherited from its shell ({pairs})\n" + text
+    if (emulated := schedule.get("emulated")) and fmt != "json":  # figures of a deployment no process ran whole
+        text = f"# EMULATED: {emulated}\n#   the TP size below is the emulated deployment's; confirm on it before serving\n" + text
     if (why := schedule.get("does_not_transfer")) and fmt != "json":  # first of all; JSON carries the list itself
         text = caveat_line(why) + "\n" + text
     return text

@@ -95,7 +95,8 @@ def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
         options.setdefault("ngram_min", 1)
     return {
         "batch_size": batch,
-        "tp": int(params.get("parallel.tp", 1)),
+        # an emulated trial ran one rank of TP N in one process (parallel.tp 1): the deployment is TP N
+        "tp": int(params.get("parallel.emulate_tp") or params.get("parallel.tp", 1)),
         "num_draft_tokens": k,
         "drafter": kind,
         "drafter_options": options,
@@ -106,6 +107,18 @@ def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
         },
         "engine": {name.split(".", 1)[1]: v for name, v in params.items() if name.startswith("engine.")},
     }
+
+
+def emulated_label(params: dict) -> str | None:
+    """How an emulated study's figures were made, from a trial's params (orchestrator/config/emulation.py
+    `params`): "emulated TP 8 from table NAME (sha256 ...); acceptance ..."; None for real TP."""
+    if not params.get("parallel.emulate_tp"):
+        return None
+    sha = str(params.get("parallel.allreduce_table_sha256", ""))[:12]
+    return (
+        f"emulated TP {params['parallel.emulate_tp']} from table {params.get('parallel.allreduce_table')} (sha256 {sha}): one rank's "
+        f"compute measured, every allreduce a wait the table gives; acceptance {params.get('parallel.emulated_acceptance')}"
+    )
 
 
 def does_not_transfer(device: str, dtype: str, backends) -> list[str]:
@@ -164,6 +177,7 @@ def build_schedule(study, model: str = "", dtype: str = "", device: str = "") ->
         )
     tau = next((trial_params(t).get("workload.simulate_accept_len") for t in done), None)
     return {
+        "emulated": emulated_label(trial_params(done[0])) if done else None,
         "model": model,
         "dtype": dtype,
         "device": device,

@@ -23,6 +23,7 @@ import sys
 import time
 import warnings
 
+from orchestrator.config import emulation
 from orchestrator.config.fixed import check_resume
 from orchestrator.config.fixed import record as record_fixed
 from orchestrator.config.schema import ExperimentConfig, spectune_home
@@ -381,6 +382,8 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
             f"Optuna {_redact(storage_url)}; {tracker.where()} (parent run {tracker.parent_run_id})"
         )
         log(f"spectune: {search_line(cfg)}")
+        if (emulated := emulation.report_line(cfg)) is not None:
+            log(f"spectune: {emulated}")
         res = Resources(
             cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s
         )

@@ -47,7 +47,8 @@ RUN_NAME_MARK = {"PRUNED": "pruned: ", "FAIL": "failed: ", "INVALID": "invalid: 
 def config_label(params: dict[str, Any]) -> str:
     """A trial's configuration in a few words, the name of its MLflow run and its label in the report:
     "ngram k=6 gloo tp2", "layer_skip L=8 k=4 nccl PROTO=LL tp2", "eagle3 rank0 lookup=2 k=4 gloo tp2",
-    "eagle3 rank0 tree=3 k=4 gloo tp2", "plain gloo tp2" (k = 0)."""
+    "eagle3 rank0 tree=3 k=4 gloo tp2", "plain gloo tp2" (k = 0), "plain nccl tp8 emulated" (one rank of
+    TP 8 in one process, parallel.emulate_tp)."""
     k = int(params.get("spec.num_draft_tokens", 0) or 0)
     kind = str(params.get("drafter.kind", "none"))
     if k == 0:
@@ -62,8 +63,9 @@ def config_label(params: dict[str, Any]) -> str:
     nccl = "".join(
         f" {key.removeprefix('nccl.').removeprefix('NCCL_')}={v}" for key, v in sorted(params.items()) if key.startswith("nccl.")
     )
-    tp = params.get("parallel.tp")
-    return f"{head} {params.get('comm.backend', '?')}{nccl}" + (f" tp{tp}" if tp is not None else "")
+    tp, emulated = params.get("parallel.tp"), params.get("parallel.emulate_tp")
+    where = f" tp{emulated} emulated" if emulated not in (None, "", "None") else (f" tp{tp}" if tp is not None else "")
+    return f"{head} {params.get('comm.backend', '?')}{nccl}{where}"
 
 
 def trial_run_name(number: int, params: dict[str, Any]) -> str:
@@ -84,6 +86,8 @@ def label_defaults(cfg) -> dict[str, Any]:
     }
     if d.layers is not None:
         out["drafter.layers"] = d.layers
+    if cfg.parallel.emulate_tp is not None:
+        out["parallel.emulate_tp"] = cfg.parallel.emulate_tp
     # labels use them for eagle3 only
     out.update({"drafter.placement": d.placement, "drafter.lookup": d.lookup, "drafter.tree_width": d.tree_width})
     return out

@@ -80,7 +80,10 @@ MALFORMED = {
         "space.spec.num_draft_tokens: 17 must be an integer between 0 and 16",
     ),
     "triton attention on cpu": ({"engine": {"attention": "triton"}}, "engine.attention: triton runs the CUDA graphs' attention kernel"),
-    "triton moe kernel on cpu": ({"engine": {"moe_kernel": "triton"}}, "engine.moe_kernel: triton runs the CUDA graphs' grouped MoE kernel"),
+    "triton moe kernel on cpu": (
+        {"engine": {"moe_kernel": "triton"}},
+        "engine.moe_kernel: triton runs the CUDA graphs' grouped MoE kernel",
+    ),
     "searched triton moe kernel on cpu": (
         {"search": {"space": {"engine.moe_kernel": {"choices": ["dense", "triton"]}}}},
         "search.space.engine.moe_kernel: triton runs the CUDA graphs' grouped MoE kernel",

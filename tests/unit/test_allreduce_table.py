@@ -140,3 +140,13 @@ def test_schema_rules_name_the_field(parallel, where):
     with pytest.raises(UserError) as e:
         validated({"name": "x", "parallel": parallel, "search": {"space": {"spec.num_draft_tokens": 0}}})
     assert str(e.value).startswith(where), str(e.value)
+
+
+def test_the_console_and_report_line_names_the_deployment_the_table_and_the_acceptance():
+    from orchestrator.config import emulation
+
+    raw = {"name": "x", "parallel": {"tp": 1, "emulate_tp": 8, "allreduce_table": "seeds-tp8-pcie"}, "search": {"space": {"spec.num_draft_tokens": 0}}}
+    raw["workload"] = {"simulate_accept_len": 2.5}
+    line = emulation.report_line(validated(raw))
+    assert line.startswith("EMULATED: emulated TP 8 from table seeds-tp8-pcie") and "accepted length 2.5" in line, line
+    assert emulation.report_line(validated({"name": "x", "search": {"space": {"spec.num_draft_tokens": 0}}})) is None

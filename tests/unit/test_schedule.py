@@ -154,3 +154,34 @@ def test_decode_logs_throughput_and_decode_rate():
 
     assert rates({"throughput_tok_s": 19.64, "decode_tok_s": 27.12}) == "19.6 tok/s (decode 27.1 tok/s)"
     assert rates({"throughput_tok_s": 5.0}) == "5.0 tok/s"
+
+
+def test_an_emulated_study_is_labelled_and_exported_as_the_tp_it_emulates():
+    """parallel.emulate_tp 8 (one process, parallel.tp 1): the schedule's TP is 8, it says how its figures
+    were made, every format but JSON opens with that line, and the trials' labels read "tp8 emulated"."""
+    from orchestrator.export.formats import render
+    from orchestrator.tracking.runs import config_label
+
+    emulated = {
+        "parallel.emulated": True,
+        "parallel.emulate_tp": 8,
+        "parallel.allreduce_table": "seeds-tp8-pcie",
+        "parallel.allreduce_table_sha256": "ab" * 32,
+        "parallel.emulated_acceptance": "simulated: accepted length 2.5 (workload.simulate_accept_len)",
+    }
+    study = optuna.create_study(direction="maximize")
+    for k, values in ((0, [10.0, 10.5, 9.5]), (4, [14.0, 14.2])):
+        params = {"parallel.tp": 1, "comm.backend": "nccl", "spec.num_draft_tokens": k, "drafter.kind": "ngram" if k else "none"}
+        attrs = {"spectune.params": {**params, **emulated}, "spectune.repeat_tok_s": values}
+        study.add_trial(optuna.trial.create_trial(value=sum(values) / len(values), user_attrs=attrs))
+    s = build_schedule(study, model="m", dtype="bfloat16", device="cuda")
+    assert [r["tp"] for r in s["schedule"]] == [8] and s["schedule"][0]["num_draft_tokens"] == 4
+    assert s["emulated"].startswith("emulated TP 8 from table seeds-tp8-pcie (sha256 abababababab)")
+    for fmt in ("vllm", "sglang", "env"):
+        first = render(s, fmt).splitlines()[0]
+        assert first.startswith("# EMULATED: emulated TP 8 from table seeds-tp8-pcie"), (fmt, first)
+    assert "tensor-parallel-size 8" in render(s, "vllm") or "--tensor-parallel-size=8" in render(s, "vllm")
+    assert config_label({"parallel.tp": 1, "comm.backend": "nccl", "spec.num_draft_tokens": 0, **emulated}) == "plain nccl tp8 emulated"
+    assert config_label({"parallel.tp": 2, "comm.backend": "nccl", "spec.num_draft_tokens": 0}) == "plain nccl tp2"
+    real = build_schedule(_study(), model="m", dtype="bfloat16")
+    assert real["emulated"] is None and not render(real, "vllm").startswith("# EMULATED")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.config import emulation
 from orchestrator.config.registry import set_yaml
 from orchestrator.config.schema import ExperimentConfig, spectune_home, validated
 from orchestrator.errors import UserError
@@ -159,6 +160,8 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
         "complete_trials": len(done),
         # the winning configuration (the ranking's, pooled over its trials), named by its first trial as the study's
         # summary and `export` name it, and every trial that measured it
+        # emulated TP (parallel.emulate_tp): every figure is one rank's compute plus a table's allreduce waits
+        "emulated": emulation.report_line(cfg),
         "best_trial": best.number,
         "best_trials": best.pooled_trials or [best.number],
         "best_label": best.label,
@@ -198,6 +201,8 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
             summary["what_if"].update(interconnect_what_ifs(by_number[r.number], comm, r.label))
     summary["batches"] = batch_summary(study, hidden_size(cfg), cfg.model.dtype)
     text = terminal_text(cfg.study_name, rows, summary)
+    if summary["emulated"]:
+        text = f"{summary['emulated']}\n{text}"
     if summary["batches"] is not None:
         text += "\n" + "\n".join(batch_sentences(summary["batches"]))
     snippet = best_yaml(cfg, best.params)

@@ -180,7 +180,7 @@ def render(study: str, rows: list[Row], s: dict, snippet: str, charts: dict[str,
 <html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>spectune report: {_e(study)}</title><style>{STYLE}</style></head>
 <body><h1>spectune report: {_e(study)}</h1>
-<p class="verdict" id="verdict">{_verdict_html(rows, s.get("verdict"))}</p>
+{f'<p class="verdict" id="emulated">{_e(s["emulated"])}</p>' if s.get("emulated") else ""}<p class="verdict" id="verdict">{_verdict_html(rows, s.get("verdict"))}</p>
 <p class="note">{_e(OBJECTIVE_MEANS)}</p>
 <h2>Trials</h2>{trials_table(rows)}
 <p class="note">Ms per token: the step's p50 time over its accepted length (split by part in the chart below).
