@@ -145,7 +145,11 @@ def test_schema_rules_name_the_field(parallel, where):
 def test_the_console_and_report_line_names_the_deployment_the_table_and_the_acceptance():
     from orchestrator.config import emulation
 
-    raw = {"name": "x", "parallel": {"tp": 1, "emulate_tp": 8, "allreduce_table": "seeds-tp8-pcie"}, "search": {"space": {"spec.num_draft_tokens": 0}}}
+    raw = {
+        "name": "x",
+        "parallel": {"tp": 1, "emulate_tp": 8, "allreduce_table": "seeds-tp8-pcie"},
+        "search": {"space": {"spec.num_draft_tokens": 0}},
+    }
     raw["workload"] = {"simulate_accept_len": 2.5}
     line = emulation.report_line(validated(raw))
     assert line.startswith("EMULATED: emulated TP 8 from table seeds-tp8-pcie") and "accepted length 2.5" in line, line
