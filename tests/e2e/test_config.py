@@ -165,7 +165,9 @@ def test_schema_file_is_current():
     assert on_disk == json.loads(json.dumps(json_schema()))
 
 
-@pytest.mark.parametrize("name", ["smoke-cpu.yaml", "tp2-gpu.yaml", "tp8-pcie.yaml", "h200-1gpu.yaml", "h200-1gpu-smollm2.yaml"])
+@pytest.mark.parametrize(
+    "name", ["smoke-cpu.yaml", "tp2-gpu.yaml", "tp8-pcie.yaml", "tp8-pcie-emulated.yaml", "h200-1gpu.yaml", "h200-1gpu-smollm2.yaml"]
+)
 def test_shipped_experiments_parse(name):
     cfg = load_config(ROOT / "experiments" / name)
     assert cfg.search.space
