@@ -6,12 +6,14 @@ orchestrator/execution/pool.py.
     connect()                                   # RAY_ADDRESS or an embedded local Ray (loopback only)
     check_capacity(spec, Resources())           # PlacementError (one line) when no node fits
     cluster_nodes()                             # the live nodes as NodeInfo (address, boot id, host label)
+    node_alive(node_id)                         # the node is still in the cluster (its raylet answers)
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,6 +208,23 @@ def cluster_nodes() -> list[NodeInfo]:
         )
         for n in alive
     ]
+
+
+def node_alive(node_id: str) -> bool:
+    """The node counts as alive in the cluster and its raylet takes a connection. A killed raylet
+    refuses at once, while the cluster itself marks the node dead only after its health checks time out."""
+    import ray
+
+    node = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
+    if node is None or not node.get("Alive"):
+        return False
+    try:
+        with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout=5.0):
+            return True
+    except ConnectionRefusedError:
+        return False  # nothing listens where its raylet did: gone
+    except OSError:
+        return True  # slow or unreachable for a moment is not dead: the cluster's own health checks decide
 
 
 def boot_ids(node_ids: list[str], timeout_s: float) -> dict[str, str | None]:

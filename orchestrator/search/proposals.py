@@ -9,7 +9,7 @@ Rules, the same one trial at a time and in parallel:
   `study.n_trials` and never enters the noise band, and a sampler that learns from pruned trials
   (TPE) moves away from measured points;
 - a trial the study asked for (an enqueued one: the baseline, a retry, a pick of this rule, a race
-  repeat of a leader, `race_pick`) is measured whatever it repeats;
+  repeat of a leader, orchestrator/search/racing.py) is measured whatever it repeats;
 - `MAX_DUPLICATES` duplicates in a row: the study picks an unknown configuration of the space itself
   (at random, from the enumerated space), so a sampler stuck on known points cannot stall a study;
   when every configuration not known is running (or an unbounded space's sampler is stuck), the
@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-
-from orchestrator.search.ranking import simplicity
 
 MAX_DUPLICATES = 8  # proposals in a row that repeat known configurations before the study picks one itself
 
@@ -129,45 +127,3 @@ class Proposals:
     @property
     def size(self) -> int | None:
         return None if self.space is None else len(self.space)
-
-
-def race_pick(ranking, trials_left: int, race_trials: int, running: set[str], identity_of_config, concurrency: int = 1) -> int | None:
-    """`study.race_trials`: within the last `race_trials` trials of the study, the next trial re-measures
-    a leader instead of a new configuration. While the winner is not clear of its runners-up, the
-    leaders are the winner and every configuration within noise of it (the winner and the runner-up
-    while the noise is unknown); those measured once go first, the simplest of them (the one a tie
-    prefers: `ranking.simplicity`; while the noise is unknown, the faster), then among leaders measured
-    more often the simplest, the fewest trials, the faster. A clear
-    winner measured in one trial is measured once more: its lead and the noise band it was judged by
-    come from one gang, and gang-to-gang spread is the noise a deployment meets. A clear winner measured
-    twice frees a race trial for a new configuration, except in the study's last round (the last
-    `concurrency` trials, which run beside each other): a configuration found there would lead on one
-    measurement with no trial left to confirm it, so those re-measure the runner-up instead (the lead
-    is then judged on two gangs each side), else the winner, else the next. Before all of that, a
-    configuration measured only beside other trials on its host (`ranking.disturbed`) is re-measured,
-    the fastest first: its timing is a lower bound, so it can be neither ruled out nor crowned on it
-    (the driver runs that re-measure alone). Returns the number of that configuration's first trial
-    (its params are enqueued again), or None."""
-    if race_trials <= 0 or trials_left > race_trials or len(ranking.configs) < 2:
-        return None
-    if free := [c for c in ranking.disturbed if identity_of_config(c) not in running]:
-        return free[0].trials[0]
-    if ranking.winner_ahead:
-        winner, runner_up = ranking.configs[:2]
-        if len(winner.trials) < 2:
-            return winner.trials[0] if identity_of_config(winner) not in running else None
-        if trials_left > max(1, concurrency):
-            return None
-        free = [c for c in (runner_up, winner, *ranking.configs[2:]) if identity_of_config(c) not in running]
-        return free[0].trials[0] if free else None
-    leaders = ranking.tied if ranking.noise_rel is not None else ranking.configs[:2]
-    if len(leaders) < 2:
-        return None
-    free = [c for c in leaders if identity_of_config(c) not in running]
-    if not free:
-        return None
-    # one measured once first, and among those the one a tie would prefer (the simplest): where the race
-    # cannot re-measure every leader, the configuration the verdict names is the one measured twice
-    # (with the noise unknown nothing ties yet: the faster first)
-    prefer = (lambda c: simplicity(c.params)) if ranking.noise_rel is not None else (lambda c: ())
-    return min(free, key=lambda c: (min(len(c.trials), 2), prefer(c), len(c.trials), -c.median)).trials[0]

@@ -24,7 +24,7 @@ trials measured alone (the others are listed in `beside`, not pooled); one measu
 others is `disturbed`. The winner is clear only if it is ahead by more than the noise, from at least
 MIN_CLEAR_MEASUREMENTS samples of it, and no configuration is disturbed (a disturbed one may be
 faster than measured: the true winner, or closer than it looks). `race_pick`
-(orchestrator/search/proposals.py) re-measures disturbed configurations alone first.
+(orchestrator/search/racing.py) re-measures disturbed configurations alone first.
 
     from orchestrator.search.ranking import rank
     r = rank(study.trials)            # r.as_dict(): the study summary's "ranking" entry

@@ -22,6 +22,9 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from orchestrator.config import emulation
 from orchestrator.config.fixed import check_resume
@@ -37,27 +40,28 @@ from orchestrator.config.space import (
     distinct_configs,
 )
 from orchestrator.execution.cluster import PlacementError, Resources, check_capacity, cluster_nodes, connect
+from orchestrator.execution.slot_table import slot_pools
 from orchestrator.execution.slots import GangNeed, NodeInfo, Slot, hosts_line, plan_slots
 from orchestrator.execution.validate import check_experiment
 from orchestrator.record import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_ATTR, RUN_ID_ATTR, requeue
 from orchestrator.search.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank
 from orchestrator.search.samplers import make_sampler, model_sampler_fits
 from orchestrator.study.ask_lock import ask_lock, taking_turns
+from orchestrator.study.context import StudyContext
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
-from orchestrator.study.runner import (
-    StudyContext,
-    contention_note,
-    describe,
-    known_configurations,
-    run_trials,
-    slot_pools,
-    space_finished,
-)
+from orchestrator.study.goal import complete, known_configurations, space_finished
+from orchestrator.study.runner import contention_note, describe, run_trials
 from orchestrator.study.trial import baseline_tp
 from orchestrator.tracking.progress import Progress
 from orchestrator.tracking.runs import Tracker, experiment_params, label_defaults, resolve_uri
 from orchestrator.tracking.storage import _redact, make_storage, set_trial_user_attr, study_lock
 from workers.spec import DrafterSpec, GangSpec
+
+if TYPE_CHECKING:
+    import optuna
+
+    from orchestrator.execution.pool import GangPool
+    from orchestrator.search.proposals import Proposals
 
 
 def bench_into_study(cfg: ExperimentConfig, prepared, tracker: Tracker, log) -> None:
@@ -306,15 +310,47 @@ def study_slots(cfg: ExperimentConfig, log) -> tuple[list[Slot], list[NodeInfo]]
     return slots, nodes
 
 
-def run_study(cfg: ExperimentConfig, log=None) -> dict:
-    import optuna
-    import ray
-    from optuna.trial import TrialState
+@dataclass
+class LiveDrivers:
+    """The study's other drivers as this one counts them (context.OtherDrivers): a RUNNING trial counts
+    while its driver is alive (`_stale`: its pid on this host, its heartbeat elsewhere)."""
 
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", message="Some regimes for parameter")
+    study: optuna.Study
+    storage: optuna.storages.BaseStorage
+    tracker: Tracker
+    driver: str  # this driver (driver_id())
+    stale_after_s: float
+    log: Callable[[str], None]
+
+    def running(self) -> int:
+        return len([t for t in _live_running(self.study, self.stale_after_s) if t.user_attrs.get(DRIVER_ATTR) != self.driver])
+
+    def running_below(self, number: int) -> int:
+        return len(_live_running(self.study, self.stale_after_s, below=number))
+
+    def recover(self) -> None:
+        recover_stale(self.study, self.storage, self.tracker, self.stale_after_s, self.log)
+
+
+@dataclass
+class _Run:
+    """What the end of a run reports, however it ends: set as the run gets that far."""
+
+    study: optuna.Study | None = None
+    tracker: Tracker | None = None
+    progress: Progress | None = None
+    proposals: Proposals | None = None
+    pools: dict[int, GangPool] = field(default_factory=dict)
+    status: str = "KILLED"  # the parent run's status: FINISHED, FAILED (an error), KILLED (interrupted)
+
+
+def run_study(cfg: ExperimentConfig, log: Callable[[str], None] | None = None) -> dict:
+    """The study, run to its end: checked, connected, taken over, its trials run (runner.run_trials),
+    and reported (the summary, also on the parent MLflow run)."""
+    import ray
+
+    log = log or _stderr
+    _quiet_optuna()
     # every input is checked before anything launches or is written: YAML, model, prompts, storage, resources
     prepared = check_experiment(cfg)
     check_constraints(cfg)
@@ -328,119 +364,172 @@ def run_study(cfg: ExperimentConfig, log=None) -> dict:
     finished = nothing_left(storage, cfg)  # a finished study is reported, not run: no Ray
     record = DriverRecord(home) if embedded and not finished else None
     stale_after = cfg.limits.trial_timeout_s + 120
-    tracker, progress, status = None, None, "KILLED"
-    pools: dict = {}
-    proposals = None
+    run = _Run()
     try:
-        if record is not None:
-            reap_dead(home, log)
-            record.start(os.environ.get("SPECTUNE_RAY_TMPDIR"))
-        if finished:
-            where = "nothing left to measure (Ray not started)"
-        else:
-            with _own_session() if embedded else contextlib.nullcontext():
-                where = connect()
-            if not embedded:  # the address the cluster itself reports (loopback for a loopback cluster), not the one we were handed
-                where = f"ray cluster at {ray.get_runtime_context().gcs_address}"
-            if record is not None:
-                record.note_session(ray_session_dir())
-            check_gang_fits(cfg, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
-        study = optuna.create_study(
-            study_name=cfg.study_name,
-            storage=storage,
-            direction="maximize",
-            sampler=make_sampler(cfg),
-            pruner=make_pruner(cfg),
-            load_if_exists=True,
-        )
-        study.sampler = make_sampler(cfg, offset=len(study.trials))
-        if study.metric_names is None:
-            # optuna-dashboard names the objective instead of "Objective 0"
-            study.set_metric_names(["throughput_tok_s" if cfg.workload.batch_sizes == [1] else "throughput_tok_s_geomean_over_batch_sizes"])
+        where = _start_ray(cfg, home, embedded, finished, record, log)
+        run.study = study = open_study(cfg, storage)
         with study_lock(home, cfg, storage_url):
-            check_resume(storage, cfg)  # another driver may have created it meanwhile
-            record_fixed(study, cfg)
-            tracker = Tracker(
-                resolve_uri(cfg.tracking.uri, home),
-                cfg.experiment_name,
-                cfg.study_name,
-                home,
-                study=study,
-                base_params=experiment_params(cfg),
-                name=cfg.name,
-            )
-            recover_stale(study, storage, tracker, stale_after, log)
-            _ensure_baseline(study, cfg)
+            run.tracker = tracker = _take_over(study, storage, cfg, home, stale_after, log)
         n_goal = cfg.study.n_trials
-        max_failed = cfg.study.max_failed_trials if cfg.study.max_failed_trials is not None else n_goal
         if cfg.study.bench_allreduce and not finished and not study.user_attrs.get("bench_allreduce_logged"):
             bench_into_study(cfg, prepared, tracker, log)
             study.set_user_attr("bench_allreduce_logged", True)
-        progress = Progress(study, n_goal, log, defaults=label_defaults(cfg))
+        run.progress = progress = Progress(study, n_goal, log, defaults=label_defaults(cfg))
         log(
-            f"spectune: study {cfg.study_name!r}: {count(study, TrialState.COMPLETE)}/{n_goal} complete; {where}; "
+            f"spectune: study {cfg.study_name!r}: {complete(study)}/{n_goal} complete; {where}; "
             f"Optuna {_redact(storage_url)}; {tracker.where()} (parent run {tracker.parent_run_id})"
         )
         log(f"spectune: {search_line(cfg)}")
         if (emulated := emulation.report_line(cfg)) is not None:
             log(f"spectune: {emulated}")
-        res = Resources(
-            cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s
-        )
-        space = distinct_configs(cfg)
-        proposals = known_configurations(study, cfg, space, cfg.study.seed)
-        if space is not None and proposals.exhausted:
-            log(f"spectune: every distinct configuration of the search space ({len(space)}) is measured already")
+        run.proposals = proposals = _known(study, cfg, log)
         me = driver_id()
         slots, nodes = ([Slot(0)], []) if finished else study_slots(cfg, log)
         if len(slots) > 1:
             log(f"spectune: {describe(slots, cfg)}")
-        pools = slot_pools(slots, res, log)
+        run.pools = pools = slot_pools(slots, _resources(cfg), log)
         ctx = StudyContext(
-            study,
-            storage,
-            cfg,
-            prepared,
-            tracker,
-            progress,
-            res,
-            n_goal,
-            max_failed,
-            me,
-            log,
-            proposals,
-            recover=lambda: recover_stale(study, storage, tracker, stale_after, log),
-            others_running=lambda: len([t for t in _live_running(study, stale_after) if t.user_attrs.get(DRIVER_ATTR) != me]),
-            running_below=lambda number: len(_live_running(study, stale_after, below=number)),
+            study=study,
+            storage=storage,
+            cfg=cfg,
+            prepared=prepared,
+            tracker=tracker,
+            progress=progress,
+            n_goal=n_goal,
+            max_failed=cfg.study.max_failed_trials if cfg.study.max_failed_trials is not None else n_goal,
+            driver=me,
+            log=log,
+            proposals=proposals,
+            others=LiveDrivers(study, storage, tracker, me, stale_after, log),
         )
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        try:
-            run_trials(ctx, slots, pools, nodes)  # returns once the trials are complete or the space is all measured
-            status = "FINISHED"
-        except KeyboardInterrupt:  # the CLI prints this one line (and nothing else) for it
-            progress.live.done()
-            raise KeyboardInterrupt("spectune: interrupted; finished trials are saved, run the same command to resume") from None
-        except Exception:  # too many failed trials, a lost cluster: the parent run says it failed, not that it was stopped
-            status = "FAILED"
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        _run_to_the_end(run, ctx, slots, pools, nodes)  # returns once the trials are complete or the space is all measured
     finally:
-        launched = sum(p.launched for p in pools.values())
-        for each in pools.values():
-            each.close()
-        if ours and ray.is_initialized():
-            ray.shutdown()  # an embedded Ray goes; a cluster's driver disconnects (its last log lines arrive now)
-        if record is not None:
-            record.close()
-        if tracker is not None and progress is not None:
-            tracker.log_metrics(tracker.parent_run_id, {"gangs_launched_last_run": launched})
-            summary = progress.finish(tracker, status)
-            summary["gangs_launched"] = launched
-            summary["ranking"] = rank(study.trials).as_dict()  # noise-aware: pooled repeats, winner within noise?
-            if proposals is not None and proposals.size is not None:
-                summary["space_size"] = proposals.size
-                summary["space_exhausted"] = proposals.exhausted  # every distinct configuration measured: done
+        summary = _wrap_up(run, ours, record)
+    return summary
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _quiet_optuna() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Some regimes for parameter")
+
+
+def _start_ray(cfg: ExperimentConfig, home, embedded: bool, finished: bool, record: DriverRecord | None, log) -> str:
+    """Ray for the study (none for a study with nothing left to measure), the driver recorded where it
+    starts its own; returns where the study runs, in words. The largest gang is checked against the
+    nodes Ray offers."""
+    import ray
+
+    if record is not None:
+        reap_dead(home, log)
+        record.start(os.environ.get("SPECTUNE_RAY_TMPDIR"))
+    if finished:
+        return "nothing left to measure (Ray not started)"
+    with _own_session() if embedded else contextlib.nullcontext():
+        where = connect()
+    if not embedded:  # the address the cluster itself reports (loopback for a loopback cluster), not the one we were handed
+        where = f"ray cluster at {ray.get_runtime_context().gcs_address}"
+    if record is not None:
+        record.note_session(ray_session_dir())
+    check_gang_fits(cfg, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+    return where
+
+
+def open_study(cfg: ExperimentConfig, storage) -> optuna.Study:
+    """Create or load the study, with this run's sampler and pruner (a resumed study takes this run's,
+    not its first run's)."""
+    import optuna
+
+    study = optuna.create_study(
+        study_name=cfg.study_name,
+        storage=storage,
+        direction="maximize",
+        sampler=make_sampler(cfg),
+        pruner=make_pruner(cfg),
+        load_if_exists=True,
+    )
+    study.sampler = make_sampler(cfg, offset=len(study.trials))
+    if study.metric_names is None:
+        # optuna-dashboard names the objective instead of "Objective 0"
+        study.set_metric_names(["throughput_tok_s" if cfg.workload.batch_sizes == [1] else "throughput_tok_s_geomean_over_batch_sizes"])
+    return study
+
+
+def _take_over(study, storage, cfg: ExperimentConfig, home, stale_after_s: float, log) -> Tracker:
+    """Under the per-host study lock: the fixed part checked (another driver may have created the study
+    meanwhile) and recorded, the MLflow tracker, trials of dead drivers recovered, the baseline queued."""
+    check_resume(storage, cfg)
+    record_fixed(study, cfg)
+    tracker = Tracker(
+        resolve_uri(cfg.tracking.uri, home),
+        cfg.experiment_name,
+        cfg.study_name,
+        home,
+        study=study,
+        base_params=experiment_params(cfg),
+        name=cfg.name,
+    )
+    recover_stale(study, storage, tracker, stale_after_s, log)
+    _ensure_baseline(study, cfg)
+    return tracker
+
+
+def _known(study, cfg: ExperimentConfig, log) -> Proposals:
+    """The configurations the study has measured (said in one line where that is all of a finite space)."""
+    space = distinct_configs(cfg)
+    proposals = known_configurations(study, cfg, space, cfg.study.seed)
+    if space is not None and proposals.exhausted:
+        log(f"spectune: every distinct configuration of the search space ({len(space)}) is measured already")
+    return proposals
+
+
+def _resources(cfg: ExperimentConfig) -> Resources:
+    return Resources(cfg.parallel.cpus_per_worker, cfg.limits.placement_timeout_s, cfg.limits.trial_timeout_s, cfg.limits.setup_timeout_s)
+
+
+def _run_to_the_end(run: _Run, ctx: StudyContext, slots: list[Slot], pools: dict[int, GangPool], nodes: list[NodeInfo]) -> None:
+    """The trial loop, SIGTERM (`ray job stop`) taken as Ctrl-C; `run.status` says how it ended."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        run_trials(ctx, slots, pools, nodes)
+        run.status = "FINISHED"
+    except KeyboardInterrupt:  # the CLI prints this one line (and nothing else) for it
+        ctx.progress.live.done()
+        raise KeyboardInterrupt("spectune: interrupted; finished trials are saved, run the same command to resume") from None
+    except Exception:  # too many failed trials, a lost cluster: the parent run says it failed, not that it was stopped
+        run.status = "FAILED"
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _wrap_up(run: _Run, ours: bool, record: DriverRecord | None) -> dict | None:
+    """However the run ended: the pools closed, Ray shut down where this run connected it, the driver
+    record closed; the summary (also on the parent run, with its status) where the run got that far."""
+    import ray
+
+    launched = sum(p.launched for p in run.pools.values())
+    for each in run.pools.values():
+        each.close()
+    if ours and ray.is_initialized():
+        ray.shutdown()  # an embedded Ray goes; a cluster's driver disconnects (its last log lines arrive now)
+    if record is not None:
+        record.close()
+    if run.tracker is None or run.progress is None:
+        return None
+    run.tracker.log_metrics(run.tracker.parent_run_id, {"gangs_launched_last_run": launched})
+    summary = run.progress.finish(run.tracker, run.status)
+    summary["gangs_launched"] = launched
+    summary["ranking"] = rank(run.study.trials).as_dict()  # noise-aware: pooled repeats, winner within noise?
+    if run.proposals is not None and run.proposals.size is not None:
+        summary["space_size"] = run.proposals.size
+        summary["space_exhausted"] = run.proposals.exhausted  # every distinct configuration measured: done
     return summary
 
 

@@ -1,4 +1,4 @@
-"""The ask lock (orchestrator/study/ask_lock.py) and the driver's ask under it (runner.Asker): two
+"""The ask lock (orchestrator/study/ask_lock.py) and the driver's ask under it (asker.Asker): two
 drivers, in two processes, asking at once on one storage never both measure one configuration;
 a wait past the timeout is one line naming the storage; an interrupt inside the section releases it.
 
@@ -29,7 +29,8 @@ from orchestrator.errors import UserError
 from orchestrator.record import DUPLICATE_ATTR
 from orchestrator.search.proposals import Proposals
 from orchestrator.study.ask_lock import AdvisoryLock, FileLock, NoLock, ProcessLock, advisory_key, ask_lock
-from orchestrator.study.runner import Asker, StudyContext
+from orchestrator.study.asker import Asker
+from orchestrator.study.context import StudyContext
 
 POSTGRES = os.environ.get("SPECTUNE_TEST_POSTGRES")
 STORAGES = ["sqlite"] + (["postgresql"] if POSTGRES else [])
@@ -78,6 +79,19 @@ class _Tracker:
         pass
 
 
+class _NoOthers:
+    """Other drivers as the goal counts them: none running (the goal is never near here)."""
+
+    def running(self) -> int:
+        return 0
+
+    def running_below(self, number: int) -> int:
+        return 0
+
+    def recover(self) -> None:
+        pass
+
+
 def _driver(url: str, name: str, driver: str, rounds: int, locked: bool, start, seed: int) -> None:
     """One driver (a process): asks until `rounds` // 2 of its asks were admitted (at most 10 x `rounds`
     asks: how many asks meet the other driver's trial depends on the machine's load, how many are
@@ -90,8 +104,8 @@ def _driver(url: str, name: str, driver: str, rounds: int, locked: bool, start, 
         cfg = _cfg()
         proposals = Proposals(distinct_configs(cfg), random.Random(seed))
         ctx = StudyContext(
-            study, storage, cfg, None, _Tracker(), None, None, 10**6, 10**6, driver, print, proposals,
-            recover=None, others_running=lambda: 0, running_below=lambda number: 0,
+            study=study, storage=storage, cfg=cfg, prepared=None, tracker=_Tracker(), progress=None, n_goal=10**6,
+            max_failed=10**6, driver=driver, log=print, proposals=proposals, others=_NoOthers(),
         )  # fmt: skip
         asker = Asker(ctx, ctx.tracker, ask_lock(storage, name, print) if locked else NoLock())
         rng = random.Random(seed)

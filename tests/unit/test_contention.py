@@ -14,7 +14,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from orchestrator.record import CO_RUNNING_ATTR, PARAMS_ATTR, SAMPLES_ATTR
-from orchestrator.search.proposals import race_pick
+from orchestrator.search.racing import race_pick
 from orchestrator.search.ranking import baseline_median, rank
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

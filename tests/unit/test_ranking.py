@@ -201,7 +201,7 @@ def test_racing_remeasures_the_leaders_only_near_the_end_and_only_while_they_tie
     """study.race_trials: within the last race_trials trials, a tied winner's leaders are re-measured,
     the least measured first; a clear winner is confirmed on a second gang, then frees race trials but
     the last (the runner-up's); a budget not yet reached or leaders all running: none."""
-    from orchestrator.search.proposals import race_pick
+    from orchestrator.search.racing import race_pick
 
     tied = rank(
         study_of(
