@@ -29,7 +29,9 @@ bash infra/device-setup.sh pyd >> "$OUT/log.txt" 2>&1 || { echo "device-setup py
 PY=${SPECTUNE_VENV:-/tmp/spectune-venv}/bin/python
 MOE_LAYERS=${MOE_LAYERS:-24}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
-echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')" | tee -a "$OUT/log.txt"
+# the code measured, by content (the device's copy of the tree may carry a stale .git): compare with
+# the same line run here on a checkout
+echo "code sha256 $(find workers orchestrator scripts -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)" | tee -a "$OUT/log.txt"
 
 run() {  # name, dir, command...: stdout to $OUT/name.json, stderr to log.txt
   local name=$1 dir=$2; shift 2
