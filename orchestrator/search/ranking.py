@@ -22,7 +22,7 @@ host (`spectune.co_running`: isolation gpu or none) may have timed their load as
 its samples are only a lower bound. A configuration with any trial measured alone is ranked by its
 trials measured alone (the others are listed in `beside`, not pooled); one measured only beside
 others is `disturbed`. The winner is clear only if it is ahead by more than the noise, from at least
-MIN_CLEAR_MEASUREMENTS samples of it, and no configuration is disturbed (a disturbed one may be
+MIN_CLEAR_TRIALS trials of it, and no configuration is disturbed (a disturbed one may be
 faster than measured: the true winner, or closer than it looks). `race_pick`
 (orchestrator/search/racing.py) re-measures disturbed configurations alone first.
 
@@ -47,9 +47,10 @@ from orchestrator.record import CO_RUNNING_ATTR, GANG_ATTR, GPUS_ATTR, NODE_ATTR
 SETUP_METRIC = "setup_s"  # a trial's gang launch time, 0 where it ran on a gang launched before it
 
 MAD_TO_SIGMA = 1.4826
-# a winner is called clear only from at least this many samples of its configuration: one measurement
-# has no spread of its own, and its lead may be one lucky run
-MIN_CLEAR_MEASUREMENTS = 2
+# a winner is called clear only from at least this many trials of its configuration: one trial's repeats
+# share its gang and its moment (a lucky placement or a quiet minute lifts them all), so its lead may be
+# one lucky gang however many repeats it ran
+MIN_CLEAR_TRIALS = 2
 
 # Between configurations the measurements cannot tell apart, prefer the simpler one: no drafter, then
 # the cheaper drafter (n-gram runs no model, layer-skip a part of the verifier, then a head, then a
@@ -200,12 +201,12 @@ class Ranking:
 
     @property
     def winner_is_clear(self) -> bool | None:
-        """Ahead by more than the noise, from at least MIN_CLEAR_MEASUREMENTS samples of the winner, with no
+        """Ahead by more than the noise, from at least MIN_CLEAR_TRIALS trials of the winner, with no
         configuration measured only beside others (None: the noise is unknown, or one configuration)."""
         ahead = self.winner_ahead
         if ahead is None:
             return None
-        return ahead and self.configs[0].n >= MIN_CLEAR_MEASUREMENTS and not self.disturbed
+        return ahead and len(self.configs[0].trials) >= MIN_CLEAR_TRIALS and not self.disturbed
 
     def _disturbed_words(self) -> str:
         """The disturbed configurations in words (empty: none)."""
@@ -230,7 +231,10 @@ class Ranking:
         if self.winner_is_clear:
             return f"{w.label()} is ahead of {r.label()} ({noise})"
         if self.winner_ahead:
-            why = disturbed or f"from {w.n} measurement{'s' if w.n != 1 else ''} of it (a clear win takes {MIN_CLEAR_MEASUREMENTS})"
+            t = len(w.trials)
+            why = disturbed or (
+                f"from {t} trial{'s' if t != 1 else ''} of it (a clear win takes {MIN_CLEAR_TRIALS}: one trial's repeats share its gang)"
+            )
             return f"{w.label()} leads {r.label()} by more than the noise ({noise}), but {why}: not a clear win"
         rest = self.tied[1:]  # one line on a terminal: name one other, count the rest
         others = (

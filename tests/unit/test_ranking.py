@@ -66,13 +66,16 @@ def test_repeats_of_one_configuration_are_pooled_and_the_noise_comes_from_them()
 
 
 def test_a_clear_winner_and_an_unknown_noise():
-    """A winner ahead by more than the noise is clear from two measurements of it on; from one, it leads
-    but is not called clear (issue 43: "the winner is clear" from single measurements)."""
+    """A winner ahead by more than the noise is clear from two trials of it on; from one, it leads but is
+    not called clear, however many repeats that trial ran (they share its gang; issue 43: "the winner is
+    clear" from single measurements)."""
     once = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0])).trials)
     assert once.winner_ahead is True and once.winner_is_clear is False and once.runners_up_within_noise == []
-    assert "by more than the noise" in once.verdict() and "from 1 measurement of it" in once.verdict()
+    assert "by more than the noise" in once.verdict() and "from 1 trial of it" in once.verdict()
     assert "is ahead of" not in once.verdict() and once.as_dict()["winner_is_clear"] is False
-    clear = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0, 14.1])).trials)
+    repeats = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0, 14.1, 13.9])).trials)
+    assert repeats.winner_ahead is True and repeats.winner_is_clear is False and "from 1 trial of it" in repeats.verdict()
+    clear = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0]), done(2, "ngram", [14.1])).trials)
     assert clear.winner_is_clear is True and "is ahead of" in clear.verdict() and clear.runners_up_within_noise == []
     unknown = rank(study_of(done(0, "none", [10.0]), done(2, "ngram", [14.0])).trials)
     assert unknown.noise_rel is None and unknown.winner_is_clear is None and "noise is unknown" in unknown.verdict()

@@ -25,21 +25,22 @@ def test_a_winner_measured_beside_other_trials_is_flagged():
     assert "same host" not in alone
 
 
-def test_the_winner_is_clear_only_from_two_measurements_and_nothing_measured_only_beside_others():
-    """Outside the noise band is not enough: the winner measured once, or a runner-up timed only beside
-    other trials on its host (its timing a lower bound), leaves the win unclear; two measurements of the
-    winner and every configuration measured alone make it clear."""
+def test_the_winner_is_clear_only_from_two_trials_and_nothing_measured_only_beside_others():
+    """Outside the noise band is not enough: the winner measured in one trial (however many repeats: they
+    share its gang), or a runner-up timed only beside other trials on its host (its timing a lower
+    bound), leaves the win unclear; two trials of the winner and every configuration measured alone
+    make it clear."""
 
-    def rows(winner_n: int, runner_up_beside: list[int]):
+    def rows(winner_trials: list[int], runner_up_beside: list[int]):
         best, second = _row(3, 12.0, 4, []), _row(0, 10.0, 0, runner_up_beside)
-        best.config, best.pooled_trials, best.pooled_n = 0, [3], winner_n
+        best.config, best.pooled_trials, best.pooled_n = 0, winner_trials, 3 * len(winner_trials)
         second.config, second.pooled_trials, second.pooled_n, second.within_noise = 1, [0], 3, False
         return " ".join(verdict([best, second]))
 
-    assert "outside the noise band, the winner is clear." in rows(2, [])
-    once = rows(1, [])
-    assert "the winner was measured once: not a clear win" in once and "the winner is clear" not in once
-    shaken = rows(2, [7])  # trial 0 ran beside trial 7 (of another configuration), never alone
+    assert "outside the noise band, the winner is clear." in rows([3, 8], [])
+    once = rows([3], [])  # one trial of three repeats
+    assert "the winner was measured in one trial: not a clear win" in once and "the winner is clear" not in once
+    shaken = rows([3, 8], [7])  # trial 0 ran beside trial 7 (of another configuration), never alone
     assert "trial 0 ran only beside other trials on their host" in shaken and "not a clear win until measured alone" in shaken
     assert "the winner is clear" not in shaken
 

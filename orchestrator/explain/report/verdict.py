@@ -3,7 +3,7 @@
 The verdict names the winner by configuration, its objective with the noise band, its accepted
 length against the breakeven of its setup, the allreduce share of its step, and the runner-up
 with whether the two can be told apart. It calls the winner clear only outside the noise band, from
-at least two measurements of it, and with no configuration measured only beside other trials on its
+at least two trials of it, and with no configuration measured only beside other trials on its
 host (orchestrator/search/ranking.py's rule: such a timing is a lower bound).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from orchestrator.explain.report.rows import Row, within_noise
 from orchestrator.record import IMPORTANCE_MIN_TRIALS, OBJECTIVE
-from orchestrator.search.ranking import MIN_CLEAR_MEASUREMENTS, simplicity, why_simpler
+from orchestrator.search.ranking import MIN_CLEAR_TRIALS, simplicity, why_simpler
 
 OBJECTIVE_MEANS = (
     f"{OBJECTIVE} is the study's objective: generated tokens per second of wall time, prompt prefill "
@@ -63,9 +63,9 @@ def disturbed(rows: list[Row]) -> list[list[Row]]:
     return [g for g in groups.values() if all(r.co_running for r in g)]
 
 
-def _measurements(r: Row) -> int:
-    """Samples of the row's configuration the ranking pooled (its own repeats where it was not pooled)."""
-    return r.pooled_n or r.repeats
+def _trials(r: Row) -> int:
+    """Trials of the row's configuration the ranking pooled (its own, where it was not pooled)."""
+    return max(1, len(r.pooled_trials))
 
 
 def verdict(rows: list[Row], noise_one_gang: bool | None = None) -> list[str]:
@@ -158,14 +158,14 @@ def verdict(rows: list[Row], noise_one_gang: bool | None = None) -> list[str]:
                 f"within noise, so these measurements do not separate the two{tied}; {prefer}."
             )
         else:
-            # clear only from two measurements or more of the winner, and with nothing measured only beside
-            # other trials (such a configuration may be faster than it measured)
-            n = _measurements(best)
+            # clear only from two trials or more of the winner (one trial's repeats share its gang), and with
+            # nothing measured only beside other trials (such a configuration may be faster than it measured)
+            n = _trials(best)
             if beside_only:
                 who = ", ".join(g[0].trials_text for g in beside_only)
                 why = f"but {who} ran only beside other trials on their host, so {'that timing' if len(beside_only) == 1 else 'those timings'} may be low: not a clear win until measured alone"
-            elif n < MIN_CLEAR_MEASUREMENTS:
-                why = "but the winner was measured once: not a clear win until it is measured again (study.race_trials)"
+            elif n < MIN_CLEAR_TRIALS:
+                why = "but the winner was measured in one trial: not a clear win until a second trial measures it on a fresh gang (study.race_trials)"
             else:
                 why = "the winner is clear"
             out.append(
