@@ -237,8 +237,19 @@ class SlotBook:
         return sorted(r.beside)
 
     def co_running(self, trial: int) -> list[int]:
+        """The trials that met this one on its host (both placed there)."""
         r = self.running.get(trial)
         return sorted(r.beside) if r else []
+
+    def neighbours(self, trial: int) -> list[int]:
+        """What a trial's record names as run beside it: those it met on its host and, once it is placed,
+        those running whose host is not known yet: a gang still being placed and launched (actors starting,
+        weights loading: CPU-heavy) may be on this host, and may land there only after this trial ends."""
+        r = self.running.get(trial)
+        if r is None:
+            return []
+        launching = {n for n, o in self.running.items() if n != trial and o.host is None} if r.host is not None else set()
+        return sorted(r.beside | launching)
 
     def disturbed(self, trial: int) -> bool:
         """Whether the trial's measurement so far may include another trial's load: one ran beside it on
@@ -292,6 +303,11 @@ class TrialSite:
     def beside(self) -> list[int]:
         with self._lock:
             return self._book.co_running(self._trial)
+
+    def neighbours(self) -> list[int]:
+        """The trials its record names as run beside it (SlotBook.neighbours)."""
+        with self._lock:
+            return self._book.neighbours(self._trial)
 
     def disturbed(self) -> bool:
         with self._lock:

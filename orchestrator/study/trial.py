@@ -398,7 +398,7 @@ def note_placement(t: _Trial, site: TrialSite | None, gang) -> None:
 def note_neighbours(t: _Trial, site: TrialSite | None) -> None:
     """The trials that ran beside this one on its host (concurrent studies), recorded before the outcome is
     told: the ranking never trusts such a measurement alone (orchestrator/search/ranking.py)."""
-    if site is not None and (beside := site.beside()):
+    if site is not None and (beside := site.neighbours()):
         t.trial.set_user_attr(CO_RUNNING_ATTR, beside)
         t.tracker.set_tag(t.run_id, CO_RUNNING_ATTR, ",".join(map(str, beside)))
 

@@ -64,6 +64,20 @@ def test_unpinned_trials_meet_once_placed():
     assert book.co_running(0) == [1] and book.co_running(1) == [0]
 
 
+def test_a_neighbour_still_launching_counts_as_beside_a_placed_trial():
+    """Trial 0 measures on node 2 while trial 1's gang is still being placed (its host unknown): 0's record
+    names 1 (its launch may load 0's host); once 1 lands on another host it no longer does."""
+    book = SlotBook(plan_slots(NODES, TP4, "none", 2))
+    book.acquire(0), book.acquire(1)
+    book.placed(0, NODES[2].id)
+    assert book.neighbours(0) == [1] and book.neighbours(1) == [] and book.co_running(0) == []  # 1 is not measuring yet
+    assert book.site(0, threading.Lock()).neighbours() == [1]
+    book.placed(1, NODES[3].id)
+    assert book.neighbours(0) == [] and book.neighbours(1) == []
+    book.release(1), book.acquire(2), book.placed(2, NODES[2].id)  # one that lands on 0's host: met, as before
+    assert book.neighbours(0) == [2] == book.co_running(0)
+
+
 def test_a_trial_site_reports_its_node_lost_only_when_the_node_is_gone():
     book = SlotBook(plan_slots(NODES, TP4, "node", 2))
     alive = {NODES[0].id, NODES[1].id}
