@@ -62,6 +62,12 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
     given = dict(given)
     try:
         cfg = experiment(given)
+        if cfg.parallel.emulate_tp is not None and "parallel.backend" not in given:
+            # no --backend: an emulated rank waits as its table says, so take the table's one backend at that TP
+            table = emulation.table_of(cfg)
+            if table is not None and len(offered := table.backends(cfg.parallel.emulate_tp)) == 1:
+                given["parallel.backend"] = offered[0]
+                cfg = experiment(given)
         if cfg.drafter.kind == "layer_skip" and cfg.drafter.layers is None:  # default: half the verifier's layers
             given["drafter.layers"] = max(1, load_args(resolve_model_path(cfg.model.path)).n_layers // 2)
             cfg = experiment(given)

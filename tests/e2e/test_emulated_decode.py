@@ -25,7 +25,8 @@ def _table(path, sizes, backend="gloo", tp=2):
 
 
 def test_emulated_decode_json(tiny_ckpt, tmp_path):
-    table = _table(tmp_path / "cpu-tp2.json", [1 << p for p in range(6, 22)])
+    # a table of nccl alone: without --backend the decode takes the table's one backend (not the default gloo)
+    table = _table(tmp_path / "cpu-tp2.json", [1 << p for p in range(6, 22)], backend="nccl")
     r = spectune(
         "decode",
         "--model",
@@ -51,7 +52,7 @@ def test_emulated_decode_json(tiny_ckpt, tmp_path):
     assert out["emulated"].startswith("emulated TP 2 from table cpu-tp2 (sha256 ")
     assert "emulated TP 2 from table cpu-tp2" in r.stderr  # the console says so too
     p = out["params"]
-    assert p["parallel.emulated"] is True and p["parallel.emulate_tp"] == 2 and p["parallel.tp"] == 1
+    assert p["parallel.emulated"] is True and p["parallel.emulate_tp"] == 2 and p["parallel.tp"] == 1 and p["comm.backend"] == "nccl"
     assert p["parallel.allreduce_table"] == "cpu-tp2" and len(p["parallel.allreduce_table_sha256"]) == 64
     assert "simulated" in p["parallel.emulated_acceptance"] and out["acceptance"] == p["parallel.emulated_acceptance"]
     assert "outputs_match_baseline" not in out  # an emulated rank's tokens are not the model's
