@@ -12,11 +12,8 @@ import subprocess
 import sys
 
 import pytest
-from studyutil import CONTRACT_METRICS
 
 from workers.model.checkpoint import tiny_config
-
-REQUIRED = [*CONTRACT_METRICS, "accept_rate_pos_1"]  # a decode with a drafter reports its acceptance by position too
 
 
 def spectune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
