@@ -173,6 +173,7 @@ def test_shipped_experiments_parse(name):
     assert cfg.search.space
 
 
+@pytest.mark.slow  # validating smoke-cpu.yaml fetches the demo model it names (its config and tokenizer)
 def test_engine_section_through_set_on_the_shipped_experiment():
     """`--set engine.<field>=...` reaches the typed engine section; an unknown engine key is one line, exit 2."""
     ok = validate(ROOT / "experiments" / "smoke-cpu.yaml", "engine.attention=sdpa")

@@ -431,6 +431,7 @@ def _cli(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "orchestrator", *argv], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=timeout)
 
 
+@pytest.mark.slow  # trains on, and decodes with, the demo model
 @pytest.mark.timeout(1800)
 def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path, capsys):
     from orchestrator.cli import main
@@ -492,6 +493,7 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path, capsys
     assert res["outputs_match_baseline"] == 1 and res["accept_len_mean"] >= 1.0
 
 
+@pytest.mark.slow  # validating fetches the demo model (its config and tokenizer) and reads the shipped head
 @pytest.mark.timeout(900)
 def test_validate_smoke_experiment_with_the_demo_head():
     r = _cli(

@@ -107,6 +107,8 @@ def test_study_on_a_moe_checkpoint(tmp_path):
         ckpt,
         search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}, "drafter.kind": {"choices": ["ngram", "layer_skip"]}}},
         study={"n_trials": 3, "sampler": "random", "seed": 2, "pruner": "none", "baseline_repeats": 2},
+        # one verifier rank: TP 2 on these checkpoints is test_decode_matches_transformers_at_tp2's; the study is about the family
+        parallel={"tp": 1, "cpus_per_worker": 0.1},
     )
     home = tmp_path / "home"
     out = summary(spectune(["run", str(exp)], home))

@@ -70,7 +70,11 @@ def test_sigkilled_driver_resumes_without_loss_or_leak(tmp_path, tiny_ckpt):
     watchdog), the next run fails the interrupted trial (reason in Optuna, MLflow run FAILED),
     retries its params and stops at exactly n_trials COMPLETE, one MLflow run per trial."""
     exp = tiny_experiment(
-        tmp_path, tiny_ckpt, search=SPACE, workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 24}
+        tmp_path,
+        tiny_ckpt,
+        search=SPACE,
+        workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 3, "max_new_tokens": 24},
+        parallel={"tp": 1, "cpus_per_worker": 0.1},  # one actor a gang: the test is about the driver and what it leaves
     )
     home, tag = tmp_path / "home", uuid.uuid4().hex
     db = home / "optuna.db"

@@ -297,7 +297,7 @@ def test_decode_with_simulation_and_peer_baseline(tmp_path):
         "--model",
         f"random:{cfg}",
         "--tp",
-        "2",
+        "1",  # one rank: neither the simulation nor the peer baseline is about tensor parallelism
         "--drafter",
         "ngram",
         "-k",

@@ -7,6 +7,9 @@ Ray renames some of its Python processes (setproctitle), which overwrites the st
 environment block in /proc; for such a process the variables that survive are checked and its
 parent, whose environment it inherited, must carry all three.
 
+The two decodes watched are also the checks of `spectune decode` as a user runs it (the JSON contract on
+a local gang, and `--ray`), once in tests/e2e/test_cli_decode.py: each decode costs its own gang and Ray.
+
     .venv/bin/python -m pytest tests/e2e/test_nvls_env.py
 """
 
@@ -19,9 +22,12 @@ import sys
 import time
 from pathlib import Path
 
+from studyutil import CONTRACT_METRICS
+
 from workers.runtime.nvls import NVLS_OFF_ENV
 
 WANT = [f"{k}={v}".encode() for k, v in NVLS_OFF_ENV.items()]
+REQUIRED = [*CONTRACT_METRICS, "accept_rate_pos_1"]  # a decode with a drafter reports its acceptance by position too
 
 
 def _ppids() -> dict[int, int]:
@@ -84,7 +90,12 @@ def _name(s: dict) -> str:
     return s["cmd"].split(b"\0")[0].decode(errors="replace")
 
 
-def test_local_gang_ranks_start_with_nvls_off(tiny_ckpt):
+def test_decode_json_on_tiny_model_and_its_local_ranks_start_with_nvls_off(tiny_ckpt):
+    """`spectune decode --tp 2 --json` on a local gang, as a user runs it: a JSON object with the contract's
+    metric names, the engine flags as the trial's engine.* params, the outputs match the baseline, gloo's
+    allreduces measured; each verifier rank's peak RSS; and its forkserver and ranks start with NVLink
+    multicast off. (Once two tests, test_cli_decode.py's test_decode_json_on_tiny_model and this file's
+    test_local_gang_ranks_start_with_nvls_off: one decode carries both, each costing its own gang.)"""
     r, seen = _watch(
         [
             "decode",
@@ -95,17 +106,30 @@ def test_local_gang_ranks_start_with_nvls_off(tiny_ckpt):
             "--drafter",
             "ngram",
             "-k",
-            "2",
+            "3",
             "--num-prompts",
-            "1",
+            "2",
             "--max-new-tokens",
-            "8",
+            "24",
+            "--gemv",
+            "off",
+            "--no-overlap",
             "--json",
         ],
         _clean_env(),
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    rss = json.loads(r.stdout)["rank_peak_rss_mb"]  # each verifier rank's peak resident memory (torch alone is > 100 MiB)
+    out = json.loads(r.stdout)
+    for key in REQUIRED:
+        assert key in out, key
+    assert out["outputs_match_baseline"] == 1
+    assert out["params"]["parallel.tp"] == 2 and out["params"]["drafter.kind"] == "ngram"
+    # the engine flags are the trial's engine.* params (the YAML section `engine:`)
+    assert out["params"]["engine.gemv"] == "off" and out["params"]["engine.overlap"] is False
+    assert out["params"]["engine.attention"] == "auto" and out["params"]["spec.num_draft_tokens"] == 3
+    assert out["tokens_generated"] == 2 * 24
+    assert out["allreduce_per_step"] == 4 and out["comm_ms_per_step"] > 0
+    rss = out["rank_peak_rss_mb"]  # each verifier rank's peak resident memory (torch alone is > 100 MiB)
     assert len(rss) == 2 and all(100 < mb < 4096 for mb in rss), rss
     # a CPU gang's ranks are forked from a forkserver (workers/runtime/procs.py): the forkserver and its two
     # ranks carry its command line, and the ranks start with the environment it started with
@@ -115,10 +139,18 @@ def test_local_gang_ranks_start_with_nvls_off(tiny_ckpt):
     assert not missing, f"started without NVLink multicast off: {missing}"
 
 
-def test_ray_processes_and_actors_start_with_nvls_off(tiny_ckpt):
+def test_decode_as_ray_actors_with_nvls_off_in_every_process(tiny_ckpt):
+    """`spectune decode --ray`: the same run with the gang as actors of an embedded local Ray (as a study
+    places them); the same metrics, the outputs still match the baseline, and Ray is gone afterwards. The
+    embedded Ray's GCS, raylet, agents and the actors start with NVLink multicast off. (Once two tests,
+    test_cli_decode.py's test_decode_as_ray_actors and this file's
+    test_ray_processes_and_actors_start_with_nvls_off: one decode carries both, each costing its own Ray.)"""
     from studyutil import ray_temp_dir
 
-    env = _clean_env(SPECTUNE_RAY_TMPDIR=ray_temp_dir())
+    from orchestrator.study.drivers import _writes_under
+
+    ray_tmp = ray_temp_dir()
+    env = _clean_env(SPECTUNE_RAY_TMPDIR=ray_tmp)
     r, seen = _watch(
         [
             "decode",
@@ -130,16 +162,21 @@ def test_ray_processes_and_actors_start_with_nvls_off(tiny_ckpt):
             "--drafter",
             "ngram",
             "-k",
-            "2",
+            "3",
             "--num-prompts",
-            "1",
+            "2",
             "--max-new-tokens",
-            "8",
+            "16",
             "--json",
         ],
         env,
     )
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["gang"] == "ray" and out["outputs_match_baseline"] == 1 and out["tokens_generated"] == 2 * 16
+    assert "gang as Ray actors: embedded local ray" in r.stderr
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _writes_under(int(pid), ray_tmp)]
+    assert left == []
     names = {pid: _name(s) for pid, s in seen.items()}
     assert any(n.endswith("gcs_server") for n in names.values()) and any(n.endswith("raylet") for n in names.values()), names
     actors = [pid for pid, n in names.items() if n.startswith("ray::WorkerActor")]

@@ -1,6 +1,8 @@
 """Where Ray really puts a gang, on a CPU machine: a custom unit-instance resource (`fake_gpu`)
 stands in for GPUs, so the placement group, the actors' assigned instances and the model drafter's
 0.1 share are Ray's own decisions (real Ray, no mocks); the driver's NCCL_* reach the actors.
+That a study's trials record the NCCL_* they inherited (and their ranks' peak memory) is checked on
+tests/e2e/test_study_e2e.py::test_the_last_trials_race_the_leaders_on_a_fresh_gang's study.
 
     .venv/bin/python -m pytest tests/e2e/test_ray_placement.py
 """
@@ -65,18 +67,3 @@ def test_ngram_gang_takes_one_instance_per_rank(fake_gpu_ray, tiny_ckpt):
 def test_inherited_nccl_env_leaves_nvls_the_version_and_others_out():
     env = {"NCCL_PROTO": "LL", "NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring", "OMP_NUM_THREADS": "1", "NCCL_VERSION": "2.28.3-1"}
     assert inherited_nccl_env(env) == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
-
-
-def test_trial_records_inherited_nccl_env_and_rank_peak_rss(tmp_path, tiny_ckpt):
-    """A study started from a shell with NCCL_ALGO set: its trial's MLflow params carry
-    `nccl.NCCL_ALGO` and a tag naming it as inherited; the metrics carry `rank_peak_rss_mb_max`."""
-    from studyutil import mlflow_runs, spectune, summary, tiny_experiment
-
-    exp = tiny_experiment(tmp_path, tiny_ckpt, search={"space": {"spec.num_draft_tokens": {"choices": [0]}}})
-    home = tmp_path / "home"
-    r = spectune(["run", str(exp), "--set", "study.n_trials=1"], home, env={"NCCL_ALGO": "Ring"})
-    assert summary(r)["complete"] == 1, r.stderr[-2000:]
-    _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
-    run = runs[0]
-    assert run.data.params["nccl.NCCL_ALGO"] == "Ring" and run.data.tags["spectune.nccl_inherited"] == "NCCL_ALGO"
-    assert 100 < run.data.metrics["rank_peak_rss_mb_max"] < 4096

@@ -185,7 +185,11 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
 def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt):
     """study.race_trials 1 with nothing measured twice (the noise unknown, so the leaders tie): the last
     trial re-measures the leading configuration on a fresh gang instead of trying a new one, it counts
-    toward study.n_trials, and both stores name the trial it repeats."""
+    toward study.n_trials, and both stores name the trial it repeats. The study is started from a shell
+    with NCCL_ALGO set: every trial's MLflow params carry `nccl.NCCL_ALGO` and a tag naming it as
+    inherited; the metrics carry `rank_peak_rss_mb_max`. (That was test_ray_placement.py's
+    test_trial_records_inherited_nccl_env_and_rank_peak_rss, a study of its own: each costs its own Ray,
+    gangs and driver.)"""
     exp = tiny_experiment(
         tmp_path,
         tiny_ckpt,
@@ -194,7 +198,7 @@ def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt):
         study={"n_trials": 3, "sampler": "random", "seed": 0, "pruner": "none", "baseline_repeats": 1, "race_trials": 1},
     )
     home = tmp_path / "home"
-    r = spectune(["run", str(exp)], home)
+    r = spectune(["run", str(exp)], home, env={"NCCL_ALGO": "Ring"})
     out = summary(r)
     assert out["complete"] == 3 and out["gangs_launched"] >= 2  # the race trial's own gang
     study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
@@ -210,6 +214,10 @@ def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt):
     for t in complete:  # one repeat each (baseline_repeats 1, workload.repeats 1): the objective is the throughput measured
         assert t.user_attrs["repeats"] == 1
         assert by_id[t.user_attrs["mlflow_run_id"]].data.metrics["throughput_tok_s"] == pytest.approx(t.value, rel=1e-3)  # 4 digits
+    for t in complete:  # the driver's NCCL_* reach every trial's record, and each trial its ranks' peak memory
+        run = by_id[t.user_attrs["mlflow_run_id"]]
+        assert run.data.params["nccl.NCCL_ALGO"] == "Ring" and run.data.tags["spectune.nccl_inherited"] == "NCCL_ALGO"
+        assert 100 < run.data.metrics["rank_peak_rss_mb_max"] < 4096
 
 
 def test_a_study_that_measures_its_space_through_reads_as_it_happened(tmp_path, tiny_ckpt):

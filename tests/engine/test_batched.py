@@ -144,6 +144,7 @@ def test_the_static_pass_a_cuda_graph_captures_equals_the_eager_pass(tmp_path, b
     assert eager_cache.lengths == [s + 4 for s in starts]
 
 
+@pytest.mark.slow  # the demo model and its shipped head
 @pytest.mark.timeout(900)
 def test_eagle3_in_the_rank_reads_each_rows_own_hidden_states(smollm2):
     """The shipped EAGLE-3 head at placement rank0, batch 3: each row's head is fed that row's

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the demo model
+
 
 def test_the_demo_model_loads_with_transformers_auto_classes(smollm2):
     import torch

@@ -36,6 +36,7 @@ def test_uneven_heads_and_tp8(tmp_path):
     torch.testing.assert_close(sharded_logits(str(path8), 8, tokens), theirs8, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # the demo model
 @pytest.mark.parametrize("tp", [2, 4])
 def test_smollm2(smollm2, tp):
     tokens = _tokens(load_args(smollm2).vocab_size, seq=20)

@@ -230,6 +230,7 @@ class _OneGang:
             self.gang.close()
 
 
+@pytest.mark.slow  # the demo model and its shipped head
 @pytest.mark.timeout(1800)
 def test_a_tree_over_the_link_at_tp2_with_the_demo_head_keeps_the_baseline():
     """The shipped head (a real draft, so siblings and long paths are accepted) as its own process
