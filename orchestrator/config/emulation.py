@@ -8,7 +8,8 @@ One process runs rank 0's shard of TP `emulate_tp` and every collective waits th
 for its message size, rank count and `comm.backend` (workers/comm/emulated.py). The backends the
 table lists at that TP size are the comm.backend choices. An emulated rank exchanges no partial
 sums, so its tokens are not the model's: a trial that drafts takes its acceptance from
-`workload.simulate_accept_len`, and no output is compared with a baseline.
+`workload.simulate_accept_len` or `workload.simulate_accept_profile` (e.g. the per-position acceptance a
+real trial of the model and drafter measured), and no output is compared with a baseline.
 """
 
 from __future__ import annotations
@@ -66,10 +67,11 @@ def check(cfg: ExperimentConfig, args: ModelArgs, prompt_lengths: list[int], mos
         if why := emulation_refusal(table, str(backend), n):
             raise UserError(f"{registry.where(cfg, 'comm.backend')}: {why}")
     ks = candidates(cfg, "spec.num_draft_tokens")
-    if any(k > 0 for k in ks) and cfg.workload.simulate_accept_len is None:
+    if any(k > 0 for k in ks) and not cfg.workload.simulated:
         raise UserError(
             "workload.simulate_accept_len: an emulated rank's tokens are not the model's (no partial sums are exchanged), "
-            "so a trial that drafts takes its accepted length from here (e.g. 2.5)"
+            "so a trial that drafts takes its accepted length from here (e.g. 2.5), or its per-position acceptance from "
+            "workload.simulate_accept_profile (e.g. the accept_rate_pos_i a real run measured)"
         )
     if n > 1:
         lo, hi = message_bytes(cfg, args, prompt_lengths, most_drafts)
@@ -94,8 +96,8 @@ def label(cfg: ExperimentConfig, table: AllreduceTable | None = None) -> str | N
 
 def acceptance(cfg: ExperimentConfig) -> str:
     """Which acceptance an emulated trial's figures rest on."""
-    tau = cfg.workload.simulate_accept_len
-    return "none (plain decoding only)" if tau is None else f"simulated: accepted length {tau:g} (workload.simulate_accept_len)"
+    words = cfg.workload.acceptance_words()
+    return "none (plain decoding only)" if words is None else f"simulated: {words}"
 
 
 def params(cfg: ExperimentConfig, table: AllreduceTable | None = None) -> dict:

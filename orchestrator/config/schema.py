@@ -136,9 +136,42 @@ class WorkloadSection(_Section):
     # engine speed apart from drafter quality: trials with k > 0 accept exactly tau - 1 drafts per step
     # (on average); their tokens are not the model's output (no baseline comparison), their timing is real
     simulate_accept_len: float | None = Field(None, ge=1, le=PARAMS["spec.num_draft_tokens"].high + 1)
+    # the same, position by position: P(accepted >= i) for i = 1, 2, ... (non-increasing, each in [0, 1]),
+    # e.g. the accept_rate_pos_i a real trial of the model and drafter measured (`spectune decode --json`,
+    # at any TP size: greedy acceptance does not depend on it); a step with k drafts keeps
+    # sum_{i <= k} P_i of them on average (P_i = 0 past the list), so deeper k accepts more, as it does
+    simulate_accept_profile: list[float] | None = Field(None, min_length=1, max_length=PARAMS["spec.num_draft_tokens"].high)
     # decode the prompts in static batches of each size too: batch 1 is always measured (repeated,
     # pruned, the noise band); every size > 1 once per trial after it, as metrics *_b<B>
     batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
+
+    @field_validator("simulate_accept_profile")
+    @classmethod
+    def _profile(cls, v: list[float] | None) -> list[float] | None:
+        if v is None:
+            return v
+        if any(not 0.0 <= p <= 1.0 for p in v) or any(b > a for a, b in zip(v, v[1:])):
+            raise ValueError(f"P(accepted >= i) for i = 1, 2, ...: each between 0 and 1, never rising, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_simulation(self):
+        if self.simulate_accept_len is not None and self.simulate_accept_profile is not None:
+            raise ValueError("set simulate_accept_len or simulate_accept_profile, not both")
+        return self
+
+    @property
+    def simulated(self) -> bool:
+        """Acceptance is imposed (either way): tokens are not the model's output, timings are real."""
+        return self.simulate_accept_len is not None or self.simulate_accept_profile is not None
+
+    def acceptance_words(self) -> str | None:
+        """The imposed acceptance in words, for the record and the console (None: measured)."""
+        if self.simulate_accept_len is not None:
+            return f"accepted length {self.simulate_accept_len:g} (workload.simulate_accept_len)"
+        if self.simulate_accept_profile is not None:
+            return f"P(accepted >= i) {', '.join(f'{p:g}' for p in self.simulate_accept_profile)} (workload.simulate_accept_profile)"
+        return None
 
     @field_validator("batch_sizes")
     @classmethod

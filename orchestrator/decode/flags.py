@@ -29,6 +29,11 @@ class Flag:
     kwargs: dict  # argparse's (type, action, choices, help)
 
 
+def _floats(text: str) -> list[float]:
+    """'0.8,0.6,0.4' -> [0.8, 0.6, 0.4] (argparse reports a ValueError as a bad value of the flag)."""
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
 def _f(names: str | tuple[str, ...], field: str, help: str, **kwargs) -> Flag:
     return Flag((names,) if isinstance(names, str) else names, field, {"help": help, **kwargs})
 
@@ -92,6 +97,12 @@ YAML_FLAGS = (
         "workload.simulate_accept_len",
         "accept exactly tau - 1 drafts per step (engine speed apart from drafter quality)",
         type=float,
+    ),
+    _f(
+        "--simulate-accept-profile",
+        "workload.simulate_accept_profile",
+        "P(accepted >= i) for i = 1, 2, ..., comma separated (e.g. a real run's accept_rate_pos_i): a step of k drafts keeps sum_{i<=k} P_i",
+        type=_floats,
     ),
     _f(
         "--batch-size",

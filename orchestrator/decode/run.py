@@ -83,7 +83,7 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
         if torch.cuda.device_count() < 1:
             raise UserError("--device cuda: this machine has no CUDA device")
     batch = max(w.batch_sizes)
-    sampled = w.temperature > 0 and w.simulate_accept_len is None
+    sampled = w.temperature > 0 and not w.simulated
     if run.ngram_actor and (why := batch_refusal(batch, drafter_process=True, hidden_over_link=False, tree=False, sampled=sampled)):
         raise UserError(f"--batch-size: {why} (--ngram-actor)")
     tc = resolve({}, cfg)
@@ -262,11 +262,20 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
         B = workload.batch_size
         if run.baseline and (k > 0 or B > 1):
             # the reference: plain decoding at batch 1 (its tokens and near-tie margins judge every other run)
-            ref = gang.run(replace(workload, num_draft_tokens=0, simulate_accept_len=None, record_margins=greedy, batch_size=1))
+            ref = gang.run(
+                replace(
+                    workload,
+                    num_draft_tokens=0,
+                    simulate_accept_len=None,
+                    simulate_accept_profile=None,
+                    record_margins=greedy,
+                    batch_size=1,
+                )
+            )
             log(f"baseline (k=0, batch 1): {rates(ref.metrics)}")
             base = ref
             if B > 1 and k > 0:
-                base = gang.run(replace(workload, num_draft_tokens=0, simulate_accept_len=None))
+                base = gang.run(replace(workload, num_draft_tokens=0, simulate_accept_len=None, simulate_accept_profile=None))
                 log(f"baseline (k=0, batch {B}): {rates(base.metrics)}")
         spec = gang.run(workload)
         log(
@@ -309,7 +318,7 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
         if "decode_tok_s" in base.metrics and "decode_tok_s" in spec.metrics:
             out["baseline_decode_tok_s"] = base.metrics["decode_tok_s"]
             out["decode_speedup_vs_baseline"] = spec.metrics["decode_tok_s"] / base.metrics["decode_tok_s"]
-        if greedy and cfg.workload.simulate_accept_len is None and not emulated:
+        if greedy and not cfg.workload.simulated and not emulated:
             judge = ref or base  # batch 1's tokens and margins
             out.update(
                 outputs_verdict(

@@ -36,7 +36,7 @@ def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list
             f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (more prompts: workload.num_prompts)"
         )
     # the workers' one rule (workers.spec.batch_refusal), over every drafter setup the study can draw
-    sampled = cfg.workload.temperature > 0 and cfg.workload.simulate_accept_len is None
+    sampled = cfg.workload.temperature > 0 and not cfg.workload.simulated
     for kind in kinds:
         setups = [("drafter.kind", kind, {"drafter_process": kind in ("draft_model", "layer_skip")})]
         if kind == "eagle3":

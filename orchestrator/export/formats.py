@@ -449,9 +449,14 @@ def render(schedule: dict, fmt: str) -> str:
     except KeyError:
         raise ValueError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}") from None
     text = renderer(schedule)
-    tau = schedule.get("simulated_accept_len")
-    if tau and fmt != "json":  # a study that imposed acceptance: its drafters' real acceptance is unmeasured
-        warn = f"# WARNING: this study imposed an accepted length of {tau} (workload.simulate_accept_len): the k and drafter\n"
+    tau, profile = schedule.get("simulated_accept_len"), schedule.get("simulated_accept_profile")
+    if (tau or profile) and fmt != "json":  # a study that imposed acceptance: its drafters' real acceptance is unmeasured
+        imposed = (
+            f"an accepted length of {tau} (workload.simulate_accept_len)"
+            if tau
+            else f"P(accepted >= i) = {profile} (workload.simulate_accept_profile)"
+        )
+        warn = f"# WARNING: this study imposed {imposed}: the k and drafter\n"
         warn += "#   below are ranked on engine speed alone; measure the drafter on real prompts before deploying them\n"
         text = warn + text
     inherited = {k: v for row in schedule.get("schedule", []) for k, v in (row.get("inherited_nccl_env") or {}).items()}

@@ -176,6 +176,7 @@ def build_schedule(study, model: str = "", dtype: str = "", device: str = "") ->
             }
         )
     tau = next((trial_params(t).get("workload.simulate_accept_len") for t in done), None)
+    profile = next((trial_params(t).get("workload.simulate_accept_profile") for t in done), None)
     return {
         "emulated": emulated_label(trial_params(done[0])) if done else None,
         "model": model,
@@ -186,6 +187,7 @@ def build_schedule(study, model: str = "", dtype: str = "", device: str = "") ->
         "noise_rel": noise,
         # acceptance was imposed: the schedule ranks engine speed, not what these drafters accept on real text
         "simulated_accept_len": tau,
+        "simulated_accept_profile": profile,  # or imposed position by position: P(accepted >= i)
         "ranked_by": RANKED_BY,  # throughput with the prefill; decode_tok_s is reported beside it
         "schedule": rows,
     }

@@ -357,6 +357,8 @@ class ConfigModel:
     def acceptance(self, shape: ConfigShape, priors: Priors | None) -> tuple[float, str, float] | Miss:
         """Expected accepted drafts per step of `shape` (accept_len - 1), where they came from and
         their relative spread."""
+        if shape.simulated_profile:  # imposed position by position: sum_{i<=k} P_i drafts kept per step
+            return float(sum(shape.simulated_profile[: shape.k])), "acceptance simulated", 0.0
         if shape.simulated is not None:  # imposed: tau - 1 drafts kept per step on average, at most k
             return float(sum(min(1.0, max(0.0, shape.simulated - i)) for i in range(1, shape.k + 1))), "acceptance simulated", 0.0
         if shape.acceptance in self.rates:

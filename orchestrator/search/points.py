@@ -35,6 +35,7 @@ class ConfigShape:
     width: int  # tokens one verify pass scores per sequence: k + 1, or a tree's nodes + 1
     layers: int = 0  # layer_skip: the verifier's layers that draft
     simulated: float | None = None  # the workload's imposed accepted length tau: every drafter accepts 1 + min(k, tau - 1)
+    simulated_profile: tuple[float, ...] = ()  # or its imposed P(accepted >= i): accepts 1 + sum_{i<=k} P_i
     in_verifier: bool = False  # the drafter runs inside the verifier ranks (no draft-link messages)
     proposer: str = ""  # the variant less where it runs: what it proposes (default: `acceptance`)
 
@@ -157,6 +158,7 @@ def config_shape(tc, cfg: ExperimentConfig) -> ConfigShape:
         width=(tree_size(k, tc.drafter.tree_width) + 1) if k else 1,
         layers=tc.drafter.layers if tc.drafter.kind == "layer_skip" else 0,
         simulated=cfg.workload.simulate_accept_len,
+        simulated_profile=tuple(cfg.workload.simulate_accept_profile or ()),
         in_verifier=k > 0 and tc.drafter.in_verifier,
     )
 

@@ -351,7 +351,7 @@ def configure(study, trial, cfg: ExperimentConfig, tracker: Tracker) -> _Trial:
     if inherited:
         tags[INHERITED_TAG] = ",".join(inherited)
         trial.set_user_attr(INHERITED_TAG, sorted(inherited))  # not the trial's choice: left out of exports
-    simulated = cfg.workload.simulate_accept_len is not None and not plain
+    simulated = cfg.workload.simulated and not plain
     return _Trial(study, trial, cfg, tracker, tc, params, tags, plain, simulated)
 
 
@@ -372,7 +372,12 @@ def prune_unrunnable(t: _Trial) -> TrialOutcome | None:
 
 def start_run(t: _Trial) -> None:
     if t.simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
-        t.tags[SIMULATED_TAG] = f"{t.cfg.workload.simulate_accept_len:g}"
+        w = t.cfg.workload
+        t.tags[SIMULATED_TAG] = (
+            f"{w.simulate_accept_len:g}"
+            if w.simulate_accept_len is not None
+            else "profile " + ",".join(f"{p:g}" for p in w.simulate_accept_profile)
+        )
     for key in (RETRY_TAG, RACE_TAG):  # a retry or a deliberate repeat says of which trial, on its MLflow run too
         if key in t.trial.user_attrs:
             t.tags[key] = str(t.trial.user_attrs[key])

@@ -84,6 +84,14 @@ MALFORMED = {
         {"engine": {"moe_kernel": "triton"}},
         "engine.moe_kernel: triton runs the CUDA graphs' grouped MoE kernel",
     ),
+    "rising acceptance profile": (
+        {"workload": {"simulate_accept_profile": [0.5, 0.7]}},
+        "workload.simulate_accept_profile: P(accepted >= i) for i = 1, 2, ...: each between 0 and 1, never rising",
+    ),
+    "two imposed acceptances": (
+        {"workload": {"simulate_accept_len": 2, "simulate_accept_profile": [0.5]}},
+        "workload: set simulate_accept_len or simulate_accept_profile, not both",
+    ),
     "searched triton moe kernel on cpu": (
         {"search": {"space": {"engine.moe_kernel": {"choices": ["dense", "triton"]}}}},
         "search.space.engine.moe_kernel: triton runs the CUDA graphs' grouped MoE kernel",

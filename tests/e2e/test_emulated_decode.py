@@ -39,8 +39,8 @@ def test_emulated_decode_json(tiny_ckpt, tmp_path):
         "ngram",
         "-k",
         "3",
-        "--simulate-accept-len",
-        "2",
+        "--simulate-accept-profile",  # P(accepted >= i), as a real run's accept_rate_pos_i: k = 3 keeps 0.8 + 0.4 + 0
+        "0.8,0.4",
         "--num-prompts",
         "2",
         "--max-new-tokens",
@@ -55,6 +55,8 @@ def test_emulated_decode_json(tiny_ckpt, tmp_path):
     assert p["parallel.emulated"] is True and p["parallel.emulate_tp"] == 2 and p["parallel.tp"] == 1 and p["comm.backend"] == "nccl"
     assert p["parallel.allreduce_table"] == "cpu-tp2" and len(p["parallel.allreduce_table_sha256"]) == 64
     assert "simulated" in p["parallel.emulated_acceptance"] and out["acceptance"] == p["parallel.emulated_acceptance"]
+    assert "P(accepted >= i) 0.8, 0.4 (workload.simulate_accept_profile)" in out["acceptance"]
+    assert out["accept_len_mean"] == pytest.approx(2.2, abs=0.2)
     assert "outputs_match_baseline" not in out  # an emulated rank's tokens are not the model's
     assert out["allreduce_per_step"] == 4  # 2 layers x (attention + MLP)
     assert out["comm_ms_counted"] >= 0.99 * 4 * LATENCY_US / 1e3

@@ -95,3 +95,18 @@ def test_a_drafter_process_joins_an_emulated_rank(tiny_ckpt, tiny_draft_ckpt, fl
         gang.setup()
         r = gang.run(Workload(prompts=_prompts(), max_new_tokens=8, num_draft_tokens=2, simulate_accept_len=2.0))
     assert r.metrics["accept_len_mean"] == pytest.approx(2.0, abs=0.3)
+
+
+def test_a_per_position_profile_keeps_sum_of_p_drafts_at_each_k(tiny_ckpt, flat_table):
+    """workload.simulate_accept_profile (P(accepted >= i), e.g. a real run's accept_rate_pos_i): a step of
+    k drafts keeps sum_{i<=k} P_i of them on average, so, unlike an imposed accepted length, a deeper k
+    accepts more where the profile says it would, and nothing past the profile's end."""
+    profile = (0.9, 0.6, 0.3)
+    spec = GangSpec(
+        model_path=str(tiny_ckpt), tp=1, emulate_tp=2, allreduce_table=flat_table, drafter=DrafterSpec(kind="ngram"), max_seq=256
+    )
+    with LocalGang(spec, timeout_s=300) as gang:
+        gang.setup()
+        for k, want in ((1, 1.9), (2, 2.5), (4, 2.8)):  # 1 + P_1; 1 + P_1 + P_2; 1 + all three (P_4 = 0)
+            r = gang.run(Workload(prompts=_prompts(), max_new_tokens=40, num_draft_tokens=k, simulate_accept_profile=profile))
+            assert r.metrics["accept_len_mean"] == pytest.approx(want, abs=0.15), k

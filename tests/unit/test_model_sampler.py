@@ -365,3 +365,16 @@ def test_pruned_trials_lend_their_acceptance_and_draft_time_but_not_their_timing
     lent = {x.shape.k: x for x in config_loo([plain, two], [four])}
     assert lent[2].predicted is not None and lent[2].error < 0.02, lent[2]
     assert "rest unmeasured" in lent[2].how
+
+
+def test_an_imposed_profile_predicts_the_sum_of_its_first_k_positions():
+    """workload.simulate_accept_profile: the configuration model takes a configuration's drafts kept per
+    step as sum_{i<=k} P_i (what the engine imposes), with no measurement of that drafter and no prior."""
+    plain = _point((), "none", 0, 10.0, 0.0, 0.0, [])
+    model = fit_configs([plain])
+    shape = _point((), "ngram", 3, 11.0, 1.0, 0.0, []).shape
+    imposed = type(shape)(**{**shape.__dict__, "simulated_profile": (0.9, 0.6, 0.3, 0.1)})
+    drafts, basis, spread = model.acceptance(imposed, None)
+    assert drafts == pytest.approx(1.8) and basis == "acceptance simulated" and spread == 0.0
+    deeper = type(shape)(**{**imposed.__dict__, "k": 6})
+    assert model.acceptance(deeper, None)[0] == pytest.approx(1.9)  # P_i = 0 past the profile

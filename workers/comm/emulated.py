@@ -13,7 +13,7 @@ graphs capture it where the collective's kernel would be, and the host never wai
 wait come from the GPU clock rate timed once at setup (a long _sleep between CUDA events). A
 message outside the table's measured sizes raises TableError naming its size (at capture for a
 graphed step, whose sizes are fixed). Partial sums stay partial, so the tokens are not the model's:
-an emulated run takes its acceptance from a profile (workload.simulate_accept_len).
+an emulated run takes its acceptance from a profile (workload.simulate_accept_len or simulate_accept_profile).
 """
 
 from __future__ import annotations

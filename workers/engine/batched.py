@@ -189,7 +189,7 @@ def why_not_batched(w: Workload, linked_drafter: bool, hidden_over_link: bool, t
         drafter_process=linked_drafter,
         hidden_over_link=hidden_over_link,
         tree=tree and w.num_draft_tokens > 0,
-        sampled=w.temperature > 0 and w.simulate_accept_len is None,
+        sampled=w.temperature > 0 and not w.simulated,
     )
 
 

@@ -364,13 +364,14 @@ class LinkedDrafting(StepStrategy):
 
 
 class SimulatedAcceptance(StepStrategy):
-    """Every step verifies k + 1 tokens (short proposals padded) and keeps tau - 1 drafts on average;
-    error diffusion over the run keeps the running mean exact. The tokens are meaningless, the
-    timing is real."""
+    """Every step verifies k + 1 tokens (short proposals padded) and keeps tau - 1 drafts on average, or
+    with a profile sum_{i<=chain} P_i of its chain (Workload.simulated_drafts); error diffusion over the
+    run keeps the running mean exact. The tokens are meaningless, the timing is real."""
 
-    def __init__(self, rank: Rank, source: StepStrategy, accept_len: float):
+    def __init__(self, rank: Rank, source: StepStrategy):
         super().__init__(rank)
-        self.source, self.accept_len, self.credit = source, accept_len, 0.0
+        self.source, self.credit = source, 0.0
+        self.expected = rank.w.simulated_drafts  # chain -> drafts kept on average
         source.simulated = True
 
     def decode(self, seq: Sequence, stats: RunStats) -> None:
@@ -411,7 +412,7 @@ class SimulatedAcceptance(StepStrategy):
             return None
         credit, plan = self.credit, []
         for _ in rows:
-            credit += self.accept_len - 1
+            credit += self.expected(drafts.shape[1])
             plan.append(min(drafts.shape[1], int(credit)))
             credit -= plan[-1]
         return to_device(plan, drafts.device)
@@ -445,7 +446,7 @@ class SimulatedAcceptance(StepStrategy):
 
     def _take(self, chain: int) -> int:
         """This step's share of the credit, at most the `chain` drafts it can keep."""
-        self.credit += self.accept_len - 1
+        self.credit += self.expected(chain)
         n = min(chain, int(self.credit))
         self.credit -= n
         return n
@@ -461,9 +462,9 @@ class SimulatedAcceptance(StepStrategy):
 
 def strategy_for(rank: Rank, drafter: Drafter | None, overlap: bool) -> StepStrategy:
     """The run's mode: plain at k = 0; else drafts from the in-rank drafter or over the link, accepted by
-    the verification rules or, with `simulate_accept_len`, at the imposed rate."""
+    the verification rules or, with `simulate_accept_len` or `simulate_accept_profile`, at the imposed rate."""
     w = rank.w
     if w.num_draft_tokens == 0:
         return PlainSteps(rank, overlap)
     source = InRankDrafting(rank, drafter, overlap) if drafter is not None else LinkedDrafting(rank)
-    return source if w.simulate_accept_len is None else SimulatedAcceptance(rank, source, w.simulate_accept_len)
+    return SimulatedAcceptance(rank, source) if w.simulated else source

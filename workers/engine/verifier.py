@@ -54,7 +54,7 @@ from workers.spec.run_stats import RunStats, relative_margins
 
 def decides_locally(w: Workload, has_drafter: bool) -> bool:
     """Every verifier rank can verify by itself: nothing it needs lives on rank 0 alone."""
-    return not has_drafter or w.temperature <= 0 or w.simulate_accept_len is not None
+    return not has_drafter or w.temperature <= 0 or w.simulated
 
 
 class Verifier:

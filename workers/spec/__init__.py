@@ -133,6 +133,9 @@ class Workload:
     # engine speed apart from drafter quality: the verifier accepts exactly tau - 1 drafts per step
     # (on average, for a fractional tau); the tokens are then meaningless, the timing is real
     simulate_accept_len: float | None = None
+    # or position by position: P(accepted >= i), i = 1, 2, ...; a step with k drafts keeps sum_{i<=k} P_i
+    # of them on average (0 past the profile)
+    simulate_accept_profile: tuple[float, ...] | None = None
     # time one step with and without the allreduce at the end (compute vs communication split)
     comm_ablation_iters: int = 0
     # at the end, time one verify pass at each of these widths (median of `profile_iters`): the pass's
@@ -147,6 +150,17 @@ class Workload:
     # B > 1: the prompts decode in static batches of B (in order; the last batch may hold fewer),
     # one verify pass of B x (k + 1) tokens per step (workers/engine/batched.py)
     batch_size: int = 1
+
+    @property
+    def simulated(self) -> bool:
+        """Acceptance is imposed (simulate_accept_len or simulate_accept_profile): tokens are not the model's."""
+        return self.simulate_accept_len is not None or self.simulate_accept_profile is not None
+
+    def simulated_drafts(self, chain: int) -> float:
+        """Drafts a step keeps on average out of a chain of `chain` under the imposed acceptance."""
+        if self.simulate_accept_profile is not None:
+            return float(sum(self.simulate_accept_profile[:chain]))
+        return float(self.simulate_accept_len or 1.0) - 1.0
 
 
 @dataclass
