@@ -231,10 +231,8 @@ class Ranking:
         if self.winner_is_clear:
             return f"{w.label()} is ahead of {r.label()} ({noise})"
         if self.winner_ahead:
-            t = len(w.trials)
-            why = disturbed or (
-                f"from {t} trial{'s' if t != 1 else ''} of it (a clear win takes {MIN_CLEAR_TRIALS}: one trial's repeats share its gang)"
-            )
+            t = len(w.trials)  # the words stay short: this sentence ends `spectune run`'s last line
+            why = disturbed or f"from {t} trial{'s' if t != 1 else ''} (a clear win takes {MIN_CLEAR_TRIALS})"
             return f"{w.label()} leads {r.label()} by more than the noise ({noise}), but {why}: not a clear win"
         rest = self.tied[1:]  # one line on a terminal: name one other, count the rest
         others = (

@@ -64,7 +64,11 @@ def test_a_winner_is_not_clear_while_a_configuration_was_measured_only_beside_ot
     alone = rank(trials(*[done(0, [10.0, 10.2, 9.8]), done(2, [3.9, 4.0]), done(6, [1.84]), done(4, [3.5]), done(0, [10.1])]))
     assert alone.winner_is_clear is True and alone.disturbed == [] and "is ahead of" in alone.verdict()
     one_trial = rank(trials(*[done(0, [10.0, 10.2, 9.8]), done(2, [3.9, 4.0]), done(6, [1.84]), done(4, [3.5])]))
-    assert one_trial.winner_ahead is True and one_trial.winner_is_clear is False and "from 1 trial of it" in one_trial.verdict()
+    assert (
+        one_trial.winner_ahead is True
+        and one_trial.winner_is_clear is False
+        and "from 1 trial (a clear win takes 2)" in one_trial.verdict()
+    )
 
 
 def test_a_configuration_is_ranked_by_its_trials_measured_alone():

@@ -71,10 +71,16 @@ def test_a_clear_winner_and_an_unknown_noise():
     clear" from single measurements)."""
     once = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0])).trials)
     assert once.winner_ahead is True and once.winner_is_clear is False and once.runners_up_within_noise == []
-    assert "by more than the noise" in once.verdict() and "from 1 trial of it" in once.verdict()
+    assert "by more than the noise" in once.verdict() and "from 1 trial (a clear win takes 2)" in once.verdict()
     assert "is ahead of" not in once.verdict() and once.as_dict()["winner_is_clear"] is False
     repeats = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0, 14.1, 13.9])).trials)
-    assert repeats.winner_ahead is True and repeats.winner_is_clear is False and "from 1 trial of it" in repeats.verdict()
+    assert repeats.winner_ahead is True and repeats.winner_is_clear is False and "from 1 trial (a clear win takes 2)" in repeats.verdict()
+    # the sentence ends `spectune run`'s last line, which stays within 300 characters (tests/studyutil.py summary):
+    # here with the longest prefix the line has (a space measured through before n_trials)
+    from orchestrator.cli import verdict_line
+
+    last = verdict_line({"complete": 12, "n_trials": 30, "space_exhausted": True, "space_size": 12, "ranking": repeats.as_dict()})
+    assert len(last) <= 300 and last.endswith("not a clear win"), (len(last), last)
     clear = rank(study_of(done(0, "none", [10.0, 10.2, 9.8]), done(2, "ngram", [14.0]), done(2, "ngram", [14.1])).trials)
     assert clear.winner_is_clear is True and "is ahead of" in clear.verdict() and clear.runners_up_within_noise == []
     unknown = rank(study_of(done(0, "none", [10.0]), done(2, "ngram", [14.0])).trials)
