@@ -248,8 +248,11 @@ class SlotBook:
         r = self.running.get(trial)
         if r is None:
             return []
-        launching = {n for n, o in self.running.items() if n != trial and o.host is None} if r.host is not None else set()
-        return sorted(r.beside | launching)
+        return sorted(r.beside | (self._unplaced(trial) if r.host is not None else set()))
+
+    def _unplaced(self, trial: int) -> set[int]:
+        """The other running trials whose gang is still being placed (host unknown: maybe this one's)."""
+        return {n for n, o in self.running.items() if n != trial and o.host is None}
 
     def disturbed(self, trial: int) -> bool:
         """Whether the trial's measurement so far may include another trial's load: one ran beside it on
@@ -258,7 +261,7 @@ class SlotBook:
         r = self.running.get(trial)
         if r is None:
             return False
-        return bool(r.beside) or any(o.host is None for n, o in self.running.items() if n != trial)
+        return bool(r.beside or self._unplaced(trial))
 
     def site(self, trial: int, lock, node_alive=lambda node_id: True) -> TrialSite:
         """The running trial's view of the book, safe to use from its own thread. `node_alive(node_id)`
