@@ -16,7 +16,10 @@
 # Stages: tests (kernel and family tests on the GPU), kernels (the grouped MoE kernel's configurations
 # on a Qwen3-30B-A3B layer, workers/kernels/moe.py --bench), widths (scripts/verify_widths.py), decode (spectune
 # decode, plain, of random:qwen3-8b and random:qwen3-30b-a3b:layers=$MOE_LAYERS), before (TP 1
-# random:llama-3-8b with .devcarry/before, then this tree, back to back on the same card).
+# random:llama-3-8b with .devcarry/before, then this tree, back to back on the same card), emulated (issue 46's
+# zero-table check: TP 1 random:llama-3-8b plain, then --emulate-tp 1 with .devcarry/zero/zero.json, an
+# all-zero table, then plain again; and the simulated-acceptance path at k = 3: --simulate-accept-len 2.5
+# and --simulate-accept-profile 0.8,0.6,0.4). Here: python -m scripts.make_allreduce_presets --zero .devcarry/zero/zero.json.
 # Each run is cut off after $LIMIT seconds (default 240); WIDTHS (default 1..9) are the widths timed. Everything lands in $OUT: log.txt and a JSON per run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,17 +66,25 @@ for stage in "${stages[@]}"; do
       [ -d .devcarry/before ] || { echo "!!! before: carry .devcarry/before (see the header)" | tee -a "$OUT/log.txt"; continue; }
       run llama_tp1_before .devcarry/before $PY $(decode random:llama-3-8b)
       run llama_tp1_after . $PY $(decode random:llama-3-8b) ;;
-    *) echo "unknown stage $stage (tests | kernels | widths | decode | before)" >&2; exit 2 ;;
+    emulated)
+      [ -f .devcarry/zero/zero.json ] || { echo "!!! emulated: carry .devcarry/zero (see the header)" | tee -a "$OUT/log.txt"; continue; }
+      run llama_tp1_plain_a . $PY $(decode random:llama-3-8b)
+      run llama_tp1_zero_table . $PY $(decode random:llama-3-8b) --emulate-tp 1 --allreduce-table .devcarry/zero/zero.json
+      run llama_tp1_plain_b . $PY $(decode random:llama-3-8b)
+      run llama_tp1_k3_len . $PY $(decode random:llama-3-8b | sed 's/--drafter none -k 0/--drafter ngram -k 3/') --simulate-accept-len 2.5
+      run llama_tp1_k3_profile . $PY $(decode random:llama-3-8b | sed 's/--drafter none -k 0/--drafter ngram -k 3/') --simulate-accept-profile 0.8,0.6,0.4 ;;
+    *) echo "unknown stage $stage (tests | kernels | widths | decode | before | emulated)" >&2; exit 2 ;;
   esac
 done
 $PY - "$OUT" <<'PY' | tee -a "$OUT/log.txt"
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
-for name in ("decode_qwen3_8b", "decode_qwen3_30b_a3b", "llama_tp1_before", "llama_tp1_after"):
+for name in ("decode_qwen3_8b", "decode_qwen3_30b_a3b", "llama_tp1_before", "llama_tp1_after", "llama_tp1_plain_a",
+             "llama_tp1_zero_table", "llama_tp1_plain_b", "llama_tp1_k3_len", "llama_tp1_k3_profile"):
     f = out / f"{name}.json"
     try:
         d = json.loads(f.read_text())
-        print(f"{name:22s} throughput {d['throughput_tok_s']:8.1f} tok/s  decode {d.get('decode_tok_s', 0):8.1f} tok/s  step p50 {d.get('step_ms_p50', 0):.3f} ms")
+        print(f"{name:22s} throughput {d['throughput_tok_s']:8.1f} tok/s  decode {d.get('decode_tok_s', 0):8.1f} tok/s  step p50 {d.get('step_ms_p50', 0):.3f} ms  accepted length {d.get('accept_len_mean', 1):.2f}")
     except Exception as e:  # noqa: BLE001 - a missing run is reported, not fatal
         print(f"{name:22s} (no result: {type(e).__name__})")
 PY

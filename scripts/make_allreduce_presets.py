@@ -2,6 +2,8 @@
 stated here; each file repeats its source, date and assumptions in its "source" and "assumes".
 
     python -m scripts.make_allreduce_presets          # rewrites the three presets
+    python -m scripts.make_allreduce_presets --zero .devcarry/zero/zero.json   # the all-zero table of the
+                                                      # emulation's overhead check (issue 46 item 3; not a preset)
 
 The presets are what an emulated study (`parallel.emulate_tp`, `parallel.allreduce_table`) waits
 for each allreduce. A measured table of your own box (`spectune bench-allreduce --json`) beats
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "workers" / "comm" / "tables"
+OUT = Path(__file__).resolve().parents[1] / "workers" / "spec" / "allreduce_tables"
 DATE = "2026-12-06"
 SIZES = [1 << p for p in range(8, 27)]  # 256 B .. 64 MiB: every decode, verify and prefill message of the shapes we emulate
 PCIE_BUSBW_GBPS = 20.0  # assumed NCCL ring bus bandwidth of 8 GPUs over PCIe above the latency-bound sizes
@@ -117,7 +119,24 @@ def nvlink() -> dict:
     }
 
 
+def zero() -> dict:
+    """Every allreduce free: an emulated TP N on it measures the emulation's own overhead."""
+    out = []
+    for tp in (1, 2, 4, 8):
+        out += rows("nccl", tp, {s: 0.0 for s in SIZES})
+    return {"name": "zero", "date": DATE, "source": "all-zero latencies: the emulation's own overhead check (issue 46 item 3)",
+            "assumes": "every allreduce free", "rows": out}
+
+
 def main() -> None:
+    import sys
+
+    if sys.argv[1:2] == ["--zero"]:
+        path = Path(sys.argv[2])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(zero()) + "\n")
+        print(f"{path}: {len(zero()['rows'])} rows")
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     for table in (pcie(), seeds(), nvlink()):
         (OUT / f"{table['name']}.json").write_text(json.dumps(table, indent=1) + "\n")
