@@ -181,6 +181,17 @@ def test_shipped_experiments_parse(name):
     assert cfg.search.space
 
 
+def test_shipped_emulated_experiment_validates():
+    """The emulated TP 8 study passes every check `spectune run` makes before launching (it needs no GPU to
+    validate: its model is a random preset and its backends are its table's), on each bundled table it names."""
+    from orchestrator.execution.validate import check_experiment
+
+    for table in ("seeds-tp8-pcie", "nvlink-h200"):
+        cfg = load_config(ROOT / "experiments" / "tp8-pcie-emulated.yaml", [f"parallel.allreduce_table={table}"])
+        prepared = check_experiment(cfg)
+        assert prepared.allreduce_table is not None and prepared.allreduce_table.name == table
+
+
 @pytest.mark.slow  # validating smoke-cpu.yaml fetches the demo model it names (its config and tokenizer)
 def test_engine_section_through_set_on_the_shipped_experiment():
     """`--set engine.<field>=...` reaches the typed engine section; an unknown engine key is one line, exit 2."""
