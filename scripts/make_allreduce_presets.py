@@ -124,8 +124,13 @@ def zero() -> dict:
     out = []
     for tp in (1, 2, 4, 8):
         out += rows("nccl", tp, {s: 0.0 for s in SIZES})
-    return {"name": "zero", "date": DATE, "source": "all-zero latencies: the emulation's own overhead check (issue 46 item 3)",
-            "assumes": "every allreduce free", "rows": out}
+    return {
+        "name": "zero",
+        "date": DATE,
+        "source": "all-zero latencies: the emulation's own overhead check (issue 46 item 3)",
+        "assumes": "every allreduce free",
+        "rows": out,
+    }
 
 
 def main() -> None:

@@ -1,33 +1,73 @@
-"""The parameter registry: one table of every parameter a trial resolves, by its dotted name.
+"""The parameters a trial resolves: `TrialConfig` (the values of one trial) and the registry, one row
+per parameter, derived from the parameter's one declaration (`param(...)` on a dataclass field:
+workers/spec/params.py) on `TrialConfig` itself, `DrafterSpec` (drafter.*) or `EngineConfig` (engine.*).
 
-Each row says where the parameter lives in the experiment YAML, its default and its limits. The
-YAML sections take their defaults and bounds from here (orchestrator/config/schema.py), the search space
-accepts exactly these names (plus `nccl.NCCL_*`), validation names a bad value by its YAML path or
-its `search.space` entry (orchestrator/execution/validate.py), a trial's MLflow params are these names
-(orchestrator/config/space.py `TrialConfig.params`), and the report writes the winner back into the YAML
-through `set_yaml` (orchestrator/explain/report/core.py).
+A row says where the parameter lives in the experiment YAML, its default, its limits and when it is
+active. The YAML sections take their fields from here (orchestrator/config/schema.py), so do decode's
+flags (orchestrator/decode/flags.py); the search space accepts exactly these names (plus `nccl.NCCL_*`),
+validation names a bad value by its YAML path or its `search.space` entry
+(orchestrator/execution/validate.py), a trial's MLflow params are these names (`TrialConfig.params`), and
+the report writes the winner back into the YAML through `set_yaml` (orchestrator/explain/report/core.py).
 
     p = lookup("spec.num_draft_tokens")   # Param(path=("drafter", "num_draft_tokens"), low=0, high=16, ...)
     p.problem(17)                         # "17 must be an integer between 0 and 16"
     value(cfg, "engine.gemv")             # the YAML's value (its default when left out)
     set_yaml(raw, "comm.backend", "nccl") # raw["parallel"]["backend"] = "nccl"
 
-Implicit conditions (`active`): nccl.* only when comm.backend is nccl; drafter.* only when
-spec.num_draft_tokens > 0; a row with `needs` only when that other parameter has one of its values.
+A new parameter is one `param(...)` line on the dataclass whose code uses it. Implicit conditions
+(`active`): nccl.* only when comm.backend is nccl; drafter.* only when spec.num_draft_tokens > 0; a
+drafter's own parameter (`drafters=`) only with those drafter kinds.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+import typing
+from dataclasses import dataclass, field
 from typing import Any
 
-from workers.spec import DRAFTER_KINDS as KINDS
-from workers.spec import DRAFTER_PLACEMENTS as PLACEMENTS
-from workers.spec import MAX_DRAFT_TOKENS
-from workers.spec.engine_config import ENGINE_FIELDS, EngineConfig
+from workers.spec import MAX_DRAFT_TOKENS, NO_DRAFTER, DrafterSpec
+from workers.spec.engine_config import EngineConfig
+from workers.spec.params import declared, param
 
 NCCL_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One trial's resolved configuration: what the gang runs and what MLflow records."""
+
+    tp: int = param(1, "tensor-parallel verifier ranks", low=1, high=64, name="parallel.tp", yaml=("parallel", "tp"))
+    backend: str = param("gloo", "allreduce backend: gloo, nccl, symm_mem, symm_mem_ll", name="comm.backend", yaml=("parallel", "backend"))
+    num_draft_tokens: int = param(
+        4,
+        "k, tokens drafted per step (0: plain decoding)",
+        low=0,
+        high=MAX_DRAFT_TOKENS,
+        name="spec.num_draft_tokens",
+        yaml=("drafter", "num_draft_tokens"),
+        flags=("--num-draft-tokens", "-k"),
+    )
+    drafter: DrafterSpec = field(default_factory=lambda: NO_DRAFTER)
+    nccl_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def params(self) -> dict[str, Any]:
+        """Every resolved parameter by its registry name: the MLflow params of the contract. A
+        drafter's own parameter appears only with that drafter (`Param.needs`)."""
+        values = {n: p.read(self) for n, p in PARAMS.items()}
+        p = {n: v for n, v in values.items() if (needs := PARAMS[n].needs) is None or values[needs[0]] in needs[1]}
+        for k, v in self.nccl_env:
+            p[f"nccl.{k}"] = v
+        return p
+
+    def describe(self) -> str:
+        d = self.drafter.kind if self.num_draft_tokens else "-"
+        extra = f" L={self.drafter.layers}" if self.drafter.kind == "layer_skip" else ""
+        nccl = "".join(f" {k.removeprefix('NCCL_')}={v}" for k, v in self.nccl_env)
+        default = EngineConfig().describe()
+        engine = "".join(f" {k}={v}" for k, v in self.engine.describe().items() if v != default[k])
+        return f"tp={self.tp} {self.backend}{nccl} k={self.num_draft_tokens} {d}{extra}{engine}"
 
 
 @dataclass(frozen=True)
@@ -41,10 +81,19 @@ class Param:
     low: int | None = None
     high: int | None = None
     needs: tuple[str, tuple] | None = None  # active only when that parameter has one of these values
+    attr: tuple[str, ...] = ()  # where a TrialConfig holds it: ("tp",), ("drafter", "ngram_max")
+    flags: tuple[str, ...] = ()  # spectune decode's flag(s)
+    flag_doc: str | None = None  # decode's help, where the flag reads otherwise than `doc` (--no-compile)
 
     @property
     def yaml_key(self) -> str:
         return ".".join(self.path)
+
+    def read(self, tc: TrialConfig) -> Any:
+        node: Any = tc
+        for a in self.attr:
+            node = getattr(node, a)
+        return node
 
     def coerce(self, value):
         """YAML 1.1 reads `off` / `on` as booleans: a choice spelled so is taken back as its word."""
@@ -70,92 +119,42 @@ class Param:
         return None
 
 
-_ENGINE_DEFAULTS = EngineConfig()
+# where each declaring dataclass sits in a TrialConfig, and the YAML section / name prefix of its fields
+_SECTIONS: tuple[tuple[tuple[str, ...], type], ...] = (((), TrialConfig), (("drafter",), DrafterSpec), (("engine",), EngineConfig))
 
-PARAMS: dict[str, Param] = {
-    p.name: p
-    for p in (
-        Param("parallel.tp", ("parallel", "tp"), 1, int, "tensor-parallel verifier ranks", low=1, high=64),
-        Param("comm.backend", ("parallel", "backend"), "gloo", str, "allreduce backend: gloo, nccl, symm_mem, symm_mem_ll"),
-        Param(
-            "spec.num_draft_tokens",
-            ("drafter", "num_draft_tokens"),
-            4,
-            int,
-            "k, tokens drafted per step (0: plain decoding)",
-            low=0,
-            high=MAX_DRAFT_TOKENS,
-        ),
-        Param("drafter.kind", ("drafter", "kind"), "ngram", str, "drafter: " + ", ".join(KINDS), choices=KINDS),
-        Param(
-            "drafter.layers",
-            ("drafter", "layers"),
-            None,
-            int,
-            "layer_skip: the verifier's first layers that draft",
-            low=1,
-            needs=("drafter.kind", ("layer_skip",)),
-        ),
-        Param(
-            "drafter.ngram_max",
-            ("drafter", "ngram_max"),
-            3,
-            int,
-            "ngram: the longest n-gram matched",
-            low=1,
-            high=8,
-            needs=("drafter.kind", ("ngram",)),
-        ),
-        Param(
-            "drafter.model_path",
-            ("drafter", "model_path"),
-            None,
-            str,
-            "draft_model: a checkpoint with the model's tokenizer; eagle3: an EAGLE-3 head",
-            needs=("drafter.kind", ("draft_model", "eagle3")),
-        ),
-        Param(
-            "drafter.placement",
-            ("drafter", "placement"),
-            "actor",
-            str,
-            "eagle3: the head as its own process (actor) or inside the verifier ranks (rank0)",
-            choices=PLACEMENTS,
-            needs=("drafter.kind", ("eagle3",)),
-        ),
-        Param(
-            "drafter.lookup",
-            ("drafter", "lookup"),
-            0,
-            int,
-            "eagle3: n-gram lookup of the last N tokens: a chain drafts what followed their earlier occurrence instead of the head; a tree adds the continuations of the two longest matches (N down to 1 token) as branches; 0: the head alone",
-            low=0,
-            high=8,
-            needs=("drafter.kind", ("eagle3",)),
-        ),
-        Param(
-            "drafter.tree_width",
-            ("drafter", "tree_width"),
-            0,
-            int,
-            "eagle3: 0/1 drafts a chain; w >= 2 a tree: the head's top-w tokens at each depth, verified in one pass under a tree mask",
-            low=0,
-            high=8,
-            needs=("drafter.kind", ("eagle3",)),
-        ),
-        *(
-            Param(
-                f"engine.{f.name}",
-                ("engine", f.name),
-                getattr(_ENGINE_DEFAULTS, f.name),
-                type(getattr(_ENGINE_DEFAULTS, f.name)),
-                ENGINE_FIELDS[f.name][1],
-                choices=ENGINE_FIELDS[f.name][0],
+
+def _kind(cls: type, name: str, default: Any) -> type:
+    """int, str or bool: the default's type, or the field's annotation where the default is None."""
+    if default is not None:
+        return type(default)
+    hint = typing.get_type_hints(cls)[name]
+    return next(t for t in typing.get_args(hint) if t is not type(None))
+
+
+def _rows() -> dict[str, Param]:
+    rows = {}
+    for attr, cls in _SECTIONS:
+        for fname, default, d in declared(cls):
+            name = d.name or ".".join((*attr, fname))
+            rows[name] = Param(
+                name,
+                d.yaml or (*attr, fname),
+                default,
+                _kind(cls, fname, default),
+                d.doc,
+                choices=d.choices,
+                low=d.low,
+                high=d.high,
+                needs=("drafter.kind", d.drafters) if d.drafters else None,
+                attr=(*attr, fname),
+                flags=d.flags or ("--" + fname.replace("_", "-"),),
+                flag_doc=d.flag_doc,
             )
-            for f in fields(EngineConfig)
-        ),
-    )
-}
+    return rows
+
+
+PARAMS: dict[str, Param] = _rows()
+PARAMS_BY_YAML: dict[str, Param] = {p.yaml_key: p for p in PARAMS.values()}
 ENGINE_PARAMS = tuple(n for n in PARAMS if n.startswith("engine."))
 
 
@@ -205,6 +204,31 @@ def active(name: str, values: dict[str, Any], defaults) -> bool:
     return needs is None or get(needs[0]) in needs[1]
 
 
-def engine_config(values: dict[str, Any], defaults) -> EngineConfig:
-    """The EngineConfig of these searched `values` on top of `defaults(name)`."""
-    return EngineConfig(**{n.removeprefix("engine."): values[n] if n in values else defaults(n) for n in ENGINE_PARAMS})
+def section_values(section: str, get) -> dict[str, Any]:
+    """Field -> `get(name)` of every parameter a TrialConfig holds in `section` (drafter, engine)."""
+    return {p.attr[1]: get(n) for n, p in PARAMS.items() if p.attr[:1] == (section,)}
+
+
+def markdown_table() -> str:
+    """docs/reference.md's table of the parameters, from their declarations (a test keeps it current):
+    python -m orchestrator.config.registry"""
+
+    def show(v: Any) -> str:
+        return "-" if v is None else f"`{str(v).lower() if isinstance(v, bool) else v}`"
+
+    lines = ["| parameter (search name) | YAML field | default | values | meaning |", "| --- | --- | --- | --- | --- |"]
+    for p in PARAMS.values():
+        if p.kind is bool:
+            values = "true, false"
+        elif p.choices:
+            values = ", ".join(f"`{c}`" for c in p.choices)
+        elif p.kind is int:
+            values = f"{p.low}..{p.high}" if p.high is not None else f">= {p.low}"
+        else:
+            values = "text"
+        lines.append(f"| `{p.name}` | `{p.yaml_key}` | {show(p.default)} | {values} | {p.doc.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

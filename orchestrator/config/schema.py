@@ -18,25 +18,37 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls  # noqa: F401 - NVLS_OFF_ENV re-exported
-from orchestrator.config.registry import NCCL_VAR, PARAMS, lookup
+from orchestrator.config.registry import NCCL_VAR, PARAMS, PARAMS_BY_YAML, lookup
 from orchestrator.errors import UserError
 from workers.spec.allreduce_table import presets
-from workers.spec.engine_config import ATTENTION_CHOICES, GEMV_CHOICES, MOE_KERNEL_CHOICES, EngineConfig
+from workers.spec.engine_config import EngineConfig
 
 SEARCHABLE = tuple(PARAMS)
 
 
-def _field(name: str):
-    """A YAML field of a registry parameter: its default, limits and one line of documentation."""
-    p = PARAMS[name]
-    return Field(p.default, ge=p.low, le=p.high, description=p.doc)
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _params_of(section: str) -> type[_Section]:
+    """A base section holding the YAML field of every registry parameter kept under `section`: its type
+    (its choices as a Literal), default, limits and one line of documentation, all from its declaration."""
+    fields: dict[str, Any] = {}
+    for p in PARAMS.values():
+        if p.path[0] != section:
+            continue
+        t: Any = Literal[p.choices] if p.choices is not None and p.kind is not bool else p.kind
+        fields[p.path[1]] = (t | None if p.default is None else t, Field(p.default, ge=p.low, le=p.high, description=p.doc))
+    words = [f for f in fields if PARAMS_BY_YAML[f"{section}.{f}"].kind is str]
+
+    def yaml_words(cls, v, info):  # `gemv: off` reads as a boolean in YAML 1.1: back to the word
+        return PARAMS_BY_YAML[f"{section}.{info.field_name}"].coerce(v)
+
+    validators = {"_yaml_words": field_validator(*words, mode="before")(yaml_words)} if words else {}
+    return create_model(f"_{section.title()}Params", __base__=_Section, __validators__=validators, **fields)
 
 
 class ModelSection(_Section):
@@ -44,23 +56,12 @@ class ModelSection(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
-class DrafterSection(_Section):
+class DrafterSection(_params_of("drafter")):
     """Defaults for the drafter; the search space can override each field."""
 
-    kind: Literal[PARAMS["drafter.kind"].choices] = _field("drafter.kind")
-    num_draft_tokens: int = _field("spec.num_draft_tokens")
-    model_path: str | None = _field("drafter.model_path")
-    layers: int | None = _field("drafter.layers")
-    ngram_max: int = _field("drafter.ngram_max")
-    placement: Literal[PARAMS["drafter.placement"].choices] = _field("drafter.placement")
-    lookup: int = _field("drafter.lookup")
-    tree_width: int = _field("drafter.tree_width")
 
-
-class ParallelSection(_Section):
-    tp: int = _field("parallel.tp")
+class ParallelSection(_params_of("parallel")):
     device: Literal["cpu", "cuda"] = "cpu"
-    backend: str = _field("comm.backend")
     nccl_env: dict[str, str] = Field(default_factory=dict)  # NCCL_* variables every trial gets
     threads: int = Field(1, ge=1)  # torch threads per worker (CPU)
     cpus_per_worker: float = Field(0.25, gt=0)  # Ray CPU resource per actor
@@ -100,22 +101,9 @@ class ParallelSection(_Section):
         return env
 
 
-class EngineSection(_Section):
+class EngineSection(_params_of("engine")):
     """What the decode engine runs (workers/spec/engine_config.py `EngineConfig`); each field is also
     searchable as `engine.<field>` and logged as that MLflow param."""
-
-    attention: Literal[ATTENTION_CHOICES] = _field("engine.attention")
-    cuda_graphs: bool = _field("engine.cuda_graphs")
-    compile: bool = _field("engine.compile")
-    gemv: Literal[GEMV_CHOICES] = _field("engine.gemv")
-    fused_add_norm: bool = _field("engine.fused_add_norm")
-    moe_kernel: Literal[MOE_KERNEL_CHOICES] = _field("engine.moe_kernel")
-    overlap: bool = _field("engine.overlap")
-
-    @field_validator("gemv", mode="before")
-    @classmethod
-    def _yaml_off(cls, v):
-        return PARAMS["engine.gemv"].coerce(v)
 
     def config(self) -> EngineConfig:
         return EngineConfig(**self.model_dump())

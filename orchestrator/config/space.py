@@ -13,57 +13,17 @@ Names, defaults and those conditions come from the parameter registry (orchestra
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config import registry
+from orchestrator.config.registry import TrialConfig
 from orchestrator.config.schema import CategoricalParam, ExperimentConfig, FloatParam, IntParam
 from orchestrator.errors import UserError
 from orchestrator.record import BASELINE_TAG, flag
-from workers.spec import DrafterSpec
+from workers.spec import NO_DRAFTER, DrafterSpec
 from workers.spec.engine_config import EngineConfig
 
 PRIORITY = ("parallel.tp", "comm.backend", "spec.num_draft_tokens", "drafter.kind")
-
-
-@dataclass(frozen=True)
-class TrialConfig:
-    tp: int
-    backend: str
-    num_draft_tokens: int
-    drafter: DrafterSpec
-    nccl_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-
-    def params(self) -> dict[str, Any]:
-        """Every resolved parameter by its registry name: the MLflow params of the contract. A
-        drafter's own parameter appears only with that drafter (`Param.needs`)."""
-        values: dict[str, Any] = {
-            "parallel.tp": self.tp,
-            "comm.backend": self.backend,
-            "spec.num_draft_tokens": self.num_draft_tokens,
-            "drafter.kind": self.drafter.kind,
-            "drafter.layers": self.drafter.layers,
-            "drafter.ngram_max": self.drafter.ngram_max,
-            "drafter.model_path": self.drafter.model_path,
-            "drafter.placement": self.drafter.placement,
-            "drafter.lookup": self.drafter.lookup,
-            "drafter.tree_width": self.drafter.tree_width,
-            **{f"engine.{k}": v for k, v in self.engine.describe().items()},
-        }
-        assert values.keys() == registry.PARAMS.keys(), "a registry parameter the trial does not resolve"
-        p = {n: v for n, v in values.items() if (needs := registry.PARAMS[n].needs) is None or values[needs[0]] in needs[1]}
-        for k, v in self.nccl_env:
-            p[f"nccl.{k}"] = v
-        return p
-
-    def describe(self) -> str:
-        d = self.drafter.kind if self.num_draft_tokens else "-"
-        extra = f" L={self.drafter.layers}" if self.drafter.kind == "layer_skip" else ""
-        nccl = "".join(f" {k.removeprefix('NCCL_')}={v}" for k, v in self.nccl_env)
-        default = EngineConfig().describe()
-        engine = "".join(f" {k}={v}" for k, v in self.engine.describe().items() if v != default[k])
-        return f"tp={self.tp} {self.backend}{nccl} k={self.num_draft_tokens} {d}{extra}{engine}"
 
 
 def ordered_names(cfg: ExperimentConfig) -> list[str]:
@@ -157,21 +117,17 @@ def resolve(values: dict[str, Any], cfg: ExperimentConfig) -> TrialConfig:
     kind = get("drafter.kind") if k > 0 else "none"
     if k > 0 and kind == "none":
         raise UserError("spec.num_draft_tokens > 0 needs a drafter: set drafter.kind or search it")
-    drafter = DrafterSpec(
-        kind=kind,
-        model_path=get("drafter.model_path") if kind in ("draft_model", "eagle3") else None,
-        layers=int(get("drafter.layers") or 0) if kind == "layer_skip" else 0,
-        ngram_max=int(get("drafter.ngram_max")),
-        placement=str(get("drafter.placement")),
-        lookup=int(get("drafter.lookup") or 0) if kind == "eagle3" else 0,
-        # widths 0 and 1 both draft a chain: one value, so they share a label and a run
-        tree_width=w if kind == "eagle3" and (w := int(get("drafter.tree_width") or 0)) >= 2 else 0,
-    )
+    # a drafter's own parameters from the YAML or the search where they apply to `kind`, else their defaults
+    values = {**values, "drafter.kind": kind}
+    default = lambda n: registry.lookup(n).default  # noqa: E731
+    drafter = DrafterSpec(**registry.section_values("drafter", lambda n: get(n) if registry.active(n, values, get) else default(n)))
+    if kind == "none":
+        drafter = NO_DRAFTER
     backend = str(get("comm.backend"))
     env = dict(cfg.parallel.nccl_env) if backend == "nccl" else {}
     env.update({n.removeprefix("nccl."): str(v) for n, v in values.items() if n.startswith("nccl.")})
     try:
-        engine = registry.engine_config(values, get)
+        engine = EngineConfig(**registry.section_values("engine", get))
     except ValueError as e:
         raise UserError(str(e)) from None
     return TrialConfig(

@@ -15,11 +15,11 @@ import argparse
 import re
 from dataclasses import dataclass, fields
 
+from orchestrator.config.registry import PARAMS, PARAMS_BY_YAML, Param
 from orchestrator.config.schema import ExperimentConfig, validated
 from orchestrator.errors import UserError
 from orchestrator.prompts.loading import SPLITS
 from workers.spec.allreduce_table import presets
-from workers.spec.engine_config import ATTENTION_CHOICES, ENGINE_FIELDS, GEMV_CHOICES, MOE_KERNEL_CHOICES
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,22 @@ def _f(names: str | tuple[str, ...], field: str, help: str, **kwargs) -> Flag:
     return Flag((names,) if isinstance(names, str) else names, field, {"help": help, **kwargs})
 
 
+def _param_flag(p: Param) -> Flag:
+    """The flag of a registry parameter, from its declaration: --field (or its own names), its doc as help;
+    a bool that defaults to true is a --no-... switch."""
+    if p.kind is bool:
+        help = f"{p.yaml_key}={str(not p.default).lower()}: {p.flag_doc or p.doc}"
+        return _f(p.flags, p.yaml_key, help, action="store_false" if p.default else "store_true")
+    return _f(p.flags, p.yaml_key, p.flag_doc or p.doc, **({"type": int} if p.kind is int else {}))
+
+
+PARAM_FLAGS = tuple(_param_flag(p) for p in PARAMS.values())
+
 YAML_FLAGS = (
     _f("--model", "model.path", "checkpoint directory or the alias smollm2-135m"),
     _f("--dtype", "model.dtype", "float32 | bfloat16 | float16 (default: bfloat16 on cuda, float32 on cpu)"),
-    _f("--tp", "parallel.tp", "tensor-parallel verifier ranks", type=int),
-    _f("--backend", "parallel.backend", "allreduce backend: gloo (CPU), nccl, symm_mem, symm_mem_ll"),
     _f("--device", "parallel.device", "cpu or cuda (one GPU per TP rank)"),
+    *PARAM_FLAGS,
     _f("--threads", "parallel.threads", "torch threads per worker process", type=int),
     _f("--vocab-parallel", "parallel.vocab_parallel", "shard lm_head by vocabulary (logits all-gathered)", action="store_true"),
     _f(
@@ -56,28 +66,6 @@ YAML_FLAGS = (
         "--allreduce-table",
         "parallel.allreduce_table",
         "with --emulate-tp: a preset (" + ", ".join(presets()) + ") or a bench-allreduce --json file",
-    ),
-    _f("--drafter", "drafter.kind", "none | draft_model | ngram | layer_skip | eagle3"),
-    _f(("--num-draft-tokens", "-k"), "drafter.num_draft_tokens", "k, tokens drafted per step (0 = baseline)", type=int),
-    _f("--draft-model", "drafter.model_path", "checkpoint of the draft model (--drafter draft_model) or the EAGLE-3 head (eagle3)"),
-    _f("--draft-layers", "drafter.layers", "verifier layers that draft (--drafter layer_skip; default half)", type=int),
-    _f("--ngram-max", "drafter.ngram_max", "longest n-gram the lookup drafter matches", type=int),
-    _f(
-        "--draft-placement",
-        "drafter.placement",
-        "eagle3: actor (its own process; hidden states over the link) | rank0 (inside the verifier ranks)",
-    ),
-    _f(
-        "--draft-lookup",
-        "drafter.lookup",
-        "eagle3: n-gram lookup of the last N tokens: instead of the head's chain, or as branches of its tree (0: never)",
-        type=int,
-    ),
-    _f(
-        "--tree-width",
-        "drafter.tree_width",
-        "eagle3: 0/1 drafts a chain; W >= 2 a tree of the head's top-W tokens per depth, verified in one pass (batch size 1)",
-        type=int,
     ),
     _f("--prompts", "workload.prompts", "Spec-Bench-style JSONL (default: the bundled 240 questions)"),
     _f("--num-prompts", "workload.num_prompts", "use the first N prompts (default 8)", type=int),
@@ -110,33 +98,10 @@ YAML_FLAGS = (
         "decode B sequences per verify pass (static batches); B > 1 also runs plain decoding at batch 1 and at B",
         type=int,
     ),
-    # the engine: the fields of the YAML section `engine:` (workers/spec/engine_config.py documents each)
-    _f("--attention", "engine.attention", "engine.attention: " + ENGINE_FIELDS["attention"][1], choices=ATTENTION_CHOICES),
-    _f("--gemv", "engine.gemv", "engine.gemv: " + ENGINE_FIELDS["gemv"][1], choices=GEMV_CHOICES),
-    _f("--moe-kernel", "engine.moe_kernel", "engine.moe_kernel: " + ENGINE_FIELDS["moe_kernel"][1], choices=MOE_KERNEL_CHOICES),
-    _f("--no-cuda-graphs", "engine.cuda_graphs", "engine.cuda_graphs=false: run CUDA steps eagerly", action="store_false"),
-    _f(
-        "--no-compile",
-        "engine.compile",
-        "engine.compile=false: CUDA graphs of the plain model (no merged weights, no torch.compile)",
-        action="store_false",
-    ),
-    _f(
-        "--no-fused-add-norm",
-        "engine.fused_add_norm",
-        "engine.fused_add_norm=false: allreduce, then add and norm, even where the backend fuses them",
-        action="store_false",
-    ),
-    _f(
-        "--no-overlap",
-        "engine.overlap",
-        "engine.overlap=false: greedy steps read each step back before launching the next (in-rank EAGLE-3 drafts too)",
-        action="store_false",
-    ),
 )
 
 # where one decode measures more than a study's trial does by default
-DECODE_DEFAULTS = {"drafter.num_draft_tokens": 4, "workload.num_prompts": 8, "workload.max_new_tokens": 64}
+DECODE_DEFAULTS = {"workload.num_prompts": 8, "workload.max_new_tokens": 64}
 
 
 @dataclass(frozen=True)
@@ -220,11 +185,8 @@ def flag_message(msg: str) -> str:
 
 def _registry_problem(given: dict) -> str | None:
     """The first given value a registry parameter refuses, in the registry's words (as validate's)."""
-    from orchestrator.config.registry import PARAMS
-
-    by_field = {p.yaml_key: p for p in PARAMS.values()}
     for field, v in given.items():
-        p = by_field.get(field)
+        p = PARAMS_BY_YAML.get(field)
         if p is not None and (why := p.problem(v)):
             return f"{flag_of(field)} {why}"
     return None
@@ -242,7 +204,7 @@ def experiment(given: dict) -> ExperimentConfig:
     if "workload.batch_sizes" in values:
         values["workload.batch_sizes"] = [values["workload.batch_sizes"]]
     # one trial: a space of one point (k, fixed), no baseline trial of its own
-    k = values["drafter.num_draft_tokens"]
+    k = values.get("drafter.num_draft_tokens", PARAMS["spec.num_draft_tokens"].default)
     raw: dict = {"name": "decode", "search": {"space": {"spec.num_draft_tokens": k}}, "study": {"n_trials": 1, "baseline": False}}
     for dotted, v in values.items():
         section, key = dotted.split(".")

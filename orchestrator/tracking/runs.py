@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config import registry
 from orchestrator.errors import is_write_race
 from orchestrator.record import (
     FAIL_TAG,
@@ -77,19 +78,11 @@ def trial_run_name(number: int, params: dict[str, Any]) -> str:
 def label_defaults(cfg) -> dict[str, Any]:
     """What a trial runs with where the search space does not set it (Optuna's params hold only
     the searched names): merged under a trial's params before `config_label`."""
-    d = cfg.drafter
-    out = {
-        "parallel.tp": cfg.parallel.tp,
-        "comm.backend": cfg.parallel.backend,
-        "drafter.kind": d.kind,
-        "spec.num_draft_tokens": d.num_draft_tokens,
-    }
-    if d.layers is not None:
-        out["drafter.layers"] = d.layers
+    # every parameter but the engine's (labels leave engine options to the report's own column)
+    out = {n: registry.value(cfg, n) for n in registry.PARAMS if not n.startswith("engine.")}
+    out = {n: v for n, v in out.items() if v is not None}
     if cfg.parallel.emulate_tp is not None:
         out["parallel.emulate_tp"] = cfg.parallel.emulate_tp
-    # labels use them for eagle3 only
-    out.update({"drafter.placement": d.placement, "drafter.lookup": d.lookup, "drafter.tree_width": d.tree_width})
     return out
 
 

@@ -45,7 +45,7 @@ def bad_inputs(tmp_path, tiny_ckpt):
         "unknown drafter": ([*m, "--drafter", "medusa"], "--drafter 'medusa' is not one of"),
         "draft model without path": ([*m, "--drafter", "draft_model"], "--draft-model: --drafter draft_model needs a checkpoint path"),
         "bad flag type": ([*m, "--tp", "two"], "invalid int value"),
-        "unknown gemv choice": ([*m, "--gemv", "fast"], "argument --gemv: invalid choice: 'fast'"),
+        "unknown gemv choice": ([*m, "--gemv", "fast"], "--gemv 'fast' is not one of auto, cublas, triton, off"),
         "draft tokens past the limit": ([*m, "-k", "17"], "--num-draft-tokens 17 must be an integer between 0 and 16"),
         "lookup past the limit": ([*m, "--draft-lookup", "9"], "--draft-lookup 9 must be an integer between 0 and 8"),
         "tree width past the limit": ([*m, "--tree-width", "9"], "--tree-width 9 must be an integer between 0 and 8"),

@@ -92,6 +92,10 @@ MALFORMED = {
         {"workload": {"simulate_accept_len": 2, "simulate_accept_profile": [0.5]}},
         "workload: set simulate_accept_len or simulate_accept_profile, not both",
     ),
+    "shortest n-gram above the longest": (
+        {"drafter": {"ngram_min": 4}},
+        "drafter.ngram_min: 4 is above drafter.ngram_max 3 (min must be <= max)",
+    ),
     "searched triton moe kernel on cpu": (
         {"search": {"space": {"engine.moe_kernel": {"choices": ["dense", "triton"]}}}},
         "search.space.engine.moe_kernel: triton runs the CUDA graphs' grouped MoE kernel",
@@ -173,6 +177,15 @@ def test_schema_file_is_current():
     assert on_disk == json.loads(json.dumps(json_schema()))
 
 
+def test_reference_parameter_table_is_generated_from_the_declarations():
+    """docs/reference.md's parameter table is the registry's own (python -m orchestrator.config.registry)."""
+    from orchestrator.config.registry import markdown_table
+
+    doc = (ROOT / "docs" / "reference.md").read_text()
+    between = doc.split("<!-- parameters: generated -->\n")[1].split("<!-- parameters: end -->")[0]
+    assert between == markdown_table()
+
+
 @pytest.mark.parametrize(
     "name", ["smoke-cpu.yaml", "tp2-gpu.yaml", "tp8-pcie.yaml", "tp8-pcie-emulated.yaml", "h200-1gpu.yaml", "h200-1gpu-smollm2.yaml"]
 )
@@ -211,6 +224,7 @@ OTHER = {
     "drafter.kind": "layer_skip",
     "drafter.layers": 1,
     "drafter.ngram_max": 5,
+    "drafter.ngram_min": 2,
     "drafter.model_path": "some/ckpt",
     "drafter.placement": "rank0",
     "drafter.lookup": 2,
@@ -253,11 +267,24 @@ def test_registry_round_trip(tmp_path):
     assert {n: params[n] for n in OTHER if n in params} == {n: v for n, v in OTHER.items() if n in params}
     # the drafter's own parameters appear only with that drafter (layer_skip: its layers, not the others)
     assert {"drafter.layers", "nccl.NCCL_PROTO"} | set(registry.ENGINE_PARAMS) <= params.keys()
-    assert not {"drafter.ngram_max", "drafter.model_path", "drafter.placement", "drafter.lookup", "drafter.tree_width"} & params.keys()
+    assert (
+        not {"drafter.ngram_max", "drafter.ngram_min", "drafter.model_path", "drafter.placement", "drafter.lookup", "drafter.tree_width"}
+        & params.keys()
+    )
     assert tc.drafter.tree_width == 0  # an eagle3 option: another drafter drafts a chain
     eagle3 = resolve({"drafter.kind": "eagle3"}, cfg)  # an EAGLE-3 trial: its own parameters reach the gang and MLflow
     assert (eagle3.drafter.lookup, eagle3.drafter.placement, eagle3.drafter.tree_width) == (2, "rank0", 3)
     assert {"drafter.lookup": 2, "drafter.placement": "rank0", "drafter.tree_width": 3}.items() <= eagle3.params().items()
+    ngram = resolve({"drafter.kind": "ngram"}, cfg)
+    assert (ngram.drafter.ngram_max, ngram.drafter.ngram_min) == (5, 2) and {"drafter.ngram_min": 2}.items() <= ngram.params().items()
+    # spectune decode: each parameter's flag (derived from the same declaration) sets its YAML field
+    from orchestrator.decode.flags import PARAM_FLAGS, parse
+
+    assert {f.field for f in PARAM_FLAGS} == {p.yaml_key for p in registry.PARAMS.values()}
+    for flag in PARAM_FLAGS:
+        v = OTHER[registry.PARAMS_BY_YAML[flag.field].name]
+        argv = [flag.names[0]] if isinstance(v, bool) else [flag.names[0], str(v)]
+        assert parse(argv)[0] == {flag.field: v}, flag
     # the report's best configuration: the winner's searched values written back at their YAML paths
     from orchestrator.explain.report import best_yaml
 

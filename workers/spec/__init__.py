@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from workers.spec.allreduce_table import AllreduceTable
 from workers.spec.engine_config import EngineConfig
+from workers.spec.params import param
 from workers.spec.run_stats import RunStats
 
 MAX_DRAFT_TOKENS = 16  # the draft link's capacity (workers/engine/link.py): drafts a step scores at most
@@ -44,26 +45,65 @@ DRAFTER_PLACEMENTS = ("actor", "rank0")  # eagle3: its own process, or inside th
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    kind: str = "none"  # none | draft_model | ngram | layer_skip | eagle3
-    model_path: str | None = None  # draft_model: a checkpoint with the verifier's tokenizer; eagle3: the head
-    layers: int = 0  # layer_skip: how many of the verifier's first layers draft
-    ngram_max: int = 3
-    ngram_min: int = 1
-    # n-gram only: run it as its own process on the draft link (two link messages per step) instead
-    # of inside every verifier rank; kept to measure what those messages cost
-    ngram_actor: bool = False
+    """The drafter of a gang. Its `param` fields are the parameters drafter.* (workers/spec/params.py:
+    the YAML section `drafter:`, the search space, decode's flags and the MLflow params derive from them);
+    `kind`'s default is what a YAML that drafts (k > 0) and names no drafter gets. No drafter: NO_DRAFTER."""
+
+    kind: str = param("ngram", "drafter: " + ", ".join(DRAFTER_KINDS), choices=DRAFTER_KINDS, flags=("--drafter",))
+    layers: int | None = param(
+        None,
+        "layer_skip: the verifier's first layers that draft",
+        low=1,
+        drafters=("layer_skip",),
+        flags=("--draft-layers",),
+        flag_doc="verifier layers that draft (--drafter layer_skip)",
+    )
+    ngram_max: int = param(3, "ngram: the longest n-gram matched", low=1, high=8, drafters=("ngram",))
+    ngram_min: int = param(1, "ngram: the shortest n-gram matched", low=1, high=8, drafters=("ngram",))
+    model_path: str | None = param(
+        None,
+        "draft_model: a checkpoint with the model's tokenizer; eagle3: an EAGLE-3 head",
+        drafters=("draft_model", "eagle3"),
+        flags=("--draft-model",),
+    )
     # eagle3: the head as its own process on the draft link ("actor"; the verifier's hidden states
     # travel to it) or inside the verifier ("rank0": every TP rank runs its copy of the head on the
     # states it holds anyway, so nothing crosses the link)
-    placement: str = "actor"
+    placement: str = param(
+        "actor",
+        "eagle3: the head as its own process (actor) or inside the verifier ranks (rank0)",
+        choices=DRAFTER_PLACEMENTS,
+        drafters=("eagle3",),
+        flags=("--draft-placement",),
+    )
     # eagle3: n-gram lookup of the last `lookup` committed tokens. A chain: an earlier occurrence
     # drafts its continuation instead of the head. A tree (tree_width >= 2): the continuations of
     # the longest matches (lookup down to 1 token, two at most) join the head's tree as branches.
-    # 0 = the head alone
-    lookup: int = 0
-    # eagle3: 0 or 1 drafts a chain; w >= 2 a tree: at each depth the head's top-w tokens, the first
-    # continuing the chain and the others leaves, verified in one pass under a tree mask
-    tree_width: int = 0
+    lookup: int = param(
+        0,
+        "eagle3: n-gram lookup of the last N tokens: a chain drafts what followed their earlier occurrence instead of "
+        "the head; a tree adds the continuations of the two longest matches (N down to 1 token) as branches; 0: the head alone",
+        low=0,
+        high=8,
+        drafters=("eagle3",),
+        flags=("--draft-lookup",),
+    )
+    # eagle3: at each depth the head's top-w tokens, the first continuing the chain and the others
+    # leaves, verified in one pass under a tree mask. Widths 0 and 1 both draft a chain: one value (0)
+    tree_width: int = param(
+        0,
+        "eagle3: 0/1 drafts a chain; w >= 2 a tree: the head's top-w tokens at each depth, verified in one pass under a tree mask",
+        low=0,
+        high=8,
+        drafters=("eagle3",),
+    )
+    # n-gram only: run it as its own process on the draft link (two link messages per step) instead
+    # of inside every verifier rank; kept to measure what those messages cost
+    ngram_actor: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tree_width == 1:
+            object.__setattr__(self, "tree_width", 0)  # frozen: the one spelling of a chain
 
     @property
     def in_verifier(self) -> bool:
@@ -78,6 +118,9 @@ class DrafterSpec:
         return self.kind in ("draft_model", "layer_skip", "eagle3")
 
 
+NO_DRAFTER = DrafterSpec(kind="none")
+
+
 @dataclass(frozen=True)
 class GangSpec:
     """Everything the processes of one gang need to load their part (fixed for the gang's life)."""
@@ -85,7 +128,7 @@ class GangSpec:
     model_path: str
     tp: int = 1
     backend: str = "gloo"
-    drafter: DrafterSpec = field(default_factory=DrafterSpec)
+    drafter: DrafterSpec = field(default_factory=lambda: NO_DRAFTER)
     dtype: str = "float32"
     device: str = "cpu"
     max_seq: int = 2048
