@@ -51,7 +51,8 @@ class EngineAllreduce:
     engine: str  # vllm | sglang | trtllm
     backend: str  # the winner's comm.backend
     equivalent: bool  # the engine runs the same algorithm (else `choice` is its nearest)
-    choice: str  # the engine's setting, in words
+    setting: str  # the engine's setting in a few words ("custom allreduce", "allreduce_strategy ONESHOT")
+    choice: str  # the same, explained
     flags: tuple[str, ...] = ()  # command-line flags
     env: tuple[tuple[str, str], ...] = ()  # environment variables
     strategy: str | None = None  # TensorRT-LLM's allreduce_strategy
@@ -68,6 +69,7 @@ def _vllm(backend: str) -> EngineAllreduce:
             "vllm",
             backend,
             False,
+            "custom allreduce",
             "vLLM's custom allreduce (a one-shot reduce over CUDA IPC buffers for small messages; on by default)",
             env=(("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"),),
             notes=(
@@ -79,6 +81,7 @@ def _vllm(backend: str) -> EngineAllreduce:
         "vllm",
         backend,
         backend == "nccl",
+        "PyNccl allreduce",
         "vLLM's PyNccl allreduce: custom allreduce off (--disable-custom-all-reduce), torch symmetric memory off (VLLM_ALLREDUCE_USE_SYMM_MEM=0)",
         flags=("--disable-custom-all-reduce",),
         env=(("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"),),
@@ -93,6 +96,7 @@ def _sglang(backend: str) -> EngineAllreduce:
             "sglang",
             backend,
             False,
+            "custom allreduce",
             "SGLang's custom allreduce (a one-shot reduce over CUDA IPC buffers for small messages; on by default)",
             notes=(
                 f"no --enable-torch-symm-mem: {_MULTICAST_OFF} (torch_symm_mem.py)",
@@ -103,6 +107,7 @@ def _sglang(backend: str) -> EngineAllreduce:
         "sglang",
         backend,
         backend == "nccl",
+        "NCCL allreduce",
         "SGLang's NCCL allreduce: custom allreduce off (--disable-custom-all-reduce); torch symmetric memory stays off (its default)",
         flags=("--disable-custom-all-reduce",),
     )
@@ -116,6 +121,7 @@ def _trtllm(backend: str) -> EngineAllreduce:
             "trtllm",
             backend,
             False,
+            "allreduce_strategy ONESHOT",
             "allreduce_strategy ONESHOT (TensorRT-LLM's one-shot kernel: every rank reduces all peers' parts over IPC buffers)",
             strategy="ONESHOT",
             notes=(
@@ -123,7 +129,7 @@ def _trtllm(backend: str) -> EngineAllreduce:
                 "on a PCIe box confirm in its log which strategy ran",
             ),
         )
-    return EngineAllreduce("trtllm", backend, backend == "nccl", "allreduce_strategy NCCL", strategy="NCCL")
+    return EngineAllreduce("trtllm", backend, backend == "nccl", "allreduce_strategy NCCL", "allreduce_strategy NCCL", strategy="NCCL")
 
 
 _BY_ENGINE = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm}
