@@ -113,3 +113,47 @@ def test_cli_trtllm_format(recorded, capsys):
     assert main(["export", str(recorded), "--to", "trtllm"]) == 0
     options = yaml.safe_load(capsys.readouterr().out)
     assert options["allreduce_strategy"] == "NCCL" and options["speculative_config"]["decoding_type"] == "NGram"
+
+
+def test_cli_on_an_emulated_tp8_study_won_by_symm_mem_ll(tmp_path, monkeypatch, capsys):
+    """An emulated TP 8 study (one rank, the allreduce a table's waits) where symm_mem_ll wins at 300 tok/s
+    and the best NCCL configuration reached 240: every engine file opens with `# EMULATED:`, names its
+    nearest choice and the cost (0.800x); the TensorRT-LLM YAML parses to TP 8 and ONESHOT."""
+    monkeypatch.setenv("SPECTUNE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="tp8-emulated", storage=url, direction="maximize")
+    emulated = {
+        "parallel.tp": 1,
+        "parallel.emulate_tp": 8,
+        "parallel.allreduce_table": "pcie-8x-rtx-pro-6000",
+        "parallel.allreduce_table_sha256": "0123456789abcdef",
+        "parallel.emulated_acceptance": "imposed profile",
+    }
+    for k, backend, tok_s in ((0, "nccl", 150.0), (4, "symm_mem_ll", 300.0), (3, "nccl", 240.0)):
+        params = {**emulated, "comm.backend": backend, "spec.num_draft_tokens": k, "drafter.kind": "ngram" if k else "none"}
+        attrs = {"spectune.params": params, "spectune.repeat_tok_s": [tok_s], "draft_ms_p50": 0.1, "verify_ms_p50": 9.0}
+        study.add_trial(optuna.trial.create_trial(value=tok_s, user_attrs=attrs))
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tp8-emulated",
+                "model": {"path": "random:llama-3-8b", "dtype": "bfloat16"},
+                "parallel": {"tp": 2, "device": "cuda", "backend": "nccl"},
+                "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 3, 4]}}},
+                "study": {"storage": url},
+            }
+        )
+    )
+    out = tmp_path / "deploy"
+    assert main(["export", str(exp), "--to", "all", "--out", str(out)]) == 0
+    for name in ("vllm.sh", "sglang.sh", "trtllm.yaml"):
+        text = (out / name).read_text()
+        assert text.startswith("# EMULATED: emulated TP 8 from table pcie-8x-rtx-pro-6000"), name
+        assert "the winner ran symm_mem_ll" in text and "nearest:" in text, name
+        assert "(nccl: ngram k=3, trial 2) ran 240.0 tok/s against the winner's 300.0 on symm_mem_ll: 0.800x (-20.0%)" in text, name
+    options = yaml.safe_load((out / "trtllm.yaml").read_text())
+    assert options["tensor_parallel_size"] == 8 and options["allreduce_strategy"] == "ONESHOT"
+    assert "--tensor-parallel-size 8" in (out / "vllm.sh").read_text()
+    assert "# EMULATED:" in (out / "README.md").read_text()
