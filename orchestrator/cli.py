@@ -4,7 +4,7 @@
     spectune run experiments/smoke-cpu.yaml [--set study.n_trials=8]
     spectune validate experiments/tp8-pcie.yaml
     spectune report experiments/smoke-cpu.yaml
-    spectune export experiments/smoke-cpu.yaml --to vllm [--out FILE]
+    spectune export experiments/smoke-cpu.yaml --to vllm [--out FILE]   (--to all --out DIR: every format)
     spectune schema --out experiments/spectune.schema.json
     spectune bench-search EXP.yaml --storage URL --studies A,B --budget 6 [--json]
 
@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 from orchestrator.errors import INPUT_ERRORS, UserError
 
@@ -195,6 +196,8 @@ def _train_drafter(ns: argparse.Namespace) -> int:
 
 
 def _add_experiment_commands(sub) -> None:
+    from orchestrator.export.formats import FORMATS as EXPORT_FORMATS
+
     for name, help_, handler in (
         ("run", "run (or resume) the study of an experiment YAML", _run),
         ("validate", "check an experiment YAML against the model, the prompts and the backends", _validate),
@@ -216,11 +219,19 @@ def _add_experiment_commands(sub) -> None:
         help="a `bench-allreduce --json` output: the performance model's allreduce term (rounds x latency) and what-if estimates over its setups",
     )
     p.set_defaults(handler=_report)
-    p = sub.add_parser("export", help="the per-batch-size schedule of a study, for a serving engine (json | vllm | sglang | env)")
+    p = sub.add_parser(
+        "export", help="the per-batch-size schedule of a study, for a serving engine (json | vllm | sglang | trtllm | env | all)"
+    )
     p.add_argument("experiment")
     p.add_argument("--set", action="append", default=[], metavar="dotted.key=value")
-    p.add_argument("--to", dest="fmt", choices=("json", "vllm", "sglang", "env"), default="json", help="output format")
-    p.add_argument("--out", default=None, help="write to this file (default: print)")
+    p.add_argument(
+        "--to",
+        dest="fmt",
+        choices=(*EXPORT_FORMATS, "all"),
+        default="json",
+        help="output format; all: every format into the folder --out names, with a README.md",
+    )
+    p.add_argument("--out", default=None, help="write to this file (default: print); with --to all, a folder")
     p.set_defaults(handler=_export)
     p = sub.add_parser("schema", help="print (or write) the JSON schema of experiment YAMLs")
     p.add_argument("--out", default=None)
@@ -290,11 +301,25 @@ def _export(ns: argparse.Namespace) -> int:
     from orchestrator.export.schedule import build_schedule
     from workers.model.locate import resolve_model_path
 
+    if ns.fmt == "all" and not ns.out:
+        raise UserError("--to all: needs --out DIR, the folder for every format")
+    if ns.fmt == "all" and Path(ns.out).exists() and not Path(ns.out).is_dir():
+        raise UserError(f"--out {ns.out}: is a file; --to all writes a folder of files")
     cfg = load_config(ns.experiment, ns.set)
     study = open_study(cfg)
     schedule = build_schedule(study, model=str(resolve_model_path(cfg.model.path)), dtype=cfg.model.dtype, device=cfg.parallel.device)
     if not schedule["schedule"]:
         raise UserError(f"study {cfg.study_name!r} has no COMPLETE trial to export: run `spectune run` first")
+    if ns.fmt == "all":
+        from orchestrator.export.bundle import write_bundle
+
+        try:
+            paths = write_bundle(schedule, Path(ns.out))
+        except OSError as e:
+            raise UserError(f"--out {ns.out}: {e.strerror or e}") from None
+        names = ", ".join(p.name for p in paths)
+        print(f"spectune: every format of {len(schedule['schedule'])} batch size(s) written to {ns.out}: {names}", file=sys.stderr)
+        return 0
     text = render(schedule, ns.fmt)
     if ns.out:
         try:

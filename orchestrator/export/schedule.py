@@ -14,7 +14,13 @@ Where the numbers come from (COMPLETE trials only; invalid and pruned trials nev
   (ranking.noise_rel: from the configurations measured at least twice at batch 1); None where no
   configuration was measured twice;
 - decode rate: next to each throughput, the same trials' `decode_tok_s` (batch 1) or
-  `decode_tok_s_b<B>` (median over the configuration's trials), plain decoding's, and their ratio.
+  `decode_tok_s_b<B>` (median over the configuration's trials), plain decoding's, and their ratio;
+- best by backend: at each batch size and the winner's TP, the best configuration measured on each
+  allreduce backend (`best_by_backend`), so that an export for an engine without the winner's backend
+  can say what the best configuration on one it has reached (orchestrator/export/allreduce.py);
+- draft and verify times: the winner's `draft_ms_p50` and `verify_ms_p50` at batch 1 (median over its
+  trials; the study records them at batch 1 only), the draft-to-target time ratio an adaptive
+  speculation controller is profiled with (orchestrator/export/vllm.py).
 
 The schedule ranks by throughput, prefill included (`RANKED_BY`, why: `RANKED_BY_WHY`); the decode
 rate is reported beside it, never used to pick.
@@ -85,6 +91,43 @@ def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
+def _step_times(trials, batch: int) -> dict[str, float | None]:
+    """The configuration's median draft and verify time per step (ms) at batch 1; None elsewhere (the
+    batched runs log neither) and where no trial logged them."""
+    out: dict[str, float | None] = {}
+    for name in ("draft_ms_p50", "verify_ms_p50"):
+        values = [float(t.user_attrs[name]) for t in trials if name in t.user_attrs] if batch == 1 else []
+        out[name] = round(v, 4) if (v := _median(values)) is not None else None
+    return out
+
+
+def _deployed_tp(params: dict) -> int:
+    """The TP size a configuration deploys at (an emulated trial ran TP N as one rank: parallel.tp 1)."""
+    return int(params.get("parallel.emulate_tp") or params.get("parallel.tp", 1))
+
+
+def best_by_backend(groups: dict[str, list], batch: int, tp: int) -> dict[str, dict]:
+    """{backend: the best configuration measured on it at this batch size and TP size}: its median
+    throughput, first trial, k and drafter. Backends no configuration at that TP ran are absent."""
+    best: dict[str, dict] = {}
+    for trials in groups.values():
+        params = trial_params(trials[0])
+        values = _throughputs(trials, batch)
+        if not values or _deployed_tp(params) != tp:
+            continue
+        backend = str(params.get("comm.backend", ""))
+        value = float(np.median(values))
+        if backend not in best or value > best[backend]["throughput_tok_s"]:
+            k = int(params.get("spec.num_draft_tokens", 0))
+            best[backend] = {
+                "throughput_tok_s": round(value, 2),
+                "trial": min(t.number for t in trials),
+                "num_draft_tokens": k,
+                "drafter": str(params.get("drafter.kind", "none")) if k > 0 else "none",
+            }
+    return dict(sorted(best.items()))
+
+
 def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
     """A schedule entry's configuration, from a trial's resolved parameters (`inherited`: NCCL
     variables from the driver's environment, listed apart)."""
@@ -96,7 +139,7 @@ def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
     return {
         "batch_size": batch,
         # an emulated trial ran one rank of TP N in one process (parallel.tp 1): the deployment is TP N
-        "tp": int(params.get("parallel.emulate_tp") or params.get("parallel.tp", 1)),
+        "tp": _deployed_tp(params),
         "num_draft_tokens": k,
         "drafter": kind,
         "drafter_options": options,
@@ -173,6 +216,8 @@ def build_schedule(study, model: str = "", dtype: str = "", device: str = "") ->
                 "plain_samples": len(plain_values),
                 "trials": sorted(t.number for t in trials),
                 "trial": min(t.number for t in trials),
+                **_step_times(trials, batch),
+                "best_by_backend": best_by_backend(groups, batch, _deployed_tp(params)),
             }
         )
     tau = next((trial_params(t).get("workload.simulate_accept_len") for t in done), None)

@@ -1,4 +1,5 @@
-"""orchestrator/export/formats.py: a study's schedule rendered for vLLM, SGLang, an env file and JSON.
+"""orchestrator/export/formats.py: a study's schedule rendered for vLLM, SGLang, an env file and JSON
+(TensorRT-LLM: tests/unit/test_export_trtllm.py; the allreduce per engine: test_export_allreduce.py).
 Pure string building: no GPU, no network. The shell lines are parsed back with shlex, and the JSON
 inside --speculative-config with json, so every check is on the values an engine would receive.
 
@@ -12,7 +13,7 @@ import shlex
 
 import pytest
 
-from orchestrator.export.formats import ENGINE_VERSIONS, FORMATS, render, to_env, to_json, to_sglang, to_vllm
+from orchestrator.export.formats import ENGINE_VERSIONS, FORMATS, render, to_env, to_json, to_sglang, to_trtllm, to_vllm
 
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 OPTIONS = {
@@ -88,7 +89,9 @@ def test_vllm_ngram():
     assert flag(argv, "--tensor-parallel-size") == "2"
     assert flag(argv, "--dtype") == "bfloat16"
     assert speculative_config(text) == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
-    assert exports(text) == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL128", **NVLS_OFF}
+    # an NCCL winner: vLLM's PyNccl allreduce, its custom and torch symmetric-memory allreduces off
+    assert exports(text) == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL128", **NVLS_OFF, "VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
+    assert "--disable-custom-all-reduce" in argv
     assert ENGINE_VERSIONS["vllm"] in text
 
 
@@ -212,6 +215,29 @@ def test_vllm_without_cuda_graphs_and_a_quoted_model_path():
     assert "--enforce-eager" not in command(to_vllm(schedule(winner())))
 
 
+def test_vllm_has_no_adaptive_speculation_and_the_header_says_which_schedule_the_study_supports():
+    """No released vLLM has adaptive k (SpeculativeConfig has no such field; enable_adaptive_k /
+    adaptive_k_c_draft are PR 47111, open): nothing of it is emitted, the header says so and which of the
+    two the study's measurements support, and gives the draft-to-target ratio it measured:
+    draft_ms / (k x verify_ms) = 0.4 / (4 x 5.0) = 0.02 per draft token."""
+    rows = [winner(1, k=4, draft_ms_p50=0.4, verify_ms_p50=5.0), winner(8, k=2)]
+    text = to_vllm(schedule(*rows))
+    notes = comments(text)
+    assert "adaptive speculation: vLLM 0.25.0 has none" in notes and "PR 47111, open" in notes
+    assert "support the static per-batch-size table below (k measured at batch sizes 1, 8)" in notes
+    assert "0.400 ms of drafting for k=4 over a 5.000 ms verify pass = 0.0200 per draft token" in notes
+    assert not any("adaptive" in key for key in speculative_config(text))
+    same_k = comments(to_vllm(schedule(winner(1, k=4, draft_ms_p50=0.9, verify_ms_p50=3.0), winner(8, k=4))))
+    assert "support one static k (the best k at every batch size measured: 1, 8)" in same_k
+    assert "0.900 ms of drafting for k=4 over a 3.000 ms verify pass = 0.0750 per draft token" in same_k
+
+
+def test_vllm_adaptive_lines_without_measured_times_or_speculation():
+    notes = comments(to_vllm(schedule(winner(1, k=4))))  # a schedule without draft/verify times
+    assert "adaptive speculation" in notes and "draft-to-target" not in notes
+    assert "adaptive speculation" not in comments(to_vllm(schedule(winner(1, k=0, drafter="none"))))
+
+
 # ---------------------------------------------------------------------------- SGLang
 
 
@@ -317,7 +343,7 @@ def test_env_without_nccl_settings_still_turns_nvls_off():
 
 
 @pytest.mark.parametrize("nccl_env", [{"NCCL_NVLS_ENABLE": "1"}, {"NCCL_ALGO": "NVLS"}, {"NCCL_NVLS_CHUNKSIZE": "128K"}])
-@pytest.mark.parametrize("fmt", ["vllm", "sglang", "env"])
+@pytest.mark.parametrize("fmt", ["vllm", "sglang", "trtllm", "env"])
 def test_nvls_on_is_refused(nccl_env, fmt):
     with pytest.raises(ValueError, match="NVLS"):
         render(schedule(winner(nccl_env=nccl_env)), fmt)
@@ -335,11 +361,11 @@ def test_json_round_trips():
 
 def test_render_dispatches_and_rejects_unknown_formats():
     s = schedule(winner())
-    for fmt, fn in (("json", to_json), ("vllm", to_vllm), ("sglang", to_sglang), ("env", to_env)):
+    for fmt, fn in (("json", to_json), ("vllm", to_vllm), ("sglang", to_sglang), ("trtllm", to_trtllm), ("env", to_env)):
         assert render(s, fmt) == fn(s)
     with pytest.raises(ValueError) as err:
-        render(s, "trtllm")
-    assert "trtllm" in str(err.value) and all(f in str(err.value) for f in FORMATS)
+        render(s, "tensorrt")
+    assert "tensorrt" in str(err.value) and all(f in str(err.value) for f in FORMATS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -358,7 +384,7 @@ def test_bad_drafters_are_refused():
 
 
 def test_engine_versions_are_named():
-    assert set(ENGINE_VERSIONS) == {"vllm", "sglang"}
+    assert set(ENGINE_VERSIONS) == {"vllm", "sglang", "trtllm"}
     assert all(v.strip() for v in ENGINE_VERSIONS.values())
 
 
@@ -378,7 +404,7 @@ def test_measurements_that_do_not_transfer_say_so_in_the_first_line(tmp_path):
         "in float32 (engines serve bfloat16 or float16)",
         "with gloo allreduces (engines use NCCL or their own)",
     ]
-    for fmt in ("vllm", "sglang", "env"):
+    for fmt in ("vllm", "sglang", "trtllm", "env"):
         first, *_ = render(cpu, fmt).splitlines()
         assert first.startswith("# CAUTION: these measurements do not transfer to a GPU server: measured on CPU"), (fmt, first)
         assert "float32" in first and "gloo" in first

@@ -185,3 +185,42 @@ def test_an_emulated_study_is_labelled_and_exported_as_the_tp_it_emulates():
     assert config_label({"parallel.tp": 2, "comm.backend": "nccl", "spec.num_draft_tokens": 0}) == "plain nccl tp2"
     real = build_schedule(_study(), model="m", dtype="bfloat16")
     assert real["emulated"] is None and not render(real, "vllm").startswith("# EMULATED")
+
+
+def test_each_batch_size_names_the_best_configuration_per_backend():
+    """best_by_backend: at each batch size, the best configuration measured on each allreduce backend at the
+    winner's TP (what an engine without the winner's backend is left with: orchestrator/export/allreduce.py)."""
+    rows = {r["batch_size"]: r for r in build_schedule(_study())["schedule"]}
+    assert rows[1]["best_by_backend"] == {
+        "nccl": {"throughput_tok_s": 180.0, "trial": 3, "num_draft_tokens": 2, "drafter": "ngram"},  # beats plain's median 100
+        "symm_mem_ll": {"throughput_tok_s": 210.0, "trial": 1, "num_draft_tokens": 4, "drafter": "ngram"},
+    }
+    assert rows[4]["best_by_backend"]["nccl"] == {"throughput_tok_s": 560.0, "trial": 3, "num_draft_tokens": 2, "drafter": "ngram"}
+    assert rows[4]["best_by_backend"]["symm_mem_ll"]["throughput_tok_s"] == 620.0  # the two trials of one configuration pooled
+    assert rows[16]["best_by_backend"]["nccl"] == {"throughput_tok_s": 1400.0, "trial": 0, "num_draft_tokens": 0, "drafter": "none"}
+    # the winner's own backend entry is the winner itself
+    for r in rows.values():
+        assert r["best_by_backend"][r["backend"]]["throughput_tok_s"] == r["throughput_tok_s"]
+
+
+def test_best_by_backend_keeps_to_the_winners_tp_size():
+    """A faster configuration at another TP size is no option for an engine serving the winner's TP."""
+    study = _study()
+    params = {"parallel.tp": 4, "comm.backend": "nccl", "spec.num_draft_tokens": 4, "drafter.kind": "ngram", "drafter.ngram_max": 3}
+    study.add_trial(optuna.trial.create_trial(value=200.0, user_attrs={"spectune.params": params, "spectune.repeat_tok_s": [205.0]}))
+    row = build_schedule(study)["schedule"][0]
+    assert row["tp"] == 2 and row["best_by_backend"]["nccl"]["trial"] == 3
+
+
+def test_the_winners_draft_and_verify_times_are_its_trials_medians_at_batch_one():
+    """draft_ms_p50 / verify_ms_p50: the median over the winning configuration's trials at batch 1 (the ratio
+    an adaptive-k controller is profiled with); the batched runs log neither, so larger sizes carry None."""
+    study = optuna.create_study(direction="maximize")
+    for value, draft, verify in ((210.0, 0.5, 6.0), (214.0, 0.7, 6.4), (212.0, 0.9, 7.0)):
+        params = {"parallel.tp": 2, "comm.backend": "nccl", "spec.num_draft_tokens": 4, "drafter.kind": "ngram"}
+        attrs = {"spectune.params": params, "spectune.repeat_tok_s": [value], "throughput_tok_s_b4": 600.0}
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs={**attrs, "draft_ms_p50": draft, "verify_ms_p50": verify}))
+    rows = build_schedule(study)["schedule"]
+    assert (rows[0]["draft_ms_p50"], rows[0]["verify_ms_p50"]) == (0.7, 6.4)
+    assert rows[1]["batch_size"] == 4 and rows[1]["draft_ms_p50"] is None and rows[1]["verify_ms_p50"] is None
+    assert build_schedule(_study())["schedule"][0]["draft_ms_p50"] is None  # trials that did not record them

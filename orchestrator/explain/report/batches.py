@@ -155,5 +155,5 @@ def batch_html(s: dict | None) -> str:
         '<p class="note">Batch 1 pools each configuration\'s repeats; a larger batch size is measured once per trial. '
         "tok/s: throughput, prefill included (what the schedule ranks by); decode tok/s: the decode steps alone, the same "
         "trials' median. +-: the study's noise of one measurement (sigma) at that throughput. <code>spectune export</code> "
-        "writes this schedule for vLLM, SGLang or as an NCCL environment file.</p>"
+        "writes this schedule for vLLM, SGLang, TensorRT-LLM or as an NCCL environment file.</p>"
     )

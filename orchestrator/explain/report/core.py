@@ -9,7 +9,8 @@ parameter importances, the performance model (orchestrator/explain/perfmodel.py)
 which allreduce term it used per setup (bench-derived from an allreduce table, or fitted), its
 prediction of every trial left out of the fit and the median error, the breakeven accepted length of
 each allreduce setup (untried ones of the table too), what-if estimates at other TP sizes and
-interconnects (labelled as estimates), and the best configuration as a ready-to-use YAML snippet.
+interconnects (labelled as estimates), the winner's allreduce in each serving engine and what an engine
+without it keeps of the win (engines.py), and the best configuration as a ready-to-use YAML snippet.
 
     spectune report experiments/smoke-cpu.yaml [--set study.storage=...] [--out DIR] [--bench bench.json]
 
@@ -39,9 +40,11 @@ from orchestrator.explain.perfmodel import (
 )
 from orchestrator.explain.report.batches import batch_chart, batch_sentences, batch_summary
 from orchestrator.explain.report.charts import all_charts
+from orchestrator.explain.report.engines import engine_sentences, engine_summary
 from orchestrator.explain.report.page import render
 from orchestrator.explain.report.rows import Row, rows_of, within_noise
 from orchestrator.explain.report.verdict import terminal_text, verdict
+from orchestrator.export.schedule import build_schedule
 from orchestrator.record import IMPORTANCE_MIN_TRIALS, OBJECTIVE
 from orchestrator.search.points import trial_points
 from orchestrator.search.ranking import rank
@@ -200,11 +203,15 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
         for r in ([base] if base is not None and base is not best else []) + [best]:
             summary["what_if"].update(interconnect_what_ifs(by_number[r.number], comm, r.label))
     summary["batches"] = batch_summary(study, hidden_size(cfg), cfg.model.dtype)
+    # the winner's allreduce in each serving engine, and what an engine without it keeps of the win
+    summary["engines"] = engine_summary(build_schedule(study, dtype=cfg.model.dtype))
     text = terminal_text(cfg.study_name, rows, summary)
     if summary["emulated"]:
         text = f"{summary['emulated']}\n{text}"
     if summary["batches"] is not None:
         text += "\n" + "\n".join(batch_sentences(summary["batches"]))
+    if summary["engines"] is not None:
+        text += "\n" + "\n".join(engine_sentences(summary["engines"]))
     snippet = best_yaml(cfg, best.params)
     out_dir.mkdir(parents=True, exist_ok=True)
     charts = all_charts(rows, model, preds)
