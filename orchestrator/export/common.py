@@ -15,14 +15,15 @@ import re
 import shlex
 
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls
+from orchestrator.config.registry import PARAMS
 from orchestrator.export.versions import ENGINE_NAMES, ENGINE_VERSIONS
 from workers.spec import tree_size
 
 DRAFTERS = ("none", "ngram", "draft_model", "eagle3", "layer_skip")
 
-# spectune's n-gram defaults (workers/spec.py DrafterSpec), for a schedule whose options omit them
-NGRAM_MAX_DEFAULT = 3
-NGRAM_MIN_DEFAULT = 1
+# spectune's n-gram defaults (their declarations on DrafterSpec), for a schedule whose options omit them
+NGRAM_MAX_DEFAULT = PARAMS["drafter.ngram_max"].default
+NGRAM_MIN_DEFAULT = PARAMS["drafter.ngram_min"].default
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -32,22 +32,15 @@ import math
 
 import numpy as np
 
+from orchestrator.config.registry import PARAMS
 from orchestrator.record import INHERITED_TAG, batch_metric
 from orchestrator.search.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
 
-# what a schedule entry's drafter needs, by kind (dotted param -> option name)
-DRAFTER_OPTIONS = {
-    "ngram": {"drafter.ngram_max": "ngram_max", "drafter.ngram_min": "ngram_min"},
-    "draft_model": {"drafter.model_path": "model_path"},
-    "eagle3": {
-        "drafter.model_path": "model_path",
-        "drafter.placement": "placement",
-        "drafter.lookup": "lookup",
-        "drafter.tree_width": "tree_width",
-    },
-    "layer_skip": {"drafter.layers": "layers"},
-    "none": {},
-}
+
+def drafter_options(kind: str) -> dict[str, str]:
+    """What a schedule entry's drafter needs (dotted param -> option name): the parameters declared as that
+    drafter's own (orchestrator/config/registry.py)."""
+    return {n: p.attr[-1] for n, p in PARAMS.items() if p.needs is not None and kind in p.needs[1]}
 
 
 # NCCL_* variables the driver's shell passed to the actors (a trial's params name them too): the
@@ -133,7 +126,7 @@ def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
     variables from the driver's environment, listed apart)."""
     k = int(params.get("spec.num_draft_tokens", 0))
     kind = str(params.get("drafter.kind", "none")) if k > 0 else "none"
-    options = {opt: params[name] for name, opt in DRAFTER_OPTIONS.get(kind, {}).items() if name in params}
+    options = {opt: params[name] for name, opt in drafter_options(kind).items() if name in params}
     if kind == "ngram":
         options.setdefault("ngram_min", 1)
     return {
