@@ -1,4 +1,5 @@
-"""Configuration: the experiment YAML as typed pydantic models (`schema`), the one registry of
-searchable parameters (`registry`), a trial -> TrialConfig (`space`, pure), the part of a study a
+"""Configuration: the experiment YAML as typed pydantic models (`schema`), `TrialConfig` and the
+registry of searchable parameters, derived from their declarations (`registry`), a trial -> TrialConfig
+(`space`, pure), the part of a study a
 resume must keep (`fixed`), emulated TP's settings (`emulation`) and the environment policy every
 GPU process starts with (`envpolicy`). Nothing here starts Ray, touches storage or loads a model."""

@@ -4,7 +4,7 @@ exists, the allreduce latency table of `spectune bench-allreduce` (or `study.ben
     step_ms(env, kind, k) = draft     c[kind] * k                        (fitted on draft_ms)
                           + verify    compute(tp, k) + comm(env, k)      (fitted on verify_ms)
                           + the rest  o[k > 0] (o[k == 0] for plain steps): link messages, verification logic
-    compute(tp, k) = a0[tp] + b * (k + 1)
+    compute(tp, k) = a0[tp] + b * (k + 1)            or  a0[tp] + rise(k + 1) where the setup's width profile was measured
     comm(env, k)   = rounds * latency_env(batch * (k + 1) * hidden * itemsize) / 1000   "bench"
                    or a fitted constant folded into a[env]: verify = a[env] + b (k+1)  "fitted"
     throughput(env, kind, k) = accept_len(kind, k) * 1000 / step_ms(env, kind, k)
@@ -31,6 +31,10 @@ away from the table's gets the fitted term too (`PerfModel.rejected` keeps the m
 range; e.g. gloo timed 10 times on 2 shared CPU cores, where the table is mostly noise).
 Draft and verify times are recorded separately and fitted separately, which keeps the parts
 identifiable: a single fit on step time alone confounds a with b and b with c.
+Where trials timed their verify pass at every width of the space (`verify_ms_w<W>`, the setup's width
+profile: orchestrator/search/config_model.py `width_profiles`), a width's cost is that profile's rise over
+its narrowest width, not the line b (k + 1): an MoE verifier's pass reads the union of the experts its
+k + 1 tokens route to, so its cost grows with k far faster than a line through a few trials says.
 
 Accepted length comes from the measured per-position acceptance: the verifier keeps a prefix, so
 P(accepted >= i) = accept_rate_pos_i and accept_len(k) = 1 + sum_{i<=k} P(accepted >= i); past the
@@ -53,6 +57,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from orchestrator.search.config_model import profile_of, profile_term, width_profiles
 from orchestrator.search.points import TrialPoint, env_label, parse_env, point_parts, verify_ms_of
 
 
@@ -124,6 +129,18 @@ class PerfModel:
     base: dict[str, float] = field(default_factory=dict)  # "backend" term: per family, the constant of its setups
     corrections: dict[str, dict[str, float]] = field(default_factory=dict)  # per family: "NCCL_X=v" -> correction
     parts: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # env -> (family, settings)
+    profiles: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)  # measured width profiles (rise per width)
+
+    def width_term(self, env: str, k: int) -> float:
+        """The verify pass's cost of scoring k + 1 tokens: the setup's measured profile (or its family's)
+        where there is one, else the fitted line."""
+        profile = self.profiles.get(("env", env)) or self.profiles.get(("family", self.parts_of(env)[0])) or {}
+        return profile_term(profile, k + 1) if len(profile) >= 2 else self.b * (k + 1)
+
+    def flat_breakeven(self, env: str, kind: str, k: int) -> float:
+        """The breakeven k drafts would have if scoring k + 1 tokens cost what scoring one does (as on a dense
+        verifier at small batch, which streams the same weights for 1 or k + 1 tokens)."""
+        return (self.step_ms(env, kind, k) - self.width_term(env, k) + self.width_term(env, 0)) / self.step_ms(env, "none", 0)
 
     def parts_of(self, env: str) -> tuple[str, tuple[str, ...]]:
         return self.parts.get(env) or parse_env(env)
@@ -151,13 +168,13 @@ class PerfModel:
     def verify_ms(self, env: str, k: int) -> float:
         src = self.source(env)
         if src == "bench":
-            return self.a0[self.comm.setups[env][0]] + self.b * (k + 1) + self.comm.ms(env, k)
+            return self.a0[self.comm.setups[env][0]] + self.width_term(env, k) + self.comm.ms(env, k)
         if src == "fitted":
-            return self.a[env] + self.b * (k + 1)
+            return self.a[env] + self.width_term(env, k)
         if src == "backend":
             family, settings = self.parts_of(env)
             d = self.corrections.get(family, {})
-            return self.base[family] + sum(d.get(x, 0.0) for x in settings) + self.b * (k + 1)
+            return self.base[family] + sum(d.get(x, 0.0) for x in settings) + self.width_term(env, k)
         return float(np.mean([self.verify_ms(e, k) for e in self.envs]))  # never seen: the average setup
 
     def step_ms(self, env: str, kind: str, k: int) -> float:
@@ -207,12 +224,15 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
     covered = {p.env for p in points if comm is not None and p.env in comm.setups and p.env not in rejected}
     group = {p.env: (p.tp if p.env in covered else p.env) for p in points}
     groups = sorted(set(group.values()), key=str)
+    # a measured width profile gives a point's width term (only the level is fitted); the slope b serves the rest
+    profiles = width_profiles(points)
     X = np.zeros((len(points), len(groups) + 1))
     y = np.zeros(len(points))
     for i, p in enumerate(points):
         X[i, groups.index(group[p.env])] = 1.0
-        X[i, -1] = p.k + 1
-        y[i] = verify_ms_of(p) - (comm.ms(p.env, p.k) if p.env in covered else 0.0)
+        profile = profile_of(profiles, p.shape)
+        X[i, -1] = 0.0 if profile else p.k + 1
+        y[i] = verify_ms_of(p) - (comm.ms(p.env, p.k) if p.env in covered else 0.0) - (profile_term(profile, p.k + 1) if profile else 0.0)
     if np.linalg.matrix_rank(X) == X.shape[1]:
         coef = np.linalg.lstsq(X, y, rcond=None)[0]
     else:  # a group's trials all at one k: the slope is not identified; a tiny penalty on b alone picks
@@ -256,6 +276,7 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
         base=base,
         corrections=corrections,
         parts=parts,
+        profiles=profiles,
     )
 
 

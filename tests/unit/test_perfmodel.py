@@ -4,6 +4,8 @@ synthetic bench-allreduce table, only the compute part fitted)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -334,3 +336,38 @@ def test_a_seen_setup_keeps_its_own_fitted_constant():
     assert m.source(odd.env) == "fitted" and m.verify_ms(odd.env, 2) == pytest.approx(20.0, abs=1e-3)
     assert m.source(env_label(4, "nccl", "NCCL_PROTO=Simple")) == "backend"
     assert m.source(env_label(2, "nccl")) == "unknown"  # no tp2 nccl trial and no table
+
+
+def test_a_measured_width_profile_replaces_the_line():
+    """An MoE-like verifier: its pass costs more per scored token the wider it is (the expert union). Trials
+    that timed the pass at every width (`width_ms`) make the model follow that profile, not a line through
+    the trials' own widths; the flat breakeven (scoring k + 1 tokens priced as one) is below the real one
+    by exactly the profile's rise."""
+    rise = {1: 0.0, 3: 2.0, 5: 5.0, 7: 9.0}  # ms over width 1: grows faster than linear
+    level, env = 10.0, "tp1 gloo"
+    pts = []
+    for k in (0, 2, 4, 6):
+        verify = level + rise[k + 1]
+        kind = "ngram" if k else "none"
+        tau = 1.0 + sum(RATES["ngram"][:k])
+        step = verify + (0.3 if k else 0.1)
+        pts.append(
+            TrialPoint(
+                env,
+                kind,
+                k,
+                step,
+                tau,
+                tau * 1000 / step,
+                tuple(RATES["ngram"][:k]),
+                verify_ms=verify,
+                width_ms=tuple((w, level + 0.5 + r) for w, r in rise.items()),  # the end-of-trial passes: level differs, rises hold
+            )
+        )
+    m = fit(pts)
+    for k in (0, 2, 4, 6):
+        assert m.verify_ms(env, k) == pytest.approx(level + rise[k + 1], abs=1e-6)
+    assert m.verify_ms(env, 5) == pytest.approx(level + 7.0, abs=1e-6)  # between profiled widths: linear
+    line = fit([replace(p, width_ms=()) for p in pts])  # the same trials without their profile: a line
+    assert max(abs(line.verify_ms(env, k) - (level + rise[k + 1])) for k in (0, 2, 4, 6)) > 0.4  # a line misses the curve
+    assert m.breakeven(env, "ngram", 6) - m.flat_breakeven(env, "ngram", 6) == pytest.approx(9.0 / m.step_ms(env, "none", 0))

@@ -41,6 +41,7 @@ from orchestrator.explain.perfmodel import (
 from orchestrator.explain.report.batches import batch_chart, batch_sentences, batch_summary
 from orchestrator.explain.report.charts import all_charts
 from orchestrator.explain.report.engines import engine_sentences, engine_summary
+from orchestrator.explain.report.moe import moe_sentences, moe_summary
 from orchestrator.explain.report.page import render
 from orchestrator.explain.report.rows import Row, rows_of, within_noise
 from orchestrator.explain.report.verdict import terminal_text, verdict
@@ -197,6 +198,8 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
         for env in model.envs:
             for kind in model.kinds:
                 summary["breakeven"][f"{env} | {kind}"] = {k: round(model.breakeven(env, kind, k), 3) for k in ks}
+    # an MoE verifier: its verify pass against its width, the breakeven per k, where the expert union costs a k
+    summary["moe"] = moe_summary(done, model, cfg, points)
     for r in [x for x in (base, best) if x is not None and x.tp > 1][:1]:
         summary["what_if"].update(tp_what_ifs(r))
     if comm is not None:
@@ -212,6 +215,8 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
         text += "\n" + "\n".join(batch_sentences(summary["batches"]))
     if summary["engines"] is not None:
         text += "\n" + "\n".join(engine_sentences(summary["engines"]))
+    if summary["moe"] is not None:
+        text += "\n" + "\n".join(moe_sentences(summary["moe"]))
     snippet = best_yaml(cfg, best.params)
     out_dir.mkdir(parents=True, exist_ok=True)
     charts = all_charts(rows, model, preds)

@@ -9,6 +9,7 @@ import math
 
 from orchestrator.explain.report.batches import batch_html
 from orchestrator.explain.report.engines import engine_html
+from orchestrator.explain.report.moe import moe_html
 from orchestrator.explain.report.rows import Row, within_noise
 from orchestrator.explain.report.verdict import OBJECTIVE_MEANS, config_loo_sentence, verdict
 from orchestrator.record import IMPORTANCE_MIN_TRIALS, OBJECTIVE
@@ -193,6 +194,7 @@ step (the step timed with and without its allreduces) over the step time.</p>
 <h2>Throughput against k</h2>{fig("throughput_k")}
 {batch_html(s.get("batches"))}{fig("batches")}
 {engine_html(s.get("engines"))}
+{moe_html(s.get("moe"))}
 <h2>Performance model</h2>{fig("model")}{predictions_table(s, labels)}{_model_notes(s)}
 {config_model_html(s)}
 {_what_if(s)}
