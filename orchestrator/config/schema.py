@@ -109,6 +109,26 @@ class EngineSection(_params_of("engine")):
         return EngineConfig(**self.model_dump())
 
 
+def profile_from_file(path: str) -> list[float]:
+    """P(accepted >= i), i = 1..n, from a JSON object with accept_rate_pos_1..n (what `spectune decode --json`
+    prints: the per-position acceptance a real run measured). Bad input: a ValueError naming the file."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"{path!r}: {e.strerror or e}") from None
+    except ValueError:
+        raise ValueError(f"{path!r} is not JSON (give spectune decode --json output, or a list of P(accepted >= i))") from None
+    rates = data.get("metrics", data) if isinstance(data, dict) else {}
+    out = []
+    while isinstance(rates, dict) and f"accept_rate_pos_{len(out) + 1}" in rates:
+        out.append(float(rates[f"accept_rate_pos_{len(out) + 1}"]))
+    if not out:
+        raise ValueError(f"{path!r} holds no accept_rate_pos_1 (give spectune decode --json output of a run with k > 0)")
+    return out
+
+
 class WorkloadSection(_Section):
     prompts: str = "bundled"  # a Spec-Bench-style JSONL file, or "bundled"
     num_prompts: int | None = Field(4, ge=1)
@@ -128,10 +148,26 @@ class WorkloadSection(_Section):
     # e.g. the accept_rate_pos_i a real trial of the model and drafter measured (`spectune decode --json`,
     # at any TP size: greedy acceptance does not depend on it); a step with k drafts keeps
     # sum_{i <= k} P_i of them on average (P_i = 0 past the list), so deeper k accepts more, as it does
+    # or a JSON file holding one: `spectune decode --json` output (its accept_rate_pos_i), read when the YAML
+    # is loaded; simulate_accept_profile_from then names the file (the record and the report say it)
     simulate_accept_profile: list[float] | None = Field(None, min_length=1, max_length=PARAMS["spec.num_draft_tokens"].high)
+    simulate_accept_profile_from: str | None = None
     # decode the prompts in static batches of each size too: batch 1 is always measured (repeated,
     # pruned, the noise band); every size > 1 once per trial after it, as metrics *_b<B>
     batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_file(cls, data):
+        """`simulate_accept_profile: run.json`: the accept_rate_pos_i of that decode --json output, in order."""
+        if isinstance(data, dict) and isinstance(src := data.get("simulate_accept_profile"), str):
+            return {**data, "simulate_accept_profile_from": src}  # read by the field's own validator (errors name the field)
+        return data
+
+    @field_validator("simulate_accept_profile", mode="before")
+    @classmethod
+    def _read_profile(cls, v):
+        return profile_from_file(v) if isinstance(v, str) else v
 
     @field_validator("simulate_accept_profile")
     @classmethod
@@ -158,8 +194,12 @@ class WorkloadSection(_Section):
         if self.simulate_accept_len is not None:
             return f"accepted length {self.simulate_accept_len:g} (workload.simulate_accept_len)"
         if self.simulate_accept_profile is not None:
-            return f"P(accepted >= i) {', '.join(f'{p:g}' for p in self.simulate_accept_profile)} (workload.simulate_accept_profile)"
+            return f"P(accepted >= i) {', '.join(f'{p:g}' for p in self.simulate_accept_profile)} (workload.simulate_accept_profile{self.profile_source()})"
         return None
+
+    def profile_source(self) -> str:
+        """ ", from FILE" where the profile was read from a file, else ""."""
+        return f", from {self.simulate_accept_profile_from}" if self.simulate_accept_profile_from else ""
 
     @field_validator("batch_sizes")
     @classmethod

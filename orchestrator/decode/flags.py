@@ -29,9 +29,12 @@ class Flag:
     kwargs: dict  # argparse's (type, action, choices, help)
 
 
-def _floats(text: str) -> list[float]:
-    """'0.8,0.6,0.4' -> [0.8, 0.6, 0.4] (argparse reports a ValueError as a bad value of the flag)."""
-    return [float(x) for x in text.split(",") if x.strip()]
+def _floats(text: str) -> list[float] | str:
+    """'0.8,0.6,0.4' -> [0.8, 0.6, 0.4]; anything else is a file to read them from (the schema does)."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        return text
 
 
 def _f(names: str | tuple[str, ...], field: str, help: str, **kwargs) -> Flag:
@@ -89,7 +92,7 @@ YAML_FLAGS = (
     _f(
         "--simulate-accept-profile",
         "workload.simulate_accept_profile",
-        "P(accepted >= i) for i = 1, 2, ..., comma separated (e.g. a real run's accept_rate_pos_i): a step of k drafts keeps sum_{i<=k} P_i",
+        "P(accepted >= i) for i = 1, 2, ..., comma separated, or a decode --json file of a real run (its accept_rate_pos_i): a step of k drafts keeps sum_{i<=k} P_i",
         type=_floats,
     ),
     _f(

@@ -376,7 +376,7 @@ def start_run(t: _Trial) -> None:
         t.tags[SIMULATED_TAG] = (
             f"{w.simulate_accept_len:g}"
             if w.simulate_accept_len is not None
-            else "profile " + ",".join(f"{p:g}" for p in w.simulate_accept_profile)
+            else "profile " + ",".join(f"{p:g}" for p in w.simulate_accept_profile) + w.profile_source()
         )
     for key in (RETRY_TAG, RACE_TAG):  # a retry or a deliberate repeat says of which trial, on its MLflow run too
         if key in t.trial.user_attrs:

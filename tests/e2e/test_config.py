@@ -384,3 +384,22 @@ def test_tree_width_is_searched_for_eagle3_and_refused_at_batch_sizes_above_1(tm
     check_batches(
         load_config(tmp_path / "tree.yaml", ["workload.batch_sizes=[1, 2]", "search.space.drafter.tree_width=1"]), prepared, ["eagle3"]
     )
+
+
+def test_an_acceptance_profile_read_from_a_real_runs_json(tmp_path):
+    """`workload.simulate_accept_profile: FILE` (or decode's --simulate-accept-profile FILE) takes the
+    accept_rate_pos_i of a `spectune decode --json` output, in order, and the record names the file; a
+    file without them, or none, is one line naming the field."""
+    from orchestrator.decode.flags import parse
+
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps({"throughput_tok_s": 9.0, "accept_rate_pos_1": 0.7, "accept_rate_pos_2": 0.45, "accept_rate_pos_3": 0.2}))
+    cfg = load_config(ROOT / "experiments" / "tp8-pcie-emulated.yaml", [f"workload.simulate_accept_profile={real}"])
+    assert cfg.workload.simulate_accept_profile == [0.7, 0.45, 0.2] and cfg.workload.simulate_accept_profile_from == str(real)
+    assert cfg.workload.acceptance_words().endswith(f"(workload.simulate_accept_profile, from {real})")
+    assert parse(["--simulate-accept-profile", str(real)])[0] == {"workload.simulate_accept_profile": str(real)}
+    assert parse(["--simulate-accept-profile", "0.8,0.5"])[0] == {"workload.simulate_accept_profile": [0.8, 0.5]}
+    (tmp_path / "plain.json").write_text(json.dumps({"throughput_tok_s": 9.0}))
+    for bad, why in ((tmp_path / "plain.json", "holds no accept_rate_pos_1"), (tmp_path / "none.json", "No such file")):
+        with pytest.raises(UserError, match=f"workload.simulate_accept_profile: .*{why}"):
+            load_config(ROOT / "experiments" / "tp8-pcie-emulated.yaml", [f"workload.simulate_accept_profile={bad}"])
