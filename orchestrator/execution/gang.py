@@ -44,7 +44,9 @@ class QueueProgress(ThrottledProgress):
 
 
 class RayGang(Gang):
-    def __init__(self, spec: GangSpec, env: dict[str, str], res: Resources):
+    def __init__(self, spec: GangSpec, env: dict[str, str], res: Resources, progress=None):
+        """`progress`: a Ray queue for rank 0's progress that outlives this gang (GangPool shares one across
+        the gangs it launches: one actor process fewer per gang); by default the gang makes its own."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -53,7 +55,8 @@ class RayGang(Gang):
         self._ray, self._remove_pg = ray, remove_placement_group
         self.actors: list = []
         self._closed = False
-        self._progress = None  # Ray queue rank 0 reports decode progress into (made on the first run that asks)
+        self._progress = progress  # Ray queue rank 0 reports decode progress into (made on the first run that asks)
+        self._own_progress = progress is None  # closed with the gang only where the gang made it
         check_capacity(spec, res)
         self.accel = accel = res.gpu_resource or ("GPU" if spec.device == "cuda" else None)
         gpu = 1 if accel else 0
@@ -180,6 +183,8 @@ class RayGang(Gang):
 
         if self._progress is None:
             self._progress = Queue(actor_options={"num_cpus": 0})
+        elif self._progress.qsize():  # a shared queue: what an earlier gang's run left is not this run's
+            self._progress.get_nowait_batch(self._progress.qsize())
         hook = QueueProgress(self._progress)
 
         def poll() -> None:
@@ -204,7 +209,7 @@ class RayGang(Gang):
         if self._closed:
             return
         self._closed = True
-        for actor in self.actors + ([self._progress.actor] if self._progress is not None else []):
+        for actor in self.actors + ([self._progress.actor] if self._progress is not None and self._own_progress else []):
             try:
                 self._ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone

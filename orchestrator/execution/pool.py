@@ -34,6 +34,7 @@ class GangPool:
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.interrupted = False  # set by `interrupt()`: the gang was closed under a running trial on purpose
         self.launching: RayGang | None = None  # the gang `get` is setting up (interrupt closes it too)
+        self.progress = None  # one Ray queue for rank 0's progress, shared by every gang of the pool (made on first use)
 
     def interrupt(self) -> None:
         """Stop the running trial from another thread (Ctrl-C, `ray job stop`): its gang goes (also one
@@ -51,9 +52,13 @@ class GangPool:
             same_verifier = replace(spec, drafter=self.key[0].drafter) == self.key[0] and key[1] == self.key[1]
             if plain and same_verifier:
                 return self.gang
-        self.close()
+        self._drop_gang()
         t0 = time.perf_counter()
-        gang = RayGang(spec, env, self.res)
+        if self.progress is None:
+            from ray.util.queue import Queue
+
+            self.progress = Queue(actor_options={"num_cpus": 0})
+        gang = RayGang(spec, env, self.res, progress=self.progress)
         self.launching = gang
         try:
             self._unless_interrupted()  # interrupt() may have come while the placement group was being made
@@ -84,7 +89,20 @@ class GangPool:
         if self.interrupted:
             raise GangError("interrupted while its gang was launched")
 
-    def close(self) -> None:
+    def _drop_gang(self) -> None:
         if self.gang is not None:
             self.gang.close()
         self.gang, self.key = None, None
+
+    def close(self) -> None:
+        """The live gang and the progress queue go (the end of the pool's use; a new gang made by `get`
+        after it makes a new queue)."""
+        self._drop_gang()
+        if self.progress is not None:
+            import ray
+
+            try:
+                ray.kill(self.progress.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone with its cluster
+                pass
+            self.progress = None
