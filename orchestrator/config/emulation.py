@@ -20,6 +20,7 @@ from orchestrator.config.space import candidates
 from orchestrator.errors import UserError
 from workers.comm import AllreduceTable, TableError, emulation_refusal, load_table
 from workers.model.args import ModelArgs, ModelConfigError, check_tp
+from workers.spec.allreduce_table import emulated_words
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -91,7 +92,7 @@ def label(cfg: ExperimentConfig, table: AllreduceTable | None = None) -> str | N
     if cfg.parallel.emulate_tp is None:
         return None
     table = table or table_of(cfg)
-    return f"emulated TP {cfg.parallel.emulate_tp} from table {table.label}"
+    return emulated_words(cfg.parallel.emulate_tp, table.label)
 
 
 def acceptance(cfg: ExperimentConfig) -> str:

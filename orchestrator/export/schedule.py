@@ -35,6 +35,7 @@ import numpy as np
 from orchestrator.config.registry import PARAMS
 from orchestrator.record import INHERITED_TAG, batch_metric
 from orchestrator.search.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
+from workers.spec.allreduce_table import emulated_words, table_label
 
 
 def drafter_options(kind: str) -> dict[str, str]:
@@ -150,10 +151,10 @@ def emulated_label(params: dict) -> str | None:
     `params`): "emulated TP 8 from table NAME (sha256 ...); acceptance ..."; None for real TP."""
     if not params.get("parallel.emulate_tp"):
         return None
-    sha = str(params.get("parallel.allreduce_table_sha256", ""))[:12]
+    table = table_label(str(params.get("parallel.allreduce_table")), str(params.get("parallel.allreduce_table_sha256", "")))
     return (
-        f"emulated TP {params['parallel.emulate_tp']} from table {params.get('parallel.allreduce_table')} (sha256 {sha}): one rank's "
-        f"compute measured, every allreduce a wait the table gives; acceptance {params.get('parallel.emulated_acceptance')}"
+        f"{emulated_words(params['parallel.emulate_tp'], table)}: one rank's compute measured, every allreduce a wait the table "
+        f"gives; acceptance {params.get('parallel.emulated_acceptance')}"
     )
 
 

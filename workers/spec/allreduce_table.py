@@ -53,7 +53,7 @@ class AllreduceTable:
 
     @property
     def label(self) -> str:
-        return f"{self.name} (sha256 {self.sha256[:12]})"
+        return table_label(self.name, self.sha256)
 
     def tps(self) -> tuple[int, ...]:
         return tuple(sorted({r.tp for r in self.rows}))
@@ -172,3 +172,13 @@ def _row(r, i: int) -> TableRow:
     if row.tp < 1 or row.size_bytes < 1 or not math.isfinite(row.time_us) or row.time_us < 0 or row.mode not in MODES:
         raise TableError(f"row {i} needs tp >= 1, size_bytes >= 1, a finite time_us >= 0 and mode graph or eager")
     return row
+
+
+def table_label(name: str, sha256: str) -> str:
+    """How the record, the console, the report and the exports name a table: "NAME (sha256 0123456789ab)"."""
+    return f"{name} (sha256 {sha256[:12]})"
+
+
+def emulated_words(tp: int, table: str) -> str:
+    """What an emulated figure is, in the words every output uses: "emulated TP 8 from table NAME (sha256 ...)"."""
+    return f"emulated TP {tp} from table {table}"
