@@ -239,7 +239,7 @@ CONTRACT_PARAMS = ("spec.num_draft_tokens", "comm.backend", "parallel.tp", "draf
 
 def _check_study_in_mlflow_server(r, storage: str, url: str) -> None:
     """The study itself, end to end: real Ray (embedded local cluster), real SQLite Optuna storage, a
-    real `mlflow server`, a drafter actor beside the TP 2 gang, study.bench_allreduce's table."""
+    real `mlflow server`, n-gram drafting inside the TP 2 ranks, study.bench_allreduce's table."""
     from mlflow.tracking import MlflowClient
 
     out = summary(r)

@@ -1,6 +1,6 @@
 """The main job end to end: real Ray (embedded local cluster), real SQLite Optuna storage, MLflow in
-a SQLite store. The TP 2 study against a real `mlflow server` process (a drafter actor beside the TP 2
-gang) is tests/e2e/test_report.py::test_report_end_to_end: the study its report is checked on."""
+a SQLite store. The TP 2 study against a real `mlflow server` process (n-gram drafting inside the TP 2
+ranks) is tests/e2e/test_report.py::test_report_end_to_end: the study its report is checked on."""
 
 from __future__ import annotations
 
