@@ -25,16 +25,13 @@ def most_drafts(cfg: ExperimentConfig, k: int) -> int:
     return tree_size(k, w)
 
 
-def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list) -> None:
-    """Batch sizes > 1 need a batch's worth of prompts and drafters that run batched (workers/engine/batched.py):
-    an eagle3 head at placement rank0 drafting a chain (drafter.tree_width 0 or 1)."""
+def check_batch_drafters(cfg: ExperimentConfig, kinds: list) -> None:
+    """Batch sizes > 1 need drafters that run batched (workers/engine/batched.py): an eagle3 head at
+    placement rank0 drafting a chain (drafter.tree_width 0 or 1). Needs no model or prompts, so it runs
+    before anything is loaded or fetched."""
     big = max(cfg.workload.batch_sizes)
     if big == 1:
         return
-    if big > len(prepared.token_ids):
-        raise UserError(
-            f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (more prompts: workload.num_prompts)"
-        )
     # the workers' one rule (workers.spec.batch_refusal), over every drafter setup the study can draw
     sampled = cfg.workload.temperature > 0 and not cfg.workload.simulated
     for kind in kinds:
@@ -51,6 +48,15 @@ def check_batches(cfg: ExperimentConfig, prepared: PreparedWorkload, kinds: list
                 raise UserError(f"workload.batch_sizes: {why}; {registry.where(cfg, name)} allows {value}")
 
 
+def check_batch_prompts(cfg: ExperimentConfig, prepared: PreparedWorkload) -> None:
+    """Batch sizes > 1 need a batch's worth of prompts."""
+    big = max(cfg.workload.batch_sizes)
+    if big > len(prepared.token_ids):
+        raise UserError(
+            f"workload.batch_sizes: {big} exceeds the {len(prepared.token_ids)} prompts of the workload (more prompts: workload.num_prompts)"
+        )
+
+
 def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     check_conditions(cfg)
 
@@ -65,6 +71,7 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
         return values
 
     ks = check_limits("spec.num_draft_tokens")
+    check_batch_drafters(cfg, check_limits("drafter.kind"))  # before the model and its tokenizer are fetched
     prepared = prepare(cfg, k_max=most_drafts(cfg, max(ks)))  # the cache holds the longest prompt, max_new_tokens and the most drafts
     args = prepared.args
     # emulated TP: one rank of TP emulate_tp, its backends those of the table (which need not run here)
@@ -126,7 +133,7 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
             except (ValueError, OSError) as e:
                 raise UserError(f"{where('drafter.model_path')}: {e}") from None
         check_limits("drafter.placement")
-    check_batches(cfg, prepared, kinds)
+    check_batch_prompts(cfg, prepared)
     for name in registry.ENGINE_PARAMS:
         check_limits(name)
     if cfg.parallel.device != "cuda" and "triton" in candidates(cfg, "engine.attention"):

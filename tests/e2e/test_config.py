@@ -350,7 +350,7 @@ def test_tree_width_is_searched_for_eagle3_and_refused_at_batch_sizes_above_1(tm
 
     from orchestrator.config.space import suggest
     from orchestrator.errors import UserError
-    from orchestrator.execution.validate import check_batches, most_drafts
+    from orchestrator.execution.validate import check_batch_drafters, check_batch_prompts, most_drafts
 
     raw = {
         "name": "tree",
@@ -373,17 +373,19 @@ def test_tree_width_is_searched_for_eagle3_and_refused_at_batch_sizes_above_1(tm
     chain = load_config(tmp_path / "tree.yaml", ["search.space.drafter.tree_width=1"])
     assert most_drafts(chain, 4) == 4
     prepared = SimpleNamespace(token_ids=((1, 2),) * 4)
-    check_batches(cfg, prepared, ["ngram", "eagle3"])  # batch size 1 only: a tree is fine
+    check_batch_drafters(cfg, ["ngram", "eagle3"])  # batch size 1 only: a tree is fine
     batched = load_config(tmp_path / "tree.yaml", ["workload.batch_sizes=[1, 2]"])
     with pytest.raises(
         UserError,
         match=r"^workload.batch_sizes: batch sizes > 1 draft chains only: a tree \(drafter.tree_width >= 2\) runs at batch size 1; "
         r"search.space.drafter.tree_width allows 3$",
     ):
-        check_batches(batched, prepared, ["ngram", "eagle3"])
-    check_batches(
-        load_config(tmp_path / "tree.yaml", ["workload.batch_sizes=[1, 2]", "search.space.drafter.tree_width=1"]), prepared, ["eagle3"]
-    )
+        check_batch_drafters(batched, ["ngram", "eagle3"])
+    chains = load_config(tmp_path / "tree.yaml", ["workload.batch_sizes=[1, 2]", "search.space.drafter.tree_width=1"])
+    check_batch_drafters(chains, ["eagle3"])
+    check_batch_prompts(chains, prepared)
+    with pytest.raises(UserError, match=r"^workload.batch_sizes: 8 exceeds the 4 prompts of the workload"):
+        check_batch_prompts(load_config(tmp_path / "tree.yaml", ["workload.batch_sizes=[1, 8]"]), prepared)
 
 
 def test_an_acceptance_profile_read_from_a_real_runs_json(tmp_path):
