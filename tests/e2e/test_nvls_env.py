@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,7 +57,9 @@ def _descendants(root: int, ppids: dict[int, int]) -> list[int]:
 def _watch(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, dict[int, dict]]:
     """Run `spectune args`; while it runs, read every descendant's cmdline and environ (the latest
     reading of each process is kept: a child caught between fork and exec still shows its parent's)."""
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # output to files, not pipes: nobody reads a pipe while the loop below watches, and a full one would stall the run
+    out_f, err_f = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdout=out_f, stderr=err_f, env=env)
     seen: dict[int, dict] = {}
     try:
         while proc.poll() is None:
@@ -69,12 +72,14 @@ def _watch(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, dic
                     continue
                 seen[pid] = {"cmd": cmd, "env": environ, "ppid": ppids.get(pid)}
             time.sleep(0.2)
-        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode()), seen
+    out_f.seek(0)
+    err_f.seek(0)
+    out, err = out_f.read().decode(), err_f.read().decode()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), seen
 
 
 def _clean_env(**extra) -> dict:
