@@ -9,6 +9,7 @@ figure is the allreduce alone. Rank 0 reports; ranks enter each size together (b
 from __future__ import annotations
 
 import os
+import statistics
 import time
 import traceback
 
@@ -20,17 +21,25 @@ from workers.comm import GangInfo, make_allreduce, validate
 GRAPH_OPS = 20  # allreduces captured per graph; replay time / GRAPH_OPS = one op
 
 
-def _time_loop(fn, iters: int, device: torch.device) -> float:
+def _time_loop(fn, iters: int, device: torch.device, chunks: int = 10) -> float:
+    """Seconds per call of `fn`: the median over `chunks` timed runs of iters / chunks calls each. The
+    median, not the mean: one descheduled rank on a shared machine stalls every rank of a collective for
+    a whole time slice, and a mean over all calls would carry that into every size's figure."""
     for _ in range(3):
         fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - t0) / iters
+    chunks = max(1, min(chunks, iters))
+    per = max(1, iters // chunks)
+    times = []
+    for _ in range(chunks):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(per):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - t0) / per)
+    return statistics.median(times)
 
 
 def _graph_of(fn, n_ops: int, device: torch.device):
