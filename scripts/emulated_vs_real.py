@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="real and emulated side by side this many times; medians compared")
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args(argv)
+    if ns.rounds < 1:
+        ap.error("--rounds must be at least 1")
     args = load_args(resolve_model_path(ns.model))
     common = {
         "model.path": ns.model,

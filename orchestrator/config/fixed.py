@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 
+from orchestrator.config.registry import PARAMS
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.errors import UserError
 from orchestrator.record import FIXED_ATTR
@@ -41,7 +42,8 @@ CHANGEABLE = (
     "limits.",
     "tracking.",
 )
-SEARCHED_FIELD = {"spec.num_draft_tokens": "drafter.num_draft_tokens", "comm.backend": "parallel.backend"}  # others: same name
+# a searched name -> its YAML field, where the two differ (spec.num_draft_tokens, comm.backend): from the declarations
+SEARCHED_FIELD = {n: p.yaml_key for n, p in PARAMS.items() if n != p.yaml_key}
 
 
 def _flatten(node, prefix: str = "") -> dict:

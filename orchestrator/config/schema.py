@@ -150,8 +150,8 @@ class WorkloadSection(_Section):
     # sum_{i <= k} P_i of them on average (P_i = 0 past the list), so deeper k accepts more, as it does
     # or a JSON file holding one: `spectune decode --json` output (its accept_rate_pos_i), read when the YAML
     # is loaded; simulate_accept_profile_from then names the file (the record and the report say it)
-    simulate_accept_profile: list[float] | None = Field(None, min_length=1, max_length=PARAMS["spec.num_draft_tokens"].high)
-    simulate_accept_profile_from: str | None = None
+    simulate_accept_profile: list[float] | str | None = Field(None, min_length=1, max_length=PARAMS["spec.num_draft_tokens"].high)
+    simulate_accept_profile_from: str | None = None  # set from simulate_accept_profile's file, never by hand
     # decode the prompts in static batches of each size too: batch 1 is always measured (repeated,
     # pruned, the noise band); every size > 1 once per trial after it, as metrics *_b<B>
     batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
@@ -162,6 +162,8 @@ class WorkloadSection(_Section):
         """`simulate_accept_profile: run.json`: the accept_rate_pos_i of that decode --json output, in order."""
         if isinstance(data, dict) and isinstance(src := data.get("simulate_accept_profile"), str):
             return {**data, "simulate_accept_profile_from": src}  # read by the field's own validator (errors name the field)
+        if isinstance(data, dict) and data.get("simulate_accept_profile_from") is not None:
+            raise ValueError("simulate_accept_profile_from: is set from the file simulate_accept_profile names, not by hand")
         return data
 
     @field_validator("simulate_accept_profile", mode="before")

@@ -77,7 +77,11 @@ NCCL_ORDERED = (("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"), ("NCCL_MIN_CTAS", 
 
 
 def constraint_violation(tc: TrialConfig) -> str | None:
-    """Why `tc` must not run (one line), or None. Rule: min <= max for each pair of NCCL_ORDERED."""
+    """Why `tc` must not run (one line), or None. Rules: min <= max for each pair of NCCL_ORDERED, and an
+    n-gram drafter's drafter.ngram_min <= drafter.ngram_max."""
+    d = tc.drafter
+    if d.kind == "ngram" and d.ngram_min > d.ngram_max:
+        return f"constraint: drafter.ngram_min={d.ngram_min} is above drafter.ngram_max={d.ngram_max} (min must be <= max); not run"
     env = dict(tc.nccl_env)
     for lo, hi in NCCL_ORDERED:
         try:

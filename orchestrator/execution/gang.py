@@ -181,10 +181,14 @@ class RayGang(Gang):
             return self._gather([a.run.remote(workload) for a in self.actors], limit, "run")[0]
         from ray.util.queue import Queue
 
+        if self._progress is not None:  # a shared queue: what an earlier gang's run left is not this run's
+            try:
+                if self._progress.qsize():
+                    self._progress.get_nowait_batch(self._progress.qsize())
+            except Exception:  # noqa: BLE001 - its actor is gone (a lost node, a concurrent close): this gang makes its own
+                self._progress, self._own_progress = None, True
         if self._progress is None:
             self._progress = Queue(actor_options={"num_cpus": 0})
-        elif self._progress.qsize():  # a shared queue: what an earlier gang's run left is not this run's
-            self._progress.get_nowait_batch(self._progress.qsize())
         hook = QueueProgress(self._progress)
 
         def poll() -> None:

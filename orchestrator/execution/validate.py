@@ -109,7 +109,8 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
                 raise UserError(
                     f"{where('drafter.layers')}: {layers!r} must be between 1 and {args.n_layers - 1} for layer_skip (the model has {args.n_layers} layers)"
                 )
-    if "ngram" in kinds and (lo := max(candidates(cfg, "drafter.ngram_min"))) > (hi := min(candidates(cfg, "drafter.ngram_max"))):
+    # every pair bad: refused; some: those trials are not run (space.constraint_violation)
+    if "ngram" in kinds and (lo := min(candidates(cfg, "drafter.ngram_min"))) > (hi := max(candidates(cfg, "drafter.ngram_max"))):
         raise UserError(f"{where('drafter.ngram_min')}: {lo} is above {where('drafter.ngram_max')} {hi} (min must be <= max)")
     if "draft_model" in kinds:
         for path in candidates(cfg, "drafter.model_path"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.export.formats import render, warning_lines
+from orchestrator.export.formats import FORMATS, render, warning_lines
 from orchestrator.export.versions import ENGINE_VERSIONS
 
 # format -> (file name, what it is, how to use it); README.md lists them in this order
@@ -47,6 +47,7 @@ FILES = {
         "`set -a; . ./nccl.env; set +a` in a shell, or `docker run --env-file nccl.env`",
     ),
 }
+assert set(FILES) == set(FORMATS), "every export format has its file in --to all"
 
 
 def readme(schedule: dict) -> str:

@@ -17,9 +17,9 @@ import shlex
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls
 from orchestrator.config.registry import PARAMS
 from orchestrator.export.versions import ENGINE_NAMES, ENGINE_VERSIONS
-from workers.spec import tree_size
+from workers.spec import DRAFTER_KINDS, tree_size
 
-DRAFTERS = ("none", "ngram", "draft_model", "eagle3", "layer_skip")
+DRAFTERS = DRAFTER_KINDS  # what a schedule row may name: spectune's drafter kinds
 
 # spectune's n-gram defaults (their declarations on DrafterSpec), for a schedule whose options omit them
 NGRAM_MAX_DEFAULT = PARAMS["drafter.ngram_max"].default

@@ -128,8 +128,8 @@ def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
     k = int(params.get("spec.num_draft_tokens", 0))
     kind = str(params.get("drafter.kind", "none")) if k > 0 else "none"
     options = {opt: params[name] for name, opt in drafter_options(kind).items() if name in params}
-    if kind == "ngram":
-        options.setdefault("ngram_min", 1)
+    if kind == "ngram":  # recorded before ngram_min was a parameter: it ran the declared default
+        options.setdefault("ngram_min", PARAMS["drafter.ngram_min"].default)
     return {
         "batch_size": batch,
         # an emulated trial ran one rank of TP N in one process (parallel.tp 1): the deployment is TP N

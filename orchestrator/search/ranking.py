@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from orchestrator.config.registry import PARAMS
 from orchestrator.record import CO_RUNNING_ATTR, GANG_ATTR, GPUS_ATTR, NODE_ATTR, PARAMS_ATTR, SAMPLES_ATTR
 
 SETUP_METRIC = "setup_s"  # a trial's gang launch time, 0 where it ran on a gang launched before it
@@ -76,8 +77,16 @@ def why_simpler(chosen: dict, other: dict) -> str:
 
 
 def trial_params(t) -> dict:
-    """The trial's resolved parameters (what it ran), falling back to Optuna's suggested ones."""
-    return dict(t.user_attrs.get(PARAMS_ATTR) or t.params)
+    """The trial's resolved parameters (what it ran), falling back to Optuna's suggested ones. A trial
+    recorded before a parameter was declared ran that parameter's default: it is filled in where the
+    parameter applies, so a resumed study's old and new trials of one configuration stay one."""
+    resolved = t.user_attrs.get(PARAMS_ATTR)
+    p = dict(resolved or t.params)
+    if resolved:
+        for name, row in PARAMS.items():
+            if name not in p and row.needs is not None and row.default is not None and p.get(row.needs[0]) in row.needs[1]:
+                p[name] = row.default
+    return p
 
 
 def is_baseline(t) -> bool:

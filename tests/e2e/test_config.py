@@ -405,3 +405,20 @@ def test_an_acceptance_profile_read_from_a_real_runs_json(tmp_path):
     for bad, why in ((tmp_path / "plain.json", "holds no accept_rate_pos_1"), (tmp_path / "none.json", "No such file")):
         with pytest.raises(UserError, match=f"workload.simulate_accept_profile: .*{why}"):
             load_config(ROOT / "experiments" / "tp8-pcie-emulated.yaml", [f"workload.simulate_accept_profile={bad}"])
+
+
+def test_ngram_min_above_max_is_refused_for_the_whole_space_and_skipped_per_trial(tmp_path):
+    """drafter.ngram_min > drafter.ngram_max: a space where every pair is so is refused before launch; one
+    where only some are runs the others and marks those trials not run (space.constraint_violation)."""
+    from orchestrator.config.space import constraint_violation, resolve
+
+    path = tmp_path / "ngram.yaml"
+    raw = {"name": "ngram", "search": {"space": {"drafter.ngram_min": {"choices": [1, 4]}, "drafter.ngram_max": {"choices": [2, 5]}}}}
+    path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(path)
+    ok = resolve({"drafter.ngram_min": 1, "drafter.ngram_max": 2}, cfg)
+    bad = resolve({"drafter.ngram_min": 4, "drafter.ngram_max": 2}, cfg)
+    assert constraint_violation(ok) is None
+    assert constraint_violation(bad) == "constraint: drafter.ngram_min=4 is above drafter.ngram_max=2 (min must be <= max); not run"
+    plain = resolve({"spec.num_draft_tokens": 0, "drafter.ngram_min": 4, "drafter.ngram_max": 2}, cfg)
+    assert constraint_violation(plain) is None  # no n-gram drafter, nothing to break

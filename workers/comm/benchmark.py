@@ -27,7 +27,7 @@ def _time_loop(fn, iters: int, device: torch.device, chunks: int = 10) -> float:
     a whole time slice, and a mean over all calls would carry that into every size's figure."""
     for _ in range(3):
         fn()
-    chunks = max(1, min(chunks, iters))
+    chunks = max(1, min(chunks, iters // 8))  # at least 8 calls a chunk: one sync per chunk stays small beside them
     per = max(1, iters // chunks)
     times = []
     for _ in range(chunks):

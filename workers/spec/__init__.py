@@ -56,7 +56,7 @@ class DrafterSpec:
         low=1,
         drafters=("layer_skip",),
         flags=("--draft-layers",),
-        flag_doc="verifier layers that draft (--drafter layer_skip)",
+        flag_doc="verifier layers that draft (--drafter layer_skip; default: half)",
     )
     ngram_max: int = param(3, "ngram: the longest n-gram matched", low=1, high=8, drafters=("ngram",))
     ngram_min: int = param(1, "ngram: the shortest n-gram matched", low=1, high=8, drafters=("ngram",))
