@@ -187,7 +187,17 @@ def test_reference_parameter_table_is_generated_from_the_declarations():
 
 
 @pytest.mark.parametrize(
-    "name", ["smoke-cpu.yaml", "tp2-gpu.yaml", "tp8-pcie.yaml", "tp8-pcie-emulated.yaml", "h200-1gpu.yaml", "h200-1gpu-smollm2.yaml"]
+    "name",
+    [
+        "smoke-cpu.yaml",
+        "tp2-gpu.yaml",
+        "tp8-pcie.yaml",
+        "tp8-pcie-emulated.yaml",
+        "h200-1gpu.yaml",
+        "h200-1gpu-smollm2.yaml",
+        "qwen3-8b-1gpu.yaml",
+        "qwen3-30b-a3b-1gpu.yaml",
+    ],
 )
 def test_shipped_experiments_parse(name):
     cfg = load_config(ROOT / "experiments" / name)
@@ -203,6 +213,11 @@ def test_shipped_emulated_experiment_validates():
         cfg = load_config(ROOT / "experiments" / "tp8-pcie-emulated.yaml", [f"parallel.allreduce_table={table}"])
         prepared = check_experiment(cfg)
         assert prepared.allreduce_table is not None and prepared.allreduce_table.name == table
+    # the Qwen3 dense and MoE studies (issue 44 item 7): the same space and imposed profile, another model
+    dense, moe = (load_config(ROOT / "experiments" / f"{n}-1gpu.yaml") for n in ("qwen3-8b", "qwen3-30b-a3b"))
+    for cfg in (dense, moe):
+        check_experiment(cfg)
+    assert dense.search == moe.search and dense.workload == moe.workload and dense.model.path != moe.model.path
 
 
 @pytest.mark.slow  # validating smoke-cpu.yaml fetches the demo model it names (its config and tokenizer)
