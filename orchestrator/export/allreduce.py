@@ -85,6 +85,10 @@ def _vllm(backend: str) -> EngineAllreduce:
         "vLLM's PyNccl allreduce: custom allreduce off (--disable-custom-all-reduce), torch symmetric memory off (VLLM_ALLREDUCE_USE_SYMM_MEM=0)",
         flags=("--disable-custom-all-reduce",),
         env=(("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"),),
+        notes=(
+            "these settings make vLLM run the allreduce the study measured (NCCL); vLLM's own custom allreduce, its default "
+            "on NVLink and on up to two PCIe GPUs, was not measured: drop both to compare it on your box",
+        ),
     )
 
 
