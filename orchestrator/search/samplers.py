@@ -227,6 +227,19 @@ def model_sampler_fits(cfg: ExperimentConfig) -> bool:
     return distinct_configs(cfg) is not None
 
 
+def gang_order(points: list[tuple], names: list[str]) -> list[tuple]:
+    """Grid points (tuples of values in `names` order), regrouped so that points differing only in k
+    (spec.num_draft_tokens) come one after another: a gang is set up for the rest of a point (the
+    drafter and its settings, TP, backend, NCCL and engine options), and each change of it launches a
+    new gang (on a GPU, the model loaded and its graphs captured again). Groups keep the order in
+    which their first point came (Optuna's seeded shuffle), and points within a group theirs."""
+    k = names.index("spec.num_draft_tokens") if "spec.num_draft_tokens" in names else None
+    first: dict[tuple, int] = {}
+    for i, p in enumerate(points):
+        first.setdefault(tuple(v for j, v in enumerate(p) if j != k), i)
+    return sorted(points, key=lambda p: first[tuple(v for j, v in enumerate(p) if j != k)])  # stable
+
+
 def make_sampler(cfg: ExperimentConfig, offset: int = 0):
     """The configured sampler. `offset` (the number of trials already in the study) shifts the seed,
     so a resumed study does not replay the proposals of its first run."""
@@ -240,7 +253,12 @@ def make_sampler(cfg: ExperimentConfig, offset: int = 0):
         class Grid(optuna.samplers.GridSampler):
             """The grid without its own stop: Optuna's calls `study.stop()` once the grid is exhausted, which
             works only inside `study.optimize` (an ask/tell loop gets a RuntimeError from its last tell).
-            The driver ends the study itself when every distinct configuration is known (proposals.py)."""
+            The driver ends the study itself when every distinct configuration is known (proposals.py).
+            Its order keeps the points of one gang together (`gang_order`)."""
+
+            def __init__(self, space, seed=None):
+                super().__init__(space, seed=seed)
+                self._all_grids = gang_order(self._all_grids, self._param_names)
 
             def after_trial(self, study, trial, state, values) -> None:
                 return None

@@ -177,3 +177,32 @@ def test_configurations_other_drivers_measure_are_not_measured_beside_them():
     for n in range(MAX_DUPLICATES):
         assert not unbounded.admit(n + 1, "x", asked=False).run
     assert unbounded.after_duplicate() is False  # stuck with nothing to pick: wait while trials run
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_grid_keeps_the_points_of_one_gang_together(seed):
+    """A grid over k and the drafter (kind, layer-skip depth): the driver measures every point once, and a
+    new gang (anything but k changing) is needed only when a group of points is done, not between its
+    points; Optuna's shuffled grid, left alone, alternates drafters and relaunches almost every trial."""
+    space = {
+        "spec.num_draft_tokens": {"choices": [0, 2, 4, 6]},
+        "drafter.kind": {"choices": ["ngram", "layer_skip"]},
+        "drafter.layers": {"choices": [1, 2]},
+    }
+    cfg = _cfg(space, sampler="grid", n_trials=100, seed=seed)
+    from orchestrator.search.samplers import make_sampler
+
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(cfg))
+    p, gangs = Proposals(distinct_configs(cfg)), []
+    while not p.exhausted:
+        trial = study.ask()
+        tc = suggest(trial, cfg)
+        if not p.admit(trial.number, config_identity(tc), asked=False).run:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        if tc.num_draft_tokens > 0:  # a plain trial runs on whatever gang is up
+            gangs.append((tc.drafter.kind, tc.drafter.layers))
+        study.tell(trial, 1.0)
+        p.finished(trial.number, known=True)
+    switches = sum(a != b for a, b in zip(gangs, gangs[1:]))
+    assert len(set(gangs)) == 3 and switches == 2, gangs  # ngram, layer_skip L=1, L=2: one launch each
