@@ -142,12 +142,13 @@ def _rows() -> dict[str, Param]:
                 default,
                 _kind(cls, fname, default),
                 d.doc,
-                choices=d.choices,
+                choices=(True, False) if isinstance(default, bool) else d.choices,
                 low=d.low,
                 high=d.high,
                 needs=("drafter.kind", d.drafters) if d.drafters else None,
                 attr=(*attr, fname),
-                flags=d.flags or ("--" + fname.replace("_", "-"),),
+                # a switch that defaults to on is turned off by --no-<field>
+                flags=d.flags or (("--no-" if default is True else "--") + fname.replace("_", "-"),),
                 flag_doc=d.flag_doc,
             )
     return rows

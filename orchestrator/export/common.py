@@ -16,6 +16,7 @@ import shlex
 
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls
 from orchestrator.config.registry import PARAMS
+from orchestrator.export.allreduce import header_lines
 from orchestrator.export.versions import ENGINE_NAMES, ENGINE_VERSIONS
 from workers.spec import DRAFTER_KINDS, tree_size
 
@@ -131,12 +132,15 @@ def export_lines(env: dict[str, str]) -> list[str]:
 
 def header(schedule: dict, rows: list[dict], engine: str | None) -> list[str]:
     """The comment lines every engine export opens with: study, model, the engine version the names were
-    checked against (`engine`: a key of ENGINE_VERSIONS), and the winners by batch size."""
+    checked against (`engine`: a key of ENGINE_VERSIONS), the winners by batch size, and the engine's
+    setting for the winner's allreduce (orchestrator/export/allreduce.py)."""
     lines = [f"# spectune export: study {schedule.get('study')}, model {schedule.get('model')}, dtype {schedule.get('dtype')}"]
     if engine:
         lines.append(f"# flag names checked against the {ENGINE_NAMES[engine]} documentation of {ENGINE_VERSIONS[engine]}")
     lines.append("# winners by batch size (ranked by throughput with the prefill; decode: the decode steps alone):")
     lines += [f"#   {winner_text(r)}" for r in rows]
+    if engine:
+        lines += header_lines(rows, engine)
     return lines
 
 

@@ -90,7 +90,6 @@ def to_sglang(schedule: dict) -> str:
     first = rows[0]
     choice = allreduce.engine_allreduce("sglang", str(first.get("backend")))
     lines = header(schedule, rows, "sglang")
-    lines += allreduce.header_lines(rows, "sglang")
     flags, notes = speculative_flags(first)
     lines += notes
     # SGLang's adaptive mode (docs/advanced_features/adaptive_speculative_decoding.md) follows the

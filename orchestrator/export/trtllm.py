@@ -164,7 +164,6 @@ def to_trtllm(schedule: dict) -> str:
     opts, notes = options_dict(schedule, rows)
     lines = header(schedule, rows, "trtllm")
     lines.append(f"# serve: trtllm-serve {schedule.get('model')} --extra_llm_api_options THIS_FILE (tensor_parallel_size below)")
-    lines += allreduce.header_lines(rows, "trtllm")
     lines += notes
     lines += one_engine_notes(rows, "trtllm")
     lines.append("# the NCCL environment the winner ran with (NVLink multicast off), to export before trtllm-serve:")

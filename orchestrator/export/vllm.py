@@ -145,7 +145,6 @@ def to_vllm(schedule: dict) -> str:
     first = rows[0]
     choice = allreduce.engine_allreduce("vllm", str(first.get("backend")))
     lines = header(schedule, rows, "vllm")
-    lines += allreduce.header_lines(rows, "vllm")
     spec, notes = speculative_config(rows)
     lines += notes
     lines += adaptive_lines(rows)

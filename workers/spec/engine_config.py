@@ -27,7 +27,6 @@ from workers.spec.params import check_choices, param
 ATTENTION_CHOICES = ("auto", "triton", "sdpa")
 GEMV_CHOICES = ("auto", "cublas", "triton", "off")
 MOE_KERNEL_CHOICES = ("auto", "triton", "dense")
-BOOL = (True, False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,15 +39,11 @@ class EngineConfig:
     cuda_graphs: bool = param(
         True,
         "capture decode / verify steps as CUDA graphs (CUDA only)",
-        choices=BOOL,
-        flags=("--no-cuda-graphs",),
         flag_doc="run CUDA steps eagerly",
     )
     compile: bool = param(
         True,
         "merged weights and torch.compile'd layer bodies inside the graphs (off: the plain model)",
-        choices=BOOL,
-        flags=("--no-compile",),
         flag_doc="CUDA graphs of the plain model (no merged weights, no torch.compile)",
     )
     gemv: str = param(
@@ -59,8 +54,6 @@ class EngineConfig:
     fused_add_norm: bool = param(
         True,
         "residual add + next RMS norm inside the allreduce kernel where the backend (symm_mem_ll) can",
-        choices=BOOL,
-        flags=("--no-fused-add-norm",),
         flag_doc="allreduce, then add and norm, even where the backend fuses them",
     )
     moe_kernel: str = param(
@@ -71,8 +64,6 @@ class EngineConfig:
     overlap: bool = param(
         True,
         "greedy decoding: plain steps enqueue step n + 1 before reading step n; in-rank EAGLE-3 chains verify, accept and draft on the device",
-        choices=BOOL,
-        flags=("--no-overlap",),
         flag_doc="greedy steps read each step back before launching the next (in-rank EAGLE-3 drafts too)",
     )
 

@@ -33,7 +33,7 @@ class Declared:
     drafters: tuple[str, ...] | None = None  # active only with these drafter kinds (drafter.* fields)
     name: str | None = None  # the search-space / MLflow name, where not "<section>.<field>"
     yaml: tuple[str, ...] | None = None  # the YAML path, where not (section, field)
-    flags: tuple[str, ...] | None = None  # decode's flag(s), where not --<field-with-dashes>
+    flags: tuple[str, ...] | None = None  # decode's flag(s), where not --<field-with-dashes> (--no-<field> for a switch on by default)
     flag_doc: str | None = None  # decode's help where the flag reads otherwise (--no-compile: sets false)
 
 
