@@ -57,6 +57,7 @@ class RayGang(Gang):
         self._closed = False
         self._progress = progress  # Ray queue rank 0 reports decode progress into (made on the first run that asks)
         self._own_progress = progress is None  # closed with the gang only where the gang made it
+        self._borrowed_fresh = progress is not None  # a shared queue not yet drained of an earlier gang's items
         check_capacity(spec, res)
         self.accel = accel = res.gpu_resource or ("GPU" if spec.device == "cuda" else None)
         gpu = 1 if accel else 0
@@ -181,7 +182,8 @@ class RayGang(Gang):
             return self._gather([a.run.remote(workload) for a in self.actors], limit, "run")[0]
         from ray.util.queue import Queue
 
-        if self._progress is not None:  # a shared queue: what an earlier gang's run left is not this run's
+        if self._borrowed_fresh:  # a shared queue: what an earlier gang's runs left is not this gang's (once per gang)
+            self._borrowed_fresh = False
             try:
                 if self._progress.qsize():
                     self._progress.get_nowait_batch(self._progress.qsize())
