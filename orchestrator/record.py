@@ -97,6 +97,25 @@ def requeue(study, params: dict, user_attrs: dict, number: int) -> None:
     study.enqueue_trial(params, user_attrs=requeue_attrs(user_attrs, number), skip_if_exists=False)
 
 
-def batch_metric(name: str, batch: int) -> str:
-    """The name a per-batch metric is logged under: batch 1 keeps the plain name."""
-    return name if batch == 1 else f"{name}_b{batch}"
+def batch_metric(name: str, batch: int, context: int | None = None) -> str:
+    """The name a metric of one measured cell is logged under: batch 1 at the prompts' own lengths keeps
+    the plain name; batch B > 1 adds _b<B>, a context-length bucket L (workload.context_lengths) _c<L>:
+    throughput_tok_s_b8_c4096."""
+    return name + (f"_b{batch}" if batch != 1 else "") + (f"_c{context}" if context is not None else "")
+
+
+def metric_cell(key: str, name: str) -> tuple[int, int | None] | None:
+    """(batch, context) of a key `batch_metric(name, ...)` wrote, None for another metric's key."""
+    if key == name:
+        return 1, None
+    if not key.startswith(name + "_"):
+        return None
+    batch, context = 1, None
+    for part in key[len(name) + 1 :].split("_"):
+        if part[:1] == "b" and part[1:].isdigit() and context is None and batch == 1:
+            batch = int(part[1:])
+        elif part[:1] == "c" and part[1:].isdigit() and context is None:
+            context = int(part[1:])
+        else:
+            return None
+    return batch, context

@@ -129,6 +129,10 @@ def profile_from_file(path: str) -> list[float]:
     return out
 
 
+MAX_CONTEXTS = 8  # buckets a trial measures, each at every batch size
+MIN_CONTEXT = 16  # a bucket shorter than this is no context at all
+
+
 class WorkloadSection(_Section):
     prompts: str = "bundled"  # a Spec-Bench-style JSONL file, or "bundled"
     num_prompts: int | None = Field(4, ge=1)
@@ -155,6 +159,10 @@ class WorkloadSection(_Section):
     # decode the prompts in static batches of each size too: batch 1 is always measured (repeated,
     # pruned, the noise band); every size > 1 once per trial after it, as metrics *_b<B>
     batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    # context-length buckets: each trial also decodes the prompts drawn to exactly L tokens (the other
+    # prompts' text before each, orchestrator/prompts/context.py), once per bucket and batch size after
+    # the rest, as metrics *_c<L> (*_b<B>_c<L>); the schedule then has a row per batch size and bucket
+    context_lengths: list[int] = Field(default_factory=list, max_length=MAX_CONTEXTS)
 
     @model_validator(mode="before")
     @classmethod
@@ -211,6 +219,21 @@ class WorkloadSection(_Section):
         if len(set(v)) != len(v):
             raise ValueError(f"batch sizes repeat: {v}")
         return sorted(set(v) | {1})
+
+    @field_validator("context_lengths")
+    @classmethod
+    def _context_lengths(cls, v: list[int]) -> list[int]:
+        if any(n < MIN_CONTEXT for n in v):
+            raise ValueError(f"each context length is a number of tokens of at least {MIN_CONTEXT}, got {v}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"context lengths repeat: {v}")
+        return sorted(v)
+
+    def cells(self) -> list[tuple[int, int | None]]:
+        """Every (batch size, context bucket) a trial measures besides batch 1 at the prompts' own
+        lengths, in the order it measures them (None: the prompts as they are)."""
+        contexts: list[int | None] = [None, *self.context_lengths]
+        return [(b, c) for c in contexts for b in self.batch_sizes if (b, c) != (1, None)]
 
 
 MAX_BATCH = 64  # a gang keeps one B-row KV cache and, on CUDA, static logits per (B, width) graph

@@ -101,6 +101,12 @@ YAML_FLAGS = (
         "decode B sequences per verify pass (static batches); B > 1 also runs plain decoding at batch 1 and at B",
         type=int,
     ),
+    _f(
+        "--context-len",
+        "workload.context_lengths",
+        "decode each prompt drawn to exactly L tokens (the other prompts' text before it): a KV cache of L tokens, as long prompts make",
+        type=int,
+    ),
 )
 
 # where one decode measures more than a study's trial does by default
@@ -204,8 +210,9 @@ def experiment(given: dict) -> ExperimentConfig:
         values["workload.num_prompts"] = None  # every category's first N, however many that makes
     if "model.dtype" not in values:
         values["model.dtype"] = "bfloat16" if values.get("parallel.device") == "cuda" else "float32"
-    if "workload.batch_sizes" in values:
-        values["workload.batch_sizes"] = [values["workload.batch_sizes"]]
+    for one_of_a_list in ("workload.batch_sizes", "workload.context_lengths"):
+        if one_of_a_list in values:
+            values[one_of_a_list] = [values[one_of_a_list]]
     # one trial: a space of one point (k, fixed), no baseline trial of its own
     k = values.get("drafter.num_draft_tokens", PARAMS["spec.num_draft_tokens"].default)
     raw: dict = {"name": "decode", "search": {"space": {"spec.num_draft_tokens": k}}, "study": {"n_trials": 1, "baseline": False}}

@@ -95,8 +95,11 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
     # margins only where this run is itself the plain batch-1 reference a --peer-baseline check reads (k = 0);
     # otherwise the baseline run records them
     peer_judge = run.peer_baseline and cfg.workload.temperature == 0 and tc.num_draft_tokens == 0 and batch == 1
+    context = w.context_lengths[0] if w.context_lengths else None  # --context-len: the prompts drawn to L tokens
     workload = replace(
-        prepared.workload(cfg, tc, batch_size=batch), record_margins=peer_judge, comm_ablation_iters=ablation if tp > 1 else 0
+        prepared.workload(cfg, tc, prompts=prepared.prompts_at(context), batch_size=batch),
+        record_margins=peer_judge,
+        comm_ablation_iters=ablation if tp > 1 else 0,
     )
     return DecodePlan(
         cfg=cfg,
@@ -104,7 +107,7 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
         gang=gang,
         workload=workload,
         prompts=prepared.prompts,
-        token_ids=prepared.token_ids,
+        token_ids=prepared.prompts_at(context),
         tokenizer=prepared.tokenizer,
     )
 
@@ -123,6 +126,7 @@ def params(p: DecodePlan) -> dict:
         "workload.max_new_tokens": w.max_new_tokens,
         "workload.seed": w.seed,
         "workload.batch_size": p.workload.batch_size,
+        **({"workload.context_len": w.context_lengths[0]} if w.context_lengths else {}),
     }
 
 

@@ -3,12 +3,13 @@ tokenized, then per trial its GangSpec (engine settings included) and its Worklo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.config.registry import PARAMS
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import TrialConfig, resolve
 from orchestrator.errors import UserError
+from orchestrator.prompts.context import draw_to_length, filler_tokens
 from orchestrator.prompts.loading import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
 from workers.model.args import ModelArgs
 from workers.model.locate import is_random, load_args, resolve_model_path
@@ -42,6 +43,12 @@ class PreparedWorkload:
     max_seq: int
     tokenizer: Tokenizer
     allreduce_table: AllreduceTable | None = None  # emulated TP: the table its collectives wait (set by validation)
+    # workload.context_lengths: {L: every prompt drawn to exactly L tokens} (orchestrator/prompts/context.py)
+    contexts: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+
+    def prompts_at(self, context: int | None) -> tuple[tuple[int, ...], ...]:
+        """The prompts of a context bucket (None: as they are)."""
+        return self.token_ids if context is None else self.contexts[context]
 
     def workload(
         self, cfg: ExperimentConfig, tc: TrialConfig, prompts: tuple[tuple[int, ...], ...] | None = None, batch_size: int = 1
@@ -98,10 +105,22 @@ def prepare(cfg: ExperimentConfig, k_max: int | None = None) -> PreparedWorkload
     ids = tuple(tuple(tok.encode_prompt(p.text)) for p in prompts)
     if any(i >= args.vocab_size for seq in ids for i in seq):
         raise UserError(f"workload.prompts: the tokenizer of {path} produces ids beyond the model's vocabulary ({args.vocab_size})")
-    need = max(len(s) for s in ids) + w.max_new_tokens + k_max + 1
+    room = w.max_new_tokens + k_max + 1
+    if w.context_lengths and max(w.context_lengths) + room > args.max_position_embeddings:
+        raise UserError(
+            f"workload.context_lengths: {max(w.context_lengths)} + max_new_tokens needs {max(w.context_lengths) + room} positions, "
+            f"the model has {args.max_position_embeddings}"
+        )
+    need = max(len(s) for s in ids) + room
     if need > args.max_position_embeddings:
         raise UserError(f"workload: longest prompt + max_new_tokens needs {need} positions, the model has {args.max_position_embeddings}")
+    contexts = {}
+    if w.context_lengths:
+        filler = filler_tokens([p.text for p in prompts], tok.encode_text)
+        contexts = {n: draw_to_length(ids, filler, n, tok.bos_id) for n in w.context_lengths}
+        need = max(need, max(w.context_lengths) + room)
     # random weights' tokens mean nothing: an EOS among them would only cut the measured run short
     # (nor do an emulated rank's: it exchanges no partial sums)
     eos = () if is_random(path) or cfg.parallel.emulate_tp else tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
-    return PreparedWorkload(str(path), args, prompts, ids, eos, min(args.max_position_embeddings, -(-need // 256) * 256), tok)
+    max_seq = min(args.max_position_embeddings, -(-need // 256) * 256)
+    return PreparedWorkload(str(path), args, prompts, ids, eos, max_seq, tok, contexts=contexts)

@@ -139,8 +139,25 @@ def header(schedule: dict, rows: list[dict], engine: str | None) -> list[str]:
         lines.append(f"# flag names checked against the {ENGINE_NAMES[engine]} documentation of {ENGINE_VERSIONS[engine]}")
     lines.append("# winners by batch size (ranked by throughput with the prefill; decode: the decode steps alone):")
     lines += [f"#   {winner_text(r)}" for r in rows]
+    lines += context_lines(schedule, engine)
     if engine:
         lines += header_lines(rows, engine)
+    return lines
+
+
+def context_lines(schedule: dict, engine: str | None) -> list[str]:
+    """The winners per context bucket (workload.context_lengths), as comments: no engine version named in
+    ENGINE_VERSIONS takes speculation settings by context length, so the settings below are those measured
+    at the prompts' own lengths; schedule.json carries every bucket."""
+    rows = schedule.get("by_context") or []
+    if not rows:
+        return []
+    who = ENGINE_NAMES[engine] if engine else "a serving engine"
+    lines = [
+        f"# winners by context length (prompts drawn to that many tokens); {who} takes no context axis: "
+        "the settings below are the ones measured at the prompts' own lengths"
+    ]
+    lines += [f"#   context {r['context_len']}: {winner_text(r)}" for r in sorted(rows, key=lambda r: (r["context_len"], r["batch_size"]))]
     return lines
 
 

@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from orchestrator.config.registry import PARAMS
-from orchestrator.record import INHERITED_TAG, batch_metric
+from orchestrator.record import INHERITED_TAG, batch_metric, metric_cell
 from orchestrator.search.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
 from workers.spec.allreduce_table import emulated_words, table_label
 
@@ -58,26 +58,36 @@ RANKED_BY_WHY = (
 )
 
 
-def batch_sizes_of(trials) -> list[int]:
-    """Batch sizes the trials were measured at (1, and every size with a throughput_tok_s_b<B>)."""
-    sizes = {1}
+def cells_of(trials) -> list[tuple[int, int | None]]:
+    """(batch size, context bucket) cells the trials were measured in: (1, None), and every cell with a
+    throughput_tok_s_b<B>, _c<L> or _b<B>_c<L> (record.batch_metric); the prompts as they are first,
+    then by context, each by batch size."""
+    cells = {(1, None)}
     for t in trials:
-        for key in t.user_attrs:
-            if key.startswith("throughput_tok_s_b") and key[len("throughput_tok_s_b") :].isdigit():
-                sizes.add(int(key[len("throughput_tok_s_b") :]))
-    return sorted(sizes)
+        cells.update(c for key in t.user_attrs if (c := metric_cell(key, "throughput_tok_s")) is not None)
+    return sorted(cells, key=lambda c: (c[1] is not None, c[1] or 0, c[0]))
 
 
-def _throughputs(trials, batch: int) -> list[float]:
-    if batch == 1:
+def batch_sizes_of(trials) -> list[int]:
+    """Batch sizes measured with the prompts as they are (1, and every throughput_tok_s_b<B>)."""
+    return [b for b, c in cells_of(trials) if c is None]
+
+
+def contexts_of(trials) -> list[int]:
+    """Context buckets the trials were measured at (workload.context_lengths), ascending."""
+    return sorted({c for _, c in cells_of(trials) if c is not None})
+
+
+def _throughputs(trials, batch: int, context: int | None = None) -> list[float]:
+    if (batch, context) == (1, None):
         return [x for t in trials for x in trial_samples(t)]
-    key = batch_metric("throughput_tok_s", batch)
+    key = batch_metric("throughput_tok_s", batch, context)
     return [float(t.user_attrs[key]) for t in trials if key in t.user_attrs]
 
 
-def _decode_rates(trials, batch: int) -> list[float]:
-    """Each trial's decode rate (decode steps only, no prefill) at this batch size, where it was logged."""
-    key = batch_metric("decode_tok_s", batch)
+def _decode_rates(trials, batch: int, context: int | None = None) -> list[float]:
+    """Each trial's decode rate (decode steps only, no prefill) in this cell, where it was logged."""
+    key = batch_metric("decode_tok_s", batch, context)
     return [float(t.user_attrs[key]) for t in trials if key in t.user_attrs]
 
 
@@ -85,12 +95,12 @@ def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def _step_times(trials, batch: int) -> dict[str, float | None]:
-    """The configuration's median draft and verify time per step (ms) at batch 1; None elsewhere (the
-    batched runs log neither) and where no trial logged them."""
+def _step_times(trials, batch: int, context: int | None = None) -> dict[str, float | None]:
+    """The configuration's median draft and verify time per step (ms) at batch 1 with the prompts as they
+    are; None elsewhere (the other cells' runs log neither) and where no trial logged them."""
     out: dict[str, float | None] = {}
     for name in ("draft_ms_p50", "verify_ms_p50"):
-        values = [float(t.user_attrs[name]) for t in trials if name in t.user_attrs] if batch == 1 else []
+        values = [float(t.user_attrs[name]) for t in trials if name in t.user_attrs] if (batch, context) == (1, None) else []
         out[name] = round(v, 4) if (v := _median(values)) is not None else None
     return out
 
@@ -100,13 +110,13 @@ def _deployed_tp(params: dict) -> int:
     return int(params.get("parallel.emulate_tp") or params.get("parallel.tp", 1))
 
 
-def best_by_backend(groups: dict[str, list], batch: int, tp: int) -> dict[str, dict]:
+def best_by_backend(groups: dict[str, list], batch: int, tp: int, context: int | None = None) -> dict[str, dict]:
     """{backend: the best configuration measured on it at this batch size and TP size}: its median
     throughput, first trial, k and drafter. Backends no configuration at that TP ran are absent."""
     best: dict[str, dict] = {}
     for trials in groups.values():
         params = trial_params(trials[0])
-        values = _throughputs(trials, batch)
+        values = _throughputs(trials, batch, context)
         if not values or _deployed_tp(params) != tp:
             continue
         backend = str(params.get("comm.backend", ""))
@@ -180,40 +190,7 @@ def build_schedule(study, model: str = "", dtype: str = "", device: str = "") ->
     groups: dict[str, list] = {}
     for t in done:
         groups.setdefault(config_key(trial_params(t)), []).append(t)
-    rows = []
-    for batch in batch_sizes_of(done):
-        best = None
-        for trials in groups.values():
-            values = _throughputs(trials, batch)
-            if values and (best is None or np.median(values) > best[0]):
-                best = (float(np.median(values)), trials)
-        if best is None:
-            continue
-        value, trials = best
-        params = trial_params(trials[0])
-        tp = int(params.get("parallel.tp", 1))
-        plain = [t for t in done if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp]
-        plain_values = _throughputs(plain, batch)
-        plain_med = float(np.median(plain_values)) if plain_values else None
-        decode, plain_decode = _median(_decode_rates(trials, batch)), _median(_decode_rates(plain, batch))
-        rows.append(
-            {
-                **entry(params, batch, tuple(trials[0].user_attrs.get(INHERITED_TAG, ()))),
-                "throughput_tok_s": round(value, 2),
-                "plain_throughput_tok_s": round(plain_med, 2) if plain_med else None,
-                "speedup_vs_plain": round(value / plain_med, 3) if plain_med else None,
-                "noise_band_tok_s": round(noise * value, 2) if noise is not None else None,
-                "decode_tok_s": round(decode, 2) if decode else None,
-                "plain_decode_tok_s": round(plain_decode, 2) if plain_decode else None,
-                "decode_speedup_vs_plain": round(decode / plain_decode, 3) if decode and plain_decode else None,
-                "samples": len(_throughputs(trials, batch)),  # measurements behind the median (the noise rule's n)
-                "plain_samples": len(plain_values),
-                "trials": sorted(t.number for t in trials),
-                "trial": min(t.number for t in trials),
-                **_step_times(trials, batch),
-                "best_by_backend": best_by_backend(groups, batch, _deployed_tp(params)),
-            }
-        )
+    rows = [r for cell in cells_of(done) if (r := _row(done, groups, noise, *cell)) is not None]
     tau = next((trial_params(t).get("workload.simulate_accept_len") for t in done), None)
     profile = next((trial_params(t).get("workload.simulate_accept_profile") for t in done), None)
     return {
@@ -228,7 +205,45 @@ def build_schedule(study, model: str = "", dtype: str = "", device: str = "") ->
         "simulated_accept_len": tau,
         "simulated_accept_profile": profile,  # or imposed position by position: P(accepted >= i)
         "ranked_by": RANKED_BY,  # throughput with the prefill; decode_tok_s is reported beside it
-        "schedule": rows,
+        "schedule": [r for r in rows if r["context_len"] is None],
+        # workload.context_lengths: the same for each bucket (prompts drawn to exactly context_len tokens);
+        # engines take their speculation settings by batch size only (orchestrator/export/common.py)
+        "by_context": [r for r in rows if r["context_len"] is not None],
+    }
+
+
+def _row(done, groups: dict[str, list], noise: float | None, batch: int, context: int | None) -> dict | None:
+    """One cell's entry: its best configuration and how it compares (None: nothing measured there)."""
+    best = None
+    for trials in groups.values():
+        values = _throughputs(trials, batch, context)
+        if values and (best is None or np.median(values) > best[0]):
+            best = (float(np.median(values)), trials)
+    if best is None:
+        return None
+    value, trials = best
+    params = trial_params(trials[0])
+    tp = int(params.get("parallel.tp", 1))
+    plain = [t for t in done if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp]
+    plain_values = _throughputs(plain, batch, context)
+    plain_med = float(np.median(plain_values)) if plain_values else None
+    decode, plain_decode = _median(_decode_rates(trials, batch, context)), _median(_decode_rates(plain, batch, context))
+    return {
+        **entry(params, batch, tuple(trials[0].user_attrs.get(INHERITED_TAG, ()))),
+        "context_len": context,
+        "throughput_tok_s": round(value, 2),
+        "plain_throughput_tok_s": round(plain_med, 2) if plain_med else None,
+        "speedup_vs_plain": round(value / plain_med, 3) if plain_med else None,
+        "noise_band_tok_s": round(noise * value, 2) if noise is not None else None,
+        "decode_tok_s": round(decode, 2) if decode else None,
+        "plain_decode_tok_s": round(plain_decode, 2) if plain_decode else None,
+        "decode_speedup_vs_plain": round(decode / plain_decode, 3) if decode and plain_decode else None,
+        "samples": len(_throughputs(trials, batch, context)),  # measurements behind the median (the noise rule's n)
+        "plain_samples": len(plain_values),
+        "trials": sorted(t.number for t in trials),
+        "trial": min(t.number for t in trials),
+        **_step_times(trials, batch, context),
+        "best_by_backend": best_by_backend(groups, batch, _deployed_tp(params), context),
     }
 
 

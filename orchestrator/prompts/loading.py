@@ -141,5 +141,15 @@ class Tokenizer:
             return list(self.hf(text, add_special_tokens=False)["input_ids"])
         return list(self.hf(text)["input_ids"])
 
+    def encode_text(self, text: str) -> list[int]:
+        """Plain text as tokens: no BOS, no chat template (a longer context drawn from it, prompts/context.py)."""
+        if self.hf is None:
+            return self.bytes.encode(text)[1:]
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.hf.bos_token_id if self.hf is not None else 1
+
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True) if self.hf is not None else self.bytes.decode(ids)

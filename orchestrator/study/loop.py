@@ -457,7 +457,9 @@ def open_study(cfg: ExperimentConfig, storage) -> optuna.Study:
     study.sampler = make_sampler(cfg, offset=len(study.trials))
     if study.metric_names is None:
         # optuna-dashboard names the objective instead of "Objective 0"
-        study.set_metric_names(["throughput_tok_s" if cfg.workload.batch_sizes == [1] else "throughput_tok_s_geomean_over_batch_sizes"])
+        w = cfg.workload
+        over = "batch_sizes_and_contexts" if w.context_lengths else "batch_sizes"
+        study.set_metric_names(["throughput_tok_s" if not w.cells() else f"throughput_tok_s_geomean_over_{over}"])
     return study
 
 

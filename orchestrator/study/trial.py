@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -220,18 +221,12 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None, disturbed=lambda
                 live.update(trial.number, config_label(tc.params()), i + 1, n, so_far.tokens, so_far.seconds, r, repeats, force=i == n - 1)
             trial.report(RunResult.merge(parts + mine).metrics["throughput_tok_s"], r * n + i)
             beat(trial)
-            # the baseline is the reference: never pruned; nor is a trial whose larger batch sizes are still to come
-            # (batch 1 alone would prune a configuration that wins at batch 32)
+            # the baseline is the reference: never pruned; nor is a trial whose other cells are still to come
+            # (batch 1 alone would prune a configuration that wins at batch 32 or at a long context)
             # nor a deliberate repeat of a leader (study.race_trials): the ranking asked for its measurement;
             # nor a trial measured beside another on its host: its timing may be theirs, and a configuration is
             # never ruled out on a disturbed measurement (it completes; the ranking says it is disturbed)
-            if (
-                not t.plain
-                and RACE_TAG not in trial.user_attrs
-                and len(cfg.workload.batch_sizes) == 1
-                and not disturbed()
-                and trial.should_prune()
-            ):
+            if not t.plain and RACE_TAG not in trial.user_attrs and not cfg.workload.cells() and not disturbed() and trial.should_prune():
                 return RunResult.merge(parts + mine), True, per_repeat
         parts += mine
         per_repeat.append(RunResult.merge(mine).metrics["throughput_tok_s"])
@@ -242,61 +237,76 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None, disturbed=lambda
     return RunResult.merge(parts), False, per_repeat
 
 
-def _batched(cfg, prepared, gang, tc, reference: dict | None, heartbeat, deadline: float) -> dict[str, float]:
-    """Every batch size > 1 of workload.batch_sizes, once over all prompts: metrics *_b<B>. Greedy
-    (and not simulated): each sequence's tokens against `reference` ({"tokens", "margins"}: the batch-1
-    baseline's), near ties allowed as at batch 1 (outputs_match_b<B>)."""
+def _outputs(prompts) -> dict:
+    """{"tokens", "margins"} of a run's prompts: what a greedy output is checked against."""
+    return {"tokens": [p.tokens for p in prompts], "margins": [[round(x, 6) for x in p.margins or ()] for p in prompts]}
+
+
+def _cells(cfg, prepared, gang, tc, references: dict, heartbeat, deadline: float) -> tuple[dict[str, float], dict]:
+    """Every other cell of workload.cells() (batch sizes > 1, context buckets), once over all prompts:
+    metrics *_b<B>, *_c<L>, *_b<B>_c<L>. Greedy (and not simulated): each sequence's tokens against
+    `references` ({context: {"tokens", "margins"}}: the batch-1 baseline's at that context; None is the
+    prompts' own lengths), near ties allowed as at batch 1 (outputs_match_*). A bucket without a
+    reference is checked against this trial's own batch-1 run of it. Returns (metrics, the batch-1
+    outputs of each context bucket: a baseline records them for the trials after it)."""
     out: dict[str, float] = {}
-    for batch in cfg.workload.batch_sizes:
-        if batch == 1:
-            continue
+    own: dict = {}
+    check = references is not None and not cfg.parallel.emulate_tp  # an emulated rank's tokens are not the model's
+    for batch, context in cfg.workload.cells():
         left = deadline - time.monotonic()
         if left <= 0:
             raise GangError(f"run: the trial's decode did not finish within limits.trial_timeout_s={cfg.limits.trial_timeout_s:g}s")
-        r = gang.run(prepared.workload(cfg, tc, batch_size=batch), timeout_s=left)
+        r = gang.run(prepared.workload(cfg, tc, prompts=prepared.prompts_at(context), batch_size=batch), timeout_s=left)
         heartbeat()
         m = r.metrics
         for name in ("throughput_tok_s", "decode_tok_s", "accept_len_mean", "step_ms_p50"):
             if name in m:
-                out[batch_metric(name, batch)] = m[name]
-        if reference is not None and not cfg.parallel.emulate_tp:  # an emulated rank's tokens are not the model's
-            got = [p.tokens for p in r.prompts]
-            verdict = outputs_verdict(reference["tokens"], reference["margins"], got, cfg.model.dtype)
-            out[batch_metric("outputs_match", batch)] = verdict["outputs_match_baseline"]
-    return out
+                out[batch_metric(name, batch, context)] = m[name]
+        if batch == 1:
+            own[context] = _outputs(r.prompts)
+        if check:
+            # batch 1 of a bucket no baseline recorded is this trial's own reference: nothing to check there
+            ref = references.get(context) or (own.get(context) if batch > 1 else None)
+            if ref is not None:
+                verdict = outputs_verdict(ref["tokens"], ref["margins"], [p.tokens for p in r.prompts], cfg.model.dtype)
+                out[batch_metric("outputs_match", batch, context)] = verdict["outputs_match_baseline"]
+    return out, own
 
 
-def batch_objective(metrics: dict, cfg: ExperimentConfig) -> dict[str, float]:
-    """Several batch sizes: Optuna's objective is the geometric mean over them of the throughput (batch 1:
-    the noise-aware objective), so a relative gain at any batch size counts alike; `objective_b1` keeps
-    batch 1's."""
+def cell_objective(metrics: dict, cfg: ExperimentConfig) -> dict[str, float]:
+    """Several cells (batch sizes, context buckets): Optuna's objective is the geometric mean over them of
+    the throughput (batch 1 at the prompts' lengths: the noise-aware objective), so a relative gain in any
+    cell counts alike; `objective_b1` keeps batch 1's."""
     values = [metrics.get("objective", metrics["throughput_tok_s"])]
-    values += [metrics[batch_metric("throughput_tok_s", b)] for b in cfg.workload.batch_sizes if b > 1]
+    values += [metrics[batch_metric("throughput_tok_s", b, c)] for b, c in cfg.workload.cells()]
     if any(v <= 0 for v in values):
         return {"objective_b1": values[0], "objective": 0.0}
     return {"objective_b1": values[0], "objective": math.exp(sum(math.log(v) for v in values) / len(values))}
 
 
-def batch_speedups(metrics: dict, cfg: ExperimentConfig, study, tp: int, is_plain: bool) -> dict[str, float]:
-    """speedup_vs_baseline_b<B>: over the pooled k = 0 trials' throughput at the same batch size and TP."""
+def cell_speedups(metrics: dict, cfg: ExperimentConfig, study, tp: int, is_plain: bool) -> dict[str, float]:
+    """speedup_vs_baseline_<cell>: over the pooled k = 0 trials' throughput in the same cell and at the same TP."""
     from optuna.trial import TrialState
 
     out = {}
     plain = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_baseline(t)]
     plain = [t for t in plain if int(trial_params(t).get("parallel.tp", tp)) == tp]
-    for b in cfg.workload.batch_sizes:
-        key = batch_metric("throughput_tok_s", b)
-        if b == 1 or key not in metrics:
+    for b, c in cfg.workload.cells():
+        key = batch_metric("throughput_tok_s", b, c)
+        if key not in metrics:
             continue
         values = [float(t.user_attrs[key]) for t in plain if key in t.user_attrs] + ([metrics[key]] if is_plain else [])
         if values:
-            out[batch_metric("speedup_vs_baseline", b)] = metrics[key] / median_mad(values)[0]
+            out[batch_metric("speedup_vs_baseline", b, c)] = metrics[key] / median_mad(values)[0]
     return out
 
 
-def _batch_mismatch(metrics: dict, cfg: ExperimentConfig) -> int | None:
-    """The first batch size whose sequences parted from the batch-1 baseline (None: none did)."""
-    return next((b for b in cfg.workload.batch_sizes if metrics.get(batch_metric("outputs_match", b)) == 0), None)
+def _cell_mismatch(metrics: dict, cfg: ExperimentConfig) -> str | None:
+    """Where the first cell's sequences parted from the baseline's, in words (None: none did)."""
+    for b, c in cfg.workload.cells():
+        if metrics.get(batch_metric("outputs_match", b, c)) == 0:
+            return " and ".join(([f"batch size {b}"] if b > 1 else []) + ([f"context {c}"] if c is not None else []))
+    return None
 
 
 def _rel_spread(values: list[float]) -> float:
@@ -337,6 +347,7 @@ class _Measured:
     first: list  # the first repeat's prompts (every repeat decodes the same prompts)
     digest: list[str]  # per-prompt digests of their greedy outputs
     stopped: object = lambda: False  # () -> bool: the study is interrupting this trial (its pool's flag)
+    context_outputs: dict = field(default_factory=dict)  # {context bucket: batch-1 outputs} (a baseline records them)
 
 
 def configure(study, trial, cfg: ExperimentConfig, tracker: Tracker) -> _Trial:
@@ -462,17 +473,21 @@ def compare(t: _Trial, m: _Measured, prepared: PreparedWorkload) -> None:
         recorded = baseline_outputs(base, t.tracker) if base is not None and want is not None and want != digest else None
         if recorded:  # parted ways: at a numerical near tie only?
             metrics.update(outputs_verdict(recorded["tokens"], recorded["margins"], [p.tokens for p in first], cfg.model.dtype))
-    if not m.pruned and max(cfg.workload.batch_sizes) > 1:
-        reference = None
+    if not m.pruned and cfg.workload.cells():
+        references = None
         if cfg.workload.temperature == 0 and not t.simulated:
-            # the batch-1 baseline's tokens and margins; without one yet, this trial's own batch-1 tokens, exactly
-            reference = baseline_outputs(base, t.tracker) if base is not None and not t.plain else None
-            reference = reference or {"tokens": [p.tokens for p in first], "margins": [p.margins for p in first]}
+            # the batch-1 baseline's tokens and margins per context; without one yet, this trial's own batch-1 runs
+            recorded = baseline_outputs(base, t.tracker) if base is not None and not t.plain else None
+            references = {None: recorded or _outputs(first)}
+            references.update({int(c): v for c, v in ((recorded or {}).get("contexts") or {}).items()})
         deadline = m.started + waited + cfg.limits.trial_timeout_s
-        metrics.update(_batched(cfg, prepared, m.gang, tc, reference, lambda: beat(t.trial), deadline))
-        metrics.update(batch_speedups(metrics, cfg, study, tc.tp, t.plain))
+        cells, m.context_outputs = _cells(cfg, prepared, m.gang, tc, references, lambda: beat(t.trial), deadline)
+        metrics.update(cells)
+        if cfg.workload.context_lengths:  # what the buckets are compared with: the prompts' own lengths
+            metrics["prompt_tokens_median"] = float(statistics.median(len(ids) for ids in prepared.token_ids))
+        metrics.update(cell_speedups(metrics, cfg, study, tc.tp, t.plain))
         if "objective" in metrics:
-            metrics.update(batch_objective(metrics, cfg))
+            metrics.update(cell_objective(metrics, cfg))
 
 
 def record(t: _Trial, m: _Measured, site: TrialSite | None = None) -> tuple[str, str | None]:
@@ -501,18 +516,15 @@ def record(t: _Trial, m: _Measured, site: TrialSite | None = None) -> tuple[str,
     trial.set_user_attr(SAMPLES_ATTR, m.per_repeat)
     first = m.first
     if t.plain and cfg.workload.temperature == 0 and first and first[0].margins:
-        tracker.log_json(
-            run_id,
-            {"tokens": [p.tokens for p in first], "margins": [[round(x, 6) for x in p.margins] for p in first]},
-            BASELINE_OUTPUTS_FILE,
-        )
+        contexts = {str(c): v for c, v in m.context_outputs.items() if c is not None}  # JSON keys: the bucket's length
+        tracker.log_json(run_id, {**_outputs(first), **({"contexts": contexts} if contexts else {})}, BASELINE_OUTPUTS_FILE)
     if m.pruned:
         reason = "throughput below the pruner's percentile at the same prompt, and outside the noise band of the best"
         trial.set_user_attr(PRUNE_TAG, reason)  # every pruned trial says why, in Optuna as in MLflow
         t.study.tell(trial, state=TrialState.PRUNED)
         return "PRUNED", reason
-    if metrics.get("outputs_match_baseline") == 0 or (bad := _batch_mismatch(metrics, cfg)):
-        at = "" if metrics.get("outputs_match_baseline") == 0 else f" at batch size {bad}"
+    if metrics.get("outputs_match_baseline") == 0 or (bad := _cell_mismatch(metrics, cfg)):
+        at = "" if metrics.get("outputs_match_baseline") == 0 else f" at {bad}"
         reason = f"invalid: greedy output{at} differs from the baseline"
         trial.set_user_attr(INVALID_TAG, reason)
         t.study.tell(trial, state=TrialState.FAIL)

@@ -14,7 +14,7 @@ import time
 import warnings
 from pathlib import Path
 
-from orchestrator.record import BEST_CONFIG_TAG, BEST_PARAMS_TAG, IMPORTANCE_MIN_TRIALS, OBJECTIVE, RECORD_ONLY
+from orchestrator.record import BEST_CONFIG_TAG, BEST_PARAMS_TAG, IMPORTANCE_MIN_TRIALS, OBJECTIVE, RECORD_ONLY, batch_metric, metric_cell
 from orchestrator.tracking.runs import Tracker, config_label
 
 
@@ -110,10 +110,16 @@ class Progress:
                 else ""
             )
             perf = f"{OBJECTIVE} {value:.2f}{noise}, accepted length {m.get('accept_len_mean', 1.0):.2f}"
-            if "objective_b1" in m:  # several batch sizes: the objective is their geometric mean
-                sizes = sorted(int(k.rsplit("_b", 1)[1]) for k in m if k.startswith("throughput_tok_s_b"))
-                per = ", ".join([f"b1 {m['objective_b1']:.2f}{noise}"] + [f"b{b} {m[f'throughput_tok_s_b{b}']:.2f}" for b in sizes])
-                perf = f"objective {value:.2f} (geometric mean over batch sizes of {OBJECTIVE}, batch 1 noise-aware: {per})"
+            if "objective_b1" in m:  # several cells (batch sizes, context buckets): the objective is their geometric mean
+                cells = sorted(
+                    (c for k in m if (c := metric_cell(k, OBJECTIVE)) is not None and c != (1, None)), key=lambda c: (c[1] or 0, c[0])
+                )
+                per = ", ".join(
+                    [f"b1 {m['objective_b1']:.2f}{noise}"]
+                    + [f"{batch_metric('', b, c)[1:]} {m[batch_metric(OBJECTIVE, b, c)]:.2f}" for b, c in cells]
+                )
+                over = "batch sizes and contexts" if any(c is not None for _, c in cells) else "batch sizes"
+                perf = f"objective {value:.2f} (geometric mean over {over} of {OBJECTIVE}, batch 1 noise-aware: {per})"
             perf += f", x{m['speedup_vs_baseline']:.2f} vs plain" if "speedup_vs_baseline" in m else ""
             head = f"[{len(done)}/{self.n_goal}] trial {number} COMPLETE"
         else:

@@ -96,7 +96,7 @@ def experiment_params(cfg) -> dict[str, Any]:
         if part is None:
             continue
         for key, value in part.model_dump(mode="json").items():
-            if value is not None and not isinstance(value, dict):
+            if value is not None and value != [] and not isinstance(value, dict):  # an empty list: the setting is off
                 out[f"{section}.{key}"] = ",".join(map(str, value)) if isinstance(value, list) else value
     out["parallel.device"] = cfg.parallel.device
     out["parallel.tp"] = cfg.parallel.tp

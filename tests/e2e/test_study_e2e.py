@@ -100,9 +100,11 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
 
 
 def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
-    """workload.batch_sizes [1, 2]: every trial also decodes in batches of 2 (metrics *_b2, checked
-    against the batch-1 baseline), Optuna's objective is the geometric mean over batch sizes, and
-    `spectune export` turns the study into a schedule with both sizes, for each engine format."""
+    """workload.batch_sizes [1, 2] and context_lengths [32, 160]: every trial also decodes in batches of 2
+    and with its prompts drawn to 32 and 160 tokens, at both sizes (metrics *_b2, *_c32, *_b2_c32, ...,
+    each checked against the baseline's outputs in that cell), Optuna's objective is the geometric mean
+    over the cells, and `spectune export` turns the study into a schedule with a row per batch size and
+    per bucket (the JSON) and engine formats by batch size; the report shows both."""
     import math
     import statistics
 
@@ -114,7 +116,7 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
         search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}},
         study={"n_trials": 3, "sampler": "grid", "baseline_repeats": 2},
     )
-    text = exp.read_text().replace("max_new_tokens: 12", "max_new_tokens: 12\n  batch_sizes: [2]")
+    text = exp.read_text().replace("max_new_tokens: 12", "max_new_tokens: 12\n  batch_sizes: [2]\n  context_lengths: [160, 32]")
     exp.write_text(text)
     home = tmp_path / "home"
     out = summary(spectune(["run", str(exp)], home))
@@ -126,12 +128,16 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
     assert sorted(t.params["spec.num_draft_tokens"] for t in study.trials if t.state.name == "COMPLETE") == [0, 2, 4]
     for t in (t for t in study.trials if t.state.name == "COMPLETE"):
         a = t.user_attrs
-        assert a["outputs_match_b2"] == 1, t.number
-        assert a["throughput_tok_s_b2"] > 0 and a["accept_len_mean_b2"] >= 1
-        want = math.sqrt(a["objective_b1"] * a["throughput_tok_s_b2"])
+        cells = ["b2", "c32", "b2_c32", "c160", "b2_c160"]
+        # the baseline's own batch-1 run of a bucket is that bucket's reference: nothing to check it against
+        checked = cells if t.params["spec.num_draft_tokens"] else ["b2", "b2_c32", "b2_c160"]
+        assert all(a[f"outputs_match_{c}"] == 1 for c in checked), (t.number, a)
+        assert all(a[f"throughput_tok_s_{c}"] > 0 and a[f"accept_len_mean_{c}"] >= 1 for c in cells)
+        assert 32 < a["prompt_tokens_median"] < 160  # one bucket keeps each prompt's end, the other draws a context before it
+        want = math.exp(sum(math.log(v) for v in [a["objective_b1"], *(a[f"throughput_tok_s_{c}"] for c in cells)]) / 6)
         assert t.value == pytest.approx(want, rel=1e-3)
     parents, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
-    assert all(r.data.params["workload.batch_sizes"] == "1,2" for r in runs)
+    assert all(r.data.params["workload.batch_sizes"] == "1,2" and r.data.params["workload.context_lengths"] == "32,160" for r in runs)
     from mlflow.tracking import MlflowClient
 
     # the default local store (SQLite + an artifact folder) holds the report `spectune run` logged
@@ -144,7 +150,8 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
     assert r.returncode == 0, r.stderr[-2000:]
     exported = json.loads(r.stdout)
     schedule = exported["schedule"]
-    assert [row["batch_size"] for row in schedule] == [1, 2]
+    assert [row["batch_size"] for row in schedule] == [1, 2] and all(row["context_len"] is None for row in schedule)
+    assert [(row["batch_size"], row["context_len"]) for row in exported["by_context"]] == [(1, 32), (2, 32), (1, 160), (2, 160)]
     # ranked by throughput (prefill included); each size's decode rate (decode steps only) beside it
     assert exported["ranked_by"] == "throughput_tok_s"
     assert all(row["decode_tok_s"] > 0 and row["plain_decode_tok_s"] > 0 and row["decode_speedup_vs_plain"] > 0 for row in schedule)
@@ -175,7 +182,16 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
     if any(row["num_draft_tokens"] == 0 for row in schedule):  # plain decoding won somewhere: speculation stopped paying by then
         assert stop is not None and stop <= next(row["batch_size"] for row in schedule if row["num_draft_tokens"] == 0)
     page = (tmp_path / "report" / "report.html").read_text()
-    assert 'id="batch-schedule"' in page and 'id="plot-batches"' in page
+    assert 'id="batch-schedule"' in page and 'id="plot-batches"' in page and 'id="context-schedule"' in page
+    assert [(row["batch_size"], row["context_len"]) for row in facts["contexts"]["rows"]] == [
+        (1, None),
+        (1, 32),
+        (1, 160),
+        (2, None),
+        (2, 32),
+        (2, 160),
+    ]
+    assert "at context 160" in rep.stdout
     assert "<th>decode tok/s</th>" in page and "ranks configurations by throughput" in page
     assert ("stops paying at batch size" in rep.stdout) == (stop is not None)
     missing = spectune(["export", str(exp), "--set", "study.name=nope"], home)

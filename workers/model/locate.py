@@ -42,6 +42,22 @@ PRESETS: dict[str, dict] = {
         "num_attention_heads": 32,
         "head_dim": 128,
     },
+    "llama-3.1-8b": {  # Llama-3-8B's shape with Llama 3.1's 128k context (its llama3 rope scaling)
+        **_LLAMA3,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "head_dim": 128,
+        "max_position_embeddings": 131072,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    },
     "llama-3-70b": {
         **_LLAMA3,
         "hidden_size": 8192,

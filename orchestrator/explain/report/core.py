@@ -40,6 +40,7 @@ from orchestrator.explain.perfmodel import (
 )
 from orchestrator.explain.report.batches import batch_chart, batch_sentences, batch_summary
 from orchestrator.explain.report.charts import all_charts
+from orchestrator.explain.report.contexts import context_sentences, context_summary
 from orchestrator.explain.report.engines import engine_sentences, engine_summary
 from orchestrator.explain.report.moe import moe_sentences, moe_summary
 from orchestrator.explain.report.page import render
@@ -209,7 +210,10 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
             summary["what_if"].update(interconnect_what_ifs(by_number[r.number], comm, r.label))
     summary["batches"] = batch_summary(study, hidden_size(cfg), cfg.model.dtype)
     # the winner's allreduce in each serving engine, and what an engine without it keeps of the win
-    summary["engines"] = engine_summary(build_schedule(study, dtype=cfg.model.dtype))
+    schedule = build_schedule(study, dtype=cfg.model.dtype)
+    summary["engines"] = engine_summary(schedule)
+    prompt_tokens = next((int(t.user_attrs["prompt_tokens_median"]) for t in done if "prompt_tokens_median" in t.user_attrs), None)
+    summary["contexts"] = context_summary(schedule, prompt_tokens)
     text = terminal_text(cfg.study_name, rows, summary)
     if summary["emulated"]:
         text = f"{summary['emulated']}\n{text}"
@@ -217,6 +221,8 @@ def build_report(cfg: ExperimentConfig, study, out_dir: Path, bench_rows: list[d
         text += "\n" + "\n".join(batch_sentences(summary["batches"]))
     if summary["engines"] is not None:
         text += "\n" + "\n".join(engine_sentences(summary["engines"]))
+    if summary["contexts"] is not None:
+        text += "\n" + "\n".join(context_sentences(summary["contexts"]))
     if summary["moe"] is not None:
         text += "\n" + "\n".join(moe_sentences(summary["moe"]))
     snippet = best_yaml(cfg, best.params)

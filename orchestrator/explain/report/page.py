@@ -8,6 +8,7 @@ import html
 import math
 
 from orchestrator.explain.report.batches import batch_html
+from orchestrator.explain.report.contexts import context_html
 from orchestrator.explain.report.engines import engine_html
 from orchestrator.explain.report.moe import moe_html
 from orchestrator.explain.report.rows import Row, within_noise
@@ -193,6 +194,7 @@ step (the step timed with and without its allreduces) over the step time.</p>
 <h2>Why: accepted length against breakeven</h2>{fig("breakeven")}
 <h2>Throughput against k</h2>{fig("throughput_k")}
 {batch_html(s.get("batches"))}{fig("batches")}
+{context_html(s.get("contexts"))}
 {engine_html(s.get("engines"))}
 {moe_html(s.get("moe"))}
 <h2>Performance model</h2>{fig("model")}{predictions_table(s, labels)}{_model_notes(s)}
