@@ -13,6 +13,10 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+# Python's bytecode cache on (a shell may turn it off): each of the suite's ~500 processes (Ray actors, drivers,
+# CLIs) would otherwise compile this repository's modules again, and every pytest worker rewrite the tests'
+# asserts again; the caches land in __pycache__/ folders git ignores
+unset PYTHONDONTWRITEBYTECODE
 # lint and format first: a second or two, and a failure names the file and line
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -377,39 +377,6 @@ def test_ablation_skips_the_vocab_gather_too():
     assert ar.all_gather_last(x).shape == (1, 3, 16)
 
 
-def test_study_with_simulated_acceptance(tmp_path, tiny_ckpt):
-    """workload.simulate_accept_len in a study: speculative trials accept exactly tau - 1 drafts per
-    step on average, are tagged in MLflow, are not compared with the baseline's tokens (they are not
-    the model's output) and so stay valid; the baseline trial runs unsimulated; a space whose k
-    cannot reach tau is refused with one line before anything launches."""
-    from studyutil import mlflow_runs, optuna_study, spectune, summary, tiny_experiment
-
-    space = {"space": {"spec.num_draft_tokens": {"choices": [0, 2, 4]}}}
-    workload = {"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 2, "max_new_tokens": 16, "simulate_accept_len": 2.5}
-    exp = tiny_experiment(tmp_path, tiny_ckpt, search=space, workload=workload, parallel={"tp": 1, "cpus_per_worker": 0.1})
-    home = tmp_path / "home"
-    out = summary(spectune(["run", str(exp), "--set", "study.n_trials=3", "--set", "study.sampler=grid"], home))
-    assert out["complete"] == 3
-    study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
-    by_k = {t.params["spec.num_draft_tokens"]: t for t in study.trials}
-    assert by_k.keys() == {0, 2, 4} and all(t.state.name == "COMPLETE" for t in study.trials)
-    assert by_k[0].user_attrs["accept_len_mean"] == 1.0 and by_k[0].user_attrs["outputs_match_baseline"] == 1
-    for k in (2, 4):
-        assert abs(by_k[k].user_attrs["accept_len_mean"] - 2.5) < 0.15, by_k[k].user_attrs["accept_len_mean"]
-        assert "outputs_match_baseline" not in by_k[k].user_attrs
-    _, runs = mlflow_runs(f"sqlite:///{home / 'mlflow.db'}", "tiny-study")
-    tags = {int(r.data.tags["spectune.trial"]): r.data.tags.get("spectune.simulated_accept_len") for r in runs}
-    # every nested trial run carries the engine settings it ran with, as `engine.<field>` params
-    assert runs and all(
-        {f"engine.{k}": str(v) for k, v in EngineConfig().describe().items()}.items() <= r.data.params.items() for r in runs
-    )
-    assert tags[by_k[0].number] is None and tags[by_k[2].number] == tags[by_k[4].number] == "2.5"
-
-    bad = spectune(["validate", str(exp), "--set", "workload.simulate_accept_len=4"], home)
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
-    assert "workload.simulate_accept_len: 4 needs at least 3 drafts per step" in bad.stderr and "k = 2" in bad.stderr
-
-
 _ADD_NORM_RANK = r"""
 import os, sys, torch, torch.distributed as dist
 from workers.comm.torch_dist import GlooAllReduce

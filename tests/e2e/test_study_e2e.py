@@ -203,14 +203,20 @@ def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt):
     trial re-measures the leading configuration on a fresh gang instead of trying a new one, it counts
     toward study.n_trials, and both stores name the trial it repeats. The study is started from a shell
     with NCCL_ALGO set: every trial's MLflow params carry `nccl.NCCL_ALGO` and a tag naming it as
-    inherited; the metrics carry `rank_peak_rss_mb_max`. (That was test_ray_placement.py's
-    test_trial_records_inherited_nccl_env_and_rank_peak_rss, a study of its own: each costs its own Ray,
-    gangs and driver.)"""
+    inherited; the metrics carry `rank_peak_rss_mb_max`. Acceptance is imposed (workload.simulate_accept_len
+    2.5): speculative trials accept exactly tau - 1 drafts per step on average, are tagged in MLflow, are not
+    compared with the baseline's tokens (they are not the model's output) and so stay valid; the baseline
+    runs unsimulated; a tau the space's k cannot reach is refused with one line before anything launches.
+    (Three studies of old in one: test_ray_placement.py's test_trial_records_inherited_nccl_env_and_rank_peak_rss
+    and test_gpu_logic.py's test_study_with_simulated_acceptance; each study costs its own Ray, gangs and driver.)"""
+    from workers.spec.engine_config import EngineConfig
+
     exp = tiny_experiment(
         tmp_path,
         tiny_ckpt,
         parallel={"tp": 1, "cpus_per_worker": 0.1},
-        search={"space": {"spec.num_draft_tokens": {"choices": [0, 1, 2, 3]}}},
+        workload={"prompts": str(tmp_path / "prompts.jsonl"), "num_prompts": 2, "max_new_tokens": 16, "simulate_accept_len": 2.5},
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 2, 3]}}},
         study={"n_trials": 3, "sampler": "random", "seed": 0, "pruner": "none", "baseline_repeats": 1, "race_trials": 1},
     )
     home = tmp_path / "home"
@@ -234,6 +240,16 @@ def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt):
         run = by_id[t.user_attrs["mlflow_run_id"]]
         assert run.data.params["nccl.NCCL_ALGO"] == "Ring" and run.data.tags["spectune.nccl_inherited"] == "NCCL_ALGO"
         assert 100 < run.data.metrics["rank_peak_rss_mb_max"] < 4096
+        # every trial run carries the engine settings it ran with, as `engine.<field>` params
+        assert {f"engine.{k}": str(v) for k, v in EngineConfig().describe().items()}.items() <= run.data.params.items()
+        a, simulated = t.user_attrs, run.data.tags.get("spectune.simulated_accept_len")
+        if t.params["spec.num_draft_tokens"] == 0:  # the baseline: the model's own tokens, the reference
+            assert a["accept_len_mean"] == 1.0 and a["outputs_match_baseline"] == 1 and simulated is None
+        else:
+            assert abs(a["accept_len_mean"] - 2.5) < 0.15 and "outputs_match_baseline" not in a and simulated == "2.5", (t.number, a)
+    bad = spectune(["validate", str(exp), "--set", "workload.simulate_accept_len=4"], home)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
+    assert "workload.simulate_accept_len: 4 needs at least 3 drafts per step" in bad.stderr and "k = 2" in bad.stderr
 
 
 def test_a_study_that_measures_its_space_through_reads_as_it_happened(tmp_path, tiny_ckpt):

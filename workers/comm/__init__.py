@@ -30,16 +30,31 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'workers.comm' has no attribute {name!r}")
 
 
+# each backend's class, by module: a process imports only the one it runs (symm_mem_ll imports Triton)
+_CLASSES = {
+    "gloo": ("workers.comm.torch_dist", "GlooAllReduce"),
+    "nccl": ("workers.comm.torch_dist", "NcclAllReduce"),
+    "symm_mem": ("workers.comm.symm_mem", "SymmMemAllReduce"),
+    "symm_mem_ll": ("workers.comm.symm_mem_ll", "SymmMemLLAllReduce"),
+    "noop": ("workers.comm.base", "NoOpAllReduce"),
+}
+
+
+def backend_class(name: str):
+    """The class of backend `name` (None for an unknown name), importing its module alone."""
+    import importlib
+
+    if name not in _CLASSES:
+        return None
+    module, cls = _CLASSES[name]
+    return getattr(importlib.import_module(module), cls)
+
+
 @functools.cache
 def backends() -> dict:
-    """Each backend's name -> its class (imports torch on the first call; one table for the process)."""
-    from workers.comm.base import NoOpAllReduce
-    from workers.comm.symm_mem import SymmMemAllReduce
-    from workers.comm.symm_mem_ll import SymmMemLLAllReduce
-    from workers.comm.torch_dist import GlooAllReduce, NcclAllReduce
-
-    table = {cls.name: cls for cls in (GlooAllReduce, NcclAllReduce, SymmMemAllReduce, SymmMemLLAllReduce, NoOpAllReduce)}
-    assert set(table) == set(BACKEND_NAMES), "workers/comm/capability.py names every backend"
+    """Each backend's name -> its class (imports every backend's module; one table for the process)."""
+    table = {name: backend_class(name) for name in _CLASSES}
+    assert set(table) == set(BACKEND_NAMES) and all(cls.name == name for name, cls in table.items()), "capability.py names every backend"
     return table
 
 
@@ -57,7 +72,7 @@ def make_allreduce(name: str, group, world_size: int, gang: GangInfo | None = No
         raise BackendError(why)
     if name not in BACKEND_NAMES:
         raise BackendError(f"unknown allreduce backend {name!r} (known: {', '.join(BACKEND_NAMES)})")
-    return backends()[name](group, world_size)
+    return backend_class(name)(group, world_size)
 
 
 __all__ = [
@@ -66,6 +81,7 @@ __all__ = [
     "BACKENDS",
     "BACKEND_NAMES",
     "BackendError",
+    "backend_class",
     "EMULATED",
     "GangInfo",
     "TableError",

@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from workers.comm import BACKENDS, GangInfo, make_allreduce, make_emulated, validate, validate_add_norm
+from workers.comm import GangInfo, backend_class, make_allreduce, make_emulated, validate, validate_add_norm
 from workers.drafters import Drafter, Eagle3Drafter, ModelDrafter, NgramDrafter
 from workers.drafters.eagle3 import checkpoint as eagle3_ckpt
 from workers.drafters.eagle3 import head as eagle3
@@ -146,7 +146,7 @@ class Worker:
         self._devices, self._peers_ok = self._exchange_devices(device)
         # every process joins every new_group call, members or not; the TP group carries the
         # allreduces (NCCL on GPUs), the default group (gloo, CPU) the draft-link messages
-        backend_cls = BACKENDS.get(spec.backend)
+        backend_cls = backend_class(spec.backend)
         tp_backend = backend_cls.cuda_group if device.type == "cuda" and backend_cls is not None else "gloo"
         tp_group = dist.new_group(list(range(spec.tp)), backend=tp_backend)
         args = load_args(spec.model_path)
