@@ -100,6 +100,7 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
         prepared.workload(cfg, tc, prompts=prepared.prompts_at(context), batch_size=batch),
         record_margins=peer_judge,
         comm_ablation_iters=ablation if tp > 1 else 0,
+        count_experts=True,  # an MoE verifier: the distinct experts each pass width reads (moe_experts_w<W>)
     )
     return DecodePlan(
         cfg=cfg,

@@ -75,7 +75,8 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     prepared = prepare(cfg, k_max=most_drafts(cfg, max(ks)))  # the cache holds the longest prompt, max_new_tokens and the most drafts
     args = prepared.args
     # emulated TP: one rank of TP emulate_tp, its backends those of the table (which need not run here)
-    prepared.allreduce_table = emulation.check(cfg, args, [len(s) for s in prepared.token_ids], most_drafts(cfg, max(ks)))
+    lengths = [len(s) for s in prepared.token_ids] + [len(s) for bucket in prepared.contexts.values() for s in bucket]  # prefills
+    prepared.allreduce_table = emulation.check(cfg, args, lengths, most_drafts(cfg, max(ks)))
     for tp in check_limits("parallel.tp"):
         if prepared.allreduce_table is not None:
             break

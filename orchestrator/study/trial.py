@@ -214,6 +214,8 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None, disturbed=lambda
             if r == repeats - 1 and i == n - 1:  # the last run: the comm split (TP > 1) and the width profile (CPU)
                 iters = ABLATION_ITERS[cfg.parallel.device]
                 w = replace(w, comm_ablation_iters=iters if tc.tp > 1 else 0, profile_widths=profile_widths(cfg), profile_iters=iters)
+            if r == repeats - 1:  # an MoE verifier: the experts each pass width reads, over the last repeat's prompts
+                w = replace(w, count_experts=True)
             shown = _shown(live, trial.number, tc, mine, i, n, r, repeats)
             mine.append(gang.run(w, timeout_s=left, **({"on_progress": shown} if shown else {})))
             if live is not None:

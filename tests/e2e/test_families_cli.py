@@ -79,6 +79,16 @@ def test_decode_matches_transformers_at_tp2(tmp_path, cfg):
     assert out["outputs_match_baseline"] == 1 and out["outputs_match_peer"] == 1
     assert out["prompts_matching_peer"] + out["prompts_near_tie_peer"] == 3
     assert out["hf_generate_tokens"] == 3 * 16
+    # an MoE verifier's record: the distinct routed experts a pass of W output tokens reads, per layer (every
+    # rank ran the census forward); one token reads its top-k, a wider pass the union, never more than exist
+    widths = [out.get(f"moe_experts_w{w}") for w in range(1, 10)]
+    if "num_experts" in cfg or "n_routed_experts" in cfg:
+        experts, top_k = cfg.get("num_experts") or cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+        # (the mean over whole passes need not grow at every width: each width averages other token groups)
+        assert widths[0] == top_k and widths[0] < widths[1] < widths[-1], widths
+        assert all(w <= min(experts, top_k * (i + 1)) for i, w in enumerate(widths)) and widths[-1] > top_k, widths
+    else:
+        assert widths == [None] * 9  # a dense verifier reads no experts
 
 
 def test_drafters_on_a_moe_verifier_are_lossless(tmp_path):
@@ -125,3 +135,5 @@ def test_study_on_a_moe_checkpoint(tmp_path):
         # on CPU no step is a CUDA graph: the routed experts ran eagerly, and the record says so
         assert t.user_attrs["spectune.moe_experts"] == "eager"
         assert by_id[t.user_attrs["mlflow_run_id"]].data.tags["spectune.moe_experts"] == "eager"
+        # the distinct experts a pass reads, per width: top_k (3) for one token, at most 10 (all of them)
+        assert metrics["moe_experts_w1"] == 3 and 3 < metrics["moe_experts_w9"] <= 10, metrics

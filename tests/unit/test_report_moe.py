@@ -46,9 +46,18 @@ def _cfg(path="random:qwen3-30b-a3b:layers=4"):
 def test_a_deep_k_that_loses_to_the_expert_union_is_named():
     pts = _points()
     model = fit(pts)
-    done = [SimpleNamespace(user_attrs={MOE_EXPERTS_TAG: "grouped"}) for _ in pts]
+    # the trials counted the distinct experts a pass read (moe_experts_w<W>): median over trials, per k + 1
+    done = [
+        SimpleNamespace(user_attrs={MOE_EXPERTS_TAG: "grouped", "moe_experts_w3": 13.0 + i, "moe_experts_w7": 30.0})
+        for i in range(len(pts))
+    ]
     s = moe_summary(done, model, _cfg(), pts)
     assert s["profiled"] and s["random_weights"]
+    assert {r["k"]: r["experts_per_pass"] for r in s["rows"]} == {2: 15.0, 4: None, 6: 30.0}
+    assert "Distinct routed experts a verify pass read, per layer (counted over the decoded tokens): 3 tokens 15.0, 7 tokens 30.0." in (
+        "\n".join(moe_sentences(s))
+    )
+    assert "<th>experts per pass</th>" in moe_html(s) and "<td>30.0</td>" in moe_html(s)
     by_k = {r["k"]: r for r in s["rows"]}
     assert by_k[6]["verify_x_width1"] == pytest.approx((10 + 14) / 10, rel=1e-3)
     assert not s["union_losses"]  # these rates pay at every k: the union costs k = 6 nothing it cannot afford

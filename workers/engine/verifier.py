@@ -42,6 +42,7 @@ import torch
 from workers.comm import AllReduce
 from workers.engine.batched import BatchSteps, decode_batches, run_drafter_batched, why_not_batched
 from workers.engine.drafter import Drafter
+from workers.engine.experts import count_experts
 from workers.engine.link import DraftLink
 from workers.engine.rank import HiddenStates, ProgressHook, Rank, Sequence
 from workers.engine.steps import StepRunner
@@ -198,11 +199,14 @@ class Verifier:
         profile = {}
         if w.profile_widths and w.profile_iters > 0 and w.batch_size == 1:  # every rank times the same passes
             profile = {W: 1e3 * self.steps.time_step(W, w.profile_iters) for W in w.profile_widths}
+        experts = {}
+        if w.count_experts and w.batch_size == 1:  # every rank runs the census forward (collective), rank 0 keeps it
+            experts = count_experts(self.model, [list(p) + r.tokens for p, r in zip(w.prompts, prompts)], [len(p) for p in w.prompts])
         if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:
             check()  # a rank that fell behind during the timed steps left wrong sums: this rank raises, the trial fails
         if self.rank != 0:
             return None
-        return RunResult(prompts=prompts, stats=stats, num_draft_tokens=k, ablation=split, width_ms=profile)
+        return RunResult(prompts=prompts, stats=stats, num_draft_tokens=k, ablation=split, width_ms=profile, experts=experts)
 
 
 def run_drafter(drafter: Drafter, link: DraftLink, w: Workload) -> None:

@@ -167,11 +167,15 @@ class MoE(nn.Module):
         # what a CUDA graph capture runs (the engine sets the grouped kernel where it runs): the
         # eager loop reads routing results on the host, which a capture cannot
         self.graph_experts: ExpertsFn = experts_dense
+        # workers/engine/experts.py: when a list, every eager pass appends its tokens' expert ids here
+        self.census: list[torch.Tensor] | None = None
 
     def routed(self, h: torch.Tensor, run_experts: ExpertsFn | None = None) -> torch.Tensor:
         """The routed experts' output of normed h [..., dim], before the allreduce (no shared experts)."""
         flat = h.reshape(-1, h.shape[-1])
         weights, ids = self.gate(flat)
+        if self.census is not None:
+            self.census.append(ids.detach().cpu())
         if run_experts is None:
             capturing = flat.is_cuda and torch.cuda.is_current_stream_capturing()
             run_experts = self.graph_experts if capturing else experts_by_expert

@@ -186,6 +186,9 @@ class Workload:
     # kernels change with the rows they multiply (batch 1 only)
     profile_widths: tuple[int, ...] = ()
     profile_iters: int = 0
+    # an MoE verifier, batch 1: at the end, count the distinct routed experts that passes of 1 .. 9 of the
+    # decoded tokens read (workers/engine/experts.py; one untimed forward per prompt)
+    count_experts: bool = False
     # plain greedy decoding: also record each token's top-1 / top-2 logit margin (relative to the top
     # logit), so a speculative run that leaves this output at a numerical near tie can be told apart
     # from a wrong one (orchestrator/study/equivalence.py)
@@ -226,6 +229,11 @@ def width_metric(width: int) -> str:
     return f"verify_ms_w{width}"
 
 
+def experts_metric(width: int) -> str:
+    """The metric of the distinct routed experts a pass of `width` tokens reads, per MoE layer (Workload.count_experts)."""
+    return f"moe_experts_w{width}"
+
+
 @dataclass
 class RunResult:
     """What verifier rank 0 returns for one Workload (raw per-step records, so the driver can
@@ -236,6 +244,8 @@ class RunResult:
     num_draft_tokens: int
     ablation: dict[str, float] = field(default_factory=dict)  # Verifier.comm_split of the step width
     width_ms: dict[int, float] = field(default_factory=dict)  # Workload.profile_widths: ms of one verify pass per width
+    # Workload.count_experts: width -> (distinct experts summed over layers and passes, layer-passes counted)
+    experts: dict[int, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -248,6 +258,7 @@ class RunResult:
             m.update(self.ablation)
             m["comm_fraction"] = min(1.0, self.ablation["comm_ms_per_step"] / m["step_ms_p50"])
         m.update({width_metric(W): ms for W, ms in self.width_ms.items()})
+        m.update({experts_metric(W): total / n for W, (total, n) in self.experts.items() if n})
         return m
 
     @classmethod
@@ -263,4 +274,8 @@ class RunResult:
             num_draft_tokens=parts[0].num_draft_tokens,
             ablation=parts[-1].ablation,
             width_ms=next((p.width_ms for p in reversed(parts) if p.width_ms), {}),
+            experts={
+                W: (sum(p.experts[W][0] for p in parts if W in p.experts), sum(p.experts[W][1] for p in parts if W in p.experts))
+                for W in sorted({W for p in parts for W in p.experts})
+            },
         )

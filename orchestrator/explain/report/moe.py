@@ -38,6 +38,7 @@ def moe_summary(done: list, model, cfg, points: list) -> dict | None:
                 "breakeven": round(be, 3),
                 "flat_breakeven": round(flat, 3),
                 "verify_x_width1": round(model.verify_ms(env, k) / model.verify_ms(env, 0), 3),
+                "experts_per_pass": experts_read(done, k + 1),
             }
         )
     profiled = any(len(p.width_ms) >= 2 for p in points)
@@ -49,6 +50,13 @@ def moe_summary(done: list, model, cfg, points: list) -> dict | None:
     }
 
 
+def experts_read(done: list, width: int) -> float | None:
+    """The distinct routed experts per layer a pass of `width` tokens read (the trials' moe_experts_w<W>,
+    counted over their own decoded tokens: workers/engine/experts.py), median over trials; None unrecorded."""
+    values = sorted(float(t.user_attrs[key]) for t in done if (key := f"moe_experts_w{width}") in t.user_attrs)
+    return round(values[len(values) // 2], 2) if values else None
+
+
 def moe_sentences(s: dict | None) -> list[str]:
     if not s or not s["rows"]:
         return []
@@ -58,6 +66,13 @@ def moe_sentences(s: dict | None) -> list[str]:
         f"MoE verifier: a verify pass of {widest['k'] + 1} tokens costs x{widest['verify_x_width1']:.2f} one token's ({how}): "
         "its tokens route to more distinct experts, so each deeper k must accept more to break even."
     ]
+    read = {r["k"]: r["experts_per_pass"] for r in s["rows"] if r.get("experts_per_pass") is not None}
+    if read:
+        out.append(
+            "  Distinct routed experts a verify pass read, per layer (counted over the decoded tokens): "
+            + ", ".join(f"{k + 1} tokens {v:.1f}" for k, v in sorted(read.items()))
+            + "."
+        )
     for kind in sorted({r["kind"] for r in s["rows"]}):
         mine = [r for r in s["rows"] if r["kind"] == kind]
         out.append(f"  {kind}: breakeven accepted length by k: " + ", ".join(f"k={r['k']} {r['breakeven']:.2f}" for r in mine))
@@ -74,18 +89,23 @@ def moe_sentences(s: dict | None) -> list[str]:
     return out
 
 
+def _one_decimal(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def moe_html(s: dict | None) -> str:
     lines = moe_sentences(s)
     if not lines:
         return ""
     rows = "".join(
         f"<tr><td>{html.escape(r['kind'])}</td><td>{r['k']}</td><td>{r['accept_len']:.2f}</td><td>{r['breakeven']:.2f}</td>"
-        f"<td>{r['flat_breakeven']:.2f}</td><td>x{r['verify_x_width1']:.2f}</td></tr>"
+        f"<td>{r['flat_breakeven']:.2f}</td><td>x{r['verify_x_width1']:.2f}</td>"
+        f"<td>{_one_decimal(r.get('experts_per_pass'))}</td></tr>"
         for r in s["rows"]
     )
     return (
         "<h2>MoE verifier: the verify pass against its width</h2>"
         + "".join(f"<p>{html.escape(line.strip())}</p>" for line in lines)
         + "<table><tr><th>drafter</th><th>k</th><th>accepted length</th><th>breakeven</th>"
-        "<th>breakeven if k + 1 tokens cost one</th><th>verify pass / width 1</th></tr>" + rows + "</table>"
+        "<th>breakeven if k + 1 tokens cost one</th><th>verify pass / width 1</th><th>experts per pass</th></tr>" + rows + "</table>"
     )
