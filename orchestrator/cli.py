@@ -248,6 +248,8 @@ def _validate(ns: argparse.Namespace) -> int:
         f"{ns.experiment}: ok: study {cfg.study_name!r}, {cfg.study.n_trials} trials, model {prepared.model_path}, "
         f"{len(prepared.prompts)} prompts, space: {', '.join(cfg.search.space)}"
     )
+    for note in prepared.notes:
+        print(f"spectune: note: {note}", file=sys.stderr)
     return 0
 
 

@@ -275,6 +275,7 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
                     simulate_accept_profile=None,
                     record_margins=greedy,
                     batch_size=1,
+                    count_experts=False,  # the speculative run's census is the one reported
                 )
             )
             log(f"baseline (k=0, batch 1): {rates(ref.metrics)}")

@@ -9,7 +9,7 @@ from orchestrator.config.registry import PARAMS
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import TrialConfig, resolve
 from orchestrator.errors import UserError
-from orchestrator.prompts.context import draw_to_length, filler_tokens
+from orchestrator.prompts.context import context_repeats, draw_to_length, filler_tokens
 from orchestrator.prompts.loading import BUNDLED_PROMPTS, Prompt, Tokenizer, load_prompts
 from workers.model.args import ModelArgs
 from workers.model.locate import is_random, load_args, resolve_model_path
@@ -45,6 +45,7 @@ class PreparedWorkload:
     allreduce_table: AllreduceTable | None = None  # emulated TP: the table its collectives wait (set by validation)
     # workload.context_lengths: {L: every prompt drawn to exactly L tokens} (orchestrator/prompts/context.py)
     contexts: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # caveats of this workload, one line each (validate and run print them)
 
     def prompts_at(self, context: int | None) -> tuple[tuple[int, ...], ...]:
         """The prompts of a context bucket (None: as they are)."""
@@ -114,13 +115,26 @@ def prepare(cfg: ExperimentConfig, k_max: int | None = None) -> PreparedWorkload
     need = max(len(s) for s in ids) + room
     if need > args.max_position_embeddings:
         raise UserError(f"workload: longest prompt + max_new_tokens needs {need} positions, the model has {args.max_position_embeddings}")
-    contexts = {}
+    contexts, notes = {}, []
     if w.context_lengths:
         filler = filler_tokens([p.text for p in prompts], tok.encode_text)
-        contexts = {n: draw_to_length(ids, filler, n, tok.bos_id) for n in w.context_lengths}
+        try:
+            contexts = {n: draw_to_length(ids, filler, n, tok.bos_id) for n in w.context_lengths}
+        except ValueError as e:
+            raise UserError(f"workload.context_lengths: {e}") from None
         need = max(need, max(w.context_lengths) + room)
+        if (times := context_repeats(filler, max(w.context_lengths))) > 1:
+            notes.append(
+                f"workload.context_lengths: a bucket of {max(w.context_lengths)} tokens repeats the other prompts' text {times:.0f} times; "
+                "n-gram and EAGLE drafters find more to copy in repeated text than in a real context (more prompts repeat less)"
+            )
+        if cfg.parallel.device == "cuda":
+            notes.append(
+                f"workload.context_lengths: every cell runs on one KV cache of {-(-need // 256) * 256} positions (the longest "
+                "bucket's): SDPA attention in CUDA graphs reads all of it, and the split-KV kernel splits it for that length"
+            )
     # random weights' tokens mean nothing: an EOS among them would only cut the measured run short
     # (nor do an emulated rank's: it exchanges no partial sums)
     eos = () if is_random(path) or cfg.parallel.emulate_tp else tuple(sorted(set(tok.eos_ids) | set(args.eos_token_ids)))
     max_seq = min(args.max_position_embeddings, -(-need // 256) * 256)
-    return PreparedWorkload(str(path), args, prompts, ids, eos, max_seq, tok, contexts=contexts)
+    return PreparedWorkload(str(path), args, prompts, ids, eos, max_seq, tok, contexts=contexts, notes=notes)

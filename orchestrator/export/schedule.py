@@ -1,6 +1,8 @@
 """The per-batch-size schedule of a study: for each batch size in `workload.batch_sizes`, the best
 configuration measured at that size, its throughput, its speedup over plain decoding at the same
-batch size and TP, and its noise band. `spectune export` renders it for serving engines
+batch size and TP, and its noise band; with `workload.context_lengths`, the same for every batch size
+and context bucket in `by_context` (rows with `context_len`; `schedule`'s rows are the prompts as they
+are, what engine exports render). `spectune export` renders it for serving engines
 (orchestrator/export/formats.py); the report plots it.
 
     spectune export experiments/smoke-cpu.yaml --to json [--out schedule.json]
@@ -214,14 +216,13 @@ def build_schedule(study, model: str = "", dtype: str = "", device: str = "") ->
 
 def _row(done, groups: dict[str, list], noise: float | None, batch: int, context: int | None) -> dict | None:
     """One cell's entry: its best configuration and how it compares (None: nothing measured there)."""
-    best = None
-    for trials in groups.values():
-        values = _throughputs(trials, batch, context)
-        if values and (best is None or np.median(values) > best[0]):
-            best = (float(np.median(values)), trials)
-    if best is None:
+    ranked = sorted(
+        ((float(np.median(values)), trials) for trials in groups.values() if (values := _throughputs(trials, batch, context))),
+        key=lambda pair: -pair[0],
+    )
+    if not ranked:
         return None
-    value, trials = best
+    value, trials = ranked[0]
     params = trial_params(trials[0])
     tp = int(params.get("parallel.tp", 1))
     plain = [t for t in done if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp]
@@ -244,6 +245,19 @@ def _row(done, groups: dict[str, list], noise: float | None, batch: int, context
         "trial": min(t.number for t in trials),
         **_step_times(trials, batch, context),
         "best_by_backend": best_by_backend(groups, batch, _deployed_tp(params), context),
+        # the second-best configuration in this cell: how far ahead the winner is (against the noise band)
+        "runner_up": _runner_up(ranked[1]) if len(ranked) > 1 else None,
+    }
+
+
+def _runner_up(pair: tuple[float, list]) -> dict:
+    value, trials = pair
+    params = trial_params(trials[0])
+    k = int(params.get("spec.num_draft_tokens", 0))
+    return {
+        "num_draft_tokens": k,
+        "drafter": str(params.get("drafter.kind", "none")) if k > 0 else "none",
+        "throughput_tok_s": round(value, 2),
     }
 
 

@@ -6,10 +6,12 @@ prompts do (attention reads grow with the context, so the best k moves with it).
     ids_at_4k = draw_to_length(token_ids, filler, 4096, bos=1)
 
 The rule: prompt i keeps its own tokens at the end (the chat template's generation prompt included, so
-the model answers it), a leading BOS stays first, and the tokens between are the text of the other
-prompts of the same workload (the held-out split: nothing a drafter was trained on), starting at prompt
-i + 1 and cycling, encoded without special tokens. A prompt longer than L keeps its last L tokens (and
-its BOS). Every prompt of a bucket is exactly L tokens long.
+the model answers it), a leading BOS stays first, and the tokens between are the text of the workload's
+other prompts (never prompt i's own; `workload.split: heldout` keeps them out of anything a drafter was
+trained on), starting after prompt i and cycling, encoded without special tokens. A prompt longer than L
+keeps its last L tokens (and its BOS). Every prompt of a bucket is exactly L tokens long. Where the other
+prompts hold fewer tokens than L, their text repeats: a context of repeated text is one n-gram and
+EAGLE drafters find more to copy from than a real one (`context_repeats` says how often).
 """
 
 from __future__ import annotations
@@ -36,10 +38,18 @@ def draw_to_length(
         if need > 0:
             if not pool:
                 raise ValueError("the workload's prompts hold no text to draw a longer context from")
-            j = i + 1
+            others = [f for j, f in enumerate(filler) if f and j != i] or pool  # never the prompt's own text, unless alone
+            j = i
             while len(middle) < need:
-                middle += pool[j % len(pool)]
+                middle += others[j % len(others)]
                 j += 1
             middle = middle[len(middle) - need :]  # the tokens nearest the prompt: a cut mid-text lands far from it
         out.append(tuple(head) + tuple(middle) + tuple(body))
     return tuple(out)
+
+
+def context_repeats(filler: list[list[int]], length: int) -> float:
+    """How many times a bucket of `length` tokens repeats the other prompts' text (the smallest such pool)."""
+    sizes = [sum(len(f) for j, f in enumerate(filler) if j != i) for i in range(len(filler))]
+    smallest = min((n for n in sizes if n), default=0)
+    return length / smallest if smallest else float("inf")

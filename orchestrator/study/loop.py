@@ -354,6 +354,8 @@ def run_study(cfg: ExperimentConfig, log: Callable[[str], None] | None = None) -
     # every input is checked before anything launches or is written: YAML, model, prompts, storage, resources
     prepared = check_experiment(cfg)
     check_constraints(cfg)
+    for note in prepared.notes:
+        log(f"spectune: note: {note}")
     home = spectune_home()
     ours = not ray.is_initialized()  # this run connects (and so disconnects); a caller's own Ray stays
     embedded = not os.environ.get("RAY_ADDRESS") and ours

@@ -197,6 +197,7 @@ def test_reference_parameter_table_is_generated_from_the_declarations():
         "h200-1gpu-smollm2.yaml",
         "qwen3-8b-1gpu.yaml",
         "qwen3-30b-a3b-1gpu.yaml",
+        "context-llama3.1-8b-1gpu.yaml",
     ],
 )
 def test_shipped_experiments_parse(name):

@@ -13,7 +13,7 @@ from orchestrator.config.schema import WorkloadSection
 from orchestrator.explain.report.contexts import context_html, context_sentences, context_summary
 from orchestrator.export.common import header, sorted_rows
 from orchestrator.export.schedule import batch_sizes_of, build_schedule, cells_of, contexts_of
-from orchestrator.prompts.context import draw_to_length
+from orchestrator.prompts.context import context_repeats, draw_to_length
 from orchestrator.record import batch_metric, metric_cell
 
 pytestmark = pytest.mark.unit
@@ -31,6 +31,10 @@ def test_every_prompt_is_drawn_to_exactly_the_length_with_bos_first_and_its_own_
     # prompt 0's context comes from prompt 1's text onwards (cycling), the tokens nearest the prompt kept
     assert out[0] == (BOS, 121, 130, 131, 132, 133, 10, 11, 12)
     assert out[2] == (BOS, 110, 111, 112, 30, 31, 32, 33, 34)  # the last prompt's context: the first prompt's text
+    # a prompt's own text never makes its context: with two prompts, each is preceded by the other's alone
+    pair = draw_to_length(PROMPTS[:2], FILLER[:2], 12, BOS)
+    assert set(pair[0][1:-3]) == {120, 121} and set(pair[1][1:-2]) == {110, 111, 112}
+    assert context_repeats(FILLER[:2], 12) == 12 / 2  # the smallest other-prompt pool: prompt 0's, 2 tokens
 
 
 def test_a_prompt_longer_than_the_bucket_keeps_its_bos_and_its_end():
@@ -91,6 +95,7 @@ def test_the_schedule_has_a_row_per_batch_size_and_bucket():
     assert sorted(by) == [(1, 1024), (2, 1024)]
     assert by[(1, 1024)]["num_draft_tokens"] == 2 and by[(1, 1024)]["speedup_vs_plain"] == pytest.approx(100 / 80, abs=1e-3)
     assert by[(2, 1024)]["trials"] == [2] and by[(2, 1024)]["plain_throughput_tok_s"] == 150
+    assert by[(2, 1024)]["runner_up"] == {"num_draft_tokens": 0, "drafter": "none", "throughput_tok_s": 150.0}
     # engines take rows by batch size only: the exports read the prompts' own rows, and say so for the buckets
     assert [r["batch_size"] for r in sorted_rows(s)] == [1, 2]
     lines = "\n".join(header(s, sorted_rows(s), "vllm"))
@@ -101,6 +106,13 @@ def test_the_report_says_where_the_best_configuration_moves_with_the_context():
     s = context_summary(build_schedule(_study()), 40)
     text = " ".join(context_sentences(s))
     assert "moves from ngram k=4 at the prompts' own lengths (median 40 tokens) to ngram k=2 (1.25x plain) at context 1024" in text
+    assert "within the noise" not in text  # 100 against 90 at context 1024: a lead of 10%, far above the noise
+    # the same study with k = 2 only just ahead at context 1024 at batch 1: the sentence says it is no finding
+    close = _study()
+    close.add_trial(_trial(3, [149, 151], {(2, None): 245, (1, 1024): 99.9, (2, 1024): 155}))
+    assert "At context 1024 its lead over ngram k=3 is within the noise of one measurement" in " ".join(
+        context_sentences(context_summary(build_schedule(close), 40))
+    )
     page = context_html(s)
     assert page.count("<tr>") == 5 and "prompts (40)" in page and 'id="context-schedule"' in page
     assert context_summary(build_schedule(optuna.create_study()), None) is None

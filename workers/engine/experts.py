@@ -30,8 +30,9 @@ def moe_layers(model) -> list[MoE]:
 
 
 @torch.no_grad()
-def count_experts(model, sequences: list[list[int]], prompt_lengths: list[int]) -> dict[int, tuple[float, int]]:
-    """{W: (distinct experts summed over layers and passes, number of layer-passes)}; {} for a dense model."""
+def count_experts(model, sequences: list[list[int]], prompt_lengths: list[int], cache) -> dict[int, tuple[float, int]]:
+    """{W: (distinct experts summed over layers and passes, number of layer-passes)}; {} for a dense model.
+    `cache`: the run's KV cache, reused (reset before each sequence; the next prompt resets it again)."""
     layers = moe_layers(model)
     if not layers:
         return {}
@@ -43,9 +44,8 @@ def count_experts(model, sequences: list[list[int]], prompt_lengths: list[int]) 
         for layer in layers:
             layer.census = []
         try:
-            cache = model.new_cache(1, max_seq=len(seq))
+            cache.reset()
             model.hidden(torch.tensor([seq], device=device), cache)
-            del cache
             routed = [torch.cat(layer.census)[start:] for layer in layers]  # [output tokens, top_k] per layer
         finally:
             for layer in layers:

@@ -207,8 +207,10 @@ class StepRunner:
         return self._plain_experts
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
-        """Eager pass over a prompt (or anything longer than max_width): logits of the last token."""
-        return self.model(torch.tensor([tokens], device=self.device), self.cache)[0, -1]
+        """Eager pass over a prompt (or anything longer than max_width): logits of the last token (the head
+        runs on that one position: [T, vocab] logits of a 32k-token context would take tens of GB)."""
+        h = self.model.hidden(torch.tensor([tokens], device=self.device), self.cache)
+        return self.model.logits(h[:, -1])[0]
 
     def _comm_on(self) -> bool:
         return bool(getattr(self.allreduce, "enabled", True))

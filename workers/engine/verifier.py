@@ -199,11 +199,16 @@ class Verifier:
         profile = {}
         if w.profile_widths and w.profile_iters > 0 and w.batch_size == 1:  # every rank times the same passes
             profile = {W: 1e3 * self.steps.time_step(W, w.profile_iters) for W in w.profile_widths}
-        experts = {}
-        if w.count_experts and w.batch_size == 1:  # every rank runs the census forward (collective), rank 0 keeps it
-            experts = count_experts(self.model, [list(p) + r.tokens for p, r in zip(w.prompts, prompts)], [len(p) for p in w.prompts])
         if (check := getattr(self.allreduce, "raise_if_timed_out", None)) is not None:
-            check()  # a rank that fell behind during the timed steps left wrong sums: this rank raises, the trial fails
+            check()
+        experts = {}
+        # every rank runs the census forward (its allreduces are collective), rank 0 keeps the counts; an emulated
+        # rank exchanges no partial sums, so its routing is not the model's: no census there
+        if w.count_experts and w.batch_size == 1 and self.allreduce.name != "emulated":
+            sequences = [list(p) + r.tokens for p, r in zip(w.prompts, prompts)]
+            experts = count_experts(
+                self.model, sequences, [len(p) for p in w.prompts], self.cache
+            )  # a rank that fell behind during the timed steps left wrong sums: this rank raises, the trial fails
         if self.rank != 0:
             return None
         return RunResult(prompts=prompts, stats=stats, num_draft_tokens=k, ablation=split, width_ms=profile, experts=experts)

@@ -18,10 +18,15 @@ def _what(row: dict) -> str:
 
 def context_summary(schedule: dict, prompt_tokens: int | None) -> dict | None:
     """None for a study without context buckets; else {"rows": one per batch size and context (None: the
-    prompts as they are, `prompt_tokens` the median length), "prompt_tokens", "noise_rel"}."""
+    prompts as they are, `prompt_tokens` their median length), by batch size and then length, "prompt_tokens",
+    "noise_rel"}."""
     if not schedule.get("by_context"):
         return None
-    rows = sorted(schedule["schedule"] + schedule["by_context"], key=lambda r: (r["batch_size"], r["context_len"] or 0))
+
+    def length(r: dict) -> int:
+        return r["context_len"] if r["context_len"] is not None else (prompt_tokens or 0)
+
+    rows = sorted(schedule["schedule"] + schedule["by_context"], key=lambda r: (r["batch_size"], length(r)))
     return {"rows": rows, "prompt_tokens": prompt_tokens, "noise_rel": schedule.get("noise_rel")}
 
 
@@ -31,29 +36,39 @@ def _context_words(context: int | None, prompt_tokens: int | None) -> str:
     return f"the prompts' own lengths (median {prompt_tokens} tokens)" if prompt_tokens else "the prompts' own lengths"
 
 
+def _clear_lead(row: dict, noise_rel: float | None) -> bool:
+    """The cell's winner leads its runner-up by more than twice the noise of one measurement (a cell is
+    measured once per trial); no runner-up or no noise measured: taken as it stands."""
+    other = row.get("runner_up")
+    if not other or noise_rel is None:
+        return True
+    return row["throughput_tok_s"] - other["throughput_tok_s"] > 2 * noise_rel * row["throughput_tok_s"]
+
+
 def context_sentences(s: dict) -> list[str]:
-    """Per batch size: the best configuration at the shortest and the longest context, and whether it moved."""
+    """Per batch size: the best configuration at the shortest and at the longest context, whether it moved,
+    and whether the lead at the long end is more than the noise."""
     out = []
-    for batch in sorted({r["batch_size"] for r in s["rows"]}):
+    sizes = sorted({r["batch_size"] for r in s["rows"]})
+    for batch in sizes:
         rows = [r for r in s["rows"] if r["batch_size"] == batch]
         short, long = rows[0], rows[-1]
-        at = f"At batch size {batch}" if batch > 1 or len({r["batch_size"] for r in s["rows"]}) > 1 else "At batch 1"
+        at = f"At batch size {batch}"
         speed = f" ({long['speedup_vs_plain']:.2f}x plain)" if long.get("speedup_vs_plain") else ""
+        first, last = _context_words(short["context_len"], s["prompt_tokens"]), _context_words(long["context_len"], s["prompt_tokens"])
         if _what(short) == _what(long):
-            out.append(
-                f"{at} the best configuration is the same from {_context_words(short['context_len'], s['prompt_tokens'])} "
-                f"to {_context_words(long['context_len'], s['prompt_tokens'])}: {_what(long)}{speed}."
-            )
+            line = f"{at} the best configuration is the same at {first} and at {last}: {_what(long)}{speed}."
         else:
-            out.append(
-                f"{at} the best configuration moves from {_what(short)} at {_context_words(short['context_len'], s['prompt_tokens'])} "
-                f"to {_what(long)}{speed} at {_context_words(long['context_len'], s['prompt_tokens'])}."
-            )
+            line = f"{at} the best configuration moves from {_what(short)} at {first} to {_what(long)}{speed} at {last}."
+        if not _clear_lead(long, s["noise_rel"]):
+            other = long["runner_up"]
+            line += f" At {last} its lead over {_what(other)} is within the noise of one measurement: not a finding."
+        out.append(line)
     out.append(
-        "Each context bucket's prompts are drawn to exactly that many tokens from the workload's other prompts "
-        "(held-out text); every bucket is measured once per trial, after the batch-1 repeats. Engines take their "
-        "speculation settings by batch size only: the exports carry the schedule at the prompts' own lengths, "
-        "and schedule.json (spectune export --to json) carries every bucket."
+        "Each context bucket's prompts are drawn to exactly that many tokens from the workload's other prompts; every "
+        "cell is measured once per trial, after the batch-1 repeats, and ranked by throughput with the prefill (which a "
+        "long context makes most of the time). Engines take their speculation settings by batch size only: the exports "
+        "carry the schedule at the prompts' own lengths, and schedule.json (spectune export --to json) every bucket."
     )
     return out
 

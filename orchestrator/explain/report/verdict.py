@@ -18,8 +18,9 @@ OBJECTIVE_MEANS = (
     "included, the median over the trial's repeats minus study.mad_penalty x their MAD (one repeat: "
     "the value itself). decode_tok_s, where shown, counts decode steps only (no prefill): it is what "
     "the performance model predicts, and it is higher than " + OBJECTIVE + ". Everything above the batch-size "
-    "section is at batch size 1; with workload.batch_sizes, Optuna's objective is the geometric mean of the "
-    "throughput over the batch sizes."
+    "section is at batch size 1 with the prompts as they are; with workload.batch_sizes or "
+    "workload.context_lengths, Optuna's objective is the geometric mean of the throughput over the measured "
+    "cells (batch sizes x context buckets)."
 )
 
 
