@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from orchestrator.export.schedule import config_words
 from orchestrator.export.versions import ENGINE_NAMES
 
 BACKEND_WORDS = {
@@ -168,11 +169,6 @@ class AllreduceCost:
         return self.fallback_tok_s / self.winner_tok_s if self.fallback_tok_s is not None and self.winner_tok_s else None
 
 
-def _config_words(entry: dict) -> str:
-    k = int(entry.get("num_draft_tokens") or 0)
-    return "plain decoding" if k == 0 or entry.get("drafter") in (None, "none") else f"{entry['drafter']} k={k}"
-
-
 def allreduce_costs(rows: list[dict], engine: str) -> list[AllreduceCost]:
     """One entry per batch size whose winner ran a backend the engine has no equivalent of."""
     have = ENGINE_BACKENDS[engine]
@@ -192,7 +188,7 @@ def allreduce_costs(rows: list[dict], engine: str) -> list[AllreduceCost]:
                 backend,
                 float(best["throughput_tok_s"]),
                 best.get("trial"),
-                _config_words(best),
+                config_words(best),
             )
         out.append(cost)
     return out

@@ -80,7 +80,8 @@ def contexts_of(trials) -> list[int]:
     return sorted({c for _, c in cells_of(trials) if c is not None})
 
 
-def _throughputs(trials, batch: int, context: int | None = None) -> list[float]:
+def throughputs(trials, batch: int, context: int | None = None) -> list[float]:
+    """A configuration's measurements in one cell: batch 1 as they are, its repeats pooled; elsewhere one per trial."""
     if (batch, context) == (1, None):
         return [x for t in trials for x in trial_samples(t)]
     key = batch_metric("throughput_tok_s", batch, context)
@@ -118,7 +119,7 @@ def best_by_backend(groups: dict[str, list], batch: int, tp: int, context: int |
     best: dict[str, dict] = {}
     for trials in groups.values():
         params = trial_params(trials[0])
-        values = _throughputs(trials, batch, context)
+        values = throughputs(trials, batch, context)
         if not values or _deployed_tp(params) != tp:
             continue
         backend = str(params.get("comm.backend", ""))
@@ -156,6 +157,12 @@ def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
         },
         "engine": {name.split(".", 1)[1]: v for name, v in params.items() if name.startswith("engine.")},
     }
+
+
+def config_words(row: dict) -> str:
+    """A schedule row's (or best_by_backend / runner_up entry's) configuration in a few words: "ngram k=4", "plain decoding"."""
+    k = int(row.get("num_draft_tokens") or 0)
+    return "plain decoding" if k == 0 or row.get("drafter") in (None, "none") else f"{row['drafter']} k={k}"
 
 
 def emulated_label(params: dict) -> str | None:
@@ -217,7 +224,7 @@ def build_schedule(study, model: str = "", dtype: str = "", device: str = "") ->
 def _row(done, groups: dict[str, list], noise: float | None, batch: int, context: int | None) -> dict | None:
     """One cell's entry: its best configuration and how it compares (None: nothing measured there)."""
     ranked = sorted(
-        ((float(np.median(values)), trials) for trials in groups.values() if (values := _throughputs(trials, batch, context))),
+        ((float(np.median(values)), trials) for trials in groups.values() if (values := throughputs(trials, batch, context))),
         key=lambda pair: -pair[0],
     )
     if not ranked:
@@ -226,7 +233,7 @@ def _row(done, groups: dict[str, list], noise: float | None, batch: int, context
     params = trial_params(trials[0])
     tp = int(params.get("parallel.tp", 1))
     plain = [t for t in done if is_baseline(t) and int(trial_params(t).get("parallel.tp", tp)) == tp]
-    plain_values = _throughputs(plain, batch, context)
+    plain_values = throughputs(plain, batch, context)
     plain_med = float(np.median(plain_values)) if plain_values else None
     decode, plain_decode = _median(_decode_rates(trials, batch, context)), _median(_decode_rates(plain, batch, context))
     return {
@@ -239,7 +246,7 @@ def _row(done, groups: dict[str, list], noise: float | None, batch: int, context
         "decode_tok_s": round(decode, 2) if decode else None,
         "plain_decode_tok_s": round(plain_decode, 2) if plain_decode else None,
         "decode_speedup_vs_plain": round(decode / plain_decode, 3) if decode and plain_decode else None,
-        "samples": len(_throughputs(trials, batch, context)),  # measurements behind the median (the noise rule's n)
+        "samples": len(throughputs(trials, batch, context)),  # measurements behind the median (the noise rule's n)
         "plain_samples": len(plain_values),
         "trials": sorted(t.number for t in trials),
         "trial": min(t.number for t in trials),

@@ -12,9 +12,15 @@ import html
 
 import numpy as np
 
-from orchestrator.export.schedule import RANKED_BY_WHY, batch_sizes_of, build_schedule, speculation_stops_paying
-from orchestrator.record import batch_metric
-from orchestrator.search.ranking import complete_trials, config_key, trial_params, trial_samples
+from orchestrator.export.schedule import (
+    RANKED_BY_WHY,
+    batch_sizes_of,
+    build_schedule,
+    config_words,
+    speculation_stops_paying,
+    throughputs,
+)
+from orchestrator.search.ranking import complete_trials, config_key, trial_params
 from orchestrator.tracking.runs import config_label
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -66,11 +72,7 @@ def _lines(study) -> tuple[list[int], list[tuple[str, bool, list[float | None]]]
         params = trial_params(trials[0])
         values: list[float | None] = []
         for b in sizes:
-            xs = (
-                [x for t in trials for x in trial_samples(t)]
-                if b == 1
-                else [t.user_attrs[k] for t in trials if (k := batch_metric("throughput_tok_s", b)) in t.user_attrs]
-            )
+            xs = throughputs(trials, b)
             values.append(float(np.median(xs)) if xs else None)
         lines.append((config_label(params), int(params.get("spec.num_draft_tokens", 0)) == 0, values))
     lines.sort(key=lambda line: -(line[2][0] or 0))
@@ -137,7 +139,7 @@ def batch_html(s: dict | None) -> str:
     )
     body = []
     for r in s["schedule"]:
-        what = "plain decoding" if r["num_draft_tokens"] == 0 else f"{r['drafter']} k={r['num_draft_tokens']}"
+        what = config_words(r)
         band = f"{r['noise_band_tok_s']:.2f}" if r["noise_band_tok_s"] is not None else "?"
         plain = f"{r['plain_throughput_tok_s']:.2f}" if r["plain_throughput_tok_s"] else "-"
         speed = f"{r['speedup_vs_plain']:.2f}x" if r["speedup_vs_plain"] else "-"

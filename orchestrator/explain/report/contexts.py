@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import html
 
-
-def _what(row: dict) -> str:
-    return "plain decoding" if row["num_draft_tokens"] == 0 else f"{row['drafter']} k={row['num_draft_tokens']}"
+from orchestrator.export.schedule import config_words
 
 
 def context_summary(schedule: dict, prompt_tokens: int | None) -> dict | None:
@@ -56,13 +54,13 @@ def context_sentences(s: dict) -> list[str]:
         at = f"At batch size {batch}"
         speed = f" ({long['speedup_vs_plain']:.2f}x plain)" if long.get("speedup_vs_plain") else ""
         first, last = _context_words(short["context_len"], s["prompt_tokens"]), _context_words(long["context_len"], s["prompt_tokens"])
-        if _what(short) == _what(long):
-            line = f"{at} the best configuration is the same at {first} and at {last}: {_what(long)}{speed}."
+        if config_words(short) == config_words(long):
+            line = f"{at} the best configuration is the same at {first} and at {last}: {config_words(long)}{speed}."
         else:
-            line = f"{at} the best configuration moves from {_what(short)} at {first} to {_what(long)}{speed} at {last}."
+            line = f"{at} the best configuration moves from {config_words(short)} at {first} to {config_words(long)}{speed} at {last}."
         if not _clear_lead(long, s["noise_rel"]):
             other = long["runner_up"]
-            line += f" At {last} its lead over {_what(other)} is within the noise of one measurement: not a finding."
+            line += f" At {last} its lead over {config_words(other)} is within the noise of one measurement: not a finding."
         out.append(line)
     out.append(
         "Each context bucket's prompts are drawn to exactly that many tokens from the workload's other prompts; every "
@@ -84,7 +82,7 @@ def context_html(s: dict | None) -> str:
         plain = f"{r['plain_throughput_tok_s']:.2f}" if r["plain_throughput_tok_s"] else "-"
         speed = f"{r['speedup_vs_plain']:.2f}x" if r["speedup_vs_plain"] else "-"
         body.append(
-            f"<tr><td>{r['batch_size']}</td><td>{e(ctx)}</td><td>{e(_what(r))}, tp {r['tp']}, {e(r['backend'])}</td>"
+            f"<tr><td>{r['batch_size']}</td><td>{e(ctx)}</td><td>{e(config_words(r))}, tp {r['tp']}, {e(r['backend'])}</td>"
             f"<td>{r['throughput_tok_s']:.2f}</td><td>{plain}</td><td>{speed}</td><td>{e(', '.join(map(str, r['trials'])))}</td></tr>"
         )
     notes = "<br>".join(e(x) for x in context_sentences(s))
