@@ -140,9 +140,8 @@ def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
     variables from the driver's environment, listed apart)."""
     k = int(params.get("spec.num_draft_tokens", 0))
     kind = str(params.get("drafter.kind", "none")) if k > 0 else "none"
+    # `params` from ranking.trial_params: a parameter declared after the trial ran is filled with its default
     options = {opt: params[name] for name, opt in drafter_options(kind).items() if name in params}
-    if kind == "ngram":  # recorded before ngram_min was a parameter: it ran the declared default
-        options.setdefault("ngram_min", PARAMS["drafter.ngram_min"].default)
     return {
         "batch_size": batch,
         # an emulated trial ran one rank of TP N in one process (parallel.tp 1): the deployment is TP N
