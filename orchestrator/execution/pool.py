@@ -2,6 +2,11 @@
 env) runs on it; a plain-decoding trial runs on any gang with its verifier setup.
 
     pool = GangPool(Resources()); gang = pool.get(spec, env, plain=False); ...; pool.close()
+    pool.launch_failed          # after a GangError from get: the gang's identity, where its launch failed for good
+
+A launch fails for good when a rank raised in its setup or warm-up (out of memory, a model it cannot
+build, a kernel that refuses): every trial that needs that gang would fail alike. A rank that died or did
+not answer in time, and an interrupted launch, may not fail again, so those leave `launch_failed` None.
 """
 
 from __future__ import annotations
@@ -15,6 +20,21 @@ from orchestrator.execution.cluster import Resources
 from orchestrator.execution.gang import RayGang
 from workers.errors import GangError
 from workers.spec import GangSpec, Workload
+
+TRANSIENT = ("did not answer within", " died (", "interrupted")  # GangError texts a retry may not repeat
+
+
+def fails_for_good(e: BaseException) -> bool:
+    """A launch error every launch of the same gang would repeat: a rank raised (RayGang._gather's
+    "what: rank N: ExcType: ..."), not a rank that died, missed its deadline or was interrupted."""
+    return isinstance(e, GangError) and not any(t in str(e) for t in TRANSIENT)
+
+
+def gang_identity(spec: GangSpec, env: dict[str, str]) -> str:
+    """One gang as a short stable string: the spec and the NCCL env it launches with."""
+    import hashlib
+
+    return hashlib.sha256(repr((spec, tuple(sorted(env.items())))).encode()).hexdigest()[:16]
 
 
 class GangPool:
@@ -35,6 +55,7 @@ class GangPool:
         self.interrupted = False  # set by `interrupt()`: the gang was closed under a running trial on purpose
         self.launching: RayGang | None = None  # the gang `get` is setting up (interrupt closes it too)
         self.progress = None  # one Ray queue for rank 0's progress, shared by every gang of the pool (made on first use)
+        self.launch_failed: str | None = None  # the last get's gang (gang_identity), where its launch failed for good
 
     def interrupt(self) -> None:
         """Stop the running trial from another thread (Ctrl-C, `ray job stop`): its gang goes (also one
@@ -46,6 +67,7 @@ class GangPool:
 
     def get(self, spec: GangSpec, env: dict[str, str], plain: bool) -> RayGang:
         key = (spec, tuple(sorted(env.items())))
+        self.launch_failed = None
         if self.gang is not None and not self.gang._closed:
             if key == self.key:
                 return self.gang
@@ -68,8 +90,10 @@ class GangPool:
             # warm-up: first calls pay for lazy initialisation, which no trial should be charged for
             warm = Workload(prompts=((1, 2, 3, 4),), max_new_tokens=2, num_draft_tokens=1 if spec.drafts else 0)
             gang.run(warm)
-        except BaseException:
+        except BaseException as e:
             gang.close()
+            if not self.interrupted and fails_for_good(e):
+                self.launch_failed = gang_identity(spec, env)
             raise
         finally:
             self.launching = None

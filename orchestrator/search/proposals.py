@@ -15,17 +15,24 @@ Rules, the same one trial at a time and in parallel:
   when every configuration not known is running (or an unbounded space's sampler is stuck), the
   driver stops asking until a running trial ends (`after_duplicate`), rather than spin;
 - a finite space whose every distinct configuration is known is exhausted: the study ends there,
-  also when `study.n_trials` is larger than the space.
+  also when `study.n_trials` is larger than the space;
+- a gang whose launch failed for good in this run (a rank out of memory, a model it cannot build:
+  orchestrator/execution/pool.py) is not launched again by this driver: a proposal that needs it, asked
+  or not, is told PRUNED naming the trial that failed, and every configuration on it counts as known for
+  the two rules above. Only this run's failures count: a resumed study tries such a gang once more
+  (the user may have freed the memory).
 
     book = Proposals(space=distinct_configs(cfg), rng=random.Random(0))
     book.known("k=0 ...", 0)                        # a finished trial's configuration
     verdict = book.admit(7, identity, asked=False)  # Admission(run=True) or a duplicate's twin
     book.finished(7, known=True)                    # the running trial ended
+    book.unlaunchable("3f9a...", 7, "GangError: setup: rank 0: OutOfMemoryError ...")   # its gang cannot launch
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_DUPLICATES = 8  # proposals in a row that repeat known configurations before the study picks one itself
@@ -43,10 +50,14 @@ class Admission:
 class Proposals:
     """The configurations known to the study and running now, by identity."""
 
-    def __init__(self, space: dict[str, dict] | None, rng: random.Random | None = None):
+    def __init__(self, space: dict[str, dict] | None, rng: random.Random | None = None, gang_of: Callable[[dict], str | None] | None = None):
         # space: every distinct configuration of a finite space -> the params that enqueue it (None: unbounded)
+        # gang_of: a configuration's params -> the gang it runs on (None: no gang can be ruled out)
         self.space = space
         self.rng = rng or random.Random(0)
+        self.gang_of = gang_of
+        self._unlaunchable: dict[str, tuple[int, str]] = {}  # gang -> (the trial whose launch failed, why)
+        self._gangs: dict[str, str | None] = {}  # a space configuration's identity -> its gang (gang_of, cached)
         self._known: dict[str, int] = {}  # identity -> the first trial that measured it
         self._running: dict[int, str] = {}  # trial number -> identity
         self._others: dict[str, int] = {}  # identities other drivers are measuring now -> their trials
@@ -59,9 +70,26 @@ class Proposals:
         """Configurations other drivers of the study are measuring now -> their trials (refreshed before each ask)."""
         self._others = dict(identities)
 
-    def admit(self, number: int, identity: str | None, asked: bool) -> Admission:
-        """An asked trial: measured (and then running), or a duplicate of a running or known one.
-        `identity` None (a configuration that cannot resolve) is measured: the trial prunes it with its reason."""
+    def unlaunchable(self, gang: str, number: int, reason: str) -> None:
+        """Trial `number`'s gang failed its launch for good (`reason`): no trial of this run needs it again."""
+        self._unlaunchable.setdefault(gang, (number, reason))
+
+    def _ruled_out(self, identity: str, params: dict) -> bool:
+        """The configuration runs on a gang that failed its launch in this run."""
+        if not self._unlaunchable or self.gang_of is None:
+            return False
+        if identity not in self._gangs:
+            self._gangs[identity] = self.gang_of(params)
+        return self._gangs[identity] in self._unlaunchable
+
+    def admit(self, number: int, identity: str | None, asked: bool, gang: str | None = None) -> Admission:
+        """An asked trial: measured (and then running), or a duplicate of a running or known one, or one
+        whose `gang` failed its launch in this run. `identity` None (a configuration that cannot resolve)
+        is measured: the trial prunes it with its reason."""
+        if gang is not None and gang in self._unlaunchable:
+            self.duplicates_in_a_row += 1
+            failed, why = self._unlaunchable[gang]
+            return Admission(False, failed, f"its gang failed to launch in trial {failed} ({why[:160]}); not launched again in this run")
         if identity is not None and not asked:
             twin = next((n for n, i in self._running.items() if i == identity), None)
             if twin is None and identity in self._others:
@@ -96,7 +124,7 @@ class Proposals:
         if self.space is None:
             return []
         busy = set(self._known) | set(self._running.values()) | set(self._others)
-        return [params for identity, params in self.space.items() if identity not in busy]
+        return [params for identity, params in self.space.items() if identity not in busy and not self._ruled_out(identity, params)]
 
     def pick_untried(self) -> dict | None:
         """The study's own pick when the sampler keeps repeating itself: an unknown configuration at random."""
@@ -121,8 +149,8 @@ class Proposals:
 
     @property
     def exhausted(self) -> bool:
-        """Every distinct configuration of a finite space is known."""
-        return self.space is not None and all(identity in self._known for identity in self.space)
+        """Every distinct configuration of a finite space is known (or runs on a gang that cannot launch)."""
+        return self.space is not None and all(identity in self._known or self._ruled_out(identity, params) for identity, params in self.space.items())
 
     @property
     def size(self) -> int | None:

@@ -13,11 +13,12 @@ test drives two of these, in two processes, on one storage.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestrator.config.space import identity_of
+from orchestrator.config.space import identity_of, trial_config
+from orchestrator.execution.pool import gang_identity
 from orchestrator.record import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, RETRY_TAG
 from orchestrator.search.proposals import Admission
 from orchestrator.search.racing import Racing
@@ -29,8 +30,27 @@ from orchestrator.tracking.storage import frozen_trial
 if TYPE_CHECKING:
     import optuna
 
+    from orchestrator.config.schema import ExperimentConfig
+    from orchestrator.execution.workload import PreparedWorkload
     from orchestrator.study.context import StudyContext
     from orchestrator.tracking.runs import Tracker
+
+
+def gang_of_trial(trial, cfg: ExperimentConfig, prepared: PreparedWorkload) -> str | None:
+    """The gang a trial (asked, or an optuna FixedTrial of a configuration's params) runs on
+    (pool.gang_identity); None where its configuration does not resolve."""
+    try:
+        tc = trial_config(trial, cfg)
+        return gang_identity(prepared.gang_spec(cfg, tc), dict(tc.nccl_env))
+    except Exception:  # noqa: BLE001 - a configuration that does not resolve: the trial says why
+        return None
+
+
+def gang_of_params(cfg: ExperimentConfig, prepared: PreparedWorkload) -> Callable[[dict], str | None]:
+    """A configuration's params -> its gang: what `Proposals.gang_of` asks to rule out whole gangs."""
+    import optuna
+
+    return lambda params: gang_of_trial(optuna.trial.FixedTrial(params), cfg, prepared)
 
 
 @dataclass
@@ -73,7 +93,7 @@ class Asker:
                 return Asked(trial, "surplus")
             frozen = frozen_trial(study, trial.number)
             asked = "fixed_params" in frozen.system_attrs  # enqueued: the study asked for it
-            admission = proposals.admit(trial.number, identity_of(trial, cfg), asked)
+            admission = proposals.admit(trial.number, identity_of(trial, cfg), asked, gang_of_trial(trial, cfg, ctx.prepared))
             if admission.run:
                 return Asked(trial, "run", admission)
             then = proposals.after_duplicate()

@@ -215,6 +215,9 @@ class TrialController:
         if isinstance(out, BaseException):
             raise out
         self.ctx.proposals.finished(number, known=out.state != "FAIL" or out.invalid)
+        if out.unlaunchable is not None:
+            self.ctx.proposals.unlaunchable(out.unlaunchable, number, out.reason or "")
+            self.ctx.log(f"spectune: trial {number}'s gang failed to launch; no trial of this run launches that gang again")
         if self.failures.record(out) is Failure.NODE_LOST:
             self.lose_node(number, out.lost_node)
         self.ctx.progress.trial_done(number, out)

@@ -47,6 +47,7 @@ from orchestrator.record import BASELINE_TAG, DRIVER_ATTR, FAIL_TAG, HEARTBEAT_A
 from orchestrator.search.ranking import MAD_TO_SIGMA, noise_aware_pruner, rank
 from orchestrator.search.samplers import make_sampler, model_sampler_fits
 from orchestrator.study.ask_lock import ask_lock, taking_turns
+from orchestrator.study.asker import gang_of_params
 from orchestrator.study.context import StudyContext
 from orchestrator.study.drivers import DriverRecord, process_alive, ray_session_dir, reap_dead, start_time
 from orchestrator.study.goal import complete, known_configurations, space_finished
@@ -385,6 +386,7 @@ def run_study(cfg: ExperimentConfig, log: Callable[[str], None] | None = None) -
         if (emulated := emulation.report_line(cfg)) is not None:
             log(f"spectune: {emulated}")
         run.proposals = proposals = _known(study, cfg, log)
+        proposals.gang_of = gang_of_params(cfg, prepared)  # a gang whose launch fails rules out every configuration on it
         me = driver_id()
         slots, nodes = ([Slot(0)], []) if finished else study_slots(cfg, log)
         if len(slots) > 1:

@@ -85,6 +85,7 @@ class TrialOutcome:
     reason: str | None = None
     invalid: bool = False  # FAIL because its greedy output differs from the baseline (a known configuration)
     lost_node: str | None = None  # FAIL because its node left the cluster: that node's id (the params are queued again)
+    unlaunchable: str | None = None  # FAIL because its gang's launch failed for good: the gang (pool.gang_identity)
 
 
 def outputs_digest(result: RunResult) -> list[str]:
@@ -570,7 +571,7 @@ def run_trial(
     if (outcome := prune_unrunnable(t)) is not None:
         return outcome
     start_run(t)
-    state, reason, metrics = "FAIL", None, {}
+    state, reason, metrics, unlaunchable = "FAIL", None, {}, None
     try:
         m = measure(t, prepared, pool, live, site)
         metrics = m.metrics
@@ -587,6 +588,7 @@ def run_trial(
             outcome.lost_node = node_id
             return outcome
         reason = f"{type(e).__name__}: {e}"
+        unlaunchable = getattr(pool, "launch_failed", None)
         pool.close()
         note_neighbours(t, site)
         trial.set_user_attr(FAIL_TAG, reason)
@@ -597,4 +599,6 @@ def run_trial(
         _interrupted(study, trial, t, reason, lock)
         raise
     tracker.finish_trial(t.run_id, state, reason)
-    return TrialOutcome(state=state, config=t.tc, metrics=metrics, reason=reason, invalid=INVALID_TAG in trial.user_attrs)
+    return TrialOutcome(
+        state=state, config=t.tc, metrics=metrics, reason=reason, invalid=INVALID_TAG in trial.user_attrs, unlaunchable=unlaunchable
+    )

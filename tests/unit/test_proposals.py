@@ -206,3 +206,21 @@ def test_the_grid_keeps_the_points_of_one_gang_together(seed):
         p.finished(trial.number, known=True)
     switches = sum(a != b for a, b in zip(gangs, gangs[1:]))
     assert len(set(gangs)) == 3 and switches == 2, gangs  # ngram, layer_skip L=1, L=2: one launch each
+
+
+def test_a_gang_that_cannot_launch_rules_out_every_configuration_on_it():
+    space = {"plain": {"d": "none"}, "ng1": {"d": "ngram", "k": 1}, "ls1": {"d": "ls", "k": 1}, "ls2": {"d": "ls", "k": 2}}
+    p = Proposals(space, random.Random(0), gang_of=lambda params: f"gang-{params['d']}")
+    assert p.admit(0, "ls1", asked=False, gang="gang-ls").run
+    p.finished(0, known=False)  # its launch failed: a failure, so not known ...
+    p.unlaunchable("gang-ls", 0, "GangError: setup: rank 0: OutOfMemoryError")
+    # ... but no configuration on its gang is proposed, asked for or picked again
+    for identity, asked in (("ls1", False), ("ls2", False), ("ls2", True)):
+        no = p.admit(1, identity, asked=asked, gang="gang-ls")
+        assert not no.run and no.twin == 0 and no.reason.startswith("its gang failed to launch in trial 0 (GangError: setup")
+    assert sorted(map(str, p.untried())) == sorted(map(str, [{"d": "none"}, {"d": "ngram", "k": 1}]))
+    for n, identity in enumerate(("plain", "ng1"), start=2):
+        assert p.admit(n, identity, asked=False, gang=f"gang-{space[identity]['d']}").run
+        assert not p.exhausted
+        p.finished(n, known=True)
+    assert p.exhausted and p.pick_untried() is None

@@ -22,10 +22,23 @@ from optuna.trial import TrialState, create_trial
 from orchestrator.config.schema import validated
 from orchestrator.config.space import distinct_configs
 from orchestrator.errors import UserError
+from orchestrator.execution.pool import gang_identity
 from orchestrator.execution.slot_table import SlotTable
 from orchestrator.execution.slots import GangNeed, NodeInfo, Slot, plan_slots
-from orchestrator.record import CO_RUNNING_ATTR, DRIVER_ATTR, FAIL_TAG, GANG_ATTR, NODE_ATTR, PARAMS_ATTR, RACE_TAG, RETRY_TAG, SAMPLES_ATTR
+from orchestrator.record import (
+    CO_RUNNING_ATTR,
+    DRIVER_ATTR,
+    FAIL_TAG,
+    GANG_ATTR,
+    NODE_ATTR,
+    PARAMS_ATTR,
+    PRUNE_TAG,
+    RACE_TAG,
+    RETRY_TAG,
+    SAMPLES_ATTR,
+)
 from orchestrator.search.racing import Racing, Start
+from orchestrator.study.asker import gang_of_params
 from orchestrator.study.context import StudyContext
 from orchestrator.study.failures import Failure, FailurePolicy
 from orchestrator.study.goal import known_configurations
@@ -446,3 +459,65 @@ def test_while_other_drivers_hold_the_last_place_the_driver_waits_and_runs_what_
     assert retry.state == TrialState.COMPLETE and retry.user_attrs[RETRY_TAG] == theirs.number
     assert retry.user_attrs[DRIVER_ATTR] == "test-driver" and cluster.ran == {retry.number: LOCAL}
     assert [t.state for t in study.trials].count(TrialState.COMPLETE) == 2
+
+
+class OutOfMemoryPool(FakePool):
+    """A pool whose layer-skip gang never launches: a rank runs out of memory in its setup, as
+    GangPool reports it (`launch_failed`: the gang's identity)."""
+
+    def get(self, spec, env, plain):
+        self.launch_failed = None
+        if "layer_skip" in spec:
+            self.launch_failed = gang_identity(spec, env)
+            raise GangError("setup: rank 0: OutOfMemoryError: CUDA out of memory. Tried to allocate 1.31 GiB")
+        return super().get(spec, env, plain)
+
+
+def test_a_gang_that_cannot_launch_is_tried_once_and_its_configurations_are_not_launched_again():
+    """The seeds' emulated TP 8 study on an H100: every layer-skip trial ran out of memory at setup and
+    the sampler kept proposing layer-skip (20 failures). Now the first failure rules out its gang: the
+    other layer-skip proposals are told PRUNED naming it, and the space ends once the rest is measured."""
+    cfg = validated(
+        {
+            "name": "t",
+            "model": {"path": "random:tiny"},
+            "drafter": {"kind": "ngram"},
+            "parallel": {"tp": 1, "device": "cpu", "backend": "gloo"},
+            "workload": {"num_prompts": 2, "max_new_tokens": 8},
+            "search": {"space": {K: {"choices": [1, 2, 3]}, "drafter.kind": {"choices": ["ngram", "layer_skip"]}}},
+            "study": {"n_trials": 6, "race_trials": 0, "baseline": False, "pruner": "none", "sampler": "tpe", "seed": 0},
+        }
+    )
+    study, storage = _study()
+    study.enqueue_trial({K: 2, "drafter.kind": "layer_skip"})  # the first trial needs the gang that cannot launch
+    ctx, lines = _ctx(study, storage, cfg, max_failed=2)
+    prepared = SimpleNamespace(**{**vars(ctx.prepared), "gang_spec": lambda cfg, tc: f"drafter {tc.drafter.kind}"})
+    ctx.prepared = prepared
+    ctx.proposals.gang_of = gang_of_params(cfg, prepared)
+    cluster = FakeCluster()
+    pools = {0: OutOfMemoryPool(cluster, None)}
+    assert run_trials(ctx, [Slot(0)], pools, [], cluster.alive) == 1  # one failure, within the limit of 2
+    s = _by_state(study)
+    assert [t.number for t in s[TrialState.FAIL]] == [0]
+    assert study.trials[0].user_attrs[FAIL_TAG].startswith("GangError: setup: rank 0: OutOfMemoryError")
+    # the three n-gram configurations measured once each; every other layer-skip proposal never launched
+    assert sorted(t.params[K] for t in s[TrialState.COMPLETE]) == [1, 2, 3]
+    assert {t.params["drafter.kind"] for t in s[TrialState.COMPLETE]} == {"ngram"}
+    ruled_out = [t for t in s[TrialState.PRUNED] if t.params["drafter.kind"] == "layer_skip"]
+    assert all("its gang failed to launch in trial 0 (GangError: setup: rank 0: OutOfMemoryError" in t.user_attrs[PRUNE_TAG] for t in ruled_out)
+    assert sorted(cluster.ran) == sorted(t.number for t in s[TrialState.COMPLETE])  # nothing else decoded
+    assert ctx.proposals.exhausted  # the space ended the study: 3 COMPLETE of n_trials 6
+    assert "spectune: trial 0's gang failed to launch; no trial of this run launches that gang again" in lines
+
+
+def test_a_gang_that_died_or_timed_out_at_launch_stays_open():
+    """Only a rank that raised in its setup rules a gang out: one that died, did not answer or was
+    interrupted may not fail again, so its configurations stay open (the texts are RayGang._gather's)."""
+    from orchestrator.execution.pool import fails_for_good
+
+    assert fails_for_good(GangError("setup: rank 0: OutOfMemoryError: CUDA out of memory. Tried to allocate 1.31 GiB"))
+    assert fails_for_good(GangError("setup: rank 1: NotImplementedError: no fused step for latent attention"))
+    assert not fails_for_good(GangError("setup: ranks [0, 1] did not answer within 600s"))
+    assert not fails_for_good(GangError("setup: rank 0 died (ActorDiedError)"))
+    assert not fails_for_good(GangError("interrupted while its gang was launched"))
+    assert not fails_for_good(KeyboardInterrupt())
