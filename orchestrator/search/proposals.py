@@ -50,7 +50,9 @@ class Admission:
 class Proposals:
     """The configurations known to the study and running now, by identity."""
 
-    def __init__(self, space: dict[str, dict] | None, rng: random.Random | None = None, gang_of: Callable[[dict], str | None] | None = None):
+    def __init__(
+        self, space: dict[str, dict] | None, rng: random.Random | None = None, gang_of: Callable[[dict], str | None] | None = None
+    ):
         # space: every distinct configuration of a finite space -> the params that enqueue it (None: unbounded)
         # gang_of: a configuration's params -> the gang it runs on (None: no gang can be ruled out)
         self.space = space
@@ -150,7 +152,9 @@ class Proposals:
     @property
     def exhausted(self) -> bool:
         """Every distinct configuration of a finite space is known (or runs on a gang that cannot launch)."""
-        return self.space is not None and all(identity in self._known or self._ruled_out(identity, params) for identity, params in self.space.items())
+        return self.space is not None and all(
+            identity in self._known or self._ruled_out(identity, params) for identity, params in self.space.items()
+        )
 
     @property
     def size(self) -> int | None:

@@ -504,7 +504,9 @@ def test_a_gang_that_cannot_launch_is_tried_once_and_its_configurations_are_not_
     assert sorted(t.params[K] for t in s[TrialState.COMPLETE]) == [1, 2, 3]
     assert {t.params["drafter.kind"] for t in s[TrialState.COMPLETE]} == {"ngram"}
     ruled_out = [t for t in s[TrialState.PRUNED] if t.params["drafter.kind"] == "layer_skip"]
-    assert all("its gang failed to launch in trial 0 (GangError: setup: rank 0: OutOfMemoryError" in t.user_attrs[PRUNE_TAG] for t in ruled_out)
+    assert all(
+        "its gang failed to launch in trial 0 (GangError: setup: rank 0: OutOfMemoryError" in t.user_attrs[PRUNE_TAG] for t in ruled_out
+    )
     assert sorted(cluster.ran) == sorted(t.number for t in s[TrialState.COMPLETE])  # nothing else decoded
     assert ctx.proposals.exhausted  # the space ended the study: 3 COMPLETE of n_trials 6
     assert "spectune: trial 0's gang failed to launch; no trial of this run launches that gang again" in lines
