@@ -82,7 +82,7 @@ class Asker:
         ctx, study, cfg, proposals = self.ctx, self.ctx.study, self.ctx.cfg, self.ctx.proposals
         with self.lock:
             self.sync(running)
-            self.racing.enqueue_repeat(study, cfg, lambda: self.goal.left(len(running)), proposals.busy_identities())
+            self.racing.enqueue_repeat(study, cfg, lambda: self.goal.race_left(len(running)), proposals.busy_identities())
             trial = study.ask()
             self.asking = trial.number  # until its thread starts or it is told: an interrupt here must not leave it RUNNING
             trial.set_user_attr(DRIVER_ATTR, ctx.driver)

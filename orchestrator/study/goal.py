@@ -1,5 +1,8 @@
 """When a study is done, read from its record: `study.n_trials` COMPLETE trials, or every distinct
-configuration of a finite space known (measured: COMPLETE, pruned, invalid). `StudyGoal` is the
+configuration of a finite space known (measured: COMPLETE, pruned, invalid) and its racing round run:
+a space smaller than `study.n_trials` still gets its `study.race_trials` re-measures of the leaders
+(orchestrator/search/racing.py), each as a last round, since no new configuration is left to find; it
+ends once they ran or the ranking wants none. `StudyGoal` is the
 trial loop's limit on concurrency: another trial may start only while the COMPLETE trials, the
 running ones (this driver's and the other drivers') stay short of the goal.
 
@@ -16,8 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestrator.config.space import identity_of
-from orchestrator.record import DUPLICATE_ATTR, INVALID_TAG
+from orchestrator.record import DUPLICATE_ATTR, INVALID_TAG, RACE_TAG
 from orchestrator.search.proposals import Proposals
+from orchestrator.search.racing import race_pick
+from orchestrator.search.ranking import rank
 
 if TYPE_CHECKING:
     import optuna
@@ -56,10 +61,22 @@ def space_finished(study: optuna.Study, cfg: ExperimentConfig, proposals: Propos
 
     if not proposals.exhausted or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return False
-    if not (need_baseline and cfg.study.baseline):
-        return True
-    tps = [int(t) for t in candidates(cfg, "parallel.tp")] if "parallel.tp" in cfg.search.space else [cfg.parallel.tp]
-    return all(find_baseline(study, tp) is not None for tp in tps)
+    if need_baseline and cfg.study.baseline:
+        tps = [int(t) for t in candidates(cfg, "parallel.tp")] if "parallel.tp" in cfg.search.space else [cfg.parallel.tp]
+        if any(find_baseline(study, tp) is None for tp in tps):
+            return False
+    return not race_wanted(study, cfg)
+
+
+def race_wanted(study: optuna.Study, cfg: ExperimentConfig) -> bool:
+    """A space all known still wants a re-measure of a leader: the study has asked for fewer than
+    `study.race_trials` of them, and the ranking picks one as it would in a study's last round."""
+    if cfg.study.race_trials <= 0:
+        return False
+    trials = study.get_trials(deepcopy=False)
+    if sum(RACE_TAG in t.user_attrs for t in trials) >= cfg.study.race_trials:
+        return False
+    return race_pick(rank(trials), 1, cfg.study.race_trials, set(), lambda c: None) is not None
 
 
 def complete(study: optuna.Study) -> int:
@@ -90,6 +107,12 @@ class StudyGoal:
     def left(self, running: int) -> int:
         """Trials still to start, after the COMPLETE ones and every driver's running ones."""
         return self.n_goal - self.complete() - running - self.others.running()
+
+    def race_left(self, running: int) -> int:
+        """Trials left as racing counts them (`race_pick`'s `trials_left`): once the space is all known
+        none of them can find a new configuration, so each is a last round."""
+        left = self.left(running)
+        return min(left, 1) if self.proposals.exhausted else left
 
     def room(self, running: int) -> bool:
         """Another trial may start: the running trials, if they all complete, leave the goal short."""

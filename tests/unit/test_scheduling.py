@@ -58,7 +58,7 @@ B = NodeInfo("b" * 24, "host-b", cpus=4.0, gpus=0.0, address="10.0.0.2")
 LOCAL = "l" * 24  # where an unpinned slot's gang lands (one node)
 
 
-def _cfg(**study):
+def _cfg(ks=(1, 2, 3, 4, 5, 6), **study):
     return validated(
         {
             "name": "t",
@@ -66,7 +66,7 @@ def _cfg(**study):
             "drafter": {"kind": "ngram"},
             "parallel": {"tp": 1, "device": "cpu", "backend": "gloo"},
             "workload": {"num_prompts": 2, "max_new_tokens": 8},
-            "search": {"space": {K: {"choices": [1, 2, 3, 4, 5, 6]}}},
+            "search": {"space": {K: {"choices": list(ks)}}},
             "study": {"n_trials": 4, "race_trials": 0, "baseline": False, "pruner": "none", "sampler": "random", "seed": 0, **study},
         }
     )
@@ -523,3 +523,25 @@ def test_a_gang_that_died_or_timed_out_at_launch_stays_open():
     assert not fails_for_good(GangError("setup: rank 0 died (ActorDiedError)"))
     assert not fails_for_good(GangError("interrupted while its gang was launched"))
     assert not fails_for_good(KeyboardInterrupt())
+
+
+def test_a_space_smaller_than_the_goal_still_races_its_leaders_before_it_ends():
+    """The seeds' emulated TP 8 studies measured their 6 launchable configurations of 10 trials and ended
+    there: the winner came from one trial, "not a clear win". A space all known now gets its
+    study.race_trials re-measures (each a last round), then ends."""
+    cfg = _cfg(ks=(1, 2, 3), n_trials=6, race_trials=2, sampler="tpe")
+    study, storage = _study()
+    cluster = FakeCluster()
+    pools = {0: FakePool(cluster, None)}
+    ctx, lines = _ctx(study, storage, cfg)
+    assert run_trials(ctx, [Slot(0)], pools, [], cluster.alive) == 0
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    races = [t for t in complete if RACE_TAG in t.user_attrs]
+    assert sorted({t.params[K] for t in complete}) == [1, 2, 3] and len(complete) == 5 and len(races) == 2
+    # the winner (k = 3, the fastest) measured on a second gang first, then the runner-up
+    assert [t.params[K] for t in races] == [3, 2]
+    assert all(t.user_attrs[GANG_ATTR] not in {u.user_attrs[GANG_ATTR] for u in complete if u is not t} for t in races)
+    assert (
+        "spectune: every distinct configuration of the search space (3) is measured: the study ends at 5 complete trials (study.n_trials=6)"
+        in lines
+    )
