@@ -25,6 +25,14 @@ from workers.spec.allreduce_table import emulated_words
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+def deployed_tp(params: dict, cfg: ExperimentConfig | None = None) -> int:
+    """The TP size a trial's figures are for, from its params (then the experiment's): an emulated trial
+    runs TP `emulate_tp` as one rank (parallel.tp 1), and its allreduces (waits from the table) are as
+    much part of its step as real ones."""
+    emulated = params.get("parallel.emulate_tp") or (cfg.parallel.emulate_tp if cfg is not None else None)
+    return int(emulated or params.get("parallel.tp", cfg.parallel.tp if cfg is not None else 1))
+
+
 def table_of(cfg: ExperimentConfig) -> AllreduceTable | None:
     """The table of an emulated experiment (None when its TP is real); UserError naming the field."""
     if cfg.parallel.emulate_tp is None:

@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 
+from orchestrator.config.emulation import deployed_tp
 from orchestrator.config.registry import PARAMS
 from orchestrator.record import INHERITED_TAG, batch_metric, metric_cell
 from orchestrator.search.ranking import complete_trials, config_key, is_baseline, rank, trial_params, trial_samples
@@ -108,11 +109,6 @@ def _step_times(trials, batch: int, context: int | None = None) -> dict[str, flo
     return out
 
 
-def _deployed_tp(params: dict) -> int:
-    """The TP size a configuration deploys at (an emulated trial ran TP N as one rank: parallel.tp 1)."""
-    return int(params.get("parallel.emulate_tp") or params.get("parallel.tp", 1))
-
-
 def best_by_backend(groups: dict[str, list], batch: int, tp: int, context: int | None = None) -> dict[str, dict]:
     """{backend: the best configuration measured on it at this batch size and TP size}: its median
     throughput, first trial, k and drafter. Backends no configuration at that TP ran are absent."""
@@ -120,7 +116,7 @@ def best_by_backend(groups: dict[str, list], batch: int, tp: int, context: int |
     for trials in groups.values():
         params = trial_params(trials[0])
         values = throughputs(trials, batch, context)
-        if not values or _deployed_tp(params) != tp:
+        if not values or deployed_tp(params) != tp:
             continue
         backend = str(params.get("comm.backend", ""))
         value = float(np.median(values))
@@ -145,7 +141,7 @@ def entry(params: dict, batch: int, inherited: tuple[str, ...] = ()) -> dict:
     return {
         "batch_size": batch,
         # an emulated trial ran one rank of TP N in one process (parallel.tp 1): the deployment is TP N
-        "tp": _deployed_tp(params),
+        "tp": deployed_tp(params),
         "num_draft_tokens": k,
         "drafter": kind,
         "drafter_options": options,
@@ -250,7 +246,7 @@ def _row(done, groups: dict[str, list], noise: float | None, batch: int, context
         "trials": sorted(t.number for t in trials),
         "trial": min(t.number for t in trials),
         **_step_times(trials, batch, context),
-        "best_by_backend": best_by_backend(groups, batch, _deployed_tp(params), context),
+        "best_by_backend": best_by_backend(groups, batch, deployed_tp(params), context),
         # the second-best configuration in this cell: how far ahead the winner is (against the noise band)
         "runner_up": _runner_up(ranked[1]) if len(ranked) > 1 else None,
     }

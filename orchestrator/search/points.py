@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.config.emulation import deployed_tp
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import trial_config
 from orchestrator.search.ranking import median_mad, trial_params, trial_samples
@@ -90,9 +91,9 @@ WIDTH_PREFIX = width_metric(0)[:-1]  # "verify_ms_w"
 
 
 def setup_of(cfg: ExperimentConfig, params: dict) -> tuple[int, str, str, tuple[str, ...]]:
-    """(TP size, env label, family, NCCL settings) of a trial: its backend and, for nccl, every NCCL
-    variable it ran with (the label names the setup; family and settings let the model share terms)."""
-    tp, backend = int(params.get("parallel.tp", cfg.parallel.tp)), str(params.get("comm.backend", cfg.parallel.backend))
+    """(TP size, env label, family, NCCL settings) of a trial: the TP it deploys at (an emulated TP
+    included), its backend and, for nccl, every NCCL variable it ran with (the label names the setup; family and settings let the model share terms)."""
+    tp, backend = deployed_tp(params, cfg), str(params.get("comm.backend", cfg.parallel.backend))
     nccl = {**cfg.parallel.nccl_env, **{k.removeprefix("nccl."): v for k, v in params.items() if k.startswith("nccl.")}}
     settings = tuple(f"{k}={v}" for k, v in sorted(nccl.items())) if backend == "nccl" else ()
     return tp, env_label(tp, backend, ",".join(settings) or "default"), env_label(tp, backend), settings

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from orchestrator.config.emulation import deployed_tp
 from orchestrator.config.envpolicy import inherited_nccl_env
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import TrialConfig, constraint_violation, trial_config
@@ -214,7 +215,9 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None, disturbed=lambda
             w = prepared.workload(cfg, tc, (prompt,))
             if r == repeats - 1 and i == n - 1:  # the last run: the comm split (TP > 1) and the width profile (CPU)
                 iters = ABLATION_ITERS[cfg.parallel.device]
-                w = replace(w, comm_ablation_iters=iters if tc.tp > 1 else 0, profile_widths=profile_widths(cfg), profile_iters=iters)
+                w = replace(
+                    w, comm_ablation_iters=iters if deployed_tp({}, cfg) > 1 else 0, profile_widths=profile_widths(cfg), profile_iters=iters
+                )
             if r == repeats - 1:  # an MoE verifier: the experts each pass width reads, over the last repeat's prompts
                 w = replace(w, count_experts=True)
             shown = _shown(live, trial.number, tc, mine, i, n, r, repeats)

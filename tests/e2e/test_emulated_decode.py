@@ -1,7 +1,9 @@
 """`spectune decode --emulate-tp N --allreduce-table T` as a user runs it: one process holds rank 0's
 shard of TP 2 and waits the table's latency per allreduce; the JSON says the figures are emulated
 and from which table, names the acceptance it used and compares no output with a baseline. Bad
-input is one line and exit 2."""
+input is one line and exit 2. A whole study on an emulated TP 4 (embedded Ray, SQLite, local MLflow):
+its report and export say emulated and name the table, and its steps are split into allreduce waits
+and the rest."""
 
 from __future__ import annotations
 
@@ -78,3 +80,38 @@ def test_bad_emulation_input_is_one_line_exit_2(tiny_ckpt, tmp_path, extra, mess
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"spectune: error: {message}"), r.stderr
+
+
+def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp_path):
+    """Issue 46's CPU check: a study on an emulated TP 4 (embedded Ray, SQLite, local MLflow) exits 0; its
+    report and its export say "emulated" and name the table; the plain trial's step is split into its
+    allreduce waits and the rest (comm_fraction), as a real TP 4 trial's is."""
+    from tests.studyutil import optuna_study, summary, tiny_experiment
+    from tests.studyutil import spectune as run_spectune
+
+    table = _table(tmp_path / "cpu-tp4.json", [1 << p for p in range(6, 22)], tp=4)
+    exp = tiny_experiment(
+        tmp_path,
+        tiny_ckpt,
+        parallel={"tp": 1, "emulate_tp": 4, "allreduce_table": table, "cpus_per_worker": 0.1},
+        workload={"prompts": "bundled", "num_prompts": 1, "max_new_tokens": 12, "simulate_accept_profile": [0.8, 0.5]},
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 2]}}},
+        study={"n_trials": 2, "sampler": "grid", "seed": 0, "pruner": "none", "baseline_repeats": 2},
+    )
+    home = tmp_path / "home"
+    r = run_spectune(["run", str(exp)], home)
+    out = summary(r)
+    assert out["complete"] == 2, r.stderr[-2000:]
+    assert "emulated TP 4 from table cpu-tp4" in r.stderr
+    study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
+    plain = next(t for t in study.trials if t.params["spec.num_draft_tokens"] == 0)
+    # 4 allreduces a step (2 layers x 2) of 300 us each, beside a tiny model's compute on CPU
+    assert plain.user_attrs["allreduce_per_step"] == 4
+    assert 0.05 < plain.user_attrs["comm_fraction"] < 1.0, plain.user_attrs
+    report = run_spectune(["report", str(exp), "--out", str(tmp_path / "report")], home)
+    assert report.returncode == 0, report.stderr
+    assert "emulated TP 4 from table cpu-tp4" in (tmp_path / "report" / "report.html").read_text()
+    export = run_spectune(["export", str(exp), "--to", "vllm"], home)
+    assert export.returncode == 0, export.stderr
+    header = [line for line in export.stdout.splitlines() if line.startswith("#")]
+    assert any(line.startswith("# EMULATED: emulated TP 4 from table cpu-tp4") for line in header), export.stdout[:600]
