@@ -12,7 +12,7 @@ from orchestrator.errors import UserError
 from orchestrator.execution.workload import PreparedWorkload, prepare
 from workers.comm import GangInfo, refusal
 from workers.model.args import ModelConfigError, check_tp
-from workers.model.locate import load_args, resolve_model_path
+from workers.model.locate import is_random, load_args, resolve_model_path
 from workers.spec import batch_refusal, tree_size
 
 
@@ -46,6 +46,24 @@ def check_batch_drafters(cfg: ExperimentConfig, kinds: list) -> None:
             facts = {"drafter_process": False, "hidden_over_link": False, "tree": False, **facts}
             if why := batch_refusal(big, sampled=sampled, **facts):
                 raise UserError(f"workload.batch_sizes: {why}; {registry.where(cfg, name)} allows {value}")
+
+
+def check_mtp(cfg: ExperimentConfig, args, where) -> None:
+    """drafter.kind mtp needs the model's own multi-token-prediction layer, declared and stored (a
+    checkpoint transformers saved declares one and stores none: it drops those weights)."""
+    if not args.mtp_layers:
+        raise UserError(
+            f"{where('drafter.kind')}: mtp needs the model's own multi-token-prediction layer; {cfg.model.path} has none (num_nextn_predict_layers is 0)"
+        )
+    if is_random(str(cfg.model.path)):
+        return  # a random model draws its MTP layer as it draws the rest
+    from workers.model.checkpoint import CheckpointReader
+
+    if f"layers.{args.mtp_index}.eh_proj.weight" not in CheckpointReader(resolve_model_path(cfg.model.path)).where:
+        raise UserError(
+            f"{where('drafter.kind')}: mtp needs the model's own multi-token-prediction layer; {cfg.model.path} declares "
+            f"num_nextn_predict_layers {args.mtp_layers} but stores no layers.{args.mtp_index}.* weights (transformers does not save them)"
+        )
 
 
 def check_batch_prompts(cfg: ExperimentConfig, prepared: PreparedWorkload) -> None:
@@ -123,6 +141,8 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
                 raise UserError(f"{where('drafter.model_path')}: {e}") from None
             if dargs.vocab_size != args.vocab_size:
                 raise UserError(f"{where('drafter.model_path')}: vocabulary {dargs.vocab_size} differs from the model's {args.vocab_size}")
+    if "mtp" in kinds:
+        check_mtp(cfg, args, where)
     if "eagle3" in kinds:
         from workers.drafters.eagle3.head import check_fits, load_config
 

@@ -54,9 +54,9 @@ MAD_TO_SIGMA = 1.4826
 MIN_CLEAR_TRIALS = 2
 
 # Between configurations the measurements cannot tell apart, prefer the simpler one: no drafter, then
-# the cheaper drafter (n-gram runs no model, layer-skip a part of the verifier, then a head, then a
+# the cheaper drafter (n-gram runs no model, an MTP layer or layer-skip a part of the verifier, then a head, then a
 # whole draft model), then fewer drafts a step
-DRAFTER_COST = {"none": 0, "ngram": 1, "layer_skip": 2, "eagle3": 3, "draft_model": 4}
+DRAFTER_COST = {"none": 0, "ngram": 1, "mtp": 2, "layer_skip": 2, "eagle3": 3, "draft_model": 4}
 
 
 def simplicity(params: dict) -> tuple[int, int]:

@@ -218,7 +218,9 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None, disturbed=lambda
                 w = replace(
                     w, comm_ablation_iters=iters if deployed_tp({}, cfg) > 1 else 0, profile_widths=profile_widths(cfg), profile_iters=iters
                 )
-            if r == repeats - 1:  # an MoE verifier: the experts each pass width reads, over the last repeat's prompts
+            if r == repeats - 1 and not t.simulated:
+                # an MoE verifier: the experts each pass width reads, over the last repeat's prompts; not under
+                # imposed acceptance, whose kept drafts are not the model's tokens (its plain trial counts them)
                 w = replace(w, count_experts=True)
             shown = _shown(live, trial.number, tc, mine, i, n, r, repeats)
             mine.append(gang.run(w, timeout_s=left, **({"on_progress": shown} if shown else {})))

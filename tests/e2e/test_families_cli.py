@@ -91,6 +91,36 @@ def test_decode_matches_transformers_at_tp2(tmp_path, cfg):
         assert widths == [None] * 9  # a dense verifier reads no experts
 
 
+def test_the_mtp_drafter_is_lossless_at_tp2(tmp_path):
+    """Issue 45's check: a held-out DeepSeek-V3 checkpoint with its multi-token-prediction layer drafts
+    with it at TP 2 (the layer split across both ranks, drafting in lockstep), and the greedy outputs
+    equal the plain decode's and transformers' own."""
+    path = write_random_checkpoint(tmp_path / "ckpt", {**HELD_OUT_DEEPSEEK, "num_nextn_predict_layers": 1}, seed=21)
+    out = decode(
+        "--model", str(path), "--num-prompts", "3", "--max-new-tokens", "16", "--tp", "2", "--drafter", "mtp", "-k", "3", "--peer-baseline"
+    )
+    assert out["outputs_match_baseline"] == 1 and out["outputs_match_peer"] == 1
+    assert out["params"]["drafter.kind"] == "mtp" and out["params"]["spec.num_draft_tokens"] == 3
+    # a checkpoint without one, and one that declares it but stores none (as transformers saves them): one
+    # line naming the field, exit 2, before anything launches
+    plain = write_random_checkpoint(tmp_path / "plain", {**HELD_OUT_DEEPSEEK, "num_nextn_predict_layers": 0}, seed=21)
+    declared = write_random_checkpoint(tmp_path / "declared", {**HELD_OUT_DEEPSEEK, "num_nextn_predict_layers": 0}, seed=21)
+    config = json.loads((declared / "config.json").read_text())
+    (declared / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    for ckpt, why in (
+        (plain, "(num_nextn_predict_layers is 0)"),
+        (declared, "stores no layers.3.* weights (transformers does not save them)"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "decode", "--model", str(ckpt), "--drafter", "mtp", "-k", "2", "--num-prompts", "1"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+        assert "--drafter: mtp needs the model's own multi-token-prediction layer" in r.stderr and why in r.stderr, r.stderr
+
+
 def test_drafters_on_a_moe_verifier_are_lossless(tmp_path):
     """layer-skip, a smaller Qwen3 draft model and an EAGLE-3 head (public format) on a Qwen3-MoE verifier."""
     from workers.drafters.eagle3.checkpoint import head_config, random_head, save_head

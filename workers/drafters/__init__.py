@@ -1,5 +1,7 @@
 """Drafters: `ngram` (prompt lookup), `draft_model` (a smaller checkpoint), `layer_skip` (the
-verifier's first L layers and head), `eagle3` (an EAGLE-3 head on the verifier's hidden states). `build_drafter(spec, ...)` makes the one a gang asks for."""
+verifier's first L layers and head), `eagle3` (an EAGLE-3 head on the verifier's hidden states),
+`mtp` (DeepSeek-V3's own multi-token-prediction layer, in the verifier ranks).
+`build_drafter(spec, ...)` (workers/runtime/worker.py) makes the one a gang asks for."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ MAX_WIDTH = 9  # k + 1 for k up to 8: the widths the report's table shows
 
 
 def moe_layers(model) -> list[MoE]:
-    return [m for m in model.modules() if isinstance(m, MoE)]
+    """The verifier's MoE layers (an MTP layer's drafts are not the verifier's pass)."""
+    return [layer.mlp for layer in model.layers if isinstance(layer.mlp, MoE)]
 
 
 @torch.no_grad()

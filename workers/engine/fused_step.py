@@ -242,6 +242,7 @@ class FusedStep:
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.norm
             x, h = self._join(self._mlp(h, wgu, layer.mlp), x, nxt)
         if model.aux_layers:
+            seen[len(layers)] = h  # the final normed state (an MTP layer's input)
             model.aux = [seen[i] for i in model.aux_layers]
         return h
 

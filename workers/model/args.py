@@ -52,6 +52,7 @@ DEEPSEEK_V3_DEFAULTS: dict[str, Any] = {
     "topk_group": 4,
     "num_experts_per_tok": 8,
     "first_k_dense_replace": 3,
+    "num_nextn_predict_layers": 1,  # transformers' num_mtp_layers
     "norm_topk_prob": True,
     "hidden_act": "silu",
     "max_position_embeddings": 4096,
@@ -138,6 +139,15 @@ class ModelArgs:
     # a `random:` shape cut to its first layers (`:layers=N`): the full model's count, so the record
     # says the figures are for n_layers of full_layers (None: the whole model)
     full_layers: int | None = None
+    # DeepSeek-V3's multi-token-prediction layers (num_nextn_predict_layers; the MTP drafter uses the
+    # first), stored in the checkpoint after the decoder layers; `mtp_moe`: whether its block is MoE
+    mtp_layers: int = 0
+    mtp_moe: bool = False
+
+    @property
+    def mtp_index(self) -> int:
+        """The checkpoint's layer index of the first MTP layer: right after the whole model's layers."""
+        return self.full_layers or self.n_layers
 
     @property
     def rope_type(self) -> str:
@@ -211,6 +221,9 @@ class ModelArgs:
         if cfg.get("use_sliding_window"):
             raise ModelConfigError("use_sliding_window=true is not supported (spectune attends to the whole context)")
         moe, moe_layers = _moe(cfg, model_type)
+        mtp = cfg.get("num_nextn_predict_layers", 0) if model_type == "deepseek_v3" else 0
+        if not isinstance(mtp, int) or isinstance(mtp, bool) or mtp < 0:
+            raise ModelConfigError(f"config field 'num_nextn_predict_layers' must be a non-negative integer, got {mtp!r}")
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
         return cls(
@@ -235,6 +248,9 @@ class ModelArgs:
             moe_layers=moe_layers,
             mla=mla,
             full_layers=cfg.get("spectune_full_layers"),
+            mtp_layers=mtp,
+            # DeepSeek-V3's MTP block is a decoder layer at index num_hidden_layers: MoE past first_k_dense_replace
+            mtp_moe=bool(mtp and moe is not None and cfg["num_hidden_layers"] >= cfg.get("first_k_dense_replace", 0)),
         )
 
 

@@ -94,6 +94,12 @@ def sources(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...
     return [(name, tuple(shape))]
 
 
+def checkpoint_name(name: str, args: ModelArgs) -> str:
+    """A model parameter's name in the checkpoint (without `model.`): the MTP layer's are those of
+    layer `num_hidden_layers` (`mtp.eh_proj.weight` <- `layers.61.eh_proj.weight` for DeepSeek-V3)."""
+    return f"layers.{args.mtp_index}." + name.removeprefix("mtp.") if name.startswith("mtp.") else name
+
+
 def load_model(
     path: Path,
     *,
@@ -103,29 +109,37 @@ def load_model(
     n_layers: int | None = None,
     tp: TPPart | None = None,
     reader: CheckpointReader | None = None,
+    mtp: bool = False,
 ) -> Transformer:
     """The model, or rank `tp.rank`'s part of it (hook it to an allreduce with `tp.hook`), optionally
-    only its first `n_layers` layers (layer-skip drafting). Only what the model keeps is read: the
-    model is built empty, sliced (`tp.slice_params`), then filled one parameter at a time with its
-    part of the checkpoint's tensor (or of the random model's), created on `device` directly."""
+    only its first `n_layers` layers (layer-skip drafting), or with its first multi-token-prediction
+    layer too (`mtp`: the MTP drafter's; its embedding and output head are the model's own, as
+    DeepSeek-V3 shares them). Only what the model keeps is read: the model is built empty, sliced
+    (`tp.slice_params`), then filled one parameter at a time with its part of the checkpoint's tensor
+    (or of the random model's), created on `device` directly."""
     full_args = load_args(path)
     args = full_args
     if n_layers is not None:
         if not 1 <= n_layers <= args.n_layers:
             raise ModelConfigError(f"draft layers {n_layers} must be between 1 and the model's {args.n_layers} layers")
         args = args.with_layers(n_layers)
+    if mtp and not args.mtp_layers:
+        raise ModelConfigError(f"drafter.kind mtp: {path} has no multi-token-prediction layer (num_nextn_predict_layers is 0)")
     tp = tp or TPPart()
     check_tp(args, tp.world)
     with torch.device("meta"):
-        model = Transformer(args, max_seq=max_seq).to(dtype)  # on meta: shapes only, nothing allocated
+        model = Transformer(args, max_seq=max_seq, mtp=mtp).to(dtype)  # on meta: shapes only, nothing allocated
     full_shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
     slice_params(model, tp)
-    plan = parts(args, tp)
+    plan = parts(args, tp, mtp=mtp)
     tied = model.lm_head.weight is model.embed_tokens.weight
     if not is_random(path):
         reader = reader or CheckpointReader(Path(path))
         wanted = {
-            src for n, shape in full_shapes.items() if not (n == "lm_head.weight" and args.tie_embeddings) for src, _ in sources(n, shape)
+            src
+            for n, shape in full_shapes.items()
+            if not (n == "lm_head.weight" and args.tie_embeddings)
+            for src, _ in sources(checkpoint_name(n, args), shape)
         }
         missing = wanted - set(reader.where)
         if missing:
@@ -135,7 +149,7 @@ def load_model(
         owner, attr = name.rsplit(".", 1)
         pdtype = torch.float32 if getattr(model.get_submodule(owner), "keeps_float32", False) else dtype
         part = plan.get(name)
-        pieces = sources(source, full_shapes[source])
+        pieces = sources(checkpoint_name(source, args), full_shapes[source])
         if len(pieces) > 1 and part is not None:  # a stacked weight's part is each expert's, one dim lower
             part = Part(part.dim - 1, part.start, part.end)
         loaded = []
@@ -161,7 +175,7 @@ def _reset_buffers(model: Transformer, device) -> None:
     cos, sin = rope_tables(model.args, model.rope_cos.shape[0], device=device)
     model.rope_cos, model.rope_sin = cos, sin
     group = model.args.n_heads // model.args.n_kv_heads
-    for layer in model.layers:
+    for layer in model.blocks():
         layer.self_attn.kv_map = torch.arange(model.args.n_heads, device=device) // group
 
 
@@ -181,10 +195,10 @@ def write_random_checkpoint(
     args = ModelArgs.from_hf_config(hf_config)
     gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
-        model = Transformer(args, max_seq=8)
+        model = Transformer(args, max_seq=8, mtp=args.mtp_layers > 0)  # DeepSeek-V3's MTP layer as its checkpoints store it
     tensors = {}
     for model_name, param in model.named_parameters():
-        for name, shape in sources(model_name, tuple(param.shape)):  # per expert, as Hugging Face stores them
+        for name, shape in sources(checkpoint_name(model_name, args), tuple(param.shape)):  # per expert, as Hugging Face stores them
             if len(shape) == 1:  # norms, biases, DeepSeek-V3's router score correction
                 t = (
                     1.0 + 0.1 * torch.randn(shape, generator=gen)

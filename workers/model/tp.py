@@ -72,9 +72,10 @@ def _heads(args: ModelArgs, tp: TPPart) -> tuple[int, int, int, int]:
     return q0, q1, q0 // group, (q1 - 1) // group + 1
 
 
-def parts(args: ModelArgs, tp: TPPart) -> dict[str, Part]:
+def parts(args: ModelArgs, tp: TPPart, mtp: bool = False) -> dict[str, Part]:
     """Every parameter rank `tp.rank` holds only a part of, by its model name (a checkpoint's name
-    without the `model.` prefix); a name not here is replicated whole."""
+    without the `model.` prefix); a name not here is replicated whole. mtp: the model holds the MTP
+    layer (`mtp.`), its block split as the layers are (its eh_proj and norms replicated)."""
     if tp.world == 1:
         return {}
     hd = args.head_dim
@@ -83,20 +84,21 @@ def parts(args: ModelArgs, tp: TPPart) -> dict[str, Part]:
     q, kv = Part(0, q0 * hd, q1 * hd), Part(0, kv0 * hd, kv1 * hd)
     up, down = Part(0, tp.rank * inter, (tp.rank + 1) * inter), Part(1, tp.rank * inter, (tp.rank + 1) * inter)
     out: dict[str, Part] = {}
-    if args.moe_layers:
+    if args.moe is not None:
         e_inter = args.moe.intermediate_size // tp.world
         e_up, e_down = Part(1, tp.rank * e_inter, (tp.rank + 1) * e_inter), Part(2, tp.rank * e_inter, (tp.rank + 1) * e_inter)
         s_inter = args.moe.n_shared_experts * e_inter  # the shared experts: one SwiGLU of n_shared x I
         s_up, s_down = Part(0, tp.rank * s_inter, (tp.rank + 1) * s_inter), Part(1, tp.rank * s_inter, (tp.rank + 1) * s_inter)
-    for i in range(args.n_layers):
-        a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+    blocks = [(f"layers.{i}.", args.is_moe(i)) for i in range(args.n_layers)] + ([("mtp.", args.mtp_moe)] if mtp else [])
+    for prefix, is_moe in blocks:
+        a, m = prefix + "self_attn.", prefix + "mlp."
         if args.mla:
             out.update(_latent_attention_parts(args, a, q0, q1))
         else:
             out.update(
                 {a + "q_proj.weight": q, a + "k_proj.weight": kv, a + "v_proj.weight": kv, a + "o_proj.weight": Part(1, q0 * hd, q1 * hd)}
             )
-        if args.is_moe(i):  # stacked experts [E, I, dim] / [E, dim, I] (workers/model/moe.py)
+        if is_moe:  # stacked experts [E, I, dim] / [E, dim, I] (workers/model/moe.py)
             out.update({m + "experts.gate_proj": e_up, m + "experts.up_proj": e_up, m + "experts.down_proj": e_down})
             if s_inter:
                 out.update({m + f"shared_experts.{n}.weight": s_up for n in ("gate_proj", "up_proj")})
@@ -135,7 +137,7 @@ def slice_params(model: Transformer, tp: TPPart) -> Transformer:
         )
     if tp.splits_vocab(args) and model.lm_head.weight is model.embed_tokens.weight:  # untie first: the embedding stays whole
         model.lm_head.weight = nn.Parameter(model.embed_tokens.weight.detach().clone(), requires_grad=False)
-    for name, part in parts(args, tp).items():
+    for name, part in parts(args, tp, mtp=model.mtp is not None).items():
         owner, attr = name.rsplit(".", 1)
         module = model.get_submodule(owner)
         kept = getattr(module, attr).detach().narrow(part.dim, part.start, part.end - part.start).clone()
@@ -156,7 +158,7 @@ def hook(model: Transformer, tp: TPPart, allreduce) -> Transformer:
     args = model.args
     group = args.n_heads // args.n_kv_heads
     q0, q1, kv0, _ = _heads(args, tp)
-    for layer in model.layers:
+    for layer in model.blocks():
         attn = layer.self_attn
         attn.kv_map = torch.tensor(
             [h // group - kv0 for h in range(q0, q1)], device=attn.o_proj.weight.device

@@ -405,12 +405,33 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class MtpLayer(Block):
+    """DeepSeek-V3's multi-token-prediction layer (checkpoint `layers.{num_hidden_layers}.*`): the token
+    after position i, embedded (the model's own embedding), and the model's final hidden state at i,
+    each normed, joined by `eh_proj`, then a decoder block (sharded as the model's layers are);
+    `shared_head.norm` and the model's own lm_head give the logits of the token two ahead. Its
+    output also stands in for the model's hidden state at the next depth (a chain of drafts)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__(args, moe=args.mtp_moe)
+        self.enorm = RMSNorm(args.dim, args.norm_eps)
+        self.hnorm = RMSNorm(args.dim, args.norm_eps)
+        self.eh_proj = Linear(2 * args.dim, args.dim, bias=False)  # [normed embedding; normed hidden] -> dim
+        self.shared_head = nn.Module()
+        self.shared_head.norm = RMSNorm(args.dim, args.norm_eps)
+
+    def join(self, emb: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(hidden)], dim=-1))
+
+
 class Transformer(nn.Module):
-    def __init__(self, args: ModelArgs, max_seq: int = 2048):
+    def __init__(self, args: ModelArgs, max_seq: int = 2048, mtp: bool = False):
+        """mtp: also build the checkpoint's first multi-token-prediction layer (`MtpLayer`, the MTP drafter's)."""
         super().__init__()
         self.args = args
         self.embed_tokens = Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, moe=args.is_moe(i)) for i in range(args.n_layers))
+        self.mtp = MtpLayer(args) if mtp else None
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.lm_head = Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
@@ -487,16 +508,23 @@ class Transformer(nn.Module):
         return self._layers(tokens, cos, sin, mask, pos, cache)
 
     def _layers(self, tokens, cos, sin, mask, slots, cache: KVCache) -> torch.Tensor:
-        """Embedding, every layer (K/V written at `slots`), final norm; aux states captured on the way."""
+        """Embedding, every layer (K/V written at `slots`), final norm; aux states captured on the way
+        (aux id n_layers: the final normed state, what an MTP layer reads)."""
         x = self.embed_tokens(tokens)
         seen = {}
         for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, cache.k, cache.v)):
             if i in self.aux_layers:
                 seen[i] = x
             x = layer(x, cos, sin, mask, k_cache, v_cache, slots)
+        out = self.norm(x)
         if self.aux_layers:
+            seen[len(self.layers)] = out
             self.aux = [seen[i] for i in self.aux_layers]
-        return self.norm(x)
+        return out
+
+    def blocks(self) -> list[Block]:
+        """Every decoder block this model holds: its layers, then the MTP layer if built."""
+        return [*self.layers, *([self.mtp] if self.mtp is not None else [])]
 
     def tree_logits(self, tokens: list[int], parents: list[int], cache: KVCache) -> torch.Tensor:
         """Logits [T, vocab] of a token tree fed after sequence 0's cached positions (eager).

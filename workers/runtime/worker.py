@@ -23,12 +23,14 @@ from workers.comm import GangInfo, backend_class, make_allreduce, make_emulated,
 from workers.drafters import Drafter, Eagle3Drafter, ModelDrafter, NgramDrafter
 from workers.drafters.eagle3 import checkpoint as eagle3_ckpt
 from workers.drafters.eagle3 import head as eagle3
+from workers.drafters.mtp import MtpDrafter, MtpHead
 from workers.engine.link import DraftLink
 from workers.engine.steps import no_cudnn_attention
 from workers.engine.verifier import ProgressHook, Verifier, run_drafter
 from workers.errors import WorkerError
 from workers.model.checkpoint import load_args, load_model, resolve_model_path
 from workers.model.tp import TPPart, hook
+from workers.model.transformer import Transformer
 from workers.runtime.gang import RAY_NOSET_CUDA_ENV, Rendezvous  # noqa: F401 - Rendezvous re-exported
 from workers.spec import MAX_DRAFT_TOKENS, GangSpec, RunResult, Workload
 
@@ -57,8 +59,11 @@ def _ray_gpu_index() -> int | None:
     return visible.index(ids[0]) if ids[0] in visible else int(ids[0])
 
 
-def eagle3_aux_layers(spec: GangSpec) -> tuple[int, ...]:
-    """The target layers whose states an eagle3 drafter reads (none for other drafters)."""
+def aux_layers_read(spec: GangSpec) -> tuple[int, ...]:
+    """The target layers whose states the drafter reads: an eagle3 head's three, an MTP layer's final
+    normed state (id n_layers), none for other drafters."""
+    if spec.drafter.kind == "mtp":
+        return (load_args(spec.model_path).n_layers,)
     if spec.drafter.kind != "eagle3" or spec.drafter.model_path is None:
         return ()
     path = resolve_model_path(spec.drafter.model_path)
@@ -74,10 +79,16 @@ def eagle3_tree_width(spec: GangSpec) -> int:
     return min(d.tree_width, eagle3.load_config(resolve_model_path(d.model_path)).draft_vocab)
 
 
-def build_drafter(spec: GangSpec, device, embed: torch.Tensor | None = None) -> Drafter:
-    """`embed`: the verifier's token embedding where the drafter lives in a verifier rank (eagle3)."""
+def build_drafter(spec: GangSpec, device, verifier: Transformer | None = None) -> Drafter:
+    """`verifier`: the rank's model where the drafter lives in a verifier rank (an eagle3 head reads
+    its token embedding; an MTP drafter is its MTP layer)."""
     d = spec.drafter
     dtype = DTYPES[spec.dtype]
+    embed = verifier.embed_tokens.weight if verifier is not None else None
+    if d.kind == "mtp":
+        if verifier is None:
+            raise WorkerError("drafter.kind mtp runs inside the verifier ranks: its MTP layer is the verifier's")
+        return MtpDrafter(MtpHead(verifier))
     if d.kind == "eagle3":
         if embed is None:
             embed = eagle3_ckpt.target_embedding(spec.model_path, dtype, device)
@@ -152,7 +163,7 @@ class Worker:
         args = load_args(spec.model_path)
         drafter_rank = spec.tp if spec.has_drafter else None
         dtype = DTYPES[spec.dtype]
-        aux_layers = eagle3_aux_layers(spec)
+        aux_layers = aux_layers_read(spec)
         self.link = DraftLink(
             dist.group.WORLD,
             self.rank,
@@ -191,15 +202,16 @@ class Worker:
                 # (the backend's capability is left as built)
                 engine = replace(engine, fused_add_norm=self._check_add_norm(allreduce, tp_group, args.dim, dtype, device))
             part = TPPart(self.rank, spec.shard_world, spec.vocab_parallel)
-            model = hook(load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, tp=part), part, allreduce)
-            model.aux_layers = aux_layers  # eagle3: capture the states its head reads (plain and fused steps)
+            mtp = spec.drafter.kind == "mtp"  # the verifier with its MTP layer, split as its other layers
+            model = hook(load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, tp=part, mtp=mtp), part, allreduce)
+            model.aux_layers = aux_layers  # eagle3, mtp: capture the states the drafter reads (plain and fused steps)
             self.verifier = Verifier(
                 model,
                 allreduce,
                 self.link,
                 self.rank,
                 engine=engine,
-                drafter=build_drafter(spec, device, model.embed_tokens.weight) if spec.drafter.in_verifier else None,
+                drafter=build_drafter(spec, device, model) if spec.drafter.in_verifier else None,
                 tree_width=eagle3_tree_width(spec),
             )
         info = {

@@ -39,7 +39,7 @@ def batch_refusal(batch_size: int, *, drafter_process: bool, hidden_over_link: b
     return None
 
 
-DRAFTER_KINDS = ("none", "draft_model", "ngram", "layer_skip", "eagle3")
+DRAFTER_KINDS = ("none", "draft_model", "ngram", "layer_skip", "eagle3", "mtp")
 DRAFTER_PLACEMENTS = ("actor", "rank0")  # eagle3: its own process, or inside the verifier ranks
 
 
@@ -109,8 +109,11 @@ class DrafterSpec:
     def in_verifier(self) -> bool:
         """An n-gram drafter's proposals are a pure function of the committed tokens, which every
         verifier rank holds: each rank runs its own copy and no message crosses the draft link. An
-        eagle3 head placed at rank0 likewise reads states every rank holds."""
-        return (self.kind == "ngram" and not self.ngram_actor) or (self.kind == "eagle3" and self.placement == "rank0")
+        eagle3 head placed at rank0 likewise reads states every rank holds; an MTP layer is part of the
+        verifier's own model, split across its ranks like its other layers."""
+        return (
+            (self.kind == "ngram" and not self.ngram_actor) or (self.kind == "eagle3" and self.placement == "rank0") or self.kind == "mtp"
+        )
 
     @property
     def runs_a_model(self) -> bool:

@@ -52,7 +52,8 @@ def moe_summary(done: list, model, cfg, points: list) -> dict | None:
 
 def experts_read(done: list, width: int) -> float | None:
     """The distinct routed experts per layer a pass of `width` tokens read (the trials' moe_experts_w<W>,
-    counted over their own decoded tokens: workers/engine/experts.py), median over trials; None unrecorded."""
+    counted over their own decoded tokens, the model's: workers/engine/experts.py; a trial under imposed
+    acceptance counts none), median over trials; None unrecorded."""
     values = sorted(float(t.user_attrs[key]) for t in done if (key := f"moe_experts_w{width}") in t.user_attrs)
     return round(values[len(values) // 2], 2) if values else None
 

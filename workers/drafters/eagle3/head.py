@@ -178,6 +178,27 @@ class Eagle3Head(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    # what a chain drafter reads of its head (Eagle3Drafter; the MTP head, workers/drafters/mtp.py, has the same)
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def target_vocab(self) -> int:
+        return self.t2d.shape[0]
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.lm_head.out_features
+
+    def fuse(self, states: torch.Tensor) -> torch.Tensor:
+        """The verifier's states of n positions [n, 3 x target_hidden] -> the head's input g [n, hidden]."""
+        return self.fc(states)
+
     def new_cache(self, rows: int = 1) -> KVCache:
         a, p = self.cfg.args, self.fc.weight
         shape = (rows, a.n_kv_heads, self.rope_cos.shape[0], a.head_dim)
@@ -280,7 +301,7 @@ class Eagle3Drafter(Drafter):
         from workers.drafters.eagle3.chain import Eagle3Chain, fast_step
 
         self.head = head
-        self.device = head.fc.weight.device
+        self.device = head.device
         self.lookup, self.tree_width = lookup, tree_width
         self.index = (NgramIndex(lookup, 1) if tree_width >= 2 else NgramIndex(lookup, lookup)) if lookup else None
         self.cache = head.new_cache()
@@ -337,12 +358,12 @@ class Eagle3Drafter(Drafter):
     def observe(self, hidden: torch.Tensor) -> None:
         """The verifier's aux states [n, 3 x target_hidden] of the next n committed positions."""
         if hidden.shape[0]:  # fused by fc when fed: inside the chain's graph, or eagerly
-            self.states.append(hidden.to(self.device, self.head.fc.weight.dtype))
+            self.states.append(hidden.to(self.device, self.head.dtype))
             self.n_states += hidden.shape[0]
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft distribution over the target vocabulary (zero outside the draft vocabulary)."""
-        q = torch.zeros(self.head.t2d.shape[0], dtype=torch.float32, device=logits.device)
+        q = torch.zeros(self.head.target_vocab, dtype=torch.float32, device=logits.device)
         q[self.head.to_target(torch.arange(logits.shape[0], device=logits.device))] = softmax_t(logits, self.temperature)
         return q
 
@@ -398,7 +419,7 @@ class Eagle3Drafter(Drafter):
             if span:  # from here: an eager backlog is draft time too
                 span[0].record()
             if len(feed) > self.chain.ready_width:  # the prompt's states, a lookup backlog: all but the last eagerly
-                self.head.step(torch.tensor(feed[:-1], device=self.device), self.head.fc(aux[:-1]), self.cache)
+                self.head.step(torch.tensor(feed[:-1], device=self.device), self.head.fuse(aux[:-1]), self.cache)
                 feed, aux = feed[-1:], aux[-1:]
             tokens = self.chain.draft(feed, aux, k, on_device, width=self._width(k))
             if span:
@@ -410,7 +431,7 @@ class Eagle3Drafter(Drafter):
                 if on_device:
                     return Proposal(tokens=[], device_tokens=tokens, gpu_span=span, draft_s=time.perf_counter() - t0)
                 return Proposal(tokens=tokens, draft_s=time.perf_counter() - t0)
-        h, logits = self.head.step(torch.tensor(feed, device=self.device), self.head.fc(aux), self.cache)
+        h, logits = self.head.step(torch.tensor(feed, device=self.device), self.head.fuse(aux), self.cache)
         self.ctx = n
         tokens, qs, alternatives = [], [], []
         for i in range(k):
@@ -436,7 +457,7 @@ class Eagle3Drafter(Drafter):
         """Tokens drafted at each of k depths: tree_width (at most the draft vocabulary) for a tree,
         else 1 (a chain; also a tree with no room for a sibling, k = MAX_DRAFT_TOKENS, whose lookup,
         matching `lookup` down to 1 token, then replaces the head as in a chain)."""
-        w = min(self.tree_width, self.head.lm_head.out_features) if self.tree_width >= 2 else 1
+        w = min(self.tree_width, self.head.draft_vocab) if self.tree_width >= 2 else 1
         return w if tree_size(k, w) > k else 1
 
     def _tree(self, chain: list[int], alternatives: list[list[int]], committed: list[int], k: int, t0: float) -> Proposal:

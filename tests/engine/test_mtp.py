@@ -1,0 +1,113 @@
+"""DeepSeek-V3's multi-token-prediction layer as a drafter (workers/drafters/mtp.py), on CPU: the layer
+is read from the checkpoint's layer `num_hidden_layers`, split like the model's layers at TP 2, and the
+drafter's chains (its own cache, rolled back and fed as the verifier commits) equal a from-scratch
+computation of the MTP math over the committed sequence at every step. Losslessness through the
+engine and at TP 2 is tests/e2e/test_families_cli.py's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from tests.engine.test_deepseek import DS_LORA
+from workers.drafters.mtp import MtpDrafter, MtpHead
+from workers.model.args import CheckpointError, ModelConfigError
+from workers.model.checkpoint import load_model, write_random_checkpoint
+from workers.model.tp import TPPart, parts
+from workers.model.transformer import rms_norm
+
+MTP_CFG = {**DS_LORA, "num_nextn_predict_layers": 1}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_random_checkpoint(tmp_path_factory.mktemp("mtp"), MTP_CFG, seed=5)
+
+
+def test_the_mtp_layer_is_the_checkpoints_layer_after_the_last(ckpt):
+    model = load_model(ckpt, mtp=True)
+    n = model.args.n_layers
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        for name in ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight", "self_attn.kv_b_proj.weight"):
+            assert torch.equal(model.mtp.get_parameter(name), f.get_tensor(f"model.layers.{n}.{name}")), name
+        experts = f.get_tensor(f"model.layers.{n}.mlp.experts.2.up_proj.weight")
+    assert torch.equal(model.mtp.mlp.experts.up_proj[2], experts)
+    assert load_model(ckpt).mtp is None  # only the MTP drafter's verifier holds it
+    # at TP 2 its block is split as the layers' are: its heads and every expert's intermediate dimension
+    plan = parts(model.args, TPPart(1, 2), mtp=True)
+    assert plan["mtp.self_attn.kv_b_proj.weight"] == plan["layers.1.self_attn.kv_b_proj.weight"]
+    assert plan["mtp.mlp.experts.up_proj"] == plan["layers.1.mlp.experts.up_proj"]
+    assert "mtp.eh_proj.weight" not in plan  # the join is replicated
+
+
+def test_a_model_without_an_mtp_layer_is_refused_in_one_line(tmp_path):
+    plain = write_random_checkpoint(tmp_path / "plain", {**DS_LORA, "num_nextn_predict_layers": 0}, seed=1)
+    with pytest.raises(
+        ModelConfigError, match=r"^drafter.kind mtp: .* has no multi-token-prediction layer \(num_nextn_predict_layers is 0\)$"
+    ):
+        load_model(plain, mtp=True)
+    # transformers' own writer declares one MTP layer and stores none: the missing tensors are named
+    declared = write_random_checkpoint(tmp_path / "declared", {**DS_LORA, "num_nextn_predict_layers": 0}, seed=1)
+    (declared / "config.json").write_text(
+        (declared / "config.json").read_text().replace('"num_nextn_predict_layers": 0', '"num_nextn_predict_layers": 1')
+    )
+    with pytest.raises(CheckpointError, match=r"lacks .* tensors, e\.g\. 'layers\.3\."):
+        load_model(declared, mtp=True)
+
+
+def _reference_chain(model, tokens: list[int], k: int) -> list[int]:
+    """The MTP math from scratch: the verifier's final states over `tokens`, the layer over every
+    (state, next token) pair at once, then k greedy drafts, each reading the layer's own last output."""
+    m = model.mtp
+    with torch.no_grad():
+        h = model.hidden(torch.tensor([tokens]), model.new_cache())[0]  # final normed states [L, dim]
+        states, nxt = list(h[:-1]), list(tokens[1:])
+        drafts = []
+        for _ in range(k):
+            cache = model.new_cache()
+            ids = torch.tensor([nxt])
+            emb = model.embed_tokens(ids)
+            emb[:, 0] = 0.0  # position 0's embedding is zeroed, as vLLM does
+            x = m.eh_proj(
+                torch.cat(
+                    [rms_norm(emb, m.enorm.weight, m.enorm.eps), rms_norm(torch.stack(states)[None], m.hnorm.weight, m.hnorm.eps)], -1
+                )
+            )
+            pos = torch.arange(len(nxt))[None]
+            cos, sin, mask = model.rope_and_mask(pos, len(nxt))
+            out = m(x, cos, sin, mask, cache.k[0], cache.v[0], pos)[0]
+            tok = int(model.logits(m.shared_head.norm(out[-1]))[...].argmax())
+            drafts.append(tok)
+            states.append(out[-1])
+            nxt.append(tok)
+    return drafts
+
+
+def test_the_drafters_chains_equal_the_mtp_math_from_scratch_as_the_verifier_commits(ckpt):
+    """A greedy decode where the verifier keeps 0, 1, all or some of the drafts in turn: each proposal
+    equals the from-scratch chain over the committed tokens (the drafter's cache rolled back and fed
+    with the states of exactly the positions committed since)."""
+    model = load_model(ckpt, mtp=True)
+    model.aux_layers = (model.args.n_layers,)
+    drafter = MtpDrafter(MtpHead(model))
+    drafter.begin(0.0, 0)
+    k, prompt = 3, [5, 17, 42, 8, 99, 3]
+    drafter.prefill(prompt)
+
+    def verifier(tokens):  # the verifier from scratch: its final states (model.aux) and logits
+        return model(torch.tensor([tokens]), model.new_cache())[0]
+
+    with torch.no_grad():
+        committed = [*prompt, int(verifier(prompt)[-1].argmax())]
+        drafter.observe(model.aux[0][0, : len(prompt)])  # the prompt's states: every committed position but the last
+        for step, keep in enumerate((0, 1, k, 2, 0, k)):
+            proposal = drafter.propose(committed, k)
+            assert proposal.tokens == _reference_chain(model, committed, k), step
+            L = len(committed)
+            logits = verifier([*committed, *proposal.tokens])  # the verify pass: positions L - 1 .. L - 1 + k
+            kept = proposal.tokens[:keep]  # the drafts this step keeps, then the verifier's own next token
+            committed = [*committed, *kept, int(logits[L - 1 + keep].argmax())]
+            drafter.observe(model.aux[0][0, L - 1 : L + keep])  # the states of the positions it committed
+    other = drafter.fork()  # another sequence's drafter: the same layer, a cache of its own
+    assert other.cache is not drafter.cache and other.head is drafter.head

@@ -1,0 +1,108 @@
+"""The MTP drafter (`drafter.kind: mtp`): DeepSeek-V3's own multi-token-prediction layer, drafting a
+chain of k tokens by reusing that one layer (as vLLM's and SGLang's MTP proposers do), inside every
+verifier rank.
+
+    model = load_model(path, tp=part, mtp=True)      # the verifier with its MTP layer (workers/model)
+    model.aux_layers = (model.args.n_layers,)        # the verifier hands over its final normed states
+    drafter = MtpDrafter(MtpHead(model))
+
+One MTP step at position i reads the verifier's final normed hidden state h_i and the token after it,
+x_{i+1} (`MtpLayer`, workers/model/transformer.py):
+
+    m_i = block(eh_proj([enorm(embed(x_{i+1})); hnorm(h_i)]))      logits = lm_head(shared_head.norm(m_i))
+
+predicting x_{i+2}. As vLLM does, the embedding at position 0 is zeroed (its token has no state before
+it). A drafted position has no verifier state, so the next draft reads the layer's own output m_i
+instead. The drafter keeps the layer's own one-layer KV cache and follows exactly the EAGLE-3 chain's
+bookkeeping (workers/drafters/eagle3/head.py `Eagle3Drafter`: roll back to the entries fed with the
+verifier's states, feed the committed positions since, draft k), which it reuses: only the head
+differs. The block is the model's own kind (latent attention, routed + shared experts) and is split
+across the TP ranks as the model's layers are, its allreduces in line with theirs: every rank drafts
+the same chain in lockstep, from the same committed tokens and the same (allreduced) states.
+
+The embedding and the output head are the model's own: DeepSeek-V3 shares them with its MTP layer
+(the checkpoint's copies under the MTP layer's name are not read). Steps are eager (no CUDA-graph
+chain yet), on every device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workers.drafters.eagle3.head import Eagle3Drafter
+from workers.model.transformer import KVCache, Transformer
+
+
+class MtpHead:
+    """A verifier model's MTP layer as a one-layer draft head: the interface `Eagle3Drafter` drafts
+    through (`fuse`, `step`, `new_cache`, `to_target`, dtype, device, vocabularies)."""
+
+    def __init__(self, model: Transformer):
+        if model.mtp is None:
+            raise ValueError("MtpHead needs a model loaded with its MTP layer (load_model(..., mtp=True))")
+        self.model, self.layer = model, model.mtp
+        weight = self.layer.eh_proj.weight
+        self.dtype, self.device = weight.dtype, weight.device
+        self.target_vocab = self.draft_vocab = model.args.vocab_size
+
+    def fuse(self, states: torch.Tensor) -> torch.Tensor:
+        """The verifier's final normed states [n, dim]: the layer reads them as they are."""
+        return states.to(self.dtype)
+
+    def new_cache(self, rows: int = 1) -> KVCache:
+        a, args = self.layer.self_attn, self.model.args
+        shape = (rows, a.n_kv_heads, self.model.max_seq)
+        return KVCache(
+            k=[torch.zeros(*shape, args.head_dim, dtype=self.dtype, device=self.device)],
+            v=[torch.zeros(*shape, args.v_head_dim, dtype=self.dtype, device=self.device)],
+            lengths=[0] * rows,
+        )
+
+    def step(self, tokens: torch.Tensor, g: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [T] (x_{i+1}) with states g [T, dim] appended at the cache length -> (the layer's
+        outputs [T, dim], the next token's logits of the last entry [vocab], float32)."""
+        T, start = tokens.shape[0], cache.lengths[0]
+        kv_len = start + T
+        if kv_len > cache.max_seq:
+            raise ValueError(f"sequence length {kv_len} exceeds the MTP layer's cache ({cache.max_seq})")
+        pos = torch.arange(start, kv_len, device=tokens.device)[None]
+        emb = self.model.embed_tokens(tokens)[None].masked_fill((pos == 0)[..., None], 0.0)
+        x = self.layer.join(emb, g[None].to(self.dtype))
+        cos, sin, mask = self.model.rope_and_mask(pos, kv_len)
+        h = self.layer(x, cos, sin, mask, cache.k[0], cache.v[0], pos)
+        cache.lengths[0] = kv_len
+        logits = self.model.logits(self.layer.shared_head.norm(h[:, -1:]))
+        return h[0], logits[0, 0]
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids  # the whole vocabulary: draft ids are target ids
+
+
+class MtpDrafter(Eagle3Drafter):
+    """Chain drafting (greedy or sampled at the trial temperature; `lookup` and trees as EAGLE-3's)
+    from the verifier's final states through its MTP layer; one per sequence (`fork`)."""
+
+    kind = "mtp"
+    proposes_on_device = False
+
+    def __init__(self, head: MtpHead, lookup: int = 0, tree_width: int = 0):
+        from workers.drafters.ngram import NgramIndex
+
+        self.head, self.device = head, head.device
+        self.lookup, self.tree_width = lookup, tree_width
+        self.index = (NgramIndex(lookup, 1) if tree_width >= 2 else NgramIndex(lookup, lookup)) if lookup else None
+        self.cache = head.new_cache()
+        self.chain, self.use_chain, self._span = None, False, None  # eager steps: no CUDA-graph chain
+        self.begin(0.0, 0)
+        self.prefill([])
+
+    def fork(self) -> MtpDrafter:
+        other = MtpDrafter(self.head, lookup=self.lookup, tree_width=self.tree_width)
+        other.begin(self.temperature, int(self.generator.initial_seed()))
+        return other
+
+    def batch_rows(self, n: int, k: int):
+        return None  # one fork per row
+
+    def fed_ready(self, k: int, graphed: bool) -> bool:
+        return False
