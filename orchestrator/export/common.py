@@ -25,6 +25,9 @@ DRAFTERS = DRAFTER_KINDS  # what a schedule row may name: spectune's drafter kin
 # spectune's n-gram defaults (their declarations on DrafterSpec), for a schedule whose options omit them
 NGRAM_MAX_DEFAULT = PARAMS["drafter.ngram_max"].default
 NGRAM_MIN_DEFAULT = PARAMS["drafter.ngram_min"].default
+# the drafters that name a checkpoint of their own (drafter.model_path's declaration): draft_model, eagle3;
+# not mtp, whose layer ships inside the target checkpoint, which every engine's MTP mode reads it from
+MODEL_PATH_DRAFTERS = PARAMS["drafter.model_path"].needs[1]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -42,7 +45,7 @@ def sorted_rows(schedule: dict) -> list[dict]:
     for r in rows:
         if r.get("drafter", "none") not in DRAFTERS:
             raise ValueError(f"batch size {r['batch_size']}: unknown drafter {r.get('drafter')!r} (one of {', '.join(DRAFTERS)})")
-        if speculates(r) and r["drafter"] in ("draft_model", "eagle3") and not options(r).get("model_path"):
+        if speculates(r) and r["drafter"] in MODEL_PATH_DRAFTERS and not options(r).get("model_path"):
             raise ValueError(f"batch size {r['batch_size']}: drafter {r['drafter']} without drafter_options.model_path")
     return rows
 
@@ -85,6 +88,8 @@ def drafter_text(row: dict) -> str:
         return f"ngram k={k} (ngram_max={hi}, ngram_min={lo})"
     if d == "layer_skip":
         return f"layer_skip k={k} (layers={o.get('layers')})"
+    if d == "mtp":  # no drafter option: the layer is the checkpoint's own (workers/drafters/mtp.py)
+        return f"mtp k={k} (the model's own MTP layer, reused for each draft)"
     return f"{d} k={k}{f' tree={tree_width(row)}' if tree_width(row) else ''} ({o.get('model_path')})"
 
 

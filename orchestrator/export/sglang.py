@@ -44,6 +44,11 @@ def speculative_flags(first: dict) -> tuple[list[str], list[str]]:
     _handle_eagle_family): k -> --speculative-num-steps k --speculative-eagle-topk 1
     --speculative-num-draft-tokens k+1. An eagle3 tree of width w (drafter.tree_width): top-k w and num-draft-tokens = its
     drafts + 1, the root counted (organize_draft_results keeps the num_draft_tokens - 1 best-scored nodes).
+    mtp: DeepSeek-V3's MTP layer runs as --speculative-algorithm EAGLE (docs/basic_usage/deepseek_v3.md,
+    "Multi-token Prediction"; NEXTN is an alias the server rewrites to EAGLE), chained as above, and with
+    no --speculative-draft-model-path: for DeepseekV3ForCausalLM _handle_eagle_family sets it to the
+    model path itself and warns when one is given ("DeepSeek MTP does not require setting
+    speculative_draft_model_path").
     """
     if not speculates(first):
         return [], [f"# plain decoding (no speculation) won at batch size {first['batch_size']}: no --speculative-* flags"]
@@ -72,6 +77,17 @@ def speculative_flags(first: dict) -> tuple[list[str], list[str]]:
             "#   its n-gram cache is built from recent tokens and shared across requests, so its acceptance can differ from spectune's lookup",
         ]
         return flags, notes
+    if drafter == "mtp":
+        flags = [
+            "--speculative-algorithm EAGLE",
+            f"--speculative-num-steps {k}",
+            "--speculative-eagle-topk 1",
+            f"--speculative-num-draft-tokens {k + 1}",
+        ]
+        return flags, [
+            f"# mtp: SGLang's EAGLE worker runs the checkpoint's MTP layer k={k} times per step, as the winner did; "
+            "the target checkpoint carries the layer: no --speculative-draft-model-path"
+        ]
     algorithm = "EAGLE3" if drafter == "eagle3" else "STANDALONE"
     w = tree_width(first)  # 0: a chain
     flags = [

@@ -1,15 +1,15 @@
 """`spectune export EXP.yaml --to trtllm`: the schedule as TensorRT-LLM LLM-API options, the YAML file
 `trtllm-serve MODEL --extra_llm_api_options FILE` takes: tensor_parallel_size, dtype,
-allreduce_strategy, and speculative_config (decoding_type Eagle3, NGram or Draft_Target; max_draft_len;
-draft_len_schedule where the best k changes with the batch size). The NCCL environment (NVLink
-multicast off) cannot go into the YAML: the header lists it as `export` lines to run first.
+allreduce_strategy, and speculative_config (decoding_type Eagle3, NGram, Draft_Target or MTP;
+max_draft_len; draft_len_schedule where the best k changes with the batch size). The NCCL environment
+(NVLink multicast off) cannot go into the YAML: the header lists it as `export` lines to run first.
 
     from orchestrator.export.trtllm import to_trtllm; print(to_trtllm(schedule))
 
 Keys: TensorRT-LLM 1.4.0rc4 (orchestrator/export/versions.py): TorchLlmArgs and the DecodingBaseConfig
 subclasses of tensorrt_llm/llmapi/llm_args.py; each function names what it was checked against.
-spectune has no MTP drafter (MTP heads ship inside a checkpoint such as DeepSeek-V3's), so no winner
-maps to decoding_type MTP.
+An mtp winner (DeepSeek-V3's own MTP layer, workers/drafters/mtp.py) is decoding_type MTP with k in
+max_draft_len and no speculative_model: the layer ships inside the target checkpoint.
 """
 
 from __future__ import annotations
@@ -35,16 +35,19 @@ from orchestrator.export.common import (
 )
 
 # spectune drafter -> TensorRT-LLM decoding_type (the Literal of Eagle3DecodingConfig, NGramDecodingConfig,
-# DraftTargetDecodingConfig in llm_args.py)
-DECODING_TYPES = {"eagle3": "Eagle3", "ngram": "NGram", "draft_model": "Draft_Target"}
+# DraftTargetDecodingConfig, MTPDecodingConfig in llm_args.py)
+DECODING_TYPES = {"eagle3": "Eagle3", "ngram": "NGram", "draft_model": "Draft_Target", "mtp": "MTP"}
 
 # The drafters that run inside the target's engine ("one-model"): they keep drafter state across steps
 # (the draft KV cache) that only a draft forward refreshes. A draft length of 0 skips that forward, and
 # once drafting resumes the drafter reads rows nothing wrote: acceptance collapses for the rest of the
 # request, silently. Open bug, fixed by NVIDIA/TensorRT-LLM PR 16888 ("Keep drafting alive when dynamic
 # draft length hits its floor", open; it floors schedule draft lengths at min_runtime_draft_len, 1 for
-# one-engine algorithms). Until it ships, this export floors those drafters' schedule at 1 itself.
-ONE_ENGINE_TYPES = ("Eagle3",)
+# one-engine algorithms). Until it ships, this export floors those drafters' schedule at 1 itself. MTP is
+# one of them: its layer runs inside the target's engine (MTP-Eagle one-model for DeepSeek-V3's single
+# layer, llm_args.py MTPDecodingConfig.spec_dec_mode), and PR 16888 names MTP's hidden-state and token
+# pools among the state that goes stale.
+ONE_ENGINE_TYPES = ("Eagle3", "MTP")
 ONE_ENGINE_FLOOR = 1
 
 # draft_len_schedule's keys are the last batch size of each range and every batch size above the largest
@@ -66,7 +69,9 @@ def draft_len_schedule(rows: list[dict], decoding_type: str) -> tuple[dict[int, 
     >= 0 and <= max_draft_len, and the smallest key's value == max_draft_len (here the batch-size-1
     winner's k, so a larger k measured later is capped at it). Rows won by another drafter are left out
     (their batch sizes take the k before them); rows where plain decoding won get 0, or the floor for a
-    one-engine drafter. None where k never changes."""
+    one-engine drafter. None where k never changes. MTP takes the schedule since NVIDIA/TensorRT-LLM
+    PR 12262 ("Expand dynamic speculation to all spec decode algorithms": SpeculativeDecodingMode.
+    support_dynamic_draft_len covers MTP and MTP-Eagle one-model; before it, Eagle3 one-model only)."""
     first = rows[0]
     max_k = draft_len(first)
     floor = ONE_ENGINE_FLOOR if decoding_type in ONE_ENGINE_TYPES else 0
@@ -113,7 +118,13 @@ def speculative_config(rows: list[dict]) -> tuple[dict | None, list[str]]:
     Keys: decoding_type, max_draft_len, speculative_model, draft_len_schedule (DecodingBaseConfig) and,
     for NGram, max_matching_ngram_size (the longest n-gram matched: spectune's ngram_max; NGram has no
     minimum match length). Checked in the 1.4.0rc4 reference pages Eagle3DecodingConfig and
-    NGramDecodingConfig and in llm_args.py DraftTargetDecodingConfig (speculative_model required)."""
+    NGramDecodingConfig and in llm_args.py DraftTargetDecodingConfig (speculative_model required).
+    MTP: the 1.4.0rc4 reference page MTPDecodingConfig and llm_args.py after NVIDIA/TensorRT-LLM PR
+    12341 ("decouple MTP num_nextn_predict_layers from max_draft_len"): max_draft_len is k;
+    num_nextn_predict_layers, the user's k before that PR, is now the checkpoint's MTP layer count,
+    filled in from the model, so it is not written; speculative_model unset reads the target's own MTP
+    weights; with one layer and use_mtp_vanilla false (its default) TensorRT-LLM runs MTP-Eagle, the
+    layer reused k times."""
     first = rows[0]
     if not speculates(first):
         return None, [f"# plain decoding (no speculation) won at batch size {first['batch_size']}: no speculative_config"]
@@ -130,6 +141,12 @@ def speculative_config(rows: list[dict]) -> tuple[dict | None, list[str]]:
         hi, lo = ngram_window(first)
         spec["max_matching_ngram_size"] = hi
         notes.append(f"# TensorRT-LLM's NGram has no minimum match length (ngram_min={lo} is not mapped)")
+    elif drafter == "mtp":
+        notes.append(
+            f"# mtp: TensorRT-LLM runs the checkpoint's one MTP layer k={k} times per step (MTP-Eagle), as the winner did; "
+            "the target checkpoint carries the layer: no speculative_model"
+        )
+        notes.append("#   k is max_draft_len: num_nextn_predict_layers is the checkpoint's layer count, which TensorRT-LLM reads itself")
     else:
         spec["speculative_model"] = str(o["model_path"])
     schedule, schedule_notes = draft_len_schedule(rows, decoding_type)

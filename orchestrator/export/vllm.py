@@ -65,7 +65,11 @@ def speculative_config(rows: list[dict]) -> tuple[dict | None, list[str]]:
     Keys checked in vLLM's docs/features/speculative_decoding/configuration.md and
     vllm/config/speculative.py (SpeculativeConfig): method "ngram" with num_speculative_tokens,
     prompt_lookup_max, prompt_lookup_min; method "draft_model" (docs .../draft_model.md, 0.25.0) and
-    "eagle3" (docs .../eagle.md) with model = the draft checkpoint / EAGLE-3 head.
+    "eagle3" (docs .../eagle.md) with model = the draft checkpoint / EAGLE-3 head; method "mtp" (docs
+    .../mtp.md, the same in the 0.19.1 and 0.26.0 documentation either side of 0.25.0) with no model:
+    SpeculativeConfig.__post_init__ takes the draft from the target checkpoint when method is "mtp" and
+    model is unset, hf_config_override turns deepseek_v3 into DeepSeekMTPModel, and the per-model names
+    ("deepseek_mtp", MTPModelTypes) are deprecated and rewritten to "mtp" with a warning.
     """
     first = rows[0]
     if not speculates(first):
@@ -76,12 +80,20 @@ def speculative_config(rows: list[dict]) -> tuple[dict | None, list[str]]:
             f"# the winner at batch size {first['batch_size']} drafts with layer_skip (the verifier's first {o.get('layers')} layers), "
             "which vLLM has no method for: no --speculative-config is emitted"
         ]
+    notes: list[str] = []
     if drafter == "ngram":
         hi, lo = ngram_window(first)
         spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": hi, "prompt_lookup_min": lo}
+    elif drafter == "mtp":
+        spec = {"method": "mtp", "num_speculative_tokens": k}
+        notes.append(
+            f"# mtp: vLLM runs the checkpoint's one MTP layer k={k} times per step, as the winner did"
+            + (" (vLLM warns that k > 1 may accept less)" if k > 1 else "")
+            + "; the target checkpoint carries the layer: no model key"
+        )
     else:  # draft_model | eagle3
         spec = {"method": drafter, "model": str(o["model_path"]), "num_speculative_tokens": k}
-    notes: list[str] = lookup_notes(o, "vllm") + tree_notes(first, "vllm")
+    notes += lookup_notes(o, "vllm") + tree_notes(first, "vllm")
     table = k_table(rows)
     if table:
         spec["num_speculative_tokens"] = max(kk for _, _, kk in table)

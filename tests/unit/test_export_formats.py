@@ -21,6 +21,7 @@ OPTIONS = {
     "draft_model": {"model_path": "/ckpt/draft-135m"},
     "eagle3": {"model_path": "/ckpt/eagle3-head"},
     "layer_skip": {"layers": 8},
+    "mtp": {},  # the model's own MTP layer: no option (workers/spec DrafterSpec declares none for mtp)
     "none": {},
 }
 
@@ -101,6 +102,44 @@ def test_vllm_draft_model_and_eagle3():
     text = to_vllm(schedule(winner(k=6, drafter="eagle3", tp=8)))
     assert speculative_config(text) == {"method": "eagle3", "model": "/ckpt/eagle3-head", "num_speculative_tokens": 6}
     assert flag(command(text), "--tensor-parallel-size") == "8"
+
+
+def test_vllm_mtp_is_method_mtp_without_a_model():
+    """An mtp winner (DeepSeek-V3's own MTP layer): vLLM 0.25.0's method "mtp" ("deepseek_mtp" is a deprecated
+    alias it rewrites), num_speculative_tokens k and no model key (vLLM reads the layer from the target)."""
+    text = to_vllm(schedule(winner(k=3, drafter="mtp", tp=8), model="/models/deepseek-v3"))
+    assert speculative_config(text) == {"method": "mtp", "num_speculative_tokens": 3}
+    assert "deepseek_mtp" not in text and "None" not in text
+    argv = command(text)
+    assert argv[2] == "/models/deepseek-v3" and flag(argv, "--tensor-parallel-size") == "8"
+    notes = comments(text)
+    assert "batch size 1: mtp k=3 (the model's own MTP layer, reused for each draft)" in notes
+    assert "one MTP layer k=3 times per step" in notes and "no model key" in notes and "k > 1 may accept less" in notes
+    assert "k > 1" not in comments(to_vllm(schedule(winner(k=1, drafter="mtp"))))
+
+
+def test_vllm_mtp_k_table_per_batch_size():
+    """The per-batch-size k table and the adaptive lines work for an mtp winner as for any other: mtp rows are
+    one drafter (no option tells them apart), plain decoding gets K 0, another drafter is left out."""
+    rows = [
+        winner(1, k=3, drafter="mtp", draft_ms_p50=0.6, verify_ms_p50=5.0),
+        winner(8, k=1, drafter="mtp"),
+        winner(32, k=0, drafter="none"),
+    ]
+    text = to_vllm(schedule(*rows))
+    assert speculative_config(text) == {
+        "method": "mtp",
+        "num_speculative_tokens": 3,
+        "num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 31, 1], [32, 32, 0]],
+    }
+    notes = comments(text)
+    assert "takes one drafter" not in notes
+    assert "support the static per-batch-size table below (k measured at batch sizes 1, 8, 32)" in notes
+    assert "0.600 ms of drafting for k=3 over a 5.000 ms verify pass = 0.0400 per draft token" in notes
+    text = to_vllm(schedule(winner(1, k=3, drafter="mtp"), winner(8, k=2, drafter="eagle3"), winner(16, k=1, drafter="mtp")))
+    assert speculative_config(text)["num_speculative_tokens_per_batch_size"] == [[1, 15, 3], [16, 16, 1]]
+    assert "batch size 8 was won by eagle3 k=2 (/ckpt/eagle3-head)" in comments(text)
+    assert "model" not in speculative_config(text)
 
 
 def test_vllm_layer_skip_has_no_equivalent():
@@ -276,6 +315,28 @@ def test_sglang_chain_drafting(drafter, algorithm, path):
     assert flag(argv, "--tp-size") == "4"
 
 
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_sglang_mtp_is_eagle_on_the_target_checkpoint(k):
+    """An mtp winner: SGLang serves DeepSeek-V3's MTP layer as --speculative-algorithm EAGLE (NEXTN is its alias),
+    a chain of k steps (top-k 1, k+1 tokens verified), and no draft model path: SGLang uses the target's."""
+    text = to_sglang(schedule(winner(k=k, drafter="mtp", tp=8), model="/models/deepseek-v3"))
+    argv = command(text)
+    assert flag(argv, "--model-path") == "/models/deepseek-v3"
+    assert flag(argv, "--speculative-algorithm") == "EAGLE"
+    assert flag(argv, "--speculative-num-steps") == str(k)
+    assert flag(argv, "--speculative-eagle-topk") == "1"
+    assert flag(argv, "--speculative-num-draft-tokens") == str(k + 1)
+    assert flag(argv, "--speculative-draft-model-path") is None and "None" not in argv
+    assert flag(argv, "--tp-size") == "8"
+    assert "no --speculative-draft-model-path" in comments(text) and f"mtp k={k} (the model's own MTP layer" in comments(text)
+
+
+def test_sglang_mtp_k_differs_is_a_comment_table():
+    text = to_sglang(schedule(winner(1, k=3, drafter="mtp"), winner(8, k=1, drafter="mtp")))
+    assert "#   1 -> 3" in comments(text) and "#   8 -> 1" in comments(text) and "takes one drafter" not in comments(text)
+    assert flag(command(text), "--speculative-num-steps") == "3"
+
+
 @pytest.mark.parametrize(("k", "width", "drafts"), [(4, 3, 12), (6, 3, 16), (3, 8, 16), (5, 2, 10)])
 def test_sglang_eagle3_tree(k, width, drafts):
     """An eagle3 tree winner (drafter.tree_width w): k steps, top-k w, and num-draft-tokens = its
@@ -381,6 +442,8 @@ def test_bad_drafters_are_refused():
         to_vllm(schedule(winner(drafter="ngram") | {"drafter": "medusa"}))
     with pytest.raises(ValueError, match="model_path"):
         to_sglang(schedule(winner(drafter="eagle3") | {"drafter_options": {}}))
+    for fmt in FORMATS:  # mtp names no checkpoint of its own: no model_path is asked for
+        render(schedule(winner(drafter="mtp")), fmt)
 
 
 def test_engine_versions_are_named():

@@ -17,7 +17,8 @@ from orchestrator.export.trtllm import SCHEDULE_END
 
 # TensorRT-LLM 1.4.0rc4 field names, from tensorrt_llm/llmapi/llm_args.py as the LLM API reference pages of
 # that version render them (llm-api/reference/TorchLlmArgs.html, Eagle3DecodingConfig.html,
-# NGramDecodingConfig.html) and DraftTargetDecodingConfig in llm_args.py (DecodingBaseConfig's fields only).
+# NGramDecodingConfig.html, MTPDecodingConfig.html) and DraftTargetDecodingConfig in llm_args.py
+# (DecodingBaseConfig's fields only).
 # TorchLlmArgs: a subset (the serving knobs around the ones the export writes)
 TORCH_LLM_ARGS = {
     "tensor_parallel_size",
@@ -68,6 +69,21 @@ DECODING_CONFIGS = {
     },
     "NGram": DECODING_BASE | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"},
     "Draft_Target": DECODING_BASE,
+    "MTP": DECODING_BASE
+    | {
+        "use_relaxed_acceptance_for_thinking",
+        "relaxed_topk",
+        "relaxed_delta",
+        "use_mtp_vanilla",
+        "use_dynamic_tree",
+        "dynamic_tree_max_topK",
+        "draft_lm_head_dtype",
+        "draft_moe_dtype",
+        "sa_config",
+        "num_nextn_predict_layers",
+        "begin_thinking_phase_token",
+        "end_thinking_phase_token",
+    },
 }
 
 
@@ -107,6 +123,19 @@ def test_ngram_and_draft_model():
     assert spec == {"decoding_type": "Draft_Target", "max_draft_len": 2, "speculative_model": "/ckpt/draft-135m"}
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_mtp_is_decoding_type_mtp_with_k_in_max_draft_len(k):
+    """An mtp winner (DeepSeek-V3's own MTP layer): decoding_type MTP, k in max_draft_len (num_nextn_predict_layers
+    is the checkpoint's layer count since PR 12341, read by TensorRT-LLM itself) and no speculative_model."""
+    text = to_trtllm(schedule(winner(k=k, drafter="mtp", tp=8), model="/models/deepseek-v3"))
+    opts = options(text)
+    assert opts["tensor_parallel_size"] == 8
+    assert opts["speculative_config"] == {"decoding_type": "MTP", "max_draft_len": k}
+    assert "# serve: trtllm-serve /models/deepseek-v3 " in text
+    assert f"layer k={k} times per step (MTP-Eagle)" in text and "no speculative_model" in text
+    assert "k is max_draft_len" in text and f"mtp k={k} (the model's own MTP layer" in text
+
+
 @pytest.mark.parametrize("row", [winner(k=3, drafter="layer_skip"), winner(k=0, drafter="none")])
 def test_no_speculative_config_without_an_equivalent_drafter(row):
     text = to_trtllm(schedule(row))
@@ -115,11 +144,11 @@ def test_no_speculative_config_without_an_equivalent_drafter(row):
     assert ("layer_skip" if row["drafter"] == "layer_skip" else "plain decoding") in text
 
 
-@pytest.mark.parametrize(("drafter", "floor"), [("eagle3", 1), ("ngram", 0), ("draft_model", 0)])
+@pytest.mark.parametrize(("drafter", "floor"), [("eagle3", 1), ("mtp", 1), ("ngram", 0), ("draft_model", 0)])
 def test_the_schedule_runs_each_measured_k_and_keeps_one_engine_drafters_drafting(drafter, floor):
     """Winners k 4 at 1, 2 at 4 and 8, plain decoding at 16: TensorRT-LLM runs 4 at 1-3, 2 at 4-15 and, at 16
-    and above, 0 for the two-model drafters but 1 for Eagle3, whose one-engine drafter loses its draft state at
-    0 (open bug, PR 16888); batch sizes past the largest measured keep its k, not TensorRT-LLM's implicit 0."""
+    and above, 0 for the two-model drafters but 1 for Eagle3 and MTP, whose one-engine drafters lose their draft
+    state at 0 (open bug, PR 16888); batch sizes past the largest measured keep its k, not TensorRT-LLM's implicit 0."""
     rows = [
         winner(1, k=4, drafter=drafter),
         winner(4, k=2, drafter=drafter),
