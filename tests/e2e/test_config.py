@@ -251,6 +251,7 @@ OTHER = {
     "engine.gemv": "off",
     "engine.fused_add_norm": False,
     "engine.moe_kernel": "dense",
+    "engine.mla": "expanded",
     "engine.overlap": False,
     "nccl.NCCL_PROTO": "LL",
 }

@@ -96,6 +96,19 @@ def test_logits_match_transformers_at_tp_1_2_4(tmp_path, cfg):
     assert (mine.argmax(-1) == theirs.argmax(-1)).all()
     for tp in (2, 4):
         torch.testing.assert_close(sharded_logits(str(path), tp, tokens), theirs, atol=1e-4, rtol=1e-4)
+    # on the compressed cache with absorbed projections (engine.mla absorbed), over a prefill and a
+    # verify-shaped chunk that reads it: unsharded, and at TP 4 (DS_PLAIN's 6 heads: 2, 2, 1, 1 a rank)
+    model = load_model(path)
+    model.absorb_latent_attention()
+    x = torch.tensor(tokens)
+    with torch.inference_mode():
+        cache = model.new_cache(x.shape[0])
+        absorbed = torch.cat([model(x[:, :10], cache), model(x[:, 10:], cache)], dim=1)
+    m = model.args.mla
+    assert cache.k[0].shape[1:] == (1, model.max_seq, m.kv_lora_rank + m.qk_rope_head_dim)  # one entry a token
+    assert cache.v[0].data_ptr() == cache.k[0].data_ptr()  # V is K's first kv_lora_rank dims
+    torch.testing.assert_close(absorbed, theirs, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(sharded_logits(str(path), 4, tokens, absorbed=True), theirs, atol=1e-4, rtol=1e-4)
 
 
 @torch.inference_mode()
@@ -109,12 +122,14 @@ def test_greedy_decode_equals_transformers_generate(tmp_path):
     x = torch.tensor([prompt])
     theirs = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
     model = load_model(path)
-    cache = model.new_cache(1)
-    out, nxt = [], int(model(x, cache)[0, -1].argmax())
-    for _ in range(12):
-        out.append(nxt)
-        nxt = int(model(torch.tensor([[nxt]]), cache)[0, -1].argmax())
-    assert out == theirs[0, len(prompt) :].tolist()
+    for absorbed in (False, True):  # each head's K/V, then the compressed cache (engine.mla)
+        model.absorb_latent_attention(absorbed)
+        cache = model.new_cache(1)
+        out, nxt = [], int(model(x, cache)[0, -1].argmax())
+        for _ in range(12):
+            out.append(nxt)
+            nxt = int(model(torch.tensor([[nxt]]), cache)[0, -1].argmax())
+        assert out == theirs[0, len(prompt) :].tolist(), absorbed
 
 
 @torch.inference_mode()
@@ -277,10 +292,13 @@ def test_a_rank_reads_only_its_slices(tmp_path, cfg):
 
 
 @torch.inference_mode()
-def test_batched_prefill_and_tree_steps_equal_the_plain_passes(tmp_path):
-    """The engine's other entry points on latent attention: packed prefill of several prompts (its
-    own attention call, with the family's softmax scale) and a token tree."""
+@pytest.mark.parametrize("absorbed", [False, True], ids=["expanded", "absorbed"])
+def test_batched_prefill_and_tree_steps_equal_the_plain_passes(tmp_path, absorbed):
+    """The engine's other entry points on latent attention, either cache: packed prefill of several
+    prompts (its own attention call, with the family's softmax scale) and a token tree (its entries
+    moved behind the last token where kept: `KVCache.keep_path`, V inside K on the compressed cache)."""
     model = load_model(write_random_checkpoint(tmp_path, DS_LORA, seed=2), max_seq=64)
+    model.absorb_latent_attention(absorbed)
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
     cache = model.new_cache(2)
     packed = model.prefill_packed(prompts, cache)
@@ -294,6 +312,11 @@ def test_batched_prefill_and_tree_steps_equal_the_plain_passes(tmp_path):
     model(torch.tensor([prompts[0]]), path)
     chain = model(torch.tensor([[20, 21, 23]]), path)[0]
     torch.testing.assert_close(tree[[0, 1, 3]], chain, atol=1e-5, rtol=1e-5)
+    # the tree's kept path [20, 21, 23] made contiguous: the next token reads it as the chain's cache does
+    solo.keep_path(0, len(prompts[0]), [len(prompts[0]) + i for i in (0, 1, 3)])
+    solo.rollback(0, len(prompts[0]) + 3)
+    after_tree, after_chain = model(torch.tensor([[30]]), solo)[0, -1], model(torch.tensor([[30]]), path)[0, -1]
+    torch.testing.assert_close(after_tree, after_chain, atol=1e-5, rtol=1e-5)
 
 
 def test_no_fused_step_the_plain_model_serves(tmp_path, capsys):

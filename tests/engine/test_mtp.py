@@ -65,7 +65,7 @@ def _reference_chain(model, tokens: list[int], k: int) -> list[int]:
         states, nxt = list(h[:-1]), list(tokens[1:])
         drafts = []
         for _ in range(k):
-            cache = model.new_cache()
+            cache = MtpHead(model).new_cache()
             ids = torch.tensor([nxt])
             emb = model.embed_tokens(ids)
             emb[:, 0] = 0.0  # position 0's embedding is zeroed, as vLLM does
@@ -84,11 +84,13 @@ def _reference_chain(model, tokens: list[int], k: int) -> list[int]:
     return drafts
 
 
-def test_the_drafters_chains_equal_the_mtp_math_from_scratch_as_the_verifier_commits(ckpt):
+@pytest.mark.parametrize("absorbed", [False, True], ids=["expanded", "absorbed"])
+def test_the_drafters_chains_equal_the_mtp_math_from_scratch_as_the_verifier_commits(ckpt, absorbed):
     """A greedy decode where the verifier keeps 0, 1, all or some of the drafts in turn: each proposal
     equals the from-scratch chain over the committed tokens (the drafter's cache rolled back and fed
-    with the states of exactly the positions committed since)."""
+    with the states of exactly the positions committed since), on either latent-attention cache."""
     model = load_model(ckpt, mtp=True)
+    model.absorb_latent_attention(absorbed)
     model.aux_layers = (model.args.n_layers,)
     drafter = MtpDrafter(MtpHead(model))
     drafter.begin(0.0, 0)

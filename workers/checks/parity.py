@@ -16,7 +16,9 @@ import torch.distributed as dist
 from workers.runtime.procs import rank_context, with_env
 
 
-def _rank_logits(rank: int, world: int, init: str, path: str, tokens: list[list[int]], vocab_parallel: bool, split: int, queue) -> None:
+def _rank_logits(
+    rank: int, world: int, init: str, path: str, tokens: list[list[int]], vocab_parallel: bool, split: int, queue, absorbed: bool = False
+) -> None:
     from workers.comm import make_allreduce
     from workers.model.checkpoint import load_model
     from workers.model.tp import TPPart, hook
@@ -26,6 +28,7 @@ def _rank_logits(rank: int, world: int, init: str, path: str, tokens: list[list[
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
         part = TPPart(rank, world, vocab_parallel)  # read only this rank's slices, as a worker does
         model = hook(load_model(path, tp=part), part, make_allreduce("gloo", dist.group.WORLD, world))
+        model.absorb_latent_attention(absorbed)
         with torch.inference_mode():
             x = torch.tensor(tokens)
             cache = model.new_cache(x.shape[0])
@@ -39,8 +42,11 @@ def _rank_logits(rank: int, world: int, init: str, path: str, tokens: list[list[
             dist.destroy_process_group()
 
 
-def sharded_logits(path: str, tp: int, tokens: list[list[int]], vocab_parallel: bool = False, split: int | None = None) -> torch.Tensor:
-    """Logits [batch, seq, vocab] of `path` sharded over `tp` gloo processes (rank 0's copy)."""
+def sharded_logits(
+    path: str, tp: int, tokens: list[list[int]], vocab_parallel: bool = False, split: int | None = None, absorbed: bool = False
+) -> torch.Tensor:
+    """Logits [batch, seq, vocab] of `path` sharded over `tp` gloo processes (rank 0's copy); absorbed:
+    latent attention on its compressed cache (`Transformer.absorb_latent_attention`)."""
     split = split if split is not None else max(1, len(tokens[0]) // 2)
     ctx = rank_context("cpu")
     queue = ctx.Queue()
@@ -48,7 +54,8 @@ def sharded_logits(path: str, tp: int, tokens: list[list[int]], vocab_parallel: 
         init = f"file://{os.path.join(tmp, 'rdv')}"
         procs = [
             ctx.Process(
-                target=with_env, args=(dict(os.environ), _rank_logits, r, tp, init, str(path), tokens, vocab_parallel, split, queue)
+                target=with_env,
+                args=(dict(os.environ), _rank_logits, r, tp, init, str(path), tokens, vocab_parallel, split, queue, absorbed),
             )
             for r in range(tp)
         ]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from workers.drafters.eagle3.head import Eagle3Drafter
-from workers.model.transformer import KVCache, Transformer
+from workers.model.transformer import KVCache, Transformer, cache_buffers
 
 
 class MtpHead:
@@ -50,13 +50,8 @@ class MtpHead:
         return states.to(self.dtype)
 
     def new_cache(self, rows: int = 1) -> KVCache:
-        a, args = self.layer.self_attn, self.model.args
-        shape = (rows, a.n_kv_heads, self.model.max_seq)
-        return KVCache(
-            k=[torch.zeros(*shape, args.head_dim, dtype=self.dtype, device=self.device)],
-            v=[torch.zeros(*shape, args.v_head_dim, dtype=self.dtype, device=self.device)],
-            lengths=[0] * rows,
-        )
+        k, v = cache_buffers(self.layer.self_attn, rows, self.model.max_seq, self.dtype, self.device)
+        return KVCache(k=[k], v=[v], lengths=[0] * rows)
 
     def step(self, tokens: torch.Tensor, g: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [T] (x_{i+1}) with states g [T, dim] appended at the cache length -> (the layer's

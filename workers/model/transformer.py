@@ -151,6 +151,12 @@ class Attention(nn.Module):
     def n_kv_heads(self) -> int:
         return self.k_proj.out_features // self.head_dim
 
+    def cache_dims(self) -> tuple[int, int, int]:
+        """(cached heads, K width, V width) of one position of this layer's cache."""
+        return self.n_kv_heads, self.head_dim, self.head_dim
+
+    values_in_keys = False  # V is a buffer of its own (latent attention's absorbed cache reads V inside K)
+
     def forward(self, x, cos, sin, mask, k_cache, v_cache, pos):
         """pos [B, T]: each token's position; keys/values are written there (index_copy_: graph-safe)."""
         B, T, _ = x.shape
@@ -175,8 +181,14 @@ class LatentAttention(nn.Module):
         k        = [k_nope | rope(k_pe)],  q = [q_nope | rope(q_pe)]
         out      = o_proj(softmax(q k^T * scale) v)        (scale: rope.py `mla_softmax_scale`)
 
-    The cache holds each head's K (qk_nope + qk_rope) and V (v_head_dim); the compressed cache (the
-    latent and k_pe per token) is the CUDA decode's business, not this eager reference's. Tensor
+    Two caches (`absorbed`, EngineConfig.mla; the math is the same). Expanded: each head's K (qk_nope +
+    qk_rope) and V (v_head_dim), as transformers computes it. Absorbed (`absorb`): one entry per token,
+    the normed latent c and the roped k_pe [kv_lora_rank + qk_rope], shared by every head, and V is a
+    view of its first kv_lora_rank dims. kv_b_proj's per-head blocks W_UK [qk_nope, kv_lora_rank] and
+    W_UV [v_head_dim, kv_lora_rank] move to the query and the output: q_nope . (W_UK c) = (W_UK^T
+    q_nope) . c, so scores are [W_UK^T q_nope | q_pe] . [c | k_pe] under the same softmax scale, and the
+    head's output is W_UV (softmax . c). A step then reads kv_lora_rank + qk_rope numbers a cached token,
+    not heads x (qk_head_dim + v_head_dim). Tensor
     parallelism (workers/model/tp.py): q_b_proj / q_proj and kv_b_proj by heads, o_proj by its
     input columns; the latent down-projections and their norms replicated. The latent norms use
     eps 1e-6 whatever rms_norm_eps (transformers' DeepseekV3RMSNorm default; DeepSeek's code too)."""
@@ -215,6 +227,18 @@ class LatentAttention(nn.Module):
     def n_kv_heads(self) -> int:
         return self.n_heads
 
+    absorbed = False  # the compressed cache and absorbed projections (`Transformer.absorb_latent_attention`)
+
+    @property
+    def values_in_keys(self) -> bool:
+        return self.absorbed
+
+    def cache_dims(self) -> tuple[int, int, int]:
+        """(cached heads, K width, V width) of one position of this layer's cache."""
+        if self.absorbed:
+            return 1, self.kv_rank + self.rope, self.kv_rank
+        return self.n_heads, self.head_dim, self.v_dim
+
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, dim] -> q [B, T, local heads x (nope + rope)]."""
         if not self.q_lora:
@@ -227,17 +251,41 @@ class LatentAttention(nn.Module):
         H = self.n_heads
         q_nope, q_pe = self.queries(x).view(B, T, H, self.head_dim).transpose(1, 2).split([self.nope, self.rope], dim=-1)
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.rope], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, T, H, self.nope + self.v_dim).transpose(1, 2)
-        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)
         k_pe = k_pe.view(B, 1, T, self.rope)
         if self.interleaved:
             q_pe, k_pe = deinterleave(q_pe), deinterleave(k_pe)
-        q = torch.cat([q_nope, apply_rope(q_pe, cos, sin)], dim=-1)
-        k = torch.cat([k_nope, apply_rope(k_pe, cos, sin).expand(B, H, T, self.rope)], dim=-1)
+        q_pe, k_pe = apply_rope(q_pe, cos, sin), apply_rope(k_pe, cos, sin)
+        if self.absorbed:
+            return self.reduce(self.o_proj(self._absorbed(q_nope, q_pe, latent, k_pe, mask, k_cache, v_cache, pos)))
+        kv = self.kv_b_proj(latent).view(B, T, H, self.nope + self.v_dim).transpose(1, 2)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(B, H, T, self.rope)], dim=-1)
         return self.reduce(self.o_proj(self.attend(q, k, v, mask, k_cache, v_cache, pos)))
+
+    def _absorbed(self, q_nope, q_pe, latent, k_pe, mask, k_cache, v_cache, pos):
+        """Attention on the compressed cache: q_nope [B, H, T, nope] and q_pe [B, H, T, rope] (roped),
+        the normed latent [B, T, kv_rank] and k_pe [B, 1, T, rope] (roped) -> [B, T, H * v_head_dim]."""
+        B, H, T, _ = q_nope.shape
+        w = self.kv_b_proj.weight.view(H, self.nope + self.v_dim, self.kv_rank)  # this rank's heads
+        w_uk, w_uv = w[:, : self.nope], w[:, self.nope :]
+        q = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_pe], dim=-1)
+        c = latent[:, None]  # [B, 1, T, kv_rank]: one cached "head" every query head reads
+        out = attend(q, torch.cat([c, k_pe], dim=-1), c, mask, k_cache, v_cache, pos, H, self.kv_map, scale=self.scale)
+        out = torch.einsum("bthr,hvr->bthv", out.view(B, T, H, self.kv_rank), w_uv)
+        return out.reshape(B, T, H * self.v_dim)
 
     def attend(self, q, k, v, mask, k_cache, v_cache, pos):
         return attend(q, k, v, mask, k_cache, v_cache, pos, 1, self.kv_map, scale=self.scale)
+
+
+def cache_buffers(attn, rows: int, max_seq: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's K and V buffers [rows, cached heads, max_seq, width] as its attention caches them
+    (`cache_dims`); where V lives inside K (the absorbed latent cache) V is a view of K's first dims."""
+    heads, k_dim, v_dim = attn.cache_dims()
+    k = torch.zeros(rows, heads, max_seq, k_dim, dtype=dtype, device=device)
+    return k, (k[..., :v_dim] if attn.values_in_keys else torch.zeros(rows, heads, max_seq, v_dim, dtype=dtype, device=device))
 
 
 def tree_shape(parents: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -451,15 +499,16 @@ class Transformer(nn.Module):
 
     def new_cache(self, batch: int = 1, max_seq: int | None = None) -> KVCache:
         max_seq = max_seq or self.max_seq
-        attn = self.layers[0].self_attn if len(self.layers) else None
-        n_kv = attn.n_kv_heads if attn else 0
         p = self.embed_tokens.weight
-        shape = (batch, n_kv, max_seq)
-        return KVCache(
-            k=[torch.zeros(*shape, self.args.head_dim, dtype=p.dtype, device=p.device) for _ in self.layers],
-            v=[torch.zeros(*shape, self.args.v_head_dim, dtype=p.dtype, device=p.device) for _ in self.layers],
-            lengths=[0] * batch,
-        )
+        pairs = [cache_buffers(layer.self_attn, batch, max_seq, p.dtype, p.device) for layer in self.layers]
+        return KVCache(k=[k for k, _ in pairs], v=[v for _, v in pairs], lengths=[0] * batch)
+
+    def absorb_latent_attention(self, on: bool = True) -> None:
+        """Latent attention (DeepSeek-V3) on the compressed cache with absorbed projections, or (off) on
+        each head's expanded K/V (EngineConfig.mla); every block, the MTP layer's too. Before any cache."""
+        for block in self.blocks():
+            if isinstance(block.self_attn, LatentAttention):
+                block.self_attn.absorbed = on
 
     def hidden(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run the layers on `tokens` [B, T] appended at each sequence's cache length; advance the cache.

@@ -205,6 +205,7 @@ class Worker:
             mtp = spec.drafter.kind == "mtp"  # the verifier with its MTP layer, split as its other layers
             model = hook(load_model(spec.model_path, dtype=dtype, device=device, max_seq=spec.max_seq, tp=part, mtp=mtp), part, allreduce)
             model.aux_layers = aux_layers  # eagle3, mtp: capture the states the drafter reads (plain and fused steps)
+            model.absorb_latent_attention(spec.engine.mla == "absorbed")  # before the Verifier makes its cache
             self.verifier = Verifier(
                 model,
                 allreduce,

@@ -14,6 +14,8 @@ documentation is what the YAML schema, decode's --help and docs/reference.md sho
                off: the GEMMs inside the compiled bodies
 - moe_kernel:  eager passes (prefill, CPU) loop over the chosen experts whatever is set; no effect on
                dense models
+- mla:         latent attention's cache (workers/model/transformer.py `LatentAttention`): absorbed reads
+               kv_lora_rank + qk_rope numbers a cached token; no effect on other attention
 - overlap:     with an in-rank EAGLE-3 chain, verify, acceptance and the next chain stay on the device
                (workers/engine/device_loop.py) and the host reads each step's result while the chain runs
 """
@@ -27,6 +29,7 @@ from workers.spec.params import check_choices, param
 ATTENTION_CHOICES = ("auto", "triton", "sdpa")
 GEMV_CHOICES = ("auto", "cublas", "triton", "off")
 MOE_KERNEL_CHOICES = ("auto", "triton", "dense")
+MLA_CHOICES = ("absorbed", "expanded")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +63,11 @@ class EngineConfig:
         "auto",
         "MoE routed experts in graphed steps: triton (grouped kernel, each chosen expert read once), dense (all experts), or auto",
         choices=MOE_KERNEL_CHOICES,
+    )
+    mla: str = param(
+        "absorbed",
+        "latent attention (DeepSeek-V3): absorbed (one compressed cache entry a token, projections folded into query and output) or expanded (each head's K/V)",
+        choices=MLA_CHOICES,
     )
     overlap: bool = param(
         True,
