@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from orchestrator.config import emulation
+from orchestrator.config.emulation import deployed_tp
 from orchestrator.config.schema import ExperimentConfig
 from orchestrator.config.space import TrialConfig, resolve
 from orchestrator.decode.flags import DecodeRun, experiment, flag_message
@@ -91,7 +92,7 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
     if run.ngram_actor and gang.drafter.kind == "ngram":  # the n-gram drafter as its own process on the draft link
         gang = replace(gang, drafter=replace(gang.drafter, ngram_actor=True))
     ablation = run.ablation_iters if run.ablation_iters is not None else ABLATION_ITERS[cfg.parallel.device]
-    tp = cfg.parallel.emulate_tp or cfg.parallel.tp
+    tp = deployed_tp({}, cfg)
     # margins only where this run is itself the plain batch-1 reference a --peer-baseline check reads (k = 0);
     # otherwise the baseline run records them
     peer_judge = run.peer_baseline and cfg.workload.temperature == 0 and tc.num_draft_tokens == 0 and batch == 1

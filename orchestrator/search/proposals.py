@@ -16,17 +16,18 @@ Rules, the same one trial at a time and in parallel:
   driver stops asking until a running trial ends (`after_duplicate`), rather than spin;
 - a finite space whose every distinct configuration is known is exhausted: the study ends there,
   also when `study.n_trials` is larger than the space;
-- a gang whose launch failed for good in this run (a rank out of memory, a model it cannot build:
-  orchestrator/execution/pool.py) is not launched again by this driver: a proposal that needs it, asked
-  or not, is told PRUNED naming the trial that failed, and every configuration on it counts as known for
-  the two rules above. Only this run's failures count: a resumed study tries such a gang once more
-  (the user may have freed the memory).
+- a gang whose launch failed for good twice in this run, on fresh launches (a rank out of memory, a
+  model it cannot build: orchestrator/execution/pool.py; twice, since memory a killed gang had not yet
+  given back, or a neighbour's, can fail one launch) is not launched again by this driver: a proposal
+  that needs it, asked or not, is told PRUNED naming the trials that failed, and every configuration on
+  it counts as known for the two rules above (`ruled_out`). Only this run's failures count: a resumed
+  study tries such a gang again (the user may have freed the memory).
 
     book = Proposals(space=distinct_configs(cfg), rng=random.Random(0))
     book.known("k=0 ...", 0)                        # a finished trial's configuration
     verdict = book.admit(7, identity, asked=False)  # Admission(run=True) or a duplicate's twin
     book.finished(7, known=True)                    # the running trial ended
-    book.unlaunchable("3f9a...", 7, "GangError: setup: rank 0: OutOfMemoryError ...")   # its gang cannot launch
+    book.unlaunchable("3f9a...", 7, "GangError: setup: rank 0: OutOfMemoryError ...")   # twice: ruled out
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_DUPLICATES = 8  # proposals in a row that repeat known configurations before the study picks one itself
+LAUNCH_FAILURES = 2  # failed launches of one gang (each on a fresh launch) that rule it out for the run
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ class Proposals:
         self.space = space
         self.rng = rng or random.Random(0)
         self.gang_of = gang_of
-        self._unlaunchable: dict[str, tuple[int, str]] = {}  # gang -> (the trial whose launch failed, why)
+        self._launch_failures: dict[str, list[tuple[int, str]]] = {}  # gang -> (trial whose launch failed, why), in order
+        self._unlaunchable: dict[str, tuple[str, str]] = {}  # gang ruled out -> (the trials that failed, the last reason)
         self._gangs: dict[str, str | None] = {}  # a space configuration's identity -> its gang (gang_of, cached)
         self._known: dict[str, int] = {}  # identity -> the first trial that measured it
         self._running: dict[int, str] = {}  # trial number -> identity
@@ -72,9 +75,14 @@ class Proposals:
         """Configurations other drivers of the study are measuring now -> their trials (refreshed before each ask)."""
         self._others = dict(identities)
 
-    def unlaunchable(self, gang: str, number: int, reason: str) -> None:
-        """Trial `number`'s gang failed its launch for good (`reason`): no trial of this run needs it again."""
-        self._unlaunchable.setdefault(gang, (number, reason))
+    def unlaunchable(self, gang: str, number: int, reason: str) -> bool:
+        """Trial `number`'s gang failed its launch for good (`reason`). Returns whether that rules the gang
+        out: its LAUNCH_FAILURES-th such failure in this run."""
+        failures = self._launch_failures.setdefault(gang, [])
+        failures.append((number, reason))
+        if len(failures) >= LAUNCH_FAILURES and gang not in self._unlaunchable:
+            self._unlaunchable[gang] = (" and ".join(str(n) for n, _ in failures), reason)
+        return gang in self._unlaunchable
 
     def _ruled_out(self, identity: str, params: dict) -> bool:
         """The configuration runs on a gang that failed its launch in this run."""
@@ -91,7 +99,8 @@ class Proposals:
         if gang is not None and gang in self._unlaunchable:
             self.duplicates_in_a_row += 1
             failed, why = self._unlaunchable[gang]
-            return Admission(False, failed, f"its gang failed to launch in trial {failed} ({why[:160]}); not launched again in this run")
+            first = self._launch_failures[gang][0][0]
+            return Admission(False, first, f"its gang failed to launch in trials {failed} ({why[:160]}); not launched again in this run")
         if identity is not None and not asked:
             twin = next((n for n, i in self._running.items() if i == identity), None)
             if twin is None and identity in self._others:
@@ -155,6 +164,13 @@ class Proposals:
         return self.space is not None and all(
             identity in self._known or self._ruled_out(identity, params) for identity, params in self.space.items()
         )
+
+    @property
+    def ruled_out(self) -> int:
+        """Configurations of a finite space not known and on a gang ruled out in this run."""
+        if self.space is None:
+            return 0
+        return sum(1 for identity, params in self.space.items() if identity not in self._known and self._ruled_out(identity, params))
 
     @property
     def size(self) -> int | None:

@@ -118,8 +118,10 @@ class TrialController:
             return True
         if not self.goal.space_finished():
             return False
+        out = self.ctx.proposals.ruled_out
+        how = "is measured" if not out else f"is measured or ruled out ({out} on gangs that failed to launch)"
         self.ctx.log(
-            f"spectune: every distinct configuration of the search space ({self.ctx.proposals.size}) is measured: "
+            f"spectune: every distinct configuration of the search space ({self.ctx.proposals.size}) {how}: "
             f"the study ends at {done} complete trials (study.n_trials={self.goal.n_goal})"
         )
         return True
@@ -153,8 +155,8 @@ class TrialController:
         if asked.verdict == "picked":
             return True  # the study's own pick is queued: ask for it
         if asked.verdict == "duplicate":
-            if asked.wait and self.threads:
-                return False  # nothing new to try until a running trial ends: wait for one, do not spin
+            if asked.wait and (self.threads or self.ctx.others.running()):
+                return False  # nothing new to try until a running trial (ours or another driver's) ends: wait, do not spin
             self.idle_duplicates += 1
             return True
         self.idle_duplicates = 0
@@ -215,9 +217,8 @@ class TrialController:
         if isinstance(out, BaseException):
             raise out
         self.ctx.proposals.finished(number, known=out.state != "FAIL" or out.invalid)
-        if out.unlaunchable is not None:
-            self.ctx.proposals.unlaunchable(out.unlaunchable, number, out.reason or "")
-            self.ctx.log(f"spectune: trial {number}'s gang failed to launch; no trial of this run launches that gang again")
+        if out.unlaunchable is not None and self.ctx.proposals.unlaunchable(out.unlaunchable, number, out.reason or ""):
+            self.ctx.log(f"spectune: trial {number}'s gang failed to launch a second time; this driver launches it no more in this run")
         if self.failures.record(out) is Failure.NODE_LOST:
             self.lose_node(number, out.lost_node)
         self.ctx.progress.trial_done(number, out)

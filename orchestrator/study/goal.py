@@ -51,9 +51,10 @@ def known_configurations(study: optuna.Study, cfg: ExperimentConfig, space: dict
 
 
 def space_finished(study: optuna.Study, cfg: ExperimentConfig, proposals: Proposals, need_baseline: bool = False) -> bool:
-    """Every distinct configuration of a finite space is known and nothing is queued (a retry, the
-    baseline). `need_baseline`: also every TP size has its COMPLETE baseline (k = 0 outside the space is
-    not among `proposals`; a rerun whose baseline failed must run it, so it is not finished)."""
+    """Every distinct configuration of a finite space is known (or ruled out), nothing is queued (a
+    retry, the baseline), and racing wants no more re-measures (`race_wanted`). `need_baseline`: also
+    every TP size has its COMPLETE baseline (k = 0 outside the space is not among `proposals`; a rerun
+    whose baseline failed must run it, so it is not finished)."""
     from optuna.trial import TrialState
 
     from orchestrator.config.space import candidates

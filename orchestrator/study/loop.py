@@ -220,7 +220,7 @@ def _ensure_baseline(study, cfg: ExperimentConfig) -> None:
 
 def nothing_left(storage, cfg: ExperimentConfig) -> bool:
     """The study exists and holds `study.n_trials` COMPLETE trials, or every distinct configuration of its
-    finite space is known: a rerun only reports it."""
+    finite space is known and its racing round ran (goal.space_finished): a rerun only reports it."""
     import optuna
     from optuna.trial import TrialState
 
@@ -535,7 +535,9 @@ def _wrap_up(run: _Run, ours: bool, record: DriverRecord | None) -> dict | None:
     summary["ranking"] = rank(run.study.trials).as_dict()  # noise-aware: pooled repeats, winner within noise?
     if run.proposals is not None and run.proposals.size is not None:
         summary["space_size"] = run.proposals.size
-        summary["space_exhausted"] = run.proposals.exhausted  # every distinct configuration measured: done
+        summary["space_exhausted"] = run.proposals.exhausted  # every distinct configuration measured or ruled out: done
+        if run.proposals.ruled_out:
+            summary["space_ruled_out"] = run.proposals.ruled_out  # on gangs that failed to launch twice in this run
     return summary
 
 

@@ -216,7 +216,10 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None, disturbed=lambda
             if r == repeats - 1 and i == n - 1:  # the last run: the comm split (TP > 1) and the width profile (CPU)
                 iters = ABLATION_ITERS[cfg.parallel.device]
                 w = replace(
-                    w, comm_ablation_iters=iters if deployed_tp({}, cfg) > 1 else 0, profile_widths=profile_widths(cfg), profile_iters=iters
+                    w,
+                    comm_ablation_iters=iters if deployed_tp({"parallel.tp": tc.tp}, cfg) > 1 else 0,
+                    profile_widths=profile_widths(cfg),
+                    profile_iters=iters,
                 )
             if r == repeats - 1 and not t.simulated:
                 # an MoE verifier: the experts each pass width reads, over the last repeat's prompts; not under

@@ -154,3 +154,22 @@ def test_the_console_and_report_line_names_the_deployment_the_table_and_the_acce
     line = emulation.report_line(validated(raw))
     assert line.startswith("EMULATED: emulated TP 8 from table seeds-tp8-pcie") and "accepted length 2.5" in line, line
     assert emulation.report_line(validated({"name": "x", "search": {"space": {"spec.num_draft_tokens": 0}}})) is None
+
+
+def test_the_tp_a_trials_figures_are_for():
+    """`deployed_tp`: an emulated trial's (one rank of TP N, parallel.tp 1), a trial's searched TP over the
+    experiment's, else the experiment's. Whether a trial times its step with and without its allreduces
+    turns on it (a study searching parallel.tp once lost the split: it read the experiment's TP)."""
+    from orchestrator.config.emulation import deployed_tp
+
+    base = {
+        "name": "t",
+        "model": {"path": "random:tiny"},
+        "parallel": {"tp": 1, "device": "cpu", "backend": "gloo"},
+        "search": {"space": {"spec.num_draft_tokens": {"choices": [0, 2]}}},
+    }
+    real = validated(base)
+    assert deployed_tp({}, real) == 1 and deployed_tp({"parallel.tp": 4}, real) == 4
+    emulated = validated({**base, "parallel": {**base["parallel"], "emulate_tp": 8, "allreduce_table": "seeds-tp8-pcie"}})
+    assert deployed_tp({}, emulated) == 8 and deployed_tp({"parallel.tp": 1}, emulated) == 8
+    assert deployed_tp({"parallel.emulate_tp": 4, "parallel.tp": 1}) == 4 and deployed_tp({"parallel.tp": 2}) == 2  # params alone (exports)

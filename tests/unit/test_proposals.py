@@ -213,13 +213,17 @@ def test_a_gang_that_cannot_launch_rules_out_every_configuration_on_it():
     p = Proposals(space, random.Random(0), gang_of=lambda params: f"gang-{params['d']}")
     assert p.admit(0, "ls1", asked=False, gang="gang-ls").run
     p.finished(0, known=False)  # its launch failed: a failure, so not known ...
-    p.unlaunchable("gang-ls", 0, "GangError: setup: rank 0: OutOfMemoryError")
-    # ... but no configuration on its gang is proposed, asked for or picked again
+    assert not p.unlaunchable("gang-ls", 0, "GangError: setup: rank 0: OutOfMemoryError")  # once may be a neighbour's memory
+    assert p.admit(1, "ls2", asked=False, gang="gang-ls").run and p.ruled_out == 0
+    p.finished(1, known=False)
+    assert p.unlaunchable("gang-ls", 1, "GangError: setup: rank 0: OutOfMemoryError")  # twice, on fresh launches: ruled out
+    # ... and no configuration on its gang is proposed, asked for or picked again
     for identity, asked in (("ls1", False), ("ls2", False), ("ls2", True)):
-        no = p.admit(1, identity, asked=asked, gang="gang-ls")
-        assert not no.run and no.twin == 0 and no.reason.startswith("its gang failed to launch in trial 0 (GangError: setup")
+        no = p.admit(2, identity, asked=asked, gang="gang-ls")
+        assert not no.run and no.twin == 0 and no.reason.startswith("its gang failed to launch in trials 0 and 1 (GangError: setup")
+    assert p.ruled_out == 2
     assert sorted(map(str, p.untried())) == sorted(map(str, [{"d": "none"}, {"d": "ngram", "k": 1}]))
-    for n, identity in enumerate(("plain", "ng1"), start=2):
+    for n, identity in enumerate(("plain", "ng1"), start=3):
         assert p.admit(n, identity, asked=False, gang=f"gang-{space[identity]['d']}").run
         assert not p.exhausted
         p.finished(n, known=True)

@@ -74,8 +74,9 @@ class MtpHead:
 
 
 class MtpDrafter(Eagle3Drafter):
-    """Chain drafting (greedy or sampled at the trial temperature; `lookup` and trees as EAGLE-3's)
-    from the verifier's final states through its MTP layer; one per sequence (`fork`)."""
+    """Chain drafting (greedy, or sampled at the trial temperature) from the verifier's final states
+    through its MTP layer; one per sequence (`fork`). No device loop, no CUDA-graph chain (`fed_ready`
+    False, `use_chain` False): the host path of `Eagle3Drafter._propose`."""
 
     kind = "mtp"
     proposes_on_device = False

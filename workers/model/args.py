@@ -250,7 +250,10 @@ class ModelArgs:
             full_layers=cfg.get("spectune_full_layers"),
             mtp_layers=mtp,
             # DeepSeek-V3's MTP block is a decoder layer at index num_hidden_layers: MoE past first_k_dense_replace
-            mtp_moe=bool(mtp and moe is not None and cfg["num_hidden_layers"] >= cfg.get("first_k_dense_replace", 0)),
+            # (the whole model's count, also for a `:layers=N` subset, whose MTP layer is still index M)
+            mtp_moe=bool(
+                mtp and moe is not None and cfg.get("spectune_full_layers", cfg["num_hidden_layers"]) >= cfg.get("first_k_dense_replace", 0)
+            ),
         )
 
 
