@@ -548,3 +548,46 @@ def test_a_space_smaller_than_the_goal_still_races_its_leaders_before_it_ends():
         "spectune: every distinct configuration of the search space (3) is measured: the study ends at 5 complete trials (study.n_trials=6)"
         in lines
     )
+
+
+@pytest.mark.parametrize(
+    ("error", "for_good"),
+    [
+        ("setup: rank 0: OutOfMemoryError: CUDA out of memory", True),
+        ("setup: rank 1 died (ActorDiedError)", False),
+        ("setup: ranks [0] did not answer within 600s", False),
+    ],
+)
+def test_the_gang_pool_names_a_gang_whose_launch_failed_for_good(monkeypatch, error, for_good):
+    """GangPool.get (no Ray: its RayGang replaced) records the gang, as `gang_identity` of the spec and
+    NCCL env the trial asked for, where a rank raised in setup; not where one died or timed out, and not
+    on the next launch of another gang."""
+    from orchestrator.execution import pool as pool_module
+    from orchestrator.execution.cluster import Resources
+    from workers.spec import DrafterSpec, GangSpec
+
+    class Launch:
+        def __init__(self, spec, env, res, progress=None):
+            self.spec, self._closed = spec, False
+
+        def setup(self):
+            if self.spec.drafter.kind == "layer_skip":
+                raise GangError(error)
+            return []
+
+        def run(self, workload, **kwargs):
+            return None
+
+        def close(self):
+            self._closed = True
+
+    monkeypatch.setattr(pool_module, "RayGang", Launch)
+    pool = pool_module.GangPool(Resources(), log=lambda line: None)
+    pool.progress = object()  # the shared progress queue (a Ray actor) exists already
+    spec, env = GangSpec(model_path="m", drafter=DrafterSpec(kind="layer_skip", layers=2)), {"NCCL_PROTO": "LL"}
+    with pytest.raises(GangError, match=error.split(":")[0]):
+        pool.get(spec, env, plain=False)
+    assert pool.launch_failed == (pool_module.gang_identity(spec, env) if for_good else None)
+    assert pool.gang is None  # nothing kept of it
+    pool.get(GangSpec(model_path="m"), env, plain=False)  # another gang launches, and the record is its own
+    assert pool.launch_failed is None and pool.gang is not None
