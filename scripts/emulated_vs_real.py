@@ -1,7 +1,7 @@
 """Emulated TP against real TP on this machine's CPU, in one run: does one rank of TP 2 waiting as the
 table `spectune bench-allreduce --json` measured here predict the real gloo TP 2 step?
 
-    python -m scripts.emulated_vs_real                       # the demo model, held-out prompts, k = 0 and 4, 3 rounds
+    python -m scripts.emulated_vs_real                       # the demo model, held-out prompts, k = 0 and 4, 5 rounds
     python -m scripts.emulated_vs_real --num-prompts 2 --max-new-tokens 24 --rounds 1 --json
 
 Steps: (1) `spectune bench-allreduce --backend gloo --tp 2 --json` over the message sizes the run
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench-iters", type=int, default=200)
     ap.add_argument("--ablation-iters", type=int, default=10)
     ap.add_argument("--table", default=None, help="use this table instead of measuring one each round")
-    ap.add_argument("--rounds", type=int, default=3, help="real and emulated side by side this many times; medians compared")
+    ap.add_argument("--rounds", type=int, default=5, help="real and emulated side by side this many times; medians compared")
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args(argv)
     if ns.rounds < 1:

@@ -256,10 +256,13 @@ class RunResult:
         if self.prompts:
             m["prefill_ms_mean"] = 1e3 * sum(p.prefill_s for p in self.prompts) / len(self.prompts)
         if self.ablation and m.get("step_ms_p50"):
-            # communication per step from the no-op ablation; its share of the measured step
+            # communication per step from the no-op ablation, as a share of the step it was timed in (the
+            # ablation's step with its allreduces): one pair of timings, where the run's p50 step is another
+            # sitting's (on shared CPU cores the two drift apart and the mixed ratio with them)
             m["comm_ms_counted"] = m.get("comm_ms_per_step", 0.0)
             m.update(self.ablation)
-            m["comm_fraction"] = min(1.0, self.ablation["comm_ms_per_step"] / m["step_ms_p50"])
+            whole = self.ablation.get("ablation_step_ms") or m["step_ms_p50"]
+            m["comm_fraction"] = min(1.0, self.ablation["comm_ms_per_step"] / whole)
         m.update({width_metric(W): ms for W, ms in self.width_ms.items()})
         m.update({experts_metric(W): total / n for W, (total, n) in self.experts.items() if n})
         return m
