@@ -20,6 +20,7 @@
 #                    commit: workers orchestrator scripts) that commit's first, back to back
 #   emulated         issue 46's zero-table check and the simulated-acceptance path (infra/gpu-families.sh)
 #   families         MoE kernel configurations, verify widths, Qwen3 decodes (infra/gpu-families.sh)
+#   deepseek         the DeepSeek-V3 shape: plain decode on each latent-attention cache, the MTP drafter (infra/gpu-families.sh)
 #   batch            batch > 1 (infra/gpu-batch.sh, its SIZES / KS / DRAFTER)
 #   study=YAML[,key=value...]   a whole study, no kill (infra/gpu-study.sh); its files come back as study-N.tgz
 # Every stage's output is in $OUT/log.txt; the GPU, the code's content hash and each stage's time head it.
@@ -29,10 +30,10 @@ cd "$(dirname "$0")/.."
 needs() {  # the packs a stage needs: pyd (decode), rest (a study), zero (the zero table)
   case $1 in
     setup) echo "" ;;
-    tests | tp1 | families | batch) echo pyd ;;
+    tests | tp1 | families | deepseek | batch) echo pyd ;;
     emulated) echo "pyd zero" ;;
     study=*) echo "ray rest" ;;
-    *) echo "gpu-call: unknown stage '$1' (setup | tests | tp1 | emulated | families | batch | study=YAML[,k=v...])" >&2; return 2 ;;
+    *) echo "gpu-call: unknown stage '$1' (setup | tests | tp1 | emulated | families | deepseek | batch | study=YAML[,k=v...])" >&2; return 2 ;;
   esac
 }
 
@@ -102,8 +103,8 @@ for stage in "$@"; do
     tp1)
       [ -d .devcarry/before ] && run tp1_before .devcarry/before "$PY" $(decode)
       run tp1 . "$PY" $(decode) ;;
-    emulated | families)
-      sub=$([ "$stage" = emulated ] && echo emulated || echo "kernels widths decode")
+    emulated | families | deepseek)
+      sub=$(case $stage in emulated) echo emulated ;; deepseek) echo deepseek ;; *) echo "kernels widths decode" ;; esac)
       SPECTUNE_VENV=$VENV OUT=$OUT LIMIT=${LIMIT:-300} bash infra/gpu-families.sh $sub >> "$log" 2>&1 || say "!!! $stage failed" ;;
     batch)
       mkdir -p "$OUT/batch" && PYTHON=$PY OUT=$OUT/batch timeout -k 10 "${LIMIT:-300}" bash infra/gpu-batch.sh >> "$log" 2>&1 || say "!!! batch failed" ;;

@@ -20,6 +20,10 @@
 # zero-table check: TP 1 random:llama-3-8b plain, then --emulate-tp 1 with .devcarry/zero/zero.json, an
 # all-zero table, then plain again; and the simulated-acceptance path at k = 3: --simulate-accept-len 2.5
 # and --simulate-accept-profile 0.8,0.6,0.4). Here: python -m scripts.make_allreduce_presets --zero .devcarry/zero/zero.json.
+# deepseek (issue 45): random:deepseek-v3:layers=$DS_LAYERS (default 4: the 3 dense layers and one MoE
+# layer), plain decoding on each latent-attention cache (--mla expanded, then absorbed, back to back), and
+# the MTP drafter (the checkpoint's own MTP layer, an MoE block) at k = 3 on the absorbed cache at an
+# imposed acceptance profile (random MTP weights accept next to nothing: the engine's cost is what is timed).
 # Each run is cut off after $LIMIT seconds (default 240); WIDTHS (default 1..9) are the widths timed. Everything lands in $OUT: log.txt and a JSON per run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +35,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 bash infra/device-setup.sh pyd >> "$OUT/log.txt" 2>&1 || { echo "device-setup pyd failed" | tee -a "$OUT/log.txt"; exit 1; }
 PY=${SPECTUNE_VENV:-/tmp/spectune-venv}/bin/python
 MOE_LAYERS=${MOE_LAYERS:-24}
+DS_LAYERS=${DS_LAYERS:-4}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
 # the code measured, by content (the device's copy of the tree may carry a stale .git): compare with
 # the same line run here on a checkout
@@ -73,14 +78,21 @@ for stage in "${stages[@]}"; do
       run llama_tp1_plain_b . $PY $(decode random:llama-3-8b)
       run llama_tp1_k3_len . $PY $(decode random:llama-3-8b | sed 's/--drafter none -k 0/--drafter ngram -k 3/') --simulate-accept-len 2.5
       run llama_tp1_k3_profile . $PY $(decode random:llama-3-8b | sed 's/--drafter none -k 0/--drafter ngram -k 3/') --simulate-accept-profile 0.8,0.6,0.4 ;;
-    *) echo "unknown stage $stage (tests | kernels | widths | decode | before | emulated)" >&2; exit 2 ;;
+    deepseek)
+      ds="random:deepseek-v3:layers=$DS_LAYERS"
+      run deepseek_expanded . $PY $(decode "$ds") --mla expanded
+      run deepseek_absorbed . $PY $(decode "$ds") --mla absorbed
+      run deepseek_mtp_k3 . $PY $(decode "$ds" | sed 's/--drafter none -k 0/--drafter mtp -k 3/') --mla absorbed \
+        --simulate-accept-profile 0.8,0.6,0.4 ;;
+    *) echo "unknown stage $stage (tests | kernels | widths | decode | before | emulated | deepseek)" >&2; exit 2 ;;
   esac
 done
 $PY - "$OUT" <<'PY' | tee -a "$OUT/log.txt"
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 for name in ("decode_qwen3_8b", "decode_qwen3_30b_a3b", "llama_tp1_before", "llama_tp1_after", "llama_tp1_plain_a",
-             "llama_tp1_zero_table", "llama_tp1_plain_b", "llama_tp1_k3_len", "llama_tp1_k3_profile"):
+             "llama_tp1_zero_table", "llama_tp1_plain_b", "llama_tp1_k3_len", "llama_tp1_k3_profile",
+             "deepseek_expanded", "deepseek_absorbed", "deepseek_mtp_k3"):
     f = out / f"{name}.json"
     try:
         d = json.loads(f.read_text())
