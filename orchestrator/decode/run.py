@@ -101,7 +101,9 @@ def plan(given: dict, run: DecodeRun) -> DecodePlan:
         prepared.workload(cfg, tc, prompts=prepared.prompts_at(context), batch_size=batch),
         record_margins=peer_judge,
         comm_ablation_iters=ablation if tp > 1 else 0,
-        count_experts=True,  # an MoE verifier: the distinct experts each pass width reads (moe_experts_w<W>)
+        # an MoE verifier: the distinct experts each pass width reads (moe_experts_w<W>), over the model's own
+        # tokens: under imposed acceptance the kept drafts are not, so the plain reference run counts them
+        count_experts=not (w.simulated and tc.num_draft_tokens > 0),
     )
     return DecodePlan(
         cfg=cfg,
@@ -276,7 +278,7 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
                     simulate_accept_profile=None,
                     record_margins=greedy,
                     batch_size=1,
-                    count_experts=False,  # the speculative run's census is the one reported
+                    count_experts=not workload.count_experts,  # the one census reported (see DecodePlan)
                 )
             )
             log(f"baseline (k=0, batch 1): {rates(ref.metrics)}")
@@ -289,9 +291,11 @@ def _decode(run: DecodeRun, p: DecodePlan, make: Callable[[GangSpec], Gang]) -> 
             f"k={k}{f', batch {B}' if B > 1 else ''}: {rates(spec.metrics)}, accepted length {spec.metrics.get('accept_len_mean', 1.0):.2f}"
         )
         rss = [round(mb, 1) for mb in gang.peak_rss_mb()[: cfg.parallel.tp]]  # each verifier rank's peak resident memory
+    census = spec if p.workload.count_experts or ref is None else ref  # the run that counted the experts
     out: dict = {
         "params": params(p),
         **spec.metrics,
+        **{name: value for name, value in census.metrics.items() if name.startswith("moe_experts_w")},
         "setup_s": max(s["setup_s"] for s in setup),
         "attention": attention,
         **({"moe_experts": moe_experts} if moe_experts else {}),

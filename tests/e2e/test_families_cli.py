@@ -121,6 +121,18 @@ def test_the_mtp_drafter_is_lossless_at_tp2(tmp_path):
         assert "--drafter: mtp needs the model's own multi-token-prediction layer" in r.stderr and why in r.stderr, r.stderr
 
 
+def test_the_expert_census_under_imposed_acceptance_is_the_models(tmp_path):
+    """Kept drafts under an imposed acceptance profile are not the model's tokens: decode reports the
+    census of its plain reference run, the same as a plain decode's."""
+    path = write_random_checkpoint(tmp_path / "moe", HELD_OUT_MOE, seed=3)
+    common = ["--model", str(path), "--tp", "1", "--num-prompts", "2", "--max-new-tokens", "12"]
+    plain = decode(*common, "--drafter", "none", "-k", "0")
+    imposed = decode(*common, "--drafter", "ngram", "-k", "3", "--simulate-accept-profile", "0.9,0.8,0.7")
+    assert imposed["accept_len_mean"] > 2.0  # the profile was imposed
+    widths = [f"moe_experts_w{w}" for w in range(1, 10)]
+    assert [imposed[w] for w in widths] == [plain[w] for w in widths]
+
+
 def test_drafters_on_a_moe_verifier_are_lossless(tmp_path):
     """layer-skip, a smaller Qwen3 draft model and an EAGLE-3 head (public format) on a Qwen3-MoE verifier."""
     from workers.drafters.eagle3.checkpoint import head_config, random_head, save_head
