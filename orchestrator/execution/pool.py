@@ -30,11 +30,16 @@ def fails_for_good(e: BaseException) -> bool:
     return isinstance(e, GangError) and not any(t in str(e) for t in TRANSIENT)
 
 
+def gang_key(spec: GangSpec, env: dict[str, str]) -> tuple:
+    """What makes two gangs the same: the spec and the NCCL env it launches with."""
+    return spec, tuple(sorted(env.items()))
+
+
 def gang_identity(spec: GangSpec, env: dict[str, str]) -> str:
-    """One gang as a short stable string: the spec and the NCCL env it launches with."""
+    """`gang_key` as a short stable string (what trials and proposals record)."""
     import hashlib
 
-    return hashlib.sha256(repr((spec, tuple(sorted(env.items())))).encode()).hexdigest()[:16]
+    return hashlib.sha256(repr(gang_key(spec, env)).encode()).hexdigest()[:16]
 
 
 class GangPool:
@@ -66,7 +71,7 @@ class GangPool:
         self.close()
 
     def get(self, spec: GangSpec, env: dict[str, str], plain: bool) -> RayGang:
-        key = (spec, tuple(sorted(env.items())))
+        key = gang_key(spec, env)
         self.launch_failed = None
         if self.gang is not None and not self.gang._closed:
             if key == self.key:

@@ -61,7 +61,6 @@ class Proposals:
         self.rng = rng or random.Random(0)
         self.gang_of = gang_of
         self._launch_failures: dict[str, list[tuple[int, str]]] = {}  # gang -> (trial whose launch failed, why), in order
-        self._unlaunchable: dict[str, tuple[str, str]] = {}  # gang ruled out -> (the trials that failed, the last reason)
         self._gangs: dict[str, str | None] = {}  # a space configuration's identity -> its gang (gang_of, cached)
         self._known: dict[str, int] = {}  # identity -> the first trial that measured it
         self._running: dict[int, str] = {}  # trial number -> identity
@@ -78,29 +77,36 @@ class Proposals:
     def unlaunchable(self, gang: str, number: int, reason: str) -> bool:
         """Trial `number`'s gang failed its launch for good (`reason`). Returns whether that rules the gang
         out: its LAUNCH_FAILURES-th such failure in this run."""
-        failures = self._launch_failures.setdefault(gang, [])
-        failures.append((number, reason))
-        if len(failures) >= LAUNCH_FAILURES and gang not in self._unlaunchable:
-            self._unlaunchable[gang] = (" and ".join(str(n) for n, _ in failures), reason)
-        return gang in self._unlaunchable
+        self._launch_failures.setdefault(gang, []).append((number, reason))
+        return self.gang_ruled_out(gang)
+
+    def gang_ruled_out(self, gang: str | None) -> bool:
+        return len(self._launch_failures.get(gang, ())) >= LAUNCH_FAILURES
+
+    @property
+    def rules_out_gangs(self) -> bool:
+        """Some gang is ruled out in this run (until then no proposal's gang needs working out)."""
+        return any(len(f) >= LAUNCH_FAILURES for f in self._launch_failures.values())
 
     def _ruled_out(self, identity: str, params: dict) -> bool:
         """The configuration runs on a gang that failed its launch in this run."""
-        if not self._unlaunchable or self.gang_of is None:
+        if self.gang_of is None or not self.rules_out_gangs:
             return False
         if identity not in self._gangs:
             self._gangs[identity] = self.gang_of(params)
-        return self._gangs[identity] in self._unlaunchable
+        return self.gang_ruled_out(self._gangs[identity])
 
     def admit(self, number: int, identity: str | None, asked: bool, gang: str | None = None) -> Admission:
         """An asked trial: measured (and then running), or a duplicate of a running or known one, or one
         whose `gang` failed its launch in this run. `identity` None (a configuration that cannot resolve)
         is measured: the trial prunes it with its reason."""
-        if gang is not None and gang in self._unlaunchable:
+        if gang is not None and self.gang_ruled_out(gang):
             self.duplicates_in_a_row += 1
-            failed, why = self._unlaunchable[gang]
-            first = self._launch_failures[gang][0][0]
-            return Admission(False, first, f"its gang failed to launch in trials {failed} ({why[:160]}); not launched again in this run")
+            failures = self._launch_failures[gang]
+            failed, why = " and ".join(str(n) for n, _ in failures), failures[-1][1]
+            return Admission(
+                False, failures[0][0], f"its gang failed to launch in trials {failed} ({why[:160]}); not launched again in this run"
+            )
         if identity is not None and not asked:
             twin = next((n for n, i in self._running.items() if i == identity), None)
             if twin is None and identity in self._others:

@@ -93,7 +93,8 @@ class Asker:
                 return Asked(trial, "surplus")
             frozen = frozen_trial(study, trial.number)
             asked = "fixed_params" in frozen.system_attrs  # enqueued: the study asked for it
-            admission = proposals.admit(trial.number, identity_of(trial, cfg), asked, gang_of_trial(trial, cfg, ctx.prepared))
+            gang = gang_of_trial(trial, cfg, ctx.prepared) if proposals.rules_out_gangs else None  # only where one is ruled out
+            admission = proposals.admit(trial.number, identity_of(trial, cfg), asked, gang)
             if admission.run:
                 return Asked(trial, "run", admission)
             then = proposals.after_duplicate()

@@ -596,7 +596,7 @@ def run_trial(
             outcome.lost_node = node_id
             return outcome
         reason = f"{type(e).__name__}: {e}"
-        unlaunchable = getattr(pool, "launch_failed", None)
+        unlaunchable = pool.launch_failed
         pool.close()
         note_neighbours(t, site)
         trial.set_user_attr(FAIL_TAG, reason)

@@ -380,6 +380,7 @@ class _FakePool:
         self.gang, self.error, self.launched, self.setup_s = gang, error, 0, 0.0
         self.interrupted = False  # GangPool's: set when another thread closed the gang on purpose
         self.gang_id = None  # GangPool's: drawn at each launch
+        self.launch_failed = None  # GangPool's: the gang whose launch failed for good (none here)
 
     def get(self, spec, env, plain):
         if self.error:

@@ -128,6 +128,7 @@ class FakePool:
         self.gang: FakeGang | None = None
         self.launched, self.closes, self.setup_s, self.gang_id = 0, 0, 0.0, None
         self.interrupted = False
+        self.launch_failed = None  # GangPool's: the gang whose launch failed for good (OutOfMemoryPool sets it)
 
     def get(self, spec, env, plain):
         if self.gang is None:

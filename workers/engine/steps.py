@@ -135,9 +135,9 @@ def use_grouped_experts(model: Transformer, engine: EngineConfig) -> str | None:
     kernel unless engine.moe_kernel is dense or it cannot run here (then the dense loop over every
     expert, which reads all experts a step and so overstates the verify cost's flatness in width).
     Returns the path taken, or None for a dense model."""
-    from workers.model.moe import MoE
+    from workers.engine.experts import moe_layers
 
-    moes = [layer.mlp for layer in model.layers if isinstance(layer.mlp, MoE)]
+    moes = moe_layers(model)
     if not moes:
         return None
     from workers.kernels import moe as moe_kernels
