@@ -81,6 +81,16 @@ die() { echo "spectune: $*" >&2; exit 1; }
 
 free_port() { "$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+# service -> a free port, recorded in STATE/ports: between this pick and the service's bind another
+# process may be given the same port, which infra/ports_taken.py then finds (start tries again)
+pick_port() {
+  local port
+  port=$(free_port)
+  echo "$1 $port" >> "$STATE/ports"
+  echo "$port"
+}
+PORT_TAKEN=75  # infra/ports_taken.py's exit status when a picked port is held by another process
+
 secret() { "$BIN/python" -c 'import secrets, sys; print(secrets.token_hex(int(sys.argv[1])))' "$1"; }  # N bytes, in hex
 
 # url name [timeout]: an HTTP GET that succeeds, with the service's credentials: Ray's servers (name ray*)
@@ -94,8 +104,7 @@ else:
     auth = "Basic " + base64.b64encode(user.encode()).decode()
 urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": auth}), timeout=timeout)'
 
-wait_http() {  # url seconds name [soft]: up -> 0; the service's process gone or the time up -> the log's tail and
-  # exit 1, or return 2 / 1 with `soft` (the caller may start it again)
+wait_http() {  # url seconds name: up -> 0; the service's process gone or the time up -> the log's tail, exit 1
   local pid why
   pid=$(awk -v n="$3" '$1 == n {p = $2} END {print p}' "$STATE/pids" 2>/dev/null)
   for _ in $(seq 1 "$2"); do
@@ -106,7 +115,6 @@ wait_http() {  # url seconds name [soft]: up -> 0; the service's process gone or
   if [ "${why:-1}" = 2 ]; then echo "spectune: $3 exited before it answered at $1; the end of $STATE/$3.log:" >&2
   else echo "spectune: $3 did not come up at $1 within $2 tries; the end of $STATE/$3.log:" >&2; fi
   tail -n 15 "$STATE/$3.log" 2>/dev/null | sed 's/^/  | /' >&2
-  [ "${4:-}" = soft ] && return "${why:-1}"
   die "$3 did not come up at $1 (log: $STATE/$3.log)"
 }
 
@@ -305,7 +313,7 @@ stop_all() {
     ! group_alive "${pgids[$i]}" || kill -KILL -- "-${pgids[$i]}" 2>/dev/null || true
     echo "spectune: stopped ${names[$i]} (process group ${pgids[$i]})"
   done
-  rm -f "$STATE/pids"
+  rm -f "$STATE/pids" "$STATE/ports"
   if [ -f "$STATE/tmpdirs" ]; then
     while read -r dir; do
       case "$dir" in /tmp/spectune-*) rm -rf -- "$dir" && echo "spectune: removed $dir" ;; esac  # only what start made
@@ -330,17 +338,32 @@ purge() {  # stop, then delete exactly what start made: the PostgreSQL data, art
   echo "spectune: purged $STATE"
 }
 
-start_ray_head() {  # sets ray_port dash_port agent_port client_port (start()'s locals) and starts the head
-  ray_port=$(free_port); dash_port=$(free_port); agent_port=$(free_port); client_port=$(free_port)
-  local ray_tmp
+start_ray_head() {  # sets ray_port dash_port client_port ray_tmp (launch()'s locals) and starts the head
+  ray_port=$(pick_port ray); dash_port=$(pick_port ray); client_port=$(pick_port ray)
   ray_tmp=$(mktemp -d /tmp/spectune-ray-XXXX)  # short: Ray's unix socket paths must stay < 108 bytes
   echo "$ray_tmp" >> "$STATE/tmpdirs"
-  # the autoscaler's and dashboard's metrics servers take fixed ports unless given others
-  start_group ray env AUTOSCALER_METRIC_PORT="$(free_port)" DASHBOARD_METRIC_PORT="$(free_port)" \
+  # the autoscaler's and dashboard's metrics servers take fixed ports unless given others; the dashboard
+  # agent binds a port of its own choosing (0) and writes it to a file (agent_port)
+  start_group ray env AUTOSCALER_METRIC_PORT="$(pick_port ray)" DASHBOARD_METRIC_PORT="$(pick_port ray)" \
     "${RAY_CLI[@]}" start --head --block --node-ip-address "$NODE_IP" --port "$ray_port" \
     --ray-client-server-port "$client_port" --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port "$dash_port" \
-    --dashboard-agent-listen-port "$agent_port" --num-cpus "$head_cpus" --disable-usage-stats --temp-dir "$ray_tmp" \
+    --dashboard-agent-listen-port 0 --num-cpus "$head_cpus" --disable-usage-stats --temp-dir "$ray_tmp" \
     $(host_label head)
+}
+
+agent_port() {  # ray_tmp name -> the port the node's dashboard agent listens on (Ray writes it to its session folder)
+  local port="" files
+  for _ in $(seq 1 120); do
+    files=("$1"/session_latest/dashboard_agent_listen_port_*)
+    [ -f "${files[0]}" ] && port=$(cat "${files[0]}")
+    [[ $port =~ ^-?[0-9]+$ ]] && break
+    group_alive "$(awk -v n="$2" '$1 == n {p = $2} END {print p}' "$STATE/pids")" ||
+      die "$2 exited before its dashboard agent listened (log: $STATE/$2.log)"
+    sleep 1
+  done
+  [[ $port =~ ^[0-9]+$ ]] ||
+    die "the dashboard agent of $2 serves no HTTP, so Ray jobs cannot start there (log: $1/session_latest/logs/dashboard_agent.log)"
+  echo "$port"
 }
 
 host_label() {  # the `ray start` flag naming raylet $1 a host of its own, where SPECTUNE_RAY_HOST_LABELS=1
@@ -359,10 +382,31 @@ start() {
   chmod 700 "$STATE/mlartifacts"
   pg_init
   ray_cli
+  # a port another process was given between pick_port and the service's bind (infra/ports_taken.py
+  # names it): everything stops and starts again on fresh ports, three tries in all
+  local try status
+  for try in 1 2 3; do
+    rm -f "$STATE/ports"
+    set +e
+    (set -e; launch)
+    status=$?
+    set -e
+    [ "$status" = 0 ] && break
+    if [ "$status" != "$PORT_TAKEN" ]; then
+      "$BIN/python" "$ROOT/infra/ports_taken.py" "$STATE" && exit "$status"  # no port taken: the failure stands
+    fi
+    [ "$try" = 3 ] && die "three starts in a row lost a port to another process on this machine; start again when it is quieter"
+    echo "spectune: starting again on fresh ports (try $((try + 1)) of 3)" >&2
+    stop_all >/dev/null
+  done
+  trap - EXIT
+}
+
+launch() {  # one try of start: picks the ports, starts every service, waits until each answers
   local workers=${SPECTUNE_RAY_WORKERS:-0} head_cpus=${SPECTUNE_RAY_CPUS:-$(nproc)}
   local worker_cpus=${SPECTUNE_RAY_WORKER_CPUS:-$head_cpus}
-  local ray_port dash_port agent_port client_port mlflow_port optuna_port
-  mlflow_port=$(free_port); optuna_port=$(free_port); pg_port=$(free_port)
+  local ray_port dash_port client_port ray_tmp mlflow_port optuna_port
+  mlflow_port=$(pick_port mlflow); optuna_port=$(pick_port optuna-dashboard); pg_port=$(pick_port postgres)
   export PGHOST=127.0.0.1 PGPORT=$pg_port PGUSER=spectune PGPASSFILE=$STATE/pgpass
   export MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port
   # the URLs name the password file, not the password (libpq's `passfile`): fit for any command line
@@ -391,18 +435,7 @@ start() {
   # basic auth with MLflow's user and password
   start_group optuna-dashboard "$BIN/python" "$ROOT/infra/optuna_dashboard_auth.py" "$SPECTUNE_STORAGE" --host 127.0.0.1 --port "$optuna_port"
 
-  # a head that exits at once (a port another Ray on this machine took between free_port and its bind)
-  # is started once more on fresh ports; one that is merely slow is waited for
-  local status=0
-  wait_http "http://127.0.0.1:$dash_port/api/version" 180 ray soft || status=$?
-  if [ "$status" = 2 ]; then
-    mv "$STATE/ray.log" "$STATE/ray-first-try.log"
-    echo "spectune: starting the Ray head again on fresh ports" >&2
-    start_ray_head
-    wait_http "http://127.0.0.1:$dash_port/api/version" 180 ray
-  elif [ "$status" != 0 ]; then
-    die "ray did not come up at http://127.0.0.1:$dash_port/api/version (log: $STATE/ray.log)"
-  fi
+  wait_http "http://127.0.0.1:$dash_port/api/version" 180 ray
   write_env RAY_ADDRESS="http://127.0.0.1:$dash_port" RAY_GCS_ADDRESS="$NODE_IP:$ray_port" RAY_AUTH_MODE="$RAY_AUTH_MODE" \
     RAY_AUTH_TOKEN_PATH="$RAY_AUTH_TOKEN_PATH" MLFLOW_TRACKING_URI="$MLFLOW_TRACKING_URI" \
     MLFLOW_TRACKING_USERNAME="$MLFLOW_TRACKING_USERNAME" MLFLOW_TRACKING_PASSWORD="$MLFLOW_TRACKING_PASSWORD" \
@@ -410,32 +443,33 @@ start() {
     OPTUNA_DASHBOARD_URL="http://127.0.0.1:$optuna_port"
   chmod 600 "$STATE/env"
   # jobs are handed to the head node's dashboard agent: a submit before it listens is refused
-  wait_http "http://127.0.0.1:$agent_port/api/local_raylet_healthz" 120 ray
-  local i w_tmp w_agent
-  local -a w_agents=()
+  local agent i
+  agent=$(agent_port "$ray_tmp" ray)
+  wait_http "http://127.0.0.1:$agent/api/local_raylet_healthz" 120 ray
+  local -a w_tmps=()
   for i in $(seq 1 "$workers"); do
-    w_tmp=$(mktemp -d /tmp/spectune-rayw-XXXX)
-    echo "$w_tmp" >> "$STATE/tmpdirs"
-    w_agent=$(free_port)
-    w_agents+=("$w_agent")
+    w_tmps+=("$(mktemp -d /tmp/spectune-rayw-XXXX)")
+    echo "${w_tmps[-1]}" >> "$STATE/tmpdirs"
     start_group "ray-worker-$i" "${RAY_CLI[@]}" start --block --address "$NODE_IP:$ray_port" --node-ip-address "$NODE_IP" \
-      --dashboard-agent-listen-port "$w_agent" --num-cpus "$worker_cpus" --disable-usage-stats --temp-dir "$w_tmp" \
+      --dashboard-agent-listen-port 0 --num-cpus "$worker_cpus" --disable-usage-stats --temp-dir "${w_tmps[-1]}" \
       $(host_label "worker-$i")
   done
   for i in $(seq 1 "$workers"); do
-    wait_http "http://127.0.0.1:${w_agents[$((i - 1))]}/api/local_raylet_healthz" 120 "ray-worker-$i"
+    agent=$(agent_port "${w_tmps[$((i - 1))]}" "ray-worker-$i")
+    wait_http "http://127.0.0.1:$agent/api/local_raylet_healthz" 120 "ray-worker-$i"
   done
   wait_http "http://127.0.0.1:$mlflow_port/health" 120 mlflow
   "$BIN/python" -c "$HTTP_OK" "http://127.0.0.1:$mlflow_port/api/2.0/mlflow/experiments/search?max_results=1" mlflow 60 ||
     die "the MLflow server refuses the user and password of $STATE/mlflow-auth.ini (log: $STATE/mlflow.log)"
   wait_http "http://127.0.0.1:$optuna_port/" 60 optuna-dashboard
+  # a stranger on a picked port may have answered the checks above in the service's place
+  "$BIN/python" "$ROOT/infra/ports_taken.py" "$STATE" || exit "$?"
   echo "spectune: services up (state in $STATE):"
   echo "  Ray jobs / dashboard  http://127.0.0.1:$dash_port ($((workers + 1)) nodes at $NODE_IP; token: the file $RAY_AUTH_TOKEN_PATH)"
   echo "  MLflow UI             http://127.0.0.1:$mlflow_port (user spectune, password: MLFLOW_TRACKING_PASSWORD in the env file)"
   echo "  optuna-dashboard      http://127.0.0.1:$optuna_port (the same user and password)"
   echo "  PostgreSQL            127.0.0.1:$pg_port (databases optuna, mlflow, mlflow_auth; data in $PGDATA)"
   echo "  source $STATE/env     # the addresses and credentials, for ray job submit, spectune and the MLflow client"
-  trap - EXIT
 }
 
 case "$cmd" in

@@ -221,44 +221,88 @@ def free_port() -> int:
     return port
 
 
+def _ports_taken():
+    """infra/ports_taken.py, the check services.sh runs, as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ports_taken", Path(__file__).resolve().parents[1] / "infra/ports_taken.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def stop_group(proc: subprocess.Popen, sig: int = 15, grace_s: float = 3) -> None:
+    """Signal `proc`'s process group (SIGTERM by default), then SIGKILL it after `grace_s` seconds."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=grace_s)
+    except ProcessLookupError:  # the group is gone already
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def serve_on_free_port(launch, ready, what: str, tries: int = 3) -> tuple[subprocess.Popen, int]:
+    """`launch(port)` (a Popen in a session of its own) on a free port, waited for until `ready(port)`;
+    started again on a fresh port when another process was given the port between the pick and the
+    server's bind (as infra/services.sh does: such a stranger may even answer `ready` in its place).
+    Returns the server and its port."""
+    import time
+
+    for _ in range(tries):
+        port = free_port()
+        proc = launch(port)
+        try:
+            deadline = time.monotonic() + 120
+            while not ready(port) and proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{what} did not start within 120 s")
+                time.sleep(0.2)
+            taken = _ports_taken().strangers(port, proc.pid)
+            if not taken and proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with {proc.returncode}")
+        except BaseException:
+            stop_group(proc)
+            raise
+        if not taken:
+            return proc, port
+        stop_group(proc)
+    raise RuntimeError(f"{tries} ports in a row were taken by other processes before {what} bound them")
+
+
 @contextlib.contextmanager
 def mlflow_server(folder: Path):
     """A real `mlflow server` on loopback (one worker, a migrated SQLite store and an artifact folder
     in `folder`), as infra/services.sh starts it; yields its URL, stops its process group on exit."""
-    import signal
-    import time
     import urllib.request
 
     from orchestrator.tracking.local_store import seed_sqlite_store
 
-    port = free_port()
     store = f"sqlite:///{folder / 'mlflow-server.db'}"
     seed_sqlite_store(store)  # the server opens a migrated store, as ours do
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-        + ["--backend-store-uri", store, "--artifacts-destination", str(folder / "artifacts")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # as infra/services.sh starts it
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"mlflow server exited with {proc.returncode}") from None
-                time.sleep(1)
-        else:
-            raise RuntimeError("mlflow server did not start")
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+
+    def launch(port: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+            + ["--backend-store-uri", store, "--artifacts-destination", str(folder / "artifacts")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # as infra/services.sh starts it
+        )
+
+    def ready(port: int) -> bool:
         try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:  # its workers drain for ~20 s on SIGTERM; nothing of it is checked
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return True
+        except OSError:
+            return False
+
+    proc, port = serve_on_free_port(launch, ready, "mlflow server")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_group(proc)  # its workers drain for ~20 s on SIGTERM; nothing of it is checked

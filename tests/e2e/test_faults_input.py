@@ -11,7 +11,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from studyutil import tiny_experiment
+from studyutil import serve_on_free_port, stop_group, tiny_experiment
 
 from orchestrator import cli
 from orchestrator.config.schema import load_config
@@ -173,10 +173,8 @@ def postgres():
     import os
     import shutil
     import signal
-    import socket
     import subprocess
     import tempfile
-    import time
 
     initdb = shutil.which("initdb") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))), None)
     if initdb is None:
@@ -211,32 +209,31 @@ def postgres():
         rules = f.read()
     with open(hba, "w") as f:
         f.write("host all ghost 127.0.0.1/32 trust\n" + rules)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [*as_pg, os.path.join(bin_dir, "postgres"), "-D", data, "-h", "127.0.0.1", "-p", str(port), "-k", folder],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd="/",
-        start_new_session=True,
-    )
+
+    def launch(port: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [*as_pg, os.path.join(bin_dir, "postgres"), "-D", data, "-h", "127.0.0.1", "-p", str(port), "-k", folder],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+            start_new_session=True,
+        )
+
+    def ready(port: int) -> bool:
+        return subprocess.run([os.path.join(bin_dir, "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port)], cwd="/").returncode == 0
+
+    try:
+        server, port = serve_on_free_port(launch, ready, "postgres")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     try:
         env = {**os.environ, "PGPASSWORD": password}
-        for _ in range(100):
-            if subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", str(port)], cwd="/").returncode == 0:
-                break
-            time.sleep(0.2)
         psql = [os.path.join(bin_dir, "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "spectune", "-d", "postgres"]
         subprocess.run([*psql, "-c", "create database optuna"], check=True, capture_output=True, env=env, cwd="/")
         yield f"127.0.0.1:{port}", password
     finally:
-        os.killpg(server.pid, signal.SIGINT)  # fast shutdown: open connections (a test's storage) are closed
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server, signal.SIGINT, grace_s=30)  # fast shutdown: open connections (a test's storage) are closed
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -138,6 +138,15 @@ def _flag_values(procs: list[psutil.Process], flag: str) -> set[int]:
     return out
 
 
+def _agent_ports(state: Path) -> set[int]:
+    """The ports the Ray nodes' dashboard agents listen on: each binds one of its own choosing and Ray
+    writes it to the node's session folder (in the temporary folders services.sh lists)."""
+    out = set()
+    for tmp in (state / "tmpdirs").read_text().split():
+        out |= {int(f.read_text()) for f in Path(tmp).glob("session_latest/dashboard_agent_listen_port_*")}
+    return out
+
+
 # Runs as the other user: the standard library only (it may not reach the virtualenv). Reads each file,
 # sends each request; prints what came of them as JSON.
 PROBE = r"""
@@ -288,8 +297,8 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
         # another local user: reads none of the secrets, and every service refuses it (no job, no run, no study deleted)
         ray_url, mlflow_url, dash_url = svc["RAY_ADDRESS"], svc["MLFLOW_TRACKING_URI"], svc["OPTUNA_DASHBOARD_URL"]
         marker = tmp_path / "a-refused-job-ran"
-        agents = _flag_values(procs, "--dashboard-agent-listen-port")
-        assert len(agents) == 2, agents  # the head's and the worker's
+        agents = _agent_ports(state)
+        assert len(agents) == 2 and agents <= ports, (agents, ports)  # the head's and the worker's, each by our own process
         wrong_basic = _basic(mlflow_user, "0" * len(mlflow_password))
         study_id = storage.get_study_id_from_name("services-check")
         requests = {
