@@ -157,6 +157,29 @@ def test_compiled_fused_step_with_the_grouped_kernel(tmp_path, kernel_device):
     torch.testing.assert_close(model.logits(fast.hidden_at(step, pos, c2, c2.max_seq)), plain(step, c1), atol=tol, rtol=tol)
 
 
+@torch.inference_mode()
+def test_the_prefill_runs_the_grouped_kernel_in_chunks_where_the_engine_picks_it(tmp_path, kernel_device, monkeypatch):
+    """With the grouped kernel picked for the graphs (use_grouped_experts), an eager pass (the prefill)
+    runs it too, over at most PREFILL_TOKENS tokens a call: the logits of the loop over chosen experts."""
+    from workers.engine.steps import use_grouped_experts
+    from workers.kernels import moe as moe_kernels
+
+    path = write_random_checkpoint(tmp_path, QWEN3_MOE, seed=5)
+    dev = kernel_device
+    plain, grouped = load_model(path, max_seq=64, device=dev), load_model(path, max_seq=64, device=dev)
+    assert use_grouped_experts(grouped, EngineConfig(moe_kernel="triton")) == "grouped"
+    assert use_grouped_experts(plain, EngineConfig(moe_kernel="dense")) == "dense"
+    tokens_per_call, kernel = [], moe_kernels.grouped_experts
+    monkeypatch.setattr(moe_kernels, "grouped_experts", lambda x, *a: tokens_per_call.append(x.shape[0]) or kernel(x, *a))
+    monkeypatch.setattr(moe_kernels, "PREFILL_TOKENS", 8)
+    prompt = torch.randint(0, 512, (2, 19), generator=torch.Generator().manual_seed(2)).to(dev)
+    want = plain(prompt, plain.new_cache(2))
+    got = grouped(prompt, grouped.new_cache(2))
+    assert tokens_per_call == [8, 8, 8, 8, 6] * QWEN3_MOE["num_hidden_layers"]  # 38 tokens a layer, every layer routes
+    tol = 1e-4 if dev == "cpu" else 2e-2
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
 def test_the_grouping_of_pairs_has_no_host_sync():
     """The grouped kernel's pairing runs inside CUDA graphs: one graph for torch.compile (a data-dependent
     shape or a host read would break it, as bincount's does), and the same numbers as eager."""

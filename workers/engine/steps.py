@@ -130,16 +130,21 @@ GraphKey = StepGraph | TreeGraph | ChainGraph | GreedyGraph | AcceptGraph
 
 
 def use_grouped_experts(model: Transformer, engine: EngineConfig) -> str | None:
-    """What an MoE layer's routed experts run inside CUDA graphs where the plain model is captured (no
-    fused step: engine.compile off, a family FusedStep refuses, or its fallback): the grouped Triton
-    kernel unless engine.moe_kernel is dense or it cannot run here (then the dense loop over every
-    expert, which reads all experts a step and so overstates the verify cost's flatness in width).
-    Returns the path taken, or None for a dense model."""
+    """What an MoE layer's routed experts run on CUDA: inside the graphs where the plain model is
+    captured (no fused step: engine.compile off, a family FusedStep refuses, or its fallback), the
+    grouped Triton kernel unless engine.moe_kernel is dense or it cannot run here (then the dense loop
+    over every expert, which reads all experts a step and so overstates the verify cost's flatness in
+    width); in eager passes (the prefill, the MTP drafter's steps), the grouped kernel in chunks of
+    tokens where it runs, else the loop over the chosen experts. Returns the graphs' path, or None for
+    a dense model."""
     from workers.engine.experts import moe_layers
+    from workers.model.moe import MoE
 
     moes = moe_layers(model)
     if not moes:
         return None
+    if model.mtp is not None and isinstance(model.mtp.mlp, MoE):
+        moes.append(model.mtp.mlp)  # the MTP drafter's experts: eager steps
     from workers.kernels import moe as moe_kernels
 
     device = model.embed_tokens.weight.device
@@ -147,6 +152,7 @@ def use_grouped_experts(model: Transformer, engine: EngineConfig) -> str | None:
         return "dense"
     for m in moes:
         m.graph_experts = moe_kernels.grouped_experts
+        m.eager_experts = moe_kernels.grouped_experts_chunked
     return "grouped"
 
 

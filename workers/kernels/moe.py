@@ -16,6 +16,7 @@ the whole layer is graph-safe. The number of blocks is bounded by ceil(P / BLOCK
 gate/up [E, I, D], down [E, D, I], row-major.
 
     out = grouped_experts(x, weights, ids, experts)       # the `ExpertsFn` a step runs
+    out = grouped_experts_chunked(x, weights, ids, experts)   # an eager pass's (prefill), in chunks of tokens
     TRITON_INTERPRET=1 python -m workers.kernels.moe --selftest --device cpu   # CPU: against the eager experts
     python -m workers.kernels.moe --bench                         # GPU: kernel configurations on a Qwen3-30B-A3B layer
 """
@@ -141,6 +142,20 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, e
         BLOCK_M=BLOCK_M, BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2,
     )  # fmt: skip
     return y.view(T, top_k, D).sum(dim=1)
+
+
+PREFILL_TOKENS = 2048  # tokens a grouped call of an eager pass takes at most: bounds its [pairs, I] and [pairs, D] buffers
+
+
+def grouped_experts_chunked(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: Experts, chunk: int | None = None):
+    """`grouped_experts` over at most `chunk` (default PREFILL_TOKENS) tokens at a time: the `ExpertsFn`
+    of an eager pass of any length (a prefill), whose routed experts would otherwise be a loop of small
+    GEMMs, one per expert hit."""
+    chunk = chunk or PREFILL_TOKENS
+    if x.shape[0] <= chunk:
+        return grouped_experts(x, weights, ids, experts)
+    parts = [grouped_experts(x[i : i + chunk], weights[i : i + chunk], ids[i : i + chunk], experts) for i in range(0, x.shape[0], chunk)]
+    return torch.cat(parts)
 
 
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up kernel and of the down kernel: narrow column blocks, so

@@ -21,7 +21,8 @@ Two ways to run the experts, the same numbers:
 - `experts_by_expert` (eager): a loop over the experts some token chose, each reading its weights
   once for all its tokens, contributions summed per token in ascending expert id (transformers'
   order, so float32 results match it bit for bit where the GEMMs do). It reads routing results on
-  the host: not for CUDA graphs.
+  the host: not for CUDA graphs. Eager passes run it unless the engine sets `eager_experts` (on CUDA,
+  the grouped kernel: a prefill's dozens of experts a layer in two kernels, not a launch each).
 - `experts_dense` (graph-safe, any device): every expert over every token, unrouted pairs weighted
   0. Static shapes, no host sync; reads every expert, so it is the fallback inside CUDA graphs
   where the grouped Triton kernel (workers/kernels/moe.py) cannot run.
@@ -167,6 +168,8 @@ class MoE(nn.Module):
         # what a CUDA graph capture runs (the engine sets the grouped kernel where it runs): the
         # eager loop reads routing results on the host, which a capture cannot
         self.graph_experts: ExpertsFn = experts_dense
+        # what an eager pass (prefill, the census) runs; the engine may set the grouped kernel on CUDA
+        self.eager_experts: ExpertsFn = experts_by_expert
         # workers/engine/experts.py: when a list, every eager pass appends its tokens' expert ids here
         self.census: list[torch.Tensor] | None = None
 
@@ -178,7 +181,7 @@ class MoE(nn.Module):
             self.census.append(ids.detach().cpu())
         if run_experts is None:
             capturing = flat.is_cuda and torch.cuda.is_current_stream_capturing()
-            run_experts = self.graph_experts if capturing else experts_by_expert
+            run_experts = self.graph_experts if capturing else self.eager_experts
         return run_experts(flat, weights, ids, self.experts).view(h.shape)
 
     def local(self, h: torch.Tensor, run_experts: ExpertsFn | None = None) -> torch.Tensor:

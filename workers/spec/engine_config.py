@@ -12,8 +12,9 @@ Each field is a parameter declared once (`param`, workers/spec/params.py): its o
 documentation is what the YAML schema, decode's --help and docs/reference.md show. At length:
 - gemv auto:   per shape and width the faster of cuBLAS and the Triton GEMV, by a timed race on CUDA;
                off: the GEMMs inside the compiled bodies
-- moe_kernel:  eager passes (prefill, CPU) loop over the chosen experts whatever is set; no effect on
-               dense models
+- moe_kernel:  with CUDA graphs the prefill runs what the graphs run (triton: the grouped kernel, in chunks of
+               tokens; dense: the loop over the chosen experts); CPU's eager passes always loop over
+               the chosen experts; no effect on dense models
 - mla:         latent attention's cache (workers/model/transformer.py `LatentAttention`): absorbed reads
                kv_lora_rank + qk_rope numbers a cached token; no effect on other attention
 - overlap:     with an in-rank EAGLE-3 chain, verify, acceptance and the next chain stay on the device
@@ -61,7 +62,7 @@ class EngineConfig:
     )
     moe_kernel: str = param(
         "auto",
-        "MoE routed experts in graphed steps: triton (grouped kernel, each chosen expert read once), dense (all experts), or auto",
+        "MoE routed experts in graphed steps: triton (grouped kernel, each chosen expert read once; also the CUDA prefill), dense (all experts), or auto",
         choices=MOE_KERNEL_CHOICES,
     )
     mla: str = param(
