@@ -16,7 +16,7 @@ from workers.engine.fused_step import FusedStep
 from workers.model.args import ModelArgs, ModelConfigError
 from workers.model.checkpoint import CheckpointReader, load_model, tiny_config, write_random_checkpoint
 from workers.model.locate import random_config
-from workers.model.moe import MoE, experts_by_expert, experts_dense
+from workers.model.moe import Experts, MoE, experts_by_expert, experts_dense
 from workers.model.tp import TPPart
 from workers.spec.engine_config import EngineConfig
 
@@ -178,6 +178,33 @@ def test_the_prefill_runs_the_grouped_kernel_in_chunks_where_the_engine_picks_it
     assert tokens_per_call == [8, 8, 8, 8, 6] * QWEN3_MOE["num_hidden_layers"]  # 38 tokens a layer, every layer routes
     tol = 1e-4 if dev == "cpu" else 2e-2
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+@torch.inference_mode()
+def test_one_block_per_pair_equals_the_sorted_grouping(kernel_device):
+    """A single token's grouping (no sort, a block per pair) gives the sorted grouping's numbers exactly
+    (each expert is one pair's either way), and stays right for any routing, repeated experts included."""
+    from workers.kernels.moe import grouped_experts, one_block_per_pair
+
+    gen = torch.Generator().manual_seed(0)
+    experts = Experts(8, 64, 40)
+    for p in experts.parameters():
+        p.data = torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5
+    experts = experts.to(kernel_device)
+    tol = 1e-5 if kernel_device == "cpu" else 2e-2  # tensor cores take float32 as tf32 on the GPU
+    for T in (1, 6):
+        x = torch.randn(T, 64, generator=gen).to(kernel_device)
+        ids = torch.randint(0, 8, (T, 3), generator=gen) if T > 1 else torch.randperm(8, generator=gen)[:3][None]
+        w = torch.softmax(torch.randn(T, 3, generator=gen), -1)
+        ids, w = ids.to(kernel_device), w.to(kernel_device)
+        sorted_ = grouped_experts(x, w, ids, experts, single=None)
+        per_pair = grouped_experts(x, w, ids, experts, group=one_block_per_pair)
+        if T == 1:
+            assert torch.equal(per_pair, sorted_) and torch.equal(grouped_experts(x, w, ids, experts), sorted_)
+        else:
+            assert len(set(ids.flatten().tolist())) < ids.numel()  # some expert serves several pairs
+            torch.testing.assert_close(per_pair, sorted_, atol=tol, rtol=tol)
+        torch.testing.assert_close(sorted_, experts_by_expert(x, w, ids, experts), atol=tol, rtol=tol)
 
 
 def test_the_grouping_of_pairs_has_no_host_sync():

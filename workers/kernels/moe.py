@@ -61,6 +61,19 @@ def group_pairs(ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M) -> tu
     return pair_of_slot, expert_of_slot.view(n_blocks, block_m)[:, 0].contiguous()
 
 
+def one_block_per_pair(ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+    """`group_pairs`'s outputs without the sort: every pair its own block (slot 0 of block p holds pair
+    p, the rest padding). Exact for any routing, and what group_pairs gives one token anyway (its top-k
+    experts are distinct: one pair each); for a single token it replaces a sort and a dozen small ops
+    by three, which matter where a decode step's time is a floor per kernel. Pairs of one expert are
+    read once each, so a wider step keeps the sort."""
+    flat = ids.flatten()
+    P = flat.numel()
+    pair_of_slot = torch.full((P, block_m), P, dtype=torch.int32, device=ids.device)
+    pair_of_slot[:, 0] = torch.arange(P, dtype=torch.int32, device=ids.device)
+    return pair_of_slot.flatten(), flat.to(torch.int32)
+
+
 if triton is not None:
 
     @triton.jit
@@ -119,15 +132,18 @@ if triton is not None:
         tl.store(y_ptr + row[:, None] * D + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=keep)
 
 
-def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: Experts, group=group_pairs) -> torch.Tensor:
+def grouped_experts(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: Experts, group=group_pairs, single=one_block_per_pair
+) -> torch.Tensor:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, D]: the `ExpertsFn` of a graphed step.
     group: `group_pairs`, or a torch.compile'd copy of it (workers/engine/fused_step.py: its dozen small
-    ops become a few kernels, which matters where a step's time is a floor per kernel)."""
+    ops become a few kernels, which matters where a step's time is a floor per kernel); single: the
+    grouping of one token (`one_block_per_pair`; None: `group` for every width)."""
     T, D = x.shape
     top_k = ids.shape[1]
     E, INTER, _ = experts.gate_proj.shape
     P = T * top_k
-    pair_of_slot, block_expert = group(ids, E)
+    pair_of_slot, block_expert = (single if T == 1 and single is not None else group)(ids, E)
     n_blocks = block_expert.numel()
     x = x.contiguous()
     h = torch.empty(P, INTER, dtype=x.dtype, device=x.device)
@@ -195,27 +211,29 @@ def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
         weights = torch.softmax(torch.randn(w, top_k, device=device, generator=gen), -1).to(dtype)
         distinct = int(ids.unique().numel())
         expert_bytes = 3 * INTER * D * 2 * distinct
+        # one token: its own grouping (one block per pair) beside the sort every wider step takes
+        groupings = {"one block per pair": one_block_per_pair, "sorted": None} if w == 1 else {"sorted": None}
         for cfg in BENCH_CONFIGS:
             CONFIG = cfg
-            for ex in sets:
-                grouped_experts(x, weights, ids, ex)  # compile outside the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            for grouping, single in groupings.items():
                 for ex in sets:
-                    grouped_experts(x, weights, ids, ex)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            times = []
-            for _ in range(50):
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3 / layers)
-            us = sorted(times)[len(times) // 2]
-            rows.append({"width": w, "distinct": distinct, "config": cfg, "us": us, "of_bandwidth": expert_bytes / bw / (us * 1e-6)})
-            print(
-                f"width {w} ({distinct} experts) config {cfg}: {us:.1f} us per layer, {rows[-1]['of_bandwidth']:.0%} of the copy bandwidth"
-            )
+                    grouped_experts(x, weights, ids, ex, single=single)  # compile outside the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for ex in sets:
+                        grouped_experts(x, weights, ids, ex, single=single)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                times = []
+                for _ in range(50):
+                    start.record()
+                    graph.replay()
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end) * 1e3 / layers)
+                us = sorted(times)[len(times) // 2]
+                of_bw = expert_bytes / bw / (us * 1e-6)
+                rows.append({"width": w, "distinct": distinct, "config": cfg, "grouping": grouping, "us": us, "of_bandwidth": of_bw})
+                print(f"width {w} ({distinct} experts) config {cfg}, {grouping}: {us:.1f} us per layer, {of_bw:.0%} of the copy bandwidth")
     CONFIG = default
     return rows
 
@@ -249,10 +267,11 @@ def selftest(device: str) -> float:
             ids.zero_()
         w = torch.softmax(torch.randn(T, top_k, generator=gen), -1).to(dtype).to(device)
         want = experts_by_expert(x, w, ids, experts).float()
-        got = grouped_experts(x, w, ids, experts).float()
-        err = (want - got).abs().max().item() / max(1e-6, want.abs().max().item())
-        print(f"{name}: T={T} E={E} top_k={top_k} relative error {err:.2e}")
-        worst = max(worst, err)
+        for grouping, single in (("", one_block_per_pair), (", sorted", None)) if T == 1 else (("", None),):
+            got = grouped_experts(x, w, ids, experts, single=single).float()
+            err = (want - got).abs().max().item() / max(1e-6, want.abs().max().item())
+            print(f"{name}{grouping}: T={T} E={E} top_k={top_k} relative error {err:.2e}")
+            worst = max(worst, err)
     return worst
 
 
