@@ -82,12 +82,7 @@ class MtpDrafter(Eagle3Drafter):
     proposes_on_device = False
 
     def __init__(self, head: MtpHead, lookup: int = 0, tree_width: int = 0):
-        from workers.drafters.ngram import NgramIndex
-
-        self.head, self.device = head, head.device
-        self.lookup, self.tree_width = lookup, tree_width
-        self.index = (NgramIndex(lookup, 1) if tree_width >= 2 else NgramIndex(lookup, lookup)) if lookup else None
-        self.cache = head.new_cache()
+        self._own_state(head, lookup, tree_width)
         self.chain, self.use_chain, self._span = None, False, None  # eager steps: no CUDA-graph chain
         self.begin(0.0, 0)
         self.prefill([])

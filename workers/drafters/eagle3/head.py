@@ -300,11 +300,7 @@ class Eagle3Drafter(Drafter):
         chain's graph where it runs); 0 or 1: a chain."""
         from workers.drafters.eagle3.chain import Eagle3Chain, fast_step
 
-        self.head = head
-        self.device = head.device
-        self.lookup, self.tree_width = lookup, tree_width
-        self.index = (NgramIndex(lookup, 1) if tree_width >= 2 else NgramIndex(lookup, lookup)) if lookup else None
-        self.cache = head.new_cache()
+        self._own_state(head, lookup, tree_width)
         if fast is None and engine is not None and engine.compile and engine.cuda_graphs and self.device.type == "cuda":
             fast = fast_step(head, engine)
         # greedy proposals through the device-only chain (chain None: on a GPU, where it is one CUDA
@@ -316,6 +312,14 @@ class Eagle3Drafter(Drafter):
         self._batch_rows = {}  # rows -> Eagle3Rows (`batch_rows`)
         self.begin(0.0, 0)
         self.prefill([])
+
+    def _own_state(self, head, lookup: int, tree_width: int) -> None:
+        """What every chain drafter on `head` holds of its own (this class's and the MTP drafter's): the
+        head, the n-gram lookup index, the draft cache."""
+        self.head, self.device = head, head.device
+        self.lookup, self.tree_width = lookup, tree_width
+        self.index = (NgramIndex(lookup, 1) if tree_width >= 2 else NgramIndex(lookup, lookup)) if lookup else None
+        self.cache = head.new_cache()
 
     def fork(self) -> Eagle3Drafter:
         """Another sequence's drafter on the same head: its own cache and chain (graphs on CUDA, once warmed)."""
