@@ -71,6 +71,11 @@ def tiny_experiment(tmp: Path, ckpt: Path, **sections) -> Path:
     return path
 
 
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`spectune ARGS` in this test's environment as it is (no home or Ray of its own: commands that start none)."""
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=timeout)
+
+
 def spectune(args: list[str], home: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     ray_tmp = ray_temp_dir()
     full_env = {**os.environ, "SPECTUNE_HOME": str(home), "SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", **(env or {})}

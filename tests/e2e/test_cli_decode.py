@@ -8,16 +8,11 @@ own gang, and with `--ray` its own Ray)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from studyutil import run_cli as spectune
 
 from workers.model.checkpoint import tiny_config
-
-
-def spectune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -8,16 +8,11 @@ and the rest."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from studyutil import run_cli as spectune
 
 LATENCY_US = 300.0
-
-
-def spectune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def _table(path, sizes, backend="gloo", tp=2):
