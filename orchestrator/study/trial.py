@@ -177,14 +177,13 @@ def _acceptance_plot(metrics: dict, k: int, out: Path) -> Path | None:
     return path
 
 
-def _shown(live, number: int, tc, mine: list[RunResult], i: int, n: int, r: int, repeats: int):
+def _shown(live, number: int, label: str, mine: list[RunResult], i: int, n: int, r: int, repeats: int):
     """The live line's view of prompt i (0-based) while it decodes: this repeat's tokens and seconds
     so far (earlier prompts plus the running one), or None without a live line."""
     if live is None:
         return None
     before = RunResult.merge(mine).stats if mine else None
     tokens0, seconds0 = (before.tokens, before.seconds) if before else (0, 0.0)
-    label = config_label(tc.params())
     return lambda tokens, seconds: live.update(number, label, i + 1, n, tokens0 + tokens, seconds0 + seconds, r, repeats)
 
 
@@ -200,6 +199,7 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None, disturbed=lambda
     Returns (merged result, pruned?, throughput of each repeat). The last prompt of the last repeat
     also times the step with and without its allreduces (the comm/compute split)."""
     trial, cfg, tc = t.trial, t.cfg, t.tc
+    label = config_label(t.params)  # with the experiment's settings: "... tp8 emulated" where it emulates
     parts: list[RunResult] = []
     per_repeat: list[float] = []
     deadline = time.monotonic() + cfg.limits.trial_timeout_s
@@ -225,11 +225,11 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None, disturbed=lambda
                 # an MoE verifier: the experts each pass width reads, over the last repeat's prompts; not under
                 # imposed acceptance, whose kept drafts are not the model's tokens (its plain trial counts them)
                 w = replace(w, count_experts=True)
-            shown = _shown(live, trial.number, tc, mine, i, n, r, repeats)
+            shown = _shown(live, trial.number, label, mine, i, n, r, repeats)
             mine.append(gang.run(w, timeout_s=left, **({"on_progress": shown} if shown else {})))
             if live is not None:
                 so_far = RunResult.merge(mine).stats
-                live.update(trial.number, config_label(tc.params()), i + 1, n, so_far.tokens, so_far.seconds, r, repeats, force=i == n - 1)
+                live.update(trial.number, label, i + 1, n, so_far.tokens, so_far.seconds, r, repeats, force=i == n - 1)
             trial.report(RunResult.merge(parts + mine).metrics["throughput_tok_s"], r * n + i)
             beat(trial)
             # the baseline is the reference: never pruned; nor is a trial whose other cells are still to come

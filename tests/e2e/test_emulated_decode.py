@@ -98,6 +98,8 @@ def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp
     out = summary(r)
     assert out["complete"] == 2, r.stderr[-2000:]
     assert "emulated TP 4 from table cpu-tp4" in r.stderr
+    progress = [line for line in r.stderr.splitlines() if ": prompt 1 of 1" in line]  # the live lines name the deployment
+    assert progress and all(" tp4 emulated: " in line for line in progress), progress
     study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
     plain = next(t for t in study.trials if t.params["spec.num_draft_tokens"] == 0)
     # 4 allreduces a step (2 layers x 2) of 300 us each, beside a tiny model's compute on CPU
