@@ -20,7 +20,7 @@
 #                    commit: workers orchestrator scripts) that commit's first, back to back
 #   emulated         issue 46's zero-table check and the simulated-acceptance path (infra/gpu-families.sh)
 #   families         MoE kernel configurations, verify widths, Qwen3 decodes (infra/gpu-families.sh)
-#   deepseek         the DeepSeek-V3 shape: plain decode on each latent-attention cache, the MTP drafter (infra/gpu-families.sh)
+#   deepseek         the DeepSeek-V3 shape: plain decode on each latent-attention cache, the MTP drafter, verify widths (infra/gpu-families.sh)
 #   batch            batch > 1 (infra/gpu-batch.sh, its SIZES / KS / DRAFTER)
 #   study=YAML[,key=value...]   a whole study, no kill (infra/gpu-study.sh); its files come back as study-N.tgz
 # Every stage's output is in $OUT/log.txt; the GPU, the code's content hash and each stage's time head it.
@@ -96,15 +96,11 @@ for stage in "$@"; do
   t0=$SECONDS
   case $stage in
     setup) [ -x "$PY" ] && "$PY" -c "import ray" 2>/dev/null && say "setup: ray in $VENV" ;;
-    tests)
-      run tests . "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_families.py tests/engine/test_kernels_attention.py \
-        tests/engine/test_kernels_gemv.py tests/engine/test_triton_kernels.py tests/engine/test_graph_safety.py -k "not tp2"
-      tail -3 "$OUT/tests.json" | tee -a "$log" ;;
     tp1)
       [ -d .devcarry/before ] && run tp1_before .devcarry/before "$PY" $(decode)
       run tp1 . "$PY" $(decode) ;;
-    emulated | families | deepseek)
-      sub=$(case $stage in emulated) echo emulated ;; deepseek) echo deepseek ;; *) echo "kernels widths decode" ;; esac)
+    tests | emulated | families | deepseek)
+      sub=$(case $stage in families) echo "kernels widths decode" ;; *) echo "$stage" ;; esac)
       SPECTUNE_VENV=$VENV OUT=$OUT LIMIT=${LIMIT:-300} bash infra/gpu-families.sh $sub >> "$log" 2>&1 || say "!!! $stage failed" ;;
     batch)
       mkdir -p "$OUT/batch" && PYTHON=$PY OUT=$OUT/batch timeout -k 10 "${LIMIT:-300}" bash infra/gpu-batch.sh >> "$log" 2>&1 || say "!!! batch failed" ;;

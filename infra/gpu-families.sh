@@ -20,10 +20,11 @@
 # zero-table check: TP 1 random:llama-3-8b plain, then --emulate-tp 1 with .devcarry/zero/zero.json, an
 # all-zero table, then plain again; and the simulated-acceptance path at k = 3: --simulate-accept-len 2.5
 # and --simulate-accept-profile 0.8,0.6,0.4). Here: python -m scripts.make_allreduce_presets --zero .devcarry/zero/zero.json.
-# deepseek (issue 45): random:deepseek-v3:layers=$DS_LAYERS (default 4: the 3 dense layers and one MoE
-# layer), plain decoding on each latent-attention cache (--mla expanded, then absorbed, back to back), and
-# the MTP drafter (the checkpoint's own MTP layer, an MoE block) at k = 3 on the absorbed cache at an
-# imposed acceptance profile (random MTP weights accept next to nothing: the engine's cost is what is timed).
+# deepseek (issue 45): random:deepseek-v3:layers=$DS_LAYERS (default 5: the 3 dense layers and two MoE
+# layers, ~53 GB of bf16), plain decoding on each latent-attention cache (--mla expanded, then absorbed,
+# back to back), the MTP drafter (the checkpoint's own MTP layer, an MoE block) at k = 3 on the absorbed
+# cache at an imposed acceptance profile (random MTP weights accept next to nothing: the engine's cost is
+# what is timed), and the verify pass against width with its roofline (scripts/verify_widths.py).
 # Each run is cut off after $LIMIT seconds (default 240); WIDTHS (default 1..9) are the widths timed. Everything lands in $OUT: log.txt and a JSON per run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 bash infra/device-setup.sh pyd >> "$OUT/log.txt" 2>&1 || { echo "device-setup pyd failed" | tee -a "$OUT/log.txt"; exit 1; }
 PY=${SPECTUNE_VENV:-/tmp/spectune-venv}/bin/python
 MOE_LAYERS=${MOE_LAYERS:-24}
-DS_LAYERS=${DS_LAYERS:-4}
+DS_LAYERS=${DS_LAYERS:-5}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
 # the code measured, by content (the device's copy of the tree may carry a stale .git): compare with
 # the same line run here on a checkout
@@ -55,7 +56,8 @@ for stage in "${stages[@]}"; do
   case $stage in
     tests)
       run tests . $PY -m pytest -q -p no:cacheprovider tests/engine/test_families.py tests/engine/test_kernels_attention.py \
-        tests/engine/test_kernels_gemv.py tests/engine/test_triton_kernels.py tests/engine/test_graph_safety.py -k "not tp2"
+        tests/engine/test_kernels_gemv.py tests/engine/test_triton_kernels.py tests/engine/test_graph_safety.py \
+        tests/engine/test_deepseek.py tests/engine/test_mtp.py -k "not tp2"
       tail -3 "$OUT/tests.json" | tee -a "$OUT/log.txt" ;;
     kernels)
       run moe_kernels . $PY -m workers.kernels.moe --bench
@@ -83,7 +85,9 @@ for stage in "${stages[@]}"; do
       run deepseek_expanded . $PY $(decode "$ds") --mla expanded
       run deepseek_absorbed . $PY $(decode "$ds") --mla absorbed
       run deepseek_mtp_k3 . $PY $(decode "$ds" | sed 's/--drafter none -k 0/--drafter mtp -k 3/') --mla absorbed \
-        --simulate-accept-profile 0.8,0.6,0.4 ;;
+        --simulate-accept-profile 0.8,0.6,0.4
+      # the figures as JSON in one file, the table in log.txt (a device call returns at most 8 files)
+      run deepseek_widths . $PY -m scripts.verify_widths --model "$ds" --widths ${WIDTHS:-1 2 3 4 5 6 7 8 9} --json - ;;
     *) echo "unknown stage $stage (tests | kernels | widths | decode | before | emulated | deepseek)" >&2; exit 2 ;;
   esac
 done

@@ -4,14 +4,16 @@ each pass reads and the HBM roofline of the bytes it actually reads.
     python -m scripts.verify_widths --model random:qwen3-8b random:qwen3-30b-a3b:layers=24 --widths 1 2 3 4 5 6 7 8 9 \
         --context 256 --json OUT.json
 
-Per model (bf16, TP 1, the engine's graphed fused step with its default attention and MoE kernel): a
-prompt of --context random tokens is prefilled, then for each width w the step of w random tokens is
-run once eagerly with a hook on every router (the distinct experts each MoE layer reads, summed over
-layers) and timed as a CUDA-graph replay (median of 200, CUDA events).
+Per model (bf16, TP 1, the engine's graphed steps with their defaults: the fused step where the family
+has one, else the plain model, as latent attention runs): a prompt of --context random tokens is
+prefilled, then for each width w the step of w random tokens is run once eagerly with a hook on every
+router (the distinct experts each MoE layer reads, summed over layers) and timed as a CUDA-graph
+replay (median of 200, CUDA events).
 
 Bytes a pass of width w reads: every weight but the embedding table (unless the head shares it), of
 the stacked expert weights only the distinct experts' rows (3 matrices of I x dim each), plus the
-K/V of the context + w positions. Over the measured copy bandwidth (read + write of a 2 GiB copy)
+cache entries of the context + w positions as the cache holds them (latent attention's absorbed
+cache: one latent and rope key a token and layer). Over the measured copy bandwidth (read + write of a 2 GiB copy)
 that is the roofline each replay is compared with. A dense model's bytes do not grow with w; an
 MoE's grow with the union of the experts its w tokens route to, which is what makes deeper
 speculation cost more on an MoE verifier at small batch. Random weights route almost uniformly, so
@@ -44,6 +46,18 @@ def weight_bytes(model) -> tuple[int, int]:
     return dense, per_expert
 
 
+def cache_bytes_per_position(cache) -> int:
+    """Bytes one position takes in every layer's cache (all heads; a V that is a view of K, as in the
+    absorbed latent cache, counted once)."""
+    seen, total = set(), 0
+    for t in [*cache.k, *cache.v]:
+        if t.untyped_storage().data_ptr() in seen:
+            continue
+        seen.add(t.untyped_storage().data_ptr())
+        total += t[0, :, 0].numel() * t.element_size()
+    return total
+
+
 def measure(ref: str, widths: list[int], context: int, bw: float) -> dict:
     from workers.engine.steps import StepGraph, StepRunner, no_cudnn_attention
     from workers.model.checkpoint import load_model, resolve_model_path
@@ -58,6 +72,7 @@ def measure(ref: str, widths: list[int], context: int, bw: float) -> dict:
     dense_bytes, expert_bytes = weight_bytes(model)
     runner = StepRunner(model, model.new_cache(1, max_seq), max_width=max(widths), engine=EngineConfig())
     runner.warm(widths)
+    per_position = cache_bytes_per_position(runner.cache)
     routed: list[torch.Tensor] = []
     hooks = [
         layer.mlp.gate.register_forward_hook(lambda mod, inp, out: routed.append(out[1].detach()))
@@ -70,7 +85,8 @@ def measure(ref: str, widths: list[int], context: int, bw: float) -> dict:
         "model": ref,
         "layers": a.layers_label or f"{a.n_layers} layers",
         "attention": runner.attention,
-        "moe_kernel": "grouped triton" if getattr(runner.fast, "experts_fn", None) is not None else None,
+        "step": "fused" if runner.fast is not None else "plain model",
+        "moe_kernel": runner.moe_experts,
         "dense_weight_gb": dense_bytes / 1e9,
         "expert_mb": expert_bytes / 1e6,
         "moe_layers": len(a.moe_layers),
@@ -87,12 +103,15 @@ def measure(ref: str, widths: list[int], context: int, bw: float) -> dict:
             routed.clear()
             runner.cache.lengths[0] = context
             pos = torch.arange(context, context + w, device=device)[None]
-            runner.fast.hidden_at(torch.tensor([tokens], device=device), pos, runner.cache, runner.cache.max_seq)  # eager: routers hooked
+            if runner.fast is not None:  # eager, routers hooked
+                runner.fast.hidden_at(torch.tensor([tokens], device=device), pos, runner.cache, runner.cache.max_seq)
+            else:
+                model.hidden(torch.tensor([tokens], device=device), runner.cache)
             distinct = [int(ids.unique().numel()) for ids in routed]
             runner.cache.lengths[0] = context
             runner.step(tokens)  # stages this width's tokens and positions into its graph
             ms = replay_ms(runner.graphs[StepGraph(w, True)][0], device)
-            kv = (context + w) * a.n_layers * 2 * a.n_kv_heads * a.head_dim * 2
+            kv = (context + w) * per_position
             total = dense_bytes + sum(distinct) * expert_bytes + kv
             roof = total / bw * 1e3
             out["widths"][w] = {
@@ -111,32 +130,40 @@ def measure(ref: str, widths: list[int], context: int, bw: float) -> dict:
 
 
 def main(argv=None) -> None:
+    import functools
+    import sys
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", nargs="+", default=["random:qwen3-8b", "random:qwen3-30b-a3b:layers=24"])
     ap.add_argument("--widths", type=int, nargs="+", default=list(range(1, 10)))
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--json", help="write the figures here too (-: to stdout, the table then to stderr)")
     a = ap.parse_args(argv)
+    say = functools.partial(print, file=sys.stderr if a.json == "-" else sys.stdout)
     bw = copy_bandwidth(torch.device("cuda"))
-    print(f"{torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s; context {a.context}")
+    say(f"{torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s; context {a.context}")
     results = []
     for ref in a.model:
         r = measure(ref, a.widths, a.context, bw)
         results.append(r)
-        print(f"\n{ref} ({r['layers']}; attention {r['attention']}; dense weights {r['dense_weight_gb']:.2f} GB", end="")
-        print(
+        say(f"\n{ref} ({r['layers']}; {r['step']}, attention {r['attention']}; dense weights {r['dense_weight_gb']:.2f} GB", end="")
+        say(
             f", {r['experts']} experts top-{r['top_k']} on {r['moe_layers']} layers, {r['expert_mb']:.1f} MB each)" if r["experts"] else ")"
         )
-        print(" width  replay ms  x width 1  distinct experts/layer  GB read  roofline ms  of roofline")
+        say(" width  replay ms  x width 1  distinct experts/layer  GB read  roofline ms  of roofline")
         base = r["widths"][a.widths[0]]["replay_ms"]
         for w, x in r["widths"].items():
-            print(
+            say(
                 f" {w:5d}  {x['replay_ms']:9.3f}  {x['replay_ms'] / base:9.2f}  {x['distinct_experts_per_moe_layer']:22.1f}"
                 f"  {x['bytes_read_gb']:7.2f}  {x['roofline_ms']:11.3f}  {x['roofline_fraction']:10.0%}"
             )
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_bw_tb_s": bw / 1e12, "models": results}, f, indent=1)
+        figures = {"device": torch.cuda.get_device_name(), "copy_bw_tb_s": bw / 1e12, "models": results}
+        if a.json == "-":
+            json.dump(figures, sys.stdout, indent=1)
+        else:
+            with open(a.json, "w") as f:
+                json.dump(figures, f, indent=1)
 
 
 if __name__ == "__main__":

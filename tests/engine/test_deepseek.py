@@ -349,3 +349,21 @@ def test_the_graphed_body_never_syncs(tmp_path, monkeypatch):
     with NoHostSync():
         got = static_pass(model, step, torch.arange(6, 10)[None], graph_cache)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_roofline_counts_each_cache_as_it_is_held(tmp_path):
+    """scripts/verify_widths.py's bytes of one cached position: K and V of every KV head for a dense
+    family; for latent attention the expanded cache's K (nope + rope) and V of every head, or the
+    absorbed cache's one latent and rope key (its V a view of them, counted once)."""
+    from scripts.verify_widths import cache_bytes_per_position
+
+    llama = load_model(write_random_checkpoint(tmp_path / "llama", tiny_config(), seed=0))
+    a = llama.args
+    assert cache_bytes_per_position(llama.new_cache(1)) == a.n_layers * 2 * a.n_kv_heads * a.head_dim * 4
+    ds = load_model(write_random_checkpoint(tmp_path / "ds", DS_LORA, seed=0))
+    c, layers = DS_LORA, DS_LORA["num_hidden_layers"]
+    ds.absorb_latent_attention(False)
+    heads_k = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+    assert cache_bytes_per_position(ds.new_cache(1)) == layers * c["num_attention_heads"] * (heads_k + c["v_head_dim"]) * 4
+    ds.absorb_latent_attention(True)
+    assert cache_bytes_per_position(ds.new_cache(1)) == layers * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 4
