@@ -101,7 +101,8 @@ for stage in "$@"; do
       run tp1 . "$PY" $(decode) ;;
     tests | emulated | families | deepseek)
       sub=$(case $stage in families) echo "kernels widths decode" ;; *) echo "$stage" ;; esac)
-      SPECTUNE_VENV=$VENV OUT=$OUT LIMIT=${LIMIT:-300} bash infra/gpu-families.sh $sub >> "$log" 2>&1 || say "!!! $stage failed" ;;
+      # its lines go to the call's output; it writes its own log.txt lines
+      SPECTUNE_VENV=$VENV OUT=$OUT LIMIT=${LIMIT:-300} bash infra/gpu-families.sh $sub 2>&1 || say "!!! $stage failed" ;;
     batch)
       mkdir -p "$OUT/batch" && PYTHON=$PY OUT=$OUT/batch timeout -k 10 "${LIMIT:-300}" bash infra/gpu-batch.sh >> "$log" 2>&1 || say "!!! batch failed" ;;
     study=*)

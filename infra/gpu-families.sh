@@ -20,8 +20,9 @@
 # zero-table check: TP 1 random:llama-3-8b plain, then --emulate-tp 1 with .devcarry/zero/zero.json, an
 # all-zero table, then plain again; and the simulated-acceptance path at k = 3: --simulate-accept-len 2.5
 # and --simulate-accept-profile 0.8,0.6,0.4). Here: python -m scripts.make_allreduce_presets --zero .devcarry/zero/zero.json.
-# deepseek (issue 45): random:deepseek-v3:layers=$DS_LAYERS (default 5: the 3 dense layers and two MoE
-# layers, ~53 GB of bf16), plain decoding on each latent-attention cache (--mla expanded, then absorbed,
+# deepseek (issue 45): random:deepseek-v3:layers=$DS_LAYERS (default 4: the 3 dense layers and one MoE
+# layer, ~30 GB of bf16; ~53 GB with the MTP layer, itself an MoE block: 5 layers and MTP would not fit an
+# 80 GB card), plain decoding on each latent-attention cache (--mla expanded, then absorbed,
 # back to back), the MTP drafter (the checkpoint's own MTP layer, an MoE block) at k = 3 on the absorbed
 # cache at an imposed acceptance profile (random MTP weights accept next to nothing: the engine's cost is
 # what is timed), and the verify pass against width with its roofline (scripts/verify_widths.py).
@@ -36,7 +37,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 bash infra/device-setup.sh pyd >> "$OUT/log.txt" 2>&1 || { echo "device-setup pyd failed" | tee -a "$OUT/log.txt"; exit 1; }
 PY=${SPECTUNE_VENV:-/tmp/spectune-venv}/bin/python
 MOE_LAYERS=${MOE_LAYERS:-24}
-DS_LAYERS=${DS_LAYERS:-5}
+DS_LAYERS=${DS_LAYERS:-4}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
 # the code measured, by content (the device's copy of the tree may carry a stale .git): compare with
 # the same line run here on a checkout
@@ -47,9 +48,10 @@ run() {  # name, dir, command...: stdout to $OUT/name.json, stderr to log.txt
   echo "=== $name ($dir): $*" | tee -a "$OUT/log.txt"
   local t0=$SECONDS
   (cd "$dir" && PYTHONPATH=$PWD timeout -k 10 "${LIMIT:-240}" "$@") > "$OUT/$name.json" 2>> "$OUT/log.txt" \
-    || echo "!!! $name failed (rc=$?)" | tee -a "$OUT/log.txt"
+    || { echo "!!! $name failed (rc=$?)" | tee -a "$OUT/log.txt"; failed+=("$name"); }
   echo "--- $name took $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
 }
+failed=()  # the runs that failed: the script's exit status says so (gpu-call.sh reports it)
 decode() { echo "-m orchestrator decode --model $1 --tp 1 --drafter none -k 0 --device cuda --category writing --num-prompts 4 --max-new-tokens 128 --json"; }
 
 for stage in "${stages[@]}"; do
@@ -104,3 +106,4 @@ for name in ("decode_qwen3_8b", "decode_qwen3_30b_a3b", "llama_tp1_before", "lla
     except Exception as e:  # noqa: BLE001 - a missing run is reported, not fatal
         print(f"{name:22s} (no result: {type(e).__name__})")
 PY
+[ ${#failed[@]} -eq 0 ] || { echo "failed runs: ${failed[*]}" | tee -a "$OUT/log.txt"; exit 1; }

@@ -24,18 +24,31 @@ import psutil
 TAKEN = 75  # EX_TEMPFAIL: start again on fresh ports
 
 
-def _group_pids(pgid: int) -> set[int]:
+def _group_pids(pgid: int, table: dict[int, tuple[int, int]] | None = None) -> set[int]:
     """The processes of process group `pgid` and their descendants (a service's children may start
-    sessions of their own)."""
-    members = set()
-    for proc in psutil.process_iter():
+    sessions of their own). table: pid -> (pgid, parent pid) of every process (`_process_table`)."""
+    table = table if table is not None else _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (_, ppid) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    members, todo = set(), [pid for pid, (group, _) in table.items() if group == pgid]
+    while todo:
+        pid = todo.pop()
+        if pid not in members:
+            members.add(pid)
+            todo += children.get(pid, [])
+    return members
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (process group, parent pid) of every process, read once."""
+    table = {}
+    for proc in psutil.process_iter(["ppid"]):
         try:
-            if os.getpgid(proc.pid) == pgid:
-                members.add(proc.pid)
-                members |= {child.pid for child in proc.children(recursive=True)}
+            table[proc.pid] = (os.getpgid(proc.pid), proc.info["ppid"])
         except (ProcessLookupError, psutil.Error):
             continue
-    return members
+    return table
 
 
 def _listeners() -> dict[int, set[int | None]]:
@@ -57,10 +70,10 @@ def _who(pid: int | None) -> str:
         return f"pid {pid}"
 
 
-def strangers(port: int, pgid: int | None, listeners: dict[int, set[int | None]] | None = None) -> list[int | None]:
+def strangers(port: int, pgid: int | None, listeners: dict[int, set[int | None]] | None = None, table=None) -> list[int | None]:
     """The processes listening on `port` outside process group `pgid` (None: no group, so all of them)."""
     holders = (listeners if listeners is not None else _listeners()).get(port, set())
-    ours = _group_pids(pgid) if pgid is not None else set()
+    ours = _group_pids(pgid, table) if pgid is not None and holders else set()
     return [pid for pid in holders if pid not in ours]
 
 
@@ -70,13 +83,13 @@ def taken(state: Path) -> list[str]:
     if not ports_file.exists():
         return []
     groups = dict(line.split() for line in pids_file.read_text().splitlines() if line.strip()) if pids_file.exists() else {}
-    listeners, lines = _listeners(), []
+    listeners, table, lines = _listeners(), _process_table(), []
     for line in ports_file.read_text().splitlines():
         if not line.strip():
             continue
         service, port = line.split()
         pgid = int(groups[service]) if service in groups else None
-        if others := strangers(int(port), pgid, listeners):
+        if others := strangers(int(port), pgid, listeners, table):
             lines.append(f"port {port}, picked for {service}, is held by {_who(others[0])}")
     return lines
 

@@ -83,11 +83,15 @@ free_port() { "$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0
 
 # service -> a free port, recorded in STATE/ports: between this pick and the service's bind another
 # process may be given the same port, which infra/ports_taken.py then finds (start tries again)
-pick_port() {
+pick_port() {  # (always inside $(...), where errexit is off: each failure returns by hand)
   local port
-  port=$(free_port)
-  echo "$1 $port" >> "$STATE/ports"
-  echo "$port"
+  for _ in 1 2 3; do
+    port=$(free_port) || return 1
+    [[ $port =~ ^[0-9]+$ ]] || return 1
+    # two picks may return one port: a second service on it would not be a stranger to the check
+    grep -q " $port\$" "$STATE/ports" 2>/dev/null || { echo "$1 $port" >> "$STATE/ports"; echo "$port"; return 0; }
+  done
+  return 1
 }
 PORT_TAKEN=75  # infra/ports_taken.py's exit status when a picked port is held by another process
 
@@ -127,6 +131,19 @@ write_env() {  # NAME=value... -> STATE/env (mode 600): one `export NAME=value` 
       if [[ $value =~ ^[A-Za-z0-9_./:@+%?=,-]*$ ]]; then echo "export ${kv%%=*}=$value"; else printf 'export %s=%q\n' "${kv%%=*}" "$value"; fi
     done
   } > "$STATE/env")
+}
+
+keep_logs() {  # try: each started service's log (and its Ray session's) renamed to NAME.tryN.log before the next try
+  local name pgid dir agent_log
+  while read -r name pgid; do
+    if [ -f "$STATE/$name.log" ]; then mv "$STATE/$name.log" "$STATE/$name.try$1.log"; fi
+  done < "$STATE/pids"
+  if [ -f "$STATE/tmpdirs" ]; then  # the Ray temp folders go with stop: their agents' logs first
+    while read -r dir; do
+      agent_log=$dir/session_latest/logs/dashboard_agent.log
+      if [ -f "$agent_log" ]; then cp "$agent_log" "$STATE/$(basename "$dir").dashboard_agent.try$1.log"; fi
+    done < "$STATE/tmpdirs"
+  fi
 }
 
 start_group() {  # name cmd...  -> runs cmd in a new session (its own process group), records the PGID
@@ -213,13 +230,14 @@ pg_databases() {  # wait for the server, then make the databases: Optuna's, MLfl
     sleep 0.5
   done
   "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -d postgres || die "PostgreSQL did not come up on 127.0.0.1:$pg_port (log: $STATE/postgres.log)"
-  if [ "$MLFLOW_AUTH_NEW" = 1 ] && [ "$(pg_sql "SELECT 1 FROM pg_database WHERE datname = 'mlflow_auth'")" = 1 ]; then
+  if [ -f "$STATE/mlflow-auth.new" ] && [ "$(pg_sql "SELECT 1 FROM pg_database WHERE datname = 'mlflow_auth'")" = 1 ]; then
     pg_sql "DROP DATABASE mlflow_auth" >/dev/null  # its admin's password went with the file: nobody could log in
     echo "spectune: $STATE/mlflow-auth.ini was gone: MLflow's users (database mlflow_auth) made afresh with a new password (users made in MLflow before are gone; runs stay)" >&2
   fi
   for db in optuna mlflow mlflow_auth; do
     [ "$(pg_sql "SELECT 1 FROM pg_database WHERE datname = '$db'")" = 1 ] || pg_sql "CREATE DATABASE $db" >/dev/null
   done
+  rm -f "$STATE/mlflow-auth.new"  # the user store now starts from the password of mlflow-auth.ini
 }
 
 # ------------------------------------------------------------------ Ray
@@ -263,11 +281,12 @@ ray_auth() {  # RAY_AUTH_MODE=token and its token file for every Ray process, `r
 # ------------------------------------------------------------------ MLflow's basic-auth app
 mlflow_auth() {  # store_uri -> STATE/mlflow-auth.ini (mode 600; the admin password made once, kept across
   # starts, the user store's address written anew: its port changes); MLFLOW_TRACKING_USERNAME/PASSWORD
-  # exported for the clients started here; MLFLOW_AUTH_NEW=1 when the password was made just now
+  # exported for the clients started here. A password made here is marked by STATE/mlflow-auth.new until
+  # pg_databases has made the user store afresh for it (a start that fails before, or a try started
+  # again, still knows the store holds another admin password)
   local pw=""
   [ -f "$STATE/mlflow-auth.ini" ] && pw=$(sed -n 's/^admin_password = //p' "$STATE/mlflow-auth.ini")
-  MLFLOW_AUTH_NEW=0
-  [ -n "$pw" ] || { pw=$(secret 24); MLFLOW_AUTH_NEW=1; }
+  [ -n "$pw" ] || { pw=$(secret 24); (umask 077 && : > "$STATE/mlflow-auth.new"); }
   (umask 077 && printf '%s\n' "[mlflow]" "default_permission = NO_PERMISSIONS" "database_uri = ${1//'%'/%%}" \
     "admin_username = spectune" "admin_password = $pw" \
     "authorization_function = mlflow.server.auth:authenticate_request_basic_auth" \
@@ -333,7 +352,8 @@ purge() {  # stop, then delete exactly what start made: the PostgreSQL data, art
     rm -rf -- "$STATE/pg" && echo "spectune: removed $STATE/pg"
   fi
   rm -rf -- "$STATE/mlartifacts"
-  rm -f -- "$STATE"/{env,pgpass,ray-token,mlflow-auth.ini,apt.log,initdb.log,postgres.log,ray.log,mlflow.log,optuna-dashboard.log} "$STATE"/ray-worker-*.log
+  rm -f -- "$STATE"/{env,pgpass,ray-token,mlflow-auth.ini,mlflow-auth.new,apt.log,initdb.log,postgres.log,ray.log,mlflow.log,optuna-dashboard.log} \
+    "$STATE"/ray-worker-*.log "$STATE"/*.try[0-9].log "$STATE"/*.dashboard_agent.log
   rmdir "$STATE" 2>/dev/null || true
   echo "spectune: purged $STATE"
 }
@@ -352,7 +372,7 @@ start_ray_head() {  # sets ray_port dash_port client_port ray_tmp (launch()'s lo
 }
 
 agent_port() {  # ray_tmp name -> the port the node's dashboard agent listens on (Ray writes it to its session folder)
-  local port="" files
+  local port="" files log
   for _ in $(seq 1 120); do
     files=("$1"/session_latest/dashboard_agent_listen_port_*)
     [ -f "${files[0]}" ] && port=$(cat "${files[0]}")
@@ -361,9 +381,14 @@ agent_port() {  # ray_tmp name -> the port the node's dashboard agent listens on
       die "$2 exited before its dashboard agent listened (log: $STATE/$2.log)"
     sleep 1
   done
-  [[ $port =~ ^[0-9]+$ ]] ||
-    die "the dashboard agent of $2 serves no HTTP, so Ray jobs cannot start there (log: $1/session_latest/logs/dashboard_agent.log)"
-  echo "$port"
+  [[ $port =~ ^[0-9]+$ ]] && { echo "$port"; return 0; }
+  # the Ray temp folder goes when start stops what it started: the agent's log is kept beside the others
+  log=$STATE/$2.dashboard_agent.log
+  cp "$1/session_latest/logs/dashboard_agent.log" "$log" 2>/dev/null || log="(none written)"
+  if [ -z "$port" ]; then
+    die "the dashboard agent of $2 wrote no port within 120 s (its log: $log)"
+  fi
+  die "the dashboard agent of $2 serves no HTTP, so Ray jobs cannot start there (its log: $log)"
 }
 
 host_label() {  # the `ray start` flag naming raylet $1 a host of its own, where SPECTUNE_RAY_HOST_LABELS=1
@@ -392,11 +417,13 @@ start() {
     status=$?
     set -e
     [ "$status" = 0 ] && break
-    if [ "$status" != "$PORT_TAKEN" ]; then
-      "$BIN/python" "$ROOT/infra/ports_taken.py" "$STATE" && exit "$status"  # no port taken: the failure stands
+    if [ "$status" != "$PORT_TAKEN" ]; then  # a failure of its own unless the check finds a port taken
+      "$BIN/python" "$ROOT/infra/ports_taken.py" "$STATE" || status=$?
+      [ "$status" = "$PORT_TAKEN" ] || exit "$status"
     fi
     [ "$try" = 3 ] && die "three starts in a row lost a port to another process on this machine; start again when it is quieter"
-    echo "spectune: starting again on fresh ports (try $((try + 1)) of 3)" >&2
+    echo "spectune: starting again on fresh ports (try $((try + 1)) of 3; this try's logs: $STATE/*.try$try.log)" >&2
+    keep_logs "$try"
     stop_all >/dev/null
   done
   trap - EXIT
@@ -463,7 +490,7 @@ launch() {  # one try of start: picks the ports, starts every service, waits unt
     die "the MLflow server refuses the user and password of $STATE/mlflow-auth.ini (log: $STATE/mlflow.log)"
   wait_http "http://127.0.0.1:$optuna_port/" 60 optuna-dashboard
   # a stranger on a picked port may have answered the checks above in the service's place
-  "$BIN/python" "$ROOT/infra/ports_taken.py" "$STATE" || exit "$?"
+  "$BIN/python" "$ROOT/infra/ports_taken.py" "$STATE" || { local rc=$?; [ "$rc" = "$PORT_TAKEN" ] || die "infra/ports_taken.py failed"; exit "$rc"; }
   echo "spectune: services up (state in $STATE):"
   echo "  Ray jobs / dashboard  http://127.0.0.1:$dash_port ($((workers + 1)) nodes at $NODE_IP; token: the file $RAY_AUTH_TOKEN_PATH)"
   echo "  MLflow UI             http://127.0.0.1:$mlflow_port (user spectune, password: MLFLOW_TRACKING_PASSWORD in the env file)"

@@ -58,7 +58,7 @@ def cache_bytes_per_position(cache) -> int:
     return total
 
 
-def measure(ref: str, widths: list[int], context: int, bw: float) -> dict:
+def measure(ref: str, widths: list[int], context: int, bw: float, mla: str = "absorbed") -> dict:
     from workers.engine.steps import StepGraph, StepRunner, no_cudnn_attention
     from workers.model.checkpoint import load_model, resolve_model_path
     from workers.model.moe import MoE
@@ -68,9 +68,11 @@ def measure(ref: str, widths: list[int], context: int, bw: float) -> dict:
     device = torch.device("cuda")
     max_seq = -(-(context + max(widths) + 1) // 256) * 256
     model = load_model(resolve_model_path(ref), dtype=torch.bfloat16, device=device, max_seq=max_seq)
+    engine = EngineConfig(mla=mla)
+    model.absorb_latent_attention(engine.mla == "absorbed")  # as the worker does, before any cache
     a = model.args
     dense_bytes, expert_bytes = weight_bytes(model)
-    runner = StepRunner(model, model.new_cache(1, max_seq), max_width=max(widths), engine=EngineConfig())
+    runner = StepRunner(model, model.new_cache(1, max_seq), max_width=max(widths), engine=engine)
     runner.warm(widths)
     per_position = cache_bytes_per_position(runner.cache)
     routed: list[torch.Tensor] = []
@@ -86,6 +88,7 @@ def measure(ref: str, widths: list[int], context: int, bw: float) -> dict:
         "layers": a.layers_label or f"{a.n_layers} layers",
         "attention": runner.attention,
         "step": "fused" if runner.fast is not None else "plain model",
+        "mla": mla if a.mla else None,
         "moe_kernel": runner.moe_experts,
         "dense_weight_gb": dense_bytes / 1e9,
         "expert_mb": expert_bytes / 1e6,
@@ -137,6 +140,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", nargs="+", default=["random:qwen3-8b", "random:qwen3-30b-a3b:layers=24"])
     ap.add_argument("--widths", type=int, nargs="+", default=list(range(1, 10)))
     ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--mla", choices=["absorbed", "expanded"], default="absorbed", help="latent attention's cache (engine.mla)")
     ap.add_argument("--json", help="write the figures here too (-: to stdout, the table then to stderr)")
     a = ap.parse_args(argv)
     say = functools.partial(print, file=sys.stderr if a.json == "-" else sys.stdout)
@@ -144,9 +148,10 @@ def main(argv=None) -> None:
     say(f"{torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s; context {a.context}")
     results = []
     for ref in a.model:
-        r = measure(ref, a.widths, a.context, bw)
+        r = measure(ref, a.widths, a.context, bw, a.mla)
         results.append(r)
-        say(f"\n{ref} ({r['layers']}; {r['step']}, attention {r['attention']}; dense weights {r['dense_weight_gb']:.2f} GB", end="")
+        mla = f", {r['mla']} latent cache" if r["mla"] else ""
+        say(f"\n{ref} ({r['layers']}; {r['step']}, attention {r['attention']}{mla}; dense weights {r['dense_weight_gb']:.2f} GB", end="")
         say(
             f", {r['experts']} experts top-{r['top_k']} on {r['moe_layers']} layers, {r['expert_mb']:.1f} MB each)" if r["experts"] else ")"
         )

@@ -237,17 +237,20 @@ def _ports_taken():
 
 
 def stop_group(proc: subprocess.Popen, sig: int = 15, grace_s: float = 3) -> None:
-    """Signal `proc`'s process group (SIGTERM by default), then SIGKILL it after `grace_s` seconds."""
+    """Signal `proc`'s process group (SIGTERM by default), give its leader `grace_s` seconds, then
+    SIGKILL whatever of the group is left (members that outlive the leader too)."""
     import signal
 
     try:
         os.killpg(proc.pid, sig)
         proc.wait(timeout=grace_s)
-    except ProcessLookupError:  # the group is gone already
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    except ProcessLookupError:  # the group is gone
+        pass
+    proc.wait(timeout=30)
 
 
 def serve_on_free_port(launch, ready, what: str, tries: int = 3) -> tuple[subprocess.Popen, int]:

@@ -60,7 +60,7 @@ from orchestrator.record import (
 from orchestrator.search.ranking import baseline_median, is_baseline, median_mad, trial_params
 from orchestrator.study.ask_lock import taking_turns
 from orchestrator.study.equivalence import outputs_verdict
-from orchestrator.tracking.runs import Tracker, config_label, experiment_params, rounded
+from orchestrator.tracking.runs import Tracker, config_label, experiment_params, label_defaults, rounded
 from workers.errors import GangError
 from workers.spec import RunResult
 
@@ -199,7 +199,7 @@ def _decode(t: _Trial, prepared, gang, repeats: int, live=None, disturbed=lambda
     Returns (merged result, pruned?, throughput of each repeat). The last prompt of the last repeat
     also times the step with and without its allreduces (the comm/compute split)."""
     trial, cfg, tc = t.trial, t.cfg, t.tc
-    label = config_label(t.params)  # with the experiment's settings: "... tp8 emulated" where it emulates
+    label = config_label({**label_defaults(cfg), **tc.params()})  # "... tp8 emulated" where it emulates, as the report says
     parts: list[RunResult] = []
     per_repeat: list[float] = []
     deadline = time.monotonic() + cfg.limits.trial_timeout_s

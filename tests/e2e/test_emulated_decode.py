@@ -81,8 +81,8 @@ def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp
     """Issue 46's CPU check: a study on an emulated TP 4 (embedded Ray, SQLite, local MLflow) exits 0; its
     report and its export say "emulated" and name the table; the plain trial's step is split into its
     allreduce waits and the rest (comm_fraction), as a real TP 4 trial's is."""
-    from tests.studyutil import optuna_study, summary, tiny_experiment
-    from tests.studyutil import spectune as run_spectune
+    from studyutil import optuna_study, summary, tiny_experiment
+    from studyutil import spectune as run_spectune
 
     table = _table(tmp_path / "cpu-tp4.json", [1 << p for p in range(6, 22)], tp=4)
     exp = tiny_experiment(

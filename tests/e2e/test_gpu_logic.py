@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from studyutil import run_cli
 
 from workers.comm import GangInfo, refusal
 from workers.engine.steps import StepRunner
@@ -238,12 +239,8 @@ def test_random_model_references(tmp_path):
     assert torch.isfinite(logits).all() and logits.std() > 0.1
 
 
-def _spectune(*args):
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=300)
-
-
 def test_bench_allreduce_gloo_table():
-    r = _spectune("bench-allreduce", "--tp", "2", "--sizes", "4K,64K", "--iters", "5", "--json")
+    r = run_cli("bench-allreduce", "--tp", "2", "--sizes", "4K,64K", "--iters", "5", "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [row["size_bytes"] for row in rows] == [4096, 65536]
@@ -285,14 +282,14 @@ def test_bench_keeps_the_rows_of_backends_that_ran(monkeypatch):
     ],
 )
 def test_bench_allreduce_refusals(args, needle):
-    r = _spectune("bench-allreduce", *args)
+    r = run_cli("bench-allreduce", *args)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_decode_with_simulation_and_peer_baseline(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(tiny_config()))
-    r = _spectune(
+    r = run_cli(
         "decode",
         "--model",
         f"random:{cfg}",
@@ -316,7 +313,7 @@ def test_decode_with_simulation_and_peer_baseline(tmp_path):
     assert out["accept_len_mean"] == pytest.approx(3.0, abs=0.5)
     assert out["hf_generate_tok_s"] > 0 and out["baseline_vs_hf_generate"] > 0
     assert "outputs_match_baseline" not in out  # simulated tokens are not the model's output
-    bad = _spectune("decode", "--model", f"random:{cfg}", "-k", "2", "--simulate-accept-len", "5")
+    bad = run_cli("decode", "--model", f"random:{cfg}", "-k", "2", "--simulate-accept-len", "5")
     assert bad.returncode == 2 and "--simulate-accept-len: 5 needs at least 4 drafts per step" in bad.stderr
 
 

@@ -147,6 +147,45 @@ def _agent_ports(state: Path) -> set[int]:
     return out
 
 
+# Answers any GET with 200 and any POST with 405, as a Prometheus exporter does (Ray runs several): the
+# stranger that once held a port picked for a service and answered its readiness check in its place
+STRANGER = r"""
+import http.server
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"# metrics\n")
+    def do_POST(self):
+        self.send_response(405); self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def _venv_giving_away(tmp_path: Path, port: int) -> Path:
+    """A virtual environment (SPECTUNE_VENV) that is this one but for its python's first free-port pick
+    (services.sh's free_port), which returns `port`: as if another process had been given the port
+    between the pick and the service's bind."""
+    real = Path(sys.executable).parent
+    venv = tmp_path / "venv-giving-away"
+    (venv / "bin").mkdir(parents=True)
+    for entry in real.iterdir():
+        if not entry.name.startswith("python"):
+            (venv / "bin" / entry.name).symlink_to(entry)
+    python = venv / "bin" / "python"
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [ "${{1:-}}" = -c ] && [[ "${{2:-}}" == *\'s.bind(("127.0.0.1", 0))\'* ]] && mkdir {venv / "given"} 2>/dev/null; then\n'
+        f"  echo {port}; exit 0\n"
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    return venv
+
+
 # Runs as the other user: the standard library only (it may not reach the virtualenv). Reads each file,
 # sends each request; prints what came of them as JSON.
 PROBE = r"""
@@ -229,11 +268,19 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
     for key in [k for k in os.environ if k.startswith(("RAY_AUTH", "MLFLOW_TRACKING_"))]:
         monkeypatch.delenv(key)
     stopped = False
+    # the first port picked (MLflow's) is one a stranger answering every GET already holds: the start
+    # must find it taken, say so, and start everything again on fresh ports
+    stranger = subprocess.Popen([sys.executable, "-c", STRANGER], stdout=subprocess.PIPE, text=True)
     try:
+        taken = int(stranger.stdout.readline())
+        env["SPECTUNE_VENV"] = str(_venv_giving_away(tmp_path, taken))
         up = subprocess.run([*SERVICES, "start", str(state)], capture_output=True, text=True, timeout=600, env=env)
         if up.returncode != 0 and "install" in up.stderr and "postgres" in up.stderr.lower():
             pytest.skip(f"PostgreSQL could not be installed: {up.stderr.strip().splitlines()[-1]}")
         assert up.returncode == 0, up.stderr[-3000:] + up.stdout[-2000:]
+        assert f"port {taken}, picked for mlflow, is held by pid {stranger.pid}" in up.stderr, up.stderr[-3000:]
+        assert "starting again on fresh ports (try 2 of 3" in up.stderr and (state / "mlflow.try1.log").exists()
+        assert f":{taken}" not in (state / "env").read_text()
         groups = dict(line.split() for line in (state / "pids").read_text().splitlines())
         assert set(groups) == {"ray", "postgres", "mlflow", "optuna-dashboard", "ray-worker-1"}, groups
         pgids = {int(g) for g in groups.values()}
@@ -413,6 +460,8 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
         assert not survivors, survivors
         assert not (state / "pids").exists()
     finally:
+        stranger.kill()
+        stranger.wait()
         if not stopped:
             subprocess.run([*SERVICES, "stop", str(state)], capture_output=True, text=True, timeout=120, env=env)
         subprocess.run([*SERVICES, "purge", str(state)], capture_output=True, text=True, timeout=120, env=env)

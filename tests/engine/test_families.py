@@ -170,7 +170,7 @@ def test_the_prefill_runs_the_grouped_kernel_in_chunks_where_the_engine_picks_it
     assert use_grouped_experts(grouped, EngineConfig(moe_kernel="triton")) == "grouped"
     assert use_grouped_experts(plain, EngineConfig(moe_kernel="dense")) == "dense"
     tokens_per_call, kernel = [], moe_kernels.grouped_experts
-    monkeypatch.setattr(moe_kernels, "grouped_experts", lambda x, *a: tokens_per_call.append(x.shape[0]) or kernel(x, *a))
+    monkeypatch.setattr(moe_kernels, "grouped_experts", lambda x, *a, **kw: tokens_per_call.append(x.shape[0]) or kernel(x, *a, **kw))
     monkeypatch.setattr(moe_kernels, "PREFILL_TOKENS", 8)
     prompt = torch.randint(0, 512, (2, 19), generator=torch.Generator().manual_seed(2)).to(dev)
     want = plain(prompt, plain.new_cache(2))
@@ -216,3 +216,12 @@ def test_the_grouping_of_pairs_has_no_host_sync():
     compiled = torch.compile(group_pairs, dynamic=False, fullgraph=True)
     for got, want in zip(compiled(ids, 16), group_pairs(ids, 16)):
         assert torch.equal(got, want)
+
+
+def test_the_grouped_kernels_self_test_passes(kernel_device):
+    """workers/kernels/moe.py's own self-test: every grouping (sorted, one block per pair) and block size
+    (decode's, a prefill's) against the loop over chosen experts, on routings from one token to all
+    tokens on one expert."""
+    from workers.kernels.moe import selftest
+
+    assert selftest(kernel_device) < (1e-5 if kernel_device == "cpu" else 2e-2)

@@ -57,20 +57,23 @@ def test_a_model_without_an_mtp_layer_is_refused_in_one_line(tmp_path):
 
 
 @torch.inference_mode()
-def test_the_grouped_kernel_reaches_the_mtp_layers_experts(ckpt, kernel_device):
+def test_the_grouped_kernel_reaches_the_mtp_layers_experts(ckpt, kernel_device, monkeypatch):
     """Where the engine picks the grouped MoE kernel (on CUDA; here under Triton's CPU interpreter) the
     MTP layer's routed experts run it in the drafter's eager steps too, to the loop's numbers."""
     from workers.engine.steps import use_grouped_experts
-    from workers.kernels.moe import grouped_experts_chunked
+    from workers.kernels import moe as moe_kernels
     from workers.spec.engine_config import EngineConfig
 
     loop, grouped = load_model(ckpt, mtp=True, device=kernel_device), load_model(ckpt, mtp=True, device=kernel_device)
     assert use_grouped_experts(grouped, EngineConfig(moe_kernel="triton")) == "grouped"
-    assert grouped.mtp.mlp.eager_experts is grouped_experts_chunked
+    calls, kernel = [], moe_kernels.grouped_experts
+    monkeypatch.setattr(moe_kernels, "grouped_experts", lambda x, *a, **kw: calls.append(x.shape[0]) or kernel(x, *a, **kw))
     tokens = torch.tensor([5, 17, 42, 8], device=kernel_device)
     states = torch.randn(4, loop.args.dim, generator=torch.Generator().manual_seed(0)).to(kernel_device)
     want = MtpHead(loop).step(tokens, states, MtpHead(loop).new_cache())
+    assert not calls  # the plain model's MTP layer loops over its experts
     got = MtpHead(grouped).step(tokens, states, MtpHead(grouped).new_cache())
+    assert calls == [4]  # one grouped call, the MTP layer's four tokens
     tol = 1e-4 if kernel_device == "cpu" else 2e-2
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=tol, rtol=tol)

@@ -18,7 +18,7 @@ gate/up [E, I, D], down [E, D, I], row-major.
     out = grouped_experts(x, weights, ids, experts)       # the `ExpertsFn` a step runs
     out = grouped_experts_chunked(x, weights, ids, experts)   # an eager pass's (prefill), in chunks of tokens
     TRITON_INTERPRET=1 python -m workers.kernels.moe --selftest --device cpu   # CPU: against the eager experts
-    python -m workers.kernels.moe --bench                         # GPU: kernel configurations on a Qwen3-30B-A3B layer
+    python -m workers.kernels.moe --bench                         # GPU: configurations and groupings on a Qwen3-30B-A3B layer, and prefill
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def one_block_per_pair(ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M
     """`group_pairs`'s outputs without the sort: every pair its own block (slot 0 of block p holds pair
     p, the rest padding). Exact for any routing, and what group_pairs gives one token anyway (its top-k
     experts are distinct: one pair each); for a single token it replaces a sort and a dozen small ops
-    by three, which matter where a decode step's time is a floor per kernel. Pairs of one expert are
-    read once each, so a wider step keeps the sort."""
+    by four, which matter where a decode step's time is a floor per kernel. An expert with several
+    pairs is read once per pair, so a wider step keeps the sort."""
     flat = ids.flatten()
     P = flat.numel()
     pair_of_slot = torch.full((P, block_m), P, dtype=torch.int32, device=ids.device)
@@ -133,17 +133,24 @@ if triton is not None:
 
 
 def grouped_experts(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: Experts, group=group_pairs, single=one_block_per_pair
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    experts: Experts,
+    group=group_pairs,
+    single=one_block_per_pair,
+    block_m: int = BLOCK_M,
 ) -> torch.Tensor:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, D]: the `ExpertsFn` of a graphed step.
     group: `group_pairs`, or a torch.compile'd copy of it (workers/engine/fused_step.py: its dozen small
     ops become a few kernels, which matters where a step's time is a floor per kernel); single: the
-    grouping of one token (`one_block_per_pair`; None: `group` for every width)."""
+    grouping of one token (`one_block_per_pair`; None: `group` for every width); block_m: pairs a
+    block takes (a prefill's many pairs an expert: fewer blocks, each reading its expert once)."""
     T, D = x.shape
     top_k = ids.shape[1]
     E, INTER, _ = experts.gate_proj.shape
     P = T * top_k
-    pair_of_slot, block_expert = (single if T == 1 and single is not None else group)(ids, E)
+    pair_of_slot, block_expert = (single if T == 1 and single is not None else group)(ids, E, block_m)
     n_blocks = block_expert.numel()
     x = x.contiguous()
     h = torch.empty(P, INTER, dtype=x.dtype, device=x.device)
@@ -151,27 +158,32 @@ def grouped_experts(
     (bn1, bk1, w1), (bn2, bk2, w2) = CONFIG
     _gate_up_kernel[(n_blocks, triton.cdiv(INTER, bn1))](
         x, experts.gate_proj, experts.up_proj, h, pair_of_slot, block_expert, P, top_k, D, INTER,
-        BLOCK_M=BLOCK_M, BLOCK_N=bn1, BLOCK_K=bk1, num_warps=w1,
+        BLOCK_M=block_m, BLOCK_N=bn1, BLOCK_K=bk1, num_warps=w1,
     )  # fmt: skip
     _down_kernel[(n_blocks, triton.cdiv(D, bn2))](
         h, experts.down_proj, weights.contiguous().flatten(), y, pair_of_slot, block_expert, P, D, INTER,
-        BLOCK_M=BLOCK_M, BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2,
+        BLOCK_M=block_m, BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2,
     )  # fmt: skip
     return y.view(T, top_k, D).sum(dim=1)
 
 
 PREFILL_TOKENS = 2048  # tokens a grouped call of an eager pass takes at most: bounds its [pairs, I] and [pairs, D] buffers
+PREFILL_BLOCK_M = 64  # pairs a block of an eager pass takes: a prefill routes dozens of tokens to each expert
 
 
 def grouped_experts_chunked(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: Experts, chunk: int | None = None):
-    """`grouped_experts` over at most `chunk` (default PREFILL_TOKENS) tokens at a time: the `ExpertsFn`
-    of an eager pass of any length (a prefill), whose routed experts would otherwise be a loop of small
-    GEMMs, one per expert hit."""
+    """`grouped_experts` over at most `chunk` (default PREFILL_TOKENS) tokens at a time, PREFILL_BLOCK_M
+    pairs a block: the `ExpertsFn` of an eager pass of any length (a prefill), whose routed experts would
+    otherwise be a loop of small GEMMs, one per expert hit. A step of few tokens (the MTP drafter's)
+    keeps the decode blocks."""
     chunk = chunk or PREFILL_TOKENS
-    if x.shape[0] <= chunk:
-        return grouped_experts(x, weights, ids, experts)
-    parts = [grouped_experts(x[i : i + chunk], weights[i : i + chunk], ids[i : i + chunk], experts) for i in range(0, x.shape[0], chunk)]
-    return torch.cat(parts)
+    T = x.shape[0]
+    block_m = PREFILL_BLOCK_M if T * ids.shape[1] >= 4 * PREFILL_BLOCK_M else BLOCK_M
+
+    def part(i: int) -> torch.Tensor:
+        return grouped_experts(x[i : i + chunk], weights[i : i + chunk], ids[i : i + chunk], experts, block_m=block_m)
+
+    return part(0) if T <= chunk else torch.cat([part(i) for i in range(0, T, chunk)])
 
 
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up kernel and of the down kernel: narrow column blocks, so
@@ -205,23 +217,26 @@ def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
             p.data.normal_(0, D**-0.5, generator=gen)
         sets.append(ex)
     rows, default = [], CONFIG
+    compiled = torch.compile(group_pairs, dynamic=False)
     for w in widths:
         x = torch.randn(w, D, device=device, dtype=dtype, generator=gen)
         ids = torch.stack([torch.randperm(E, device=device, generator=gen)[:top_k] for _ in range(w)])
         weights = torch.softmax(torch.randn(w, top_k, device=device, generator=gen), -1).to(dtype)
         distinct = int(ids.unique().numel())
         expert_bytes = 3 * INTER * D * 2 * distinct
-        # one token: its own grouping (one block per pair) beside the sort every wider step takes
-        groupings = {"one block per pair": one_block_per_pair, "sorted": None} if w == 1 else {"sorted": None}
+        # one token: its own grouping (one block per pair) beside the sort every wider step takes, eager
+        # and torch.compile'd as the fused step runs it (engine.compile on)
+        sort = {"sorted": dict(single=None), "sorted, compiled": dict(single=None, group=compiled)}
+        groupings = {"one block per pair": {}, **sort} if w == 1 else sort
         for cfg in BENCH_CONFIGS:
             CONFIG = cfg
-            for grouping, single in groupings.items():
+            for grouping, how in groupings.items():
                 for ex in sets:
-                    grouped_experts(x, weights, ids, ex, single=single)  # compile outside the capture
+                    grouped_experts(x, weights, ids, ex, **how)  # compile outside the capture
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     for ex in sets:
-                        grouped_experts(x, weights, ids, ex, single=single)
+                        grouped_experts(x, weights, ids, ex, **how)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 times = []
                 for _ in range(50):
@@ -235,6 +250,47 @@ def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
                 rows.append({"width": w, "distinct": distinct, "config": cfg, "grouping": grouping, "us": us, "of_bandwidth": of_bw})
                 print(f"width {w} ({distinct} experts) config {cfg}, {grouping}: {us:.1f} us per layer, {of_bw:.0%} of the copy bandwidth")
     CONFIG = default
+    return rows
+
+
+def bench_prefill(tokens=(190, 2048), layers: int = 4) -> list[dict]:
+    """An eager prefill's routed experts on Qwen3-30B-A3B-shaped layers (as `bench`): the loop over the
+    chosen experts against the grouped kernel in its prefill blocks (PREFILL_BLOCK_M) and in decode's
+    (BLOCK_M), milliseconds per layer (median of 10, CUDA events)."""
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    E, D, INTER, top_k = 128, 2048, 768, 8
+    gen = torch.Generator(device=device).manual_seed(0)
+    sets = []
+    for _ in range(layers):
+        ex = Experts(E, D, INTER).to(device=device, dtype=dtype)
+        for p in ex.parameters():
+            p.data.normal_(0, D**-0.5, generator=gen)
+        sets.append(ex)
+    ways = {
+        "loop over experts": experts_by_expert,
+        f"grouped, {PREFILL_BLOCK_M} pairs a block": lambda x, w, i, e: grouped_experts(x, w, i, e, block_m=PREFILL_BLOCK_M),
+        f"grouped, {BLOCK_M} pairs a block": lambda x, w, i, e: grouped_experts(x, w, i, e, block_m=BLOCK_M),
+    }
+    rows = []
+    for T in tokens:
+        x = torch.randn(T, D, device=device, dtype=dtype, generator=gen)
+        ids = torch.stack([torch.randperm(E, device=device, generator=gen)[:top_k] for _ in range(T)])
+        weights = torch.softmax(torch.randn(T, top_k, device=device, generator=gen), -1).to(dtype)
+        for name, fn in ways.items():
+            for ex in sets:
+                fn(x, weights, ids, ex)  # compile and warm
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            times = []
+            for _ in range(10):
+                start.record()
+                for ex in sets:
+                    fn(x, weights, ids, ex)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / layers)
+            ms = sorted(times)[len(times) // 2]
+            rows.append({"tokens": T, "way": name, "ms": ms})
+            print(f"prefill of {T} tokens, {name}: {ms:.3f} ms per layer")
     return rows
 
 
@@ -267,8 +323,13 @@ def selftest(device: str) -> float:
             ids.zero_()
         w = torch.softmax(torch.randn(T, top_k, generator=gen), -1).to(dtype).to(device)
         want = experts_by_expert(x, w, ids, experts).float()
-        for grouping, single in (("", one_block_per_pair), (", sorted", None)) if T == 1 else (("", None),):
-            got = grouped_experts(x, w, ids, experts, single=single).float()
+        variants = (
+            {"": {}, ", sorted": dict(single=None)}
+            if T == 1
+            else {"": {}, f", {PREFILL_BLOCK_M} pairs a block": dict(block_m=PREFILL_BLOCK_M)}
+        )
+        for grouping, how in variants.items():
+            got = grouped_experts(x, w, ids, experts, **how).float()
             err = (want - got).abs().max().item() / max(1e-6, want.abs().max().item())
             print(f"{name}{grouping}: T={T} E={E} top_k={top_k} relative error {err:.2e}")
             worst = max(worst, err)
@@ -279,6 +340,6 @@ if __name__ == "__main__":
     if "--bench" in sys.argv:
         import json
 
-        print(json.dumps(bench()))
+        print(json.dumps({"steps": bench(), "prefill": bench_prefill()}))
         sys.exit(0)
     sys.exit(selftest_main(sys.argv[1:], __doc__, selftest, "cuda", {"cpu": 1e-5, "cuda": 2e-2}, "relative max |grouped - eager|"))

@@ -12,9 +12,9 @@ Each field is a parameter declared once (`param`, workers/spec/params.py): its o
 documentation is what the YAML schema, decode's --help and docs/reference.md show. At length:
 - gemv auto:   per shape and width the faster of cuBLAS and the Triton GEMV, by a timed race on CUDA;
                off: the GEMMs inside the compiled bodies
-- moe_kernel:  with CUDA graphs the prefill runs what the graphs run (triton: the grouped kernel, in chunks of
-               tokens; dense: the loop over the chosen experts); CPU's eager passes always loop over
-               the chosen experts; no effect on dense models
+- moe_kernel:  with CUDA graphs and the grouped kernel picked, the prefill runs it too (in chunks of
+               tokens); otherwise (dense, CPU, no graphs) eager passes loop over the chosen experts;
+               no effect on dense models
 - mla:         latent attention's cache (workers/model/transformer.py `LatentAttention`): absorbed reads
                kv_lora_rank + qk_rope numbers a cached token; no effect on other attention
 - overlap:     with an in-rank EAGLE-3 chain, verify, acceptance and the next chain stay on the device
