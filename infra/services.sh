@@ -429,6 +429,14 @@ start() {
   trap - EXIT
 }
 
+check_ports() {  # a stranger on a picked port may have answered the checks so far in a service's place:
+  # exit PORT_TAKEN (start tries again); a failure of the check itself stands
+  "$BIN/python" "$ROOT/infra/ports_taken.py" "$STATE" && return 0
+  local rc=$?
+  [ "$rc" = "$PORT_TAKEN" ] || die "infra/ports_taken.py failed (exit $rc)"
+  exit "$rc"
+}
+
 launch() {  # one try of start: picks the ports, starts every service, waits until each answers
   local workers=${SPECTUNE_RAY_WORKERS:-0} head_cpus=${SPECTUNE_RAY_CPUS:-$(nproc)}
   local worker_cpus=${SPECTUNE_RAY_WORKER_CPUS:-$head_cpus}
@@ -443,8 +451,9 @@ launch() {  # one try of start: picks the ports, starts every service, waits unt
   mlflow_store=postgresql+psycopg://spectune@127.0.0.1:$pg_port/mlflow?passfile=$passfile
   mlflow_auth "postgresql+psycopg://spectune@127.0.0.1:$pg_port/mlflow_auth?passfile=$passfile"
 
-  # the head first (the slowest to come up); its processes inherit the stores' addresses above
-  start_ray_head
+  # the stores and their UIs first, bound before Ray's processes pick their own ports (by binding port 0,
+  # which could hand them one of these) and checked before Ray starts: a try that must start again
+  # then costs seconds, not a Ray cluster
   start_group postgres env -C / -u MLFLOW_TRACKING_PASSWORD "${AS_PG[@]}" "$PGBIN/postgres" -D "$PGDATA" -c listen_addresses=127.0.0.1 -c port="$pg_port" \
     -c unix_socket_directories= -c password_encryption=scram-sha-256
   pg_databases "$(awk '$1 == "postgres" {print $2}' "$STATE/pids")"
@@ -461,7 +470,14 @@ launch() {  # one try of start: picks the ports, starts every service, waits unt
   # optuna-dashboard has no login of its own (and a delete button on every study): it is served behind
   # basic auth with MLflow's user and password
   start_group optuna-dashboard "$BIN/python" "$ROOT/infra/optuna_dashboard_auth.py" "$SPECTUNE_STORAGE" --host 127.0.0.1 --port "$optuna_port"
+  wait_http "http://127.0.0.1:$mlflow_port/health" 120 mlflow
+  "$BIN/python" -c "$HTTP_OK" "http://127.0.0.1:$mlflow_port/api/2.0/mlflow/experiments/search?max_results=1" mlflow 60 ||
+    die "the MLflow server refuses the user and password of $STATE/mlflow-auth.ini (log: $STATE/mlflow.log)"
+  wait_http "http://127.0.0.1:$optuna_port/" 60 optuna-dashboard
+  check_ports
 
+  # the Ray head (its processes inherit the stores' addresses above), then its worker raylets
+  start_ray_head
   wait_http "http://127.0.0.1:$dash_port/api/version" 180 ray
   write_env RAY_ADDRESS="http://127.0.0.1:$dash_port" RAY_GCS_ADDRESS="$NODE_IP:$ray_port" RAY_AUTH_MODE="$RAY_AUTH_MODE" \
     RAY_AUTH_TOKEN_PATH="$RAY_AUTH_TOKEN_PATH" MLFLOW_TRACKING_URI="$MLFLOW_TRACKING_URI" \
@@ -485,12 +501,7 @@ launch() {  # one try of start: picks the ports, starts every service, waits unt
     agent=$(agent_port "${w_tmps[$((i - 1))]}" "ray-worker-$i")
     wait_http "http://127.0.0.1:$agent/api/local_raylet_healthz" 120 "ray-worker-$i"
   done
-  wait_http "http://127.0.0.1:$mlflow_port/health" 120 mlflow
-  "$BIN/python" -c "$HTTP_OK" "http://127.0.0.1:$mlflow_port/api/2.0/mlflow/experiments/search?max_results=1" mlflow 60 ||
-    die "the MLflow server refuses the user and password of $STATE/mlflow-auth.ini (log: $STATE/mlflow.log)"
-  wait_http "http://127.0.0.1:$optuna_port/" 60 optuna-dashboard
-  # a stranger on a picked port may have answered the checks above in the service's place
-  "$BIN/python" "$ROOT/infra/ports_taken.py" "$STATE" || { local rc=$?; [ "$rc" = "$PORT_TAKEN" ] || die "infra/ports_taken.py failed"; exit "$rc"; }
+  check_ports
   echo "spectune: services up (state in $STATE):"
   echo "  Ray jobs / dashboard  http://127.0.0.1:$dash_port ($((workers + 1)) nodes at $NODE_IP; token: the file $RAY_AUTH_TOKEN_PATH)"
   echo "  MLflow UI             http://127.0.0.1:$mlflow_port (user spectune, password: MLFLOW_TRACKING_PASSWORD in the env file)"
