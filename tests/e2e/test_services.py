@@ -164,8 +164,8 @@ server.serve_forever()
 """
 
 
-def _venv_giving_away(tmp_path: Path, port: int) -> Path:
-    """A virtual environment (SPECTUNE_VENV) that is this one but for its python's first free-port pick
+def _venv_giving_away(tmp_path: Path, port: int, nth: int) -> Path:
+    """A virtual environment (SPECTUNE_VENV) that is this one but for its python's `nth` free-port pick
     (services.sh's free_port), which returns `port`: as if another process had been given the port
     between the pick and the service's bind."""
     real = Path(sys.executable).parent
@@ -174,11 +174,12 @@ def _venv_giving_away(tmp_path: Path, port: int) -> Path:
     for entry in real.iterdir():
         if not entry.name.startswith("python"):
             (venv / "bin" / entry.name).symlink_to(entry)
-    python = venv / "bin" / "python"
+    python, picks = venv / "bin" / "python", venv / "picks"
     python.write_text(
         "#!/usr/bin/env bash\n"
-        f'if [ "${{1:-}}" = -c ] && [[ "${{2:-}}" == *\'s.bind(("127.0.0.1", 0))\'* ]] && mkdir {venv / "given"} 2>/dev/null; then\n'
-        f"  echo {port}; exit 0\n"
+        f'if [ "${{1:-}}" = -c ] && [[ "${{2:-}}" == *\'s.bind(("127.0.0.1", 0))\'* ]]; then\n'
+        f"  echo >> {picks}\n"
+        f'  if [ "$(wc -l < {picks})" = {nth} ]; then echo {port}; exit 0; fi\n'
         "fi\n"
         f'exec {sys.executable} "$@"\n'
     )
@@ -268,18 +269,20 @@ def test_services_run_a_parallel_study_on_loopback_and_stop_cleanly(tmp_path, ti
     for key in [k for k in os.environ if k.startswith(("RAY_AUTH", "MLFLOW_TRACKING_"))]:
         monkeypatch.delenv(key)
     stopped = False
-    # the first port picked (MLflow's) is one a stranger answering every GET already holds: the start
-    # must find it taken, say so, and start everything again on fresh ports
+    # the third port picked (PostgreSQL's, after MLflow's and optuna-dashboard's) is one a stranger
+    # already holds: PostgreSQL cannot start, and the start must find out why, say so, and start
+    # everything again on fresh ports (a stranger answering a service's readiness check in its place is
+    # the same check's other path: tests/e2e/test_ports_taken.py)
     stranger = subprocess.Popen([sys.executable, "-c", STRANGER], stdout=subprocess.PIPE, text=True)
     try:
         taken = int(stranger.stdout.readline())
-        env["SPECTUNE_VENV"] = str(_venv_giving_away(tmp_path, taken))
+        env["SPECTUNE_VENV"] = str(_venv_giving_away(tmp_path, taken, nth=3))
         up = subprocess.run([*SERVICES, "start", str(state)], capture_output=True, text=True, timeout=600, env=env)
         if up.returncode != 0 and "install" in up.stderr and "postgres" in up.stderr.lower():
             pytest.skip(f"PostgreSQL could not be installed: {up.stderr.strip().splitlines()[-1]}")
         assert up.returncode == 0, up.stderr[-3000:] + up.stdout[-2000:]
-        assert f"port {taken}, picked for mlflow, is held by pid {stranger.pid}" in up.stderr, up.stderr[-3000:]
-        assert "starting again on fresh ports (try 2 of 3" in up.stderr and (state / "mlflow.try1.log").exists()
+        assert f"port {taken}, picked for postgres, is held by pid {stranger.pid}" in up.stderr, up.stderr[-3000:]
+        assert "starting again on fresh ports (try 2 of 3" in up.stderr and (state / "postgres.try1.log").exists()
         assert f":{taken}" not in (state / "env").read_text()
         groups = dict(line.split() for line in (state / "pids").read_text().splitlines())
         assert set(groups) == {"ray", "postgres", "mlflow", "optuna-dashboard", "ray-worker-1"}, groups
