@@ -71,15 +71,6 @@ def decode(*args: str) -> dict:
     return json.loads(r.stdout)
 
 
-def decode_here(*args: str) -> dict:
-    """`decode` in this process: the same flags and the same JSON object, without an interpreter and its
-    imports to start per call (the ranks are processes either way)."""
-    from orchestrator.decode.flags import parse
-    from orchestrator.decode.run import decode as run_decode
-
-    return json.loads(json.dumps(run_decode(*parse(list(args)))))
-
-
 @pytest.mark.parametrize("cfg", [HELD_OUT_MOE, HELD_OUT_DENSE, HELD_OUT_DEEPSEEK], ids=["qwen3_moe", "qwen3", "deepseek_v3"])
 def test_decode_matches_transformers_at_tp2(tmp_path, cfg):
     path = write_random_checkpoint(tmp_path / "ckpt", cfg, seed=21)
@@ -135,8 +126,8 @@ def test_the_expert_census_under_imposed_acceptance_is_the_models(tmp_path):
     census of its plain reference run, the same as a plain decode's."""
     path = write_random_checkpoint(tmp_path / "moe", HELD_OUT_MOE, seed=3)
     common = ["--model", str(path), "--tp", "1", "--num-prompts", "2", "--max-new-tokens", "12"]
-    plain = decode_here(*common, "--drafter", "none", "-k", "0")
-    imposed = decode_here(*common, "--drafter", "ngram", "-k", "3", "--simulate-accept-profile", "0.9,0.8,0.7")
+    plain = decode(*common, "--drafter", "none", "-k", "0")
+    imposed = decode(*common, "--drafter", "ngram", "-k", "3", "--simulate-accept-profile", "0.9,0.8,0.7")
     assert imposed["accept_len_mean"] > 2.0  # the profile was imposed
     widths = [f"moe_experts_w{w}" for w in range(1, 10)]
     assert [imposed[w] for w in widths] == [plain[w] for w in widths]
@@ -156,7 +147,7 @@ def test_drafters_on_a_moe_verifier_are_lossless(tmp_path):
         ["draft_model", "--draft-model", str(draft)],
         ["eagle3", "--draft-model", str(head)],
     ):
-        out = decode_here(*common, "--drafter", *drafter)
+        out = decode(*common, "--drafter", *drafter)
         assert out["outputs_match_baseline"] == 1, drafter
         assert out["params"]["drafter.kind"] == drafter[0]
 
