@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -226,8 +227,9 @@ def free_port() -> int:
     return port
 
 
+@functools.cache
 def _ports_taken():
-    """infra/ports_taken.py, the check services.sh runs, as a module."""
+    """infra/ports_taken.py, the check services.sh runs, as a module (loaded once)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("ports_taken", Path(__file__).resolve().parents[1] / "infra/ports_taken.py")

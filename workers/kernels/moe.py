@@ -198,6 +198,31 @@ BENCH_CONFIGS = (
 )
 
 
+# the benches' layer: Qwen3-30B-A3B's experts (128 of 768 x 2048, top 8), bf16 on the GPU
+BENCH_SHAPE = (128, 2048, 768, 8)
+
+
+def _bench_layers(layers: int, gen: torch.Generator) -> list[Experts]:
+    """`layers` layers' random experts of BENCH_SHAPE (several, so that L2 cannot hold them)."""
+    E, D, INTER, _ = BENCH_SHAPE
+    sets = []
+    for _ in range(layers):
+        ex = Experts(E, D, INTER).to(device="cuda", dtype=torch.bfloat16)
+        for p in ex.parameters():
+            p.data.normal_(0, D**-0.5, generator=gen)
+        sets.append(ex)
+    return sets
+
+
+def _bench_routing(tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, routing weights, expert ids) of `tokens` tokens, each routed to top_k distinct random experts."""
+    E, D, _, top_k = BENCH_SHAPE
+    x = torch.randn(tokens, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ids = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:top_k] for _ in range(tokens)])
+    weights = torch.softmax(torch.randn(tokens, top_k, device="cuda", generator=gen), -1).to(torch.bfloat16)
+    return x, weights, ids
+
+
 def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
     """The grouped experts of a Qwen3-30B-A3B-shaped layer (128 experts of 768 x 2048, top 8, bf16)
     as CUDA-graph replays cycling over `layers` layers' weights (L2 cannot hold them), per kernel
@@ -206,22 +231,15 @@ def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
     from scripts.profile_step import copy_bandwidth  # a developer bench, GPU only
 
     global CONFIG
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    E, D, INTER, top_k = 128, 2048, 768, 8
+    device = torch.device("cuda")
+    _, D, INTER, _ = BENCH_SHAPE
     bw = copy_bandwidth(device)
     gen = torch.Generator(device=device).manual_seed(0)
-    sets = []
-    for _ in range(layers):
-        ex = Experts(E, D, INTER).to(device=device, dtype=dtype)
-        for p in ex.parameters():
-            p.data.normal_(0, D**-0.5, generator=gen)
-        sets.append(ex)
+    sets = _bench_layers(layers, gen)
     rows, default = [], CONFIG
     compiled = torch.compile(group_pairs, dynamic=False)
     for w in widths:
-        x = torch.randn(w, D, device=device, dtype=dtype, generator=gen)
-        ids = torch.stack([torch.randperm(E, device=device, generator=gen)[:top_k] for _ in range(w)])
-        weights = torch.softmax(torch.randn(w, top_k, device=device, generator=gen), -1).to(dtype)
+        x, weights, ids = _bench_routing(w, gen)
         distinct = int(ids.unique().numel())
         expert_bytes = 3 * INTER * D * 2 * distinct
         # one token: its own grouping (one block per pair) beside the sort every wider step takes, eager
@@ -257,15 +275,9 @@ def bench_prefill(tokens=(190, 2048), layers: int = 4) -> list[dict]:
     """An eager prefill's routed experts on Qwen3-30B-A3B-shaped layers (as `bench`): the loop over the
     chosen experts against the grouped kernel in its prefill blocks (PREFILL_BLOCK_M) and in decode's
     (BLOCK_M), milliseconds per layer (median of 10, CUDA events)."""
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    E, D, INTER, top_k = 128, 2048, 768, 8
+    device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
-    sets = []
-    for _ in range(layers):
-        ex = Experts(E, D, INTER).to(device=device, dtype=dtype)
-        for p in ex.parameters():
-            p.data.normal_(0, D**-0.5, generator=gen)
-        sets.append(ex)
+    sets = _bench_layers(layers, gen)
     ways = {
         "loop over experts": experts_by_expert,
         f"grouped, {PREFILL_BLOCK_M} pairs a block": lambda x, w, i, e: grouped_experts(x, w, i, e, block_m=PREFILL_BLOCK_M),
@@ -273,9 +285,7 @@ def bench_prefill(tokens=(190, 2048), layers: int = 4) -> list[dict]:
     }
     rows = []
     for T in tokens:
-        x = torch.randn(T, D, device=device, dtype=dtype, generator=gen)
-        ids = torch.stack([torch.randperm(E, device=device, generator=gen)[:top_k] for _ in range(T)])
-        weights = torch.softmax(torch.randn(T, top_k, device=device, generator=gen), -1).to(dtype)
+        x, weights, ids = _bench_routing(T, gen)
         for name, fn in ways.items():
             for ex in sets:
                 fn(x, weights, ids, ex)  # compile and warm
