@@ -143,18 +143,21 @@ def test_fused_step_matches_the_plain_model(tmp_path, cfg, moe_kernel, kernel_de
 
 @torch.inference_mode()
 def test_compiled_fused_step_with_the_grouped_kernel(tmp_path, kernel_device):
-    """engine.compile on (Inductor, also on CPU): the MoE pairing runs compiled beside the grouped kernel."""
+    """engine.compile on (Inductor, also on CPU): the router and the MoE pairing run compiled beside the
+    grouped kernel, at width 1 (one block per pair) and at a verify width (the sorted grouping)."""
     path = write_random_checkpoint(tmp_path, QWEN3_MOE, seed=4)
     dev = kernel_device
     plain, model = load_model(path, max_seq=64, device=dev), load_model(path, max_seq=64, device=dev)
     fast = FusedStep(model, EngineConfig(compile=True, gemv="off", moe_kernel="triton"))
+    assert fast.route_fn is not None
     c1, c2 = plain.new_cache(1), model.new_cache(1)
     prompt = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(1)).to(dev)
     plain(prompt, c1)
     model(prompt, c2)
-    step, pos = torch.tensor([[5, 6, 7]], device=dev), torch.arange(9, 12, device=dev)[None]
     tol = 1e-4 if dev == "cpu" else 2e-2
-    torch.testing.assert_close(model.logits(fast.hidden_at(step, pos, c2, c2.max_seq)), plain(step, c1), atol=tol, rtol=tol)
+    for tokens, start in (([5], 9), ([6, 7, 8], 10)):
+        step, pos = torch.tensor([tokens], device=dev), torch.arange(start, start + len(tokens), device=dev)[None]
+        torch.testing.assert_close(model.logits(fast.hidden_at(step, pos, c2, c2.max_seq)), plain(step, c1), atol=tol, rtol=tol)
 
 
 @torch.inference_mode()
@@ -212,10 +215,19 @@ def test_the_grouping_of_pairs_has_no_host_sync():
     shape or a host read would break it, as bincount's does), and the same numbers as eager."""
     from workers.kernels.moe import group_pairs
 
+    from workers.kernels.moe import one_block_per_pair
+    from workers.model.moe import softmax_top_k
+
     ids = torch.randint(0, 16, (5, 4), generator=torch.Generator().manual_seed(0))
-    compiled = torch.compile(group_pairs, dynamic=False, fullgraph=True)
-    for got, want in zip(compiled(ids, 16), group_pairs(ids, 16)):
-        assert torch.equal(got, want)
+    for grouping in (group_pairs, one_block_per_pair):
+        compiled = torch.compile(grouping, dynamic=False, fullgraph=True)
+        for got, want in zip(compiled(ids, 16), grouping(ids, 16)):
+            assert torch.equal(got, want)
+    # the router, compiled as the fused step runs it: the same choice and weights
+    x, w = torch.randn(3, 32, generator=torch.Generator().manual_seed(1)), torch.randn(16, 32, generator=torch.Generator().manual_seed(2))
+    for norm in (True, False):
+        got, want = torch.compile(softmax_top_k, dynamic=False, fullgraph=True)(x, w, 4, norm), softmax_top_k(x, w, 4, norm)
+        assert torch.equal(got[1], want[1]) and torch.allclose(got[0], want[0])
 
 
 def test_the_grouped_kernels_self_test_passes(kernel_device):

@@ -121,10 +121,10 @@ class FusedStep:
             self.merged.append((wqkv, bqkv, wgu))
         # an MoE layer's routed experts inside the graphs: the grouped kernel where it runs (moe_kernel
         # auto or triton), else the graph-safe dense loop (workers/model/moe.py)
-        self.experts_fn = None
+        self.experts_fn, self.route_fn = None, None
         if any(w is None for _, _, w in self.merged):
             from workers.kernels import moe as moe_kernels
-            from workers.model.moe import experts_dense
+            from workers.model.moe import Router, experts_dense, softmax_top_k
 
             device = model.embed_tokens.weight.device
             if engine.moe_kernel == "triton" and not moe_kernels.available(device):
@@ -132,8 +132,14 @@ class FusedStep:
             grouped = engine.moe_kernel != "dense" and moe_kernels.available(device)
             self.experts_fn = moe_kernels.grouped_experts if grouped else experts_dense
             if grouped and engine.compile:
+                # a width-1 MoE step is a floor of small kernels (the router's softmax, top-k and
+                # renormalisation, the pairing): compiled, each becomes one or two
                 group = torch.compile(moe_kernels.group_pairs, dynamic=False)
-                self.experts_fn = functools.partial(moe_kernels.grouped_experts, group=group)
+                single = torch.compile(moe_kernels.one_block_per_pair, dynamic=False)
+                self.experts_fn = functools.partial(moe_kernels.grouped_experts, group=group, single=single)
+            if engine.compile and all(isinstance(layer.mlp.gate, Router) for layer in model.layers if isinstance(layer.mlp, MoE)):
+                top_k = torch.compile(softmax_top_k, dynamic=False)
+                self.route_fn = lambda gate, x: top_k(x, gate.weight, gate.top_k, gate.norm_topk_prob)
         # an attention that takes the merged projection, applies rope and writes the cache itself
         # (one kernel where the compiled rope and the eager cache writes took four per layer)
         self.rope_attend = getattr(attend_fn, "with_rope", None)
@@ -181,7 +187,7 @@ class FusedStep:
         """down(silu(gate) * up) of the normed `h`: one compiled body, or the picker's two GEMMs; an
         MoE layer's routed experts (before the allreduce)."""
         if w_gate_up is None:
-            return mlp.routed(h, self.experts_fn)
+            return mlp.routed(h, self.experts_fn, self.route_fn)
         w_down = mlp.down_proj.weight
         if self.gemv is None:
             return self.mlp_core(h, w_gate_up, w_down)

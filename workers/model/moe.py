@@ -54,12 +54,17 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, dim] -> (weights [N, k] in x's dtype, expert ids [N, k])."""
-        logits = F.linear(x, self.weight)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights.to(x.dtype), ids
+        return softmax_top_k(x, self.weight, self.top_k, self.norm_topk_prob)
+
+
+def softmax_top_k(x: torch.Tensor, weight: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Router`'s rule as a function of tensors and constants (no module: one torch.compile'd graph
+    serves every layer, workers/engine/fused_step.py)."""
+    probs = torch.softmax(F.linear(x, weight), dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(x.dtype), ids
 
 
 class GroupedSigmoidRouter(nn.Module):
@@ -152,6 +157,8 @@ def experts_dense(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, exp
 
 # experts(x [N, dim], weights [N, k], ids [N, k], experts) -> [N, dim]: how a step runs the routed experts
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts], torch.Tensor]
+# route(router, x [N, dim]) -> (weights [N, k], ids [N, k]): how a step runs the router (default: the module)
+RouteFn = Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class MoE(nn.Module):
@@ -173,10 +180,10 @@ class MoE(nn.Module):
         # workers/engine/experts.py: when a list, every eager pass appends its tokens' expert ids here
         self.census: list[torch.Tensor] | None = None
 
-    def routed(self, h: torch.Tensor, run_experts: ExpertsFn | None = None) -> torch.Tensor:
+    def routed(self, h: torch.Tensor, run_experts: ExpertsFn | None = None, route: RouteFn | None = None) -> torch.Tensor:
         """The routed experts' output of normed h [..., dim], before the allreduce (no shared experts)."""
         flat = h.reshape(-1, h.shape[-1])
-        weights, ids = self.gate(flat)
+        weights, ids = self.gate(flat) if route is None else route(self.gate, flat)
         if self.census is not None:
             self.census.append(ids.detach().cpu())
         if run_experts is None:
