@@ -237,3 +237,26 @@ def test_the_grouped_kernels_self_test_passes(kernel_device):
     from workers.kernels.moe import selftest
 
     assert selftest(kernel_device) < (1e-5 if kernel_device == "cpu" else 2e-2)
+
+
+def test_warming_the_chunked_experts_compiles_every_block_size_a_prefill_takes(kernel_device, monkeypatch):
+    """`warm_chunked` (run when the engine picks the grouped kernel on CUDA) calls the chunked experts with
+    few and many tokens (BLOCK_M and PREFILL_BLOCK_M blocks) and a pair count on each side of Triton's
+    multiple-of-16 specialisation, each call the eager experts' numbers: no timed prefill compiles."""
+    from workers.kernels import moe as moe_kernels
+    from workers.model.moe import Experts, experts_by_expert
+
+    experts = Experts(8, 32, 16).to(kernel_device)
+    for p in experts.parameters():
+        torch.nn.init.normal_(p, generator=torch.Generator(device=kernel_device).manual_seed(0))
+    seen, chunked = [], moe_kernels.grouped_experts_chunked
+
+    def spy(x, w, ids, ex):
+        out = chunked(x, w, ids, ex)
+        torch.testing.assert_close(out, experts_by_expert(x, w, ids, ex), atol=1e-3, rtol=1e-3)
+        seen.append((ids.numel() >= 4 * moe_kernels.PREFILL_BLOCK_M, ids.numel() % 16 == 0))
+        return out
+
+    monkeypatch.setattr(moe_kernels, "grouped_experts_chunked", spy)
+    moe_kernels.warm_chunked(experts, 4, experts.gate_proj.dtype)
+    assert sorted(seen) == [(False, False), (False, True), (True, False), (True, True)]

@@ -153,6 +153,8 @@ def use_grouped_experts(model: Transformer, engine: EngineConfig) -> str | None:
     for m in moes:
         m.graph_experts = moe_kernels.grouped_experts
         m.eager_experts = moe_kernels.grouped_experts_chunked
+    if device.type == "cuda":  # the kernels compile here, not in the first timed prefill
+        moe_kernels.warm_chunked(moes[0].experts, moes[0].gate.top_k, model.embed_tokens.weight.dtype)
     return "grouped"
 
 

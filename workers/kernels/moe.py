@@ -186,6 +186,25 @@ def grouped_experts_chunked(x: torch.Tensor, weights: torch.Tensor, ids: torch.T
     return part(0) if T <= chunk else torch.cat([part(i) for i in range(0, T, chunk)])
 
 
+def warm_chunked(experts: Experts, top_k: int, dtype: torch.dtype) -> None:
+    """Compile `grouped_experts_chunked`'s two block sizes now (a few tokens: BLOCK_M; a prefill's
+    many: PREFILL_BLOCK_M), so that no timed prefill pays for Triton's compile (~0.8 s on an H100)."""
+    E, _, D = experts.gate_proj.shape
+    device = experts.gate_proj.device
+    for first in (1, -(-4 * PREFILL_BLOCK_M // top_k)):
+        # Triton compiles an integer argument apart when it is a multiple of 16: the pair count P, both ways
+        seen = set()
+        for T in range(first, first + 16):
+            if (T * top_k % 16 == 0) in seen:
+                continue
+            seen.add(T * top_k % 16 == 0)
+            ids = (torch.arange(T * top_k, device=device) % E).view(T, top_k)
+            x, w = torch.zeros(T, D, dtype=dtype, device=device), torch.ones(T, top_k, dtype=dtype, device=device)
+            grouped_experts_chunked(x, w, ids, experts)
+            if len(seen) == 2:
+                break
+
+
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up kernel and of the down kernel: narrow column blocks, so
 # that a decode step's few experts still give every SM programs to stream weights with (`--bench`)
 CONFIG = ((32, 128, 4), (64, 128, 4))
