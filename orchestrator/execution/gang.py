@@ -21,10 +21,16 @@ import time
 
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, inherited_nccl_env
 from orchestrator.execution.cluster import PlacementError, Resources, assigned_instances, check_capacity
+from orchestrator.execution.slots import HOST_LABEL
 from workers.errors import GangError
 from workers.runtime.actor import RAY_NOSET_CUDA_ENV, Rendezvous, WorkerActor
 from workers.runtime.gang import Gang, OnProgress, ThrottledProgress
 from workers.spec import GangSpec, RunResult, Workload
+
+
+def _host_of(node: dict) -> str:
+    """A node of `ray.nodes()` as the slots name its host: its `spectune.io/host` label, else its hostname."""
+    return (node.get("Labels") or {}).get(HOST_LABEL) or node.get("NodeManagerHostname") or node.get("NodeManagerAddress", "")
 
 
 def _instances_of(worker, resource: str) -> list[int]:  # run on an actor through __ray_call__
@@ -70,6 +76,7 @@ class RayGang(Gang):
             bundles.append({"CPU": res.cpus_per_worker, **({accel: share} if share else {})})
         self.instances: list[list[int]] = []
         self.drafter_note: str | None = None
+        self._node: tuple[str, str] | None = None  # (node id, host) once read (`node`)
         pin = {"bundle_label_selector": [{"ray.io/node-id": res.node_id}] * len(bundles)} if res.node_id else {}
         self.pg = placement_group(bundles, strategy="STRICT_PACK", name="", **pin)
         try:
@@ -155,13 +162,20 @@ class RayGang(Gang):
         return self.instances
 
     def node(self) -> tuple[str, str]:
-        """(node id, host) of the gang's node: STRICT_PACK puts every bundle on one."""
+        """(node id, host) of the gang's node: STRICT_PACK puts every bundle on one. Read once and kept:
+        once its node has left the cluster, Ray maps the placement group's bundles to no node (it waits to
+        be placed again), yet a gang reused after that (its actors died with the node) is still on that
+        node, and a failure there must name it. Where Ray maps none from the start, the node the gang was
+        pinned to (`Resources.node_id`). The host is the node's `spectune.io/host` label, else its
+        hostname, as the slots' isolation names it; Ray's node table keeps nodes that left."""
+        if self._node is not None:
+            return self._node
         from ray.util.placement_group import placement_group_table
 
-        node_id = next(iter(placement_group_table(self.pg).get("bundles_to_node_id", {}).values()), "")
-        host = next(
-            (n.get("NodeManagerHostname") or n.get("NodeManagerAddress", "") for n in self._ray.nodes() if n["NodeID"] == node_id), ""
-        )
+        node_id = next(iter(placement_group_table(self.pg).get("bundles_to_node_id", {}).values()), "") or self.res.node_id or ""
+        host = next((_host_of(n) for n in self._ray.nodes() if n["NodeID"] == node_id), "") if node_id else ""
+        if node_id:
+            self._node = (node_id, host)
         return node_id, host
 
     def setup(self) -> list[dict]:

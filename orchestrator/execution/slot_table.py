@@ -97,6 +97,11 @@ class SlotTable:
         with self.lock:
             return self.book.release(number)
 
+    def node_name(self, node_id: str) -> str:
+        """A node in words ("<host>/<id8>"), also once it has left the cluster (`SlotBook.node_name`)."""
+        with self.lock:
+            return self.book.node_name(node_id)
+
     def lose_node(self, node_id: str) -> list[Slot]:
         """The node left the cluster: its slots leave the study (none is handed out again) and their
         pools are closed. Returns those slots."""

@@ -195,6 +195,12 @@ class SlotBook:
     def host_of(self, node_id: str) -> str:
         return self._host.get(node_id, node_id)
 
+    def node_name(self, node_id: str) -> str:
+        """A node in words, "<host>/<id8>" as `NodeInfo.name` (its host as planned, else as its trial's gang
+        reported it at placement), whether or not it is still in the cluster; its id alone where no host is known."""
+        host = self._host_name.get(node_id)
+        return f"{host}/{node_id[:8]}" if host else node_id[:8]
+
     @property
     def hosts_shared(self) -> bool:
         """Two of the slots may run on one host: unpinned slots (isolation none) or two pinned slots on
@@ -212,8 +218,11 @@ class SlotBook:
             self._meet(trial)
         return slot
 
-    def placed(self, trial: int, node_id: str) -> None:
-        """The node an unpinned trial's gang landed on (from the gang's actors)."""
+    def placed(self, trial: int, node_id: str, host: str | None = None) -> None:
+        """The node an unpinned trial's gang landed on (from the gang's actors); `host`: its host in words
+        (`NodeInfo.host_name`), kept for naming a node the book was not given (`node_name`)."""
+        if host and node_id not in self._host_name:
+            self._host_name[node_id] = host
         r = self.running.get(trial)
         if r is not None and r.node_id != node_id:
             r.node_id, r.host = node_id, self.host_of(node_id)
@@ -285,19 +294,28 @@ class TrialSite:
         self._book, self._trial, self._lock, self._alive = book, trial, lock, node_alive
 
     def lost_node(self) -> tuple[str, str] | None:
-        """(id, name) of the trial's node if it left the cluster; None while it is there or unknown."""
+        """(id, name) of the trial's node if it left the cluster; None while it is there or unknown. The
+        name is the book's (`SlotBook.node_name`): known before the node left, so never empty after."""
         with self._lock:
             r = self._book.running.get(self._trial)
             node_id = r.node_id if r else None
-            slot_node = r.slot.node if r else None
-        if node_id is None or self._alive(node_id):
+        if not node_id or self._alive(node_id):
             return None
-        named = slot_node is not None and slot_node.id == node_id and slot_node.name
-        return node_id, slot_node.name if named else node_id[:8]  # a node Ray knows no name for: its id
-
-    def placed(self, node_id: str) -> None:
         with self._lock:
-            self._book.placed(self._trial, node_id)
+            return node_id, self._book.node_name(node_id)
+
+    def node_id(self) -> str | None:
+        """The trial's node as the book has it: its slot's, or where its gang was placed; None: not known yet."""
+        with self._lock:
+            r = self._book.running.get(self._trial)
+            return r.node_id if r else None
+
+    def placed(self, node_id: str, host: str | None = None) -> None:
+        """Where the trial's gang is (`SlotBook.placed`); an empty id (Ray mapped the gang to no node) changes nothing."""
+        if not node_id:
+            return
+        with self._lock:
+            self._book.placed(self._trial, node_id, host)
 
     def host_name(self, node_id: str) -> str | None:
         """The host of a node in words (its label, else its hostname); None for a node the book does not know."""

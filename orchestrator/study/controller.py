@@ -226,8 +226,8 @@ class TrialController:
     def lose_node(self, number: int, node_id: str) -> None:
         """Trial `number` failed because its node left the cluster (the trial queued its params again):
         the node's slots leave the study; with none left, the study stops."""
-        gone = self.slots.lose_node(node_id)
-        name = next((s.node.name for s in gone if s.node), node_id[:8])
+        self.slots.lose_node(node_id)
+        name = self.slots.node_name(node_id)
         self.ctx.log(
             f"spectune: trial {number} failed: node {name} left the cluster mid-trial; its params are queued again, "
             f"{len(self.slots)} slot(s) left"

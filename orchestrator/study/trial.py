@@ -409,12 +409,14 @@ def start_run(t: _Trial) -> None:
 
 def note_placement(t: _Trial, site: TrialSite | None, gang) -> None:
     """Where the trial runs: its node (id, host) and its ranks' GPUs, in Optuna and on the MLflow run.
-    The host is as the slots' isolation saw it (a node's `spectune.io/host` label, else its hostname)."""
+    The host is as the slots' isolation saw it (a node's `spectune.io/host` label, else its hostname); the
+    book keeps it, so a failure there names the node even once the node has left the cluster."""
     if not hasattr(gang, "node"):
         return
     node_id, host = gang.node()
     if site is not None:
-        site.placed(node_id)
+        site.placed(node_id, host)
+        node_id = node_id or site.node_id() or ""  # Ray mapped the gang to no node (it left): the slot's
         host = site.host_name(node_id) or host
     gpus = sorted({i for ids in getattr(gang, "instances", [])[: t.tc.tp] for i in ids}) if t.cfg.parallel.device == "cuda" else []
     for key, value in ((NODE_ATTR, node_id), (HOST_ATTR, host), (GPUS_ATTR, gpus)):

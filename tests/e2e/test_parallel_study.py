@@ -17,6 +17,7 @@ race re-measures alone.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -82,14 +83,19 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
 
     def kill_worker_under_a_trial() -> None:
         """Lose the worker node under a trial that cannot finish, with no race against it finishing:
-        1. while a trial runs on the worker, freeze (SIGSTOP) every process of the worker node;
-        2. read the study again: a trial on the worker still RUNNING and short of its last prompt needs
-           another answer from those frozen actors (a prompt, or the peak-memory call that follows the
-           last one, both after this read), so it cannot complete; otherwise let them go and wait for the
-           next trial on the worker;
-        3. SIGKILL the worker's raylet, and let the frozen actors go only once the driver has failed the
+        1. while a trial runs on the worker, freeze (SIGSTOP) every process of the worker node (Ray starts
+           a node's actors as children of its raylet), and wait until every thread of each has stopped:
+           from then on none of them runs an instruction until the test says so;
+        2. read the study again: a trial on the worker still RUNNING and short of its last prompt has not
+           recorded its last prompt yet, and the driver asks its actors for the peak memory only after that
+           (orchestrator/study/trial.py `measure`), so it needs at least one more answer from those frozen
+           actors and cannot complete while they stay frozen; otherwise let them go and wait for the next
+           trial on the worker;
+        3. SIGKILL the worker's raylet, and let the frozen actors go only once the driver has ended that
            trial (Ray marks the node dead, the calls to its actors fail): they then notice their dead
-           raylet and must exit by themselves (the leak check below)."""
+           raylet and must exit by themselves (the leak check below). Where the trial has not ended
+           (a wait past its limit, an error here), they are killed instead, never let go: let go while
+           the trial still waits on them, they would answer it and it could complete."""
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and "trial" not in killed:
             if _unfinished_on(db, worker.node_id, retry_s=0) is None:
@@ -98,18 +104,21 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
             frozen = raylet.children(recursive=True)
             for p in frozen:
                 _signal(p, signal.SIGSTOP)
+            number = state = None
             try:
+                if not _all_stopped(frozen, timeout_s=30):
+                    continue  # a thread that never stopped (stuck in the kernel): let them go, try again
                 number = _unfinished_on(db, worker.node_id, retry_s=30)  # read after the freeze: decides
                 if number is None:
                     continue  # it got past its last prompt before the freeze: the next trial on the worker
                 killed.update(trial=number, pids=[raylet.pid] + [p.pid for p in frozen])
                 cluster.remove_node(worker, allow_graceful=False)
                 until = time.monotonic() + 240
-                while time.monotonic() < until and _state(db, number) == "RUNNING":
+                while time.monotonic() < until and (state := _state(db, number)) not in FINISHED:
                     time.sleep(0.2)
-            finally:  # never leave them frozen
+            finally:  # never leave them frozen, nor let them answer the decided trial while it still runs
                 for p in frozen:
-                    _signal(p, signal.SIGCONT)
+                    _signal(p, signal.SIGCONT if number is None or state in FINISHED else signal.SIGKILL)
 
     killer = threading.Thread(target=kill_worker_under_a_trial, daemon=True)
     killer.start()
@@ -244,12 +253,44 @@ def _unfinished_on(db, node_id: str, retry_s: float) -> int | None:
             time.sleep(0.05)
 
 
+FINISHED = ("COMPLETE", "PRUNED", "FAIL")  # Optuna's final states, as the trials table spells them
+
+
 def _state(db, number: int) -> str | None:
+    """Trial `number`'s state as stored; None where the read failed (locked for a moment: ask again)."""
     try:
         rows = sql(db, "select state from trials where number = ?", number, timeout=1)
     except Exception:  # noqa: BLE001 - locked for a moment: ask again
-        return "RUNNING"
+        return None
     return rows[0][0] if rows else None
+
+
+def _all_stopped(procs: list[psutil.Process], timeout_s: float) -> bool:
+    """Every thread of every process in `procs` has stopped (state T: the SIGSTOP sent to it has taken
+    effect; a signal is acted on only as a thread leaves the kernel), or the process is gone."""
+    until = time.monotonic() + timeout_s
+    while True:
+        if all(_stopped(p.pid) for p in procs):
+            return True
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.01)
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True  # gone
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]  # the field after the command name, which may hold spaces
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # this thread has exited
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
 
 
 def _signal(p: psutil.Process, sig: int) -> None:

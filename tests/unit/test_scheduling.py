@@ -30,6 +30,7 @@ from orchestrator.record import (
     DRIVER_ATTR,
     FAIL_TAG,
     GANG_ATTR,
+    HOST_ATTR,
     NODE_ATTR,
     PARAMS_ATTR,
     PRUNE_TAG,
@@ -74,11 +75,16 @@ def _cfg(ks=(1, 2, 3, 4, 5, 6), **study):
 
 class FakeCluster:
     """What the fake gangs do, by trial (a trial thread is named trial-<number>): `fail` trials' gangs
-    raise GangError; a `lose` trial's node dies under it (then its gang raises). Records the node each
-    trial decoded on and the span of its gang's runs."""
+    raise GangError; a `lose` trial's node dies under it (then its gang raises); a `gone_after` trial's
+    node leaves once that trial has every answer (its peak memory: it completes); a `waits` trial's runs
+    wait for another trial's first. A gang on a node that left is as Ray's: mapped to no node, and its
+    runs raise. Records the node each trial decoded on and
+    the span of its gang's runs."""
 
-    def __init__(self, fail=(), lose=None, fail_all=False, run_s=0.0):
+    def __init__(self, fail=(), lose=None, fail_all=False, run_s=0.0, gone_after=None, waits=None):
         self.fail, self.lose, self.fail_all, self.run_s = set(fail), dict(lose or {}), fail_all, run_s
+        self.gone_after = dict(gone_after or {})  # trial -> the node that leaves once the trial has its answers
+        self.waits = dict(waits or {})  # trial -> the trial whose first run its own runs wait for (at most 10 s)
         self.dead: set[str] = set()
         self.ran: dict[int, str] = {}
         self.spans: dict[int, list[float]] = {}
@@ -93,9 +99,14 @@ class FakeGang:
         self.pool, self._closed = pool, False
 
     def node(self):
+        if self.pool.node_id in self.pool.cluster.dead:
+            return "", ""  # as Ray: the placement group of a node that left maps its bundles to no node
         return self.pool.node_id, self.pool.host
 
     def peak_rss_mb(self):
+        number = int(threading.current_thread().name.removeprefix("trial-"))
+        if number in self.pool.cluster.gone_after:
+            self.pool.cluster.dead.add(self.pool.cluster.gone_after[number])
         return [1.0]
 
     def run(self, w: Workload, timeout_s: float, on_progress=None) -> RunResult:
@@ -105,11 +116,17 @@ class FakeGang:
         with cluster.lock:
             cluster.ran[number] = self.pool.node_id
             span = cluster.spans.setdefault(number, [start, start])
+        if self.pool.node_id in cluster.dead:
+            raise GangError("run: rank 0 died (ActorDiedError)")  # its actors left with the node
         if number in cluster.lose:
             cluster.dead.add(cluster.lose[number])
             raise GangError("the actor died unexpectedly")
         if cluster.fail_all or number in cluster.fail:
             raise GangError("rank 0 failed")
+        if number in cluster.waits:
+            until = time.monotonic() + 10
+            while cluster.waits[number] not in cluster.ran and time.monotonic() < until:
+                time.sleep(0.01)
         time.sleep(cluster.run_s)
         k = w.num_draft_tokens
         seconds = 1.0 / (k + 1)  # the more drafts, the faster: a ranking with leaders
@@ -380,6 +397,52 @@ def test_a_lost_node_requeues_its_trial_and_its_slots_leave_the_study():
     assert cluster.ran[2] == cluster.ran[3] == A.id and pools[1].gang is None
     assert f"spectune: trial 1 failed: node {B.name} left the cluster mid-trial; its params are queued again, 1 slot(s) left" in lines
     assert any(line.startswith("spectune: trial 3 retries trial 1 (") for line in lines)
+
+
+def test_a_node_that_left_after_its_trial_ended_fails_the_next_trial_there_naming_it():
+    """B leaves once trial 1 has every answer (trial 1 completes: nothing of ours saw B go). Trial 2 takes B's
+    slot and reuses its gang, which Ray now maps to no node and whose runs fail: trial 2 fails as a lost
+    node, named by host and id (the slot's node, not the empty one), not counted, its params retried on A,
+    and B's slot leaves the study."""
+    cfg = _cfg(n_trials=3)
+    study, storage = _study(1, 2, 3)
+    cluster = FakeCluster(gone_after={1: B.id}, waits={0: 2})  # trial 0 holds A's slot until trial 2 has started
+    slots, pools = _two_node_slots(cluster)
+    ctx, lines = _ctx(study, storage, cfg, max_failed=0)  # 0: a counted failure would end the run
+    assert run_trials(ctx, slots, pools, [A, B], cluster.alive) == 0
+    s = _by_state(study)
+    assert [t.number for t in s[TrialState.COMPLETE]] == [0, 1, 3] and not s[TrialState.RUNNING] and not s[TrialState.WAITING]
+    lost = study.trials[2]
+    assert lost.state == TrialState.FAIL and cluster.ran[2] == B.id
+    reason = lost.user_attrs[FAIL_TAG]
+    assert reason == f"node {B.name} left the cluster mid-trial (GangError: run: rank 0 died (ActorDiedError))", reason
+    assert lost.user_attrs[NODE_ATTR] == B.id and lost.user_attrs[HOST_ATTR] == B.host
+    retry = study.trials[3]
+    assert retry.user_attrs[RETRY_TAG] == 2 and retry.params == lost.params and cluster.ran[3] == A.id
+    assert f"spectune: trial 2 failed: node {B.name} left the cluster mid-trial; its params are queued again, 1 slot(s) left" in lines
+
+
+def test_a_ray_gang_keeps_naming_its_node_once_ray_maps_it_to_none(monkeypatch):
+    """RayGang.node (no Ray: its placement group table and node table replaced) reads the node once: a
+    gang reused after its node left (Ray then maps its bundles to "") still names that node and its host
+    label; where Ray maps none from the start, the node the gang was pinned to."""
+    import importlib
+
+    from orchestrator.execution.cluster import Resources
+    from orchestrator.execution.gang import RayGang
+
+    pg_module = importlib.import_module("ray.util.placement_group")  # the module (ray.util's attribute is its function)
+    mapped = {"bundles_to_node_id": {0: B.id}}
+    monkeypatch.setattr(pg_module, "placement_group_table", lambda pg: mapped)
+    dead_b = {"NodeID": B.id, "Alive": False, "NodeManagerHostname": "vm", "Labels": {"spectune.io/host": "test-host-b"}}
+    gang = object.__new__(RayGang)  # as launched: its placement group, no pin
+    gang.pg, gang.res, gang._node, gang._ray = None, Resources(), None, SimpleNamespace(nodes=lambda: [dead_b])
+    assert gang.node() == (B.id, "test-host-b")
+    mapped["bundles_to_node_id"] = {0: ""}  # B left: its placement group waits to be placed again
+    assert gang.node() == (B.id, "test-host-b")
+    pinned = object.__new__(RayGang)
+    pinned.pg, pinned.res, pinned._node, pinned._ray = None, Resources(node_id=B.id), None, gang._ray
+    assert pinned.node() == (B.id, "test-host-b")
 
 
 def test_the_failure_limit_ends_the_study_with_the_reason():

@@ -94,6 +94,35 @@ def test_a_trial_site_reports_its_node_lost_only_when_the_node_is_gone():
     assert s1.lost_node() == (NODES[3].id, NODES[3].id[:8])
 
 
+def test_a_lost_node_is_named_by_host_and_id_whatever_ray_still_says_of_it():
+    """The name a lost node's failure carries comes from the book, known before the node left: a pinned
+    slot's node even where its gang, reused after the node left, is mapped by Ray to no node (its placement
+    group waits to be placed again: an empty id); an unpinned trial's node by the host its gang reported
+    at placement, or by the cluster's nodes the book was given (the label first). Never an empty name."""
+    labelled = replace(NODES[1], host_label="rack-7")
+    book = SlotBook(plan_slots([NODES[0], labelled], TP4, "node", 2))
+    gone = lambda node_id: False  # noqa: E731 - every node has left
+    book.acquire(0), book.acquire(1)
+    site = book.site(1, threading.Lock(), gone)
+    site.placed("", "")  # Ray maps the gang to no node any more: the slot's node stays the trial's
+    assert site.node_id() == labelled.id
+    assert site.lost_node() == (labelled.id, f"rack-7/{labelled.id[:8]}") and book.node_name(labelled.id) == labelled.name
+    # unpinned: named by what the gang reported at placement, kept after the trial's slot is given back
+    unpinned = SlotBook(plan_slots(NODES, TP4, "none", 2))
+    unpinned.acquire(0)
+    s0 = unpinned.site(0, threading.Lock(), gone)
+    s0.placed(NODES[3].id, "host3")
+    assert s0.lost_node() == (NODES[3].id, f"host3/{NODES[3].id[:8]}")
+    unpinned.release(0)
+    assert unpinned.node_name(NODES[3].id) == f"host3/{NODES[3].id[:8]}"
+    # the nodes the book was given name it as planned (a label over a hostname the gang may report)
+    given = SlotBook(plan_slots(NODES, TP4, "none", 2), [*NODES[:3], labelled])
+    given.acquire(0)
+    given.site(0, threading.Lock(), gone).placed(labelled.id, "host1")
+    assert given.site(0, threading.Lock(), gone).lost_node() == (labelled.id, labelled.name)
+    assert given.node_name("unknown" + "x" * 20) == "unknownx"  # nothing known of it but its id (8 characters)
+
+
 # three raylets of one machine (infra/services.sh's SPECTUNE_RAY_WORKERS=2, or ray.cluster_utils.Cluster):
 # one address, one boot id, Ray's hostname for each
 ONE_HOST = [NodeInfo(f"raylet{i}" + "x" * 20, "vm", cpus=2.0, gpus=0.0, address="127.0.0.1", boot_id="boot-a") for i in range(3)]
