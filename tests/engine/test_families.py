@@ -213,9 +213,7 @@ def test_one_block_per_pair_equals_the_sorted_grouping(kernel_device):
 def test_the_grouping_of_pairs_has_no_host_sync():
     """The grouped kernel's pairing runs inside CUDA graphs: one graph for torch.compile (a data-dependent
     shape or a host read would break it, as bincount's does), and the same numbers as eager."""
-    from workers.kernels.moe import group_pairs
-
-    from workers.kernels.moe import one_block_per_pair
+    from workers.kernels.moe import group_pairs, one_block_per_pair
     from workers.model.moe import softmax_top_k
 
     ids = torch.randint(0, 16, (5, 4), generator=torch.Generator().manual_seed(0))
