@@ -6,9 +6,9 @@ each pass reads and the HBM roofline of the bytes it actually reads.
 
 Per model (bf16, TP 1, the engine's graphed steps with their defaults: the fused step where the family
 has one, else the plain model, as latent attention runs): a prompt of --context random tokens is
-prefilled, then for each width w the step of w random tokens is run once eagerly with a hook on every
-router (the distinct experts each MoE layer reads, summed over layers) and timed as a CUDA-graph
-replay (median of 200, CUDA events).
+prefilled, then for each width w the step of w random tokens is run once eagerly, every MoE layer
+logging its expert ids (MoE.census: the distinct experts each MoE layer reads), and timed as a
+CUDA-graph replay (median of 200, CUDA events).
 
 Bytes a pass of width w reads: every weight but the embedding table (unless the head shares it), of
 the stacked expert weights only the distinct experts' rows (3 matrices of I x dim each), plus the
@@ -75,12 +75,7 @@ def measure(ref: str, widths: list[int], context: int, bw: float, mla: str = "ab
     runner = StepRunner(model, model.new_cache(1, max_seq), max_width=max(widths), engine=engine)
     runner.warm(widths)
     per_position = cache_bytes_per_position(runner.cache)
-    routed: list[torch.Tensor] = []
-    hooks = [
-        layer.mlp.gate.register_forward_hook(lambda mod, inp, out: routed.append(out[1].detach()))
-        for layer in model.layers
-        if isinstance(layer.mlp, MoE)
-    ]
+    moes = [layer.mlp for layer in model.layers if isinstance(layer.mlp, MoE)]
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, a.vocab_size, (context,), generator=gen).tolist()
     out = {
@@ -103,14 +98,19 @@ def measure(ref: str, widths: list[int], context: int, bw: float, mla: str = "ab
         runner.prefill(prompt)
         for w in widths:
             tokens = torch.randint(0, a.vocab_size, (w,), generator=gen).tolist()
-            routed.clear()
             runner.cache.lengths[0] = context
             pos = torch.arange(context, context + w, device=device)[None]
-            if runner.fast is not None:  # eager, routers hooked
-                runner.fast.hidden_at(torch.tensor([tokens], device=device), pos, runner.cache, runner.cache.max_seq)
-            else:
-                model.hidden(torch.tensor([tokens], device=device), runner.cache)
-            distinct = [int(ids.unique().numel()) for ids in routed]
+            for m in moes:  # each MoE layer logs its tokens' expert ids (MoE.census), whichever way the step routes
+                m.census = []
+            try:
+                if runner.fast is not None:  # eager, the step's own routing
+                    runner.fast.hidden_at(torch.tensor([tokens], device=device), pos, runner.cache, runner.cache.max_seq)
+                else:
+                    model.hidden(torch.tensor([tokens], device=device), runner.cache)
+                distinct = [int(torch.cat(m.census).unique().numel()) for m in moes]
+            finally:
+                for m in moes:
+                    m.census = None
             runner.cache.lengths[0] = context
             runner.step(tokens)  # stages this width's tokens and positions into its graph
             ms = replay_ms(runner.graphs[StepGraph(w, True)][0], device)
@@ -124,8 +124,6 @@ def measure(ref: str, widths: list[int], context: int, bw: float, mla: str = "ab
                 "roofline_ms": roof,
                 "roofline_fraction": roof / ms,
             }
-    for h in hooks:
-        h.remove()
     del runner, model
     torch._dynamo.reset()
     torch.cuda.empty_cache()
