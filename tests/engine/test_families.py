@@ -264,3 +264,23 @@ def test_warming_the_chunked_experts_compiles_every_block_size_a_prefill_takes(k
     monkeypatch.setattr(moe_kernels, "grouped_experts_chunked", spy)
     moe_kernels.warm_chunked(experts, 4, experts.gate_proj.dtype)
     assert sorted(seen) == [(False, False), (False, True), (True, False), (True, True)]
+
+
+def test_the_router_kernel_chooses_and_weighs_as_the_softmax_router(kernel_device):
+    """workers/kernels/moe.py `softmax_top_k` (the fused step's router where the grouped kernels run): the
+    same experts and weights as Qwen3-MoE's softmax router over one token, a verify width and a batch,
+    with and without renormalisation; among equal probabilities the lowest expert id goes first."""
+    from workers.kernels import moe as moe_kernels
+    from workers.model.moe import softmax_top_k
+
+    gen = torch.Generator().manual_seed(3)
+    for T, E, top_k in ((1, 128, 8), (5, 16, 4), (9, 6, 3)):
+        x, w = torch.randn(T, 64, generator=gen).to(kernel_device), torch.randn(E, 64, generator=gen).to(kernel_device)
+        for norm in (True, False):
+            (got_w, got_ids), (want_w, want_ids) = moe_kernels.softmax_top_k(x, w, top_k, norm), softmax_top_k(x, w, top_k, norm)
+            assert torch.equal(got_ids, want_ids) and got_w.dtype == want_w.dtype
+            torch.testing.assert_close(got_w, want_w, atol=1e-6, rtol=1e-5)
+    x, w = torch.ones(1, 4, device=kernel_device), torch.zeros(8, 4, device=kernel_device)
+    w[[3, 5, 6]] = 1.0  # three experts tie for first
+    weights, ids = moe_kernels.softmax_top_k(x, w, 2, True)
+    assert ids.tolist() == [[3, 5]] and weights.tolist() == [[0.5, 0.5]]

@@ -133,12 +133,19 @@ class FusedStep:
             self.experts_fn = moe_kernels.grouped_experts if grouped else experts_dense
             if grouped and engine.compile:
                 # a width-1 MoE step is a floor of small kernels (the router's softmax, top-k and
-                # renormalisation, the pairing): compiled, each becomes one or two
-                group = torch.compile(moe_kernels.group_pairs, dynamic=False)
-                single = torch.compile(moe_kernels.one_block_per_pair, dynamic=False)
-                self.experts_fn = functools.partial(moe_kernels.grouped_experts, group=group, single=single)
+                # renormalisation, the pairing, the pairs' sum): compiled, each becomes one or two
+                compiled = {
+                    f: torch.compile(getattr(moe_kernels, f), dynamic=False) for f in ("group_pairs", "one_block_per_pair", "sum_pairs")
+                }
+                self.experts_fn = functools.partial(
+                    moe_kernels.grouped_experts,
+                    group=compiled["group_pairs"],
+                    single=compiled["one_block_per_pair"],
+                    combine=compiled["sum_pairs"],
+                )
             if engine.compile and all(isinstance(layer.mlp.gate, Router) for layer in model.layers if isinstance(layer.mlp, MoE)):
-                top_k = torch.compile(softmax_top_k, dynamic=False)
+                # the router: its GEMM and one Triton kernel where the grouped kernels run, else compiled torch
+                top_k = moe_kernels.softmax_top_k if grouped else torch.compile(softmax_top_k, dynamic=False)
                 self.route_fn = lambda gate, x: top_k(x, gate.weight, gate.top_k, gate.norm_topk_prob)
         # an attention that takes the merged projection, applies rope and writes the cache itself
         # (one kernel where the compiled rope and the eager cache writes took four per layer)

@@ -18,7 +18,7 @@ gate/up [E, I, D], down [E, D, I], row-major.
     out = grouped_experts(x, weights, ids, experts)       # the `ExpertsFn` a step runs
     out = grouped_experts_chunked(x, weights, ids, experts)   # an eager pass's (prefill), in chunks of tokens
     TRITON_INTERPRET=1 python -m workers.kernels.moe --selftest --device cpu   # CPU: against the eager experts
-    python -m workers.kernels.moe --bench                         # GPU: configurations and groupings on a Qwen3-30B-A3B layer, and prefill
+    python -m workers.kernels.moe --bench                         # GPU: configurations and groupings on a Qwen3-30B-A3B layer, its router, and prefill
 """
 
 from __future__ import annotations
@@ -131,6 +131,46 @@ if triton is not None:
         keep = valid[:, None] & (offs_n[None, :] < D) & (e >= 0)
         tl.store(y_ptr + row[:, None] * D + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=keep)
 
+    @triton.jit
+    def _softmax_top_k_kernel(
+        logits_ptr, w_ptr, ids_ptr, E, TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        t = tl.program_id(0)
+        offs = tl.arange(0, BLOCK_E)
+        valid = offs < E
+        x = tl.load(logits_ptr + t * E + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        e = tl.where(valid, tl.exp(x - tl.max(x, 0)), 0.0)
+        left = tl.where(valid, e / tl.sum(e, 0), -1.0)  # probabilities; -1: taken or no expert
+        slot = tl.arange(0, BLOCK_K)
+        weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        ids = tl.zeros((BLOCK_K,), dtype=tl.int64)
+        for i in tl.static_range(TOP_K):
+            best = tl.max(left, 0)
+            pick = tl.min(tl.where(left == best, offs, BLOCK_E), 0)  # the lowest id among equals
+            weights = tl.where(slot == i, best, weights)
+            ids = tl.where(slot == i, pick.to(tl.int64), ids)
+            left = tl.where(offs == pick, -1.0, left)
+        if NORM:
+            weights = weights / tl.sum(tl.where(slot < TOP_K, weights, 0.0), 0)
+        keep = slot < TOP_K
+        tl.store(w_ptr + t * TOP_K + slot, weights.to(w_ptr.dtype.element_ty), mask=keep)
+        tl.store(ids_ptr + t * TOP_K + slot, ids, mask=keep)
+
+
+def softmax_top_k(x: torch.Tensor, weight: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """workers/model/moe.py `softmax_top_k` (Qwen3-MoE's router) as the router GEMM and one kernel: the
+    softmax, the top k (the lowest id first among equal probabilities), the renormalisation and the cast,
+    which torch runs as half a dozen kernels (a width-1 step's floor). Graph-safe, static shapes."""
+    logits = torch.nn.functional.linear(x, weight)
+    T, E = logits.shape
+    weights = torch.empty(T, top_k, dtype=x.dtype, device=x.device)
+    ids = torch.empty(T, top_k, dtype=torch.long, device=x.device)
+    _softmax_top_k_kernel[(T,)](
+        logits, weights, ids, E, TOP_K=top_k, NORM=norm_topk_prob,
+        BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k),
+    )  # fmt: skip
+    return weights, ids
+
 
 def grouped_experts(
     x: torch.Tensor,
@@ -140,12 +180,14 @@ def grouped_experts(
     group=group_pairs,
     single=one_block_per_pair,
     block_m: int = BLOCK_M,
+    combine=None,
 ) -> torch.Tensor:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, D]: the `ExpertsFn` of a graphed step.
     group: `group_pairs`, or a torch.compile'd copy of it (workers/engine/fused_step.py: its dozen small
     ops become a few kernels, which matters where a step's time is a floor per kernel); single: the
     grouping of one token (`one_block_per_pair`; None: `group` for every width); block_m: pairs a
-    block takes (a prefill's many pairs an expert: fewer blocks, each reading its expert once)."""
+    block takes (a prefill's many pairs an expert: fewer blocks, each reading its expert once);
+    combine: the sum of each token's pairs ([T, top_k, D] -> [T, D]; `sum_pairs` or a compiled copy)."""
     T, D = x.shape
     top_k = ids.shape[1]
     E, INTER, _ = experts.gate_proj.shape
@@ -164,7 +206,12 @@ def grouped_experts(
         h, experts.down_proj, weights.contiguous().flatten(), y, pair_of_slot, block_expert, P, D, INTER,
         BLOCK_M=block_m, BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2,
     )  # fmt: skip
-    return y.view(T, top_k, D).sum(dim=1)
+    return (combine or sum_pairs)(y.view(T, top_k, D))
+
+
+def sum_pairs(y: torch.Tensor) -> torch.Tensor:
+    """Each token's routed outputs summed, [T, top_k, D] -> [T, D] (in routing order)."""
+    return y.sum(dim=1)
 
 
 PREFILL_TOKENS = 2048  # tokens a grouped call of an eager pass takes at most: bounds its [pairs, I] and [pairs, D] buffers
@@ -242,6 +289,53 @@ def _bench_routing(tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, tor
     return x, weights, ids
 
 
+def _graph_us(run, per: int) -> float:
+    """Median microseconds of one CUDA-graph replay of `run()` over 50, divided by `per` (run once
+    before the capture: Triton and Inductor compile outside it)."""
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(50):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / per)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_router(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
+    """A Qwen3-30B-A3B layer's router (128 experts, top 8, renormalised) and its pairs' sum, per step
+    width, as CUDA-graph replays: torch eager, torch.compile'd, and the router kernel (microseconds a layer)."""
+    from workers.model import moe as model_moe
+
+    E, D, _, top_k = BENCH_SHAPE
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    routers = [torch.randn(E, D, device="cuda", dtype=torch.bfloat16, generator=gen) * D**-0.5 for _ in range(layers)]
+    ways = {
+        "router, eager": model_moe.softmax_top_k,
+        "router, compiled": torch.compile(model_moe.softmax_top_k, dynamic=False),
+        "router, kernel": softmax_top_k,
+        "pairs' sum, eager": sum_pairs,
+        "pairs' sum, compiled": torch.compile(sum_pairs, dynamic=False),
+    }
+    rows = []
+    for w in widths:
+        x, y = (
+            torch.randn(w, D, device="cuda", dtype=torch.bfloat16, generator=gen),
+            torch.randn(w, top_k, D, device="cuda", dtype=torch.bfloat16, generator=gen),
+        )
+        for name, fn in ways.items():
+            run = (lambda: [fn(y) for _ in routers]) if "sum" in name else (lambda: [fn(x, r, top_k, True) for r in routers])
+            us = _graph_us(run, layers)
+            rows.append({"width": w, "way": name, "us": us})
+            print(f"width {w}, {name}: {us:.1f} us per layer")
+    return rows
+
+
 def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
     """The grouped experts of a Qwen3-30B-A3B-shaped layer (128 experts of 768 x 2048, top 8, bf16)
     as CUDA-graph replays cycling over `layers` layers' weights (L2 cannot hold them), per kernel
@@ -268,21 +362,7 @@ def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
         for cfg in BENCH_CONFIGS:
             CONFIG = cfg
             for grouping, how in groupings.items():
-                for ex in sets:
-                    grouped_experts(x, weights, ids, ex, **how)  # compile outside the capture
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for ex in sets:
-                        grouped_experts(x, weights, ids, ex, **how)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                times = []
-                for _ in range(50):
-                    start.record()
-                    graph.replay()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end) * 1e3 / layers)
-                us = sorted(times)[len(times) // 2]
+                us = _graph_us(lambda: [grouped_experts(x, weights, ids, ex, **how) for ex in sets], layers)
                 of_bw = expert_bytes / bw / (us * 1e-6)
                 rows.append({"width": w, "distinct": distinct, "config": cfg, "grouping": grouping, "us": us, "of_bandwidth": of_bw})
                 print(f"width {w} ({distinct} experts) config {cfg}, {grouping}: {us:.1f} us per layer, {of_bw:.0%} of the copy bandwidth")
@@ -369,6 +449,6 @@ if __name__ == "__main__":
     if "--bench" in sys.argv:
         import json
 
-        print(json.dumps({"steps": bench(), "prefill": bench_prefill()}))
+        print(json.dumps({"steps": bench(), "router": bench_router(), "prefill": bench_prefill()}))
         sys.exit(0)
     sys.exit(selftest_main(sys.argv[1:], __doc__, selftest, "cuda", {"cpu": 1e-5, "cuda": 2e-2}, "relative max |grouped - eager|"))
