@@ -196,18 +196,21 @@ def cluster_nodes() -> list[NodeInfo]:
     # nodes of one address are one host whatever their boot ids: ask only where addresses differ
     probe = len({n.get("NodeManagerAddress") for n in unlabelled}) > 1
     boots = boot_ids([n["NodeID"] for n in unlabelled], BOOT_ID_TIMEOUT_S) if probe else {}
-    return [
-        NodeInfo(
-            id=n["NodeID"],
-            host=n.get("NodeManagerHostname") or n.get("NodeManagerAddress", "?"),
-            cpus=float(n["Resources"].get("CPU", 0)),
-            gpus=float(n["Resources"].get("GPU", 0)),
-            address=n.get("NodeManagerAddress", ""),
-            boot_id=boots.get(n["NodeID"]),
-            host_label=(n.get("Labels") or {}).get(HOST_LABEL),
-        )
-        for n in alive
-    ]
+    return [node_info(n, boots.get(n["NodeID"])) for n in alive]
+
+
+def node_info(n: dict, boot_id: str | None = None) -> NodeInfo:
+    """A node of `ray.nodes()` (alive or not) as the slots see it; `.host_name` names its host as the
+    isolation rules do (its `spectune.io/host` label, else its hostname)."""
+    return NodeInfo(
+        id=n["NodeID"],
+        host=n.get("NodeManagerHostname") or n.get("NodeManagerAddress", "?"),
+        cpus=float((n.get("Resources") or {}).get("CPU", 0)),
+        gpus=float((n.get("Resources") or {}).get("GPU", 0)),
+        address=n.get("NodeManagerAddress", ""),
+        boot_id=boot_id,
+        host_label=(n.get("Labels") or {}).get(HOST_LABEL),
+    )
 
 
 def node_alive(node_id: str) -> bool:

@@ -20,17 +20,11 @@ import sys
 import time
 
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, inherited_nccl_env
-from orchestrator.execution.cluster import PlacementError, Resources, assigned_instances, check_capacity
-from orchestrator.execution.slots import HOST_LABEL
+from orchestrator.execution.cluster import PlacementError, Resources, assigned_instances, check_capacity, node_info
 from workers.errors import GangError
 from workers.runtime.actor import RAY_NOSET_CUDA_ENV, Rendezvous, WorkerActor
 from workers.runtime.gang import Gang, OnProgress, ThrottledProgress
 from workers.spec import GangSpec, RunResult, Workload
-
-
-def _host_of(node: dict) -> str:
-    """A node of `ray.nodes()` as the slots name its host: its `spectune.io/host` label, else its hostname."""
-    return (node.get("Labels") or {}).get(HOST_LABEL) or node.get("NodeManagerHostname") or node.get("NodeManagerAddress", "")
 
 
 def _instances_of(worker, resource: str) -> list[int]:  # run on an actor through __ray_call__
@@ -173,13 +167,14 @@ class RayGang(Gang):
         from ray.util.placement_group import placement_group_table
 
         node_id = next(iter(placement_group_table(self.pg).get("bundles_to_node_id", {}).values()), "") or self.res.node_id or ""
-        host = next((_host_of(n) for n in self._ray.nodes() if n["NodeID"] == node_id), "") if node_id else ""
+        host = next((node_info(n).host_name for n in self._ray.nodes() if n["NodeID"] == node_id), "") if node_id else ""
         if node_id:
             self._node = (node_id, host)
         return node_id, host
 
     def setup(self) -> list[dict]:
         self.check_placement()
+        self.node()  # read (and kept) while the gang's node is certainly in the cluster
         # STRICT_PACK puts every rank on rank 0's node, so the ranks meet on that node's loopback on any
         # cluster: the store is never reachable from another machine
         host = "127.0.0.1"

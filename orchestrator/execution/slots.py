@@ -29,7 +29,7 @@ beside it on its host (`co_running`), so it can be tested in simulated time.
     book = SlotBook(plan_slots(nodes, need, "node", 2), nodes)
     slot = book.acquire(trial_number)    # None when every slot is busy
     book.release(trial_number)           # -> the trials that shared its host while it ran
-    site = book.site(trial_number, lock)  # handed to the trial: placed(node_id), beside(), disturbed()
+    site = book.site(trial_number, lock)  # handed to the trial: placed(node_id, host), node_id(), lost_node(), beside(), disturbed()
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ class SlotBook:
         return slot
 
     def placed(self, trial: int, node_id: str, host: str | None = None) -> None:
-        """The node an unpinned trial's gang landed on (from the gang's actors); `host`: its host in words
+        """The node a trial's gang landed on (from the gang's actors; a pinned slot's, confirmed); `host`: its host in words
         (`NodeInfo.host_name`), kept for naming a node the book was not given (`node_name`)."""
         if host and node_id not in self._host_name:
             self._host_name[node_id] = host
@@ -319,7 +319,8 @@ class TrialSite:
 
     def host_name(self, node_id: str) -> str | None:
         """The host of a node in words (its label, else its hostname); None for a node the book does not know."""
-        return self._book._host_name.get(node_id)
+        with self._lock:
+            return self._book._host_name.get(node_id)
 
     def beside(self) -> list[int]:
         with self._lock:

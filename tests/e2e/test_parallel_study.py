@@ -116,6 +116,7 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
                 until = time.monotonic() + 240
                 while time.monotonic() < until and (state := _state(db, number)) not in FINISHED:
                     time.sleep(0.2)
+                killed["ended_while_frozen"] = state in FINISHED  # the driver saw the node leave, not its actors die
             finally:  # never leave them frozen, nor let them answer the decided trial while it still runs
                 for p in frozen:
                     _signal(p, signal.SIGCONT if number is None or state in FINISHED else signal.SIGKILL)
@@ -128,6 +129,7 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
     assert summary(r)["complete"] == 4
     assert "2 trials at once (isolation node) on test-host-a/" in r.stderr and "test-host-b/" in r.stderr, r.stderr[-3000:]
     assert "trial" in killed, r.stderr[-3000:]  # the kill landed under a trial on the worker
+    assert killed.get("ended_while_frozen"), "the driver did not end the trial while its actors stayed frozen"
 
     study = optuna_study(f"sqlite:///{db}", "tiny-study")
     by_state = {s: [t for t in study.trials if t.state.name == s] for s in ("COMPLETE", "FAIL", "RUNNING", "WAITING")}

@@ -149,7 +149,8 @@ def test_compiled_fused_step_with_the_grouped_kernel(tmp_path, kernel_device):
     dev = kernel_device
     plain, model = load_model(path, max_seq=64, device=dev), load_model(path, max_seq=64, device=dev)
     fast = FusedStep(model, EngineConfig(compile=True, gemv="off", moe_kernel="triton"))
-    assert fast.route_fn is not None
+    routed, route = [], fast.route_fn
+    fast.route_fn = lambda gate, x: routed.append(x.shape[0]) or route(gate, x)  # the step routes through it
     c1, c2 = plain.new_cache(1), model.new_cache(1)
     prompt = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(1)).to(dev)
     plain(prompt, c1)
@@ -162,6 +163,8 @@ def test_compiled_fused_step_with_the_grouped_kernel(tmp_path, kernel_device):
             m.census = []
         torch.testing.assert_close(model.logits(fast.hidden_at(step, pos, c2, c2.max_seq)), plain(step, c1), atol=tol, rtol=tol)
         assert all(len(m.census) == 1 and m.census[0].shape == (len(tokens), m.gate.top_k) for m in moes)
+        assert routed == [len(tokens)] * len(moes)
+        routed.clear()
         for m in moes:
             m.census = None
 

@@ -77,7 +77,7 @@ class FakeCluster:
     """What the fake gangs do, by trial (a trial thread is named trial-<number>): `fail` trials' gangs
     raise GangError; a `lose` trial's node dies under it (then its gang raises); a `gone_after` trial's
     node leaves once that trial has every answer (its peak memory: it completes); a `waits` trial's runs
-    wait for another trial's first. A gang on a node that left is as Ray's: mapped to no node, and its
+    wait for another trial's first. A gang on a node that left keeps naming it once it has (as RayGang.node), and its
     runs raise. Records the node each trial decoded on and
     the span of its gang's runs."""
 
@@ -97,11 +97,16 @@ class FakeCluster:
 class FakeGang:
     def __init__(self, pool: FakePool):
         self.pool, self._closed = pool, False
+        self._node = None
 
     def node(self):
-        if self.pool.node_id in self.pool.cluster.dead:
-            return "", ""  # as Ray: the placement group of a node that left maps its bundles to no node
-        return self.pool.node_id, self.pool.host
+        """As RayGang.node: read once, while the node is there, and kept; a gang first asked after its node
+        left gets what Ray's table then says (no node)."""
+        if self._node is None:
+            if self.pool.node_id in self.pool.cluster.dead:
+                return "", ""  # as Ray: the placement group of a node that left maps its bundles to no node
+            self._node = (self.pool.node_id, self.pool.host)
+        return self._node
 
     def peak_rss_mb(self):
         number = int(threading.current_thread().name.removeprefix("trial-"))

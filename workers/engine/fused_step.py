@@ -132,8 +132,8 @@ class FusedStep:
             grouped = engine.moe_kernel != "dense" and moe_kernels.available(device)
             self.experts_fn = moe_kernels.grouped_experts if grouped else experts_dense
             if grouped and engine.compile:
-                # a width-1 MoE step is a floor of small kernels (the router's softmax, top-k and
-                # renormalisation, the pairing, the pairs' sum): compiled, each becomes one or two
+                # a width-1 MoE step is a floor of small kernels (the pairing, the pairs' sum; the router
+                # below): compiled, each becomes one or two
                 compiled = {
                     f: torch.compile(getattr(moe_kernels, f), dynamic=False) for f in ("group_pairs", "one_block_per_pair", "sum_pairs")
                 }
@@ -144,9 +144,10 @@ class FusedStep:
                     combine=compiled["sum_pairs"],
                 )
             if engine.compile and all(isinstance(layer.mlp.gate, Router) for layer in model.layers if isinstance(layer.mlp, MoE)):
-                # the router: its GEMM and one Triton kernel where the grouped kernels run, else compiled torch
-                top_k = moe_kernels.softmax_top_k if grouped else torch.compile(softmax_top_k, dynamic=False)
-                self.route_fn = lambda gate, x: top_k(x, gate.weight, gate.top_k, gate.norm_topk_prob)
+                # the router: its GEMM and one Triton kernel where the grouped kernels run, else compiled
+                # torch (also beside the dense experts); the eager passes keep the module's
+                route = moe_kernels.softmax_top_k if grouped else torch.compile(softmax_top_k, dynamic=False)
+                self.route_fn = lambda gate, x: route(x, gate.weight, gate.top_k, gate.norm_topk_prob)
         # an attention that takes the merged projection, applies rope and writes the cache itself
         # (one kernel where the compiled rope and the eager cache writes took four per layer)
         self.rope_attend = getattr(attend_fn, "with_rope", None)

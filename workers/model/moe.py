@@ -181,7 +181,9 @@ class MoE(nn.Module):
         self.census: list[torch.Tensor] | None = None
 
     def routed(self, h: torch.Tensor, run_experts: ExpertsFn | None = None, route: RouteFn | None = None) -> torch.Tensor:
-        """The routed experts' output of normed h [..., dim], before the allreduce (no shared experts)."""
+        """The routed experts' output of normed h [..., dim], before the allreduce (no shared experts).
+        run_experts: the experts' way (default: the graph's or the eager one); route: the router's (default:
+        the module; the fused step's compiled or Triton copy of the same rule)."""
         flat = h.reshape(-1, h.shape[-1])
         weights, ids = self.gate(flat) if route is None else route(self.gate, flat)
         if self.census is not None:
