@@ -20,6 +20,8 @@
 # zero-table check: TP 1 random:llama-3-8b plain, then --emulate-tp 1 with .devcarry/zero/zero.json, an
 # all-zero table, then plain again; and the simulated-acceptance path at k = 3: --simulate-accept-len 2.5
 # and --simulate-accept-profile 0.8,0.6,0.4). Here: python -m scripts.make_allreduce_presets --zero .devcarry/zero/zero.json.
+# moe (issue 44's width-1 step): the Qwen3-30B-A3B shape's verify pass at widths 1, 5, 9 with .devcarry/before's
+# code then this tree's, and this tree's width-1 kernel table (scripts/profile_step.py).
 # deepseek (issue 45): random:deepseek-v3:layers=$DS_LAYERS (default 4: the 3 dense layers and one MoE
 # layer, ~30 GB of bf16; ~53 GB with the MTP layer, itself an MoE block: 5 layers and MTP would not fit an
 # 80 GB card), plain decoding on each latent-attention cache (--mla expanded, then absorbed,
@@ -82,6 +84,16 @@ for stage in "${stages[@]}"; do
       run llama_tp1_plain_b . $PY $(decode random:llama-3-8b)
       run llama_tp1_k3_len . $PY $(decode random:llama-3-8b | sed 's/--drafter none -k 0/--drafter ngram -k 3/') --simulate-accept-len 2.5
       run llama_tp1_k3_profile . $PY $(decode random:llama-3-8b | sed 's/--drafter none -k 0/--drafter ngram -k 3/') --simulate-accept-profile 0.8,0.6,0.4 ;;
+    moe)
+      # the MoE step at widths 1, 5, 9 with .devcarry/before's code (when carried) and this tree's, back to back,
+      # then where this tree's width-1 step spends its time (the kernel table lands in log.txt)
+      mw="-m scripts.verify_widths --model random:qwen3-30b-a3b:layers=$MOE_LAYERS --widths 1 5 9 --json -"
+      [ -d .devcarry/before ] && run moe_widths_before .devcarry/before $PY $mw
+      run moe_widths . $PY $mw
+      echo "=== moe_profile: scripts.profile_step (its table here, its JSON in moe_profile.json)" | tee -a "$OUT/log.txt"
+      (PYTHONPATH=$PWD timeout -k 10 "${LIMIT:-240}" $PY -m scripts.profile_step --model "random:qwen3-30b-a3b:layers=$MOE_LAYERS" \
+        --widths 1 --attention triton --top 45 --max-seq 512 --json "$OUT/moe_profile.json") >> "$OUT/log.txt" 2>&1 \
+        || { echo "!!! moe_profile failed (rc=$?)" | tee -a "$OUT/log.txt"; failed+=(moe_profile); } ;;
     deepseek)
       ds="random:deepseek-v3:layers=$DS_LAYERS"
       run deepseek_expanded . $PY $(decode "$ds") --mla expanded
@@ -90,7 +102,7 @@ for stage in "${stages[@]}"; do
         --simulate-accept-profile 0.8,0.6,0.4
       # the figures as JSON in one file, the table in log.txt (a device call returns at most 8 files)
       run deepseek_widths . $PY -m scripts.verify_widths --model "$ds" --widths ${WIDTHS:-1 2 3 4 5 6 7 8 9} --json - ;;
-    *) echo "unknown stage $stage (tests | kernels | widths | decode | before | emulated | deepseek)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (tests | kernels | widths | decode | before | emulated | moe | deepseek)" >&2; exit 2 ;;
   esac
 done
 $PY - "$OUT" <<'PY' | tee -a "$OUT/log.txt"
