@@ -29,7 +29,7 @@ beside it on its host (`co_running`), so it can be tested in simulated time.
     book = SlotBook(plan_slots(nodes, need, "node", 2), nodes)
     slot = book.acquire(trial_number)    # None when every slot is busy
     book.release(trial_number)           # -> the trials that shared its host while it ran
-    site = book.site(trial_number, lock)  # handed to the trial: placed(node_id, host), node_id(), lost_node(), beside(), disturbed()
+    site = book.site(trial_number, lock)  # handed to the trial: placed(node_id, host), lost_node(), beside(), disturbed()
 """
 
 from __future__ import annotations
@@ -303,12 +303,6 @@ class TrialSite:
             return None
         with self._lock:
             return node_id, self._book.node_name(node_id)
-
-    def node_id(self) -> str | None:
-        """The trial's node as the book has it: its slot's, or where its gang was placed; None: not known yet."""
-        with self._lock:
-            r = self._book.running.get(self._trial)
-            return r.node_id if r else None
 
     def placed(self, node_id: str, host: str | None = None) -> None:
         """Where the trial's gang is (`SlotBook.placed`); an empty id (Ray mapped the gang to no node) changes nothing."""

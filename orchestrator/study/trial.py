@@ -416,9 +416,6 @@ def note_placement(t: _Trial, site: TrialSite | None, gang) -> None:
     node_id, host = gang.node()
     if site is not None:
         site.placed(node_id, host)
-        # a safeguard: RayGang.node keeps the node it read at setup, but a gang that never read one while its
-        # node was there gets no node from Ray once it has left: then the slot's
-        node_id = node_id or site.node_id() or ""
         host = site.host_name(node_id) or host
     gpus = sorted({i for ids in getattr(gang, "instances", [])[: t.tc.tp] for i in ids}) if t.cfg.parallel.device == "cuda" else []
     for key, value in ((NODE_ATTR, node_id), (HOST_ATTR, host), (GPUS_ATTR, gpus)):

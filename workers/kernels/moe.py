@@ -23,6 +23,7 @@ gate/up [E, I, D], down [E, D, I], row-major.
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -238,18 +239,14 @@ def warm_chunked(experts: Experts, top_k: int, dtype: torch.dtype) -> None:
     many: PREFILL_BLOCK_M), so that no timed prefill pays for Triton's compile (~0.8 s on an H100)."""
     E, _, D = experts.gate_proj.shape
     device = experts.gate_proj.device
+    # Triton compiles an integer argument apart when it is a multiple of 16: the pair count P = T * top_k,
+    # a multiple of 16 exactly when T is one of m; from the first T of each block size, one T each way
+    m = 16 // math.gcd(top_k, 16)
     for first in (1, -(-4 * PREFILL_BLOCK_M // top_k)):
-        # Triton compiles an integer argument apart when it is a multiple of 16: the pair count P, both ways
-        seen = set()
-        for T in range(first, first + 16):
-            if (T * top_k % 16 == 0) in seen:
-                continue
-            seen.add(T * top_k % 16 == 0)
+        for T in {first + (first % m == 0), -(-first // m) * m}:
             ids = (torch.arange(T * top_k, device=device) % E).view(T, top_k)
             x, w = torch.zeros(T, D, dtype=dtype, device=device), torch.ones(T, top_k, dtype=dtype, device=device)
             grouped_experts_chunked(x, w, ids, experts)
-            if len(seen) == 2:
-                break
 
 
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up kernel and of the down kernel: narrow column blocks, so
