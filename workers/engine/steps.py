@@ -499,13 +499,18 @@ class StepRunner:
         """Median seconds of one step of `width` tokens at position 0 (scratch: the cache is reset
         before the next prompt anyway); tree: a tree step of that width. All TP ranks must call it
         together."""
+        times = sorted(self.step_times(width, iters, tree))
+        return times[len(times) // 2]
+
+    def step_times(self, width: int, iters: int, tree: bool = False, warm: int = 2) -> list[float]:
+        """Seconds of each of `iters` steps as `time_step` times them, after `warm` untimed ones."""
         times = []
         parents = [-1] + [0] * (width - 1) if tree else None
         # distinct tokens, spread over the vocabulary: an MoE layer reads the union of the experts its
         # tokens route to, and `width` copies of one token would all route alike (a union of top_k)
         vocab = self.model.args.vocab_size
         tokens = [(1 + 7919 * i) % vocab for i in range(width)]
-        for _ in range(iters + 2):
+        for _ in range(iters + warm):
             self.cache.lengths[0] = 0
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -515,5 +520,4 @@ class StepRunner:
                 torch.cuda.synchronize(self.device)
             times.append(time.perf_counter() - t0)
         self.cache.lengths[0] = 0
-        times = sorted(times[2:])
-        return times[len(times) // 2]
+        return times[warm:]

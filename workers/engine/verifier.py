@@ -80,13 +80,20 @@ class Verifier:
         self.on_progress: ProgressHook | None = None  # set per run by the worker (rank 0), see ProgressHook
 
     def comm_split(self, width: int, iters: int, tree: bool = False) -> dict[str, float]:
-        """Step time of `width` tokens (tree: a tree step) with the allreduce and with it replaced by a no-op."""
-        with_comm = self.steps.time_step(width, iters, tree)
-        self.allreduce.enabled = False
+        """Step time of `width` tokens (tree: a tree step) with the allreduce and with it replaced by a no-op:
+        medians of `iters` steps each, the two kinds alternating step by step, so that whatever else the
+        machine runs meanwhile slows both alike (two blocks in a row once read the comm as 0 on a loaded CPU)."""
+        times: dict[bool, list[float]] = {True: [], False: []}
         try:
-            without = self.steps.time_step(width, iters, tree)
+            for i in range(iters + 2):  # the first two rounds warm both (untimed)
+                for enabled in (True, False):
+                    self.allreduce.enabled = enabled
+                    took = self.steps.step_times(width, 1, tree, warm=0)
+                    if i >= 2:
+                        times[enabled] += took
         finally:
             self.allreduce.enabled = True
+        with_comm, without = (sorted(t)[len(t) // 2] for t in (times[True], times[False]))
         return {
             "ablation_step_ms": with_comm * 1e3,
             "compute_ms_per_step": without * 1e3,
