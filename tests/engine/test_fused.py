@@ -154,9 +154,10 @@ class AddNormWorldOfOne(NoOpAllReduce):
 interpreter_numpy_fix()
 torch.set_grad_enabled(False)
 cases = [tiny_config(), tiny_config(num_attention_heads=6, num_key_value_heads=3, hidden_size=96)]
+qwen3 = tiny_config(model_type="qwen3", architectures=["Qwen3ForCausalLM"])  # q/k norms in the rope kernel
 # the last two: every GEMM through workers/kernels/gemv.py's Triton kernel (engine.gemv=triton), with
 # SiLU * up in the gate/up projection's epilogue, with the join in the allreduce and without
-runs = [(cases[0], False, False), (cases[1], False, False), (cases[1], True, False), (cases[1], False, True), (cases[0], True, True)]
+runs = [(qwen3, False, False), (cases[1], False, False), (cases[1], True, False), (cases[1], False, True), (cases[0], True, True)]
 for i, (cfg, norms_in_allreduce, triton_gemv) in enumerate(runs):
     path = write_random_checkpoint(sys.argv[1] + f"/m{i}", cfg, seed=4)
     plain, model = load_model(path, max_seq=64), load_model(path, max_seq=64)

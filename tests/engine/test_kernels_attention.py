@@ -23,6 +23,8 @@ def test_split_kv_attention_matches_sdpa(kernel_device, case):
     assert errs["attend"] <= tol, f"decode_attend differs from attend by {errs['attend']:.2e}"
     assert errs["rope_write"] <= tol, f"rope_write_attend differs from rope + attend by {errs['rope_write']:.2e}"
     assert errs["cache"] <= tol, f"the fused cache writes differ by {errs['cache']:.2e} (relative)"
+    assert errs["rope_norm"] <= tol, f"rope_write_attend with the q/k norm differs from norm + rope + attend by {errs['rope_norm']:.2e}"
+    assert errs["cache_norm"] <= tol, f"the fused cache writes with the q/k norm differ by {errs['cache_norm']:.2e} (relative)"
 
 
 @pytest.mark.parametrize("case", check.TREE_SELFTEST_CASES, ids=lambda c: "H{}-Hkv{}-D{}-S{}-first{}".format(*c[:5]) + f"-n{len(c[5])}")

@@ -62,7 +62,7 @@ def check_case(case: tuple[int, ...], device: str, seed: int = 0) -> dict[str, f
     writes relative to each value's size ("cache"). Asserts that decode_attend writes the cache
     exactly as `attend` does and that every head's last split reset its arrival counter."""
     from workers.model.rope import apply_rope
-    from workers.model.transformer import attend
+    from workers.model.transformer import attend, rms_norm
 
     B, H, Hkv, T, D, S, first = case
     dtype, rnd = _random(device, seed)
@@ -98,6 +98,17 @@ def check_case(case: tuple[int, ...], device: str, seed: int = 0) -> dict[str, f
     # relative to each value's size: bf16 rounds the reference's three products and sums where the
     # kernel rounds once, one ulp apart at most
     errs["cache"] = max(((a.float() - b.float()).abs() / b.float().abs().clamp(min=1.0)).max().item() for a, b in ((kc3, kc2), (vc3, vc2)))
+    # with Qwen3's per-head q/k RMSNorm before rope, in the same kernel
+    qw, kw, eps = rnd(D) + 1, rnd(D) + 1, 1e-6
+    kc2.copy_(kc), vc2.copy_(vc)
+    kc3.copy_(kc), vc3.copy_(vc)
+    qr, kr = apply_rope(rms_norm(q, qw, eps), cos_t, sin_t), apply_rope(rms_norm(k, kw, eps), cos_t, sin_t)
+    want = attend(qr, kr, v, mask, kc2, vc2, pos, group, kv_map).float()
+    got = rope_write_attend(qkv, cos_t, sin_t, kc3, vc3, pos, H, Hkv, kv_map, gqa_group=group, qk_norm=(qw, kw, eps)).float()
+    errs["rope_norm"] = (got - want).abs().max().item()
+    errs["cache_norm"] = max(
+        ((a.float() - b.float()).abs() / b.float().abs().clamp(min=1.0)).max().item() for a, b in ((kc3, kc2), (vc3, vc2))
+    )
     return errs
 
 

@@ -21,8 +21,8 @@ Two choices are branches inside that one body, fixed when the step is built:
   allreduce, then one compiled add + norm.
 With `model.aux_layers` set (EAGLE-3) the residual stream entering those layers is kept in
 `model.aux`, as the plain model keeps it. The QKV projection and rope are one compiled body for SDPA; with the Triton attention
-(workers/kernels/attention.py `rope_write_attend`) rope, the cache write and attention are one
-kernel reading the merged projection. The cache write stays outside the compiled regions on
+(workers/kernels/attention.py `rope_write_attend`) Qwen3's q/k norm, rope and the cache write are
+one kernel reading the merged projection, then the attention kernel. The cache write stays outside the compiled regions on
 purpose: an in-place write to a graph input is functionalised by Inductor into a copy of the whole
 per-layer cache. Weights are shared with the plain model (views of the merged tensors), so the
 prefill and the CPU path are unchanged.
@@ -66,16 +66,6 @@ def _qkv_from_normed(h, wqkv, bqkv, cos, sin, nq: int, nkv: int, hd: int, qk_nor
     q = apply_rope(q.transpose(1, 2), cos, sin)
     k = apply_rope(k.transpose(1, 2), cos, sin)
     return q, k, v.view(B, T, nkv, hd).transpose(1, 2)
-
-
-def _qk_norm_merged(qkv, q_w, k_w, eps: float, nq: int, nkv: int, hd: int):
-    """The merged projection [B, T, (nq + 2 nkv) hd] with each q and k head RMS-normed (Qwen3),
-    for the Triton attention, which applies rope itself."""
-    B, T, _ = qkv.shape
-    q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
-    q = rms_norm(q.view(B, T, nq, hd), q_w, eps).view(B, T, nq * hd)
-    k = rms_norm(k.view(B, T, nkv, hd), k_w, eps).view(B, T, nkv * hd)
-    return torch.cat([q, k, v], dim=-1)
 
 
 def _mlp_core(h, w_gate_up, w_down):
@@ -152,7 +142,6 @@ class FusedStep:
         # (one kernel where the compiled rope and the eager cache writes took four per layer)
         self.rope_attend = getattr(attend_fn, "with_rope", None)
         self.norm_body, self.add_norm_body, self.qkv_from_normed = _norm_body, _add_norm_body, _qkv_from_normed
-        self.qk_norm_merged = _qk_norm_merged
         self.mlp_core, self.silu_mul = _mlp_core, silu_mul
         if engine.compile:
             # an alias: `import torch._dynamo` here would make `torch` a local name of the whole method
@@ -164,7 +153,6 @@ class FusedStep:
             self.norm_body = torch.compile(_norm_body, dynamic=False)
             self.add_norm_body = torch.compile(_add_norm_body, dynamic=False)
             self.qkv_from_normed = torch.compile(_qkv_from_normed, dynamic=False)
-            self.qk_norm_merged = torch.compile(_qk_norm_merged, dynamic=False)
             self.mlp_core = torch.compile(_mlp_core, dynamic=False)
             self.silu_mul = torch.compile(silu_mul, dynamic=False)
         # the GEMV picker races on CUDA only; a forced mode (cublas, triton) builds it anywhere
@@ -218,10 +206,19 @@ class FusedStep:
         qk_norm = (a.q_norm.weight, a.k_norm.weight, a.q_norm.eps) if a.q_norm is not None else None
         if self.rope_attend is not None and not isinstance(tree, str):
             qkv = self._linear("qkv", h, wqkv, bqkv)
-            if qk_norm is not None:
-                qkv = self.qk_norm_merged(qkv, *qk_norm, a.n_heads, a.n_kv_heads, a.head_dim)
             return self.rope_attend(
-                qkv, cos, sin, k_cache, v_cache, pos, a.n_heads, a.n_kv_heads, a.kv_map, tree_bits=tree, gqa_group=a.gqa_group
+                qkv,
+                cos,
+                sin,
+                k_cache,
+                v_cache,
+                pos,
+                a.n_heads,
+                a.n_kv_heads,
+                a.kv_map,
+                tree_bits=tree,
+                gqa_group=a.gqa_group,
+                qk_norm=qk_norm,
             )
         q, k, v = self.qkv_from_normed(h, wqkv, bqkv, cos, sin, a.n_heads, a.n_kv_heads, a.head_dim, qk_norm)  # SDPA: compiled
         return (attend if isinstance(tree, str) else self.attend_fn)(q, k, v, mask, k_cache, v_cache, pos, a.gqa_group, a.kv_map)

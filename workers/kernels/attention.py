@@ -211,11 +211,17 @@ if triton is not None:
         svb,
         svh,
         svs,
+        QW,
+        KW,
+        eps,
         HALF: tl.constexpr,
+        QK_NORM: tl.constexpr,
     ):
         # one program per (token, head) of the merged QKV projection [B, T, (NQ + 2 NKV) * D]:
-        # rotate q and k ("rotate half": y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2, in float32
-        # and rounded once), q to QOUT [B, NQ, T, D], k and v into the caches at the token's position
+        # [QK_NORM: RMS-norm the q or k head with QW / KW, rounded as `rms_norm` rounds: the normed
+        # value to the dtype, then its product with the weight]; rotate q and k ("rotate half":
+        # y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2, in float32 and rounded once), q to QOUT
+        # [B, NQ, T, D], k and v into the caches at the token's position
         bt = tl.program_id(0)
         j = tl.program_id(1)
         b = bt // T
@@ -224,6 +230,14 @@ if triton is not None:
         src = QKV + b * sxb + t * sxt + j * (2 * HALF)
         x1 = tl.load(src + d).to(tl.float32)
         x2 = tl.load(src + HALF + d).to(tl.float32)
+        if QK_NORM:
+            if j < NQ + NKV:
+                dt = QOUT.dtype.element_ty
+                r = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+                w1 = tl.where(j < NQ, tl.load(QW + d), tl.load(KW + d)).to(tl.float32)
+                w2 = tl.where(j < NQ, tl.load(QW + HALF + d), tl.load(KW + HALF + d)).to(tl.float32)
+                x1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+                x2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
         y1, y2 = x1, x2
         if j < NQ + NKV:
             c = COS + b * scb + t * sct
@@ -252,12 +266,15 @@ def decode_attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map, 
     return attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits, gqa_group=gqa_group)
 
 
-def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, kv_map, tree_bits=None, gqa_group: int = 0):
+def rope_write_attend(
+    qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int, kv_map, tree_bits=None, gqa_group: int = 0, qk_norm=None
+):
     """One step's attention from the merged QKV projection `qkv` [B, T, (H + 2 Hkv) * D]: rope on q
     and k, k/v written into the caches at `pos` and q to a fresh tensor, all in one kernel (in place
     of two rope kernels and two cache writes per layer), then the split-KV attention. cos/sin:
     [B, 1, T, D] at each token's rotary position (`Transformer.rope_and_mask`; a tree entry's is its
-    depth, not its slot). tree_bits: as `attend_cache`. Returns [B, T, H * D]."""
+    depth, not its slot). tree_bits: as `attend_cache`. qk_norm: (q weight [D], k weight [D], eps) of
+    Qwen3's per-head RMSNorm before rope, applied in the same kernel. Returns [B, T, H * D]."""
     B, T, _ = qkv.shape
     D = k_cache.shape[-1]
     _check_width(T)
@@ -291,7 +308,9 @@ def rope_write_attend(qkv, cos, sin, k_cache, v_cache, pos, n_heads: int, n_kv_h
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
+        *(qk_norm or (q, q, 0.0)),  # unread without QK_NORM
         HALF=D // 2,
+        QK_NORM=qk_norm is not None,
     )
     return attend_cache(q, k_cache, v_cache, pos, kv_map, tree_bits, gqa_group=gqa_group)
 

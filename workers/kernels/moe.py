@@ -23,12 +23,13 @@ gate/up [E, I, D], down [E, D, I], row-major.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 
 import torch
 
-from workers.kernels.support import selftest_main
+from workers.kernels.support import arrival_counters, selftest_main
 from workers.model.moe import Experts, experts_by_expert
 
 try:
@@ -133,13 +134,36 @@ if triton is not None:
         tl.store(y_ptr + row[:, None] * D + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=keep)
 
     @triton.jit
-    def _softmax_top_k_kernel(
-        logits_ptr, w_ptr, ids_ptr, E, TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    def _down_sum_kernel(
+        h_ptr, wd_ptr, route_ptr, ids_ptr, out_ptr, D, INTER, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):  # fmt: skip
-        t = tl.program_id(0)
-        offs = tl.arange(0, BLOCK_E)
-        valid = offs < E
-        x = tl.load(logits_ptr + t * E + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        # one token: out[n] = sum_p round(route[p] * (h[p] . Wd[ids[p]][n])), each pair's product rounded
+        # to the dtype as `_down_kernel` stores it and the sum in float32 as `sum_pairs` takes it
+        n = tl.program_id(0)
+        offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
+        dt = out_ptr.dtype.element_ty
+        out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for p in tl.static_range(TOP_K):
+            w_base = tl.load(ids_ptr + p).to(tl.int64) * D * INTER
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for k0 in range(0, INTER, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                hk = tl.load(h_ptr + p * INTER + offs_k, mask=offs_k < INTER, other=0.0).to(tl.float32)
+                w = tl.load(
+                    wd_ptr + w_base + offs_n[:, None] * INTER + offs_k[None, :],
+                    mask=(offs_n[:, None] < D) & (offs_k[None, :] < INTER),
+                    other=0.0,
+                )
+                acc += tl.sum(w.to(tl.float32) * hk[None, :], 1)
+            out += (acc * tl.load(route_ptr + p).to(tl.float32)).to(dt).to(tl.float32)
+        tl.store(out_ptr + offs_n, out.to(dt), mask=offs_n < D)
+
+    @triton.jit
+    def _top_k_row(
+        x, offs, valid, w_ptr, ids_ptr, t, TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr
+    ):
+        # one token's float32 logits x [BLOCK_E] (-inf past E): softmax, the top k (the lowest id among
+        # equal probabilities), the renormalisation, stored at row t
         e = tl.where(valid, tl.exp(x - tl.max(x, 0)), 0.0)
         left = tl.where(valid, e / tl.sum(e, 0), -1.0)  # probabilities; -1: taken or no expert
         slot = tl.arange(0, BLOCK_K)
@@ -147,7 +171,7 @@ if triton is not None:
         ids = tl.zeros((BLOCK_K,), dtype=tl.int64)
         for i in tl.static_range(TOP_K):
             best = tl.max(left, 0)
-            pick = tl.min(tl.where(left == best, offs, BLOCK_E), 0)  # the lowest id among equals
+            pick = tl.min(tl.where(left == best, offs, BLOCK_E), 0)
             weights = tl.where(slot == i, best, weights)
             ids = tl.where(slot == i, pick.to(tl.int64), ids)
             left = tl.where(offs == pick, -1.0, left)
@@ -157,18 +181,77 @@ if triton is not None:
         tl.store(w_ptr + t * TOP_K + slot, weights.to(w_ptr.dtype.element_ty), mask=keep)
         tl.store(ids_ptr + t * TOP_K + slot, ids, mask=keep)
 
+    @triton.jit
+    def _softmax_top_k_kernel(
+        logits_ptr, w_ptr, ids_ptr, E, TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        t = tl.program_id(0)
+        offs = tl.arange(0, BLOCK_E)
+        valid = offs < E
+        x = tl.load(logits_ptr + t * E + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        _top_k_row(x, offs, valid, w_ptr, ids_ptr, t, TOP_K, NORM, BLOCK_E, BLOCK_K)
 
-def softmax_top_k(x: torch.Tensor, weight: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """workers/model/moe.py `softmax_top_k` (Qwen3-MoE's router) as the router GEMM and one kernel: the
-    softmax, the top k (the lowest id first among equal probabilities), the renormalisation and the cast,
-    which torch runs as half a dozen kernels (a width-1 step's floor). Graph-safe, static shapes."""
-    logits = torch.nn.functional.linear(x, weight)
-    T, E = logits.shape
+    @triton.jit
+    def _router_kernel(
+        x_ptr, gate_ptr, logits_ptr, cnt_ptr, w_ptr, ids_ptr, T, E, D,
+        TOP_K: tl.constexpr, NORM: tl.constexpr, IEEE: tl.constexpr, T_PAD: tl.constexpr,
+        BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        # program g: the logits of experts [g BLOCK_G, (g + 1) BLOCK_G) for all T tokens, rounded to the
+        # input dtype as the router GEMM rounds them; the program that arrives last routes every token
+        g = tl.program_id(0)
+        offs_t = tl.arange(0, T_PAD)
+        offs_g = g * BLOCK_G + tl.arange(0, BLOCK_G)
+        acc = tl.zeros((T_PAD, BLOCK_G), dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            xt = tl.load(x_ptr + offs_t[:, None] * D + offs_d[None, :], mask=(offs_t[:, None] < T) & (offs_d[None, :] < D), other=0.0)
+            wt = tl.load(gate_ptr + offs_g[:, None] * D + offs_d[None, :], mask=(offs_g[:, None] < E) & (offs_d[None, :] < D), other=0.0)
+            if IEEE:  # float32 weights: no TF32 rounding (the eager router's F.linear does none)
+                acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
+            else:
+                acc += tl.dot(xt, tl.trans(wt))
+        keep = (offs_t[:, None] < T) & (offs_g[None, :] < E)
+        tl.store(logits_ptr + offs_t[:, None] * E + offs_g[None, :], acc.to(logits_ptr.dtype.element_ty), mask=keep)
+        # every thread's stores, then one release/acquire arrival (as workers/kernels/attention.py's combine)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(0) - 1:
+            offs = tl.arange(0, BLOCK_E)
+            valid = offs < E
+            for t in range(T):  # the other programs' logits: from L2 (".cg"), not L1
+                x = tl.load(logits_ptr + t * E + offs, mask=valid, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
+                _top_k_row(x, offs, valid, w_ptr, ids_ptr, t, TOP_K, NORM, BLOCK_E, BLOCK_K)
+            tl.store(cnt_ptr, 0)  # ready for the next call
+
+
+ROUTER_FUSED_TOKENS = 16  # up to this many tokens a step, the router's GEMM is in its kernel (one 16-row tile)
+ROUTER_BLOCK = (16, 256)  # experts a program, hidden columns an iteration: 8 programs for 128 experts
+
+
+def softmax_top_k(
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, norm_topk_prob: bool, fused_tokens: int = ROUTER_FUSED_TOKENS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """workers/model/moe.py `softmax_top_k` (Qwen3-MoE's router) in one kernel up to `fused_tokens` (at
+    most ROUTER_FUSED_TOKENS) tokens: the router GEMM (a program per 16 experts), then, in the program
+    that finishes last, the softmax, the top k (the lowest id first among equal probabilities), the
+    renormalisation and the cast, which torch runs as a GEMM and half a dozen kernels (a width-1
+    step's floor). Wider: the GEMM, then the routing as a kernel. Graph-safe, static shapes."""
+    T, D = x.shape
+    E = weight.shape[0]
     weights = torch.empty(T, top_k, dtype=x.dtype, device=x.device)
     ids = torch.empty(T, top_k, dtype=torch.long, device=x.device)
-    _softmax_top_k_kernel[(T,)](
-        logits, weights, ids, E, TOP_K=top_k, NORM=norm_topk_prob,
-        BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k),
+    blocks = dict(TOP_K=top_k, NORM=norm_topk_prob, BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k))
+    if T > min(fused_tokens, ROUTER_FUSED_TOKENS):
+        logits = torch.nn.functional.linear(x, weight)
+        _softmax_top_k_kernel[(T,)](logits, weights, ids, E, **blocks)
+        return weights, ids
+    x = x.contiguous()
+    logits = torch.empty(T, E, dtype=x.dtype, device=x.device)
+    bg, bd = ROUTER_BLOCK
+    _router_kernel[(triton.cdiv(E, bg),)](
+        x, weight, logits, arrival_counters(1, x.device), weights, ids, T, E, D,
+        IEEE=x.dtype == torch.float32, T_PAD=ROUTER_FUSED_TOKENS, BLOCK_G=bg, BLOCK_D=bd, **blocks,
     )  # fmt: skip
     return weights, ids
 
@@ -182,13 +265,16 @@ def grouped_experts(
     single=one_block_per_pair,
     block_m: int = BLOCK_M,
     combine=None,
+    sum_in_down: bool = True,
 ) -> torch.Tensor:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, D]: the `ExpertsFn` of a graphed step.
     group: `group_pairs`, or a torch.compile'd copy of it (workers/engine/fused_step.py: its dozen small
     ops become a few kernels, which matters where a step's time is a floor per kernel); single: the
     grouping of one token (`one_block_per_pair`; None: `group` for every width); block_m: pairs a
     block takes (a prefill's many pairs an expert: fewer blocks, each reading its expert once);
-    combine: the sum of each token's pairs ([T, top_k, D] -> [T, D]; `sum_pairs` or a compiled copy)."""
+    combine: the sum of each token's pairs ([T, top_k, D] -> [T, D]; `sum_pairs` or a compiled copy);
+    sum_in_down: one token's down projections and their sum in one kernel (`_down_sum_kernel`, one
+    program per DOWN_SUM[0] output columns reading every pair's rows), in place of `combine`."""
     T, D = x.shape
     top_k = ids.shape[1]
     E, INTER, _ = experts.gate_proj.shape
@@ -197,12 +283,19 @@ def grouped_experts(
     n_blocks = block_expert.numel()
     x = x.contiguous()
     h = torch.empty(P, INTER, dtype=x.dtype, device=x.device)
-    y = torch.empty(P, D, dtype=x.dtype, device=x.device)
     (bn1, bk1, w1), (bn2, bk2, w2) = CONFIG
     _gate_up_kernel[(n_blocks, triton.cdiv(INTER, bn1))](
         x, experts.gate_proj, experts.up_proj, h, pair_of_slot, block_expert, P, top_k, D, INTER,
         BLOCK_M=block_m, BLOCK_N=bn1, BLOCK_K=bk1, num_warps=w1,
     )  # fmt: skip
+    if T == 1 and single is not None and sum_in_down:
+        out = torch.empty(1, D, dtype=x.dtype, device=x.device)
+        bn, bk, w = DOWN_SUM
+        _down_sum_kernel[(triton.cdiv(D, bn),)](
+            h, experts.down_proj, weights.contiguous(), ids.contiguous(), out, D, INTER, top_k, BLOCK_N=bn, BLOCK_K=bk, num_warps=w,
+        )  # fmt: skip
+        return out
+    y = torch.empty(P, D, dtype=x.dtype, device=x.device)
     _down_kernel[(n_blocks, triton.cdiv(D, bn2))](
         h, experts.down_proj, weights.contiguous().flatten(), y, pair_of_slot, block_expert, P, D, INTER,
         BLOCK_M=block_m, BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2,
@@ -252,6 +345,9 @@ def warm_chunked(experts: Experts, top_k: int, dtype: torch.dtype) -> None:
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up kernel and of the down kernel: narrow column blocks, so
 # that a decode step's few experts still give every SM programs to stream weights with (`--bench`)
 CONFIG = ((32, 128, 4), (64, 128, 4))
+# (BLOCK_N, BLOCK_K, num_warps) of one token's down projections and sum: 128 programs for a 2048-wide model
+DOWN_SUM = (16, 256, 4)
+BENCH_DOWN_SUM = ((16, 256, 4), (8, 256, 4), (32, 128, 4), (16, 512, 8))
 BENCH_CONFIGS = (
     ((32, 128, 4), (64, 128, 4)),
     ((16, 128, 4), (32, 128, 4)),
@@ -315,7 +411,8 @@ def bench_router(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
     ways = {
         "router, eager": model_moe.softmax_top_k,
         "router, compiled": torch.compile(model_moe.softmax_top_k, dynamic=False),
-        "router, kernel": softmax_top_k,
+        "router, GEMM + kernel": functools.partial(softmax_top_k, fused_tokens=0),
+        "router, one kernel": softmax_top_k,
         "pairs' sum, eager": sum_pairs,
         "pairs' sum, compiled": torch.compile(sum_pairs, dynamic=False),
     }
@@ -340,14 +437,21 @@ def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
     distinct experts' bytes take."""
     from scripts.profile_step import copy_bandwidth  # a developer bench, GPU only
 
-    global CONFIG
+    global CONFIG, DOWN_SUM
     device = torch.device("cuda")
     _, D, INTER, _ = BENCH_SHAPE
     bw = copy_bandwidth(device)
     gen = torch.Generator(device=device).manual_seed(0)
     sets = _bench_layers(layers, gen)
-    rows, default = [], CONFIG
-    compiled = torch.compile(group_pairs, dynamic=False)
+    rows, default, default_down = [], CONFIG, DOWN_SUM
+    compiled, summed = torch.compile(group_pairs, dynamic=False), torch.compile(sum_pairs, dynamic=False)
+
+    def measure(w, distinct, expert_bytes, cfg, grouping, run):
+        us = _graph_us(run, layers)
+        of_bw = expert_bytes / bw / (us * 1e-6)
+        rows.append({"width": w, "distinct": distinct, "config": cfg, "grouping": grouping, "us": us, "of_bandwidth": of_bw})
+        print(f"width {w} ({distinct} experts) config {cfg}, {grouping}: {us:.1f} us per layer, {of_bw:.0%} of the copy bandwidth")
+
     for w in widths:
         x, weights, ids = _bench_routing(w, gen)
         distinct = int(ids.unique().numel())
@@ -355,15 +459,17 @@ def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
         # one token: its own grouping (one block per pair) beside the sort every wider step takes, eager
         # and torch.compile'd as the fused step runs it (engine.compile on)
         sort = {"sorted": dict(single=None), "sorted, compiled": dict(single=None, group=compiled)}
-        groupings = {"one block per pair": {}, **sort} if w == 1 else sort
+        apart = dict(sum_in_down=False, combine=summed)
+        groupings = {"one block per pair, sum in down": {}, "one block per pair, sum apart": apart, **sort} if w == 1 else sort
         for cfg in BENCH_CONFIGS:
             CONFIG = cfg
             for grouping, how in groupings.items():
-                us = _graph_us(lambda: [grouped_experts(x, weights, ids, ex, **how) for ex in sets], layers)
-                of_bw = expert_bytes / bw / (us * 1e-6)
-                rows.append({"width": w, "distinct": distinct, "config": cfg, "grouping": grouping, "us": us, "of_bandwidth": of_bw})
-                print(f"width {w} ({distinct} experts) config {cfg}, {grouping}: {us:.1f} us per layer, {of_bw:.0%} of the copy bandwidth")
-    CONFIG = default
+                measure(w, distinct, expert_bytes, cfg, grouping, lambda: [grouped_experts(x, weights, ids, ex, **how) for ex in sets])
+        CONFIG = default
+        for cfg in BENCH_DOWN_SUM if w == 1 else ():  # one token's down and sum in one kernel, per its configuration
+            DOWN_SUM = cfg
+            measure(w, distinct, expert_bytes, cfg, "sum in down, DOWN_SUM", lambda: [grouped_experts(x, weights, ids, ex) for ex in sets])
+        DOWN_SUM = default_down
     return rows
 
 
@@ -430,7 +536,7 @@ def selftest(device: str) -> float:
         w = torch.softmax(torch.randn(T, top_k, generator=gen), -1).to(dtype).to(device)
         want = experts_by_expert(x, w, ids, experts).float()
         variants = (
-            {"": {}, ", sorted": dict(single=None)}
+            {"": {}, ", sum apart": dict(sum_in_down=False), ", sorted": dict(single=None)}
             if T == 1
             else {"": {}, f", {PREFILL_BLOCK_M} pairs a block": dict(block_m=PREFILL_BLOCK_M)}
         )
