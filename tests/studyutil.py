@@ -72,6 +72,35 @@ def tiny_experiment(tmp: Path, ckpt: Path, **sections) -> Path:
     return path
 
 
+def spectune_here(capsys, *args: str, home: Path | None = None, main=None) -> subprocess.CompletedProcess:
+    """`spectune ARGS` through the command's own `main` in this process (or another command's `main`, such
+    as `python -m orchestrator.explain.perfcheck`'s; SPECTUNE_HOME = `home` while it runs, where given):
+    its flags, its exit status and what it prints on stdout and stderr, as a subprocess's
+    `CompletedProcess`, without an interpreter to start and torch, transformers, MLflow or a gang's
+    forkserver to import per call (a gang's ranks are processes either way: they fork from this
+    process's forkserver). For checks that are not about the process itself, and never for a `run`
+    that starts Ray; tests/e2e/test_nvls_env.py, test_cli_decode.py and the studies run the real command."""
+    if main is None:
+        from orchestrator.cli import main
+
+    saved = os.environ.get("SPECTUNE_HOME")
+    if home is not None:
+        os.environ["SPECTUNE_HOME"] = str(home)
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    finally:
+        if home is not None:
+            if saved is None:
+                os.environ.pop("SPECTUNE_HOME", None)
+            else:
+                os.environ["SPECTUNE_HOME"] = saved
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["spectune", *args], code, out, err)
+
+
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`spectune ARGS` in this test's environment as it is (no home or Ray of its own: commands that start none)."""
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=timeout)

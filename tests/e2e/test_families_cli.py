@@ -1,16 +1,19 @@
 """Qwen3, Qwen3-MoE and DeepSeek-V3 checkpoints as a user runs them: `spectune decode --peer-baseline`
 on held-out tiny checkpoints (settings of their own) matches transformers' greedy tokens and stays
 lossless with each drafter, and a whole study on a Qwen3-MoE checkpoint with the embedded defaults (real Ray, Optuna
-on SQLite, MLflow) completes with every trial lossless."""
+on SQLite, MLflow) completes with every trial lossless.
+
+The decodes run the command's own `main` in the test's process (studyutil.spectune_here: its flags, exit
+status, stdout and stderr; the ranks are processes either way): each CLI process paid ~4-6 CPU-s to start
+an interpreter, import torch and transformers and start its own forkserver, for checks about the model
+families, not the process. tests/e2e/test_nvls_env.py and test_cli_decode.py run the real command."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from studyutil import mlflow_runs, optuna_study, spectune, summary, tiny_experiment
+from studyutil import mlflow_runs, optuna_study, spectune, spectune_here, summary, tiny_experiment
 
 from workers.model.checkpoint import tiny_config, write_random_checkpoint
 
@@ -65,14 +68,20 @@ HELD_OUT_DEEPSEEK = {
 }
 
 
-def decode(*args: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "decode", *args, "--json"], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)
+@pytest.fixture
+def decode(capsys):
+    """`spectune decode ARGS --json` (in this process): its JSON object."""
+
+    def run(*args: str) -> dict:
+        r = spectune_here(capsys, "decode", *args, "--json")
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout)
+
+    return run
 
 
 @pytest.mark.parametrize("cfg", [HELD_OUT_MOE, HELD_OUT_DENSE, HELD_OUT_DEEPSEEK], ids=["qwen3_moe", "qwen3", "deepseek_v3"])
-def test_decode_matches_transformers_at_tp2(tmp_path, cfg):
+def test_decode_matches_transformers_at_tp2(tmp_path, cfg, decode):
     path = write_random_checkpoint(tmp_path / "ckpt", cfg, seed=21)
     common = ["--model", str(path), "--num-prompts", "3", "--max-new-tokens", "16"]
     out = decode(*common, "--tp", "2", "--drafter", "ngram", "-k", "3", "--peer-baseline")
@@ -91,7 +100,7 @@ def test_decode_matches_transformers_at_tp2(tmp_path, cfg):
         assert widths == [None] * 9  # a dense verifier reads no experts
 
 
-def test_the_mtp_drafter_is_lossless_at_tp2(tmp_path):
+def test_the_mtp_drafter_is_lossless_at_tp2(tmp_path, decode, capsys):
     """Issue 45's check: a held-out DeepSeek-V3 checkpoint with its multi-token-prediction layer drafts
     with it at TP 2 (the layer split across both ranks, drafting in lockstep), and the greedy outputs
     equal the plain decode's and transformers' own."""
@@ -111,17 +120,12 @@ def test_the_mtp_drafter_is_lossless_at_tp2(tmp_path):
         (plain, "(num_nextn_predict_layers is 0)"),
         (declared, "stores no layers.3.* weights (transformers does not save them)"),
     ):
-        r = subprocess.run(
-            [sys.executable, "-m", "orchestrator", "decode", "--model", str(ckpt), "--drafter", "mtp", "-k", "2", "--num-prompts", "1"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        r = spectune_here(capsys, "decode", "--model", str(ckpt), "--drafter", "mtp", "-k", "2", "--num-prompts", "1")
         assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
         assert "--drafter: mtp needs the model's own multi-token-prediction layer" in r.stderr and why in r.stderr, r.stderr
 
 
-def test_the_expert_census_under_imposed_acceptance_is_the_models(tmp_path):
+def test_the_expert_census_under_imposed_acceptance_is_the_models(tmp_path, decode):
     """Kept drafts under an imposed acceptance profile are not the model's tokens: decode reports the
     census of its plain reference run, the same as a plain decode's."""
     path = write_random_checkpoint(tmp_path / "moe", HELD_OUT_MOE, seed=3)
@@ -133,7 +137,7 @@ def test_the_expert_census_under_imposed_acceptance_is_the_models(tmp_path):
     assert [imposed[w] for w in widths] == [plain[w] for w in widths]
 
 
-def test_drafters_on_a_moe_verifier_are_lossless(tmp_path):
+def test_drafters_on_a_moe_verifier_are_lossless(tmp_path, decode):
     """layer-skip, a smaller Qwen3 draft model and an EAGLE-3 head (public format) on a Qwen3-MoE verifier."""
     from workers.drafters.eagle3.checkpoint import head_config, random_head, save_head
     from workers.model.locate import load_args
