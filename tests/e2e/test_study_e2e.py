@@ -1,18 +1,23 @@
 """The main job end to end: real Ray (embedded local cluster), real SQLite Optuna storage, MLflow in
 a SQLite store. The TP 2 study against a real `mlflow server` process (n-gram drafting inside the TP 2
-ranks) is tests/e2e/test_report.py::test_report_end_to_end: the study its report is checked on."""
+ranks) is tests/e2e/test_report.py::test_report_end_to_end: the study its report is checked on.
+
+Every `spectune run` that measures is its own process (the driver's embedded Ray, its process group and
+its record are part of the story); the commands that read a study (export, report, validate, a `run`
+refused before it starts or with nothing left to measure, which starts no Ray) run the command's `main`
+in this process (studyutil.spectune_here): ~1.5-6 CPU-s each of imports saved, the same output."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from studyutil import mlflow_runs, optuna_study, spectune, summary, tiny_experiment
+from studyutil import mlflow_runs, optuna_study, spectune, spectune_here, summary, tiny_experiment
 
 pytestmark = pytest.mark.timeout(1800)  # several studies of up to 600 s each
 
 
-def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt):
+def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt, capsys):
     """k fixed in the YAML (not searched): the k = 0 baseline still runs first (enqueued, measured
     study.baseline_repeats times), every speculative trial is compared with it (speedup from medians,
     outputs checked), every resolved parameter is an MLflow param, and the summary ranks with the noise
@@ -70,7 +75,7 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     assert sorted(n for c in ranking["configs"] for n in c["trials"]) == sorted(t.number for t in complete)
     assert json.loads(json.dumps(ranking)) == ranking
 
-    other_tp = spectune(["run", str(exp), "--set", "parallel.tp=2"], home)
+    other_tp = spectune_here(capsys, "run", str(exp), "--set", "parallel.tp=2", home=home)
     assert other_tp.returncode == 2
     line = other_tp.stderr.strip().splitlines()[-1]
     assert line.startswith("spectune: error: parallel.tp: differ from the study 'tiny-study'") and "study.name" in line
@@ -85,7 +90,7 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     assert len(parents) == 1
     ids = [t.user_attrs["mlflow_run_id"] for t in study.trials]
     assert len(set(ids)) == len(ids) == len(runs)
-    again = spectune(["run", str(exp), "--set", "study.n_trials=4"], home)  # already done: runs nothing
+    again = spectune_here(capsys, "run", str(exp), "--set", "study.n_trials=4", home=home)  # already done: runs nothing (no Ray)
     third = summary(again)
     assert third["complete"] == 4 and len(optuna_study(storage, "tiny-study").trials) == len(study.trials)
     assert third["gangs_launched"] == 0  # nothing measured: no gang launched
@@ -99,7 +104,7 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     assert sum(bool(t.user_attrs.get("spectune.baseline")) for t in trials) == 1  # resuming enqueues no second baseline
 
 
-def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
+def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt, capsys):
     """workload.batch_sizes [1, 2] and context_lengths [32, 160]: every trial also decodes in batches of 2
     and with its prompts drawn to 32 and 160 tokens, at both sizes (metrics *_b2, *_c32, *_b2_c32, ...,
     each checked against the baseline's outputs in that cell), Optuna's objective is the geometric mean
@@ -146,7 +151,7 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
     assert {"report/report.html", "report/best_config.yaml", "report/summary.json"} <= names, names
     assert all("speedup_vs_baseline_b2" in r.data.metrics for r in runs if r.data.tags["spectune.state"] == "COMPLETE")
 
-    r = spectune(["export", str(exp), "--to", "json"], home)
+    r = spectune_here(capsys, "export", str(exp), "--to", "json", home=home)
     assert r.returncode == 0, r.stderr[-2000:]
     exported = json.loads(r.stdout)
     schedule = exported["schedule"]
@@ -166,10 +171,10 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
         assert row["throughput_tok_s"] == pytest.approx(best, rel=2e-3), row
         assert row["speedup_vs_plain"] > 0 and row["plain_throughput_tok_s"] > 0
     for fmt, needle in (("vllm", "NCCL_NVLS_ENABLE=0"), ("sglang", "--tp-size"), ("env", "NCCL_NVLS_ENABLE=0")):
-        r = spectune(["export", str(exp), "--to", fmt, "--out", str(tmp_path / f"out.{fmt}")], home)
+        r = spectune_here(capsys, "export", str(exp), "--to", fmt, "--out", str(tmp_path / f"out.{fmt}"), home=home)
         assert r.returncode == 0, r.stderr[-2000:]
         assert needle in (tmp_path / f"out.{fmt}").read_text()
-    rep = spectune(["report", str(exp), "--out", str(tmp_path / "report")], home)
+    rep = spectune_here(capsys, "report", str(exp), "--out", str(tmp_path / "report"), home=home)
     assert rep.returncode == 0, rep.stderr[-2000:]
     facts = json.loads((tmp_path / "report" / "summary.json").read_text())
     # no allreduce table (study.bench_allreduce off, no --bench): the allreduce term is fitted, and the report says so
@@ -195,11 +200,11 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt):
     assert "and at context 160" in rep.stdout or "at context 160." in rep.stdout  # the same winner, or where it moved
     assert "<th>decode tok/s</th>" in page and "ranks configurations by throughput" in page
     assert ("stops paying at batch size" in rep.stdout) == (stop is not None)
-    missing = spectune(["export", str(exp), "--set", "study.name=nope"], home)
+    missing = spectune_here(capsys, "export", str(exp), "--set", "study.name=nope", home=home)
     assert missing.returncode == 2 and "no study 'nope'" in missing.stderr
 
 
-def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt):
+def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt, capsys):
     """study.race_trials 1 with nothing measured twice (the noise unknown, so the leaders tie): the last
     trial re-measures the leading configuration on a fresh gang instead of trying a new one, it counts
     toward study.n_trials, and both stores name the trial it repeats. The study is started from a shell
@@ -249,12 +254,12 @@ def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt):
             assert a["accept_len_mean"] == 1.0 and a["outputs_match_baseline"] == 1 and simulated is None
         else:
             assert abs(a["accept_len_mean"] - 2.5) < 0.15 and "outputs_match_baseline" not in a and simulated == "2.5", (t.number, a)
-    bad = spectune(["validate", str(exp), "--set", "workload.simulate_accept_len=4"], home)
+    bad = spectune_here(capsys, "validate", str(exp), "--set", "workload.simulate_accept_len=4", home=home)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
     assert "workload.simulate_accept_len: 4 needs at least 3 drafts per step" in bad.stderr and "k = 2" in bad.stderr
 
 
-def test_a_study_that_measures_its_space_through_reads_as_it_happened(tmp_path, tiny_ckpt):
+def test_a_study_that_measures_its_space_through_reads_as_it_happened(tmp_path, tiny_ckpt, capsys):
     """Two configurations, study.n_trials 3: the study ends at 2 COMPLETE with exit 0, and its record says
     so: the parent MLflow run FINISHED (not KILLED), in an MLflow experiment of its own named after the
     study (the YAML's name its tag), trial runs named "#<number> <configuration>". The report written at
@@ -297,7 +302,7 @@ def test_a_study_that_measures_its_space_through_reads_as_it_happened(tmp_path, 
     assert summary(again)["complete"] == 1
     assert [t.state.name for t in optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-through-best").trials] == ["COMPLETE"]
 
-    exported = spectune(["export", str(exp), "--set", "study.name=tiny-through", "--to", "vllm"], home)
+    exported = spectune_here(capsys, "export", str(exp), "--set", "study.name=tiny-through", "--to", "vllm", home=home)
     assert exported.returncode == 0, exported.stderr
     first = exported.stdout.splitlines()[0]
     assert first.startswith("# CAUTION: these measurements do not transfer to a GPU server: measured on CPU"), first
@@ -305,7 +310,7 @@ def test_a_study_that_measures_its_space_through_reads_as_it_happened(tmp_path, 
     # the report's speedup and noise band are the run's and the export's
     report = json.loads((home / "reports" / "tiny-through" / "summary.json").read_text())
     winner = out["ranking"]["configs"][0]
-    as_json = json.loads(spectune(["export", str(exp), "--set", "study.name=tiny-through", "--to", "json"], home).stdout)
+    as_json = json.loads(spectune_here(capsys, "export", str(exp), "--set", "study.name=tiny-through", "--to", "json", home=home).stdout)
     row = as_json["schedule"][0]
     assert report["best_speedup_vs_plain"] == row["speedup_vs_plain"] == round(winner["speedup_vs_baseline"], 3)
     assert report["best_noise_band_tok_s"] == row["noise_band_tok_s"]
