@@ -7,32 +7,35 @@ are named by the same configuration labels. Also the noise-aware objective.
 
 The study it reports on is also the suite's study against a real `mlflow server` (both stores, the
 MLflow contract, study.bench_allreduce's table, no process left): one TP 2 study feeds both sets of
-checks, each study costing its own Ray, gangs and driver."""
+checks, each study costing its own Ray, gangs and driver. The study is a `spectune run` process; the
+commands that read it (report, validate, perfcheck) run their `main` in this process
+(studyutil.spectune_here): the same output without an interpreter and MLflow's imports per command."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import numpy as np
 import pytest
 import yaml
-from studyutil import CONTRACT_METRICS, mlflow_runs, mlflow_server, optuna_study, processes_mentioning, spectune, summary, tiny_experiment
+from studyutil import (
+    CONTRACT_METRICS,
+    mlflow_runs,
+    mlflow_server,
+    optuna_study,
+    processes_mentioning,
+    spectune,
+    spectune_here,
+    summary,
+    tiny_experiment,
+)
 
 from orchestrator.study.trial import noise_aware
 
 pytestmark = pytest.mark.timeout(1800)  # several studies of up to 600 s each
-
-
-def spectune_module(args: list[str], home) -> subprocess.CompletedProcess:
-    """`python -m <module> ...` against the study's stores (SPECTUNE_HOME = home)."""
-    import os
-
-    env = {**os.environ, "SPECTUNE_HOME": str(home), "RAY_AUTH_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300, env=env)
 
 
 def _chromium() -> str | None:
@@ -54,7 +57,7 @@ def mlflow_url(tmp_path):
         yield url
 
 
-def test_report_end_to_end(tmp_path, tiny_ckpt, mlflow_url):
+def test_report_end_to_end(tmp_path, tiny_ckpt, mlflow_url, capsys):
     """One TP 2 study (k in 0, 2, 4, 6; two repeats a trial; study.bench_allreduce on) logged to a
     real `mlflow server`, then reported on: the study's own checks first (both stores and their
     contract, _check_study_in_mlflow_server), then the report's."""
@@ -87,7 +90,7 @@ def test_report_end_to_end(tmp_path, tiny_ckpt, mlflow_url):
             assert t.user_attrs["throughput_mad"] == pytest.approx(mad, rel=6e-4, abs=1e-9)
 
     out = tmp_path / "report"
-    r = spectune(["report", str(exp), "--out", str(out), *stores], home)
+    r = spectune_here(capsys, "report", str(exp), "--out", str(out), *stores, home=home)
     assert r.returncode == 0, r.stderr[-2000:]
     # the winner is the ranking's (configurations pooled), named by its first trial as the summary and export name it
     from orchestrator.search.ranking import rank
@@ -139,7 +142,7 @@ def test_report_end_to_end(tmp_path, tiny_ckpt, mlflow_url):
 
     # the YAML snippet is a valid experiment pinned to the winner
     snippet = out / "best_config.yaml"
-    check = subprocess.run([sys.executable, "-m", "orchestrator", "validate", str(snippet)], capture_output=True, text=True, timeout=120)
+    check = spectune_here(capsys, "validate", str(snippet))
     assert check.returncode == 0, check.stderr
     pinned = yaml.safe_load(snippet.read_text())
     assert pinned["drafter"]["num_draft_tokens"] == best.params["spec.num_draft_tokens"]
@@ -219,7 +222,7 @@ def test_report_end_to_end(tmp_path, tiny_ckpt, mlflow_url):
     )
     assert shot.exists() and shot.stat().st_size > 10_000  # a rendered page, not a blank one
 
-    _check_bench_term(tmp_path, exp, home, tiny_ckpt, study, stores)
+    _check_bench_term(tmp_path, exp, home, tiny_ckpt, study, stores, capsys)
 
     parents, trial_runs = mlflow_runs(mlflow_url, "tiny-study")
     from mlflow.tracking import MlflowClient
@@ -286,9 +289,10 @@ def _check_study_in_mlflow_server(r, storage: str, url: str) -> None:
             assert "accept_rate_pos_1" in run.data.metrics
 
 
-def _check_bench_term(tmp_path, exp, home, ckpt, study, stores):
+def _check_bench_term(tmp_path, exp, home, ckpt, study, stores, capsys):
     """The bench-derived allreduce term end to end: a gloo table at the trials' message sizes,
     (k + 1) x hidden x 4 bytes, used by the benchmark command; one 1000x off is refused by the report."""
+    from orchestrator.explain import perfcheck
     from workers.model.checkpoint import load_args
 
     args = load_args(ckpt)
@@ -312,19 +316,19 @@ def _check_bench_term(tmp_path, exp, home, ckpt, study, stores):
         path.write_text(json.dumps(rows))
         return path
 
-    check = spectune_module(
-        ["orchestrator.explain.perfcheck", str(exp), *stores, "--bench", str(write("bench.json", 1.0)), "--allreduce", "bench"], home
+    check = spectune_here(
+        capsys, str(exp), *stores, "--bench", str(write("bench.json", 1.0)), "--allreduce", "bench", home=home, main=perfcheck.main
     )
     assert check.returncode == 0, check.stderr[-2000:]
     assert f"allreduce term bench-derived for tp2 gloo: {rounds} allreduces per step" in check.stdout
     assert "median |error| predicting decode tok/s of trials left out of the fit:" in check.stdout
     assert check.stdout.count(" bench-derived ") >= 3  # one line per held-out trial, each fit used the table
     # --max-error: the benchmark command fails when the model misses by more than that
-    strict = spectune_module(["orchestrator.explain.perfcheck", str(exp), *stores, "--allreduce", "fitted", "--max-error", "0"], home)
+    strict = spectune_here(capsys, str(exp), *stores, "--allreduce", "fitted", "--max-error", "0", home=home, main=perfcheck.main)
     assert strict.returncode == 1 and "allreduce term fitted" in strict.stdout
 
     out = tmp_path / "report-bench"
-    r = spectune(["report", str(exp), "--out", str(out), *stores, "--bench", str(write("bench-off.json", 1000.0))], home)
+    r = spectune_here(capsys, "report", str(exp), "--out", str(out), *stores, "--bench", str(write("bench-off.json", 1000.0)), home=home)
     assert r.returncode == 0, r.stderr[-2000:]
     facts = json.loads((out / "summary.json").read_text())
     assert facts["allreduce_term"]["tp2 gloo"] == "fitted"
