@@ -3,7 +3,9 @@ shard of TP 2 and waits the table's latency per allreduce; the JSON says the fig
 and from which table, names the acceptance it used and compares no output with a baseline. Bad
 input is one line and exit 2. A whole study on an emulated TP 4 (embedded Ray, SQLite, local MLflow):
 its report and export say emulated and name the table, and its steps are split into allreduce waits
-and the rest."""
+and the rest. The decode, report and export run spectune's `main` in the test's process
+(studyutil.spectune_here: the same flags and output, no interpreter and imports per command); the
+refusals and the study are `spectune` processes."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 
 import pytest
 from studyutil import run_cli as spectune
+from studyutil import spectune_here
 
 LATENCY_US = 300.0
 
@@ -21,10 +24,11 @@ def _table(path, sizes, backend="gloo", tp=2):
     return str(path)
 
 
-def test_emulated_decode_json(tiny_ckpt, tmp_path):
+def test_emulated_decode_json(tiny_ckpt, tmp_path, capsys):
     # a table of nccl alone: without --backend the decode takes the table's one backend (not the default gloo)
     table = _table(tmp_path / "cpu-tp2.json", [1 << p for p in range(6, 22)], backend="nccl")
-    r = spectune(
+    r = spectune_here(
+        capsys,
         "decode",
         "--model",
         str(tiny_ckpt),
@@ -77,7 +81,7 @@ def test_bad_emulation_input_is_one_line_exit_2(tiny_ckpt, tmp_path, extra, mess
     assert len(lines) == 1 and lines[0].startswith(f"spectune: error: {message}"), r.stderr
 
 
-def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp_path):
+def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp_path, capsys):
     """Issue 46's CPU check: a study on an emulated TP 4 (embedded Ray, SQLite, local MLflow) exits 0; its
     report and its export say "emulated" and name the table; the plain trial's step is split into its
     allreduce waits and the rest (comm_fraction), as a real TP 4 trial's is."""
@@ -105,10 +109,10 @@ def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp
     # 4 allreduces a step (2 layers x 2) of 300 us each, beside a tiny model's compute on CPU
     assert plain.user_attrs["allreduce_per_step"] == 4
     assert 0.05 < plain.user_attrs["comm_fraction"] < 1.0, plain.user_attrs
-    report = run_spectune(["report", str(exp), "--out", str(tmp_path / "report")], home)
+    report = spectune_here(capsys, "report", str(exp), "--out", str(tmp_path / "report"), home=home)
     assert report.returncode == 0, report.stderr
     assert "emulated TP 4 from table cpu-tp4" in (tmp_path / "report" / "report.html").read_text()
-    export = run_spectune(["export", str(exp), "--to", "vllm"], home)
+    export = spectune_here(capsys, "export", str(exp), "--to", "vllm", home=home)
     assert export.returncode == 0, export.stderr
     header = [line for line in export.stdout.splitlines() if line.startswith("#")]
     assert any(line.startswith("# EMULATED: emulated TP 4 from table cpu-tp4") for line in header), export.stdout[:600]
