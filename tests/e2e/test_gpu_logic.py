@@ -1,6 +1,9 @@
 """The GPU issue's logic, on CPU: backend capability checks and their refusals, the no-op
 allreduce ablation, simulated acceptance, the step runner's device check, random-weight models,
-bench-allreduce and the transformers peer baseline. (The GPU figures are in docs/performance.md.)"""
+bench-allreduce and the transformers peer baseline. (The GPU figures are in docs/performance.md.)
+The bench-allreduce table and the peer-baseline decode run spectune's `main` in the test's process
+(studyutil.spectune_here: the same flags and output, no interpreter, torch and transformers to start per
+command); the refusals and the decode cut by SIGTERM are `spectune` processes."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from studyutil import run_cli
+from studyutil import run_cli, spectune_here
 
 from workers.comm import GangInfo, refusal
 from workers.engine.steps import StepRunner
@@ -239,8 +242,8 @@ def test_random_model_references(tmp_path):
     assert torch.isfinite(logits).all() and logits.std() > 0.1
 
 
-def test_bench_allreduce_gloo_table():
-    r = run_cli("bench-allreduce", "--tp", "2", "--sizes", "4K,64K", "--iters", "5", "--json")
+def test_bench_allreduce_gloo_table(capsys):
+    r = spectune_here(capsys, "bench-allreduce", "--tp", "2", "--sizes", "4K,64K", "--iters", "5", "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [row["size_bytes"] for row in rows] == [4096, 65536]
@@ -286,10 +289,11 @@ def test_bench_allreduce_refusals(args, needle):
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def test_decode_with_simulation_and_peer_baseline(tmp_path):
+def test_decode_with_simulation_and_peer_baseline(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(tiny_config()))
-    r = run_cli(
+    r = spectune_here(
+        capsys,
         "decode",
         "--model",
         f"random:{cfg}",
@@ -313,7 +317,7 @@ def test_decode_with_simulation_and_peer_baseline(tmp_path):
     assert out["accept_len_mean"] == pytest.approx(3.0, abs=0.5)
     assert out["hf_generate_tok_s"] > 0 and out["baseline_vs_hf_generate"] > 0
     assert "outputs_match_baseline" not in out  # simulated tokens are not the model's output
-    bad = run_cli("decode", "--model", f"random:{cfg}", "-k", "2", "--simulate-accept-len", "5")
+    bad = spectune_here(capsys, "decode", "--model", f"random:{cfg}", "-k", "2", "--simulate-accept-len", "5")
     assert bad.returncode == 2 and "--simulate-accept-len: 5 needs at least 4 drafts per step" in bad.stderr
 
 
