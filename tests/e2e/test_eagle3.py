@@ -1,14 +1,13 @@
 """EAGLE-3 drafter: the public checkpoint format loads, a head that does not fit is refused in one
 line, greedy output equals the baseline (k in 1, 2, 4; TP 1 and 2; both placements), sampling
 keeps the verifier's distribution with the head's probabilities, and `train-drafter` writes a head
-that decodes."""
+that decodes. The commands (train-drafter, its refusals, validate, decode) run spectune's `main` in the
+test's process (studyutil.spectune_here: the same flags and output, no interpreter, torch and
+transformers to start per command; train-drafter's one global setting, torch's threads, is 1 as here)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from scipy.stats import chisquare
+from studyutil import spectune_here
 
 from workers.drafters.eagle3.checkpoint import load_head
 from workers.drafters.eagle3.head import Eagle3Drafter, load_config
@@ -25,7 +25,6 @@ from workers.runtime.local_gang import LocalGang
 from workers.spec import DrafterSpec, GangSpec, Workload
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
 DRAFT_VOCAB = 200
 
 
@@ -240,30 +239,21 @@ def test_the_fast_head_step_drafts_what_the_eager_loop_drafts(tiny_ckpt, tiny_he
 
 
 @pytest.mark.parametrize("what, change", [("target_hidden_size", {"hidden_size": 32}), ("vocab_size", {"vocab_size": 1000})])
-def test_head_that_does_not_fit_exits_2_with_one_line(tmp_path, tiny_ckpt, what, change):
+def test_head_that_does_not_fit_exits_2_with_one_line(tmp_path, tiny_ckpt, what, change, capsys):
     head = write_head(tmp_path / "bad", tiny_config(**change))
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "decode",
-            "--model",
-            str(tiny_ckpt),
-            "--drafter",
-            "eagle3",
-            "--draft-model",
-            str(head),
-            "--num-prompts",
-            "1",
-            "--max-new-tokens",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        cwd=ROOT,
-        timeout=300,
+    r = spectune_here(
+        capsys,
+        "decode",
+        "--model",
+        str(tiny_ckpt),
+        "--drafter",
+        "eagle3",
+        "--draft-model",
+        str(head),
+        "--num-prompts",
+        "1",
+        "--max-new-tokens",
+        "4",
     )
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
@@ -427,10 +417,6 @@ def test_sampling_with_the_heads_probabilities_keeps_the_target_distribution(tin
     assert chisquare([counts[b].sum() for b in bins], [expected[b].sum() for b in bins]).pvalue > 1e-3
 
 
-def _cli(*argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *argv], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=timeout)
-
-
 @pytest.mark.slow  # trains on, and decodes with, the demo model
 @pytest.mark.timeout(1800)
 def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path, capsys):
@@ -445,7 +431,7 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path, capsys
     out = tmp_path / "head"
     prompts = "train-drafter --model smollm2-135m --num-prompts 2 --synthetic-prompts 1 --self-prompts 2".split()
     same = [*prompts, *"--max-new-tokens 16 --draft-vocab 512 --val-every 2".split()]
-    r = _cli(*same, *"--gen-batch 2 --pack-tokens 40 --max-steps 4 --save-every 2 --out".split(), str(out))
+    r = spectune_here(capsys, *same, *"--gen-batch 2 --pack-tokens 40 --max-steps 4 --save-every 2 --out".split(), str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "loss" in r.stderr and "acc" in r.stderr and "val acc" in r.stderr  # the progress line
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == 4
@@ -466,13 +452,14 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path, capsys
     data = torch.load(out / "data.pt", weights_only=False)
     data["made_by"]["self_documents"] = [0, None]
     torch.save(data, out / "data.pt")
-    r = _cli(*same, "--max-steps", "5", "--out", str(out))
+    r = spectune_here(capsys, *same, "--max-steps", "5", "--out", str(out))
     assert r.returncode == 0 and "resuming at step 4" in r.stderr and "responses from" in r.stderr, r.stderr[-2000:]
     # responses made for other prompts are refused, not silently trained on
     assert "--self-prompts" in (line := refused(*prompts, "--out", str(out))), line
     line = refused("train-drafter", "--model", "smollm2-135m", "--self-prompts", "-1", "--out", str(tmp_path / "other"))
     assert line.startswith("spectune: error: --max-time"), line
-    r = _cli(
+    r = spectune_here(
+        capsys,
         "decode",
         "--model",
         "smollm2-135m",
@@ -495,18 +482,11 @@ def test_train_drafter_small_budget_then_decode_equals_baseline(tmp_path, capsys
 
 @pytest.mark.slow  # validating fetches the demo model (its config and tokenizer) and reads the shipped head
 @pytest.mark.timeout(900)
-def test_validate_smoke_experiment_with_the_demo_head():
-    r = _cli(
-        "validate",
-        "experiments/smoke-cpu.yaml",
-        "--set",
-        "drafter.kind=eagle3",
-        "--set",
-        "drafter.model_path=smollm2-135m-eagle3",
-        timeout=300,
-    )
+def test_validate_smoke_experiment_with_the_demo_head(capsys):
+    smoke, eagle3 = ROOT / "experiments" / "smoke-cpu.yaml", ROOT / "experiments" / "eagle3-cpu.yaml"
+    r = spectune_here(capsys, "validate", str(smoke), "--set", "drafter.kind=eagle3", "--set", "drafter.model_path=smollm2-135m-eagle3")
     assert r.returncode == 0, r.stderr
-    r = _cli("validate", "experiments/eagle3-cpu.yaml", timeout=300)
+    r = spectune_here(capsys, "validate", str(eagle3))
     assert r.returncode == 0, r.stderr
 
 
