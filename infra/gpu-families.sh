@@ -85,11 +85,9 @@ for stage in "${stages[@]}"; do
       run llama_tp1_k3_len . $PY $(decode random:llama-3-8b | sed 's/--drafter none -k 0/--drafter ngram -k 3/') --simulate-accept-len 2.5
       run llama_tp1_k3_profile . $PY $(decode random:llama-3-8b | sed 's/--drafter none -k 0/--drafter ngram -k 3/') --simulate-accept-profile 0.8,0.6,0.4 ;;
     moe)
-      # the MoE kernels' bench; the MoE step at widths 1, 5, 9 with .devcarry/before's code (when carried) and this tree's, back to back,
+      # the MoE step at widths 1, 5, 9 with .devcarry/before's code (when carried) and this tree's, back to back,
       # then where this tree's width-1 step spends its time (the kernel table lands in log.txt)
       mw="-m scripts.verify_widths --model random:qwen3-30b-a3b:layers=$MOE_LAYERS --widths 1 5 9 --json -"
-      run moe_kernels . $PY -m workers.kernels.moe --bench  # the experts' and the router's ways, one layer at a time
-      grep -v '^\[' "$OUT/moe_kernels.json" | grep -v '^{' | tee -a "$OUT/log.txt"
       [ -d .devcarry/before ] && run moe_widths_before .devcarry/before $PY $mw
       run moe_widths . $PY $mw
       echo "=== moe_profile: scripts.profile_step (its table here, its JSON in moe_profile.json)" | tee -a "$OUT/log.txt"

@@ -194,10 +194,11 @@ def test_the_prefill_runs_the_grouped_kernel_in_chunks_where_the_engine_picks_it
 
 @torch.inference_mode()
 def test_one_block_per_pair_equals_the_sorted_grouping(kernel_device):
-    """A single token's grouping (no sort, a block per pair) gives the sorted grouping's numbers exactly
-    (each expert is one pair's either way), and stays right for any routing, repeated experts included;
-    its down projections summed in one kernel (the default for one token) agree to rounding."""
-    from workers.kernels.moe import grouped_experts, one_block_per_pair
+    """A block per (token, expert) pair, its expert read in the kernels (one token's default, its pairs
+    summed by the down kernel), gives the sorted grouping's numbers, for any routing, repeated experts
+    included."""
+    from workers.kernels.moe import grouped_experts
+    from workers.kernels.support import counters_all_zero
 
     gen = torch.Generator().manual_seed(0)
     experts = Experts(8, 64, 40)
@@ -210,28 +211,27 @@ def test_one_block_per_pair_equals_the_sorted_grouping(kernel_device):
         ids = torch.randint(0, 8, (T, 3), generator=gen) if T > 1 else torch.randperm(8, generator=gen)[:3][None]
         w = torch.softmax(torch.randn(T, 3, generator=gen), -1)
         ids, w = ids.to(kernel_device), w.to(kernel_device)
-        sorted_ = grouped_experts(x, w, ids, experts, single=None)
-        per_pair = grouped_experts(x, w, ids, experts, group=one_block_per_pair)
+        sorted_ = grouped_experts(x, w, ids, experts, per_pair=False)
+        per_pair = grouped_experts(x, w, ids, experts, per_pair=True)
+        assert counters_all_zero()  # one token's pairs summed by the down kernel's last block: counters reset
         if T == 1:
-            assert torch.equal(grouped_experts(x, w, ids, experts, sum_in_down=False), sorted_)
-            torch.testing.assert_close(per_pair, sorted_, atol=tol, rtol=tol)
+            assert torch.equal(grouped_experts(x, w, ids, experts), per_pair)  # one token's default
         else:
             assert len(set(ids.flatten().tolist())) < ids.numel()  # some expert serves several pairs
-            torch.testing.assert_close(per_pair, sorted_, atol=tol, rtol=tol)
+        torch.testing.assert_close(per_pair, sorted_, atol=tol, rtol=tol)
         torch.testing.assert_close(sorted_, experts_by_expert(x, w, ids, experts), atol=tol, rtol=tol)
 
 
 def test_the_grouping_of_pairs_has_no_host_sync():
     """The grouped kernel's pairing runs inside CUDA graphs: one graph for torch.compile (a data-dependent
     shape or a host read would break it, as bincount's does), and the same numbers as eager."""
-    from workers.kernels.moe import group_pairs, one_block_per_pair
+    from workers.kernels.moe import group_pairs
     from workers.model.moe import softmax_top_k
 
     ids = torch.randint(0, 16, (5, 4), generator=torch.Generator().manual_seed(0))
-    for grouping in (group_pairs, one_block_per_pair):
-        compiled = torch.compile(grouping, dynamic=False, fullgraph=True)
-        for got, want in zip(compiled(ids, 16), grouping(ids, 16)):
-            assert torch.equal(got, want)
+    compiled = torch.compile(group_pairs, dynamic=False, fullgraph=True)
+    for got, want in zip(compiled(ids, 16), group_pairs(ids, 16)):
+        assert torch.equal(got, want)
     # the router, compiled as the fused step runs it: the same choice and weights
     x, w = torch.randn(3, 32, generator=torch.Generator().manual_seed(1)), torch.randn(16, 32, generator=torch.Generator().manual_seed(2))
     for norm in (True, False):
@@ -276,21 +276,16 @@ def test_the_router_kernel_chooses_and_weighs_as_the_softmax_router(kernel_devic
     same experts and weights as Qwen3-MoE's softmax router over one token, a verify width and a batch,
     with and without renormalisation; among equal probabilities the lowest expert id goes first."""
     from workers.kernels import moe as moe_kernels
-    from workers.kernels.support import counters_all_zero
     from workers.model.moe import softmax_top_k
 
     gen = torch.Generator().manual_seed(3)
-    # up to 16 tokens the GEMM is in the kernel (fused_tokens=0: the GEMM, then the routing kernel); 20: always apart
-    for T, E, D, top_k in ((1, 128, 600, 8), (5, 16, 64, 4), (9, 6, 64, 3), (20, 24, 64, 2)):
-        x, w = torch.randn(T, D, generator=gen).to(kernel_device), torch.randn(E, D, generator=gen).to(kernel_device)
-        for norm, fused_tokens in ((True, 16), (False, 16), (True, 0)):
-            got_w, got_ids = moe_kernels.softmax_top_k(x, w, top_k, norm, fused_tokens=fused_tokens)
-            want_w, want_ids = softmax_top_k(x, w, top_k, norm)
+    for T, E, top_k in ((1, 128, 8), (5, 16, 4), (9, 6, 3)):
+        x, w = torch.randn(T, 64, generator=gen).to(kernel_device), torch.randn(E, 64, generator=gen).to(kernel_device)
+        for norm in (True, False):
+            (got_w, got_ids), (want_w, want_ids) = moe_kernels.softmax_top_k(x, w, top_k, norm), softmax_top_k(x, w, top_k, norm)
             assert torch.equal(got_ids, want_ids) and got_w.dtype == want_w.dtype
             torch.testing.assert_close(got_w, want_w, atol=1e-6, rtol=1e-5)
-    assert counters_all_zero()  # the last program of each call reset the arrival counter
     x, w = torch.ones(1, 4, device=kernel_device), torch.zeros(8, 4, device=kernel_device)
     w[[3, 5, 6]] = 1.0  # three experts tie for first
-    for fused_tokens in (16, 0):
-        weights, ids = moe_kernels.softmax_top_k(x, w, 2, True, fused_tokens=fused_tokens)
-        assert ids.tolist() == [[3, 5]] and weights.tolist() == [[0.5, 0.5]]
+    weights, ids = moe_kernels.softmax_top_k(x, w, 2, True)
+    assert ids.tolist() == [[3, 5]] and weights.tolist() == [[0.5, 0.5]]

@@ -124,14 +124,9 @@ class FusedStep:
             if grouped and engine.compile:
                 # a width-1 MoE step is a floor of small kernels (the pairing, the pairs' sum; the router
                 # below): compiled, each becomes one or two
-                compiled = {
-                    f: torch.compile(getattr(moe_kernels, f), dynamic=False) for f in ("group_pairs", "one_block_per_pair", "sum_pairs")
-                }
+                compiled = {f: torch.compile(getattr(moe_kernels, f), dynamic=False) for f in ("group_pairs", "sum_pairs")}
                 self.experts_fn = functools.partial(
-                    moe_kernels.grouped_experts,
-                    group=compiled["group_pairs"],
-                    single=compiled["one_block_per_pair"],
-                    combine=compiled["sum_pairs"],
+                    moe_kernels.grouped_experts, group=compiled["group_pairs"], combine=compiled["sum_pairs"]
                 )
             if engine.compile and all(isinstance(layer.mlp.gate, Router) for layer in model.layers if isinstance(layer.mlp, MoE)):
                 # the router: its GEMM and one Triton kernel where the grouped kernels run, else compiled

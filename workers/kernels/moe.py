@@ -9,6 +9,10 @@ pairs are grouped by expert and each expert's weights are streamed once for all 
     kernel 2, grid (blocks, D / BLOCK_N):  y[p] = route_weight[p] * (h[p] . Wd[e]^T)
     out[t] = sum over t's top_k pairs of y (in routing order)
 
+One token (a decode step) skips the grouping: its top_k experts are distinct, so block p is pair p,
+its expert read from the ids in the kernels, and the down kernel's last block to store a column block
+sums the pairs there (an arrival counter per column block): the two kernels are the whole layer.
+
 Every shape is static (the grouping is a handful of torch ops: bincount, cumsum, a scatter), so
 the whole layer is graph-safe. The number of blocks is bounded by ceil(P / BLOCK_M) + min(P, E)
 (each expert's run wastes at most one partly filled block); blocks past the used ones find expert
@@ -23,7 +27,6 @@ gate/up [E, I, D], down [E, D, I], row-major.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 
@@ -63,29 +66,27 @@ def group_pairs(ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M) -> tu
     return pair_of_slot, expert_of_slot.view(n_blocks, block_m)[:, 0].contiguous()
 
 
-def one_block_per_pair(ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
-    """`group_pairs`'s outputs without the sort: every pair its own block (slot 0 of block p holds pair
-    p, the rest padding). Exact for any routing, and what group_pairs gives one token anyway (its top-k
-    experts are distinct: one pair each); for a single token it replaces a sort and a dozen small ops
-    by four, which matter where a decode step's time is a floor per kernel. An expert with several
-    pairs is read once per pair, so a wider step keeps the sort."""
-    flat = ids.flatten()
-    P = flat.numel()
-    pair_of_slot = torch.full((P, block_m), P, dtype=torch.int32, device=ids.device)
-    pair_of_slot[:, 0] = torch.arange(P, dtype=torch.int32, device=ids.device)
-    return pair_of_slot.flatten(), flat.to(torch.int32)
-
-
 if triton is not None:
+
+    @triton.jit
+    def _block(pair_ptr, block_expert_ptr, b, P, BLOCK_M: tl.constexpr, PER_PAIR: tl.constexpr):
+        # block b's expert and its BLOCK_M slots' pair ids (P: padding). PER_PAIR: block b is pair b
+        # alone, its expert read from the flat expert ids (no grouping kernels before the experts')
+        if PER_PAIR:
+            e = tl.load(block_expert_ptr + b).to(tl.int32)
+            pair = tl.where(tl.arange(0, BLOCK_M) == 0, b, P)
+        else:
+            e = tl.load(block_expert_ptr + b)
+            pair = tl.load(pair_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
+        return e, pair
 
     @triton.jit
     def _gate_up_kernel(
         x_ptr, wg_ptr, wu_ptr, h_ptr, pair_ptr, block_expert_ptr, P, TOP_K: tl.constexpr, D, INTER,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PER_PAIR: tl.constexpr,
     ):  # fmt: skip
         b, n = tl.program_id(0), tl.program_id(1)
-        e = tl.load(block_expert_ptr + b)
-        pair = tl.load(pair_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
+        e, pair = _block(pair_ptr, block_expert_ptr, b, P, BLOCK_M, PER_PAIR)
         valid = pair < P
         tok = tl.where(valid, pair // TOP_K, 0)
         offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -107,12 +108,11 @@ if triton is not None:
 
     @triton.jit
     def _down_kernel(
-        h_ptr, wd_ptr, route_ptr, y_ptr, pair_ptr, block_expert_ptr, P, D, INTER,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        h_ptr, wd_ptr, route_ptr, y_ptr, pair_ptr, block_expert_ptr, P, D, INTER, out_ptr, cnt_ptr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PER_PAIR: tl.constexpr, SUM: tl.constexpr,
     ):  # fmt: skip
         b, n = tl.program_id(0), tl.program_id(1)
-        e = tl.load(block_expert_ptr + b)
-        pair = tl.load(pair_ptr + b * BLOCK_M + tl.arange(0, BLOCK_M))
+        e, pair = _block(pair_ptr, block_expert_ptr, b, P, BLOCK_M, PER_PAIR)
         valid = pair < P
         row = tl.where(valid, pair, 0).to(tl.int64)
         offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -132,54 +132,18 @@ if triton is not None:
         y = acc * route[:, None]
         keep = valid[:, None] & (offs_n[None, :] < D) & (e >= 0)
         tl.store(y_ptr + row[:, None] * D + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=keep)
-
-    @triton.jit
-    def _down_sum_kernel(
-        h_ptr, wd_ptr, route_ptr, ids_ptr, out_ptr, D, INTER, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):  # fmt: skip
-        # one token: out[n] = sum_p round(route[p] * (h[p] . Wd[ids[p]][n])), each pair's product rounded
-        # to the dtype as `_down_kernel` stores it and the sum in float32 as `sum_pairs` takes it
-        n = tl.program_id(0)
-        offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
-        dt = out_ptr.dtype.element_ty
-        out = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for p in tl.static_range(TOP_K):
-            w_base = tl.load(ids_ptr + p).to(tl.int64) * D * INTER
-            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for k0 in range(0, INTER, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                hk = tl.load(h_ptr + p * INTER + offs_k, mask=offs_k < INTER, other=0.0).to(tl.float32)
-                w = tl.load(
-                    wd_ptr + w_base + offs_n[:, None] * INTER + offs_k[None, :],
-                    mask=(offs_n[:, None] < D) & (offs_k[None, :] < INTER),
-                    other=0.0,
-                )
-                acc += tl.sum(w.to(tl.float32) * hk[None, :], 1)
-            out += (acc * tl.load(route_ptr + p).to(tl.float32)).to(dt).to(tl.float32)
-        tl.store(out_ptr + offs_n, out.to(dt), mask=offs_n < D)
-
-    @triton.jit
-    def _top_k_row(
-        x, offs, valid, w_ptr, ids_ptr, t, TOP_K: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr
-    ):
-        # one token's float32 logits x [BLOCK_E] (-inf past E): softmax, the top k (the lowest id among
-        # equal probabilities), the renormalisation, stored at row t
-        e = tl.where(valid, tl.exp(x - tl.max(x, 0)), 0.0)
-        left = tl.where(valid, e / tl.sum(e, 0), -1.0)  # probabilities; -1: taken or no expert
-        slot = tl.arange(0, BLOCK_K)
-        weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        ids = tl.zeros((BLOCK_K,), dtype=tl.int64)
-        for i in tl.static_range(TOP_K):
-            best = tl.max(left, 0)
-            pick = tl.min(tl.where(left == best, offs, BLOCK_E), 0)
-            weights = tl.where(slot == i, best, weights)
-            ids = tl.where(slot == i, pick.to(tl.int64), ids)
-            left = tl.where(offs == pick, -1.0, left)
-        if NORM:
-            weights = weights / tl.sum(tl.where(slot < TOP_K, weights, 0.0), 0)
-        keep = slot < TOP_K
-        tl.store(w_ptr + t * TOP_K + slot, weights.to(w_ptr.dtype.element_ty), mask=keep)
-        tl.store(ids_ptr + t * TOP_K + slot, ids, mask=keep)
+        if SUM:
+            # one token, a block per pair: the block that stores its columns last sums the P pairs' rows
+            # (in routing order, float32, rounded once: `sum_pairs`), from L2 (".cg"): the other blocks'
+            # stores, then one release/acquire arrival per column block (as workers/kernels/attention.py)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + n, 1, sem="acq_rel", scope="gpu")
+            if arrived == P - 1:
+                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for p in range(P):
+                    total += tl.load(y_ptr + p * D + offs_n, mask=offs_n < D, other=0.0, cache_modifier=".cg").to(tl.float32)
+                tl.store(out_ptr + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < D)
+                tl.store(cnt_ptr + n, 0)  # ready for the next call
 
     @triton.jit
     def _softmax_top_k_kernel(
@@ -189,69 +153,35 @@ if triton is not None:
         offs = tl.arange(0, BLOCK_E)
         valid = offs < E
         x = tl.load(logits_ptr + t * E + offs, mask=valid, other=float("-inf")).to(tl.float32)
-        _top_k_row(x, offs, valid, w_ptr, ids_ptr, t, TOP_K, NORM, BLOCK_E, BLOCK_K)
-
-    @triton.jit
-    def _router_kernel(
-        x_ptr, gate_ptr, logits_ptr, cnt_ptr, w_ptr, ids_ptr, T, E, D,
-        TOP_K: tl.constexpr, NORM: tl.constexpr, IEEE: tl.constexpr, T_PAD: tl.constexpr,
-        BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):  # fmt: skip
-        # program g: the logits of experts [g BLOCK_G, (g + 1) BLOCK_G) for all T tokens, rounded to the
-        # input dtype as the router GEMM rounds them; the program that arrives last routes every token
-        g = tl.program_id(0)
-        offs_t = tl.arange(0, T_PAD)
-        offs_g = g * BLOCK_G + tl.arange(0, BLOCK_G)
-        acc = tl.zeros((T_PAD, BLOCK_G), dtype=tl.float32)
-        for d0 in range(0, D, BLOCK_D):
-            offs_d = d0 + tl.arange(0, BLOCK_D)
-            xt = tl.load(x_ptr + offs_t[:, None] * D + offs_d[None, :], mask=(offs_t[:, None] < T) & (offs_d[None, :] < D), other=0.0)
-            wt = tl.load(gate_ptr + offs_g[:, None] * D + offs_d[None, :], mask=(offs_g[:, None] < E) & (offs_d[None, :] < D), other=0.0)
-            if IEEE:  # float32 weights: no TF32 rounding (the eager router's F.linear does none)
-                acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
-            else:
-                acc += tl.dot(xt, tl.trans(wt))
-        keep = (offs_t[:, None] < T) & (offs_g[None, :] < E)
-        tl.store(logits_ptr + offs_t[:, None] * E + offs_g[None, :], acc.to(logits_ptr.dtype.element_ty), mask=keep)
-        # every thread's stores, then one release/acquire arrival (as workers/kernels/attention.py's combine)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(0) - 1:
-            offs = tl.arange(0, BLOCK_E)
-            valid = offs < E
-            for t in range(T):  # the other programs' logits: from L2 (".cg"), not L1
-                x = tl.load(logits_ptr + t * E + offs, mask=valid, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
-                _top_k_row(x, offs, valid, w_ptr, ids_ptr, t, TOP_K, NORM, BLOCK_E, BLOCK_K)
-            tl.store(cnt_ptr, 0)  # ready for the next call
+        e = tl.where(valid, tl.exp(x - tl.max(x, 0)), 0.0)
+        left = tl.where(valid, e / tl.sum(e, 0), -1.0)  # probabilities; -1: taken or no expert
+        slot = tl.arange(0, BLOCK_K)
+        weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        ids = tl.zeros((BLOCK_K,), dtype=tl.int64)
+        for i in tl.static_range(TOP_K):
+            best = tl.max(left, 0)
+            pick = tl.min(tl.where(left == best, offs, BLOCK_E), 0)  # the lowest id among equals
+            weights = tl.where(slot == i, best, weights)
+            ids = tl.where(slot == i, pick.to(tl.int64), ids)
+            left = tl.where(offs == pick, -1.0, left)
+        if NORM:
+            weights = weights / tl.sum(tl.where(slot < TOP_K, weights, 0.0), 0)
+        keep = slot < TOP_K
+        tl.store(w_ptr + t * TOP_K + slot, weights.to(w_ptr.dtype.element_ty), mask=keep)
+        tl.store(ids_ptr + t * TOP_K + slot, ids, mask=keep)
 
 
-ROUTER_FUSED_TOKENS = 16  # up to this many tokens a step, the router's GEMM is in its kernel (one 16-row tile)
-ROUTER_BLOCK = (16, 256)  # experts a program, hidden columns an iteration: 8 programs for 128 experts
-
-
-def softmax_top_k(
-    x: torch.Tensor, weight: torch.Tensor, top_k: int, norm_topk_prob: bool, fused_tokens: int = ROUTER_FUSED_TOKENS
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """workers/model/moe.py `softmax_top_k` (Qwen3-MoE's router) in one kernel up to `fused_tokens` (at
-    most ROUTER_FUSED_TOKENS) tokens: the router GEMM (a program per 16 experts), then, in the program
-    that finishes last, the softmax, the top k (the lowest id first among equal probabilities), the
-    renormalisation and the cast, which torch runs as a GEMM and half a dozen kernels (a width-1
-    step's floor). Wider: the GEMM, then the routing as a kernel. Graph-safe, static shapes."""
-    T, D = x.shape
-    E = weight.shape[0]
+def softmax_top_k(x: torch.Tensor, weight: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """workers/model/moe.py `softmax_top_k` (Qwen3-MoE's router) as the router GEMM and one kernel: the
+    softmax, the top k (the lowest id first among equal probabilities), the renormalisation and the cast,
+    which torch runs as half a dozen kernels (a width-1 step's floor). Graph-safe, static shapes."""
+    logits = torch.nn.functional.linear(x, weight)
+    T, E = logits.shape
     weights = torch.empty(T, top_k, dtype=x.dtype, device=x.device)
     ids = torch.empty(T, top_k, dtype=torch.long, device=x.device)
-    blocks = dict(TOP_K=top_k, NORM=norm_topk_prob, BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k))
-    if T > min(fused_tokens, ROUTER_FUSED_TOKENS):
-        logits = torch.nn.functional.linear(x, weight)
-        _softmax_top_k_kernel[(T,)](logits, weights, ids, E, **blocks)
-        return weights, ids
-    x = x.contiguous()
-    logits = torch.empty(T, E, dtype=x.dtype, device=x.device)
-    bg, bd = ROUTER_BLOCK
-    _router_kernel[(triton.cdiv(E, bg),)](
-        x, weight, logits, arrival_counters(1, x.device), weights, ids, T, E, D,
-        IEEE=x.dtype == torch.float32, T_PAD=ROUTER_FUSED_TOKENS, BLOCK_G=bg, BLOCK_D=bd, **blocks,
+    _softmax_top_k_kernel[(T,)](
+        logits, weights, ids, E, TOP_K=top_k, NORM=norm_topk_prob,
+        BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k),
     )  # fmt: skip
     return weights, ids
 
@@ -262,45 +192,45 @@ def grouped_experts(
     ids: torch.Tensor,
     experts: Experts,
     group=group_pairs,
-    single=one_block_per_pair,
+    per_pair: bool | None = None,
     block_m: int = BLOCK_M,
     combine=None,
-    sum_in_down: bool = True,
 ) -> torch.Tensor:
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, D]: the `ExpertsFn` of a graphed step.
     group: `group_pairs`, or a torch.compile'd copy of it (workers/engine/fused_step.py: its dozen small
-    ops become a few kernels, which matters where a step's time is a floor per kernel); single: the
-    grouping of one token (`one_block_per_pair`; None: `group` for every width); block_m: pairs a
-    block takes (a prefill's many pairs an expert: fewer blocks, each reading its expert once);
-    combine: the sum of each token's pairs ([T, top_k, D] -> [T, D]; `sum_pairs` or a compiled copy);
-    sum_in_down: one token's down projections and their sum in one kernel (`_down_sum_kernel`, one
-    program per DOWN_SUM[0] output columns reading every pair's rows), in place of `combine`."""
+    ops become a few kernels, which matters where a step's time is a floor per kernel); per_pair: every
+    (token, expert) pair its own block, the kernels reading its expert from `ids` (None: for one token,
+    whose top-k experts are distinct, so nothing is read twice; a wider step sorts: an expert with
+    several pairs would be read once per pair); block_m: pairs a block takes (a prefill's many pairs an
+    expert: fewer blocks, each reading its expert once); combine: the sum of each token's pairs ([T,
+    top_k, D] -> [T, D]; `sum_pairs` or a compiled copy). One token a block per pair needs none of
+    these: no grouping, and its pairs summed by the down kernel's last block per column block."""
     T, D = x.shape
     top_k = ids.shape[1]
     E, INTER, _ = experts.gate_proj.shape
     P = T * top_k
-    pair_of_slot, block_expert = (single if T == 1 and single is not None else group)(ids, E, block_m)
+    per_pair = T == 1 if per_pair is None else per_pair
+    if per_pair:
+        pair_of_slot, block_expert = ids, ids.contiguous().flatten()  # pair_of_slot unread
+    else:
+        pair_of_slot, block_expert = group(ids, E, block_m)
     n_blocks = block_expert.numel()
     x = x.contiguous()
     h = torch.empty(P, INTER, dtype=x.dtype, device=x.device)
+    y = torch.empty(P, D, dtype=x.dtype, device=x.device)
+    one_sum = per_pair and T == 1
+    out = torch.empty(1, D, dtype=x.dtype, device=x.device) if one_sum else y  # y: unwritten without SUM
     (bn1, bk1, w1), (bn2, bk2, w2) = CONFIG
     _gate_up_kernel[(n_blocks, triton.cdiv(INTER, bn1))](
         x, experts.gate_proj, experts.up_proj, h, pair_of_slot, block_expert, P, top_k, D, INTER,
-        BLOCK_M=block_m, BLOCK_N=bn1, BLOCK_K=bk1, num_warps=w1,
+        BLOCK_M=block_m, BLOCK_N=bn1, BLOCK_K=bk1, PER_PAIR=per_pair, num_warps=w1,
     )  # fmt: skip
-    if T == 1 and single is not None and sum_in_down:
-        out = torch.empty(1, D, dtype=x.dtype, device=x.device)
-        bn, bk, w = DOWN_SUM
-        _down_sum_kernel[(triton.cdiv(D, bn),)](
-            h, experts.down_proj, weights.contiguous(), ids.contiguous(), out, D, INTER, top_k, BLOCK_N=bn, BLOCK_K=bk, num_warps=w,
-        )  # fmt: skip
-        return out
-    y = torch.empty(P, D, dtype=x.dtype, device=x.device)
     _down_kernel[(n_blocks, triton.cdiv(D, bn2))](
         h, experts.down_proj, weights.contiguous().flatten(), y, pair_of_slot, block_expert, P, D, INTER,
-        BLOCK_M=block_m, BLOCK_N=bn2, BLOCK_K=bk2, num_warps=w2,
+        out, arrival_counters(triton.cdiv(D, bn2), x.device),
+        BLOCK_M=block_m, BLOCK_N=bn2, BLOCK_K=bk2, PER_PAIR=per_pair, SUM=one_sum, num_warps=w2,
     )  # fmt: skip
-    return (combine or sum_pairs)(y.view(T, top_k, D))
+    return out if one_sum else (combine or sum_pairs)(y.view(T, top_k, D))
 
 
 def sum_pairs(y: torch.Tensor) -> torch.Tensor:
@@ -345,9 +275,6 @@ def warm_chunked(experts: Experts, top_k: int, dtype: torch.dtype) -> None:
 # (BLOCK_N, BLOCK_K, num_warps) of the gate/up kernel and of the down kernel: narrow column blocks, so
 # that a decode step's few experts still give every SM programs to stream weights with (`--bench`)
 CONFIG = ((32, 128, 4), (64, 128, 4))
-# (BLOCK_N, BLOCK_K, num_warps) of one token's down projections and sum: 128 programs for a 2048-wide model
-DOWN_SUM = (16, 256, 4)
-BENCH_DOWN_SUM = ((16, 256, 4), (8, 256, 4), (32, 128, 4), (16, 512, 8))
 BENCH_CONFIGS = (
     ((32, 128, 4), (64, 128, 4)),
     ((16, 128, 4), (32, 128, 4)),
@@ -411,8 +338,7 @@ def bench_router(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
     ways = {
         "router, eager": model_moe.softmax_top_k,
         "router, compiled": torch.compile(model_moe.softmax_top_k, dynamic=False),
-        "router, GEMM + kernel": functools.partial(softmax_top_k, fused_tokens=0),
-        "router, one kernel": softmax_top_k,
+        "router, kernel": softmax_top_k,
         "pairs' sum, eager": sum_pairs,
         "pairs' sum, compiled": torch.compile(sum_pairs, dynamic=False),
     }
@@ -437,39 +363,30 @@ def bench(widths=(1, 5, 9), layers: int = 4) -> list[dict]:
     distinct experts' bytes take."""
     from scripts.profile_step import copy_bandwidth  # a developer bench, GPU only
 
-    global CONFIG, DOWN_SUM
+    global CONFIG
     device = torch.device("cuda")
     _, D, INTER, _ = BENCH_SHAPE
     bw = copy_bandwidth(device)
     gen = torch.Generator(device=device).manual_seed(0)
     sets = _bench_layers(layers, gen)
-    rows, default, default_down = [], CONFIG, DOWN_SUM
-    compiled, summed = torch.compile(group_pairs, dynamic=False), torch.compile(sum_pairs, dynamic=False)
-
-    def measure(w, distinct, expert_bytes, cfg, grouping, run):
-        us = _graph_us(run, layers)
-        of_bw = expert_bytes / bw / (us * 1e-6)
-        rows.append({"width": w, "distinct": distinct, "config": cfg, "grouping": grouping, "us": us, "of_bandwidth": of_bw})
-        print(f"width {w} ({distinct} experts) config {cfg}, {grouping}: {us:.1f} us per layer, {of_bw:.0%} of the copy bandwidth")
-
+    rows, default = [], CONFIG
+    compiled = torch.compile(group_pairs, dynamic=False)
     for w in widths:
         x, weights, ids = _bench_routing(w, gen)
         distinct = int(ids.unique().numel())
         expert_bytes = 3 * INTER * D * 2 * distinct
         # one token: its own grouping (one block per pair) beside the sort every wider step takes, eager
         # and torch.compile'd as the fused step runs it (engine.compile on)
-        sort = {"sorted": dict(single=None), "sorted, compiled": dict(single=None, group=compiled)}
-        apart = dict(sum_in_down=False, combine=summed)
-        groupings = {"one block per pair, sum in down": {}, "one block per pair, sum apart": apart, **sort} if w == 1 else sort
+        sort = {"sorted": dict(per_pair=False), "sorted, compiled": dict(per_pair=False, group=compiled)}
+        groupings = {"one block per pair": {}, **sort} if w == 1 else sort
         for cfg in BENCH_CONFIGS:
             CONFIG = cfg
             for grouping, how in groupings.items():
-                measure(w, distinct, expert_bytes, cfg, grouping, lambda: [grouped_experts(x, weights, ids, ex, **how) for ex in sets])
-        CONFIG = default
-        for cfg in BENCH_DOWN_SUM if w == 1 else ():  # one token's down and sum in one kernel, per its configuration
-            DOWN_SUM = cfg
-            measure(w, distinct, expert_bytes, cfg, "sum in down, DOWN_SUM", lambda: [grouped_experts(x, weights, ids, ex) for ex in sets])
-        DOWN_SUM = default_down
+                us = _graph_us(lambda: [grouped_experts(x, weights, ids, ex, **how) for ex in sets], layers)
+                of_bw = expert_bytes / bw / (us * 1e-6)
+                rows.append({"width": w, "distinct": distinct, "config": cfg, "grouping": grouping, "us": us, "of_bandwidth": of_bw})
+                print(f"width {w} ({distinct} experts) config {cfg}, {grouping}: {us:.1f} us per layer, {of_bw:.0%} of the copy bandwidth")
+    CONFIG = default
     return rows
 
 
@@ -536,9 +453,9 @@ def selftest(device: str) -> float:
         w = torch.softmax(torch.randn(T, top_k, generator=gen), -1).to(dtype).to(device)
         want = experts_by_expert(x, w, ids, experts).float()
         variants = (
-            {"": {}, ", sum apart": dict(sum_in_down=False), ", sorted": dict(single=None)}
+            {"": {}, ", sorted": dict(per_pair=False)}
             if T == 1
-            else {"": {}, f", {PREFILL_BLOCK_M} pairs a block": dict(block_m=PREFILL_BLOCK_M)}
+            else {"": {}, f", {PREFILL_BLOCK_M} pairs a block": dict(block_m=PREFILL_BLOCK_M), ", a block per pair": dict(per_pair=True)}
         )
         for grouping, how in variants.items():
             got = grouped_experts(x, w, ids, experts, **how).float()
