@@ -72,33 +72,50 @@ def tiny_experiment(tmp: Path, ckpt: Path, **sections) -> Path:
     return path
 
 
-def spectune_here(capsys, *args: str, home: Path | None = None, main=None) -> subprocess.CompletedProcess:
+def spectune_here(capsys, *args: str, home: Path | None = None, env: dict | None = None, main=None) -> subprocess.CompletedProcess:
     """`spectune ARGS` through the command's own `main` in this process (or another command's `main`, such
-    as `python -m orchestrator.explain.perfcheck`'s; SPECTUNE_HOME = `home` while it runs, where given):
-    its flags, its exit status and what it prints on stdout and stderr, as a subprocess's
-    `CompletedProcess`, without an interpreter to start and torch, transformers, MLflow or a gang's
-    forkserver to import per call (a gang's ranks are processes either way: they fork from this
-    process's forkserver). For checks that are not about the process itself, and never for a `run`
-    that starts Ray; tests/e2e/test_nvls_env.py, test_cli_decode.py and the studies run the real command."""
+    as `python -m orchestrator.explain.perfcheck`'s), with SPECTUNE_HOME = `home` and the variables of
+    `env` set while it runs: its flags, its exit status and what it prints on stdout and stderr, as a
+    subprocess's `CompletedProcess`, without an interpreter to start and torch, transformers, MLflow or a
+    gang's forkserver to import per call (a gang's ranks are processes either way: they fork from this
+    process's forkserver). For checks that are not about the process itself; `run_here` for a study.
+    tests/e2e/test_nvls_env.py, test_cli_decode.py and the fault tests run the real command."""
     if main is None:
         from orchestrator.cli import main
 
-    saved = os.environ.get("SPECTUNE_HOME")
-    if home is not None:
-        os.environ["SPECTUNE_HOME"] = str(home)
+    env = {**({"SPECTUNE_HOME": str(home)} if home is not None else {}), **(env or {})}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     capsys.readouterr()
     try:
         code = main(list(args))
     except SystemExit as e:  # argparse's own errors
         code = e.code
     finally:
-        if home is not None:
-            if saved is None:
-                os.environ.pop("SPECTUNE_HOME", None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
             else:
-                os.environ["SPECTUNE_HOME"] = saved
+                os.environ[key] = value
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(["spectune", *args], code, out, err)
+
+
+def run_here(capsys, args: list[str], home: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`spectune run ...` (args) as `spectune` does it, but through its `main` in this process: a real
+    embedded local Ray (its own temp dir, returned as `.ray_tmp`), its driver record and watchdog, SQLite
+    Optuna storage and a local MLflow store, without an interpreter to start and MLflow, Optuna, Ray and
+    matplotlib to import per study (~5 CPU-s). The run connects Ray and shuts it down itself (a Ray this
+    process had connected would be joined instead: none is). For studies whose checks are about what they
+    record, not about the driver's process (signals, process groups, two drivers: tests/e2e/test_faults_*)."""
+    import ray
+
+    assert not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"), "run_here starts an embedded Ray of its own"
+    ray_tmp = ray_temp_dir()
+    r = spectune_here(capsys, *args, home=home, env={"SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", **(env or {})})
+    assert not ray.is_initialized(), "the run left its Ray connected"
+    r.ray_tmp = ray_tmp
+    return r
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

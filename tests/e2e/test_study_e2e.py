@@ -2,17 +2,19 @@
 a SQLite store. The TP 2 study against a real `mlflow server` process (n-gram drafting inside the TP 2
 ranks) is tests/e2e/test_report.py::test_report_end_to_end: the study its report is checked on.
 
-Every `spectune run` that measures is its own process (the driver's embedded Ray, its process group and
-its record are part of the story); the commands that read a study (export, report, validate, a `run`
-refused before it starts or with nothing left to measure, which starts no Ray) run the command's `main`
-in this process (studyutil.spectune_here): ~1.5-6 CPU-s each of imports saved, the same output."""
+The commands run through spectune's `main` in the test's process (studyutil.run_here and spectune_here):
+each `spectune run` that measures still starts its own embedded Ray (its GCS, raylet, agents and gang
+actors are processes, its driver record and watchdog as the command's), and the output is the command's;
+what is saved is an interpreter with MLflow, Optuna, Ray and matplotlib to import per command (~5 CPU-s a
+study, ~1.5-6 a report or export). What a driver's process does when it is killed, signalled or runs
+beside another is tests/e2e/test_faults_*.py's, with `spectune` processes."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from studyutil import mlflow_runs, optuna_study, spectune, spectune_here, summary, tiny_experiment
+from studyutil import mlflow_runs, optuna_study, run_here, spectune_here, summary, tiny_experiment
 
 pytestmark = pytest.mark.timeout(1800)  # several studies of up to 600 s each
 
@@ -41,7 +43,7 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     home = tmp_path / "home"
     storage, tracking = f"sqlite:///{home / 'optuna.db'}", f"sqlite:///{home / 'mlflow.db'}"
     # two at a time asked for, on an embedded one-node Ray: isolation node gives one slot, said in one line
-    first_run = spectune(["run", str(exp), "--set", "study.max_concurrent_trials=2"], home)
+    first_run = run_here(capsys, ["run", str(exp), "--set", "study.max_concurrent_trials=2"], home)
     assert "study.max_concurrent_trials=2, but isolation node gives 1 slot(s) on this cluster (1 node(s)): 1 at a time" in first_run.stderr
     out = summary(first_run)
     assert out["complete"] == 3
@@ -80,7 +82,7 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     line = other_tp.stderr.strip().splitlines()[-1]
     assert line.startswith("spectune: error: parallel.tp: differ from the study 'tiny-study'") and "study.name" in line
 
-    second_run = spectune(["run", str(exp), "--set", "study.n_trials=4"], home)
+    second_run = run_here(capsys, ["run", str(exp), "--set", "study.n_trials=4"], home)
     second = summary(second_run)
     assert second["complete"] == 4 and second["parent_run_id"] == out["parent_run_id"]
     assert "3/4 complete" in second_run.stderr
@@ -95,8 +97,10 @@ def test_fixed_k_baseline_noise_and_a_resume_that_must_match(tmp_path, tiny_ckpt
     assert third["complete"] == 4 and len(optuna_study(storage, "tiny-study").trials) == len(study.trials)
     assert third["gangs_launched"] == 0  # nothing measured: no gang launched
 
-    failing = spectune(
-        ["run", str(exp), "--set", "study.n_trials=6", "--set", "limits.trial_timeout_s=0.001", "--set", "study.max_failed_trials=1"], home
+    failing = run_here(
+        capsys,
+        ["run", str(exp), "--set", "study.n_trials=6", "--set", "limits.trial_timeout_s=0.001", "--set", "study.max_failed_trials=1"],
+        home,
     )
     assert failing.returncode == 2 and "1 trials failed in this run" in failing.stderr, failing.stderr[-2000:]
     trials = optuna_study(storage, "tiny-study").trials
@@ -124,7 +128,7 @@ def test_batch_sizes_study_and_its_exported_schedule(tmp_path, tiny_ckpt, capsys
     text = exp.read_text().replace("max_new_tokens: 12", "max_new_tokens: 12\n  batch_sizes: [2]\n  context_lengths: [160, 32]")
     exp.write_text(text)
     home = tmp_path / "home"
-    out = summary(spectune(["run", str(exp)], home))
+    out = summary(run_here(capsys, ["run", str(exp)], home))
     assert out["complete"] == 3
     assert out["gangs_launched"] == 1  # 3 trials, one gang: the same env and placement throughout
     study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
@@ -226,7 +230,7 @@ def test_the_last_trials_race_the_leaders_on_a_fresh_gang(tmp_path, tiny_ckpt, c
         study={"n_trials": 3, "sampler": "random", "seed": 0, "pruner": "none", "baseline_repeats": 1, "race_trials": 1},
     )
     home = tmp_path / "home"
-    r = spectune(["run", str(exp)], home, env={"NCCL_ALGO": "Ring"})
+    r = run_here(capsys, ["run", str(exp)], home, env={"NCCL_ALGO": "Ring"})
     out = summary(r)
     assert out["complete"] == 3 and out["gangs_launched"] >= 2  # the race trial's own gang
     study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
@@ -275,7 +279,7 @@ def test_a_study_that_measures_its_space_through_reads_as_it_happened(tmp_path, 
         study={"n_trials": 3, "sampler": "random", "seed": 0, "pruner": "none", "baseline_repeats": 2},
     )
     home = tmp_path / "home"
-    r = spectune(["run", str(exp), "--set", "study.name=tiny-through"], home)
+    r = run_here(capsys, ["run", str(exp), "--set", "study.name=tiny-through"], home)
     out = summary(r)
     assert out["complete"] == 2 and out["space_exhausted"], r.stderr[-3000:]
     tracking = f"sqlite:///{home / 'mlflow.db'}"
@@ -297,7 +301,7 @@ def test_a_study_that_measures_its_space_through_reads_as_it_happened(tmp_path, 
     assert pinned["study"]["name"] == "tiny-through-best" and pinned["search"]["space"] == {
         "spec.num_draft_tokens": pinned["drafter"]["num_draft_tokens"]
     }
-    again = spectune(["run", str(best)], home)
+    again = run_here(capsys, ["run", str(best)], home)
     assert again.returncode == 0, again.stderr[-3000:]
     assert summary(again)["complete"] == 1
     assert [t.state.name for t in optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-through-best").trials] == ["COMPLETE"]
