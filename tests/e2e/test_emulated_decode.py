@@ -3,9 +3,9 @@ shard of TP 2 and waits the table's latency per allreduce; the JSON says the fig
 and from which table, names the acceptance it used and compares no output with a baseline. Bad
 input is one line and exit 2. A whole study on an emulated TP 4 (embedded Ray, SQLite, local MLflow):
 its report and export say emulated and name the table, and its steps are split into allreduce waits
-and the rest. The decode, report and export run spectune's `main` in the test's process
-(studyutil.spectune_here: the same flags and output, no interpreter and imports per command); the
-refusals and the study are `spectune` processes."""
+and the rest. The decode, the study, its report and export run spectune's `main` in the test's process
+(studyutil.spectune_here and run_here: the same flags and output, no interpreter and imports per
+command; the study's Ray and actors are processes either way); the refusals are `spectune` processes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json
 
 import pytest
 from studyutil import run_cli as spectune
-from studyutil import spectune_here
+from studyutil import run_here, spectune_here
 
 LATENCY_US = 300.0
 
@@ -86,7 +86,6 @@ def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp
     report and its export say "emulated" and name the table; the plain trial's step is split into its
     allreduce waits and the rest (comm_fraction), as a real TP 4 trial's is."""
     from studyutil import optuna_study, summary, tiny_experiment
-    from studyutil import spectune as run_spectune
 
     table = _table(tmp_path / "cpu-tp4.json", [1 << p for p in range(6, 22)], tp=4)
     exp = tiny_experiment(
@@ -98,7 +97,7 @@ def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp
         study={"n_trials": 2, "sampler": "grid", "seed": 0, "pruner": "none", "baseline_repeats": 2},
     )
     home = tmp_path / "home"
-    r = run_spectune(["run", str(exp)], home)
+    r = run_here(capsys, ["run", str(exp)], home)
     out = summary(r)
     assert out["complete"] == 2, r.stderr[-2000:]
     assert "emulated TP 4 from table cpu-tp4" in r.stderr

@@ -3,17 +3,18 @@ on held-out tiny checkpoints (settings of their own) matches transformers' greed
 lossless with each drafter, and a whole study on a Qwen3-MoE checkpoint with the embedded defaults (real Ray, Optuna
 on SQLite, MLflow) completes with every trial lossless.
 
-The decodes run the command's own `main` in the test's process (studyutil.spectune_here: its flags, exit
-status, stdout and stderr; the ranks are processes either way): each CLI process paid ~4-6 CPU-s to start
-an interpreter, import torch and transformers and start its own forkserver, for checks about the model
-families, not the process. tests/e2e/test_nvls_env.py and test_cli_decode.py run the real command."""
+The commands run spectune's own `main` in the test's process (studyutil.spectune_here and run_here: its
+flags, exit status, stdout and stderr; the ranks, Ray and its actors are processes either way): each CLI
+decode paid ~8 CPU-s to start an interpreter, import torch and transformers and start its own forkserver,
+for checks about the model families, not the process. tests/e2e/test_nvls_env.py and test_cli_decode.py
+run the real command."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from studyutil import mlflow_runs, optuna_study, spectune, spectune_here, summary, tiny_experiment
+from studyutil import mlflow_runs, optuna_study, run_here, spectune_here, summary, tiny_experiment
 
 from workers.model.checkpoint import tiny_config, write_random_checkpoint
 
@@ -156,7 +157,7 @@ def test_drafters_on_a_moe_verifier_are_lossless(tmp_path, decode):
         assert out["params"]["drafter.kind"] == drafter[0]
 
 
-def test_study_on_a_moe_checkpoint(tmp_path):
+def test_study_on_a_moe_checkpoint(tmp_path, capsys):
     ckpt = write_random_checkpoint(tmp_path / "ckpt", HELD_OUT_MOE, seed=8)
     exp = tiny_experiment(
         tmp_path,
@@ -167,7 +168,7 @@ def test_study_on_a_moe_checkpoint(tmp_path):
         parallel={"tp": 1, "cpus_per_worker": 0.1},
     )
     home = tmp_path / "home"
-    out = summary(spectune(["run", str(exp)], home))
+    out = summary(run_here(capsys, ["run", str(exp)], home))
     assert out["complete"] == 3
     study = optuna_study(f"sqlite:///{home / 'optuna.db'}", "tiny-study")
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
