@@ -38,6 +38,9 @@ def fake_gpu_ray():
 
 
 def test_model_drafter_share_lands_on_rank0_gpu_and_nccl_env_reaches_actors(fake_gpu_ray, tiny_ckpt, monkeypatch):
+    """A model drafter's 0.1 share lands on rank 0's instance and the driver's NCCL_* reach every actor;
+    then, on the same Ray, an n-gram actor takes no instance. (Once two tests: the suite runs its tests
+    longest first on whichever worker is free, so each started this module's Ray, ~6 CPU-s, for itself.)"""
     # set after Ray started: only the actors' runtime_env can carry it to them
     monkeypatch.setenv("NCCL_ALGO", "Ring")
 
@@ -55,9 +58,10 @@ def test_model_drafter_share_lands_on_rank0_gpu_and_nccl_env_reaches_actors(fake
         seen = fake_gpu_ray.get([a.__ray_call__.remote(_env_of, "NCCL_ALGO") for a in gang.actors])
         assert seen == ["Ring"] * 3
         assert fake_gpu_ray.get(gang.actors[0].__ray_call__.remote(_env_of, "NCCL_NVLS_ENABLE")) == "0"
+    _ngram_gang_takes_one_instance_per_rank(tiny_ckpt)
 
 
-def test_ngram_gang_takes_one_instance_per_rank(fake_gpu_ray, tiny_ckpt):
+def _ngram_gang_takes_one_instance_per_rank(tiny_ckpt):
     spec = GangSpec(model_path=str(tiny_ckpt), tp=2, drafter=DrafterSpec(kind="ngram", ngram_actor=True))
     with RayGang(spec, {}, Resources(cpus_per_worker=0.1, gpu_resource="fake_gpu")) as gang:
         instances = gang.check_placement()
