@@ -138,6 +138,6 @@ def test_gemv_bench_times_the_shapes_a_rank_runs(tmp_path, tp, heads, kv_heads):
         "down": tuple(layer.mlp.down_proj.weight.shape),
     }
     assert {role: (n, k) for role, (n, k, _) in step_shapes(cfg, tp).items()} == got
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and tp == 1:  # the command takes no shape: one run of it says so for all three
         r = subprocess.run([sys.executable, "-m", "workers.kernels.gemv", "--bench"], capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and r.stderr.strip() == "gemv --bench: needs a CUDA GPU and Triton (the kernels are timed as CUDA graphs)"
