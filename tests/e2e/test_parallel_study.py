@@ -24,7 +24,7 @@ import time
 
 import psutil
 import pytest
-from studyutil import mlflow_runs, optuna_study, ray_temp_dir, spectune, sql, summary, tiny_experiment
+from studyutil import mlflow_runs, optuna_study, ray_temp_dir, run_here, spectune, sql, summary, tiny_experiment
 
 HOST_LABEL = "spectune.io/host"  # orchestrator/execution/slots.py's HOST_LABEL, spelled as a cluster operator would
 
@@ -185,7 +185,7 @@ def test_raylets_of_one_machine_are_one_host_and_run_one_trial_at_a_time(tmp_pat
 
 
 @pytest.mark.timeout(600)
-def test_trials_beside_each_other_are_marked_and_the_race_re_measures_alone(tmp_path, tiny_ckpt):
+def test_trials_beside_each_other_are_marked_and_the_race_re_measures_alone(tmp_path, tiny_ckpt, capsys):
     """isolation none on the embedded one-node Ray, two at a time: said once; trials that ran at once are
     marked with each other (spectune.co_running), so the ranking trusts none of them, and the race trial
     (study.race_trials 1; two where the first two trials end together) re-measures the fastest of them
@@ -203,7 +203,7 @@ def test_trials_beside_each_other_are_marked_and_the_race_re_measures_alone(tmp_
         },
     )  # fmt: skip
     home = tmp_path / "home"
-    r = spectune(["run", str(exp), "--json"], home)
+    r = run_here(capsys, ["run", str(exp), "--json"], home)  # spectune's main in this process: its embedded Ray is processes
     assert r.returncode == 0, r.stderr[-4000:]
     assert summary(r)["complete"] == 4
     assert r.stderr.count("isolation none: trials may run anywhere") == 1, r.stderr[-3000:]
