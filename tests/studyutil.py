@@ -111,6 +111,15 @@ def run_here(capsys, args: list[str], home: Path, env: dict | None = None) -> su
     import ray
 
     assert not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"), "run_here starts an embedded Ray of its own"
+    # this process's CPU-gang forkserver (the driver's allreduce benchmark forks its ranks from it) starts
+    # before the run puts its driver token in the environment: a process started under the token is the
+    # run's, and the run's end kills it (orchestrator/study/drivers.py)
+    from multiprocessing import forkserver
+
+    from workers.runtime.procs import rank_context
+
+    rank_context("cpu")
+    forkserver.ensure_running()
     ray_tmp = ray_temp_dir()
     r = spectune_here(capsys, *args, home=home, env={"SPECTUNE_RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", **(env or {})})
     assert not ray.is_initialized(), "the run left its Ray connected"

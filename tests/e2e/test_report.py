@@ -7,9 +7,10 @@ are named by the same configuration labels. Also the noise-aware objective.
 
 The study it reports on is also the suite's study against a real `mlflow server` (both stores, the
 MLflow contract, study.bench_allreduce's table, no process left): one TP 2 study feeds both sets of
-checks, each study costing its own Ray, gangs and driver. The study is a `spectune run` process; the
-commands that read it (report, validate, perfcheck) run their `main` in this process
-(studyutil.spectune_here): the same output without an interpreter and MLflow's imports per command."""
+checks, each study costing its own Ray, gangs and driver. The study and the commands that read it
+(report, validate, perfcheck) run their `main` in this process (studyutil.run_here and spectune_here; the
+study's Ray, actors and benchmark ranks are processes, the MLflow server too): the same output without an
+interpreter and MLflow's, Ray's and matplotlib's imports per command."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from studyutil import (
     mlflow_server,
     optuna_study,
     processes_mentioning,
-    spectune,
+    run_here,
     spectune_here,
     summary,
     tiny_experiment,
@@ -73,7 +74,7 @@ def test_report_end_to_end(tmp_path, tiny_ckpt, mlflow_url, capsys):
     home = tmp_path / "home"
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     stores = ["--set", f"tracking.uri={mlflow_url}", "--set", f"study.storage={storage}"]
-    run = spectune(["run", str(exp), *stores, "--set", "study.bench_allreduce=true"], home)
+    run = run_here(capsys, ["run", str(exp), *stores, "--set", "study.bench_allreduce=true"], home)
     _check_study_in_mlflow_server(run, storage, mlflow_url)
     study = optuna_study(storage, "tiny-study")
     for t in study.trials:
