@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "engine", "e2e")
@@ -28,20 +27,28 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # `from studyutil import ...` from every tier's folder
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# the suite runs on three xdist workers over two cores: one intra-op thread each (tiny tensors pay for
-# thread hand-offs, and more threads than cores only queue); processes the tests start choose their own
-torch.set_num_threads(1)
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from workers.model.checkpoint import resolve_model_path, tiny_config, write_random_checkpoint  # noqa: E402
+
+def pytest_configure(config):
+    """Where tests run (an xdist worker, or a run without xdist), before any test module is imported. The
+    xdist controller runs none: it does not import torch (~2.4 CPU-s)."""
+    if not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no":
+        return
+    import torch
+
+    # the suite runs on three xdist workers over two cores: one intra-op thread each (tiny tensors pay for
+    # thread hand-offs, and more threads than cores only queue); processes the tests start choose their own
+    torch.set_num_threads(1)
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 # Seconds each test took in a recorded run of the whole suite (`--record-durations tests/durations.json`).
 # The suite runs longest first: with `--dist load --maxschedchunk 1` (infra/test.sh) xdist hands each
 # worker two tests at the start and then one more whenever it is down to one queued, in this order, so
 # the long end-to-end studies start early, spread over the workers, instead of one of them ending last.
 # The price: tests of one module no longer run back to back, so a module-scoped fixture may be set up
-# once per run of its tests (tests/e2e/test_ray_placement.py's fake-GPU Ray: twice instead of once).
+# once per run of its tests (so tests/e2e/test_ray_placement.py's checks on one fake-GPU Ray are one test).
 DURATIONS = TESTS / "durations.json"
 
 
@@ -90,18 +97,24 @@ def pytest_sessionfinish(session):
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """Tiny Llama with GQA (4 query heads, 2 KV heads), random weights, no tokenizer."""
+    from workers.model.checkpoint import tiny_config, write_random_checkpoint
+
     return write_random_checkpoint(tmp_path_factory.mktemp("tiny"), tiny_config(), seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_draft_ckpt(tmp_path_factory):
     """A different tiny random model with the same vocabulary: a weak but valid draft model."""
+    from workers.model.checkpoint import tiny_config, write_random_checkpoint
+
     cfg = tiny_config(num_hidden_layers=1, hidden_size=32, intermediate_size=64, head_dim=8)
     return write_random_checkpoint(tmp_path_factory.mktemp("tiny_draft"), cfg, seed=1)
 
 
 @pytest.fixture(scope="session")
 def smollm2():
+    from workers.model.checkpoint import resolve_model_path
+
     return resolve_model_path("smollm2-135m")
 
 
@@ -110,6 +123,8 @@ def kernel_device() -> str:
     """ "cpu" where the Triton kernels run under the interpreter (float32 there), "cuda" where they
     are built for the GPU (bf16 there); skips where Triton is missing or neither can run."""
     pytest.importorskip("triton")
+    import torch
+
     from workers.kernels import attention
     from workers.kernels.support import interpreted, interpreter_numpy_fix
 
