@@ -105,12 +105,14 @@ def run_here(capsys, args: list[str], home: Path, env: dict | None = None) -> su
     """`spectune run ...` (args) as `spectune` does it, but through its `main` in this process: a real
     embedded local Ray (its own temp dir, returned as `.ray_tmp`), its driver record and watchdog, SQLite
     Optuna storage and a local MLflow store, without an interpreter to start and MLflow, Optuna, Ray and
-    matplotlib to import per study (~5 CPU-s). The run connects Ray and shuts it down itself (a Ray this
-    process had connected would be joined instead: none is). For studies whose checks are about what they
-    record, not about the driver's process (signals, process groups, two drivers: tests/e2e/test_faults_*)."""
+    matplotlib to import per study (~5 CPU-s); with RAY_ADDRESS in `env`, the cluster there (a
+    `ray.cluster_utils.Cluster` the test runs), joined and left as the command does. The run connects Ray
+    and disconnects (or shuts its embedded Ray down) itself: no Ray may be connected here before or after.
+    For studies whose checks are about what they record, not about the driver's process (signals, process
+    groups, two drivers at once: tests/e2e/test_faults_*)."""
     import ray
 
-    assert not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"), "run_here starts an embedded Ray of its own"
+    assert not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"), "run_here connects a Ray of its own"
     # this process's CPU-gang forkserver (the driver's allreduce benchmark forks its ranks from it) starts
     # before the run puts its driver token in the environment: a process started under the token is the
     # run's, and the run's end kills it (orchestrator/study/drivers.py)

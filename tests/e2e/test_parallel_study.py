@@ -162,7 +162,7 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
 
 
 @pytest.mark.timeout(600)
-def test_raylets_of_one_machine_are_one_host_and_run_one_trial_at_a_time(tmp_path, tiny_ckpt, one_host):
+def test_raylets_of_one_machine_are_one_host_and_run_one_trial_at_a_time(tmp_path, tiny_ckpt, one_host, capsys):
     """The README's multi-raylet cluster of one machine (infra/services.sh's SPECTUNE_RAY_WORKERS): two
     trials at once asked for with isolation node, one given, and the line says the nodes share a host."""
     cluster, _, _ = one_host
@@ -174,7 +174,8 @@ def test_raylets_of_one_machine_are_one_host_and_run_one_trial_at_a_time(tmp_pat
         search={"space": {"spec.num_draft_tokens": {"choices": [0, 2]}}},
         study={"n_trials": 2, "sampler": "random", "seed": 0, "pruner": "none", "max_concurrent_trials": 2, "isolation": "node"},
     )
-    r = spectune(["run", str(exp), "--json"], tmp_path / "home", env={"RAY_ADDRESS": cluster.address})
+    # spectune's main in this process (studyutil.run_here), which holds the cluster: joined and left as the command does
+    r = run_here(capsys, ["run", str(exp), "--json"], tmp_path / "home", env={"RAY_ADDRESS": cluster.address})
     assert r.returncode == 0, r.stderr[-4000:]
     assert summary(r)["complete"] == 2
     line = "study.max_concurrent_trials=2, but isolation node gives 1 slot(s) on this cluster (2 node(s) on 1 host(s): "
