@@ -34,6 +34,8 @@ def _cluster(head_labels: dict | None, worker_labels: dict | None):
 
     tmp = ray_temp_dir()
     head = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "temp_dir": tmp, "include_dashboard": False}
+    # no idle workers started for a driver up front (as spectune's embedded Ray): gangs start their own actors
+    head["_system_config"] = {"prestart_worker_first_driver": False}
     cluster = Cluster(initialize_head=True, head_node_args={**head, **({"labels": head_labels} if head_labels else {})})
     worker = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", **({"labels": worker_labels} if worker_labels else {}))
     cluster.wait_for_nodes()

@@ -22,7 +22,16 @@ def local_ray():
     from studyutil import ray_temp_dir
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", _temp_dir=ray_temp_dir())
+    # no idle workers started up front, as spectune's embedded Ray (orchestrator/execution/cluster.py): the
+    # gang's actors get processes of their own, so those would only cost CPU (~1 s each)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="ERROR",
+        _temp_dir=ray_temp_dir(),
+        _system_config={"prestart_worker_first_driver": False},
+    )
     yield
     ray.shutdown()
 

@@ -28,7 +28,13 @@ def fake_gpu_ray():
         pytest.skip("another Ray is connected in this process")
     os.environ["RAY_custom_unit_instance_resources"] = "fake_gpu"  # instance ids, as GPUs have
     ray.init(
-        address="local", num_cpus=2, resources={"fake_gpu": 2}, include_dashboard=False, _temp_dir=ray_temp_dir(), logging_level="ERROR"
+        address="local",
+        num_cpus=2,
+        resources={"fake_gpu": 2},
+        include_dashboard=False,
+        _temp_dir=ray_temp_dir(),
+        logging_level="ERROR",
+        _system_config={"prestart_worker_first_driver": False},  # as spectune's embedded Ray: no idle workers up front
     )
     try:
         yield ray
