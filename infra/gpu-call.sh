@@ -21,7 +21,8 @@
 #   emulated         issue 46's zero-table check and the simulated-acceptance path (infra/gpu-families.sh)
 #   families         MoE kernel configurations, verify widths, Qwen3 decodes (infra/gpu-families.sh)
 #   moe              the MoE shape's widths 1, 5, 9 with .devcarry/before's code and this tree's, and its width-1 kernel table (infra/gpu-families.sh)
-#   deepseek         the DeepSeek-V3 shape: plain decode on each latent-attention cache, the MTP drafter, verify widths (infra/gpu-families.sh)
+#   deepseek         the DeepSeek-V3 shape's verify widths (with .devcarry/before's code first) and width-1 kernel table (infra/gpu-families.sh)
+#   mtp              the DeepSeek-V3 shape's plain decode on each latent-attention cache, then the MTP drafter at k = 3 (infra/gpu-families.sh)
 #   batch            batch > 1 (infra/gpu-batch.sh, its SIZES / KS / DRAFTER)
 #   study=YAML[,key=value...]   a whole study, no kill (infra/gpu-study.sh); its files come back as study-N.tgz
 # Every stage's output is in $OUT/log.txt; the GPU, the code's content hash and each stage's time head it.
@@ -31,10 +32,10 @@ cd "$(dirname "$0")/.."
 needs() {  # the packs a stage needs: pyd (decode), rest (a study), zero (the zero table)
   case $1 in
     setup) echo "" ;;
-    tests | tp1 | families | moe | deepseek | batch) echo pyd ;;
+    tests | tp1 | families | moe | deepseek | mtp | batch) echo pyd ;;
     emulated) echo "pyd zero" ;;
     study=*) echo "ray rest" ;;
-    *) echo "gpu-call: unknown stage '$1' (setup | tests | tp1 | emulated | families | moe | deepseek | batch | study=YAML[,k=v...])" >&2; return 2 ;;
+    *) echo "gpu-call: unknown stage '$1' (setup | tests | tp1 | emulated | families | moe | deepseek | mtp | batch | study=YAML[,k=v...])" >&2; return 2 ;;
   esac
 }
 
@@ -54,7 +55,7 @@ if [ "${1:-}" = "--plan" ]; then
   for s in "$@"; do case $s in study=*) study+=("$s") ;; setup) ;; *) decode+=("$s") ;; esac; done
   extra=""
   [[ $want == *" zero "* ]] && extra+=', ".devcarry/zero"'
-  [ -d .devcarry/before ] && [[ " ${decode[*]} " == *" tp1 "* ]] && extra+=', ".devcarry/before"'
+  [ -d .devcarry/before ] && [[ " ${decode[*]} " =~ \ (tp1|moe|deepseek)\  ]] && extra+=', ".devcarry/before"'
   if [ ${#study[@]} -gt 0 ]; then
     echo "call 1: carry [\".devcarry/ray\", \".devcarry/pyd\"$extra]  command: OUT=\$OUT bash infra/gpu-call.sh setup ${decode[*]}"
     echo "call 2 (within 30 s): carry [\".devcarry/rest\"]  command: OUT=\$OUT bash infra/gpu-call.sh ${study[*]}"
@@ -100,7 +101,7 @@ for stage in "$@"; do
     tp1)
       [ -d .devcarry/before ] && run tp1_before .devcarry/before "$PY" $(decode)
       run tp1 . "$PY" $(decode) ;;
-    tests | emulated | families | moe | deepseek)
+    tests | emulated | families | moe | deepseek | mtp)
       sub=$(case $stage in families) echo "kernels widths decode" ;; *) echo "$stage" ;; esac)
       # its lines go to the call's output; it writes its own log.txt lines
       SPECTUNE_VENV=$VENV OUT=$OUT LIMIT=${LIMIT:-300} bash infra/gpu-families.sh $sub 2>&1 || say "!!! $stage failed" ;;

@@ -22,12 +22,14 @@
 # and --simulate-accept-profile 0.8,0.6,0.4). Here: python -m scripts.make_allreduce_presets --zero .devcarry/zero/zero.json.
 # moe (issue 44's width-1 step): the Qwen3-30B-A3B shape's verify pass at widths 1, 5, 9 with .devcarry/before's
 # code then this tree's, and this tree's width-1 kernel table (scripts/profile_step.py).
-# deepseek (issue 45): random:deepseek-v3:layers=$DS_LAYERS (default 4: the 3 dense layers and one MoE
-# layer, ~30 GB of bf16; ~53 GB with the MTP layer, itself an MoE block: 5 layers and MTP would not fit an
-# 80 GB card), plain decoding on each latent-attention cache (--mla expanded, then absorbed,
-# back to back), the MTP drafter (the checkpoint's own MTP layer, an MoE block) at k = 3 on the absorbed
+# deepseek and mtp (issue 45): random:deepseek-v3:layers=$DS_LAYERS (default 4: the 3 dense layers and one
+# MoE layer, ~30 GB of bf16; ~53 GB with the MTP layer, itself an MoE block: 5 layers and MTP would not fit
+# an 80 GB card). deepseek: the verify pass against width on the absorbed cache with its roofline
+# (scripts/verify_widths.py), with .devcarry/before's code first when carried, and the width-1 kernel table
+# (scripts/profile_step.py). mtp: plain decoding on each latent-attention cache (--mla expanded, then
+# absorbed, back to back), then the MTP drafter (the checkpoint's own MTP layer) at k = 3 on the absorbed
 # cache at an imposed acceptance profile (random MTP weights accept next to nothing: the engine's cost is
-# what is timed), and the verify pass against width with its roofline (scripts/verify_widths.py).
+# what is timed).
 # Each run is cut off after $LIMIT seconds (default 240); WIDTHS (default 1..9) are the widths timed. Everything lands in $OUT: log.txt and a JSON per run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -95,14 +97,23 @@ for stage in "${stages[@]}"; do
         --widths 1 --attention triton --top 45 --max-seq 512 --json "$OUT/moe_profile.json") >> "$OUT/log.txt" 2>&1 \
         || { echo "!!! moe_profile failed (rc=$?)" | tee -a "$OUT/log.txt"; failed+=(moe_profile); } ;;
     deepseek)
+      # the verify pass against width on the absorbed cache with .devcarry/before's code (when carried) and this
+      # tree's, back to back; then where this tree's width-1 step spends its time (the kernel table in log.txt)
+      dw="-m scripts.verify_widths --model random:deepseek-v3:layers=$DS_LAYERS --widths ${WIDTHS:-1 2 3 4 5 6 7 8 9} --json -"
+      [ -d .devcarry/before ] && run deepseek_widths_before .devcarry/before $PY $dw
+      run deepseek_widths . $PY $dw
+      echo "=== deepseek_profile: scripts.profile_step (its table here, its JSON in deepseek_profile.json)" | tee -a "$OUT/log.txt"
+      (PYTHONPATH=$PWD timeout -k 10 "${LIMIT:-240}" $PY -m scripts.profile_step --model "random:deepseek-v3:layers=$DS_LAYERS" \
+        --widths 1 --attention sdpa --top 40 --max-seq 512 --json "$OUT/deepseek_profile.json") >> "$OUT/log.txt" 2>&1 \
+        || { echo "!!! deepseek_profile failed (rc=$?)" | tee -a "$OUT/log.txt"; failed+=(deepseek_profile); } ;;
+    mtp)
+      # plain decoding of the DeepSeek-V3 subset on each latent-attention cache, then the MTP drafter at k = 3
       ds="random:deepseek-v3:layers=$DS_LAYERS"
       run deepseek_expanded . $PY $(decode "$ds") --mla expanded
       run deepseek_absorbed . $PY $(decode "$ds") --mla absorbed
       run deepseek_mtp_k3 . $PY $(decode "$ds" | sed 's/--drafter none -k 0/--drafter mtp -k 3/') --mla absorbed \
-        --simulate-accept-profile 0.8,0.6,0.4
-      # the figures as JSON in one file, the table in log.txt (a device call returns at most 8 files)
-      run deepseek_widths . $PY -m scripts.verify_widths --model "$ds" --widths ${WIDTHS:-1 2 3 4 5 6 7 8 9} --json - ;;
-    *) echo "unknown stage $stage (tests | kernels | widths | decode | before | emulated | moe | deepseek)" >&2; exit 2 ;;
+        --simulate-accept-profile 0.8,0.6,0.4 ;;
+    *) echo "unknown stage $stage (tests | kernels | widths | decode | before | emulated | moe | deepseek | mtp)" >&2; exit 2 ;;
   esac
 done
 $PY - "$OUT" <<'PY' | tee -a "$OUT/log.txt"

@@ -236,6 +236,7 @@ def main(argv=None) -> None:
         "--gemv", nargs="+", default=["auto"], choices=["auto", "cublas", "triton", "off"], help="with --rows: EngineConfig.gemv"
     )
     ap.add_argument("--context", type=int, default=294, help="with --rows: positions each row attends to")
+    ap.add_argument("--mla", choices=["absorbed", "expanded"], default="absorbed", help="latent attention's cache (engine.mla)")
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args(argv)
     if a.tp > 1:
@@ -265,6 +266,8 @@ def main(argv=None) -> None:
     no_cudnn_attention()  # as the workers do
     bw = copy_bandwidth(device)
     model = load_model(resolve_model_path(a.model), dtype=torch.bfloat16, device=device, max_seq=a.max_seq)
+    if model.args.mla is not None:
+        model.absorb_latent_attention(a.mla == "absorbed")
     nbytes = streamed_bytes(model)
     roof_ms = nbytes / bw * 1e3
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; weights streamed per step {nbytes / 1e9:.2f} GB; roofline {roof_ms:.3f} ms")
@@ -301,18 +304,16 @@ def main(argv=None) -> None:
             graph = runner.graphs[StepGraph(w, True)][0]
             r = {"replay_ms": replay_ms(graph, device), "step_call_ms": step_call_ms(runner, w)}
             r["roofline_fraction"] = roof_ms / r["replay_ms"]
-            if fused:
-                rows, total_us, kernels = kernel_table(runner, w, a.top)
-                r.update(kernel_us_sum=total_us, kernels_per_step=kernels, top=rows)
+            rows, total_us, kernels = kernel_table(runner, w, a.top)
+            r.update(kernel_us_sum=total_us, kernels_per_step=kernels, top=rows)
             out["widths"].setdefault(str(w), {})[name] = r
             print(
                 f"\n[{name}] width {w}: replay {r['replay_ms']:.3f} ms ({r['roofline_fraction']:.0%} of roofline), "
                 f"step call {r['step_call_ms']:.3f} ms"
             )
-            if fused:
-                print(f"  kernels: {kernels:.0f} per step, {total_us / 1e3:.3f} ms of kernel time")
-                for row in rows:
-                    print(f"  {row['us_per_step']:9.1f} us  x{row['count_per_step']:6.1f}  {row['kernel']}")
+            print(f"  kernels: {kernels:.0f} per step, {total_us / 1e3:.3f} ms of kernel time")
+            for row in rows:
+                print(f"  {row['us_per_step']:9.1f} us  x{row['count_per_step']:6.1f}  {row['kernel']}")
         del runner, cache
         torch._dynamo.reset()  # the next variant compiles its own bodies
         torch.cuda.empty_cache()

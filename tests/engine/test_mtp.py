@@ -107,15 +107,19 @@ def _reference_chain(model, tokens: list[int], k: int) -> list[int]:
     return drafts
 
 
+@pytest.mark.parametrize("chain", [False, True], ids=["host-loop", "device-chain"])
 @pytest.mark.parametrize("absorbed", [False, True], ids=["expanded", "absorbed"])
-def test_the_drafters_chains_equal_the_mtp_math_from_scratch_as_the_verifier_commits(ckpt, absorbed):
+def test_the_drafters_chains_equal_the_mtp_math_from_scratch_as_the_verifier_commits(ckpt, absorbed, chain):
     """A greedy decode where the verifier keeps 0, 1, all or some of the drafts in turn: each proposal
     equals the from-scratch chain over the committed tokens (the drafter's cache rolled back and fed
-    with the states of exactly the positions committed since), on either latent-attention cache."""
+    with the states of exactly the positions committed since), on either latent-attention cache,
+    through the host loop and through the device-only chain body a GPU captures as one CUDA graph
+    (its steps over the whole static cache under a position mask)."""
     model = load_model(ckpt, mtp=True)
     model.absorb_latent_attention(absorbed)
     model.aux_layers = (model.args.n_layers,)
-    drafter = MtpDrafter(MtpHead(model))
+    drafter = MtpDrafter(MtpHead(model), chain=chain)
+    assert drafter.use_chain is chain
     drafter.begin(0.0, 0)
     k, prompt = 3, [5, 17, 42, 8, 99, 3]
     drafter.prefill(prompt)
@@ -136,3 +140,26 @@ def test_the_drafters_chains_equal_the_mtp_math_from_scratch_as_the_verifier_com
             drafter.observe(model.aux[0][0, L - 1 : L + keep])  # the states of the positions it committed
     other = drafter.fork()  # another sequence's drafter: the same layer, a cache of its own
     assert other.cache is not drafter.cache and other.head is drafter.head
+
+
+@torch.inference_mode()
+def test_the_chain_body_never_syncs(ckpt, monkeypatch):
+    """The MTP chain's device-only body (a feed of 3 entries and 3 drafts over the whole static cache,
+    what a GPU captures as one CUDA graph), with the routed experts a capture runs (the graph-safe
+    loop), reads nothing back to the host and drafts what the host loop drafts."""
+    from test_graph_safety import NoHostSync
+
+    model = load_model(ckpt, mtp=True, max_seq=64)
+    model.absorb_latent_attention(True)
+    monkeypatch.setattr(model.mtp.mlp, "eager_experts", model.mtp.mlp.graph_experts)
+    tokens, states = [5, 17, 42], torch.randn(3, model.args.dim, generator=torch.Generator().manual_seed(2))
+    host = MtpDrafter(MtpHead(model), chain=False)
+    h, logits = host.head.step(torch.tensor(tokens), states, host.cache)
+    want = [int(logits.argmax())]
+    for _ in range(2):
+        h, logits = host.head.step(torch.tensor(want[-1:]), h[-1:], host.cache)
+        want.append(int(logits.argmax()))
+    chain = MtpDrafter(MtpHead(model), chain=True).chain
+    with NoHostSync():
+        drafts = chain.draft(tokens, states, 3, on_device=True)
+    assert drafts.tolist() == want and chain.cache.lengths[0] == 3 + 3 - 1  # the last draft is not fed

@@ -21,16 +21,19 @@ across the TP ranks as the model's layers are, its allreduces in line with their
 the same chain in lockstep, from the same committed tokens and the same (allreduced) states.
 
 The embedding and the output head are the model's own: DeepSeek-V3 shares them with its MTP layer
-(the checkpoint's copies under the MTP layer's name are not read). Steps are eager (no CUDA-graph
-chain yet), on every device.
+(the checkpoint's copies under the MTP layer's name are not read). On a GPU a greedy chain (the
+feed and its k drafts) is one CUDA-graph replay per feed width, EAGLE-3's `Eagle3Chain` over this
+head's `step_at`; sampled chains and CPU runs take the host loop.
 """
 
 from __future__ import annotations
 
 import torch
 
+from workers.drafters.eagle3.chain import Eagle3Chain, pick_entries
 from workers.drafters.eagle3.head import Eagle3Drafter
 from workers.model.transformer import KVCache, Transformer, cache_buffers
+from workers.spec import MAX_DRAFT_TOKENS
 
 
 class MtpHead:
@@ -53,6 +56,10 @@ class MtpHead:
         k, v = cache_buffers(self.layer.self_attn, rows, self.model.max_seq, self.dtype, self.device)
         return KVCache(k=[k], v=[v], lengths=[0] * rows)
 
+    @property
+    def aux_dim(self) -> int:
+        return self.model.args.dim
+
     def step(self, tokens: torch.Tensor, g: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [T] (x_{i+1}) with states g [T, dim] appended at the cache length -> (the layer's
         outputs [T, dim], the next token's logits of the last entry [vocab], float32)."""
@@ -60,13 +67,20 @@ class MtpHead:
         kv_len = start + T
         if kv_len > cache.max_seq:
             raise ValueError(f"sequence length {kv_len} exceeds the MTP layer's cache ({cache.max_seq})")
-        pos = torch.arange(start, kv_len, device=tokens.device)[None]
+        out = self.step_at(tokens, g, torch.arange(start, kv_len, device=tokens.device)[None], cache, kv_len)
+        cache.lengths[0] = kv_len
+        return out
+
+    def step_at(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int, at=None):
+        """`step` at explicit positions pos [1, T] over the first kv_len cache slots under a position
+        mask, device ops only (kv_len = cache.max_seq: static shapes, what the chain's CUDA graph
+        captures, workers/drafters/eagle3/chain.py); leaves cache.lengths to the caller. at [1]: the
+        entry whose logits are returned (a device index; default the last)."""
         emb = self.model.embed_tokens(tokens)[None].masked_fill((pos == 0)[..., None], 0.0)
         x = self.layer.join(emb, g[None].to(self.dtype))
         cos, sin, mask = self.model.rope_and_mask(pos, kv_len)
         h = self.layer(x, cos, sin, mask, cache.k[0], cache.v[0], pos)
-        cache.lengths[0] = kv_len
-        logits = self.model.logits(self.layer.shared_head.norm(h[:, -1:]))
+        logits = self.model.logits(self.layer.shared_head.norm(pick_entries(h, at)))
         return h[0], logits[0, 0]
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
@@ -75,20 +89,25 @@ class MtpHead:
 
 class MtpDrafter(Eagle3Drafter):
     """Chain drafting (greedy, or sampled at the trial temperature) from the verifier's final states
-    through its MTP layer; one per sequence (`fork`). No device loop, no CUDA-graph chain (`fed_ready`
-    False, `use_chain` False): the host path of `Eagle3Drafter._propose`."""
+    through its MTP layer; one per sequence (`fork`). Greedy chains run as one CUDA graph per feed
+    width on a GPU (`Eagle3Chain` with the head's own step: the layer's feed and its k drafts in one
+    replay); chain True runs that device-only body uncaptured (CPU tests), False the host loop. Not fed
+    on the device (`fed_ready` False: the verifier's device loop hands over EAGLE-3's aux layers, not
+    the final states)."""
 
     kind = "mtp"
     proposes_on_device = False
 
-    def __init__(self, head: MtpHead, lookup: int = 0, tree_width: int = 0):
+    def __init__(self, head: MtpHead, chain: bool | None = None, lookup: int = 0, tree_width: int = 0):
         self._own_state(head, lookup, tree_width)
-        self.chain, self.use_chain, self._span = None, False, None  # eager steps: no CUDA-graph chain
+        self.chain = Eagle3Chain(head, self.cache, MAX_DRAFT_TOKENS + 1)
+        self.use_chain = self.chain.capture if chain is None else chain
+        self._span = None  # proposals come back to the host (proposes_on_device False)
         self.begin(0.0, 0)
         self.prefill([])
 
     def fork(self) -> MtpDrafter:
-        other = MtpDrafter(self.head, lookup=self.lookup, tree_width=self.tree_width)
+        other = MtpDrafter(self.head, chain=self.use_chain, lookup=self.lookup, tree_width=self.tree_width)
         other.begin(self.temperature, int(self.generator.initial_seed()))
         return other
 

@@ -272,7 +272,11 @@ class LatentAttention(nn.Module):
         w_uk, w_uv = w[:, : self.nope], w[:, self.nope :]
         q = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_pe], dim=-1)
         c = latent[:, None]  # [B, 1, T, kv_rank]: one cached "head" every query head reads
-        out = attend(q, torch.cat([c, k_pe], dim=-1), c, mask, k_cache, v_cache, pos, H, self.kv_map, scale=self.scale)
+        entry = torch.cat([c, k_pe], dim=-1)
+        if isinstance(mask, torch.Tensor):  # decode, verify and tree steps
+            out = attend_shared_entry(q, entry, mask, k_cache, v_cache, pos, self.scale)
+        else:  # a fresh prefill (causal, or packed sequences): SDPA's grouped-query path
+            out = attend(q, entry, c, mask, k_cache, v_cache, pos, H, self.kv_map, scale=self.scale)
         out = torch.einsum("bthr,hvr->bthv", out.view(B, T, H, self.kv_rank), w_uv)
         return out.reshape(B, T, H * self.v_dim)
 
@@ -399,18 +403,45 @@ def attend(q, k, v, mask, k_cache, v_cache, pos, gqa_group: int, kv_map, scale: 
     if isinstance(mask, Packed):
         return attend_packed(q, k, v, mask, k_cache, v_cache, gqa_group, kv_map, scale)
     B, T = q.shape[0], q.shape[2]
-    if B == 1:
-        k_cache[0].index_copy_(1, pos[0], k[0])
-        v_cache[0].index_copy_(1, pos[0], v[0])
-    else:  # one scatter for all rows, not 2 x B launches per layer (train-drafter generates 128 rows at once)
-        rows = torch.arange(B, device=pos.device)[:, None]
-        k_cache[rows, :, pos] = k.transpose(1, 2)  # [B, T, Hkv, D] into slots (row, :, pos[row, t])
-        v_cache[rows, :, pos] = v.transpose(1, 2)
+    write_kv(k, v, k_cache, v_cache, pos)
     kv_len = T if mask is None else mask.shape[-1]
     keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
     how = {"is_causal": True} if mask is None else {"attn_mask": mask}
     out = _sdpa(q, keys, values, gqa_group, kv_map, scale=scale, **how)
     return out.transpose(1, 2).reshape(B, T, -1)
+
+
+def write_kv(k, v, k_cache, v_cache, pos) -> None:
+    """k/v [B, Hkv, T, D] into the caches' slots (row, :, pos[row, t]); v None: V lives inside K."""
+    B = k.shape[0]
+    if B == 1:
+        k_cache[0].index_copy_(1, pos[0], k[0])
+        if v is not None:
+            v_cache[0].index_copy_(1, pos[0], v[0])
+    else:  # one scatter for all rows, not 2 x B launches per layer (train-drafter generates 128 rows at once)
+        rows = torch.arange(B, device=pos.device)[:, None]
+        k_cache[rows, :, pos] = k.transpose(1, 2)  # [B, T, Hkv, D] into slots (row, :, pos[row, t])
+        if v is not None:
+            v_cache[rows, :, pos] = v.transpose(1, 2)
+
+
+def attend_shared_entry(q, entry, mask, k_cache, v_cache, pos, scale: float):
+    """Attention of every query head to one cached entry a token that all heads share (latent
+    attention's compressed cache; V is a view of K's first dims): q [B, H, T, D], entry [B, 1, T, D]
+    written at `pos`, `mask` (bool, [.., T, L]: True where key j is visible to query t) -> [B, T, H * Dv].
+
+    The H x T queries are the rows of one GEMM against the L cached entries (scores [B, T x H, L]),
+    then softmax in float32 and one GEMM against the V view: the cache is read once for all heads,
+    where SDPA's grouped-query path would copy it once per head (H = 128 on DeepSeek-V3)."""
+    B, H, T, D = q.shape
+    write_kv(entry, None, k_cache, v_cache, pos)
+    L = mask.shape[-1]
+    keys, values = k_cache[:, :, :L], v_cache[:, :, :L]  # [B, 1, L, D], [B, 1, L, Dv]
+    rows = q.transpose(1, 2).reshape(B, 1, T * H, D)  # row t * H + h: query t of head h
+    scores = torch.matmul(rows, keys.transpose(-1, -2)).float().view(B, 1, T, H, L) * scale
+    scores = scores.masked_fill(~mask.unsqueeze(-2), float("-inf"))  # [.., T, 1, L] over the heads
+    probs = torch.softmax(scores, dim=-1).to(q.dtype).view(B, 1, T * H, L)
+    return torch.matmul(probs, values).view(B, T, H * values.shape[-1])
 
 
 def silu_mul(gate_up):

@@ -88,7 +88,7 @@ def build_drafter(spec: GangSpec, device, verifier: Transformer | None = None) -
     if d.kind == "mtp":
         if verifier is None:
             raise WorkerError("drafter.kind mtp runs inside the verifier ranks: its MTP layer is the verifier's")
-        return MtpDrafter(MtpHead(verifier))
+        return MtpDrafter(MtpHead(verifier), chain=None if spec.engine.cuda_graphs else False)  # None: captured on a GPU
     if d.kind == "eagle3":
         if embed is None:
             embed = eagle3_ckpt.target_embedding(spec.model_path, dtype, device)

@@ -125,12 +125,12 @@ class Eagle3Chain:
     def __init__(self, head, cache: KVCache, max_width: int, capture: bool | None = None, fast: HeadFastStep | None = None):
         self.head, self.cache, self.max_width = head, cache, max_width
         self.fast = fast  # None: the head's eager step
-        self.device = head.fc.weight.device
+        self.device = head.device
         self.capture = self.device.type == "cuda" if capture is None else capture
-        dtype = head.fc.weight.dtype
+        dtype = head.dtype
         self._tok = torch.zeros(max_width, dtype=torch.long, device=self.device)
         self._pos = torch.zeros(1, max_width, dtype=torch.long, device=self.device)
-        self._aux = torch.zeros(max_width, head.fc.in_features, dtype=dtype, device=self.device)  # fc's input
+        self._aux = torch.zeros(max_width, head.aux_dim, dtype=dtype, device=self.device)  # the head's `fuse` input
         pin = self.device.type == "cuda"
         self._staging = torch.zeros(2, max_width, dtype=torch.long).pin_memory() if pin else torch.zeros(2, max_width, dtype=torch.long)
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # (T, k, width) or ("fed", ...)
@@ -215,7 +215,7 @@ class Eagle3Chain:
             return top[0], top
 
         pos = self._pos[:, :T]
-        h, logits = self._step(self._tok[:T], head.fc(self._aux[:T]), pos)
+        h, logits = self._step(self._tok[:T], head.fuse(self._aux[:T]), pos)
         nxt, out = pick(logits)
         drafts, pos = [out], pos[:, -1:]
         for _ in range(k - 1):
@@ -228,8 +228,8 @@ class Eagle3Chain:
     def _run_fed(self, feed, k: int) -> None:
         """`draft_fed`'s body (device ops only)."""
         head, T = self.head, feed.tokens.shape[0]
-        aux = torch.cat([a[0, :T] for a in feed.aux], dim=-1).to(head.fc.weight.dtype)
-        h, logits = self._step(feed.tokens, head.fc(aux), feed.positions, feed.at)
+        aux = torch.cat([a[0, :T] for a in feed.aux], dim=-1).to(head.dtype)
+        h, logits = self._step(feed.tokens, head.fuse(aux), feed.positions, feed.at)
         nxt = head.to_target(logits.argmax())
         drafts, h, pos = [nxt], h.index_select(0, feed.at), feed.positions[:, :1] + feed.at
         for _ in range(k - 1):

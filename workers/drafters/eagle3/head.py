@@ -188,6 +188,11 @@ class Eagle3Head(nn.Module):
         return self.fc.weight.device
 
     @property
+    def aux_dim(self) -> int:
+        """Width of the verifier's states a position hands over (`fuse`'s input)."""
+        return self.fc.in_features
+
+    @property
     def target_vocab(self) -> int:
         return self.t2d.shape[0]
 
