@@ -55,7 +55,7 @@ if [ "${1:-}" = "--plan" ]; then
   for s in "$@"; do case $s in study=*) study+=("$s") ;; setup) ;; *) decode+=("$s") ;; esac; done
   extra=""
   [[ $want == *" zero "* ]] && extra+=', ".devcarry/zero"'
-  [ -d .devcarry/before ] && [[ " ${decode[*]} " =~ \ (tp1|moe|deepseek)\  ]] && extra+=', ".devcarry/before"'
+  [ -d .devcarry/before ] && [[ " ${decode[*]} " =~ \ (tp1|moe|deepseek|mtp)\  ]] && extra+=', ".devcarry/before"'
   if [ ${#study[@]} -gt 0 ]; then
     echo "call 1: carry [\".devcarry/ray\", \".devcarry/pyd\"$extra]  command: OUT=\$OUT bash infra/gpu-call.sh setup ${decode[*]}"
     echo "call 2 (within 30 s): carry [\".devcarry/rest\"]  command: OUT=\$OUT bash infra/gpu-call.sh ${study[*]}"

@@ -27,7 +27,8 @@
 # an 80 GB card). deepseek: the verify pass against width on the absorbed cache with its roofline
 # (scripts/verify_widths.py), with .devcarry/before's code first when carried, and the width-1 kernel table
 # (scripts/profile_step.py). mtp: plain decoding on each latent-attention cache (--mla expanded, then
-# absorbed, back to back), then the MTP drafter (the checkpoint's own MTP layer) at k = 3 on the absorbed
+# absorbed, back to back), then the MTP drafter (the checkpoint's own MTP layer; .devcarry/before's first when
+# carried) at k = 3 on the absorbed
 # cache at an imposed acceptance profile (random MTP weights accept next to nothing: the engine's cost is
 # what is timed).
 # Each run is cut off after $LIMIT seconds (default 240); WIDTHS (default 1..9) are the widths timed. Everything lands in $OUT: log.txt and a JSON per run.
@@ -111,8 +112,9 @@ for stage in "${stages[@]}"; do
       ds="random:deepseek-v3:layers=$DS_LAYERS"
       run deepseek_expanded . $PY $(decode "$ds") --mla expanded
       run deepseek_absorbed . $PY $(decode "$ds") --mla absorbed
-      run deepseek_mtp_k3 . $PY $(decode "$ds" | sed 's/--drafter none -k 0/--drafter mtp -k 3/') --mla absorbed \
-        --simulate-accept-profile 0.8,0.6,0.4 ;;
+      mtp="$(decode "$ds" | sed 's/--drafter none -k 0/--drafter mtp -k 3/') --mla absorbed --simulate-accept-profile 0.8,0.6,0.4"
+      [ -d .devcarry/before ] && run deepseek_mtp_k3_before .devcarry/before $PY $mtp
+      run deepseek_mtp_k3 . $PY $mtp ;;
     *) echo "unknown stage $stage (tests | kernels | widths | decode | before | emulated | moe | deepseek | mtp)" >&2; exit 2 ;;
   esac
 done
@@ -121,7 +123,7 @@ import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 for name in ("decode_qwen3_8b", "decode_qwen3_30b_a3b", "llama_tp1_before", "llama_tp1_after", "llama_tp1_plain_a",
              "llama_tp1_zero_table", "llama_tp1_plain_b", "llama_tp1_k3_len", "llama_tp1_k3_profile",
-             "deepseek_expanded", "deepseek_absorbed", "deepseek_mtp_k3"):
+             "deepseek_expanded", "deepseek_absorbed", "deepseek_mtp_k3_before", "deepseek_mtp_k3"):
     f = out / f"{name}.json"
     try:
         d = json.loads(f.read_text())
