@@ -29,10 +29,15 @@ from studyutil import mlflow_runs, optuna_study, ray_temp_dir, run_here, spectun
 HOST_LABEL = "spectune.io/host"  # orchestrator/execution/slots.py's HOST_LABEL, spelled as a cluster operator would
 
 
-def _cluster(head_labels: dict | None, worker_labels: dict | None):
+def _cluster(head_labels: dict | None, worker_labels: dict | None, monkeypatch):
     from ray.cluster_utils import Cluster
 
     tmp = ray_temp_dir()
+    # Cluster records the head's address in <RAY_TMPDIR or /tmp>/ray/ray_current_cluster, whatever the
+    # head's temp_dir: keep it in this test's dir (no /tmp/ray on a fresh machine; and on a shared one,
+    # that file would point other users' ray.init() at this cluster)
+    monkeypatch.setenv("RAY_TMPDIR", tmp)
+    os.makedirs(os.path.join(tmp, "ray"), exist_ok=True)
     head = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "temp_dir": tmp, "include_dashboard": False}
     # no idle workers started for a driver up front (as spectune's embedded Ray): gangs start their own actors
     head["_system_config"] = {"prestart_worker_first_driver": False}
@@ -43,9 +48,9 @@ def _cluster(head_labels: dict | None, worker_labels: dict | None):
 
 
 @pytest.fixture
-def two_hosts():
+def two_hosts(monkeypatch):
     """Two raylets of this machine, declared two hosts by their `spectune.io/host` labels."""
-    cluster, worker, tmp = _cluster({HOST_LABEL: "test-host-a"}, {HOST_LABEL: "test-host-b"})
+    cluster, worker, tmp = _cluster({HOST_LABEL: "test-host-a"}, {HOST_LABEL: "test-host-b"}, monkeypatch)
     try:
         yield cluster, worker, tmp
     finally:
@@ -53,9 +58,9 @@ def two_hosts():
 
 
 @pytest.fixture
-def one_host():
+def one_host(monkeypatch):
     """Two raylets of this machine as they are: one address, one host."""
-    cluster, worker, tmp = _cluster(None, None)
+    cluster, worker, tmp = _cluster(None, None, monkeypatch)
     try:
         yield cluster, worker, tmp
     finally:
