@@ -239,6 +239,8 @@ def main(argv=None) -> None:
     ap.add_argument("--mla", choices=["absorbed", "expanded"], default="absorbed", help="latent attention's cache (engine.mla)")
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args(argv)
+    if a.tp > 1 and a.mla != "absorbed":
+        ap.error("--mla expanded is for TP 1: a TP profile's ranks take the engine's default cache (absorbed)")
     if a.tp > 1:
         from workers.model.checkpoint import resolve_model_path
 

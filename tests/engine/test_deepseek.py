@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from workers.checks.parity import reference_logits, sharded_logits
+from workers.model import transformer
 from workers.model.args import ModelArgs, ModelConfigError, check_tp
 from workers.model.checkpoint import CheckpointReader, load_model, tiny_config, write_random_checkpoint
 from workers.model.locate import random_config
@@ -90,7 +91,7 @@ def _tokens(vocab: int, seq: int = 20, batch: int = 2) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("cfg", [DS_LORA, DS_PLAIN], ids=["q_lora_grouped_yarn", "q_proj_one_group"])
-def test_logits_match_transformers_at_tp_1_2_4(tmp_path, cfg):
+def test_logits_match_transformers_at_tp_1_2_4(tmp_path, cfg, monkeypatch):
     path = write_random_checkpoint(tmp_path, cfg, seed=11)
     tokens = _tokens(cfg["vocab_size"])
     mine, theirs = reference_logits(str(path), tokens)
@@ -111,6 +112,12 @@ def test_logits_match_transformers_at_tp_1_2_4(tmp_path, cfg):
     assert cache.v[0].data_ptr() == cache.k[0].data_ptr()  # V is K's first kv_lora_rank dims
     torch.testing.assert_close(absorbed, theirs, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(sharded_logits(str(path), 4, tokens, absorbed=True), theirs, atol=1e-4, rtol=1e-4)
+    # a long prefill's queries go in chunks of positions (here one position a chunk): the same logits
+    monkeypatch.setattr(transformer, "SHARED_ENTRY_SCORE_BYTES", 1)
+    with torch.inference_mode():
+        cache = model.new_cache(x.shape[0])
+        chunked = torch.cat([model(x[:, :10], cache), model(x[:, 10:], cache)], dim=1)
+    torch.testing.assert_close(chunked, theirs, atol=1e-4, rtol=1e-4)
 
 
 @torch.inference_mode()

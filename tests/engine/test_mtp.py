@@ -118,10 +118,11 @@ def test_the_drafters_chains_equal_the_mtp_math_from_scratch_as_the_verifier_com
     model = load_model(ckpt, mtp=True)
     model.absorb_latent_attention(absorbed)
     model.aux_layers = (model.args.n_layers,)
+    k, prompt = 3, [5, 17, 42, 8, 99, 3]
     drafter = MtpDrafter(MtpHead(model), chain=chain)
     assert drafter.use_chain is chain
+    drafter.chain.ready_width = k + 1  # as `warm` leaves it on a GPU: a wider feed (the prompt's) goes eagerly first
     drafter.begin(0.0, 0)
-    k, prompt = 3, [5, 17, 42, 8, 99, 3]
     drafter.prefill(prompt)
 
     def verifier(tokens):  # the verifier from scratch: its final states (model.aux) and logits

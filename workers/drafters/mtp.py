@@ -91,18 +91,20 @@ class MtpDrafter(Eagle3Drafter):
     """Chain drafting (greedy, or sampled at the trial temperature) from the verifier's final states
     through its MTP layer; one per sequence (`fork`). Greedy chains run as one CUDA graph per feed
     width on a GPU (`Eagle3Chain` with the head's own step: the layer's feed and its k drafts in one
-    replay); chain True runs that device-only body uncaptured (CPU tests), False the host loop. Not fed
+    replay, its drafts left on the device for the verify pass under engine.overlap as EAGLE-3's are);
+    chain True runs that device-only body uncaptured (CPU tests), False the host loop. Not fed
     on the device (`fed_ready` False: the verifier's device loop hands over EAGLE-3's aux layers, not
     the final states)."""
 
     kind = "mtp"
-    proposes_on_device = False
+    proposes_on_device = True  # a greedy chain's drafts may stay on the device (`Eagle3Drafter.propose_on_device`)
 
     def __init__(self, head: MtpHead, chain: bool | None = None, lookup: int = 0, tree_width: int = 0):
         self._own_state(head, lookup, tree_width)
         self.chain = Eagle3Chain(head, self.cache, MAX_DRAFT_TOKENS + 1)
         self.use_chain = self.chain.capture if chain is None else chain
-        self._span = None  # proposals come back to the host (proposes_on_device False)
+        # around a chain whose drafts stay on the device: its GPU time is the draft time, read after the step's sync
+        self._span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if self.chain.capture else None
         self.begin(0.0, 0)
         self.prefill([])
 

@@ -273,10 +273,12 @@ class LatentAttention(nn.Module):
         q = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_pe], dim=-1)
         c = latent[:, None]  # [B, 1, T, kv_rank]: one cached "head" every query head reads
         entry = torch.cat([c, k_pe], dim=-1)
-        if isinstance(mask, torch.Tensor):  # decode, verify and tree steps
-            out = attend_shared_entry(q, entry, mask, k_cache, v_cache, pos, self.scale)
-        else:  # a fresh prefill (causal, or packed sequences): SDPA's grouped-query path
+        if mask is None:  # a fresh prefill from position 0: causal over its own T entries
+            mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        if isinstance(mask, Packed):  # packed fresh sequences: SDPA's grouped-query path per sequence
             out = attend(q, entry, c, mask, k_cache, v_cache, pos, H, self.kv_map, scale=self.scale)
+        else:
+            out = attend_shared_entry(q, entry, mask, k_cache, v_cache, pos, self.scale)
         out = torch.einsum("bthr,hvr->bthv", out.view(B, T, H, self.kv_rank), w_uv)
         return out.reshape(B, T, H * self.v_dim)
 
@@ -425,6 +427,9 @@ def write_kv(k, v, k_cache, v_cache, pos) -> None:
             v_cache[rows, :, pos] = v.transpose(1, 2)
 
 
+SHARED_ENTRY_SCORE_BYTES = 256 << 20  # float32 scores `attend_shared_entry` holds at once (a long prefill goes in chunks)
+
+
 def attend_shared_entry(q, entry, mask, k_cache, v_cache, pos, scale: float):
     """Attention of every query head to one cached entry a token that all heads share (latent
     attention's compressed cache; V is a view of K's first dims): q [B, H, T, D], entry [B, 1, T, D]
@@ -432,16 +437,23 @@ def attend_shared_entry(q, entry, mask, k_cache, v_cache, pos, scale: float):
 
     The H x T queries are the rows of one GEMM against the L cached entries (scores [B, T x H, L]),
     then softmax in float32 and one GEMM against the V view: the cache is read once for all heads,
-    where SDPA's grouped-query path would copy it once per head (H = 128 on DeepSeek-V3)."""
+    where SDPA's grouped-query path would copy it once per head (H = 128 on DeepSeek-V3). Queries go
+    in chunks of positions whose scores fit SHARED_ENTRY_SCORE_BYTES (one chunk for any decode or
+    verify width; a long prefill is several)."""
     B, H, T, D = q.shape
     write_kv(entry, None, k_cache, v_cache, pos)
     L = mask.shape[-1]
     keys, values = k_cache[:, :, :L], v_cache[:, :, :L]  # [B, 1, L, D], [B, 1, L, Dv]
-    rows = q.transpose(1, 2).reshape(B, 1, T * H, D)  # row t * H + h: query t of head h
-    scores = torch.matmul(rows, keys.transpose(-1, -2)).float().view(B, 1, T, H, L) * scale
-    scores = scores.masked_fill(~mask.unsqueeze(-2), float("-inf"))  # [.., T, 1, L] over the heads
-    probs = torch.softmax(scores, dim=-1).to(q.dtype).view(B, 1, T * H, L)
-    return torch.matmul(probs, values).view(B, T, H * values.shape[-1])
+    step = max(1, SHARED_ENTRY_SCORE_BYTES // (B * H * L * 4))
+    out = []
+    for t0 in range(0, T, step):
+        n = min(step, T - t0)
+        rows = q[:, :, t0 : t0 + n].transpose(1, 2).reshape(B, 1, n * H, D)  # row t * H + h: query t of head h
+        scores = torch.matmul(rows, keys.transpose(-1, -2)).float().view(B, 1, n, H, L)
+        scores.mul_(scale).masked_fill_(~mask[..., t0 : t0 + n, :].unsqueeze(-2), float("-inf"))  # [.., n, 1, L] over the heads
+        probs = torch.softmax(scores, dim=-1).to(q.dtype).view(B, 1, n * H, L)
+        out.append(torch.matmul(probs, values).view(B, n, H * values.shape[-1]))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 
 def silu_mul(gate_up):
