@@ -1,7 +1,9 @@
 """DeepSeek-V3's multi-token-prediction layer as a drafter (workers/drafters/mtp.py), on CPU: the layer
 is read from the checkpoint's layer `num_hidden_layers`, split like the model's layers at TP 2, and the
 drafter's chains (its own cache, rolled back and fed as the verifier commits) equal a from-scratch
-computation of the MTP math over the committed sequence at every step. Losslessness through the
+computation of the MTP math over the committed sequence at every step, through the host loop and the
+device-only chain body a GPU captures (which reads nothing back to the host, and drafts in lockstep on
+both ranks of TP 2). Losslessness through the
 engine and at TP 2 is tests/e2e/test_families_cli.py's."""
 
 from __future__ import annotations
@@ -164,3 +166,67 @@ def test_the_chain_body_never_syncs(ckpt, monkeypatch):
     with NoHostSync():
         drafts = chain.draft(tokens, states, 3, on_device=True)
     assert drafts.tolist() == want and chain.cache.lengths[0] == 3 + 3 - 1  # the last draft is not fed
+
+
+def _rank_drafts(rank: int, init: str, path: str, tokens: list[int], states, queue) -> None:
+    """One gloo rank of a TP 2 MTP layer (vocabulary split too): the drafts of its host loop and of its
+    device-only chain body, each from a fresh cache."""
+    import torch.distributed as dist
+
+    from workers.comm import make_allreduce
+    from workers.model.tp import hook
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+        part = TPPart(rank, 2, True)
+        model = hook(load_model(path, tp=part, mtp=True, max_seq=64), part, make_allreduce("gloo", dist.group.WORLD, 2))
+        model.absorb_latent_attention(True)
+        with torch.inference_mode():
+            host = MtpDrafter(MtpHead(model), chain=False)
+            h, logits = host.head.step(torch.tensor(tokens), states, host.cache)
+            by_host = [int(logits.argmax())]
+            for _ in range(2):
+                h, logits = host.head.step(torch.tensor(by_host[-1:]), h[-1:], host.cache)
+                by_host.append(int(logits.argmax()))
+            by_chain = MtpDrafter(MtpHead(model), chain=True).chain.draft(tokens, states, 3)
+        queue.put((rank, by_host, by_chain, None))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        queue.put((rank, None, None, f"{type(e).__name__}: {e}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_the_chain_body_drafts_in_lockstep_at_tp_2(ckpt, tmp_path):
+    """At TP 2 over gloo (the layer's heads and experts split, the vocabulary too, its allreduces and
+    the logits' gather inside the body a GPU captures), both ranks' chains draft what the host loop and
+    the unsharded layer draft."""
+    import os
+
+    from workers.runtime.procs import rank_context, with_env
+
+    tokens, states = [5, 17, 42], torch.randn(3, load_model(ckpt).args.dim, generator=torch.Generator().manual_seed(3))
+    model = load_model(ckpt, mtp=True, max_seq=64)
+    model.absorb_latent_attention(True)
+    head, cache = MtpHead(model), MtpHead(model).new_cache()
+    with torch.inference_mode():
+        h, logits = head.step(torch.tensor(tokens), states, cache)
+        want = [int(logits.argmax())]
+        for _ in range(2):
+            h, logits = head.step(torch.tensor(want[-1:]), h[-1:], cache)
+            want.append(int(logits.argmax()))
+    ctx = rank_context("cpu")
+    queue = ctx.Queue()
+    init = f"file://{tmp_path / 'rdv'}"
+    procs = [
+        ctx.Process(target=with_env, args=(dict(os.environ), _rank_drafts, r, init, str(ckpt), tokens, states, queue)) for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    assert [err for *_, err in results] == [None, None]
+    for rank, by_host, by_chain, _ in results:
+        assert by_chain == by_host == want, rank
