@@ -143,7 +143,11 @@ def test_two_trials_at_once_one_per_node_and_a_lost_node_is_retried(tmp_path, ti
     assert len(by_state["COMPLETE"]) == 4 and not by_state["RUNNING"] and not by_state["WAITING"]
     # exactly the trial the test froze fails, naming the node; its params run again on the head
     fails = [(t.number, t.user_attrs.get("spectune.fail_reason")) for t in by_state["FAIL"]]
-    assert [n for n, _ in fails] == [killed["trial"]], fails
+    assert [n for n, _ in fails] == [killed["trial"]], (
+        fails,
+        [(t.number, t.state.name, t.user_attrs) for t in study.trials],
+        r.stderr[-6000:],
+    )
     lost = by_state["FAIL"][0]
     reason = lost.user_attrs["spectune.fail_reason"]
     assert reason.startswith("node test-host-b/") and "left the cluster mid-trial" in reason and worker.node_id[:8] in reason, fails
