@@ -383,3 +383,14 @@ def test_the_roofline_counts_each_cache_as_it_is_held(tmp_path):
     assert cache_bytes_per_position(ds.new_cache(1)) == layers * c["num_attention_heads"] * (heads_k + c["v_head_dim"]) * 4
     ds.absorb_latent_attention(True)
     assert cache_bytes_per_position(ds.new_cache(1)) == layers * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 4
+
+
+def test_the_step_names_the_attention_each_cache_runs(tmp_path):
+    """The attention a step reports (the gang's setup line, the records' `attention`): the absorbed cache's
+    steps run the shared-entry GEMM, not SDPA; the expanded cache's run SDPA."""
+    from workers.engine.steps import StepRunner
+
+    model = load_model(write_random_checkpoint(tmp_path, DS_LORA, seed=4), max_seq=32)
+    for absorbed, name in ((True, "shared-entry GEMM (absorbed latent cache)"), (False, "sdpa")):
+        model.absorb_latent_attention(absorbed)
+        assert StepRunner(model, model.new_cache(1), max_width=4).attention == name

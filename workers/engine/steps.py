@@ -173,6 +173,8 @@ class StepRunner:
         fused = engine.compile and self.use_graphs
         attend_fn, self.attention = pick_attention(engine.attention, model.args.head_dim, self.device) if fused else (None, "sdpa")
         self.fast = try_fused(model, engine, allreduce, attend_fn) if fused else None
+        if self.fast is None and any(getattr(b.self_attn, "absorbed", False) for b in model.blocks()):
+            self.attention = "shared-entry GEMM (absorbed latent cache)"  # the plain model's (`attend_shared_entry`)
         # the plain model's routed experts in graphs; the fused step picks its own (`moe_experts` says which ran)
         self._plain_experts = use_grouped_experts(model, engine) if self.use_graphs else None
         # one (graph, output, allreduce calls) per kind and shape of graphed body (GraphKey)
