@@ -56,6 +56,19 @@ run() {  # name, dir, command...: stdout to $OUT/name.json, stderr to log.txt
     || { echo "!!! $name failed (rc=$?)" | tee -a "$OUT/log.txt"; failed+=("$name"); }
   echo "--- $name took $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
 }
+
+widths_then_profile() {  # name, model, widths, attention, top: the verify pass at those widths with
+  # .devcarry/before's code (when carried) and this tree's, back to back, then this tree's width-1 kernel
+  # table (scripts/profile_step.py; the table in log.txt, its JSON in NAME_profile.json)
+  local name=$1 model=$2 widths=$3 attention=$4 top=$5
+  local w="-m scripts.verify_widths --model $model --widths $widths --json -"
+  [ -d .devcarry/before ] && run "${name}_widths_before" .devcarry/before $PY $w
+  run "${name}_widths" . $PY $w
+  echo "=== ${name}_profile: scripts.profile_step" | tee -a "$OUT/log.txt"
+  (PYTHONPATH=$PWD timeout -k 10 "${LIMIT:-240}" $PY -m scripts.profile_step --model "$model" --widths 1 --attention "$attention" \
+    --top "$top" --max-seq 512 --json "$OUT/${name}_profile.json") >> "$OUT/log.txt" 2>&1 \
+    || { echo "!!! ${name}_profile failed (rc=$?)" | tee -a "$OUT/log.txt"; failed+=("${name}_profile"); }
+}
 failed=()  # the runs that failed: the script's exit status says so (gpu-call.sh reports it)
 decode() { echo "-m orchestrator decode --model $1 --tp 1 --drafter none -k 0 --device cuda --category writing --num-prompts 4 --max-new-tokens 128 --json"; }
 
@@ -90,23 +103,11 @@ for stage in "${stages[@]}"; do
     moe)
       # the MoE step at widths 1, 5, 9 with .devcarry/before's code (when carried) and this tree's, back to back,
       # then where this tree's width-1 step spends its time (the kernel table lands in log.txt)
-      mw="-m scripts.verify_widths --model random:qwen3-30b-a3b:layers=$MOE_LAYERS --widths 1 5 9 --json -"
-      [ -d .devcarry/before ] && run moe_widths_before .devcarry/before $PY $mw
-      run moe_widths . $PY $mw
-      echo "=== moe_profile: scripts.profile_step (its table here, its JSON in moe_profile.json)" | tee -a "$OUT/log.txt"
-      (PYTHONPATH=$PWD timeout -k 10 "${LIMIT:-240}" $PY -m scripts.profile_step --model "random:qwen3-30b-a3b:layers=$MOE_LAYERS" \
-        --widths 1 --attention triton --top 45 --max-seq 512 --json "$OUT/moe_profile.json") >> "$OUT/log.txt" 2>&1 \
-        || { echo "!!! moe_profile failed (rc=$?)" | tee -a "$OUT/log.txt"; failed+=(moe_profile); } ;;
+      widths_then_profile moe "random:qwen3-30b-a3b:layers=$MOE_LAYERS" "1 5 9" triton 45 ;;
     deepseek)
       # the verify pass against width on the absorbed cache with .devcarry/before's code (when carried) and this
       # tree's, back to back; then where this tree's width-1 step spends its time (the kernel table in log.txt)
-      dw="-m scripts.verify_widths --model random:deepseek-v3:layers=$DS_LAYERS --widths ${WIDTHS:-1 2 3 4 5 6 7 8 9} --json -"
-      [ -d .devcarry/before ] && run deepseek_widths_before .devcarry/before $PY $dw
-      run deepseek_widths . $PY $dw
-      echo "=== deepseek_profile: scripts.profile_step (its table here, its JSON in deepseek_profile.json)" | tee -a "$OUT/log.txt"
-      (PYTHONPATH=$PWD timeout -k 10 "${LIMIT:-240}" $PY -m scripts.profile_step --model "random:deepseek-v3:layers=$DS_LAYERS" \
-        --widths 1 --attention sdpa --top 40 --max-seq 512 --json "$OUT/deepseek_profile.json") >> "$OUT/log.txt" 2>&1 \
-        || { echo "!!! deepseek_profile failed (rc=$?)" | tee -a "$OUT/log.txt"; failed+=(deepseek_profile); } ;;
+      widths_then_profile deepseek "random:deepseek-v3:layers=$DS_LAYERS" "${WIDTHS:-1 2 3 4 5 6 7 8 9}" sdpa 40 ;;
     mtp)
       # plain decoding of the DeepSeek-V3 subset on each latent-attention cache, then the MTP drafter at k = 3
       ds="random:deepseek-v3:layers=$DS_LAYERS"

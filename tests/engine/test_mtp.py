@@ -145,6 +145,18 @@ def test_the_drafters_chains_equal_the_mtp_math_from_scratch_as_the_verifier_com
     assert other.cache is not drafter.cache and other.head is drafter.head
 
 
+def _host_drafts(model, tokens: list[int], states: torch.Tensor, k: int) -> list[int]:
+    """k greedy drafts of the MTP layer's host loop after feeding `tokens` with `states`, from a fresh cache."""
+    head = MtpHead(model)
+    cache = head.new_cache()
+    h, logits = head.step(torch.tensor(tokens), states, cache)
+    drafts = [int(logits.argmax())]
+    for _ in range(k - 1):
+        h, logits = head.step(torch.tensor(drafts[-1:]), h[-1:], cache)
+        drafts.append(int(logits.argmax()))
+    return drafts
+
+
 @torch.inference_mode()
 def test_the_chain_body_never_syncs(ckpt, monkeypatch):
     """The MTP chain's device-only body (a feed of 3 entries and 3 drafts over the whole static cache,
@@ -156,12 +168,7 @@ def test_the_chain_body_never_syncs(ckpt, monkeypatch):
     model.absorb_latent_attention(True)
     monkeypatch.setattr(model.mtp.mlp, "eager_experts", model.mtp.mlp.graph_experts)
     tokens, states = [5, 17, 42], torch.randn(3, model.args.dim, generator=torch.Generator().manual_seed(2))
-    host = MtpDrafter(MtpHead(model), chain=False)
-    h, logits = host.head.step(torch.tensor(tokens), states, host.cache)
-    want = [int(logits.argmax())]
-    for _ in range(2):
-        h, logits = host.head.step(torch.tensor(want[-1:]), h[-1:], host.cache)
-        want.append(int(logits.argmax()))
+    want = _host_drafts(model, tokens, states, 3)
     chain = MtpDrafter(MtpHead(model), chain=True).chain
     with NoHostSync():
         drafts = chain.draft(tokens, states, 3, on_device=True)
@@ -183,12 +190,7 @@ def _rank_drafts(rank: int, init: str, path: str, tokens: list[int], states, que
         model = hook(load_model(path, tp=part, mtp=True, max_seq=64), part, make_allreduce("gloo", dist.group.WORLD, 2))
         model.absorb_latent_attention(True)
         with torch.inference_mode():
-            host = MtpDrafter(MtpHead(model), chain=False)
-            h, logits = host.head.step(torch.tensor(tokens), states, host.cache)
-            by_host = [int(logits.argmax())]
-            for _ in range(2):
-                h, logits = host.head.step(torch.tensor(by_host[-1:]), h[-1:], host.cache)
-                by_host.append(int(logits.argmax()))
+            by_host = _host_drafts(model, tokens, states, 3)
             by_chain = MtpDrafter(MtpHead(model), chain=True).chain.draft(tokens, states, 3)
         queue.put((rank, by_host, by_chain, None))
     except Exception as e:  # noqa: BLE001 - reported to the test
@@ -209,13 +211,8 @@ def test_the_chain_body_drafts_in_lockstep_at_tp_2(ckpt, tmp_path):
     tokens, states = [5, 17, 42], torch.randn(3, load_model(ckpt).args.dim, generator=torch.Generator().manual_seed(3))
     model = load_model(ckpt, mtp=True, max_seq=64)
     model.absorb_latent_attention(True)
-    head, cache = MtpHead(model), MtpHead(model).new_cache()
     with torch.inference_mode():
-        h, logits = head.step(torch.tensor(tokens), states, cache)
-        want = [int(logits.argmax())]
-        for _ in range(2):
-            h, logits = head.step(torch.tensor(want[-1:]), h[-1:], cache)
-            want.append(int(logits.argmax()))
+        want = _host_drafts(model, tokens, states, 3)
     ctx = rank_context("cpu")
     queue = ctx.Queue()
     init = f"file://{tmp_path / 'rdv'}"

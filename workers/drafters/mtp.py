@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from workers.drafters.eagle3.chain import Eagle3Chain, pick_entries
-from workers.drafters.eagle3.head import Eagle3Drafter
+from workers.drafters.eagle3.head import Eagle3Drafter, step_appended
 from workers.model.transformer import KVCache, Transformer, cache_buffers
 from workers.spec import MAX_DRAFT_TOKENS
 
@@ -63,13 +63,7 @@ class MtpHead:
     def step(self, tokens: torch.Tensor, g: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [T] (x_{i+1}) with states g [T, dim] appended at the cache length -> (the layer's
         outputs [T, dim], the next token's logits of the last entry [vocab], float32)."""
-        T, start = tokens.shape[0], cache.lengths[0]
-        kv_len = start + T
-        if kv_len > cache.max_seq:
-            raise ValueError(f"sequence length {kv_len} exceeds the MTP layer's cache ({cache.max_seq})")
-        out = self.step_at(tokens, g, torch.arange(start, kv_len, device=tokens.device)[None], cache, kv_len)
-        cache.lengths[0] = kv_len
-        return out
+        return step_appended(self, tokens, g, cache, "the MTP layer's")
 
     def step_at(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int, at=None):
         """`step` at explicit positions pos [1, T] over the first kv_len cache slots under a position

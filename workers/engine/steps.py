@@ -171,10 +171,10 @@ class StepRunner:
         # merged weights + compiled layer bodies (workers/engine/fused_step.py) for the graphed steps, with the
         # split-KV Triton attention where it runs (workers/kernels/attention.py)
         fused = engine.compile and self.use_graphs
-        attend_fn, self.attention = pick_attention(engine.attention, model.args.head_dim, self.device) if fused else (None, "sdpa")
+        attend_fn, self.attention = pick_attention(engine.attention, model.args.head_dim, self.device) if fused else (None, None)
         self.fast = try_fused(model, engine, allreduce, attend_fn) if fused else None
-        if self.fast is None and any(getattr(b.self_attn, "absorbed", False) for b in model.blocks()):
-            self.attention = "shared-entry GEMM (absorbed latent cache)"  # the plain model's (`attend_shared_entry`)
+        if self.fast is None:  # the plain model's own attention runs, whatever the fused step would have picked
+            self.attention = model.layers[0].self_attn.core
         # the plain model's routed experts in graphs; the fused step picks its own (`moe_experts` says which ran)
         self._plain_experts = use_grouped_experts(model, engine) if self.use_graphs else None
         # one (graph, output, allreduce calls) per kind and shape of graphed body (GraphKey)

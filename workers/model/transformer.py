@@ -156,6 +156,7 @@ class Attention(nn.Module):
         return self.n_kv_heads, self.head_dim, self.head_dim
 
     values_in_keys = False  # V is a buffer of its own (latent attention's absorbed cache reads V inside K)
+    core = "sdpa"  # what the plain model's attention runs (a step reports it where no fused step runs)
 
     def forward(self, x, cos, sin, mask, k_cache, v_cache, pos):
         """pos [B, T]: each token's position; keys/values are written there (index_copy_: graph-safe)."""
@@ -232,6 +233,10 @@ class LatentAttention(nn.Module):
     @property
     def values_in_keys(self) -> bool:
         return self.absorbed
+
+    @property
+    def core(self) -> str:
+        return "shared-entry GEMM (absorbed latent cache)" if self.absorbed else "sdpa"
 
     def cache_dims(self) -> tuple[int, int, int]:
         """(cached heads, K width, V width) of one position of this layer's cache."""

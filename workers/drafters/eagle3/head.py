@@ -159,6 +159,18 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+def step_appended(head, tokens: torch.Tensor, g: torch.Tensor, cache: KVCache, owner: str):
+    """A chain head's `step_at` (EAGLE-3's, the MTP layer's) for T entries appended at the cache length,
+    the length then advanced; `owner` names the head's cache in the error past its end."""
+    T, start = tokens.shape[0], cache.lengths[0]
+    kv_len = start + T
+    if kv_len > cache.max_seq:
+        raise ValueError(f"sequence length {kv_len} exceeds {owner} cache ({cache.max_seq})")
+    out = head.step_at(tokens, g, torch.arange(start, kv_len, device=tokens.device)[None], cache, kv_len)
+    cache.lengths[0] = kv_len
+    return out
+
+
 class Eagle3Head(nn.Module):
     def __init__(self, cfg: Eagle3Config, max_seq: int = 2048):
         super().__init__()
@@ -216,13 +228,7 @@ class Eagle3Head(nn.Module):
     def step(self, tokens: torch.Tensor, g: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [T] (x_{i+1}), g [T, hidden] (fused states) appended at the cache length ->
         (pre-norm outputs [T, hidden], draft-vocabulary logits of the last entry, float32)."""
-        T, start = tokens.shape[0], cache.lengths[0]
-        kv_len = start + T
-        if kv_len > cache.max_seq:
-            raise ValueError(f"sequence length {kv_len} exceeds the EAGLE-3 head's cache ({cache.max_seq})")
-        out = self.step_at(tokens, g, torch.arange(start, kv_len, device=tokens.device)[None], cache, kv_len)
-        cache.lengths[0] = kv_len
-        return out
+        return step_appended(self, tokens, g, cache, "the EAGLE-3 head's")
 
     def step_at(
         self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, cache: KVCache, kv_len: int, at: torch.Tensor | None = None
