@@ -126,6 +126,8 @@ for name in ("decode_qwen3_8b", "decode_qwen3_30b_a3b", "llama_tp1_before", "lla
              "llama_tp1_zero_table", "llama_tp1_plain_b", "llama_tp1_k3_len", "llama_tp1_k3_profile",
              "deepseek_expanded", "deepseek_absorbed", "deepseek_mtp_k3_before", "deepseek_mtp_k3"):
     f = out / f"{name}.json"
+    if not f.exists():  # not one of this call's runs (a run that failed leaves its empty file)
+        continue
     try:
         d = json.loads(f.read_text())
         print(f"{name:22s} throughput {d['throughput_tok_s']:8.1f} tok/s  decode {d.get('decode_tok_s', 0):8.1f} tok/s  step p50 {d.get('step_ms_p50', 0):.3f} ms  accepted length {d.get('accept_len_mean', 1):.2f}")

@@ -13,7 +13,8 @@
 # summary.json (the resumed run's final JSON line), optuna.db, mlflow.db, report.html, best_config.yaml,
 # report_summary.json, check.json. The study lives in $WORK (default /tmp/spectune-study; a previous
 # study there is removed first): SPECTUNE_HOME, the SQLite stores, Ray's session folder.
-# check.json must say ok: exactly study.n_trials COMPLETE, the killed trial FAIL (its reason recorded)
+# check.json must say ok: exactly study.n_trials COMPLETE (or fewer where they are every distinct configuration
+# of a finite space, as the study itself ends then), the killed trial FAIL (its reason recorded)
 # and its params retried to COMPLETE, no process of the study left. Exit 0 only then.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -165,11 +166,11 @@ cp "$WORK/report/summary.json" "$OUT/report_summary.json" 2>/dev/null
 cp "$WORK/home/optuna.db" "$WORK/home/mlflow.db" "$OUT/"
 
 # ---- checks
-"$PY" - "$WORK/home/optuna.db" "$OUT/summary.json" "$killed" "$after_kill" "$at_end" "$rc2" "$rc3" "$((SECONDS - t_all))" "$kill_at" \
+"$PY" - "$WORK/home/optuna.db" "$OUT/report_summary.json" "$killed" "$after_kill" "$at_end" "$rc2" "$rc3" "$((SECONDS - t_all))" "$kill_at" \
     "$exp" "${sets[@]}" > "$OUT/check.json" <<'PY'
 import json, sqlite3, sys
 from orchestrator.config.schema import load_config
-db, summary_path, killed, after_kill, at_end, rc2, rc3, wall, kill_at, exp = sys.argv[1:11]
+db, report_path, killed, after_kill, at_end, rc2, rc3, wall, kill_at, exp = sys.argv[1:11]
 n_goal = load_config(exp, [v for k, v in zip(sys.argv[11::2], sys.argv[12::2]) if k == "--set"]).study.n_trials
 con = sqlite3.connect(db)
 rows = con.execute("select trial_id, number, state from trials order by number").fetchall()
@@ -178,10 +179,10 @@ for tid, key, value in con.execute("select trial_id, key, value_json from trial_
     attrs.setdefault(tid, {})[key] = json.loads(value)
 states = {n: s for _, n, s in rows}
 by_number = {n: attrs.get(tid, {}) for tid, n, _ in rows}
-try:
-    summary = json.loads(open(summary_path).read())
+try:  # the report's summary: the winner, and the size of a finite space
+    report = json.loads(open(report_path).read())
 except (OSError, ValueError):
-    summary = {}
+    report = {}
 killed = json.loads(killed) or []
 complete = sum(s == "COMPLETE" for s in states.values())
 retries = {a["spectune.retry_of"]: n for n, a in by_number.items() if "spectune.retry_of" in a}
@@ -191,11 +192,14 @@ out = {
                        "retried_as": retries.get(k), "retry_state": states.get(retries.get(k))} for k in killed],
     "processes_left_after_kill": json.loads(after_kill), "processes_left_at_end": json.loads(at_end),
     "resume_rc": int(rc2), "report_rc": int(rc3), "wall_s": int(wall),
-    "best_params": summary.get("best_params"), "best_value": summary.get("best_value"),
+    "best_trial": report.get("best_trial"), "best_params": report.get("best_params"), "best_value": report.get("best_value"),
+    "space_size": report.get("space_size"),
 }
 problems = []
-if n_goal is None or complete != n_goal:
-    problems.append(f"{complete} COMPLETE, want study.n_trials={n_goal}")
+# a finite space measured through ends the study before n_trials (`spectune run` says so and exits 0)
+exhausted = out["space_size"] is not None and complete >= out["space_size"]
+if n_goal is None or not (complete == n_goal or (complete < n_goal and exhausted)):
+    problems.append(f"{complete} COMPLETE, want study.n_trials={n_goal}" + (f" or the space's {out['space_size']}" if out["space_size"] else ""))
 if not killed and int(kill_at) >= 0:
     problems.append("the kill did not land inside a trial")
 for k in out["killed_trials"]:

@@ -1,8 +1,8 @@
 """Performance model of a speculative decoding step, fitted from a study's trials and, where one
 exists, the allreduce latency table of `spectune bench-allreduce` (or `study.bench_allreduce`).
 
-    step_ms(env, kind, k) = draft     c[kind] * k                        (fitted on draft_ms)
-                          + verify    compute(tp, k) + comm(env, k)      (fitted on verify_ms)
+    step_ms(env, kind, k) = verify    compute(tp, k) + comm(env, k)      (fitted on verify_ms)
+                          + drafter   c0[kind] + c[kind] * k             (fitted on what the step costs beyond that)
                           + the rest  o[k > 0] (o[k == 0] for plain steps): link messages, verification logic
     compute(tp, k) = a0[tp] + b * (k + 1)            or  a0[tp] + rise(k + 1) where the setup's width profile was measured
     comm(env, k)   = rounds * latency_env(batch * (k + 1) * hidden * itemsize) / 1000   "bench"
@@ -29,8 +29,13 @@ The table must describe the trials: a setup where some trial measured an allredu
 (comm_ms_per_step, the step timed with and without its allreduces) more than `max_comm_ratio` (2x)
 away from the table's gets the fitted term too (`PerfModel.rejected` keeps the measured / table
 range; e.g. gloo timed 10 times on 2 shared CPU cores, where the table is mostly noise).
-Draft and verify times are recorded separately and fitted separately, which keeps the parts
-identifiable: a single fit on step time alone confounds a with b and b with c.
+Draft and verify times are recorded separately and fitted in two stages, which keeps the parts
+identifiable: a single fit on step time alone confounds a with b and b with c. The verify line is
+fitted first, on every trial's verify pass; then, per drafter kind, its cost is a line in k through
+what each of its steps took beyond the fitted verify pass and the mean rest: its draft time and any
+work of its own the verify pass carried (a drafter in the verifier ranks, e.g. MTP, hands its feed and
+its states over there). The line has an intercept c0 where the kind was measured at two k or more:
+a head drafter pays a fixed feed of the positions the last step committed before its k chained steps.
 Where trials timed their verify pass at every width of the space (`verify_ms_w<W>`, the setup's width
 profile: orchestrator/search/config_model.py `width_profiles`), a width's cost is that profile's rise over
 its narrowest width, not the line b (k + 1): an MoE verifier's pass reads the union of the experts its
@@ -121,6 +126,7 @@ class PerfModel:
     a: dict[str, float]  # "fitted" envs: fixed verify cost (compute and allreduces together)
     b: float  # ms per scored token
     c: dict[str, float]  # ms per drafted token, per drafter kind
+    c0: dict[str, float] = field(default_factory=dict)  # ms a drafting step pays whatever k, per drafter kind
     rates: dict[str, list[float]] = field(default_factory=dict)  # per kind: P(accepted >= i), i = 1..
     overhead: tuple[float, float] = (0.0, 0.0)  # o[k == 0], o[k > 0]
     a0: dict[int, float] = field(default_factory=dict)  # "bench" envs: fixed compute per TP size
@@ -178,7 +184,7 @@ class PerfModel:
         return float(np.mean([self.verify_ms(e, k) for e in self.envs]))  # never seen: the average setup
 
     def step_ms(self, env: str, kind: str, k: int) -> float:
-        rest = self.c.get(kind, 0.0) * k + self.overhead[1] if k > 0 else self.overhead[0]
+        rest = self.c0.get(kind, 0.0) + self.c.get(kind, 0.0) * k + self.overhead[1] if k > 0 else self.overhead[0]
         return self.verify_ms(env, k) + rest
 
     def accept_len(self, kind: str, k: int) -> float:
@@ -244,15 +250,22 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
         coef = np.linalg.solve(X.T @ X + penalty, X.T @ y)
     a = {g: float(coef[j]) for j, g in enumerate(groups) if isinstance(g, str)}
     a0 = {g: float(coef[j]) for j, g in enumerate(groups) if isinstance(g, int)}
-    c = {}
-    for kind in kinds:
-        ks = np.array([p.k for p in points if p.kind == kind], dtype=float)
-        ds = np.array([p.draft_ms for p in points if p.kind == kind])
-        c[kind] = float(ks @ ds / (ks @ ks)) if ks.any() else 0.0
     rest = {False: [], True: []}
     for p in points:
         rest[p.k > 0].append(p.step_ms - verify_ms_of(p) - p.draft_ms)
     overhead = (float(np.mean(rest[False])) if rest[False] else 0.0, float(np.mean(rest[True])) if rest[True] else 0.0)
+    # the drafter's line: per kind, what a step took beyond the fitted verify pass and the mean rest
+    # (y is the verify pass less the table's allreduces and the width profile: add them back)
+    verify_fit = X @ coef + np.array([verify_ms_of(p) for p in points]) - y
+    c, c0 = {}, {}
+    for kind in kinds:
+        mine = [i for i, p in enumerate(points) if p.kind == kind]
+        ks = np.array([points[i].k for i in mine], dtype=float)
+        cost = np.array([points[i].step_ms - verify_fit[i] - overhead[1] for i in mine])
+        if len(set(ks)) >= 2:
+            c[kind], c0[kind] = (float(v) for v in np.polyfit(ks, cost, 1))
+        else:  # one k: no intercept to tell from the slope
+            c[kind], c0[kind] = (float(ks @ cost / (ks @ ks)) if ks.any() else 0.0), 0.0
     rates: dict[str, list[float]] = {}
     for kind in kinds:
         longest = max((p for p in points if p.kind == kind and p.accept_rates), key=lambda p: len(p.accept_rates), default=None)
@@ -268,6 +281,7 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
         a=a,
         b=float(coef[-1]),
         c=c,
+        c0=c0,
         rates=rates,
         overhead=overhead,
         a0=a0,

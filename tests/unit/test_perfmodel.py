@@ -57,6 +57,39 @@ def test_fit_recovers_the_parameters():
     assert m.overhead == pytest.approx((0.1, 0.3))
 
 
+def mtp_points(feed: float, per_draft: float, in_verify: float) -> list[TrialPoint]:
+    """An in-rank head drafter (MTP): each step feeds the committed positions (`feed` ms) before its k
+    chained steps (`per_draft` each), and its verify pass carries `in_verify` ms a draft of its own work."""
+    out = []
+    for env in A:
+        for k in (1, 2, 4, 6):
+            verify = A[env] + B * (k + 1) + in_verify * k
+            draft = feed + per_draft * k
+            step = verify + draft + 0.3
+            out.append(TrialPoint(env, "mtp", k, step, 2.0, 2000 / step, verify_ms=verify, draft_ms=draft))
+    return out
+
+
+def test_a_drafter_with_a_fixed_feed_gets_its_intercept():
+    m = fit(points() + mtp_points(0.4, 1.5, 0.0))
+    assert m.c0["mtp"] == pytest.approx(0.4, abs=1e-6) and m.c["mtp"] == pytest.approx(1.5, abs=1e-6)
+    assert m.c0["ngram"] == pytest.approx(0.0, abs=1e-6) and m.c["ngram"] == pytest.approx(C["ngram"], abs=1e-6)
+    assert m.step_ms("nccl", "mtp", 1) == pytest.approx(A["nccl"] + B * 2 + 0.4 + 1.5 + 0.3)
+    # a line through the origin on the draft times alone (the fit before) under-priced a step by the feed
+    mtp = mtp_points(0.4, 1.5, 0.0)
+    through_origin = sum(p.draft_ms * p.k for p in mtp) / sum(p.k * p.k for p in mtp)
+    assert through_origin * 1 < 0.4 + 1.5 - 0.2
+
+
+def test_work_a_drafter_leaves_in_the_verify_pass_is_priced_with_its_drafts():
+    m = fit(points() + mtp_points(0.4, 1.5, 0.3))
+    for env in A:  # every k, the measured ones and one between them: each kind's line through its own steps
+        for k in (1, 3, 6):
+            true = A[env] + B * (k + 1) + 0.3 * k + 0.4 + 1.5 * k + 0.3
+            assert m.step_ms(env, "mtp", k) == pytest.approx(true, rel=1e-3)
+            assert m.step_ms(env, "ngram", k) == pytest.approx(truth_step(env, "ngram", k), rel=1e-3)
+
+
 def test_breakeven_and_throughput():
     m = fit(points())
     # breakeven(k) = step(k) / step(0): with 4 layer-skip drafts under symm_mem, (7 + 2.5 + 6) / 7.5
