@@ -4,7 +4,7 @@ exists, the allreduce latency table of `spectune bench-allreduce` (or `study.ben
     step_ms(env, kind, k) = verify    compute(tp, k) + comm(env, k)      (fitted on verify_ms)
                           + drafter   c0[kind] + c[kind] * k             (fitted on what the step costs beyond that)
                           + the rest  o[k > 0] (o[k == 0] for plain steps): link messages, verification logic
-    compute(tp, k) = a0[tp] + b * (k + 1)            or  a0[tp] + rise(k + 1) where the setup's width profile was measured
+    compute(tp, k) = a0[tp] + b * (k + 1) + p0[k == 0]  or  a0[tp] + rise(k + 1) where the setup's width profile was measured
     comm(env, k)   = rounds * latency_env(batch * (k + 1) * hidden * itemsize) / 1000   "bench"
                    or a fitted constant folded into a[env]: verify = a[env] + b (k+1)  "fitted"
     throughput(env, kind, k) = accept_len(kind, k) * 1000 / step_ms(env, kind, k)
@@ -36,6 +36,11 @@ what each of its steps took beyond the fitted verify pass and the mean rest: its
 work of its own the verify pass carried (a drafter in the verifier ranks, e.g. MTP, hands its feed and
 its states over there). The line has an intercept c0 where the kind was measured at two k or more:
 a head drafter pays a fixed feed of the positions the last step committed before its k chained steps.
+p0 is the plain pass's own level against the verify line: one token runs another path than a verify
+pass of two or more (the decode graph's matrix-vector kernels; an MoE layer's one token reads top_k
+experts, two already read nearly twice as many), so on a GPU width 1 can sit well below the line
+through the verify widths. It is fitted where plain trials and speculative ones at two k or more tell
+it from the slope, else 0.
 Where trials timed their verify pass at every width of the space (`verify_ms_w<W>`, the setup's width
 profile: orchestrator/search/config_model.py `width_profiles`), a width's cost is that profile's rise over
 its narrowest width, not the line b (k + 1): an MoE verifier's pass reads the union of the experts its
@@ -136,12 +141,13 @@ class PerfModel:
     corrections: dict[str, dict[str, float]] = field(default_factory=dict)  # per family: "NCCL_X=v" -> correction
     parts: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # env -> (family, settings)
     profiles: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)  # measured width profiles (rise per width)
+    p0: float = 0.0  # the plain pass (width 1) against the verify line, where no profile prices it
 
     def width_term(self, env: str, k: int) -> float:
         """The verify pass's cost of scoring k + 1 tokens: the setup's measured profile (or its family's)
         where there is one, else the fitted line."""
         profile = self.profiles.get(("env", env)) or self.profiles.get(("family", self.parts_of(env)[0])) or {}
-        return profile_term(profile, k + 1) if len(profile) >= 2 else self.b * (k + 1)
+        return profile_term(profile, k + 1) if len(profile) >= 2 else self.b * (k + 1) + (self.p0 if k == 0 else 0.0)
 
     def flat_breakeven(self, env: str, kind: str, k: int) -> float:
         """The breakeven k drafts would have if scoring k + 1 tokens cost what scoring one does (as on a dense
@@ -222,7 +228,8 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
     """Verify pass: least squares of (verify_ms - bench allreduce time) on one intercept per group
     and the per-scored-token slope b. A group is a TP size for envs the table covers (a0[tp]: their
     allreduces are the table's) or the env itself otherwise (a[env]: allreduces fitted in).
-    Drafting: per kind, least squares through the origin of draft_ms on k. Overheads: the mean rest."""
+    The plain level p0 where the trials tell it from the slope. Drafting: per kind, a line in k through what
+    its steps took beyond the fitted verify pass and the mean rest. Overheads: the mean rest."""
     if not points:
         raise ValueError("no trials to fit")
     kinds = sorted({p.kind for p in points if p.k > 0})
@@ -232,12 +239,16 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
     groups = sorted(set(group.values()), key=str)
     # a measured width profile gives a point's width term (only the level is fitted); the slope b serves the rest
     profiles = width_profiles(points)
-    X = np.zeros((len(points), len(groups) + 1))
+    on_line = [p for p in points if not profile_of(profiles, p.shape)]
+    plain_level = any(p.k == 0 for p in on_line) and len({p.k for p in on_line if p.k > 0}) >= 2
+    X = np.zeros((len(points), len(groups) + 1 + plain_level))  # groups, [p0,] b
     y = np.zeros(len(points))
     for i, p in enumerate(points):
         X[i, groups.index(group[p.env])] = 1.0
         profile = profile_of(profiles, p.shape)
         X[i, -1] = 0.0 if profile else p.k + 1
+        if plain_level:
+            X[i, -2] = 1.0 if p.k == 0 and not profile else 0.0
         y[i] = verify_ms_of(p) - (comm.ms(p.env, p.k) if p.env in covered else 0.0) - (profile_term(profile, p.k + 1) if profile else 0.0)
     if np.linalg.matrix_rank(X) == X.shape[1]:
         coef = np.linalg.lstsq(X, y, rcond=None)[0]
@@ -280,6 +291,7 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
         kinds=kinds,
         a=a,
         b=float(coef[-1]),
+        p0=float(coef[-2]) if plain_level else 0.0,
         c=c,
         c0=c0,
         rates=rates,
