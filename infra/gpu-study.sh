@@ -10,7 +10,7 @@
 # KILL_DELAY seconds (default 1.5), so the kill lands inside a trial, not between two. DEADLINE_S (default
 # 540) bounds the whole script's study time, so that it ends inside one 10-minute device call.
 # Into $OUT (at most 8 files, what the device call brings back): log.txt (everything, in order),
-# summary.json (the resumed run's final JSON line), optuna.db, mlflow.db, report.html, best_config.yaml,
+# summary.json (the resumed run's summary, `$SPECTUNE_HOME/summaries/<study>.json`), optuna.db, mlflow.db, report.html, best_config.yaml,
 # report_summary.json, check.json. The study lives in $WORK (default /tmp/spectune-study; a previous
 # study there is removed first): SPECTUNE_HOME, the SQLite stores, Ray's session folder.
 # check.json must say ok: exactly study.n_trials COMPLETE (or fewer where they are every distinct configuration
@@ -153,8 +153,8 @@ while kill -0 "$driver" 2>/dev/null && [ $((SECONDS - t_all)) -lt "${DEADLINE_S:
 kill -0 "$driver" 2>/dev/null && { say "DEADLINE_S=${DEADLINE_S:-540} reached: SIGTERM to driver $driver"; kill -TERM "$driver"; }
 wait "$driver"; rc2=$?
 cat "$WORK/run1.out" "$WORK/run2.out" >> "$log"
-tail -n 1 "$WORK/run2.out" > "$OUT/summary.json"
-say "resumed driver ended: rc=$rc2 after $((SECONDS - t0)) s; summary: $(cat "$OUT/summary.json")"
+cp "$WORK/home/summaries/"*.json "$OUT/summary.json" 2>/dev/null
+say "resumed driver ended: rc=$rc2 after $((SECONDS - t0)) s; verdict: $(tail -n 1 "$WORK/run2.out")"
 for _ in $(seq 30); do [ "$(leaks)" = "[]" ] && break; sleep 1; done
 at_end=$(leaks)
 
@@ -166,11 +166,11 @@ cp "$WORK/report/summary.json" "$OUT/report_summary.json" 2>/dev/null
 cp "$WORK/home/optuna.db" "$WORK/home/mlflow.db" "$OUT/"
 
 # ---- checks
-"$PY" - "$WORK/home/optuna.db" "$OUT/report_summary.json" "$killed" "$after_kill" "$at_end" "$rc2" "$rc3" "$((SECONDS - t_all))" "$kill_at" \
+"$PY" - "$WORK/home/optuna.db" "$OUT/summary.json" "$killed" "$after_kill" "$at_end" "$rc2" "$rc3" "$((SECONDS - t_all))" "$kill_at" \
     "$exp" "${sets[@]}" > "$OUT/check.json" <<'PY'
-import json, sqlite3, sys
+import json, os, sqlite3, sys
 from orchestrator.config.schema import load_config
-db, report_path, killed, after_kill, at_end, rc2, rc3, wall, kill_at, exp = sys.argv[1:11]
+db, summary_path, killed, after_kill, at_end, rc2, rc3, wall, kill_at, exp = sys.argv[1:11]
 n_goal = load_config(exp, [v for k, v in zip(sys.argv[11::2], sys.argv[12::2]) if k == "--set"]).study.n_trials
 con = sqlite3.connect(db)
 rows = con.execute("select trial_id, number, state from trials order by number").fetchall()
@@ -179,10 +179,13 @@ for tid, key, value in con.execute("select trial_id, key, value_json from trial_
     attrs.setdefault(tid, {})[key] = json.loads(value)
 states = {n: s for _, n, s in rows}
 by_number = {n: attrs.get(tid, {}) for tid, n, _ in rows}
-try:  # the report's summary: the winner, and the size of a finite space
-    report = json.loads(open(report_path).read())
-except (OSError, ValueError):
-    report = {}
+def read(path):
+    try:
+        return json.loads(open(path).read())
+    except (OSError, ValueError):
+        return {}
+summary = read(summary_path)  # the run's: whether a finite space ran out
+report = read(os.path.join(os.path.dirname(summary_path), "report_summary.json"))  # the report's: the winner
 killed = json.loads(killed) or []
 complete = sum(s == "COMPLETE" for s in states.values())
 retries = {a["spectune.retry_of"]: n for n, a in by_number.items() if "spectune.retry_of" in a}
@@ -193,12 +196,12 @@ out = {
     "processes_left_after_kill": json.loads(after_kill), "processes_left_at_end": json.loads(at_end),
     "resume_rc": int(rc2), "report_rc": int(rc3), "wall_s": int(wall),
     "best_trial": report.get("best_trial"), "best_params": report.get("best_params"), "best_value": report.get("best_value"),
-    "space_size": report.get("space_size"),
+    "space_exhausted": bool(summary.get("space_exhausted")), "space_size": summary.get("space_size"),
 }
 problems = []
-# a finite space measured through ends the study before n_trials (`spectune run` says so and exits 0)
-exhausted = out["space_size"] is not None and complete >= out["space_size"]
-if n_goal is None or not (complete == n_goal or (complete < n_goal and exhausted)):
+# every configuration of a finite space measured or ruled out ends the study before n_trials (`spectune
+# run` says so and exits 0)
+if n_goal is None or not (complete == n_goal or (complete < n_goal and out["space_exhausted"])):
     problems.append(f"{complete} COMPLETE, want study.n_trials={n_goal}" + (f" or the space's {out['space_size']}" if out["space_size"] else ""))
 if not killed and int(kill_at) >= 0:
     problems.append("the kill did not land inside a trial")

@@ -4,7 +4,8 @@ exists, the allreduce latency table of `spectune bench-allreduce` (or `study.ben
     step_ms(env, kind, k) = verify    compute(tp, k) + comm(env, k)      (fitted on verify_ms)
                           + drafter   c0[kind] + c[kind] * k             (fitted on what the step costs beyond that)
                           + the rest  o[k > 0] (o[k == 0] for plain steps): link messages, verification logic
-    compute(tp, k) = a0[tp] + b * (k + 1) + p0[k == 0]  or  a0[tp] + rise(k + 1) where the setup's width profile was measured
+    compute(tp, k) = a0[tp] + b * (k + 1)            or  a0[tp] + rise(k + 1) where the setup's width profile was measured
+                   + v[kind] + e[kind] * k           (k > 0: what the drafter kind changes in the pass timed as verify)
     comm(env, k)   = rounds * latency_env(batch * (k + 1) * hidden * itemsize) / 1000   "bench"
                    or a fitted constant folded into a[env]: verify = a[env] + b (k+1)  "fitted"
     throughput(env, kind, k) = accept_len(kind, k) * 1000 / step_ms(env, kind, k)
@@ -30,17 +31,20 @@ The table must describe the trials: a setup where some trial measured an allredu
 away from the table's gets the fitted term too (`PerfModel.rejected` keeps the measured / table
 range; e.g. gloo timed 10 times on 2 shared CPU cores, where the table is mostly noise).
 Draft and verify times are recorded separately and fitted in two stages, which keeps the parts
-identifiable: a single fit on step time alone confounds a with b and b with c. The verify line is
-fitted first, on every trial's verify pass; then, per drafter kind, its cost is a line in k through
-what each of its steps took beyond the fitted verify pass and the mean rest: its draft time and any
-work of its own the verify pass carried (a drafter in the verifier ranks, e.g. MTP, hands its feed and
-its states over there). The line has an intercept c0 where the kind was measured at two k or more:
-a head drafter pays a fixed feed of the positions the last step committed before its k chained steps.
-p0 is the plain pass's own level against the verify line: one token runs another path than a verify
-pass of two or more (the decode graph's matrix-vector kernels; an MoE layer's one token reads top_k
-experts, two already read nearly twice as many), so on a GPU width 1 can sit well below the line
-through the verify widths. It is fitted where plain trials and speculative ones at two k or more tell
-it from the slope, else 0.
+identifiable: a single fit on step time alone confounds a with b and b with c. The verify pass is
+fitted first, on every trial's verify time (its kind's v and e included); then, per drafter kind, its
+draft cost is a line in k through what each of its steps took beyond its fitted verify pass and the
+mean rest. The line has an intercept c0 where the kind was measured at two k or more: a head drafter
+pays a fixed feed of the positions the last step committed before its k chained steps.
+v[kind] and e[kind] are what a drafter kind's steps change in the pass they time as verify, against the
+plain pass and the shared line: an offset, as one token runs another path than a verify pass of two or
+more (the decode graph's matrix-vector kernels; an MoE layer's one token reads top_k experts, two
+already read nearly twice as many), so on a GPU width 1 can sit well below the line through the verify
+widths; and a slope, as a drafter in the verifier ranks (MTP, EAGLE-3 there) leaves work of its own in
+that pass that grows with k. Both carry a small ridge: 0 unless the kind's trials say otherwise, so one
+k of one kind leaves them 0 and the slope b takes the width; b is the kinds' mean slope (no trial says
+which kind's pass is the pure one) and b + e[kind] each kind's own. A kind no trial ran gets the
+measured kinds' mean offset and slope b.
 Where trials timed their verify pass at every width of the space (`verify_ms_w<W>`, the setup's width
 profile: orchestrator/search/config_model.py `width_profiles`), a width's cost is that profile's rise over
 its narrowest width, not the line b (k + 1): an MoE verifier's pass reads the union of the experts its
@@ -141,18 +145,23 @@ class PerfModel:
     corrections: dict[str, dict[str, float]] = field(default_factory=dict)  # per family: "NCCL_X=v" -> correction
     parts: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # env -> (family, settings)
     profiles: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)  # measured width profiles (rise per width)
-    p0: float = 0.0  # the plain pass (width 1) against the verify line, where no profile prices it
+    v: dict[str, float] = field(default_factory=dict)  # per drafter kind: its verify pass's offset (k > 0)
+    e: dict[str, float] = field(default_factory=dict)  # per drafter kind: its verify pass's extra ms per draft
 
-    def width_term(self, env: str, k: int) -> float:
+    def width_term(self, env: str, k: int, kind: str = "none") -> float:
         """The verify pass's cost of scoring k + 1 tokens: the setup's measured profile (or its family's)
-        where there is one, else the fitted line."""
+        where there is one, else the fitted line; k > 0 under a drafter kind, plus what that kind changes
+        in the pass."""
         profile = self.profiles.get(("env", env)) or self.profiles.get(("family", self.parts_of(env)[0])) or {}
-        return profile_term(profile, k + 1) if len(profile) >= 2 else self.b * (k + 1) + (self.p0 if k == 0 else 0.0)
+        term = profile_term(profile, k + 1) if len(profile) >= 2 else self.b * (k + 1)
+        if k > 0 and kind != "none":
+            term += self.v.get(kind, float(np.mean(list(self.v.values()))) if self.v else 0.0) + self.e.get(kind, 0.0) * k
+        return term
 
     def flat_breakeven(self, env: str, kind: str, k: int) -> float:
         """The breakeven k drafts would have if scoring k + 1 tokens cost what scoring one does (as on a dense
         verifier at small batch, which streams the same weights for 1 or k + 1 tokens)."""
-        return (self.step_ms(env, kind, k) - self.width_term(env, k) + self.width_term(env, 0)) / self.step_ms(env, "none", 0)
+        return (self.step_ms(env, kind, k) - self.width_term(env, k, kind) + self.width_term(env, 0)) / self.step_ms(env, "none", 0)
 
     def parts_of(self, env: str) -> tuple[str, tuple[str, ...]]:
         return self.parts.get(env) or parse_env(env)
@@ -177,21 +186,21 @@ class PerfModel:
         """The bench-derived allreduce time per step (None for a fitted env: it is inside a[env])."""
         return self.comm.ms(env, k) if self.source(env) == "bench" else None
 
-    def verify_ms(self, env: str, k: int) -> float:
+    def verify_ms(self, env: str, k: int, kind: str = "none") -> float:
         src = self.source(env)
         if src == "bench":
-            return self.a0[self.comm.setups[env][0]] + self.width_term(env, k) + self.comm.ms(env, k)
+            return self.a0[self.comm.setups[env][0]] + self.width_term(env, k, kind) + self.comm.ms(env, k)
         if src == "fitted":
-            return self.a[env] + self.width_term(env, k)
+            return self.a[env] + self.width_term(env, k, kind)
         if src == "backend":
             family, settings = self.parts_of(env)
             d = self.corrections.get(family, {})
-            return self.base[family] + sum(d.get(x, 0.0) for x in settings) + self.width_term(env, k)
-        return float(np.mean([self.verify_ms(e, k) for e in self.envs]))  # never seen: the average setup
+            return self.base[family] + sum(d.get(x, 0.0) for x in settings) + self.width_term(env, k, kind)
+        return float(np.mean([self.verify_ms(e, k, kind) for e in self.envs]))  # never seen: the average setup
 
     def step_ms(self, env: str, kind: str, k: int) -> float:
         rest = self.c0.get(kind, 0.0) + self.c.get(kind, 0.0) * k + self.overhead[1] if k > 0 else self.overhead[0]
-        return self.verify_ms(env, k) + rest
+        return self.verify_ms(env, k, kind) + rest
 
     def accept_len(self, kind: str, k: int) -> float:
         if k == 0:
@@ -228,8 +237,9 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
     """Verify pass: least squares of (verify_ms - bench allreduce time) on one intercept per group
     and the per-scored-token slope b. A group is a TP size for envs the table covers (a0[tp]: their
     allreduces are the table's) or the env itself otherwise (a[env]: allreduces fitted in).
-    The plain level p0 where the trials tell it from the slope. Drafting: per kind, a line in k through what
-    its steps took beyond the fitted verify pass and the mean rest. Overheads: the mean rest."""
+    Per drafter kind an offset v and a slope e (k > 0) against that line, ridged toward 0 as b is.
+    Drafting: per kind, a line in k through what its steps took beyond the fitted verify pass and the
+    mean rest. Overheads: the mean rest."""
     if not points:
         raise ValueError("no trials to fit")
     kinds = sorted({p.kind for p in points if p.k > 0})
@@ -239,26 +249,30 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
     groups = sorted(set(group.values()), key=str)
     # a measured width profile gives a point's width term (only the level is fitted); the slope b serves the rest
     profiles = width_profiles(points)
-    on_line = [p for p in points if not profile_of(profiles, p.shape)]
-    plain_level = any(p.k == 0 for p in on_line) and len({p.k for p in on_line if p.k > 0}) >= 2
-    X = np.zeros((len(points), len(groups) + 1 + plain_level))  # groups, [p0,] b
+    # columns: one intercept per group, b, then v and e per drafter kind
+    nb = len(groups)
+    col_v = {kind: nb + 1 + j for j, kind in enumerate(kinds)}
+    col_e = {kind: nb + 1 + len(kinds) + j for j, kind in enumerate(kinds)}
+    X = np.zeros((len(points), nb + 1 + 2 * len(kinds)))
     y = np.zeros(len(points))
     for i, p in enumerate(points):
         X[i, groups.index(group[p.env])] = 1.0
         profile = profile_of(profiles, p.shape)
-        X[i, -1] = 0.0 if profile else p.k + 1
-        if plain_level:
-            X[i, -2] = 1.0 if p.k == 0 and not profile else 0.0
+        X[i, nb] = 0.0 if profile else p.k + 1
+        if p.k > 0:
+            X[i, col_v[p.kind]], X[i, col_e[p.kind]] = 1.0, p.k
         y[i] = verify_ms_of(p) - (comm.ms(p.env, p.k) if p.env in covered else 0.0) - (profile_term(profile, p.k + 1) if profile else 0.0)
-    if np.linalg.matrix_rank(X) == X.shape[1]:
-        coef = np.linalg.lstsq(X, y, rcond=None)[0]
-    else:  # a group's trials all at one k: the slope is not identified; a tiny penalty on b alone picks
-        # the least-squares solution with the smallest |b| (decode is memory-bound: extra scored
-        # tokens cost little), the intercepts take what the trials measured
-        lam = 1e-6 * max(1.0, float(np.trace(X.T @ X)) / X.shape[1])
-        penalty = np.zeros((X.shape[1], X.shape[1]))
-        penalty[-1, -1] = lam
-        coef = np.linalg.solve(X.T @ X + penalty, X.T @ y)
+    # a tiny ridge on everything but the intercepts picks, among the least-squares solutions, the one with
+    # the smallest kind terms, b taking the kinds' mean slope: v = e = 0 where a kind's trials cannot tell
+    # them from b (one k), and where a group's trials all ran one k (the slope not identified) the
+    # smallest |b| (decode is memory-bound: extra scored tokens cost little); the intercepts take what
+    # the trials measured. b's ridge is far smaller, so the kinds' terms stay the deviations.
+    # (least squares of X and the ridge rows stacked below it: better conditioned than the normal equations)
+    lam = 1e-9 * max(1.0, float(np.trace(X.T @ X)) / X.shape[1])
+    ridge = np.zeros(X.shape[1])
+    ridge[nb] = np.sqrt(lam * 1e-4)  # b = the kinds' shared slope to about 1 part in 10^4
+    ridge[nb + 1 :] = np.sqrt(lam)
+    coef = np.linalg.lstsq(np.vstack([X, np.diag(ridge)]), np.concatenate([y, np.zeros(X.shape[1])]), rcond=None)[0]
     a = {g: float(coef[j]) for j, g in enumerate(groups) if isinstance(g, str)}
     a0 = {g: float(coef[j]) for j, g in enumerate(groups) if isinstance(g, int)}
     rest = {False: [], True: []}
@@ -290,8 +304,9 @@ def fit(points: list[TrialPoint], comm: BenchComm | None = None, max_comm_ratio:
         envs=sorted({p.env for p in points} | untried),
         kinds=kinds,
         a=a,
-        b=float(coef[-1]),
-        p0=float(coef[-2]) if plain_level else 0.0,
+        b=float(coef[nb]),
+        v={kind: float(coef[col_v[kind]]) for kind in kinds},
+        e={kind: float(coef[col_e[kind]]) for kind in kinds},
         c=c,
         c0=c0,
         rates=rates,
@@ -342,8 +357,8 @@ def loo_predictions(
     """Each trial predicted by a fit on the others (with its own measured accepted length: the model
     predicts speed, acceptance is the drafter's). Its setup's allreduce term: the table's ("bench"),
     its own fitted constant when other trials ran the same setup ("fitted"), else its family's base
-    plus NCCL corrections ("backend"). A trial whose drafter kind no other trial used is kept, its draft
-    time predicted as 0. Returns the predictions and the trials that could not be predicted, with why."""
+    plus NCCL corrections ("backend"). A trial whose drafter kind no other trial used is kept: its drafts
+    predicted free, its verify pass at the other kinds' mean offset and slope. Returns the predictions and the trials that could not be predicted, with why."""
     preds, missed = [], []
     for i, p in enumerate(points):
         rest = points[:i] + points[i + 1 :]

@@ -74,11 +74,7 @@ def test_a_drafter_with_a_fixed_feed_gets_its_intercept():
     m = fit(points() + mtp_points(0.4, 1.5, 0.0))
     assert m.c0["mtp"] == pytest.approx(0.4, abs=1e-6) and m.c["mtp"] == pytest.approx(1.5, abs=1e-6)
     assert m.c0["ngram"] == pytest.approx(0.0, abs=1e-6) and m.c["ngram"] == pytest.approx(C["ngram"], abs=1e-6)
-    assert m.step_ms("nccl", "mtp", 1) == pytest.approx(A["nccl"] + B * 2 + 0.4 + 1.5 + 0.3)
-    # a line through the origin on the draft times alone (the fit before) under-priced a step by the feed
-    mtp = mtp_points(0.4, 1.5, 0.0)
-    through_origin = sum(p.draft_ms * p.k for p in mtp) / sum(p.k * p.k for p in mtp)
-    assert through_origin * 1 < 0.4 + 1.5 - 0.2
+    assert m.step_ms("nccl", "mtp", 1) == pytest.approx(A["nccl"] + B * 2 + 0.4 + 1.5 + 0.3, rel=1e-5)
 
 
 def test_work_a_drafter_leaves_in_the_verify_pass_is_priced_with_its_drafts():
@@ -88,23 +84,50 @@ def test_work_a_drafter_leaves_in_the_verify_pass_is_priced_with_its_drafts():
             true = A[env] + B * (k + 1) + 0.3 * k + 0.4 + 1.5 * k + 0.3
             assert m.step_ms(env, "mtp", k) == pytest.approx(true, rel=1e-3)
             assert m.step_ms(env, "ngram", k) == pytest.approx(truth_step(env, "ngram", k), rel=1e-3)
+    # each kind's verify slope is its own (b, the shared part, is their mean: no trial says which kind's
+    # pass is the pure one), so MTP's work in the pass leaves the others' drafts and pass as they are
+    slopes = {kind: m.b + m.e[kind] for kind in ("ngram", "layer_skip", "mtp")}
+    assert slopes == pytest.approx({"ngram": B, "layer_skip": B, "mtp": B + 0.3}, abs=1e-3)
+    assert m.c["ngram"] == pytest.approx(C["ngram"], abs=1e-3) and m.c["mtp"] == pytest.approx(1.5, abs=1e-3)
+    flat = (A["nccl"] + B + C["ngram"] * 4 + 0.3) / (A["nccl"] + B + 0.1)  # scoring 5 tokens priced as one
+    assert m.flat_breakeven("nccl", "ngram", 4) == pytest.approx(flat, rel=1e-4)
+
+
+def test_plain_and_drafting_trials_on_different_setups_still_fit():
+    # the only plain trial on one NCCL setting, the drafting ones on another: no kind offset can be told
+    # from the setups' constants, and the fit must still price every trial it saw
+    plain = TrialPoint("tp1 nccl A=1", "none", 0, 10.1, 1.0, 1000 / 10.1, verify_ms=10.0)
+    drafts = [
+        TrialPoint("tp1 nccl B=1", "ngram", k, 9.0 + 0.5 * (k + 1) + 0.3, 2.0, 2000 / (9.3 + 0.5 * (k + 1)), verify_ms=9.0 + 0.5 * (k + 1))
+        for k in (2, 4)
+    ]
+    for pts in ([plain] + drafts, [plain, plain] + drafts):
+        m = fit(pts)
+        assert m.step_ms("tp1 nccl A=1", "none", 0) == pytest.approx(10.1, abs=1e-3)
+        for p in drafts:
+            assert m.step_ms(p.env, "ngram", p.k) == pytest.approx(p.step_ms, abs=1e-3)
+    preds, missed = loo_predictions([plain, replace(drafts[0], env="tp1 nccl A=1")] + drafts)
+    assert len(preds) + len(missed) == 4
 
 
 def test_the_plain_pass_below_the_verify_line_gets_its_own_level():
-    # on a GPU one token runs the decode graph's matrix-vector kernels: width 1 sits 1.5 ms below the line
-    # through the verify widths, which a line through all widths would spread over every k
+    # width 1 below the line through the verify widths (on a GPU one token runs the decode graph's
+    # matrix-vector kernels): each drafter kind's offset v takes the jump, the line keeps its slope
     jump = 1.5
     pts = [replace(p, step_ms=p.step_ms - jump, verify_ms=p.verify_ms - jump) if p.k == 0 else p for p in points()]
     pts = [replace(p, throughput=p.accept_len * 1000 / p.step_ms) for p in pts]
     m = fit(pts)
-    assert m.p0 == pytest.approx(-jump, abs=1e-6) and m.b == pytest.approx(B, abs=1e-6)
+    assert m.b == pytest.approx(B, abs=1e-4)
+    assert m.v == pytest.approx({"ngram": jump, "layer_skip": jump}, abs=1e-4) and m.e == pytest.approx(
+        {"ngram": 0, "layer_skip": 0}, abs=1e-4
+    )
     for env in A:
-        assert m.step_ms(env, "none", 0) == pytest.approx(truth_step(env, "none", 0) - jump, abs=1e-6)
-        assert m.step_ms(env, "ngram", 4) == pytest.approx(truth_step(env, "ngram", 4), abs=1e-6)
-        assert m.breakeven(env, "ngram", 4) == pytest.approx(truth_step(env, "ngram", 4) / (truth_step(env, "none", 0) - jump))
-    # one speculative k cannot tell the plain level from the slope: none is fitted
-    one_k = [p for p in pts if p.k in (0, 4)]
-    assert fit(one_k).p0 == 0.0
+        assert m.step_ms(env, "none", 0) == pytest.approx(truth_step(env, "none", 0) - jump, abs=1e-4)
+        assert m.step_ms(env, "ngram", 4) == pytest.approx(truth_step(env, "ngram", 4), abs=1e-4)
+        assert m.breakeven(env, "ngram", 4) == pytest.approx(truth_step(env, "ngram", 4) / (truth_step(env, "none", 0) - jump), rel=1e-4)
+    # one k of one kind cannot tell the offset from the slope: the slope takes it, the offset stays 0
+    one_k = [p for p in pts if p.k in (0, 4) and p.kind in ("none", "ngram") and p.env == "nccl"]
+    assert fit(one_k).v["ngram"] == pytest.approx(0.0, abs=1e-3)
 
 
 def test_breakeven_and_throughput():
@@ -419,8 +442,8 @@ def test_a_measured_width_profile_replaces_the_line():
         assert m.verify_ms(env, k) == pytest.approx(level + rise[k + 1], abs=1e-6)
     assert m.verify_ms(env, 5) == pytest.approx(level + 7.0, abs=1e-6)  # between profiled widths: linear
     line = fit([replace(p, width_ms=()) for p in pts])  # the same trials without their profile: a line
-    # a line misses the curve (least squares through widths 3, 5, 7: 1/3 ms off at width 5); the plain pass
-    # has its own level (p0), so width 1 is priced as measured
-    assert max(abs(line.verify_ms(env, k) - (level + rise[k + 1])) for k in (2, 4, 6)) == pytest.approx(1 / 3)
-    assert line.verify_ms(env, 0) == pytest.approx(level)
+    # a line misses the curve (least squares through widths 3, 5, 7: 1/3 ms off at width 5); the drafter
+    # kind's offset against the plain pass prices width 1 as measured
+    assert max(abs(line.verify_ms(env, k, "ngram") - (level + rise[k + 1])) for k in (2, 4, 6)) == pytest.approx(1 / 3, abs=1e-4)
+    assert line.verify_ms(env, 0) == pytest.approx(level, abs=1e-4)
     assert m.breakeven(env, "ngram", 6) - m.flat_breakeven(env, "ngram", 6) == pytest.approx(9.0 / m.step_ms(env, "none", 0))

@@ -87,3 +87,19 @@ def test_a_dense_verifier_has_no_section_and_a_line_is_said_to_be_one():
     s = moe_summary(moe, model, _cfg("/ckpt/qwen3-moe"), pts)
     assert not s["profiled"] and not s["random_weights"]
     assert "a line through the trials' widths" in moe_sentences(s)[0]
+
+
+def test_the_width_sentence_reads_the_pass_with_least_drafter_work_in_it():
+    # an in-rank head's feed is timed with the verify pass: its ratio is the drafter's, not the experts'
+    row = {"env": "tp8 nccl", "k": 4, "accept_len": 3.3, "breakeven": 1.5, "flat_breakeven": 1.2, "experts_per_pass": None}
+    s = {
+        "random_weights": True,
+        "profiled": False,
+        "union_losses": [],
+        "rows": [
+            {**row, "kind": "mtp", "verify_x_width1": 1.25},
+            {**row, "kind": "ngram", "verify_x_width1": 1.15},
+            {**row, "kind": "ngram", "k": 2, "verify_x_width1": 1.1},
+        ],
+    }
+    assert "a verify pass of 5 tokens costs x1.15 one token's" in moe_sentences(s)[0] and "under ngram" in moe_sentences(s)[0]

@@ -37,7 +37,7 @@ def moe_summary(done: list, model, cfg, points: list) -> dict | None:
                 "accept_len": round(accept, 3),
                 "breakeven": round(be, 3),
                 "flat_breakeven": round(flat, 3),
-                "verify_x_width1": round(model.verify_ms(env, k) / model.verify_ms(env, 0), 3),
+                "verify_x_width1": round(model.verify_ms(env, k, kind) / model.verify_ms(env, 0), 3),
                 "experts_per_pass": experts_read(done, k + 1),
             }
         )
@@ -62,10 +62,13 @@ def moe_sentences(s: dict | None) -> list[str]:
     if not s or not s["rows"]:
         return []
     how = "the trials' measured width profile" if s["profiled"] else "a line through the trials' widths (no width profile was timed)"
-    widest = max(s["rows"], key=lambda r: r["k"])
+    # the deepest k's pass under the drafter that leaves least of its own work in it (an in-rank head's
+    # feed is timed with the pass): the experts' union and the width, not the drafter
+    deepest = max(r["k"] for r in s["rows"])
+    widest = min((r for r in s["rows"] if r["k"] == deepest), key=lambda r: r["verify_x_width1"])
     out = [
-        f"MoE verifier: a verify pass of {widest['k'] + 1} tokens costs x{widest['verify_x_width1']:.2f} one token's ({how}): "
-        "its tokens route to more distinct experts, so each deeper k must accept more to break even."
+        f"MoE verifier: a verify pass of {widest['k'] + 1} tokens costs x{widest['verify_x_width1']:.2f} one token's ({how}, "
+        f"under {widest['kind']}): its tokens route to more distinct experts, so each deeper k must accept more to break even."
     ]
     read = {r["k"]: r["experts_per_pass"] for r in s["rows"] if r.get("experts_per_pass") is not None}
     if read:
