@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from orchestrator.config.envpolicy import NVLS_OFF_ENV, refuse_nvls  # noqa: F401 - NVLS_OFF_ENV re-exported
 from orchestrator.config.registry import NCCL_VAR, PARAMS, PARAMS_BY_YAML, lookup
 from orchestrator.errors import UserError
+from workers.spec import DRAFTER_KINDS
 from workers.spec.allreduce_table import presets
 from workers.spec.engine_config import EngineConfig
 
@@ -129,6 +130,16 @@ def profile_from_file(path: str) -> list[float]:
     return out
 
 
+def _check_profile(v: list[float], where: str = "") -> list[float]:
+    """P(accepted >= i) for i = 1 .. n: n within the deepest k, each in [0, 1], never rising."""
+    most = PARAMS["spec.num_draft_tokens"].high
+    if not 1 <= len(v) <= most:
+        raise ValueError(f"{where}P(accepted >= i) for i = 1 .. n needs 1 to {most} values, got {len(v)}")
+    if any(not 0.0 <= p <= 1.0 for p in v) or any(b > a for a, b in zip(v, v[1:])):
+        raise ValueError(f"{where}P(accepted >= i) for i = 1, 2, ...: each between 0 and 1, never rising, got {v}")
+    return v
+
+
 MAX_CONTEXTS = 8  # buckets a trial measures, each at every batch size
 MIN_CONTEXT = 16  # a bucket shorter than this is no context at all
 
@@ -153,9 +164,13 @@ class WorkloadSection(_Section):
     # at any TP size: greedy acceptance does not depend on it); a step with k drafts keeps
     # sum_{i <= k} P_i of them on average (P_i = 0 past the list), so deeper k accepts more, as it does
     # or a JSON file holding one: `spectune decode --json` output (its accept_rate_pos_i), read when the YAML
-    # is loaded; simulate_accept_profile_from then names the file (the record and the report say it)
-    simulate_accept_profile: list[float] | str | None = Field(None, min_length=1, max_length=PARAMS["spec.num_draft_tokens"].high)
-    simulate_accept_profile_from: str | None = None  # set from simulate_accept_profile's file, never by hand
+    # is loaded; simulate_accept_profile_from then names the file (the record and the report say it);
+    # or one per drafter kind, {kind: list or file}: each trial drafts at its kind's (every kind the
+    # study drafts with needs one: orchestrator/execution/validate.py), e.g. a model's own MTP layer at its
+    # published acceptance beside n-gram at what it measured on the deployment's text
+    simulate_accept_profile: list[float] | dict[str, list[float] | str] | str | None = None
+    # set from simulate_accept_profile's file(s), never by hand: the file, or {kind: file}
+    simulate_accept_profile_from: str | dict[str, str] | None = None
     # decode the prompts in static batches of each size too: batch 1 is always measured (repeated,
     # pruned, the noise band); every size > 1 once per trial after it, as metrics *_b<B>
     batch_sizes: list[int] = Field(default_factory=lambda: [1], min_length=1)
@@ -168,25 +183,38 @@ class WorkloadSection(_Section):
     @classmethod
     def _profile_file(cls, data):
         """`simulate_accept_profile: run.json`: the accept_rate_pos_i of that decode --json output, in order."""
-        if isinstance(data, dict) and isinstance(src := data.get("simulate_accept_profile"), str):
-            return {**data, "simulate_accept_profile_from": src}  # read by the field's own validator (errors name the field)
         if isinstance(data, dict) and data.get("simulate_accept_profile_from") is not None:
             raise ValueError("simulate_accept_profile_from: is set from the file simulate_accept_profile names, not by hand")
+        if isinstance(data, dict) and isinstance(src := data.get("simulate_accept_profile"), str):
+            return {**data, "simulate_accept_profile_from": src}  # read by the field's own validator (errors name the field)
+        if isinstance(data, dict) and isinstance(per := data.get("simulate_accept_profile"), dict):
+            files = {kind: v for kind, v in per.items() if isinstance(v, str)}
+            return {**data, "simulate_accept_profile_from": files} if files else data
         return data
 
     @field_validator("simulate_accept_profile", mode="before")
     @classmethod
     def _read_profile(cls, v):
+        if isinstance(v, dict):
+            return {kind: profile_from_file(x) if isinstance(x, str) else x for kind, x in v.items()}
         return profile_from_file(v) if isinstance(v, str) else v
 
     @field_validator("simulate_accept_profile")
     @classmethod
-    def _profile(cls, v: list[float] | None) -> list[float] | None:
-        if v is None:
-            return v
-        if any(not 0.0 <= p <= 1.0 for p in v) or any(b > a for a, b in zip(v, v[1:])):
-            raise ValueError(f"P(accepted >= i) for i = 1, 2, ...: each between 0 and 1, never rising, got {v}")
-        return v
+    def _profile(cls, v):
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError("one profile per drafter kind: give at least one, e.g. {mtp: [0.85, 0.6]}")
+            if bad := sorted(set(v) - set(DRAFTER_KINDS[1:])):
+                raise ValueError(f"no drafter kind {', '.join(map(repr, bad))} (kinds: {', '.join(DRAFTER_KINDS[1:])})")
+            return {kind: _check_profile(p, f"{kind}: ") for kind, p in v.items()}
+        return v if v is None else _check_profile(v)
+
+    def profile_for(self, kind: str) -> tuple[float, ...] | None:
+        """The P(accepted >= i) a trial drafting with `kind` is held to (None: none imposed on it)."""
+        p = self.simulate_accept_profile
+        p = p.get(kind) if isinstance(p, dict) else p
+        return tuple(p) if p is not None else None
 
     @model_validator(mode="after")
     def _one_simulation(self):
@@ -203,13 +231,20 @@ class WorkloadSection(_Section):
         """The imposed acceptance in words, for the record and the console (None: measured)."""
         if self.simulate_accept_len is not None:
             return f"accepted length {self.simulate_accept_len:g} (workload.simulate_accept_len)"
-        if self.simulate_accept_profile is not None:
-            return f"P(accepted >= i) {', '.join(f'{p:g}' for p in self.simulate_accept_profile)} (workload.simulate_accept_profile{self.profile_source()})"
+        p = self.simulate_accept_profile
+        if isinstance(p, dict):
+            per = "; ".join(f"{kind} {', '.join(f'{x:g}' for x in p[kind])}" for kind in sorted(p))
+            return f"P(accepted >= i) per drafter: {per} (workload.simulate_accept_profile{self.profile_source()})"
+        if p is not None:
+            return f"P(accepted >= i) {', '.join(f'{x:g}' for x in p)} (workload.simulate_accept_profile{self.profile_source()})"
         return None
 
-    def profile_source(self) -> str:
-        """ ", from FILE" where the profile was read from a file, else ""."""
-        return f", from {self.simulate_accept_profile_from}" if self.simulate_accept_profile_from else ""
+    def profile_source(self, kind: str | None = None) -> str:
+        """ ", from FILE" where the profile (`kind`'s, or any of them) was read from a file, else ""."""
+        src = self.simulate_accept_profile_from
+        if isinstance(src, dict):
+            src = src.get(kind) if kind is not None else ", ".join(f"{k}: {f}" for k, f in sorted(src.items())) or None
+        return f", from {src}" if src else ""
 
     @field_validator("batch_sizes")
     @classmethod

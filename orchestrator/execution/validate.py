@@ -122,6 +122,12 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     kinds = check_limits("drafter.kind")
     if any(k > 0 for k in ks) and kinds == ["none"]:
         raise UserError(f"{where('drafter.kind')}: spec.num_draft_tokens > 0 needs a drafter")
+    per_kind = cfg.workload.simulate_accept_profile
+    if isinstance(per_kind, dict) and any(k > 0 for k in ks) and (missing := [k for k in kinds if k != "none" and k not in per_kind]):
+        raise UserError(
+            f"workload.simulate_accept_profile: no profile for drafter kind {missing[0]}, which {where('drafter.kind')} drafts with "
+            "(give every kind one, or one list for all)"
+        )
     if "layer_skip" in kinds:
         for layers in candidates(cfg, "drafter.layers"):
             if layers is None or not isinstance(layers, int) or not 1 <= layers < args.n_layers:

@@ -63,7 +63,7 @@ class PreparedWorkload:
             seed=w.seed,
             eos_ids=self.eos_ids,
             simulate_accept_len=w.simulate_accept_len if tc.num_draft_tokens > 0 else None,
-            simulate_accept_profile=tuple(w.simulate_accept_profile) if w.simulate_accept_profile and tc.num_draft_tokens > 0 else None,
+            simulate_accept_profile=w.profile_for(tc.drafter.kind) if tc.num_draft_tokens > 0 else None,
             # the batch-1 baseline other trials are checked against
             record_margins=tc.num_draft_tokens == 0 and w.temperature == 0 and batch_size == 1,
             batch_size=batch_size,

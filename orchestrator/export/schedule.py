@@ -197,6 +197,10 @@ def build_schedule(study, model: str = "", dtype: str = "", device: str = "") ->
     rows = [r for cell in cells_of(done) if (r := _row(done, groups, noise, *cell)) is not None]
     tau = next((trial_params(t).get("workload.simulate_accept_len") for t in done), None)
     profile = next((trial_params(t).get("workload.simulate_accept_profile") for t in done), None)
+    if profile is None and done:  # one per drafter kind: "mtp 0.85,0.6; ngram 0.5"
+        prefix = "workload.simulate_accept_profile."
+        per = {name[len(prefix) :]: v for name, v in trial_params(done[0]).items() if name.startswith(prefix)}
+        profile = "; ".join(f"{kind} {v}" for kind, v in sorted(per.items())) or None
     return {
         "emulated": emulated_label(trial_params(done[0])) if done else None,
         "model": model,

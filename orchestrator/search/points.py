@@ -159,7 +159,7 @@ def config_shape(tc, cfg: ExperimentConfig) -> ConfigShape:
         width=(tree_size(k, tc.drafter.tree_width) + 1) if k else 1,
         layers=tc.drafter.layers if tc.drafter.kind == "layer_skip" else 0,
         simulated=cfg.workload.simulate_accept_len,
-        simulated_profile=tuple(cfg.workload.simulate_accept_profile or ()),
+        simulated_profile=cfg.workload.profile_for(tc.drafter.kind) or (),
         in_verifier=k > 0 and tc.drafter.in_verifier,
     )
 

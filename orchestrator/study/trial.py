@@ -394,11 +394,11 @@ def prune_unrunnable(t: _Trial) -> TrialOutcome | None:
 
 def start_run(t: _Trial) -> None:
     if t.simulated:  # timing of a real engine, acceptance imposed: not comparable with drafter-quality runs
-        w = t.cfg.workload
+        w, kind = t.cfg.workload, t.tc.drafter.kind
         t.tags[SIMULATED_TAG] = (
             f"{w.simulate_accept_len:g}"
             if w.simulate_accept_len is not None
-            else "profile " + ",".join(f"{p:g}" for p in w.simulate_accept_profile) + w.profile_source()
+            else "profile " + ",".join(f"{p:g}" for p in w.profile_for(kind) or ()) + w.profile_source(kind)
         )
     for key in (RETRY_TAG, RACE_TAG):  # a retry or a deliberate repeat says of which trial, on its MLflow run too
         if key in t.trial.user_attrs:

@@ -88,6 +88,14 @@ MALFORMED = {
         {"workload": {"simulate_accept_profile": [0.5, 0.7]}},
         "workload.simulate_accept_profile: P(accepted >= i) for i = 1, 2, ...: each between 0 and 1, never rising",
     ),
+    "acceptance profile for a drafter the study lacks": (
+        {"workload": {"simulate_accept_profile": {"ngram": [0.8], "medusa": [0.5]}}},
+        "workload.simulate_accept_profile: no drafter kind 'medusa' (kinds: draft_model, ngram, layer_skip, eagle3, mtp)",
+    ),
+    "no acceptance profile for a drafter the study drafts with": (
+        {"workload": {"simulate_accept_profile": {"ngram": [0.8, 0.5]}}},
+        "workload.simulate_accept_profile: no profile for drafter kind layer_skip, which search.space.drafter.kind drafts with",
+    ),
     "two imposed acceptances": (
         {"workload": {"simulate_accept_len": 2, "simulate_accept_profile": [0.5]}},
         "workload: set simulate_accept_len or simulate_accept_profile, not both",
@@ -197,7 +205,7 @@ def test_shipped_emulated_experiment_validates():
     validate: its model is a random preset and its backends are its table's), on each bundled table it names."""
     from orchestrator.execution.validate import check_experiment
 
-    for name in ("tp8-pcie-emulated.yaml", "deepseek-v3-tp8-emulated.yaml"):
+    for name in ("tp8-pcie-emulated.yaml", "deepseek-v3-tp8-emulated.yaml", "deepseek-v3-tp8-mtp-vs-ngram.yaml"):
         for table in ("seeds-tp8-pcie", "nvlink-h200"):
             cfg = load_config(ROOT / "experiments" / name, [f"parallel.allreduce_table={table}"])
             prepared = check_experiment(cfg)
@@ -410,6 +418,29 @@ def test_an_acceptance_profile_read_from_a_real_runs_json(tmp_path):
     for bad, why in ((tmp_path / "plain.json", "holds no accept_rate_pos_1"), (tmp_path / "none.json", "No such file")):
         with pytest.raises(UserError, match=f"workload.simulate_accept_profile: .*{why}"):
             load_config(ROOT / "experiments" / "tp8-pcie-emulated.yaml", [f"workload.simulate_accept_profile={bad}"])
+
+
+def test_an_acceptance_profile_per_drafter_kind_reaches_the_params_and_the_best_yaml(tmp_path):
+    """`workload.simulate_accept_profile: {kind: list or file}`: each kind's profile, the record's words,
+    one MLflow param per kind, and the best YAML names the file as the experiment did."""
+    from orchestrator.explain.report.core import best_yaml
+    from orchestrator.tracking.runs import experiment_params
+
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps({"accept_rate_pos_1": 0.6, "accept_rate_pos_2": 0.3}))
+    cfg = load_config(
+        ROOT / "experiments" / "deepseek-v3-tp8-emulated.yaml", [f"workload.simulate_accept_profile={{mtp: [0.85, 0.6], ngram: {real}}}"]
+    )
+    w = cfg.workload
+    assert w.profile_for("mtp") == (0.85, 0.6) and w.profile_for("ngram") == (0.6, 0.3) and w.profile_for("eagle3") is None
+    assert (
+        w.acceptance_words()
+        == f"P(accepted >= i) per drafter: mtp 0.85, 0.6; ngram 0.6, 0.3 (workload.simulate_accept_profile, from ngram: {real})"
+    )
+    params = experiment_params(cfg)
+    assert params["workload.simulate_accept_profile.mtp"] == "0.85,0.6" and params["workload.simulate_accept_profile.ngram"] == "0.6,0.3"
+    again = yaml.safe_load(best_yaml(cfg, {"spec.num_draft_tokens": 2, "drafter.kind": "mtp"}))
+    assert again["workload"]["simulate_accept_profile"] == {"mtp": [0.85, 0.6], "ngram": str(real)}
 
 
 def test_ngram_min_above_max_is_refused_for_the_whole_space_and_skipped_per_trial(tmp_path):

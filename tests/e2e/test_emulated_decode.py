@@ -84,22 +84,30 @@ def test_bad_emulation_input_is_one_line_exit_2(tiny_ckpt, tmp_path, extra, mess
 def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp_path, capsys):
     """Issue 46's CPU check: a study on an emulated TP 4 (embedded Ray, SQLite, local MLflow) exits 0; its
     report and its export say "emulated" and name the table; the plain trial's step is split into its
-    allreduce waits and the rest (comm_fraction), as a real TP 4 trial's is."""
+    allreduce waits and the rest (comm_fraction), as a real TP 4 trial's is. Acceptance is imposed per
+    drafter kind, one from a real run's JSON: each drafting trial keeps its own kind's drafts."""
     from studyutil import optuna_study, summary, tiny_experiment
 
     table = _table(tmp_path / "cpu-tp4.json", [1 << p for p in range(6, 22)], tp=4)
+    measured = tmp_path / "ngram-run.json"  # a `spectune decode --json` output: its accept_rate_pos_i
+    measured.write_text(json.dumps({"throughput_tok_s": 1.0, "accept_rate_pos_1": 0.8, "accept_rate_pos_2": 0.5}))
     exp = tiny_experiment(
         tmp_path,
         tiny_ckpt,
         parallel={"tp": 1, "emulate_tp": 4, "allreduce_table": table, "cpus_per_worker": 0.1},
-        workload={"prompts": "bundled", "num_prompts": 1, "max_new_tokens": 12, "simulate_accept_profile": [0.8, 0.5]},
-        search={"space": {"spec.num_draft_tokens": {"choices": [0, 2]}}},
-        study={"n_trials": 2, "sampler": "grid", "seed": 0, "pruner": "none", "baseline_repeats": 2},
+        workload={
+            "prompts": "bundled",
+            "num_prompts": 1,
+            "max_new_tokens": 12,
+            "simulate_accept_profile": {"ngram": str(measured), "layer_skip": [0.5, 0.0]},
+        },
+        search={"space": {"spec.num_draft_tokens": {"choices": [0, 2]}, "drafter.kind": {"choices": ["ngram", "layer_skip"]}}},
+        study={"n_trials": 3, "sampler": "grid", "seed": 0, "pruner": "none", "baseline_repeats": 2},
     )
     home = tmp_path / "home"
     r = run_here(capsys, ["run", str(exp)], home)
     out = summary(r)
-    assert out["complete"] == 2, r.stderr[-2000:]
+    assert out["complete"] == 3, r.stderr[-2000:]
     assert "emulated TP 4 from table cpu-tp4" in r.stderr
     progress = [line for line in r.stderr.splitlines() if ": prompt 1 of 1" in line]  # the live lines name the deployment
     assert progress and all(" tp4 emulated: " in line for line in progress), progress
@@ -108,6 +116,9 @@ def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp
     # 4 allreduces a step (2 layers x 2) of 300 us each, beside a tiny model's compute on CPU
     assert plain.user_attrs["allreduce_per_step"] == 4
     assert 0.05 < plain.user_attrs["comm_fraction"] < 1.0, plain.user_attrs
+    # k = 2 keeps 0.8 + 0.5 drafts a step on average under n-gram's profile, 0.5 under layer_skip's
+    accepted = {t.params["drafter.kind"]: t.user_attrs["accept_len_mean"] for t in study.trials if t.params["spec.num_draft_tokens"]}
+    assert accepted["ngram"] == pytest.approx(2.3, abs=0.15) and accepted["layer_skip"] == pytest.approx(1.5, abs=0.15), accepted
     report = spectune_here(capsys, "report", str(exp), "--out", str(tmp_path / "report"), home=home)
     assert report.returncode == 0, report.stderr
     assert "emulated TP 4 from table cpu-tp4" in (tmp_path / "report" / "report.html").read_text()
@@ -115,3 +126,4 @@ def test_a_study_on_emulated_tp4_says_so_in_its_report_and_export(tiny_ckpt, tmp
     assert export.returncode == 0, export.stderr
     header = [line for line in export.stdout.splitlines() if line.startswith("#")]
     assert any(line.startswith("# EMULATED: emulated TP 4 from table cpu-tp4") for line in header), export.stdout[:600]
+    assert any("layer_skip 0.5,0.0; ngram 0.8,0.5" in line for line in header), header  # the imposed acceptance, per kind

@@ -64,8 +64,8 @@ def best_yaml(cfg: ExperimentConfig, params: dict) -> str:
     as it is: a study of its own (`best_study_name`), one trial of the winner, in the default stores
     (`--set study.storage=... --set tracking.uri=...` for others)."""
     raw = cfg.model_dump(mode="json", exclude_none=True)
-    if src := raw["workload"].pop("simulate_accept_profile_from", None):  # the profile as the YAML named it: its file
-        raw["workload"]["simulate_accept_profile"] = src
+    if src := raw["workload"].pop("simulate_accept_profile_from", None):  # the profile as the YAML named it: its file(s)
+        raw["workload"]["simulate_accept_profile"] = {**raw["workload"]["simulate_accept_profile"], **src} if isinstance(src, dict) else src
     for name, value in params.items():  # each searched parameter into its YAML place (orchestrator/config/registry.py)
         set_yaml(raw, name, value)
     k = raw["drafter"]["num_draft_tokens"]
