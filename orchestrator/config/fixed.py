@@ -38,6 +38,9 @@ CHANGEABLE = (
     "study.baseline_repeats",
     "study.max_concurrent_trials",
     "study.isolation",
+    # the file a profile was read from: its values are compared (the same run's JSON by another path resumes)
+    "workload.simulate_accept_profile_from",
+    "workload.simulate_accept_profile_from.",
     "study.race_trials",
     "limits.",
     "tracking.",

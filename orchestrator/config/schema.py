@@ -112,11 +112,17 @@ class EngineSection(_params_of("engine")):
 
 def profile_from_file(path: str) -> list[float]:
     """P(accepted >= i), i = 1..n, from a JSON object with accept_rate_pos_1..n (what `spectune decode --json`
-    prints: the per-position acceptance a real run measured). Bad input: a ValueError naming the file."""
+    prints: the per-position acceptance a real run measured). Bad input: a ValueError naming the file.
+
+    accept_rate_pos_i counts the steps that drafted position i; a drafter that does not always draft k
+    (n-gram finds no match) accepted less per step than they add up to, while an imposed profile holds
+    every step to it. So where the run says its accepted length, the rates are scaled by its drafted
+    share c = (accept_len_mean - 1) / sum_i accept_rate_pos_i: the imposed profile then accepts what the
+    run did (c = 1 for a drafter that always drafts k)."""
     import json
 
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).expanduser().read_text())
     except OSError as e:
         raise ValueError(f"{path!r}: {e.strerror or e}") from None
     except ValueError:
@@ -127,6 +133,10 @@ def profile_from_file(path: str) -> list[float]:
         out.append(float(rates[f"accept_rate_pos_{len(out) + 1}"]))
     if not out:
         raise ValueError(f"{path!r} holds no accept_rate_pos_1 (give spectune decode --json output of a run with k > 0)")
+    tau = rates.get("accept_len_mean")
+    if isinstance(tau, (int, float)) and sum(out) > 0 and 1.0 <= tau < 1.0 + sum(out):
+        share = (tau - 1.0) / sum(out)
+        out = [p * share for p in out]
     return out
 
 
@@ -196,7 +206,15 @@ class WorkloadSection(_Section):
     @classmethod
     def _read_profile(cls, v):
         if isinstance(v, dict):
-            return {kind: profile_from_file(x) if isinstance(x, str) else x for kind, x in v.items()}
+            out = {}
+            for kind, x in v.items():
+                if not isinstance(x, (str, list)):
+                    raise ValueError(f"{kind}: give a list of P(accepted >= i) or a spectune decode --json file, got {x!r}")
+                try:
+                    out[kind] = profile_from_file(x) if isinstance(x, str) else x
+                except ValueError as e:
+                    raise ValueError(f"{kind}: {e}") from None
+            return out
         return profile_from_file(v) if isinstance(v, str) else v
 
     @field_validator("simulate_accept_profile")

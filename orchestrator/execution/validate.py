@@ -90,6 +90,13 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
 
     ks = check_limits("spec.num_draft_tokens")
     check_batch_drafters(cfg, check_limits("drafter.kind"))  # before the model and its tokenizer are fetched
+    per_kind = cfg.workload.simulate_accept_profile
+    kinds_drafting = [k for k in check_limits("drafter.kind") if k != "none"] if any(k > 0 for k in ks) else []
+    if isinstance(per_kind, dict) and (missing := [k for k in kinds_drafting if k not in per_kind]):
+        raise UserError(
+            f"workload.simulate_accept_profile: no profile for drafter kind {', '.join(missing)}, which {where('drafter.kind')} "
+            "drafts with (give every kind one, or one list for all)"
+        )
     prepared = prepare(cfg, k_max=most_drafts(cfg, max(ks)))  # the cache holds the longest prompt, max_new_tokens and the most drafts
     args = prepared.args
     # emulated TP: one rank of TP emulate_tp, its backends those of the table (which need not run here)
@@ -122,12 +129,6 @@ def check_experiment(cfg: ExperimentConfig) -> PreparedWorkload:
     kinds = check_limits("drafter.kind")
     if any(k > 0 for k in ks) and kinds == ["none"]:
         raise UserError(f"{where('drafter.kind')}: spec.num_draft_tokens > 0 needs a drafter")
-    per_kind = cfg.workload.simulate_accept_profile
-    if isinstance(per_kind, dict) and any(k > 0 for k in ks) and (missing := [k for k in kinds if k != "none" and k not in per_kind]):
-        raise UserError(
-            f"workload.simulate_accept_profile: no profile for drafter kind {missing[0]}, which {where('drafter.kind')} drafts with "
-            "(give every kind one, or one list for all)"
-        )
     if "layer_skip" in kinds:
         for layers in candidates(cfg, "drafter.layers"):
             if layers is None or not isinstance(layers, int) or not 1 <= layers < args.n_layers:

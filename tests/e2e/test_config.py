@@ -92,6 +92,14 @@ MALFORMED = {
         {"workload": {"simulate_accept_profile": {"ngram": [0.8], "medusa": [0.5]}}},
         "workload.simulate_accept_profile: no drafter kind 'medusa' (kinds: draft_model, ngram, layer_skip, eagle3, mtp)",
     ),
+    "acceptance profile per drafter neither a list nor a file": (
+        {"workload": {"simulate_accept_profile": {"ngram": None, "layer_skip": [0.5]}}},
+        "workload.simulate_accept_profile: ngram: give a list of P(accepted >= i) or a spectune decode --json file, got None",
+    ),
+    "acceptance profile per drafter from a missing file": (
+        {"workload": {"simulate_accept_profile": {"ngram": "no-such-run.json", "layer_skip": [0.5]}}},
+        "workload.simulate_accept_profile: ngram: 'no-such-run.json': No such file or directory",
+    ),
     "no acceptance profile for a drafter the study drafts with": (
         {"workload": {"simulate_accept_profile": {"ngram": [0.8, 0.5]}}},
         "workload.simulate_accept_profile: no profile for drafter kind layer_skip, which search.space.drafter.kind drafts with",
@@ -441,6 +449,12 @@ def test_an_acceptance_profile_per_drafter_kind_reaches_the_params_and_the_best_
     assert params["workload.simulate_accept_profile.mtp"] == "0.85,0.6" and params["workload.simulate_accept_profile.ngram"] == "0.6,0.3"
     again = yaml.safe_load(best_yaml(cfg, {"spec.num_draft_tokens": 2, "drafter.kind": "mtp"}))
     assert again["workload"]["simulate_accept_profile"] == {"mtp": [0.85, 0.6], "ngram": str(real)}
+    # a run that did not always draft (n-gram without a match): its rates count the steps that drafted each
+    # position, so they are scaled to the accepted length it measured (1 + 0.4 + 0.2 = 1.6)
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"accept_len_mean": 1.6, "accept_rate_pos_1": 0.6, "accept_rate_pos_2": 0.3}))
+    scaled = load_config(ROOT / "experiments" / "deepseek-v3-tp8-emulated.yaml", [f"workload.simulate_accept_profile={partial}"])
+    assert scaled.workload.profile_for("ngram") == pytest.approx((0.4, 0.2))
 
 
 def test_ngram_min_above_max_is_refused_for_the_whole_space_and_skipped_per_trial(tmp_path):
