@@ -529,4 +529,20 @@ def validated(raw: dict, where: str = "") -> ExperimentConfig:
 def json_schema() -> dict:
     schema = ExperimentConfig.model_json_schema()
     schema["title"] = "spectune experiment"
+    # what the validators check, for editors: a profile's values and length, a mapping's keys (drafter kinds)
+    workload = schema["$defs"]["WorkloadSection"]["properties"]
+    profile = {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}, "minItems": 1}
+    profile["maxItems"] = PARAMS["spec.num_draft_tokens"].high
+    workload["simulate_accept_profile"]["anyOf"] = [
+        profile,
+        {"type": "string"},
+        {
+            "type": "object",
+            "propertyNames": {"enum": list(DRAFTER_KINDS[1:])},
+            "minProperties": 1,
+            "additionalProperties": {"anyOf": [profile, {"type": "string"}]},
+        },
+        {"type": "null"},
+    ]
+    workload["simulate_accept_profile_from"]["readOnly"] = True  # set from the profile's file(s), never by hand
     return schema

@@ -193,6 +193,20 @@ def test_schema_file_is_current():
     assert on_disk == json.loads(json.dumps(json_schema()))
 
 
+def test_editors_schema_takes_every_shipped_experiment_and_refuses_a_profile_for_no_drafter():
+    """What an editor checks against the schema: every experiments/*.yaml passes; a per-drafter profile
+    naming no drafter kind, or a P above 1, does not (as the validators refuse them)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json_schema()
+    for path in sorted((ROOT / "experiments").glob("*.yaml")):
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+    raw = yaml.safe_load((ROOT / "experiments" / "deepseek-v3-tp8-mtp-vs-ngram.yaml").read_text())
+    for bad in ({"medusa": [0.5]}, {"mtp": [1.5]}, {}):
+        raw["workload"]["simulate_accept_profile"] = bad
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(raw, schema)
+
+
 def test_reference_parameter_table_is_generated_from_the_declarations():
     """docs/reference.md's parameter table is the registry's own (python -m orchestrator.config.registry)."""
     from orchestrator.config.registry import markdown_table
