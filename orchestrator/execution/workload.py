@@ -63,22 +63,12 @@ class PreparedWorkload:
             seed=w.seed,
             eos_ids=self.eos_ids,
             simulate_accept_len=w.simulate_accept_len if tc.num_draft_tokens > 0 else None,
-            simulate_accept_profile=self._profile(cfg, tc),
+            # its drafter kind's (check_experiment, which every run passes first, refuses a kind without one)
+            simulate_accept_profile=w.profile_for(tc.drafter.kind) if tc.num_draft_tokens > 0 else None,
             # the batch-1 baseline other trials are checked against
             record_margins=tc.num_draft_tokens == 0 and w.temperature == 0 and batch_size == 1,
             batch_size=batch_size,
         )
-
-    @staticmethod
-    def _profile(cfg: ExperimentConfig, tc: TrialConfig) -> tuple[float, ...] | None:
-        """The P(accepted >= i) a drafting trial is held to: its drafter kind's (never none where the study
-        imposes acceptance per kind: an emulated rank's own acceptance is no model's)."""
-        if tc.num_draft_tokens == 0:
-            return None
-        profile = cfg.workload.profile_for(tc.drafter.kind)
-        if profile is None and isinstance(cfg.workload.simulate_accept_profile, dict):
-            raise UserError(f"workload.simulate_accept_profile: no profile for drafter kind {tc.drafter.kind}")
-        return profile
 
     def gang_spec(self, cfg: ExperimentConfig, tc: TrialConfig) -> GangSpec:
         drafter = tc.drafter

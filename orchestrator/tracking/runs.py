@@ -96,10 +96,11 @@ def experiment_params(cfg) -> dict[str, Any]:
         if part is None:
             continue
         for key, value in part.model_dump(mode="json").items():
-            if key.startswith("simulate_accept_profile") and isinstance(value, dict):  # one per drafter kind: a param each
-                out.update({f"{section}.{key}.{kind}": ",".join(map(str, v)) if isinstance(v, list) else v for kind, v in value.items()})
-            elif value is not None and value != [] and not isinstance(value, dict):  # an empty list: the setting is off
-                out[f"{section}.{key}"] = ",".join(map(str, value)) if isinstance(value, list) else value
+            # a mapping (a profile per drafter kind): a param per key
+            items = {f"{key}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value}
+            for name, v in items.items():
+                if v is not None and v != []:  # an empty list: the setting is off
+                    out[f"{section}.{name}"] = ",".join(map(str, v)) if isinstance(v, list) else v
     out["parallel.device"] = cfg.parallel.device
     out["parallel.tp"] = cfg.parallel.tp
     out["comm.backend"] = cfg.parallel.backend
